@@ -1,0 +1,130 @@
+"""What happened to every row of a dataset: kept, skipped (malformed), dropped (by policy) or truncated.
+
+Real datasets hold a few broken rows. Failing a whole run on the first one wastes a job; silently ignoring them
+hides a broken export. So the pipeline skips bad rows, counts them by reason with their file and line, and
+raises `DataError` only when the bad fraction passes a threshold (`DataReport.check`).
+
+Vocabulary used in every counter:
+  skipped   — the row is malformed (missing field, wrong type, empty content, no assistant turn, bad JSON).
+              Only these count towards the bad fraction.
+  dropped   — the row is well formed but a policy removed it (too long with `overlong="drop"`, identical chosen
+              and rejected, nothing left to train on after truncation).
+  truncated — the row was kept but cut to fit the sequence length.
+  notes     — kept rows worth knowing about (e.g. a preference pair whose two dialogues diverge early).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from tempax.errors import DataError
+
+# How many bad rows a report keeps verbatim; the counters hold the full tallies.
+_MAX_EXAMPLES = 20
+
+
+@dataclass
+class DataReport:
+    """Counts of what the pipeline did with each row, by reason.
+
+    Attributes:
+      name: what the report is about (a path or a dataset name), used in messages.
+      total: rows seen.
+      kept: rows that produced at least one training example.
+      skipped: malformed rows by reason.
+      dropped: well-formed rows removed by a policy, by reason.
+      truncated: kept rows cut to length, by reason.
+      notes: kept rows with a quirk worth reporting, by reason.
+      bad_rows: the first few skipped rows as (where, reason, detail); `where` is `file:line`.
+    """
+
+    name: str = "<rows>"
+    total: int = 0
+    kept: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    dropped: Counter = field(default_factory=Counter)
+    truncated: Counter = field(default_factory=Counter)
+    notes: Counter = field(default_factory=Counter)
+    bad_rows: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def num_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+    @property
+    def num_dropped(self) -> int:
+        return sum(self.dropped.values())
+
+    @property
+    def num_truncated(self) -> int:
+        return sum(self.truncated.values())
+
+    @property
+    def bad_fraction(self) -> float:
+        return self.num_skipped / self.total if self.total else 0.0
+
+    def skip(self, where: str, reason: str, detail: str = "") -> None:
+        self.skipped[reason] += 1
+        if len(self.bad_rows) < _MAX_EXAMPLES:
+            self.bad_rows.append((where, reason, detail))
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] += 1
+
+    def truncate(self, reason: str = "too_long") -> None:
+        self.truncated[reason] += 1
+
+    def note(self, reason: str) -> None:
+        self.notes[reason] += 1
+
+    def check(self, max_bad_fraction: float = 0.1) -> None:
+        """Raises `DataError` when too many rows were malformed or when nothing was kept.
+
+        Args:
+          max_bad_fraction: the largest tolerated fraction of skipped (malformed) rows, in [0, 1].
+        """
+        if self.total and self.bad_fraction > max_bad_fraction:
+            raise DataError(
+                f"{self.name}: {self.num_skipped} of {self.total} rows are malformed "
+                f"({self.bad_fraction:.1%} > max_bad_fraction={max_bad_fraction}). "
+                f"By reason: {dict(self.skipped)}. First bad rows: {self._first_bad()}. "
+                "Fix the rows or raise max_bad_fraction."
+            )
+        if self.kept == 0:
+            raise DataError(
+                f"{self.name}: no usable rows out of {self.total} (skipped {dict(self.skipped)}, "
+                f"dropped {dict(self.dropped)}). First bad rows: {self._first_bad()}."
+            )
+
+    def _first_bad(self, n: int = 5) -> str:
+        if not self.bad_rows:
+            return "none"
+        return "; ".join(f"{w}: {r}" + (f" ({d})" if d else "") for w, r, d in self.bad_rows[:n])
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able summary for logs and metrics."""
+        return {
+            "name": self.name,
+            "total": self.total,
+            "kept": self.kept,
+            "skipped": dict(self.skipped),
+            "dropped": dict(self.dropped),
+            "truncated": dict(self.truncated),
+            "notes": dict(self.notes),
+            "bad_rows": [list(b) for b in self.bad_rows],
+        }
+
+    def summary(self) -> str:
+        """One line for the console."""
+        parts = [f"{self.name}: kept {self.kept}/{self.total}"]
+        for label, counter in (
+            ("skipped", self.skipped),
+            ("dropped", self.dropped),
+            ("truncated", self.truncated),
+            ("notes", self.notes),
+        ):
+            if counter:
+                parts.append(f"{label} {sum(counter.values())} {dict(counter)}")
+        return ", ".join(parts)

@@ -1,0 +1,66 @@
+"""The KV cache for decoding: preallocated per-layer key/value buffers plus the bookkeeping masks need.
+
+A functional pytree (no mutation): the decoder takes one and returns the extended one, so a decode loop can
+be jitted and the buffers donated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from tempax.models.config import ModelConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class KVCache:
+    """Keys and values of every layer for `max_len` positions.
+
+    Attributes:
+      k, v: one [B, S, K, H] array per layer.
+      segment_ids: [B, S], 0 for slots not yet written or written by padding; a new token attends only to
+        written slots of its own segment.
+      length: int32 scalar, the number of slots written so far (the next write index; shared by all rows,
+        which is why prompts are left-padded).
+      next_position: [B] int32, the rotary position the next token of each row takes.
+    """
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    segment_ids: jax.Array
+    length: jax.Array
+    next_position: jax.Array
+
+    @classmethod
+    def init(cls, cfg: ModelConfig, batch_size: int, max_len: int, dtype: jnp.dtype | None = None) -> "KVCache":
+        dtype = dtype or jnp.dtype(cfg.dtype)
+        shape = (batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
+        return cls(
+            k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
+            v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
+            segment_ids=jnp.zeros((batch_size, max_len), jnp.int32),
+            length=jnp.zeros((), jnp.int32),
+            next_position=jnp.zeros((batch_size,), jnp.int32),
+        )
+
+    @property
+    def max_len(self) -> int:
+        return self.segment_ids.shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.segment_ids.shape[0]
+
+    def repeat(self, n: int) -> "KVCache":
+        """Each row repeated n times in place (row i -> rows i*n .. i*n+n-1): n samples share one prefill."""
+        rep = lambda x: jnp.repeat(x, n, axis=0)
+        return KVCache(
+            k=tuple(rep(x) for x in self.k), v=tuple(rep(x) for x in self.v),
+            segment_ids=rep(self.segment_ids), length=self.length, next_position=rep(self.next_position),
+        )
+
+    def nbytes(self) -> int:
+        return sum(x.size * x.dtype.itemsize for x in (*self.k, *self.v))

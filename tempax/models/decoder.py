@@ -1,0 +1,364 @@
+"""One decoder-only transformer for every supported family (Flax NNX).
+
+Module and parameter names follow Hugging Face's (`layers[i].self_attn.q_proj`, `mlp.gate_proj`,
+`input_layernorm`, ...) so checkpoint mapping is a rename plus a transpose, and LoRA targets are matched by the
+names users already know. Linear kernels are stored [in, out]; every parameter carries logical sharding axis
+names (`vocab`, `embed`, `q_heads`, `kv_heads`, `mlp`, `norm`) that `tempax.parallel` maps to a mesh.
+
+Attention masking is expressed with segment ids instead of a boolean mask: `segment_ids[b, t]` is 0 for
+padding and 1..n for the packed examples of a row, so a token attends to earlier tokens (by array index) of the
+same segment. Left-padded batches, packed sequences and the KV cache all reduce to this one rule.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from tempax.models.cache import KVCache
+from tempax.models.config import ModelConfig, RopeConfig
+from tempax.parallel.rules import shard
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def as_dtype(name: str | Any) -> Any:
+    if isinstance(name, str):
+        return _DTYPES[name]
+    return name
+
+
+def _init(names: tuple[str, ...], scale: float = 0.02) -> Any:
+    return nnx.with_partitioning(nnx.initializers.normal(scale), names)
+
+
+class RMSNorm(nnx.Module):
+    """y = x / sqrt(mean(x^2) + eps) * w, or * (1 + w) for Gemma (`offset`); computed in float32."""
+
+    def __init__(self, dim: int, *, eps: float, offset: bool, param_dtype: Any, rngs: nnx.Rngs):
+        init = nnx.initializers.zeros if offset else nnx.initializers.ones
+        self.weight = nnx.Param(nnx.with_partitioning(init, ("norm",))(rngs.params(), (dim,), param_dtype))
+        self.eps = eps
+        self.offset = offset
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        w = self.weight[...].astype(jnp.float32)
+        if self.offset:
+            w = 1.0 + w
+        return (y * w).astype(x.dtype)
+
+
+def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> jax.Array:
+    """inv_freq[i] = theta^(-2i/d), then the family's scaling (linear: / factor; llama3: per-band rescale)."""
+    inv = 1.0 / (rope.theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if rope.scaling == "linear":
+        inv = inv / rope.factor
+    elif rope.scaling == "llama3":
+        old = rope.original_max_position_embeddings
+        low_wavelen = old / rope.low_freq_factor
+        high_wavelen = old / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = jnp.where(wavelen > low_wavelen, inv / rope.factor, inv)
+        smooth = (old / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = jnp.where(medium, smoothed, scaled)
+    return inv
+
+
+def apply_rope(x_btnh: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotate-half RoPE: x*cos + rotate_half(x)*sin with angles positions * inv_freq (Su et al. 2021)."""
+    angles = positions_bt[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    x32 = x_btnh.astype(jnp.float32)
+    half = x32.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x_btnh.dtype)
+
+
+def softcap(x: jax.Array, cap: float | None) -> jax.Array:
+    return x if cap is None else cap * jnp.tanh(x / cap)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, layer_index: int, *, rngs: nnx.Rngs):
+        pd, dt = as_dtype(cfg.param_dtype), as_dtype(cfg.dtype)
+        d, h, n, k = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+
+        def linear(i: int, o: int, names: tuple[str, str], bias: bool) -> nnx.Linear:
+            return nnx.Linear(
+                i, o, use_bias=bias, dtype=dt, param_dtype=pd, rngs=rngs,
+                kernel_init=_init(names), bias_init=nnx.with_partitioning(nnx.initializers.zeros, names[1:]),
+            )
+
+        self.q_proj = linear(d, n * h, ("embed", "q_heads"), cfg.qkv_bias)
+        self.k_proj = linear(d, k * h, ("embed", "kv_heads"), cfg.qkv_bias)
+        self.v_proj = linear(d, k * h, ("embed", "kv_heads"), cfg.qkv_bias)
+        self.o_proj = linear(n * h, d, ("q_heads", "embed"), cfg.o_bias)
+        if cfg.qk_norm:
+            kw = dict(eps=cfg.rms_norm_eps, offset=cfg.norm_offset, param_dtype=pd, rngs=rngs)
+            self.q_norm = RMSNorm(h, **kw)
+            self.k_norm = RMSNorm(h, **kw)
+        else:
+            self.q_norm = None
+            self.k_norm = None
+        self.num_heads, self.num_kv_heads, self.head_dim = n, k, h
+        self.scale = cfg.attn_scale
+        self.softcap = cfg.attn_logit_softcap
+        self.window = cfg.sliding_window if cfg.layer_type(layer_index) == "sliding" else None
+        self.rope = cfg.rope_for(layer_index)  # static; inverse frequencies are constant-folded under jit
+
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        q_index: jax.Array,
+        q_segments: jax.Array,
+        kv: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """Attends x [B,T,D] to itself, or to the cache `kv` = (k, v, k_segments, write_at) when decoding."""
+        b, t, _ = x.shape
+        n, k, h = self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.q_proj(x).reshape(b, t, n, h)
+        key = self.k_proj(x).reshape(b, t, k, h)
+        val = self.v_proj(x).reshape(b, t, k, h)
+        if self.q_norm is not None:
+            q, key = self.q_norm(q), self.k_norm(key)
+        inv_freq = rope_inverse_frequencies(self.rope, h)
+        q, key = apply_rope(q, positions, inv_freq), apply_rope(key, positions, inv_freq)
+        new_kv = None
+        if kv is None:
+            keys, vals, k_segments, k_index = key, val, q_segments, q_index
+        else:
+            cache_k, cache_v, k_segments, write_at = kv
+            keys = jax.lax.dynamic_update_slice(cache_k, key.astype(cache_k.dtype), (0, write_at, 0, 0))
+            vals = jax.lax.dynamic_update_slice(cache_v, val.astype(cache_v.dtype), (0, write_at, 0, 0))
+            new_kv = (keys, vals)
+            k_index = jnp.arange(keys.shape[1])
+            keys, vals = keys.astype(q.dtype), vals.astype(q.dtype)
+        out = attention(
+            q, keys, vals, q_index=q_index, k_index=k_index, q_segments=q_segments, k_segments=k_segments,
+            scale=self.scale, logit_cap=self.softcap, window=self.window,
+        )
+        return self.o_proj(out.reshape(b, t, n * h)), new_kv
+
+
+def attention(
+    q_btnh: jax.Array,
+    k_bskh: jax.Array,
+    v_bskh: jax.Array,
+    *,
+    q_index: jax.Array,
+    k_index: jax.Array,
+    q_segments: jax.Array,
+    k_segments: jax.Array,
+    scale: float,
+    logit_cap: float | None = None,
+    window: int | None = None,
+) -> jax.Array:
+    """Grouped-query attention with causal + segment (+ sliding-window) masking.
+
+    A query at index i in segment s sees key j when j <= i, segment(j) == s != 0 and (window) i - j < window.
+    Scores and softmax are in float32. Fully masked query rows (padding) get a uniform, finite distribution.
+    """
+    b, t, n, h = q_btnh.shape
+    kh = k_bskh.shape[2]
+    g = n // kh
+    q = q_btnh.reshape(b, t, kh, g, h)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k_bskh, preferred_element_type=jnp.float32) * scale
+    scores = softcap(scores, logit_cap)
+    visible = k_index[None, :] <= q_index[:, None]  # [T, S]
+    if window is not None:
+        visible &= (q_index[:, None] - k_index[None, :]) < window
+    same = (q_segments[:, :, None] == k_segments[:, None, :]) & (k_segments[:, None, :] != 0)  # [B, T, S]
+    mask = visible[None] & same
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_bskh.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh)
+    return out.reshape(b, t, n, h)
+
+
+class MLP(nnx.Module):
+    """Gated MLP: down(act(gate(x)) * up(x)); SwiGLU with silu, GeGLU with tanh-gelu."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        pd, dt = as_dtype(cfg.param_dtype), as_dtype(cfg.dtype)
+        d, m = cfg.hidden_size, cfg.intermediate_size
+
+        def linear(i: int, o: int, names: tuple[str, str]) -> nnx.Linear:
+            return nnx.Linear(
+                i, o, use_bias=cfg.mlp_bias, dtype=dt, param_dtype=pd, rngs=rngs, kernel_init=_init(names),
+                bias_init=nnx.with_partitioning(nnx.initializers.zeros, names[1:]),
+            )
+
+        self.gate_proj = linear(d, m, ("embed", "mlp"))
+        self.up_proj = linear(d, m, ("embed", "mlp"))
+        self.down_proj = linear(m, d, ("mlp", "embed"))
+        self.activation = cfg.activation
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate = self.gate_proj(x)
+        gate = jax.nn.silu(gate) if self.activation == "silu" else jax.nn.gelu(gate, approximate=True)
+        return self.down_proj(gate * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, layer_index: int, *, rngs: nnx.Rngs):
+        kw = dict(eps=cfg.rms_norm_eps, offset=cfg.norm_offset, param_dtype=as_dtype(cfg.param_dtype), rngs=rngs)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, **kw)
+        self.self_attn = Attention(cfg, layer_index, rngs=rngs)
+        # Llama names its pre-MLP norm post_attention_layernorm; Gemma 2/3 use that name for the norm applied
+        # to the attention output and add pre/post feed-forward norms.
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, **kw)
+        if cfg.post_norms:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, **kw)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, **kw)
+        else:
+            self.pre_feedforward_layernorm = None
+            self.post_feedforward_layernorm = None
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x, positions, q_index, q_segments, kv):
+        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, q_index, q_segments, kv)
+        if self.pre_feedforward_layernorm is not None:
+            x = x + self.post_attention_layernorm(attn)
+            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        else:
+            x = x + attn
+            x = x + self.mlp(self.post_attention_layernorm(x))
+        return shard(x, ("batch", "seq", "act_embed")), new_kv
+
+
+def _remat_policy(name: str) -> Any:
+    if name == "dots":
+        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    return None  # "full": save nothing, recompute everything
+
+
+class Decoder(nnx.Module):
+    """The decoder-only language model.
+
+    Call: `logits, cache = model(tokens, positions=..., segment_ids=..., cache=...)`.
+      tokens: [B, T] int32.
+      positions: [B, T] rotary positions; default: index within each segment (or arange(T) + cache offset).
+      segment_ids: [B, T], 0 = padding, equal ids attend to each other causally; default all ones.
+      cache: a `KVCache` to read and extend (decoding); None for a plain forward pass.
+    Returns logits [B, T, V] in float32 and the updated cache (None without one).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        pd, dt = as_dtype(cfg.param_dtype), as_dtype(cfg.dtype)
+        with nnx.use_eager_sharding(False):
+            self.embed_tokens = nnx.Embed(
+                cfg.vocab_size, cfg.hidden_size, dtype=dt, param_dtype=pd, rngs=rngs,
+                embedding_init=_init(("vocab", "embed")),
+            )
+            self.layers = nnx.List([DecoderLayer(cfg, i, rngs=rngs) for i in range(cfg.num_layers)])
+            self.norm = RMSNorm(
+                cfg.hidden_size, eps=cfg.rms_norm_eps, offset=cfg.norm_offset, param_dtype=pd, rngs=rngs
+            )
+            if cfg.tie_word_embeddings:
+                self.lm_head = None
+            else:
+                self.lm_head = nnx.Linear(
+                    cfg.hidden_size, cfg.vocab_size, use_bias=False, dtype=dt, param_dtype=pd, rngs=rngs,
+                    kernel_init=_init(("embed", "vocab")),
+                )
+
+    # ----------------------------------------------------------------------------------------------------------
+    def hidden_states(
+        self,
+        tokens: jax.Array,
+        *,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Final-norm hidden states [B, T, D] (what the LM head and a reward head read)."""
+        cfg = self.config
+        b, t = tokens.shape
+        if segment_ids is None:
+            segment_ids = jnp.ones((b, t), jnp.int32)
+        offset = jnp.int32(0) if cache is None else cache.length
+        q_index = offset + jnp.arange(t, dtype=jnp.int32)
+        if positions is None:
+            positions = default_positions(segment_ids) + (0 if cache is None else cache.next_position[:, None])
+        x = self.embed_tokens(tokens)
+        if cfg.embed_scale:
+            x = x * jnp.asarray(math.sqrt(cfg.hidden_size), x.dtype)
+        x = shard(x, ("batch", "seq", "act_embed"))
+        k_segments = None
+        if cache is not None:
+            k_segments = jax.lax.dynamic_update_slice(cache.segment_ids, segment_ids.astype(jnp.int32), (0, offset))
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache.k[i], cache.v[i], k_segments, offset)
+            if cfg.remat != "none" and cache is None:
+                x, layer_kv = _remat_layer(layer, x, positions, q_index, segment_ids, cfg.remat)
+            else:
+                x, layer_kv = layer(x, positions, q_index, segment_ids, kv)
+            if layer_kv is not None:
+                new_k.append(layer_kv[0])
+                new_v.append(layer_kv[1])
+        x = self.norm(x)
+        new_cache = None
+        if cache is not None:
+            last_pos = jnp.max(jnp.where(segment_ids != 0, positions, -1), axis=1)
+            new_cache = KVCache(
+                k=tuple(new_k), v=tuple(new_v), segment_ids=k_segments, length=offset + t,
+                next_position=jnp.maximum(cache.next_position, last_pos + 1),
+            )
+        return x, new_cache
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """LM head (tied or untied) and final soft-capping; float32 logits."""
+        if self.lm_head is None:
+            logits = self.embed_tokens.attend(hidden)
+        else:
+            logits = self.lm_head(hidden)
+        logits = softcap(logits.astype(jnp.float32), self.config.final_logit_softcap)
+        return shard(logits, ("batch", "seq", "act_vocab"))
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        *,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        hidden, cache = self.hidden_states(tokens, positions=positions, segment_ids=segment_ids, cache=cache)
+        return self.logits(hidden), cache
+
+
+def _remat_layer(layer: DecoderLayer, x, positions, q_index, segment_ids, policy_name: str):
+    graphdef, state = nnx.split(layer)
+
+    def run(state, x, positions, q_index, segment_ids):
+        return nnx.merge(graphdef, state)(x, positions, q_index, segment_ids, None)[0]
+
+    out = jax.checkpoint(run, policy=_remat_policy(policy_name))(state, x, positions, q_index, segment_ids)
+    return out, None
+
+
+def default_positions(segment_ids: jax.Array) -> jax.Array:
+    """Position of each token within its segment: 0, 1, 2, ... restarting when the segment id changes.
+
+    Padding (segment 0) before a segment (left padding) does not advance the count, so a left-padded prompt gets
+    the same positions as the unpadded one.
+    """
+    b, t = segment_ids.shape
+    idx = jnp.arange(t, dtype=jnp.int32)[None, :].repeat(b, 0)
+    starts = jnp.concatenate(
+        [jnp.ones((b, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
+    )
+    start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+    return jnp.where(segment_ids != 0, idx - start_idx, 0)

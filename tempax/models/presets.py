@@ -1,0 +1,132 @@
+"""Named model shapes for each family (random init, or to check what a checkpoint should look like).
+
+The published checkpoints' shapes; `bench-tiny` / `bench-small` are the shared benchmark shapes
+(`../shared/bench/workloads.json`). Each `tiny-<family>` preset is a few-thousand-parameter model that exercises
+every switch of its family, for fast tests.
+"""
+
+from __future__ import annotations
+
+from tempax.errors import ConfigError
+from tempax.models.config import ModelConfig, RopeConfig
+
+_LLAMA3_ROPE = RopeConfig(theta=500000.0, scaling="llama3", factor=32.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=8192)
+
+
+def _tiny(family: str, **kw) -> ModelConfig:
+    base = dict(family=family, vocab_size=128, hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2,
+                head_dim=16, intermediate_size=96, max_position_embeddings=256)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # Llama 3 family / SmolLM2 (same architecture).
+    "smollm2-135m": ModelConfig(
+        family="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+        head_dim=64, intermediate_size=1536, rope=RopeConfig(theta=100000.0), tie_word_embeddings=True,
+        max_position_embeddings=8192, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    ),
+    "smollm2-360m": ModelConfig(
+        family="llama", vocab_size=49152, hidden_size=960, num_layers=32, num_heads=15, num_kv_heads=5,
+        head_dim=64, intermediate_size=2560, rope=RopeConfig(theta=100000.0), tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    ),
+    "llama3.2-1b": ModelConfig(
+        family="llama", vocab_size=128256, hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
+        head_dim=64, intermediate_size=8192, rope=_LLAMA3_ROPE, tie_word_embeddings=True,
+        max_position_embeddings=131072, rms_norm_eps=1e-5,
+    ),
+    "llama3.2-3b": ModelConfig(
+        family="llama", vocab_size=128256, hidden_size=3072, num_layers=28, num_heads=24, num_kv_heads=8,
+        head_dim=128, intermediate_size=8192, rope=_LLAMA3_ROPE, tie_word_embeddings=True,
+        max_position_embeddings=131072, rms_norm_eps=1e-5,
+    ),
+    "llama3.1-8b": ModelConfig(
+        family="llama", vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+        head_dim=128, intermediate_size=14336,
+        rope=RopeConfig(theta=500000.0, scaling="llama3", factor=8.0, original_max_position_embeddings=8192),
+        tie_word_embeddings=False, max_position_embeddings=131072, rms_norm_eps=1e-5,
+    ),
+    "qwen2.5-0.5b": ModelConfig(
+        family="qwen2", vocab_size=151936, hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,
+        head_dim=64, intermediate_size=4864, rope=RopeConfig(theta=1000000.0), qkv_bias=True,
+        tie_word_embeddings=True, max_position_embeddings=32768, rms_norm_eps=1e-6,
+    ),
+    "qwen2.5-1.5b": ModelConfig(
+        family="qwen2", vocab_size=151936, hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2,
+        head_dim=128, intermediate_size=8960, rope=RopeConfig(theta=1000000.0), qkv_bias=True,
+        tie_word_embeddings=True, max_position_embeddings=32768, rms_norm_eps=1e-6,
+    ),
+    "qwen3-0.6b": ModelConfig(
+        family="qwen3", vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8,
+        head_dim=128, intermediate_size=3072, rope=RopeConfig(theta=1000000.0), qk_norm=True,
+        tie_word_embeddings=True, max_position_embeddings=40960, rms_norm_eps=1e-6,
+    ),
+    "qwen3-1.7b": ModelConfig(
+        family="qwen3", vocab_size=151936, hidden_size=2048, num_layers=28, num_heads=16, num_kv_heads=8,
+        head_dim=128, intermediate_size=6144, rope=RopeConfig(theta=1000000.0), qk_norm=True,
+        tie_word_embeddings=True, max_position_embeddings=40960, rms_norm_eps=1e-6,
+    ),
+    "gemma-2b": ModelConfig(
+        family="gemma", vocab_size=256000, hidden_size=2048, num_layers=18, num_heads=8, num_kv_heads=1,
+        head_dim=256, intermediate_size=16384, norm_offset=True, embed_scale=True, activation="gelu_tanh",
+        tie_word_embeddings=True, max_position_embeddings=8192, rms_norm_eps=1e-6,
+    ),
+    "gemma2-2b": ModelConfig(
+        family="gemma2", vocab_size=256000, hidden_size=2304, num_layers=26, num_heads=8, num_kv_heads=4,
+        head_dim=256, intermediate_size=9216, norm_offset=True, embed_scale=True, activation="gelu_tanh",
+        post_norms=True, attn_logit_softcap=50.0, final_logit_softcap=30.0, query_pre_attn_scalar=256,
+        sliding_window=4096, layer_types=tuple("sliding" if i % 2 == 0 else "full" for i in range(26)),
+        tie_word_embeddings=True, max_position_embeddings=8192, rms_norm_eps=1e-6,
+    ),
+    "gemma3-1b": ModelConfig(
+        family="gemma3", vocab_size=262144, hidden_size=1152, num_layers=26, num_heads=4, num_kv_heads=1,
+        head_dim=256, intermediate_size=6912, norm_offset=True, embed_scale=True, activation="gelu_tanh",
+        post_norms=True, qk_norm=True, query_pre_attn_scalar=256, sliding_window=512,
+        layer_types=tuple("full" if (i + 1) % 6 == 0 else "sliding" for i in range(26)),
+        rope=RopeConfig(theta=1000000.0), rope_local=RopeConfig(theta=10000.0),
+        tie_word_embeddings=True, max_position_embeddings=32768, rms_norm_eps=1e-6,
+    ),
+    # Shared benchmark shapes.
+    "bench-tiny": ModelConfig(
+        family="llama", vocab_size=32000, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
+        head_dim=64, intermediate_size=1024, rope=RopeConfig(theta=10000.0), tie_word_embeddings=True,
+        max_position_embeddings=2048,
+    ),
+    "bench-small": ModelConfig(
+        family="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+        head_dim=64, intermediate_size=1536, rope=RopeConfig(theta=100000.0), tie_word_embeddings=True,
+        max_position_embeddings=2048,
+    ),
+    # Tiny models exercising every switch of each family (tests).
+    "tiny-llama": _tiny("llama", tie_word_embeddings=False, rope=RopeConfig(
+        theta=500000.0, scaling="llama3", factor=8.0, original_max_position_embeddings=64)),
+    "tiny-qwen2": _tiny("qwen2", qkv_bias=True, rms_norm_eps=1e-6),
+    "tiny-qwen3": _tiny("qwen3", qk_norm=True, rms_norm_eps=1e-6),
+    "tiny-gemma": _tiny("gemma", norm_offset=True, embed_scale=True, activation="gelu_tanh", rms_norm_eps=1e-6),
+    "tiny-gemma2": _tiny(
+        "gemma2", norm_offset=True, embed_scale=True, activation="gelu_tanh", post_norms=True,
+        attn_logit_softcap=50.0, final_logit_softcap=30.0, query_pre_attn_scalar=24, sliding_window=4,
+        layer_types=("sliding", "full", "sliding"), rms_norm_eps=1e-6,
+    ),
+    "tiny-gemma3": _tiny(
+        "gemma3", num_layers=4, norm_offset=True, embed_scale=True, activation="gelu_tanh", post_norms=True,
+        qk_norm=True, query_pre_attn_scalar=24, sliding_window=4, layer_types=("sliding", "full") * 2,
+        rope=RopeConfig(theta=1e6, scaling="linear", factor=8.0), rope_local=RopeConfig(theta=1e4),
+        rms_norm_eps=1e-6,
+    ),
+}
+
+TINY_FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+
+
+def get_preset(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        import difflib
+
+        close = difflib.get_close_matches(name, PRESETS, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(f"unknown model preset {name!r}.{hint} Known presets: {', '.join(sorted(PRESETS))}.")
+    return PRESETS[name]

@@ -1,0 +1,77 @@
+"""The device mesh: one `jax.sharding.Mesh` with axes ('data', 'fsdp', 'tensor').
+
+- `data`: pure data parallelism; parameters are replicated across it.
+- `fsdp`: data parallelism whose parameters (and optimizer state) are also split across it (ZeRO-3 / FSDP).
+- `tensor`: tensor (Megatron-style) parallelism inside matmuls.
+
+The same three axes exist on every topology, with size 1 where unused, so the rules table in `rules.py` never
+has to know the hardware.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+from jax.sharding import AxisType, Mesh
+
+from tempax.errors import ConfigError
+
+MESH_AXES: tuple[str, str, str] = ("data", "fsdp", "tensor")
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A mesh of shape (data, fsdp, tensor) over `devices` (default: every device of every process).
+
+    At most one axis may be -1, meaning "all the devices the other axes leave". Axes are `AxisType.Auto`, so the
+    compiler propagates shardings from the constraints we place (`jax.make_mesh` would default to Explicit).
+
+    Raises:
+        ConfigError: a size is not a positive int or -1, or the sizes do not multiply to the device count.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    for name, size in sizes.items():
+        if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
+            raise ConfigError(f"mesh axis '{name}' must be a positive int or -1 (the rest), got {size!r}")
+    rest = [name for name, size in sizes.items() if size == -1]
+    if len(rest) > 1:
+        raise ConfigError(f"only one mesh axis may be -1 (the rest), got -1 for {', '.join(rest)}")
+    fixed = math.prod(size for size in sizes.values() if size != -1)
+    shown = " x ".join(f"{n}={s}" for n, s in sizes.items())
+    if rest:
+        if len(devices) % fixed:
+            raise ConfigError(
+                f"mesh {shown}: the fixed axes need a multiple of {fixed} devices but there are {len(devices)}; "
+                "pick fsdp/tensor sizes that divide the device count"
+            )
+        sizes[rest[0]] = len(devices) // fixed
+    elif fixed != len(devices):
+        raise ConfigError(
+            f"mesh {shown} needs {fixed} devices but there are {len(devices)}; set one axis to -1 to use the rest"
+        )
+    shape = tuple(sizes[name] for name in MESH_AXES)
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def init_distributed(
+    coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> bool:
+    """Join a multi-host run via `jax.distributed.initialize`; a no-op for a single host.
+
+    Call it before anything touches `jax.devices()`. Returns True when it initialised (or already had).
+    """
+    if coordinator_address is None and (num_processes is None or num_processes == 1):
+        return False
+    if coordinator_address is None or num_processes is None or process_id is None:
+        raise ConfigError(
+            "multi-host runs need coordinator_address, num_processes and process_id together; got "
+            f"coordinator_address={coordinator_address!r}, num_processes={num_processes!r}, process_id={process_id!r}"
+        )
+    if not 0 <= process_id < num_processes:
+        raise ConfigError(f"process_id must be in [0, {num_processes}), got {process_id}")
+    if jax.distributed.is_initialized():
+        return True
+    jax.distributed.initialize(coordinator_address, num_processes=num_processes, process_id=process_id)
+    return True

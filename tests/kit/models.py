@@ -1,0 +1,63 @@
+"""Tiny models for tests: a tempax model and the same weights in a transformers model."""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+
+import numpy as np
+
+from tempax.models.config import ModelConfig
+from tempax.models.presets import PRESETS, TINY_FAMILIES
+
+__all__ = ["TINY_FAMILIES", "tiny_config", "hf_reference_pair", "tiny_tempax_model"]
+
+
+def tiny_config(family: str) -> ModelConfig:
+    return PRESETS[f"tiny-{family}"]
+
+
+@functools.lru_cache(maxsize=None)
+def _hf_checkpoint(family: str, seed: int = 0) -> str:
+    """A transformers model of the tiny config with non-trivial weights, saved to a temp folder (cached)."""
+    import torch
+    import transformers
+
+    cfg = tiny_config(family)
+    hf_cfg = transformers.AutoConfig.for_model(**cfg.to_hf_config())
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            # Norm weights start at 1 (or 0 for Gemma); perturb everything so every weight matters.
+            p.add_(torch.randn_like(p) * 0.05)
+    folder = tempfile.mkdtemp(prefix=f"tempax-tiny-{family}-")
+    model.save_pretrained(folder)
+    return folder
+
+
+def hf_reference_pair(family: str):
+    """(transformers model, tempax model) holding the same random weights, in float32."""
+    import transformers
+
+    from tempax.models.hf_io import load_hf_checkpoint
+
+    folder = _hf_checkpoint(family)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    return ref, load_hf_checkpoint(folder)
+
+
+def tiny_tempax_model(family: str = "llama", seed: int = 0, **changes):
+    from flax import nnx
+
+    from tempax.models.decoder import Decoder
+
+    cfg = tiny_config(family)
+    if changes:
+        cfg = cfg.replace(**changes)
+    return Decoder(cfg, rngs=nnx.Rngs(seed))
+
+
+def random_ids(shape, vocab: int = 128, seed: int = 0) -> np.ndarray:
+    return np.random.RandomState(seed).randint(0, vocab, shape).astype(np.int32)

@@ -1,0 +1,226 @@
+"""Tests for tempax.configlib: building typed configs from YAML and overrides, and the errors users see."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import pytest
+
+from tempax.configlib import describe, dump_yaml, from_dict, load_config, parse_overrides, to_dict
+from tempax.errors import ConfigError, TempaxError
+
+
+class Precision(enum.Enum):
+    FP32 = "float32"
+    BF16 = "bfloat16"
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    learning_rate: float = field(default=3e-4, metadata={"help": "Peak learning rate."})
+    warmup_steps: int = field(default=10, metadata={"help": "Linear warm-up length in steps."})
+    total_steps: int = field(default=100, metadata={"help": "Length of the schedule."})
+    name: Literal["adamw", "sgd"] = field(default="adamw", metadata={"help": "Update rule."})
+
+    def validate(self) -> None:
+        if self.warmup_steps > self.total_steps:
+            raise ConfigError(f"warmup_steps ({self.warmup_steps}) must be <= total_steps ({self.total_steps})")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = field(default=8, metadata={"help": "Adapter rank."})
+    targets: tuple[str, ...] = field(default=("q_proj", "v_proj"), metadata={"help": "Modules to adapt."})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = field(metadata={"help": "Model id or path."})
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig, metadata={"help": "Optimizer."})
+    lora: Optional[LoraConfig] = field(default=None, metadata={"help": "LoRA adapters; null trains all weights."})
+    seed: int = field(default=0, metadata={"help": "Random seed."})
+    packing: bool = field(default=False, metadata={"help": "Pack short rows together."})
+    max_grad_norm: float | None = field(default=1.0, metadata={"help": "Clip threshold; null disables."})
+    loss_weights: dict[str, float] = field(default_factory=dict, metadata={"help": "Per-source loss weights."})
+    precision: Precision = field(default=Precision.FP32, metadata={"help": "Compute dtype."})
+    run_name: str = field(default="run", metadata={"help": "Name of the output folder."})
+    resume_from: Optional[str] = field(default=None, metadata={"help": "Checkpoint folder to resume from."})
+    shape: tuple[int, int] = field(default=(1, 2), metadata={"help": "A fixed-length pair."})
+
+
+@dataclass(frozen=True)
+class PresetConfig:
+    # The nested default differs from OptimizerConfig's own defaults.
+    optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(learning_rate=1e-5, total_steps=7))
+
+
+def test_from_dict_builds_nested_and_coerces():
+    """int -> float for floats, lists -> tuples, dict values -> float, enum by value, nested dataclasses."""
+    cfg = from_dict(
+        TrainConfig,
+        {
+            "model": "tiny",
+            "optimizer": {"learning_rate": 1, "warmup_steps": 2.0},
+            "lora": {"targets": ["q_proj", "k_proj"]},
+            "loss_weights": {"math": 1, "code": 0.5},
+            "precision": "bfloat16",
+            "max_grad_norm": None,
+        },
+    )
+    assert cfg.optimizer == OptimizerConfig(learning_rate=1.0, warmup_steps=2, total_steps=100, name="adamw")
+    assert isinstance(cfg.optimizer.learning_rate, float) and isinstance(cfg.optimizer.warmup_steps, int)
+    assert cfg.lora == LoraConfig(rank=8, targets=("q_proj", "k_proj"))
+    assert cfg.loss_weights == {"math": 1.0, "code": 0.5}
+    assert cfg.precision is Precision.BF16
+    assert cfg.max_grad_norm is None
+    assert from_dict(TrainConfig, {"model": "m", "precision": "BF16"}).precision is Precision.BF16
+
+
+def test_partial_nested_mapping_keeps_the_fields_default():
+    """A partial `optimizer:` mapping is merged over the field's default instance, not the class defaults."""
+    cfg = from_dict(PresetConfig, {"optimizer": {"warmup_steps": 3}})
+    assert cfg.optimizer == OptimizerConfig(learning_rate=1e-5, warmup_steps=3, total_steps=7)
+
+
+def test_unknown_key_suggests_nearest():
+    expected = r"unknown key 'optimizer.learnig_rate'; did you mean 'optimizer.learning_rate'\?"
+    with pytest.raises(ConfigError, match=expected):
+        from_dict(TrainConfig, {"model": "m", "optimizer": {"learnig_rate": 1e-4}})
+
+
+def test_unknown_key_at_wrong_level_suggests_full_path():
+    with pytest.raises(ConfigError, match=r"unknown key 'learning_rate'; did you mean 'optimizer.learning_rate'\?"):
+        from_dict(TrainConfig, {"model": "m", "learning_rate": 1e-4})
+
+
+def test_unknown_key_without_neighbour_lists_valid_keys():
+    with pytest.raises(ConfigError, match=r"unknown key 'lora.zzz'; valid keys under 'lora': rank, targets"):
+        from_dict(TrainConfig, {"model": "m", "lora": {"zzz": 1}})
+
+
+@pytest.mark.parametrize(
+    ("data", "pattern"),
+    [
+        ({"seed": "abc"}, r"'seed': expected int, got 'abc' \(str\)"),
+        ({"seed": 1.5}, r"'seed': expected int, got 1.5 \(float\)"),
+        ({"packing": 1}, r"'packing': expected bool, got 1 \(int\)"),
+        ({"seed": True}, r"'seed': expected int, got True \(bool\)"),
+        ({"optimizer": {"learning_rate": "fast"}}, r"'optimizer.learning_rate': expected float, got 'fast'"),
+        ({"optimizer": {"name": "adam"}}, r"'optimizer.name': expected one of 'adamw', 'sgd', got 'adam'.*'adamw'\?"),
+        ({"lora": {"targets": "q_proj"}}, r"'lora.targets': expected tuple\[str, \.\.\.\], got 'q_proj'"),
+        ({"lora": {"targets": ["q", 3]}}, r"'lora.targets\[1\]': expected str, got 3 \(int\)"),
+        ({"loss_weights": {"math": "x"}}, r"'loss_weights.math': expected float, got 'x'"),
+        ({"precision": "fp8"}, r"'precision': expected one of 'float32', 'bfloat16', got 'fp8'"),
+        ({"run_name": 2024}, r"'run_name': expected str, got 2024 \(int\); quote"),
+        ({"shape": [1, 2, 3]}, r"'shape': expected 2 items"),
+        ({"max_grad_norm": "big"}, r"'max_grad_norm': expected float \| None, got 'big'"),
+        ({"optimizer": 3}, r"'optimizer': expected a mapping of OptimizerConfig"),
+    ],
+)
+def test_wrong_types_name_key_expected_and_value(data, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        from_dict(TrainConfig, {"model": "m", **data})
+
+
+def test_missing_required_key():
+    with pytest.raises(ConfigError, match=r"config key 'model' is required \(str\)"):
+        from_dict(TrainConfig, {})
+
+
+def test_validate_hook_runs_and_names_the_section():
+    with pytest.raises(ConfigError, match=r"config 'optimizer': warmup_steps \(50\) must be <= total_steps \(20\)"):
+        from_dict(TrainConfig, {"model": "m", "optimizer": {"warmup_steps": 50, "total_steps": 20}})
+
+
+def test_config_error_is_a_tempax_error():
+    assert issubclass(ConfigError, TempaxError)
+
+
+def test_overrides_of_text_fields_keep_the_text():
+    """YAML would read `no` as False and 007 as 7; fields that only hold text keep what was typed."""
+    parsed = parse_overrides(
+        ["optimizer.name=sgd", "run_name=no", "resume_from=007", "model='quoted'"], TrainConfig
+    )
+    assert parsed == {"optimizer": {"name": "sgd"}, "run_name": "no", "resume_from": "007", "model": "quoted"}
+    assert parse_overrides(["resume_from=null"], TrainConfig) == {"resume_from": None}
+
+
+def test_parse_overrides_uses_yaml_scalars():
+    """1e-4 is a float (YAML 1.2), true a bool, [a,b] a list, null None; text fields keep the raw text."""
+    parsed = parse_overrides(
+        ["optimizer.learning_rate=1e-4", "packing=true", "lora.targets=[q_proj,v_proj]", "max_grad_norm=null",
+         "run_name=2024", "run_name2=2024"],
+        TrainConfig,
+    )
+    assert parsed == {
+        "optimizer": {"learning_rate": 1e-4},
+        "packing": True,
+        "lora": {"targets": ["q_proj", "v_proj"]},
+        "max_grad_norm": None,
+        "run_name": "2024",  # a str field keeps the text
+        "run_name2": 2024,  # unknown to the class: plain YAML; from_dict will reject the key
+    }
+
+
+@pytest.mark.parametrize("bad", ["novalue", "=3", "a..b=1"])
+def test_malformed_override(bad):
+    with pytest.raises(ConfigError, match="must look like key=value"):
+        parse_overrides([bad])
+
+
+def test_load_config_yaml_plus_overrides(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("# a recipe\nmodel: tiny\noptimizer:\n  learning_rate: 5e-5\n  total_steps: 40\nlora: null\n")
+    cfg = load_config(TrainConfig, recipe, ["optimizer.warmup_steps=4", "lora.rank=16", "seed=3"])
+    assert cfg.optimizer == OptimizerConfig(learning_rate=5e-5, warmup_steps=4, total_steps=40)
+    assert cfg.lora == LoraConfig(rank=16)
+    assert cfg.seed == 3
+    assert load_config(TrainConfig, None, ["model=x"]).model == "x"
+
+
+def test_load_config_override_typo_is_reported_with_path(tmp_path):
+    expected = r"unknown key 'optimizer.learnig_rate'; did you mean 'optimizer.learning_rate'"
+    with pytest.raises(ConfigError, match=expected):
+        load_config(TrainConfig, None, ["model=x", "optimizer.learnig_rate=1e-4"])
+
+
+def test_load_config_missing_file_names_path(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match=f"config file '{missing}' does not exist"):
+        load_config(TrainConfig, missing, [])
+
+
+def test_load_config_bad_yaml(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(TrainConfig, bad, [])
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just text\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(TrainConfig, scalar, [])
+
+
+def test_round_trip_through_yaml(tmp_path):
+    cfg = from_dict(
+        TrainConfig,
+        {"model": "m", "lora": {"rank": 4}, "loss_weights": {"a": 0.25}, "precision": "bfloat16",
+         "optimizer": {"learning_rate": 1e-10}},
+    )
+    assert to_dict(cfg)["lora"] == {"rank": 4, "targets": ["q_proj", "v_proj"]}
+    path = tmp_path / "dump.yaml"
+    path.write_text(dump_yaml(cfg))
+    assert load_config(TrainConfig, path, []) == cfg
+
+
+def test_describe_lists_every_dotted_key():
+    text = describe(TrainConfig)
+    assert "model: str (required)\n    Model id or path." in text
+    assert "optimizer.learning_rate: float = 0.0003\n    Peak learning rate." in text
+    assert "optimizer.name: one of 'adamw', 'sgd' = adamw" in text
+    assert "lora: LoraConfig | None = null\n    LoRA adapters; null trains all weights." in text
+    assert "lora.targets: tuple[str, ...] = [q_proj, v_proj]" in text
+    assert "max_grad_norm: float | None = 1.0" in text
+    assert "precision: one of 'float32', 'bfloat16' = float32" in text
