@@ -233,7 +233,7 @@ def render_chat(
         span = None
         if i > 0:
             before = tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True)
-            through = tokenizer.apply_chat_template(messages[: i + 1])
+            through = text if i == len(messages) - 1 else tokenizer.apply_chat_template(messages[: i + 1])
             if cursor <= len(before) < len(through) and text.startswith(through) and through.startswith(before):
                 span = (len(before), len(through))
         if span is None:
@@ -244,52 +244,78 @@ def render_chat(
     return _Rendered(text=text, spans=spans)
 
 
-def _encode_batch(tokenizer: Any, texts: list[str], add_special_tokens: bool) -> list[tuple[list[int], np.ndarray]]:
-    """Token ids and each token's start character, for a list of texts."""
+class _Encoded:
+    """Token ids of one text plus a way to map character spans to token ranges."""
+
+    def __init__(self, ids: Sequence[int], starts: np.ndarray | None = None, encoding: Any = None):
+        self.ids = ids
+        self._starts = starts  # [L] start character of each token, nondecreasing
+        self._encoding = encoding  # a `tokenizers.Encoding`, asked lazily (building all offsets is slow)
+
+    def token_range(self, s: int, e: int) -> tuple[int, int]:
+        """[a, b): the tokens whose first character lies in [s, e)."""
+        if self._starts is None and self._encoding is not None:
+            enc = self._encoding
+            first, last = enc.char_to_token(s), enc.char_to_token(e - 1) if e > s else None
+            if first is not None and last is not None:
+                a = first if enc.token_to_chars(first)[0] >= s else first + 1
+                return a, last + 1
+            # Characters no token covers (some normalisers drop them): fall back to the full offsets.
+            self._starts = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
+        assert self._starts is not None
+        return int(np.searchsorted(self._starts, s)), int(np.searchsorted(self._starts, e))
+
+
+def _encode_batch(tokenizer: Any, texts: list[str], add_special_tokens: bool) -> list[_Encoded]:
+    backend = getattr(tokenizer.hf, "backend_tokenizer", None)
+    if backend is not None:
+        # The Rust tokenizer behind a fast `transformers` tokenizer gives the same ids as `encode` without the
+        # per-token Python objects `__call__(return_offsets_mapping=True)` builds, which cost more than encoding.
+        return [_Encoded(e.ids, encoding=e) for e in backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
     enc = tokenizer.hf(texts, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
-    out = []
-    for ids, offsets in zip(enc["input_ids"], enc["offset_mapping"]):
-        starts = np.fromiter((o[0] for o in offsets), dtype=np.int64, count=len(offsets))
-        out.append((list(ids), starts))
-    return out
+    return [
+        _Encoded(ids, starts=np.array(offsets, dtype=np.int64).reshape(-1, 2)[:, 0])
+        for ids, offsets in zip(enc["input_ids"], enc["offset_mapping"])
+    ]
 
 
-def _mask_from_spans(
-    ids: Sequence[int], starts: np.ndarray, spans: list[tuple[int, int]], stop_ids: set[int]
-) -> np.ndarray:
+def _mask_from_spans(encoded: _Encoded, spans: list[tuple[int, int]], stop_ids: set[int]) -> np.ndarray:
+    ids = encoded.ids
     mask = np.zeros(len(ids), dtype=bool)
     for s, e in spans:
-        inside = np.nonzero((starts >= s) & (starts < e))[0]
-        if inside.size == 0:
+        a, b = encoded.token_range(s, e)
+        if a >= b:
             continue
-        last = int(inside[-1])
+        last = b - 1
         # Stop at the end-of-turn token; the template's trailing newline after it is not the model's output.
-        for j in inside[::-1]:
+        for j in range(b - 1, a - 1, -1):
             if ids[j] in stop_ids:
-                last = int(j)
+                last = j
                 break
-        mask[int(inside[0]) : last + 1] = True
+        mask[a : last + 1] = True
     return mask
 
 
 def encode_rendered(tokenizer: Any, rendered: Sequence[_Rendered]) -> list[tuple[np.ndarray, np.ndarray]]:
     """Tokenises rendered rows; returns (tokens int32 [L], loss_mask bool [L]) per row."""
     stop_ids = set(int(i) for i in tokenizer.stop_ids)
+    eos = tokenizer.eos_id
     out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(rendered)
     for plain in (False, True):
         idx = [i for i, r in enumerate(rendered) if r.plain_text == plain]
         for b in range(0, len(idx), _ENCODE_BATCH):
             chunk = idx[b : b + _ENCODE_BATCH]
             encoded = _encode_batch(tokenizer, [rendered[i].text for i in chunk], add_special_tokens=plain)
-            for i, (ids, starts) in zip(chunk, encoded):
+            for i, enc in zip(chunk, encoded):
                 r = rendered[i]
-                if plain and tokenizer.eos_id is not None and (not ids or ids[-1] != tokenizer.eos_id):
-                    ids = ids + [int(tokenizer.eos_id)]  # documents end with eos so packed neighbours separate
+                tokens = np.asarray(enc.ids, dtype=np.int32)
+                if plain and eos is not None and (tokens.size == 0 or tokens[-1] != eos):
+                    tokens = np.append(tokens, np.int32(eos))  # documents end with eos so packed neighbours separate
                 if r.spans is None:
-                    mask = np.ones(len(ids), dtype=bool)
+                    mask = np.ones(tokens.shape[0], dtype=bool)
                 else:
-                    mask = _mask_from_spans(ids, starts, r.spans, stop_ids)
-                out[i] = (np.asarray(ids, dtype=np.int32), mask)
+                    mask = _mask_from_spans(enc, r.spans, stop_ids)
+                out[i] = (tokens, mask)
     return out  # type: ignore[return-value]
 
 

@@ -14,14 +14,16 @@ The batch is global: `batch_size` rows across all devices and hosts. Sharding it
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Sequence, TypeVar
 
-import grain
 import numpy as np
 
 from tempax.data.formats import Example
 from tempax.data.packing import collate_rows, plan_packing
 from tempax.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    import grain
 
 Item = TypeVar("Item")
 Unit = TypeVar("Unit")
@@ -71,6 +73,10 @@ class BatchLoader(Generic[Item, Unit]):
         self.num_epochs = num_epochs
         self.drop_remainder = drop_remainder
         self.name = name
+        # Imported here: `import grain` takes seconds, and code that only tokenises should not pay for it.
+        import grain
+
+        self._grain = grain
         self._make_units = make_units
         self._collate = collate
         self._order = grain.MapDataset.range(len(items)).shuffle(seed=self.seed).repeat() if shuffle else None
@@ -90,7 +96,7 @@ class BatchLoader(Generic[Item, Unit]):
     def _epoch_batches(self, epoch: int) -> grain.MapDataset:
         if self._cached is None or self._cached[0] != epoch:
             units = self._make_units([self.items[i] for i in self.epoch_order(epoch)])
-            ds = grain.MapDataset.source(units).batch(
+            ds = self._grain.MapDataset.source(units).batch(
                 self.batch_size, drop_remainder=self.drop_remainder, batch_fn=self._collate
             )
             if len(ds) == 0:

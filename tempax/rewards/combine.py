@@ -43,6 +43,10 @@ class RewardTimeout(BaseException):
     """Raised inside a reward call when its time is up (a BaseException so `except Exception` cannot swallow it)."""
 
 
+class _TimedOut(Exception):
+    """Our own timeout fired (as opposed to the alarm of an enclosing `time_limit`, which must propagate)."""
+
+
 class _MalformedOutput(Exception):
     """A reward function returned something that is not one number (or None) per completion."""
 
@@ -132,9 +136,19 @@ class SafeReward:
     errors: int = 0
     last_error: str | None = None
 
-    def _call(self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]], limit: float | None):
-        with time_limit(limit):
-            output = self.fn(prompts, completions, **columns)
+    def _call(
+        self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]], limit: float | None
+    ) -> list[float]:
+        armed = False
+        try:
+            with time_limit(limit) as armed:
+                output = self.fn(prompts, completions, **columns)
+        except RewardTimeout as err:
+            if not armed:
+                # Our timer was not armed, so this alarm belongs to an enclosing time_limit (a SafeReward called
+                # inside another reward function): let it reach its owner instead of absorbing it.
+                raise
+            raise _TimedOut(str(err)) from None
         return _to_rewards(output, len(completions))
 
     def _record(self, kind: str, detail: str) -> None:
@@ -150,7 +164,7 @@ class SafeReward:
         cols = {name: list(values) for name, values in columns.items()}
         try:
             return self._call(prompts, completions, cols, self.timeout_s)
-        except RewardTimeout as err:
+        except _TimedOut as err:
             # Retrying a batch that already used its whole budget would multiply the stall; zero it instead.
             self._record("timeout", str(err))
             self.failed_samples += n
@@ -161,7 +175,8 @@ class SafeReward:
 
     def _per_sample(self, prompts: list[str], completions: list[str], cols: dict[str, list[Any]]) -> list[float]:
         """Retry one completion at a time, all retries sharing one `timeout_s` budget."""
-        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        no_limit = self.timeout_s is None or self.timeout_s <= 0
+        deadline = None if no_limit else time.monotonic() + self.timeout_s
         rewards = []
         for i in range(len(completions)):
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -172,7 +187,7 @@ class SafeReward:
             one = {name: [values[i]] for name, values in cols.items()}
             try:
                 rewards.append(self._call([prompts[i]], [completions[i]], one, remaining)[0])
-            except RewardTimeout as err:
+            except _TimedOut as err:
                 self._record("timeout", str(err))
                 self.failed_samples += 1
                 rewards.append(0.0)

@@ -9,8 +9,24 @@ torch = pytest.importorskip("torch")
 from tempax.models.cache import KVCache  # noqa: E402
 from tests.kit.models import TINY_FAMILIES, hf_reference_pair, random_ids  # noqa: E402
 
+from flax import nnx  # noqa: E402
+
 TOL = 1e-4
 pytestmark = pytest.mark.needs_torch
+
+
+@nnx.jit
+def _forward(model, ids, segment_ids):
+    return model(ids, segment_ids=segment_ids)[0]
+
+
+@nnx.jit
+def _cached_forward(model, ids, segment_ids, cache):
+    return model(ids, segment_ids=segment_ids, cache=cache)
+
+
+def _seg(ids):
+    return jnp.ones(ids.shape, jnp.int32)
 
 
 @pytest.fixture(scope="module", params=TINY_FAMILIES)
@@ -27,7 +43,7 @@ def _ref_logits(ref, ids, attention_mask=None):
 def test_logits_match(pair):
     family, ref, model = pair
     ids = random_ids((2, 13))  # longer than the tiny sliding window (4): windows are exercised
-    out, _ = model(jnp.asarray(ids))
+    out = _forward(model, jnp.asarray(ids), _seg(ids))
     np.testing.assert_allclose(np.asarray(out), _ref_logits(ref, ids), atol=TOL, rtol=0)
 
 
@@ -39,11 +55,11 @@ def test_left_padded_batch_matches(pair):
     mask[0, :5] = 0
     ids[0, :5] = 0
     expected = _ref_logits(ref, ids, mask)
-    out, _ = model(jnp.asarray(ids), segment_ids=jnp.asarray(mask))
+    out = _forward(model, jnp.asarray(ids), jnp.asarray(mask))
     out = np.asarray(out)
     np.testing.assert_allclose(out[mask == 1], expected[mask == 1], atol=TOL, rtol=0)
     # And the padded row's real tokens equal the unpadded prompt alone.
-    alone, _ = model(jnp.asarray(ids[:1, 5:]))
+    alone = _forward(model, jnp.asarray(ids[:1, 5:]), _seg(ids[:1, 5:]))
     np.testing.assert_allclose(out[0, 5:], np.asarray(alone)[0], atol=TOL, rtol=0)
 
 
@@ -54,7 +70,7 @@ def test_packed_segments_match_unpacked(pair):
     examples = [random_ids((1, n), seed=10 + i)[0] for i, n in enumerate(lengths)]
     packed = np.concatenate(examples + [np.zeros(2, np.int32)])[None]
     segments = np.concatenate([np.full(n, i + 1) for i, n in enumerate(lengths)] + [np.zeros(2, int)])[None]
-    out, _ = model(jnp.asarray(packed), segment_ids=jnp.asarray(segments, jnp.int32))
+    out = _forward(model, jnp.asarray(packed), jnp.asarray(segments, jnp.int32))
     out = np.asarray(out)[0]
     start = 0
     for ex in examples:
@@ -72,10 +88,10 @@ def test_kv_cache_decoding_matches_full_forward(pair):
     ids[1, :2] = 0
     expected = _ref_logits(ref, ids, mask)
     cache = KVCache.init(model.config, batch_size=2, max_len=16)
-    logits, cache = model(jnp.asarray(ids[:, :4]), segment_ids=jnp.asarray(mask[:, :4]), cache=cache)
+    logits, cache = _cached_forward(model, jnp.asarray(ids[:, :4]), jnp.asarray(mask[:, :4]), cache)
     steps = [np.asarray(logits)]
     for t in range(4, 11):
-        logits, cache = model(jnp.asarray(ids[:, t:t + 1]), segment_ids=jnp.asarray(mask[:, t:t + 1]), cache=cache)
+        logits, cache = _cached_forward(model, jnp.asarray(ids[:, t:t + 1]), jnp.asarray(mask[:, t:t + 1]), cache)
         steps.append(np.asarray(logits))
     got = np.concatenate(steps, axis=1)
     np.testing.assert_allclose(got[mask == 1], expected[mask == 1], atol=TOL, rtol=0)

@@ -103,7 +103,9 @@ def test_format_reward_is_a_reward_function() -> None:
     assert rewards == [1.0, 0.0, pytest.approx(0.8)]
 
 
-@pytest.mark.parametrize("content", ["...", "…", "", "  ", "<number>", "[answer]", "{answer}", "Answer", "N/A", "---"])
+@pytest.mark.parametrize(
+    "content", ["...", "\u2026", "", "  ", "<number>", "[answer]", "{answer}", "Answer", "N/A", "---"]
+)
 def test_is_placeholder(content: str) -> None:
     assert is_placeholder(content)
 
@@ -303,6 +305,22 @@ def test_timeout_is_not_swallowed_by_except_exception() -> None:
     assert safe(["p"], ["a"]) == [0.0]
     assert time.perf_counter() - start < 2.0
     assert safe.timeouts == 1
+
+
+def test_nested_safe_reward_does_not_absorb_the_outer_timeout() -> None:
+    """An inner SafeReward inside an outer one runs without its own timer (the outer owns it); when the outer
+    alarm fires during the inner call, the outer call is the one that times out and is counted."""
+    inner = safe_reward(sleepy_reward, timeout_s=0.1)
+
+    def outer_reward(prompts, completions, **columns):
+        return inner(prompts, completions, **columns)
+
+    outer = safe_reward(outer_reward, timeout_s=0.2)
+    start = time.perf_counter()
+    assert outer(["p"], ["a"]) == [0.0]
+    assert time.perf_counter() - start < 2.0
+    assert (outer.timeouts, outer.failed_samples) == (1, 1)
+    assert (inner.timeouts, inner.failed_samples) == (0, 0)
 
 
 def test_malformed_outputs_are_failures() -> None:

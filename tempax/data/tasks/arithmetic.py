@@ -36,6 +36,10 @@ ADD_PHRASES = ("finds {x} more", "gets {x} more from {friend}", "buys {x} more")
 SUB_PHRASES = ("gives {x} to {friend}", "loses {x}", "sells {x}")
 GROUP_WORDS = ("boxes", "bags", "packs")
 
+# Generation gives up after this many draws in a row brought no new question of the wanted split: the question
+# space is (nearly) exhausted. Held-out keeps ~heldout_percent of draws, so a healthy run misses ~10 in a row.
+MAX_CONSECUTIVE_MISSES = 20_000
+
 
 @dataclass(frozen=True)
 class ArithmeticConfig:
@@ -64,7 +68,9 @@ class ArithmeticConfig:
             raise ConfigError(f"arithmetic.max_steps must be 1 or 2, got {self.max_steps}")
         unknown = sorted(set(self.operations) - set(OPERATIONS))
         if unknown or not self.operations:
-            raise ConfigError(f"arithmetic.operations must be a non-empty subset of {OPERATIONS}, got {self.operations}")
+            raise ConfigError(
+                f"arithmetic.operations must be a non-empty subset of {OPERATIONS}, got {self.operations}"
+            )
         if not 0 < self.heldout_percent < 100:
             raise ConfigError(f"arithmetic.heldout_percent must be in 1..99, got {self.heldout_percent}")
 
@@ -142,13 +148,10 @@ def generate_arithmetic(
     want_heldout = split == "test"
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
-    # Give up once this many draws in a row brought nothing new: the question space is (nearly) exhausted. Held-out
-    # keeps ~heldout_percent of draws, so a healthy run misses ~10 in a row, far from this bound.
-    max_misses = 20_000
     misses = 0
     while len(rows) < n:
         misses += 1
-        if misses > max_misses:
+        if misses > MAX_CONSECUTIVE_MISSES:
             raise ConfigError(
                 f"arithmetic: found only {len(rows)} distinct {split} problems of {n} requested; "
                 "raise max_operand/max_factor or max_steps"

@@ -56,7 +56,8 @@ def _row_from_record(record: Any, system_prompt: str | None) -> tuple[dict[str, 
     if answer is None:
         return None, "answer has no '#### <number>' final line"
     question = question.strip()
-    return {"prompt_messages": build_prompt_messages(question, system_prompt), "question": question, "answer": answer}, ""
+    row = {"prompt_messages": build_prompt_messages(question, system_prompt), "question": question, "answer": answer}
+    return row, ""
 
 
 def _resolve_local(source: str | Path, split: str) -> Path | None:

