@@ -21,6 +21,11 @@ span. Trailing template text after the last stop token of a span (ChatML's "\\n"
 trained: the model must learn to emit `<|im_end|>`, not what the template prints after it. Templates that are
 not prefix-stable (e.g. ones that rewrite earlier turns) fall back to locating the reply text itself.
 
+Bad rows are skipped and counted in the `DataReport` by reason: invalid_json, not_an_object, unknown_format,
+missing_field, wrong_type, empty_content, no_assistant_turn, template_error (the template raised),
+template_mismatch (a reply could not be found in the rendering). Length outcomes: truncated "too_long" / "split";
+dropped "too_long" (overlong="drop"), "no_target_after_truncation", "no_target".
+
 Token convention: `Example.loss_mask[i]` is true when token i is a training *target* (predicted from tokens[:i]).
 `packing.py` shifts this into next-token `targets` / `loss_mask` arrays.
 """
@@ -80,7 +85,7 @@ class FormatOptions:
             raise ConfigError(f"max_bad_fraction must be in [0, 1], got {self.max_bad_fraction}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays have no single truth value; compare fields explicitly
 class Example:
     """One tokenised training example.
 
@@ -171,8 +176,8 @@ def detect_format(data: dict[str, Any], messages_field: str = "messages") -> str
 
 
 @dataclass
-class _Rendered:
-    """A row rendered to text, before tokenisation."""
+class Rendered:
+    """A row rendered to text, before tokenisation (`encode_rendered` turns it into tokens and a mask)."""
 
     text: str
     spans: list[tuple[int, int]] | None  # trained character spans; None = train every token
@@ -212,9 +217,19 @@ def _locate_reply(text: str, content: str, cursor: int, stops: Sequence[str]) ->
     )
 
 
+def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+    import jinja2
+
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    except jinja2.TemplateError as e:
+        # Templates reject conversations they cannot render (e.g. "roles must alternate"): a bad row, not a crash.
+        raise RowError("template_error", f"the chat template refused this conversation: {e}") from None
+
+
 def render_chat(
     tokenizer: Any, messages: list[dict[str, Any]], *, train_on: str = "assistant", first_trained: int = 0
-) -> _Rendered:
+) -> Rendered:
     """Renders messages with the chat template and finds the character span of each trained reply.
 
     Args:
@@ -223,17 +238,17 @@ def render_chat(
       train_on: "assistant", "last_assistant" or "all".
       first_trained: turns before this index are prompt and never trained (prompt/completion and preference rows).
     """
-    text = tokenizer.apply_chat_template(messages)
+    text = _apply_template(tokenizer, messages)
     if train_on == "all":
-        return _Rendered(text=text, spans=None)
+        return Rendered(text=text, spans=None)
     stops: list[str] | None = None
     spans: list[tuple[int, int]] = []
     cursor = 0
     for i in _trained_turns(messages, train_on, first_trained):
         span = None
         if i > 0:
-            before = tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True)
-            through = text if i == len(messages) - 1 else tokenizer.apply_chat_template(messages[: i + 1])
+            before = _apply_template(tokenizer, messages[:i], add_generation_prompt=True)
+            through = text if i == len(messages) - 1 else _apply_template(tokenizer, messages[: i + 1])
             if cursor <= len(before) < len(through) and text.startswith(through) and through.startswith(before):
                 span = (len(before), len(through))
         if span is None:
@@ -241,7 +256,7 @@ def render_chat(
             span = _locate_reply(text, messages[i]["content"], cursor, stops)
         spans.append(span)
         cursor = span[1]
-    return _Rendered(text=text, spans=spans)
+    return Rendered(text=text, spans=spans)
 
 
 class _Encoded:
@@ -296,7 +311,7 @@ def _mask_from_spans(encoded: _Encoded, spans: list[tuple[int, int]], stop_ids: 
     return mask
 
 
-def encode_rendered(tokenizer: Any, rendered: Sequence[_Rendered]) -> list[tuple[np.ndarray, np.ndarray]]:
+def encode_rendered(tokenizer: Any, rendered: Sequence[Rendered]) -> list[tuple[np.ndarray, np.ndarray]]:
     """Tokenises rendered rows; returns (tokens int32 [L], loss_mask bool [L]) per row."""
     stop_ids = set(int(i) for i in tokenizer.stop_ids)
     eos = tokenizer.eos_id
@@ -328,7 +343,7 @@ def encode_chat(
     )[0]
 
 
-def render_row(data: dict[str, Any], tokenizer: Any, options: FormatOptions) -> _Rendered:
+def render_row(data: dict[str, Any], tokenizer: Any, options: FormatOptions) -> Rendered:
     """Validates one row and renders it; raises `RowError` for a malformed row."""
     fmt = options.format if options.format != "auto" else detect_format(data, options.messages_field)
     if fmt == "messages":
@@ -343,7 +358,7 @@ def render_row(data: dict[str, Any], tokenizer: Any, options: FormatOptions) -> 
         raise RowError("wrong_type", f"text must be a string, got {type(text).__name__}")
     if not text.strip():
         raise RowError("empty_content", "text is empty")
-    return _Rendered(text=text, spans=None, plain_text=True)
+    return Rendered(text=text, spans=None, plain_text=True)
 
 
 # ---------------------------------------------------------------------------------------------- length policy
@@ -354,21 +369,21 @@ def fit_length(
 ) -> list[Example]:
     """Applies `max_length` / `overlong` to one tokenised row and counts what happened."""
     n = options.max_length
-    pieces: list[tuple[np.ndarray, np.ndarray]]
     if n is None or len(tokens) <= n:
-        pieces = [(tokens, loss_mask)]
+        pieces, cut = [(tokens, loss_mask)], None
     elif options.overlong == "drop":
         report.drop("too_long")
         return []
     elif options.overlong == "truncate":
-        pieces = [(tokens[:n], loss_mask[:n])]
-        report.truncate("too_long")
+        pieces, cut = [(tokens[:n], loss_mask[:n])], "too_long"
     else:
-        pieces = [(tokens[s : s + n], loss_mask[s : s + n]) for s in range(0, len(tokens), n)]
-        report.truncate("split")
+        pieces, cut = [(tokens[s : s + n], loss_mask[s : s + n]) for s in range(0, len(tokens), n)], "split"
+    # A piece with no trained target (only prompt left, or a 1-token tail) would add nothing but padding.
     out = [Example(t, m, source) for t, m in pieces if m[1:].any()]
     if not out:
-        report.drop("no_target_after_truncation" if len(tokens) > (n or len(tokens)) else "no_target")
+        report.drop("no_target" if cut is None else "no_target_after_truncation")
+    elif cut is not None:
+        report.truncate(cut)
     return out
 
 
@@ -395,7 +410,7 @@ def tokenize_rows(
     rows = as_rows(rows)
     report = DataReport(name=name or (rows[0].source if rows else "<empty>"))
     report.total = len(rows)
-    rendered: list[_Rendered] = []
+    rendered: list[Rendered] = []
     for row in rows:
         if row.data is None:
             reason = "invalid_json" if (row.error or "").startswith("invalid JSON") else "not_an_object"

@@ -1,17 +1,18 @@
-"""Preference pairs (prompt, chosen, rejected) -> stacked fixed-shape batches for DPO-family losses and reward models.
+"""Preference pairs (prompt, chosen, rejected) -> stacked fixed-shape batches for DPO-family and reward models.
 
 Accepted rows:
   * explicit prompt:  {"prompt": str | messages, "chosen": str | messages, "rejected": str | messages}; string
                       responses are one assistant turn.
   * implicit prompt:  {"chosen": messages, "rejected": messages}, two full conversations; the longest shared
                       prefix of turns is the prompt.
-  * Anthropic HH-RLHF: {"chosen": str, "rejected": str}, full dialogues written as "\\n\\nHuman: ...\\n\\nAssistant: ..."
-                      — converted to messages (Human -> user, Assistant -> assistant, each turn stripped) and then
-                      treated as the implicit-prompt case. For nearly every pair that makes the prompt everything up
-                      to the last "\\n\\nAssistant:" and the responses the two final assistant turns. Splitting on turns
-                      rather than on the last marker matters for the few upstream pairs whose reply itself contains
-                      a "\\n\\nAssistant:"/"\\n\\nHuman:" line: their responses become several turns (counted as the
-                      note "multi_turn_response"), and only assistant turns carry loss.
+  * Anthropic HH-RLHF: {"chosen": str, "rejected": str}, full dialogues written as
+                      "\\n\\nHuman: ...\\n\\nAssistant: ...". Both are converted to messages (Human -> user,
+                      Assistant -> assistant, each turn stripped) and treated as the implicit-prompt case. For nearly
+                      every pair that makes the prompt everything up to the last "\\n\\nAssistant:" and the responses
+                      the two final assistant turns. Splitting on turns rather than on the last marker matters for the
+                      few upstream pairs whose reply itself contains a "\\n\\nAssistant:" / "\\n\\nHuman:" line: their
+                      responses become several turns (counted as the note "multi_turn_response"), and only the
+                      assistant turns carry loss.
 
 Each side is rendered through the chat template as prompt + response and tokenised; its loss mask covers the
 response's assistant tokens only (with the end-of-turn token, see `formats.py`).
@@ -27,8 +28,8 @@ responses still do not fit, they are cut on the right ("response_right"). With o
 dropped ("too_long").
 
 Counted outcomes: skipped (malformed) — invalid_json, not_an_object, missing_field, wrong_type, wrong_format,
-empty_content, empty_response, no_assistant_turn, no_shared_prompt, template_mismatch; dropped — identical (same chosen and rejected response),
-too_long, no_target_after_truncation.
+empty_content, empty_response, no_assistant_turn, no_shared_prompt, template_error, template_mismatch;
+dropped — identical (same chosen and rejected response), too_long, no_target_after_truncation.
 """
 
 from __future__ import annotations
@@ -258,7 +259,9 @@ def tokenize_preference_rows(
                 report.drop("identical")
                 continue
             n = len(msgs.prompt)
-            sides = [render_chat(tokenizer, msgs.prompt + resp, first_trained=n) for resp in (msgs.chosen, msgs.rejected)]
+            sides = [
+                render_chat(tokenizer, msgs.prompt + resp, first_trained=n) for resp in (msgs.chosen, msgs.rejected)
+            ]
         except RowError as e:
             report.skip(row.where, e.reason, e.detail)
             continue

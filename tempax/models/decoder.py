@@ -250,6 +250,7 @@ class Decoder(nnx.Module):
       positions: [B, T] rotary positions; default: index within each segment (or arange(T) + cache offset).
       segment_ids: [B, T], 0 = padding, equal ids attend to each other causally; default all ones.
       cache: a `KVCache` to read and extend (decoding); None for a plain forward pass.
+      last_only: return logits for the last position only ([B, 1, V]), as generation needs.
     Returns logits [B, T, V] in float32 and the updated cache (None without one).
     """
 
@@ -334,8 +335,13 @@ class Decoder(nnx.Module):
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         cache: KVCache | None = None,
+        last_only: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:
         hidden, cache = self.hidden_states(tokens, positions=positions, segment_ids=segment_ids, cache=cache)
+        if last_only:
+            # Generation needs only the next-token logits; skipping the LM head elsewhere saves a
+            # [B, T, V] matmul in prefill (most of a small model's prefill FLOPs).
+            hidden = hidden[:, -1:]
         return self.logits(hidden), cache
 
 

@@ -1,13 +1,20 @@
 """One small tokenizer interface over `transformers.AutoTokenizer`.
 
 Sources: a local Hugging Face folder, a Hub repo id (when online), or the tokenizer embedded in a GGUF file.
+Converting a GGUF vocabulary takes `transformers` several seconds, so the converted tokenizer is saved as a
+Hugging Face folder under `$TEMPAX_CACHE/tokenizers/` (default `~/.cache/tempax`), keyed by the file's path,
+size and modification time; later loads read that folder in well under a second.
 Everything in tempax talks to `Tokenizer`, never to the Hugging Face object directly, so chat templates,
 special ids and stop tokens are resolved in one place.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
+import tempfile
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -114,10 +121,9 @@ def load_tokenizer(source: str | os.PathLike, *, gguf_file: str | None = None) -
     source = str(source)
     try:
         if source.endswith(".gguf"):
-            if not os.path.isfile(source):
-                raise CheckpointError(f"GGUF file not found: {source}")
-            folder, name = os.path.split(os.path.abspath(source))
-            hf = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            hf = _gguf_tokenizer(source)
+        elif gguf_file is not None and os.path.isdir(source):
+            hf = _gguf_tokenizer(os.path.join(source, gguf_file))
         elif gguf_file is not None:
             hf = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
         else:
@@ -130,3 +136,44 @@ def load_tokenizer(source: str | os.PathLike, *, gguf_file: str | None = None) -
             "tokenizer_config.json, a Hub repo id, or a .gguf file."
         ) from e
     return wrap(hf)
+
+
+def cache_root() -> str:
+    """tempax's cache folder: `$TEMPAX_CACHE`, default `~/.cache/tempax`."""
+    return os.environ.get("TEMPAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tempax")
+
+
+def gguf_tokenizer_cache_dir(path: str | os.PathLike) -> str:
+    """Where the converted tokenizer of a GGUF file is cached; a changed or moved file gets a new folder."""
+    path = os.path.abspath(os.fspath(path))
+    st = os.stat(path)
+    key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return os.path.join(cache_root(), "tokenizers", f"{stem}-{key}")
+
+
+def _gguf_tokenizer(source: str) -> Any:
+    from transformers import AutoTokenizer
+
+    if not os.path.isfile(source):
+        raise CheckpointError(f"GGUF file not found: {source}")
+    cached = gguf_tokenizer_cache_dir(source)
+    if os.path.isfile(os.path.join(cached, "tokenizer_config.json")):
+        try:
+            return AutoTokenizer.from_pretrained(cached)
+        except (OSError, ValueError):
+            shutil.rmtree(cached, ignore_errors=True)  # a damaged cache entry is rebuilt below
+    folder, name = os.path.split(os.path.abspath(source))
+    hf = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    try:
+        # Write to a sibling temp folder and rename, so a concurrent or interrupted run never sees half a cache.
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(cached))
+        hf.save_pretrained(tmp)
+        try:
+            os.replace(tmp, cached)
+        except OSError:  # another process won the race; its copy is as good as ours
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:
+        warnings.warn(f"could not cache the tokenizer of {source} under {cached}: {e}", stacklevel=3)
+    return hf

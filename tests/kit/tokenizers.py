@@ -31,7 +31,7 @@ _CORPUS = [
 
 
 @functools.lru_cache(maxsize=None)
-def _hf_tokenizer(with_template: bool, vocab_size: int):
+def _hf_tokenizer(template: str | None, vocab_size: int):
     from tokenizers import Tokenizer as RustTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -49,14 +49,22 @@ def _hf_tokenizer(with_template: bool, vocab_size: int):
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>"
     )
-    if with_template:
-        hf.chat_template = CHATML_TEMPLATE
+    if template is not None:
+        hf.chat_template = template
     return hf
 
 
-def tiny_chat_tokenizer(*, with_template: bool = True, vocab_size: int = 400) -> Tokenizer:
-    """A small byte-level BPE `Tokenizer` with a ChatML template (cached; treat it as read-only)."""
-    return wrap(_hf_tokenizer(with_template, vocab_size))
+def tiny_chat_tokenizer(
+    *, with_template: bool = True, template: str = CHATML_TEMPLATE, vocab_size: int = 400
+) -> Tokenizer:
+    """A small byte-level BPE `Tokenizer` (cached per arguments; treat it as read-only).
+
+    Args:
+      with_template: False gives a tokenizer without a chat template (tempax's plain "role: content" fallback).
+      template: the Jinja chat template; ChatML by default.
+      vocab_size: BPE vocabulary size (the tiny corpus caps the real size a little lower).
+    """
+    return wrap(_hf_tokenizer(template if with_template else None, vocab_size))
 
 
 def smollm2_gguf_path() -> str | None:

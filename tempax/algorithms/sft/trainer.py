@@ -1,0 +1,290 @@
+"""Supervised fine-tuning and continued pre-training: `causal_lm_loss` + the data layer's batches on the shared
+training core.
+
+    cfg = load_config(SFTConfig, "recipes/sft_lora_smollm2.yaml", ["train.steps=20"])
+    result = main(cfg)
+
+The algorithm is two pieces, everything else is `tempax.train`:
+  * `make_sft_loss(normalize)` -> `loss_fn(model, batch) -> (loss, metrics)`: next-token cross-entropy on the
+    batch's `targets` where `loss_mask` is 1, attention restricted to each packed example by `segment_ids`.
+    It reports `loss_weight` = supervised tokens (or sequences), so gradient accumulation reproduces the
+    full-batch token mean exactly.
+  * `build_data(cfg, tokenizer)`: rows -> tokenised examples (chat template, assistant-only loss mask, bad rows
+    skipped and reported) -> a resumable loader of packed [batch_size, seq_len] batches.
+
+Continued pre-training is the same with plain-text rows (`format: text`, every token trained): `PretrainConfig`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from tempax.algorithms.sft.losses import SFT_NORMALIZATIONS, causal_lm_loss
+from tempax.configlib import dump_yaml
+from tempax.errors import ConfigError
+from tempax.models.lora import LoraConfig
+from tempax.train.config import TrainConfig
+from tempax.train.loop import Trainer, TrainResult
+
+
+def _help(text: str, default: Any = None, **kw: Any) -> Any:
+    if "default_factory" in kw:
+        return field(metadata={"help": text}, **kw)
+    return field(default=default, metadata={"help": text})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Config
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model to train and its tokenizer."""
+
+    source: str = _help(
+        "Registered name (smollm2-135m-instruct), preset:<name> (random init), a .gguf file, a Hugging Face "
+        "folder or a Hub repo id.",
+        "smollm2-135m-instruct",
+    )
+    tokenizer: str | None = _help(
+        "Tokenizer source (same kinds as `source`); null: the model's own. Required for preset: sources.", None
+    )
+    overrides: dict[str, Any] = _help(
+        "ModelConfig fields to change on a preset: source (e.g. {vocab_size: 49152}).", default_factory=dict
+    )
+
+    def validate(self) -> None:
+        if self.overrides and not self.source.startswith("preset:"):
+            raise ConfigError("model.overrides only applies to preset:<name> sources (random initialisation)")
+
+    def build(self, *, seed: int = 0, mesh: Any = None) -> tuple[nnx.Module, Any]:
+        """(model, tokenizer). Presets are initialised under jit, sharded over `mesh` when given."""
+        from tempax.models import registry
+
+        tokenizer = registry.load_tokenizer(self.tokenizer) if self.tokenizer else None
+        if self.source.startswith(registry.PRESET_PREFIX):
+            from tempax.models.decoder import Decoder
+            from tempax.models.presets import get_preset
+            from tempax.train.state import init_sharded
+
+            cfg = get_preset(self.source[len(registry.PRESET_PREFIX):])
+            if self.overrides:
+                try:
+                    cfg = cfg.replace(**self.overrides)
+                except TypeError as e:
+                    raise ConfigError(f"model.overrides: {e}") from None
+            build = lambda: Decoder(cfg, rngs=nnx.Rngs(seed))  # noqa: E731
+            model = init_sharded(build, mesh) if mesh is not None else build()
+            if tokenizer is None:
+                raise ConfigError(
+                    f"model.source={self.source} is a random-init shape without a tokenizer; set model.tokenizer, "
+                    "e.g. model.tokenizer=smollm2-135m-instruct"
+                )
+            return model, tokenizer
+        model, own = registry.load(self.source, seed=seed)
+        return model, tokenizer or own
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Training rows and how they become batches."""
+
+    path: str = _help(
+        "Dataset: a .jsonl/.json/.parquet file, a folder, or a Hub dataset id.", "../shared/data/hh-rlhf-sft/train.jsonl"
+    )
+    split: str | None = _help("Split of a folder or Hub dataset.", None)
+    format: Literal["auto", "messages", "prompt_completion", "text"] = _help(
+        "Row format: auto-detect, chat messages, prompt/completion, or plain text.", "auto"
+    )
+    train_on: Literal["assistant", "last_assistant", "all"] = _help(
+        "Tokens that carry loss: every assistant turn, only the last, or all tokens.", "assistant"
+    )
+    text_fields: tuple[str, ...] = _help(
+        "Plain-text rows: join these row fields with a newline into the text (e.g. [question, answer]); empty: "
+        "the row's `text` field.",
+        (),
+    )
+    overlong: Literal["truncate", "drop", "split"] = _help(
+        "Examples longer than train.seq_len: truncate, drop, or split into chunks (text).", "truncate"
+    )
+    max_bad_fraction: float = _help("Fail when more than this fraction of rows is malformed.", 0.1)
+    max_rows: int | None = _help("Use only the first N rows (quick runs); null: all.", None)
+    eval_fraction: float = _help("Hold out this fraction of rows for evaluation (0: no evaluation).", 0.0)
+    packing: bool = _help("Pack several examples into each row (segment ids keep them apart).", True)
+    shuffle: bool = _help("Shuffle the examples (seeded by train.seed; a new order every epoch).", True)
+
+    def validate(self) -> None:
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ConfigError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ConfigError(f"max_rows must be >= 1 or null, got {self.max_rows}")
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """The SFT loss."""
+
+    normalize: Literal["tokens", "sequences"] = _help(
+        "tokens: mean over every supervised token; sequences: mean of per-example means.", "tokens"
+    )
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised fine-tuning (full, LoRA, QLoRA)."""
+
+    model: ModelSpec = _help("The model.", default_factory=ModelSpec)
+    lora: LoraConfig | None = _help("LoRA/QLoRA adapters; null: full fine-tuning.", None)
+    data: DataSpec = _help("The data.", default_factory=DataSpec)
+    loss: LossSpec = _help("The loss.", default_factory=LossSpec)
+    train: TrainConfig = _help("The training loop.", default_factory=TrainConfig)
+
+
+@dataclass(frozen=True)
+class PretrainConfig(SFTConfig):
+    """Continued pre-training on plain text: every token is trained."""
+
+    data: DataSpec = _help(
+        "The data (plain text).",
+        default_factory=lambda: DataSpec(path="../shared/data/gsm8k/train.jsonl", format="text", train_on="all",
+                                         text_fields=("question", "answer"), overlong="split"),
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The algorithm: loss function + batches
+
+
+def make_sft_loss(normalize: str = "tokens") -> Callable[[nnx.Module, dict[str, jax.Array]], tuple[jax.Array, dict]]:
+    """`loss_fn(model, batch)` for the shared train step.
+
+    batch: `tokens`, `targets`, `loss_mask`, `positions`, `segment_ids`, each [B, T] (see `tempax.data.packing`).
+    The loss is `causal_lm_loss` (mean next-token NLL over supervised tokens, or of per-example means); its
+    `loss_weight` is the micro-batch's supervised token count (or sequence count), which makes gradient
+    accumulation equal to one pass over the whole batch.
+    """
+    if normalize not in SFT_NORMALIZATIONS:
+        raise ConfigError(f"loss.normalize must be one of {SFT_NORMALIZATIONS}, got {normalize!r}")
+
+    def loss_fn(model: nnx.Module, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+        logits_btv, _ = model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"])
+        loss, metrics = causal_lm_loss(logits_btv, batch["targets"], batch["loss_mask"], normalize=normalize)
+        metrics = dict(metrics)
+        metrics["loss_weight"] = metrics["num_tokens"] if normalize == "tokens" else metrics["num_sequences"]
+        return loss, metrics
+
+    return loss_fn
+
+
+def _text_rows(rows: list[Any], fields: tuple[str, ...]) -> list[Any]:
+    """Rows with `fields` joined into a `text` field (rows missing a field are left for the report to flag)."""
+    from tempax.data.sources import Row
+
+    out = []
+    for row in rows:
+        data = row.data
+        if data is not None and all(isinstance(data.get(f), str) for f in fields):
+            data = {"text": "\n".join(data[f] for f in fields)}
+        out.append(Row(data=data, source=row.source, index=row.index, error=row.error))
+    return out
+
+
+@dataclass
+class SFTData:
+    """The loaders and the data report of a run."""
+
+    train: Any
+    eval_examples: list[Any]
+    report: Any
+    eval_loader: Callable[[], Any] | None
+
+
+def build_data(cfg: SFTConfig, tokenizer: Any) -> SFTData:
+    """Rows -> examples -> a resumable loader of packed batches (and held-out batches when eval_fraction > 0)."""
+    from tempax.data.formats import FormatOptions, tokenize_rows
+    from tempax.data.loader import sft_loader
+    from tempax.data.sources import holdout_split, read_rows
+
+    d, t = cfg.data, cfg.train
+    rows = read_rows(d.path, split=d.split)
+    if d.max_rows is not None:
+        rows = rows[: d.max_rows]
+    if d.text_fields:
+        rows = _text_rows(rows, d.text_fields)
+    eval_rows: list[Any] = []
+    if d.eval_fraction > 0:
+        rows, eval_rows = holdout_split(rows, d.eval_fraction, seed=t.seed)
+    options = FormatOptions(format=d.format, train_on=d.train_on, max_length=t.seq_len, overlong=d.overlong,
+                            max_bad_fraction=d.max_bad_fraction)
+    examples, report = tokenize_rows(rows, tokenizer, options, name=d.path)
+    pad = tokenizer.pad_id
+    train = sft_loader(examples, batch_size=t.batch_size, seq_len=t.seq_len, pad_id=pad, packing=d.packing,
+                       seed=t.seed, shuffle=d.shuffle)
+    eval_examples: list[Any] = []
+    eval_loader = None
+    if eval_rows:
+        eval_examples, _ = tokenize_rows(eval_rows, tokenizer, options, name=f"{d.path} (held out)", check=False)
+        if eval_examples:
+            def eval_loader() -> Any:
+                return sft_loader(eval_examples, batch_size=t.batch_size, seq_len=t.seq_len, pad_id=pad,
+                                  packing=d.packing, shuffle=False, num_epochs=1, drop_remainder=False)
+    return SFTData(train=train, eval_examples=eval_examples, report=report, eval_loader=eval_loader)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def build_model(cfg: SFTConfig, mesh: Any = None) -> tuple[nnx.Module, Any, Any]:
+    """(model, tokenizer, trainable filter): the model from its source with LoRA/QLoRA applied when configured."""
+    model, tokenizer = cfg.model.build(seed=cfg.train.seed, mesh=mesh)
+    if tokenizer is None:
+        raise ConfigError(f"model.source={cfg.model.source} has no tokenizer; set model.tokenizer")
+    trainable: Any = nnx.Param
+    if cfg.lora is not None:
+        from tempax.models.lora import apply_lora, lora_filter
+
+        model = apply_lora(model, cfg.lora, rngs=nnx.Rngs(cfg.train.seed + 1)) or model
+        trainable = lora_filter
+    return model, tokenizer, trainable
+
+
+def main(cfg: SFTConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:
+    """Trains per `cfg`; writes config.yaml, data_report.json, the tokenizer, metrics and checkpoints to run_dir."""
+    say = log or (lambda text: print(text, file=sys.stderr))
+    run_dir = cfg.train.run_dir
+    mesh = cfg.train.mesh.build()
+    model, tokenizer, trainable = build_model(cfg, mesh)
+    data = build_data(cfg, tokenizer)
+    say(data.report.summary())
+    for where, reason, detail in data.report.bad_rows[:5]:
+        say(f"  skipped {where}: {reason}" + (f" ({detail})" if detail else ""))
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
+        f.write(dump_yaml(cfg))
+    with open(os.path.join(run_dir, "data_report.json"), "w") as f:
+        json.dump(data.report.to_dict(), f, indent=2)
+    tok_dir = os.path.join(run_dir, "tokenizer")
+    if not os.path.isdir(tok_dir):
+        tokenizer.hf.save_pretrained(tok_dir)
+    trainer = Trainer(
+        model, make_sft_loss(cfg.loss.normalize), cfg.train, trainable=trainable, mesh=mesh, log=say,
+        checkpoint_meta={"algorithm": type(cfg).__name__, "model_source": cfg.model.source},
+    )
+    try:
+        result = trainer.fit(data.train, hooks=hooks, eval_batches=data.eval_loader)
+    finally:
+        trainer.close()
+    if result.history:
+        last = result.history[-1][1]
+        say(f"done: step {result.history[-1][0]}, loss {last.get('loss', float('nan')):.4f}; run dir {run_dir}")
+    result.extras["data_report"] = data.report
+    return result

@@ -1,0 +1,128 @@
+"""`tempax generate SOURCE --prompt TEXT [...]`: sample completions and print them.
+
+SOURCE is a Hugging Face checkpoint folder or Hub id, or a .gguf file. Prompts are used as written, or wrapped in
+the model's chat template with `--chat`. `--json` prints one JSON object per completion (text, token ids,
+log-probs, finish reason) for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from tempax.errors import CheckpointError, GenerationError
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser, *, temperature: float, max_new_tokens: int) -> None:
+    """Options shared by `generate` and `chat`."""
+    parser.add_argument("source", help="checkpoint folder, Hugging Face Hub id, or .gguf file")
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="most tokens per completion")
+    parser.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold in (0, 1] (1 = off)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="min-p threshold relative to the top token")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same samples)")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                        help="weights and activations dtype (default: the checkpoint's, float32 for GGUF)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_sampling_arguments(parser, temperature=1.0, max_new_tokens=128)
+    parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    parser.add_argument("--prompts-file", help="a text file with one prompt per line")
+    parser.add_argument("--n", type=int, default=1, help="completions per prompt")
+    parser.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template as a user turn")
+    parser.add_argument("--system", help="system message for --chat")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per completion")
+
+
+def sampling_config(args: argparse.Namespace, **extra: Any):
+    from tempax.generate import SamplingConfig
+
+    return SamplingConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        min_p=args.min_p, seed=args.seed, stop=tuple(args.stop), **extra,
+    )
+
+
+def load_source(source: str, dtype: str | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) from a checkpoint folder, Hub id or .gguf file.
+
+    Uses `tempax.models.registry.load` when the registry is available; otherwise reads the formats directly.
+    """
+    try:
+        from tempax.models import registry
+    except ImportError:
+        registry = None
+    if registry is not None and hasattr(registry, "load"):
+        kwargs = {"dtype": dtype} if dtype else {}
+        return registry.load(source, **kwargs)
+    from tempax.models.tokenizer import load_tokenizer
+
+    kw = {"param_dtype": dtype, "dtype": dtype} if dtype else {}
+    if source.endswith(".gguf"):
+        from tempax.models.gguf_io import load_gguf
+
+        if not os.path.isfile(source):
+            raise CheckpointError(f"GGUF file not found: {source}")
+        return load_gguf(source, **kw), load_tokenizer(source)
+    from tempax.models.hf_io import load_hf_checkpoint, resolve_checkpoint_dir
+
+    folder = resolve_checkpoint_dir(source)
+    return load_hf_checkpoint(folder, **kw), load_tokenizer(folder)
+
+
+def _prompts(args: argparse.Namespace) -> list[str]:
+    prompts = list(args.prompt)
+    if args.prompts_file:
+        if not os.path.isfile(args.prompts_file):
+            raise GenerationError(f"--prompts-file {args.prompts_file} does not exist")
+        with open(args.prompts_file, encoding="utf-8") as f:
+            prompts += [line.rstrip("\n") for line in f if line.strip()]
+    if not prompts:
+        raise GenerationError("no prompt given: pass --prompt TEXT (repeatable) or --prompts-file FILE")
+    return prompts
+
+
+def run(args: argparse.Namespace) -> int:
+    from tempax.generate import generate
+
+    prompts = _prompts(args)
+    config = sampling_config(args, n=args.n)  # validates the knobs before the (slow) model load
+    model, tokenizer = load_source(args.source, args.dtype)
+    if args.chat:
+        def render(text: str) -> list[int]:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            return tokenizer.apply_chat_template(
+                messages + [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+
+        inputs: list[Any] = [render(p) for p in prompts]
+    else:
+        inputs = prompts
+    result = generate(model, tokenizer, inputs, config)
+    out = sys.stdout
+    for r, text in enumerate(result.texts):
+        i, j = divmod(r, result.n)
+        if args.json:
+            n_tok = int(result.lengths[r])
+            out.write(json.dumps({
+                "prompt_index": i, "sample": j, "prompt": prompts[i], "text": text,
+                "token_ids": result.token_ids[r, :n_tok].tolist(),
+                "logprobs": [round(float(x), 6) for x in result.logprobs[r, :n_tok]],
+                "finish_reason": result.finish_reasons[r],
+            }) + "\n")
+        else:
+            label = f"[{i}]" if result.n == 1 else f"[{i}.{j}]"
+            out.write(f"{label} {prompts[i]!r}\n{text}\n\n")
+    s = result.stats
+    tokens = int(result.lengths.sum())
+    print(
+        f"{tokens} tokens in {s.prefill_s + s.decode_s:.2f} s (prefill {s.prefill_s:.2f} s, "
+        f"decode {s.decode_s:.2f} s, {s.compiles} compiled)", file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,95 @@
+"""`tempax validate RECIPE [key=value ...]`: parse a recipe, build its config and report problems, training nothing.
+
+The training command is read from the recipe's opening comment (`# Run: tempax sft --config ...`), or given with
+`--command`. Checks: the YAML parses; every key exists and has the right type (unknown keys name their nearest
+neighbours); cross-field rules; the optimizer builds; the dataset path exists; the model source resolves (nothing
+is downloaded or loaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from typing import Any
+
+from tempax.errors import ConfigError, TempaxError
+
+_COMMAND = re.compile(r"\btempax\s+([a-z][\w-]*)\b")
+
+
+def recipe_command(path: str) -> str | None:
+    """The training command named in the recipe's leading comment block, or None."""
+    from tempax.cli.train_cmds import ALGORITHMS
+
+    try:
+        with open(path) as f:
+            for line in f:
+                stripped = line.strip()
+                if stripped and not stripped.startswith("#"):
+                    break
+                for match in _COMMAND.finditer(stripped):
+                    if match.group(1) in ALGORITHMS:
+                        return match.group(1)
+    except OSError:
+        return None
+    return None
+
+
+def check_recipe(path: str, overrides: list[str] | None = None, command: str | None = None) -> tuple[str, Any, list[str]]:
+    """(command, config, warnings). Raises `TempaxError` for problems that stop a run."""
+    from tempax.cli.train_cmds import ALGORITHMS, load
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"recipe '{path}' does not exist")
+    command = command or recipe_command(path)
+    if command is None:
+        raise ConfigError(
+            f"{path}: cannot tell which command runs this recipe; start it with a comment like "
+            f"'# Run: tempax sft --config {path}' or pass --command ({', '.join(sorted(ALGORITHMS))})"
+        )
+    cfg = load(command, path, list(overrides or []))
+    warnings: list[str] = []
+    train = getattr(cfg, "train", None)
+    if train is not None:
+        train.optimizer.build(train.steps)
+    data = getattr(cfg, "data", None)
+    data_path = getattr(data, "path", None)
+    if isinstance(data_path, str) and not os.path.exists(os.path.expanduser(data_path)):
+        looks_local = data_path.startswith((".", "/", "~")) or data_path.count("/") > 1 or data_path.endswith(
+            (".jsonl", ".json", ".parquet", ".gz"))
+        if looks_local:
+            raise ConfigError(f"data.path: dataset file not found: {data_path} (relative to {os.getcwd()})")
+        warnings.append(f"data.path {data_path!r} is not local; it will be read from the Hugging Face Hub")
+    model = getattr(cfg, "model", None)
+    for key in ("source", "tokenizer"):
+        source = getattr(model, key, None)
+        if isinstance(source, str):
+            from tempax.models.registry import resolve_source
+
+            try:
+                resolved = resolve_source(source)
+            except TempaxError as e:
+                raise ConfigError(f"model.{key}: {e}") from None
+            if resolved.kind == "hub":
+                warnings.append(f"model.{key} {source!r} is a Hub repo; it needs network on first use")
+    return command, cfg, warnings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", metavar="RECIPE", help="YAML recipe to check")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides to check along with it")
+    parser.add_argument("--command", help="training command of the recipe (default: read from its comment)")
+
+
+def run(args: argparse.Namespace) -> int:
+    command, cfg, warnings = check_recipe(args.recipe, list(args.overrides), args.command)
+    for w in warnings:
+        print(f"warning: {w}")
+    train = getattr(cfg, "train", None)
+    summary = ""
+    if train is not None:
+        summary = (f": {train.steps} steps, batch {train.batch_size} x {train.seq_len} tokens, "
+                   f"lr {train.optimizer.learning_rate:g} ({train.optimizer.schedule}), run_dir {train.run_dir}")
+    print(f"ok: {args.recipe} is a valid `tempax {command}` recipe{summary}")
+    return 0

@@ -1,0 +1,366 @@
+"""The decode engine: one prefill pass, then a jitted `while_loop` over a preallocated KV cache.
+
+Shapes are bucketed so that a new request rarely compiles anything new:
+
+  * prompts are left-padded to `bucket_length(longest prompt)` (segment id 0 marks padding; all rows share the
+    cache write index, see `KVCache`);
+  * the number of prompts is rounded up to a power of two (the extra rows are born finished);
+  * the completion buffer holds `bucket_length(max_new_tokens)` tokens; the real limit is a traced value, so any
+    max_new_tokens within a bucket reuses the same executable.
+
+Sampling values (temperature, top-p, min-p thresholds, stop ids, seeds) are traced too; only the choice of
+greedy / which filters run is static (`SamplerSpec`). `compile_counts()` reports how many times each function
+was traced (= compiled), so tests and benchmarks can check that a second call compiles nothing.
+
+The model enters the compiled functions as an argument (`nnx.split` into a static graph definition and a state
+of arrays), never as constants, so a LoRA/QLoRA-wrapped model, a sharded model or a freshly updated policy all
+reuse the executable compiled for their structure. Anything with the `Decoder` call signature
+`model(tokens, segment_ids=..., cache=...) -> (logits, cache)` and a `.config` works.
+
+The decode loop runs entirely on device: no host round-trip per token. Callers that need to look at tokens
+while decoding (stop strings, streaming chat) advance it in chunks (`DecodeRun.advance(steps)`), which reuses
+the same executable because the step limit is traced.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tempax.errors import GenerationError
+from tempax.generate.config import SamplingConfig
+from tempax.generate.sampling import SamplerSpec, row_keys, row_uniforms, sample_from_logits
+from tempax.models.cache import KVCache
+from tempax.models.decoder import Decoder
+from tempax.parallel.rules import shard
+
+_TRACES: collections.Counter[str] = collections.Counter()
+
+
+def compile_counts() -> dict[str, int]:
+    """How many times the prefill and decode functions have been traced (each trace is one compilation)."""
+    return dict(_TRACES)
+
+
+def bucket_length(n: int, minimum: int = 16) -> int:
+    """Smallest bucket >= n: powers of two up to 512, then multiples of 256 (bounded padding waste)."""
+    n = max(int(n), minimum)
+    if n <= 512:
+        return 1 << (n - 1).bit_length()
+    return -(-n // 256) * 256
+
+
+def bucket_batch(n: int) -> int:
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class DecodeState:
+    """Everything the decode loop carries; rows are (prompt, sample) pairs, prompt-major.
+
+    Attributes:
+      cache: the KV cache of every row.
+      last_token: [B] the token to feed next.
+      step: int32 scalar, tokens generated so far (shared by all rows).
+      done: [B] bool, the row has finished (stop token, stop string, or a padding row).
+      lengths: [B] int32, tokens in the row's completion (including its stop token).
+      tokens: [B, C] int32 completion tokens, pad id after each row's end.
+      logprobs: [B, C] float32 log p_tau of each token; raw_logprobs: [B, C] log p_1.
+      keys: [B] typed PRNG keys, one stream per row.
+    """
+
+    cache: KVCache
+    last_token: jax.Array
+    step: jax.Array
+    done: jax.Array
+    lengths: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    raw_logprobs: jax.Array
+    keys: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class _Knobs:
+    """Traced sampling values (changing them never recompiles)."""
+
+    temperature: jax.Array
+    top_p: jax.Array
+    min_p: jax.Array
+    stop_ids: jax.Array  # [K] int32, -1 = unused slot
+    pad_id: jax.Array
+
+
+def _call_model(model: Any, tokens: jax.Array, segment_ids: jax.Array | None, cache: KVCache):
+    """Next-token logits [B, V] at the last position (a tempax Decoder skips the LM head elsewhere)."""
+    if isinstance(model, Decoder):
+        logits, cache = model(tokens, segment_ids=segment_ids, cache=cache, last_only=True)
+    else:
+        logits, cache = model(tokens, segment_ids=segment_ids, cache=cache)
+    return logits[:, -1].astype(jnp.float32), cache
+
+
+def _shard_cache(cache: KVCache) -> KVCache:
+    kv = lambda x: shard(x, ("batch", None, "act_kv_heads", None))
+    return dataclasses.replace(
+        cache,
+        k=tuple(kv(x) for x in cache.k),
+        v=tuple(kv(x) for x in cache.v),
+        segment_ids=shard(cache.segment_ids, ("batch", None)),
+    )
+
+
+def _sample(logits, keys, step, knobs: _Knobs, spec: SamplerSpec):
+    u = row_uniforms(keys, step)
+    return sample_from_logits(
+        logits, u, spec, temperature=knobs.temperature, top_p=knobs.top_p, min_p=knobs.min_p
+    )
+
+
+def _is_stop(tokens: jax.Array, stop_ids: jax.Array) -> jax.Array:
+    return jnp.any(tokens[:, None] == stop_ids[None, :], axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec", "n", "cache_len", "completion_len"))
+def _prefill(
+    graphdef: Any,
+    params: Any,
+    tokens: jax.Array,
+    segment_ids: jax.Array,
+    keys: jax.Array,
+    live: jax.Array,
+    knobs: _Knobs,
+    *,
+    spec: SamplerSpec,
+    n: int,
+    cache_len: int,
+    completion_len: int,
+) -> DecodeState:
+    """Runs the prompts [P, T] once, repeats the cache n times, samples token 0 of every row."""
+    _TRACES["prefill"] += 1
+    model = nnx.merge(graphdef, params)
+    cache = _shard_cache(KVCache.init(model.config, tokens.shape[0], cache_len))
+    logits, cache = _call_model(model, tokens, segment_ids, cache)
+    if n > 1:
+        logits = jnp.repeat(logits, n, axis=0)
+        cache = _shard_cache(cache.repeat(n))
+    first, lp, raw = _sample(logits, keys, jnp.int32(0), knobs, spec)
+    rows = first.shape[0]
+    first = jnp.where(live, first, knobs.pad_id)
+    buf = lambda value, dtype: jnp.full((rows, completion_len), value, dtype)
+    return DecodeState(
+        cache=cache,
+        last_token=first,
+        step=jnp.int32(1),
+        done=~live | _is_stop(first, knobs.stop_ids),
+        lengths=live.astype(jnp.int32),
+        tokens=buf(knobs.pad_id, jnp.int32).at[:, 0].set(first),
+        logprobs=buf(0.0, jnp.float32).at[:, 0].set(jnp.where(live, lp, 0.0)),
+        raw_logprobs=buf(0.0, jnp.float32).at[:, 0].set(jnp.where(live, raw, 0.0)),
+        keys=keys,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"), donate_argnames=("state",))
+def _decode(
+    graphdef: Any, params: Any, state: DecodeState, until: jax.Array, knobs: _Knobs, *, spec: SamplerSpec
+) -> DecodeState:
+    """Generates tokens step by step until `step == until` or every row is done."""
+    _TRACES["decode"] += 1
+    model = nnx.merge(graphdef, params)
+    ones = jnp.ones((state.last_token.shape[0], 1), jnp.int32)
+
+    def cond(s: DecodeState) -> jax.Array:
+        return (s.step < until) & ~jnp.all(s.done)
+
+    def body(s: DecodeState) -> DecodeState:
+        logits, cache = _call_model(model, s.last_token[:, None], ones, s.cache)
+        tok, lp, raw = _sample(logits, s.keys, s.step, knobs, spec)
+        active = ~s.done
+        tok = jnp.where(active, tok, knobs.pad_id)
+        write = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, s.step))
+        return DecodeState(
+            cache=cache,
+            last_token=tok,
+            step=s.step + 1,
+            done=s.done | (active & _is_stop(tok, knobs.stop_ids)),
+            lengths=s.lengths + active.astype(jnp.int32),
+            tokens=write(s.tokens, tok),
+            logprobs=write(s.logprobs, jnp.where(active, lp, 0.0)),
+            raw_logprobs=write(s.raw_logprobs, jnp.where(active, raw, 0.0)),
+            keys=s.keys,
+        )
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+def model_context(model: Any, config: SamplingConfig) -> int:
+    limit = int(model.config.max_position_embeddings)
+    return limit if config.max_len is None else min(limit, int(config.max_len))
+
+
+def check_prompts(prompt_ids: Sequence[Sequence[int]], config: SamplingConfig, context: int) -> None:
+    """Raises GenerationError for requests that cannot be served, naming the prompt and the fix."""
+    if len(prompt_ids) == 0:
+        raise GenerationError("no prompts given: pass at least one prompt")
+    for i, ids in enumerate(prompt_ids):
+        if len(ids) == 0:
+            raise GenerationError(f"prompt {i} is empty: it needs at least one token (e.g. the BOS token)")
+        if len(ids) + config.max_new_tokens > context:
+            raise GenerationError(
+                f"prompt {i} has {len(ids)} tokens; with max_new_tokens={config.max_new_tokens} it needs "
+                f"{len(ids) + config.max_new_tokens} positions but the context holds {context}. Shorten the "
+                "prompt or lower max_new_tokens" + (" (or raise max_len)" if config.max_len else "") + "."
+            )
+
+
+@dataclass
+class DecodeOutput:
+    """Host copies of a finished run, rows (prompt i, sample j) at i * n + j; buffers cut to max_new_tokens."""
+
+    tokens: np.ndarray  # [R, T] int32
+    logprobs: np.ndarray  # [R, T] float32
+    raw_logprobs: np.ndarray  # [R, T] float32
+    lengths: np.ndarray  # [R] int32
+    stopped: np.ndarray  # [R] bool: ended by a stop token (or marked done by the caller)
+    steps: int
+    prefill_s: float
+    decode_s: float
+    compiles: int
+
+
+class DecodeRun:
+    """One batched generation request in progress: prefill on construction, then `advance` in chunks.
+
+    Args:
+      model: a tempax `Decoder` (optionally LoRA-wrapped or sharded) or any nnx model with its call signature.
+      prompt_ids: token ids of each prompt (not padded).
+      config: the sampling config (n, seed, knobs, max_new_tokens).
+      stop_ids: token ids that end a row (empty = none).
+      pad_id: id written after a row's end.
+      prompt_offset, sample_offset: the (prompt, sample) grid position of this call's first row, for the
+        random streams (see `SamplingConfig.seed`).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        prompt_ids: Sequence[Sequence[int]],
+        config: SamplingConfig,
+        *,
+        stop_ids: Sequence[int],
+        pad_id: int,
+        prompt_offset: int = 0,
+        sample_offset: int = 0,
+    ):
+        check_prompts(prompt_ids, config, model_context(model, config))
+        self.config = config
+        self.stop_ids = tuple(int(i) for i in stop_ids)
+        self.pad_id = int(pad_id)
+        self.num_prompts = len(prompt_ids)
+        self.n = config.n
+        self._compiles_before = sum(_TRACES.values())
+        self._graphdef, self._params = nnx.split(model)
+        self._spec = SamplerSpec(
+            greedy=config.greedy,
+            top_k=config.top_k,
+            top_p=config.top_p < 1.0,
+            min_p=config.min_p > 0.0,
+            logprobs=config.logprobs,
+        )
+        stop = np.full((max(8, bucket_batch(len(stop_ids))),), -1, np.int32)
+        stop[: len(stop_ids)] = np.asarray(list(stop_ids), np.int32)
+        self._knobs = _Knobs(
+            temperature=jnp.float32(config.temperature if not config.greedy else 1.0),
+            top_p=jnp.float32(config.top_p),
+            min_p=jnp.float32(config.min_p),
+            stop_ids=jnp.asarray(stop),
+            pad_id=jnp.int32(pad_id),
+        )
+        prompt_len = bucket_length(max(len(p) for p in prompt_ids))
+        completion_len = bucket_length(config.max_new_tokens)
+        rows_p = bucket_batch(self.num_prompts)
+        tokens = np.full((rows_p, prompt_len), pad_id, np.int32)
+        segments = np.zeros((rows_p, prompt_len), np.int32)
+        for i, ids in enumerate(prompt_ids):
+            tokens[i, prompt_len - len(ids):] = ids
+            segments[i, prompt_len - len(ids):] = 1
+        # Padding rows get one real token so no row attends to nothing; they are born done.
+        segments[self.num_prompts:, -1] = 1
+        n = self.n
+        prompt_index = np.repeat(np.arange(rows_p), n) + prompt_offset
+        sample_index = np.tile(np.arange(n), rows_p) + sample_offset
+        live = np.repeat(np.arange(rows_p) < self.num_prompts, n)
+        keys = row_keys(config.seed, jnp.asarray(prompt_index, jnp.int32), jnp.asarray(sample_index, jnp.int32))
+        start = time.perf_counter()
+        self._state = _prefill(
+            self._graphdef, self._params, jnp.asarray(tokens), jnp.asarray(segments), keys, jnp.asarray(live),
+            self._knobs, spec=self._spec, n=n, cache_len=prompt_len + completion_len,
+            completion_len=completion_len,
+        )
+        self._done_host = np.asarray(self._state.done)
+        self.prefill_s = time.perf_counter() - start
+        self.decode_s = 0.0
+        self._step = 1
+
+    @property
+    def rows(self) -> int:
+        return self.num_prompts * self.n
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    @property
+    def finished(self) -> bool:
+        return self._step >= self.config.max_new_tokens or bool(np.all(self._done_host))
+
+    def advance(self, steps: int | None = None) -> None:
+        """Decodes up to `steps` more tokens per row (None = to the end), stopping early when all rows are done."""
+        if self.finished:
+            return
+        until = self.config.max_new_tokens if steps is None else min(self._step + steps, self.config.max_new_tokens)
+        start = time.perf_counter()
+        self._state = _decode(
+            self._graphdef, self._params, self._state, jnp.int32(until), self._knobs, spec=self._spec
+        )
+        self._step, self._done_host = int(self._state.step), np.asarray(self._state.done)
+        self.decode_s += time.perf_counter() - start
+
+    def tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens [R, step], lengths [R]) generated so far for the real rows."""
+        r = self.rows
+        return np.asarray(self._state.tokens[:r, : self._step]), np.asarray(self._state.lengths[:r])
+
+    def mark_done(self, rows: np.ndarray) -> None:
+        """Stops the rows where `rows` [R] is true (e.g. a stop string appeared); they generate nothing more."""
+        done = self._done_host.copy()
+        done[: self.rows] |= np.asarray(rows, bool)
+        self._done_host = done
+        self._state = dataclasses.replace(self._state, done=jnp.asarray(done))
+
+    def output(self) -> DecodeOutput:
+        r, t = self.rows, self.config.max_new_tokens
+        s = self._state
+        return DecodeOutput(
+            tokens=np.asarray(s.tokens[:r, :t]),
+            logprobs=np.asarray(s.logprobs[:r, :t]),
+            raw_logprobs=np.asarray(s.raw_logprobs[:r, :t]),
+            lengths=np.asarray(s.lengths[:r]),
+            stopped=self._done_host[:r].copy(),
+            steps=self._step,
+            prefill_s=self.prefill_s,
+            decode_s=self.decode_s,
+            compiles=sum(_TRACES.values()) - self._compiles_before,
+        )

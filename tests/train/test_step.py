@@ -1,0 +1,129 @@
+"""The shared train step: hand-worked losses, masking, accumulation and sharding invariance, non-finite stops."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from tempax.algorithms.sft.trainer import make_sft_loss
+from tempax.models.decoder import Decoder
+from tempax.models.presets import PRESETS
+from tempax.train.config import MeshConfig, OptimizerConfig
+from tempax.train.loop import Trainer, TrainingDiverged
+from tests.train.helpers import LN2, LN3, LN4, hand_batch, host, random_batch, table_lm, tiny_train_config
+
+from flax import nnx
+
+
+def sgd(lr: float) -> OptimizerConfig:
+    return OptimizerConfig(name="sgd", learning_rate=lr, schedule="constant", weight_decay=0.0, grad_clip_norm=None)
+
+
+def test_step_loss_is_the_hand_worked_cross_entropy():
+    """Token mean over the 3 supervised tokens: (ln 2 + ln 3 + ln 4) / 3 = ln 24 / 3 = 1.059351.
+    With SGD at lr 1: table row 1 gets the gradient of position (row 0, t1) only: (softmax - onehot(0)) / 3 =
+    ([1/3, 1/3, 1/3] - [1, 0, 0]) / 3 = [-2/9, 1/9, 1/9], so the new row 1 is [2/9, -1/9, -1/9]."""
+    trainer = Trainer(table_lm(), make_sft_loss(), tiny_train_config(batch_size=2, seq_len=3, optimizer=sgd(1.0)))
+    metrics = host(trainer.train_step(hand_batch()))
+    assert_allclose(metrics["loss"], math.log(24) / 3, rtol=1e-6)
+    assert_allclose(metrics["num_tokens"], 3.0)
+    assert_allclose(host(trainer.state.params)["table"][1], [2 / 9, -1 / 9, -1 / 9], rtol=1e-5)
+
+
+def test_masked_tokens_contribute_nothing():
+    """Changing targets and tokens at masked positions changes neither the loss nor the update."""
+    base = hand_batch()
+    other = {k: v.copy() for k, v in base.items()}
+    other["targets"][0, 2], other["targets"][1, 1:] = 0, [2, 0]
+    other["tokens"][1, 2] = 2
+    results = []
+    for batch in (base, other):
+        trainer = Trainer(table_lm(), make_sft_loss(), tiny_train_config(batch_size=2, seq_len=3, optimizer=sgd(1.0)))
+        loss = host(trainer.train_step(batch))["loss"]
+        results.append((loss, host(trainer.state.params)["table"]))
+    assert_allclose(results[0][0], results[1][0], rtol=0, atol=0)
+    assert_allclose(results[0][1], results[1][1], rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_cfg():
+    return PRESETS["tiny-llama"]
+
+
+def _decoder(cfg, seed=0):
+    return Decoder(cfg, rngs=nnx.Rngs(seed))
+
+
+def _one_step(cfg, batch, **train_kw):
+    trainer = Trainer(_decoder(cfg), make_sft_loss(), tiny_train_config(**train_kw))
+    metrics = host(trainer.train_step(batch))
+    return metrics, host(trainer.state.params)
+
+
+def test_micro_batch_accumulation_equals_one_pass(tiny_model_cfg):
+    """8 micro-batches of 1 row (rows with different token counts) give the same token-mean loss, grad norm and
+    AdamW update as one pass over the 8 rows."""
+    batch = random_batch(8, 16)
+    full_m, full_p = _one_step(tiny_model_cfg, batch)
+    acc_m, acc_p = _one_step(tiny_model_cfg, batch, micro_batch_size=1)
+    assert_allclose(acc_m["loss"], full_m["loss"], rtol=1e-6)
+    assert_allclose(acc_m["grad_norm"], full_m["grad_norm"], rtol=1e-5)
+    assert_allclose(acc_m["num_tokens"], full_m["num_tokens"])
+    assert_allclose(acc_m["token_accuracy"], full_m["token_accuracy"], rtol=1e-6)
+    for key in full_p:
+        assert_allclose(acc_p[key], full_p[key], atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("mesh", [dict(data=1, fsdp=8), dict(data=1, fsdp=4, tensor=2)], ids=["fsdp8", "fsdp4xtp2"])
+def test_sharded_step_matches_one_device(tiny_model_cfg, mesh):
+    """A train step on 8 (fake CPU) devices under FSDP / FSDP x tensor gives the 1-device loss and update."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    batch = random_batch(8, 16, seed=1)
+    ref_m, ref_p = _one_step(tiny_model_cfg, batch, micro_batch_size=4)
+    trainer = Trainer(_decoder(tiny_model_cfg), make_sft_loss(),
+                      tiny_train_config(micro_batch_size=4, mesh=MeshConfig(num_devices=8, **mesh)))
+    metrics = host(trainer.train_step(batch))
+    kernel = trainer.state.params["layers.0.mlp.up_proj.kernel"]
+    assert len(kernel.sharding.device_set) == 8
+    assert not kernel.sharding.is_fully_replicated
+    # AdamW's moments follow their parameter's sharding.
+    assert_allclose(metrics["loss"], ref_m["loss"], atol=1e-5)
+    assert_allclose(metrics["grad_norm"], ref_m["grad_norm"], rtol=1e-4)
+    params = host(trainer.state.params)
+    for key in ref_p:
+        assert_allclose(params[key], ref_p[key], atol=1e-5, err_msg=key)
+
+
+def test_nonfinite_loss_stops_with_the_step_and_keeps_finite_params(tmp_path):
+    """A loss that turns NaN at the 3rd step stops the run naming step 3; parameters keep their step-2 values,
+    and no checkpoint is written after it."""
+
+    def loss_fn(model, batch):
+        logits, _ = model(batch["tokens"])
+        loss = jnp.mean(logits[..., 0] ** 2)
+        return jnp.where(batch["poison"][0] > 0, jnp.nan, loss), {}
+
+    def batches():
+        for i in range(10):
+            b = hand_batch()
+            b["poison"] = np.full((2,), 1 if i == 2 else 0, np.int32)
+            yield b
+
+    cfg = tiny_train_config(tmp_path, steps=6, batch_size=2, seq_len=3, optimizer=sgd(0.1), log_every=4,
+                            checkpoint=tiny_train_config().checkpoint.__class__(every=2, async_save=False))
+    trainer = Trainer(table_lm(), loss_fn, cfg)
+    seen = []
+    from tempax.train.hooks import every
+
+    with pytest.raises(TrainingDiverged, match=r"step 3\b.*checkpoints/2"):
+        trainer.fit(batches(), hooks=[every(1, lambda info: seen.append(host(info.trainer.state.params)))])
+    assert np.all(np.isfinite(host(trainer.state.params)["table"]))
+    assert_allclose(host(trainer.state.params)["table"], seen[1]["table"])
+    assert sorted(trainer.checkpointer.all_steps()) == [2]
+    trainer.close()
