@@ -121,6 +121,15 @@ def known_names() -> list[str]:
     return sorted(MODELS) + [PRESET_PREFIX + p for p in sorted(PRESETS)]
 
 
+def close_names(name: str, n: int = 4) -> list[str]:
+    """Known names that extend `name` (a missing "-instruct") or are spelled like it; presets with their prefix."""
+    candidates = list(MODELS) + list(PRESETS)
+    key = name.lower().removeprefix(PRESET_PREFIX)
+    found = [c for c in candidates if c.startswith(key) and len(key) >= 3]
+    found += difflib.get_close_matches(key, candidates, n=n, cutoff=0.5)
+    return list(dict.fromkeys(PRESET_PREFIX + c if c in PRESETS else c for c in found))[:n]
+
+
 def resolve_source(source: str | os.PathLike) -> ResolvedSource:
     """Classifies a source string (see the module docstring); downloads nothing."""
     raw = os.fspath(source)
@@ -151,10 +160,7 @@ def resolve_source(source: str | os.PathLike) -> ResolvedSource:
         raise CheckpointError(f"{raw}: no such file or folder")
     if _HUB_ID.match(raw):
         return ResolvedSource(raw, "hub", raw)
-    candidates = known_names() + list(PRESETS)
-    close = list(dict.fromkeys(
-        PRESET_PREFIX + c if c in PRESETS else c for c in difflib.get_close_matches(raw, candidates, n=4, cutoff=0.5)
-    ))
+    close = close_names(raw)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     raise CheckpointError(
         f"unknown model {raw!r}.{hint} Known names: {', '.join(sorted(MODELS))}; random-init presets: "

@@ -73,7 +73,7 @@ def test_config_validation():
 def test_target_patterns_select_by_name_path_and_hf_name():
     """tiny-llama has 3 layers x 7 projections. "q_proj" picks 3; the path regex picks layer 1's 3 MLP
     projections; the HF-name regex picks layer 2's o_proj: 3 + 3 + 1 = 7 layers."""
-    model = tiny_tempax_model("llama")
+    model = nnx.eval_shape(lambda: tiny_tempax_model("llama"))  # structure only
     cfg = LoraConfig(target_modules=("q_proj", r"layers\.1\.mlp\..*", r"model\.layers\.2\.self_attn\.o_proj"))
     got = {".".join(map(str, p)) for p in target_paths(model, cfg)}
     assert got == {
@@ -143,12 +143,13 @@ def test_gradient_step_changes_adapters_only(tokens):
         return loss, grads
 
     _, grads = step(model, optimizer, tokens)
-    assert all(isinstance(v, nnx.LoRAParam) for v in jax.tree.leaves(grads, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+    grad_paths = [path for path, _ in nnx.to_flat_state(grads)]
+    assert len(grad_paths) == 2 * 21 and {p[-1] for p in grad_paths} == {"lora_a", "lora_b"}
     for before, after in zip(base_before, _arrays(model, nnx.Not(lora_filter))):
         np.testing.assert_array_equal(before, after)
     for before, (_, layer) in zip(b_before, lora_layers(model)):
         assert not np.array_equal(before, np.asarray(layer.lora_b[...]))
-    moments = [x for x in jax.tree.leaves(nnx.state(optimizer.opt_state)) if np.ndim(x) == 2]
+    moments = [x for x in jax.tree.leaves(nnx.state(optimizer)) if np.ndim(x) == 2]
     assert len(moments) == 2 * 2 * 21
 
 
@@ -175,7 +176,8 @@ def test_dropout_follows_train_and_eval(tokens):
     model.eval() turns it off: identical to a dropout-free model with the same adapters."""
     base = tiny_tempax_model("llama")
     model = _randomize_b(apply_lora(base, LoraConfig(rank=4, alpha=8.0, dropout=0.5), rngs=nnx.Rngs(1)))
-    clean = _randomize_b(apply_lora(base, CFG, rngs=nnx.Rngs(1)))
+    clean = apply_lora(base, CFG, rngs=nnx.Rngs(1))
+    nnx.update(clean, nnx.state(model, lora_filter))
     first, second = np.asarray(_logits(model, tokens)), np.asarray(_logits(model, tokens))
     expected = np.asarray(_logits(clean, tokens))
     assert np.abs(first - second).max() > 1e-3 and np.abs(first - expected).max() > 1e-3
@@ -186,9 +188,10 @@ def test_dropout_follows_train_and_eval(tokens):
 
 
 def test_remat_gives_the_same_gradients(tokens):
-    """Activation recomputation (remat="full") must not change adapter gradients."""
+    """Activation recomputation (remat="full") must not change adapter gradients (2 layers keep it quick)."""
     def grads_of(remat):
-        model = _randomize_b(apply_lora(tiny_tempax_model("llama", remat=remat), CFG, rngs=nnx.Rngs(1)))
+        base = tiny_tempax_model("llama", num_layers=2, remat=remat)
+        model = _randomize_b(apply_lora(base, CFG, rngs=nnx.Rngs(1)))
 
         @nnx.jit
         def g(model, tokens):

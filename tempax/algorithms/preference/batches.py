@@ -260,13 +260,26 @@ def annotated_pair_loader(
 # ---------------------------------------------------------------------------------------------- reference log-probs
 
 
-def jit_sequence_logps(model: nnx.Module) -> Callable[[Batch], tuple[np.ndarray, np.ndarray]]:
-    """A jitted `sequence_logps` of the model's weights as they are now (a read-only snapshot, no gradients)."""
+def jit_sequence_logps(
+    model: nnx.Module, *, adapters_off: bool = False
+) -> Callable[[Batch], tuple[np.ndarray, np.ndarray]]:
+    """A jitted `sequence_logps` of the model's weights as they are now (a read-only snapshot, no gradients).
+
+    Args:
+      model: the model.
+      adapters_off: score with the LoRA adapters switched off (the frozen base), as a reference.
+    """
     graphdef, state = nnx.split(model)
 
     @jax.jit
     def run(state: Any, batch: Batch) -> tuple[jax.Array, jax.Array]:
-        return sequence_logps(nnx.merge(graphdef, state), batch)
+        m = nnx.merge(graphdef, state)
+        if not adapters_off:
+            return sequence_logps(m, batch)
+        from tempax.models.lora import disable_adapters
+
+        with disable_adapters(m):
+            return sequence_logps(m, batch)
 
     def call(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         logps, n = run(state, {k: jnp.asarray(batch[k]) for k in BATCH_KEYS})

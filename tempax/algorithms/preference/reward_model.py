@@ -77,7 +77,12 @@ class RewardModel(nnx.Module):
 
     @property
     def config(self) -> Any:
+        """The backbone's `ModelConfig` (what memory plans, remat and precision switches read and set)."""
         return self.backbone.config
+
+    @config.setter
+    def config(self, value: Any) -> None:
+        self.backbone.config = value
 
     def __call__(
         self, tokens: jax.Array, *, positions: jax.Array | None = None, segment_ids: jax.Array | None = None

@@ -1,0 +1,333 @@
+"""Preference tuning — DPO (sigmoid, label smoothing), IPO, hinge, ORPO, SimPO — on the shared training core.
+
+    cfg = load_config(DPOConfig, "recipes/dpo_smollm2_lora.yaml", ["train.steps=20"])
+    result = main(cfg)          # prints held-out metrics before and after training
+
+The algorithm is two pieces; everything else (step, optimizer, checkpoints, metrics, eval cadence) is
+`tempax.train`:
+  * `DPOLoss` — `loss_fn(model, batch)`: one forward pass over a stacked [2B, T] batch (chosen rows, then
+    rejected rows) gives each response's summed log-prob; `losses.preference_loss` turns them, with the reference
+    log-probs, into the loss and its metrics (loss, chosen/rejected implicit rewards, reward margin, preference
+    accuracy, chosen/rejected log-probs), averaged over real pairs.
+  * the batches: `tempax.data.preference` pairs, plus `ref_logps` when the reference is stored with the data.
+
+Where the reference log-probs come from (`dpo.reference`), without a second copy of the weights by default:
+  adapters_off  LoRA/QLoRA: the same model with its adapters switched off (`lora.disable_adapters`) inside the
+                loss — the frozen base *is* the reference. One model in memory; one extra forward per step.
+  precomputed   one pass of the initial model over every train and held-out pair before training, stored with
+                the pairs and batched as `ref_logps`; training then holds one model and runs one forward per step.
+  frozen_copy   a second, frozen copy of the initial weights that scores each batch as it is drawn (only when
+                asked: it doubles weight memory).
+  auto          adapters_off with LoRA, precomputed with full fine-tuning.
+ORPO and SimPO need no reference; none is computed for them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+import jax
+import numpy as np
+from flax import nnx
+
+from tempax.algorithms.preference.batches import (
+    REF_LOGPS,
+    annotated_pair_loader,
+    check_micro_batching,
+    compute_reference_logps,
+    jit_sequence_logps,
+    pair_batches,
+    pair_mask,
+    pair_preference_loss,
+    sequence_logps,
+)
+from tempax.algorithms.preference.data import (
+    PreferenceDataSpec,
+    before_after_table,
+    build_preference_data,
+    check_enough_pairs,
+    pairs_per_batch,
+    report_data,
+    write_eval_summary,
+)
+from tempax.algorithms.preference.losses import PREFERENCE_LOSS_NAMES, preference_loss_needs_reference
+from tempax.algorithms.sft.trainer import ModelSpec, build_model
+from tempax.configlib import dump_yaml
+from tempax.errors import ConfigError
+from tempax.models.lora import LoraConfig
+from tempax.train.config import TrainConfig
+from tempax.train.loop import Trainer, TrainResult
+
+ReferenceMode = Literal["auto", "adapters_off", "precomputed", "frozen_copy"]
+
+
+def _help(text: str, default: Any = None, **kw: Any) -> Any:
+    if "default_factory" in kw:
+        return field(metadata={"help": text}, **kw)
+    return field(default=default, metadata={"help": text})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Config
+
+
+@dataclass(frozen=True)
+class DPOSpec:
+    """The preference loss and its reference model."""
+
+    loss: Literal["sigmoid", "ipo", "hinge", "orpo", "simpo"] = _help(
+        "sigmoid (DPO), ipo, hinge (SLiC-style), orpo (no reference) or simpo (length-normalised, no reference).",
+        "sigmoid",
+    )
+    beta: float = _help(
+        "sigmoid/ipo/hinge: KL strength (typically 0.1; IPO's tau). simpo: reward scale (paper: 2.0-10.0).", 0.1
+    )
+    label_smoothing: float = _help(
+        "sigmoid/simpo: assumed probability that a label is flipped (cDPO), in [0, 0.5); 0 = off.", 0.0
+    )
+    gamma: float = _help("simpo: target reward margin (paper: 0.3-1.6).", 0.5)
+    orpo_lambda: float = _help("orpo: weight of the odds-ratio term added to the chosen NLL (paper: 0.1-1).", 0.1)
+    reference: ReferenceMode = _help(
+        "Reference log-probs: auto (adapters_off with LoRA, precomputed otherwise), adapters_off (LoRA: the base "
+        "with adapters disabled), precomputed (one pass before training, stored with the data), frozen_copy "
+        "(a second frozen model; doubles weight memory).",
+        "auto",
+    )
+    reference_batch_size: int | None = _help(
+        "Pairs per forward pass when precomputing reference log-probs; null: half of train.batch_size.", None
+    )
+
+    def validate(self) -> None:
+        if self.loss not in PREFERENCE_LOSS_NAMES:
+            raise ConfigError(f"dpo.loss must be one of {', '.join(PREFERENCE_LOSS_NAMES)}, got {self.loss!r}")
+        if self.beta <= 0:
+            raise ConfigError(f"dpo.beta must be > 0, got {self.beta}")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise ConfigError(f"dpo.label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+        if self.label_smoothing and self.loss not in ("sigmoid", "simpo"):
+            raise ConfigError(f"dpo.label_smoothing applies to the sigmoid and simpo losses, not {self.loss!r}")
+        if self.orpo_lambda < 0:
+            raise ConfigError(f"dpo.orpo_lambda must be >= 0, got {self.orpo_lambda}")
+        if self.reference_batch_size is not None and self.reference_batch_size < 1:
+            raise ConfigError(f"dpo.reference_batch_size must be >= 1 or null, got {self.reference_batch_size}")
+
+    @property
+    def needs_reference(self) -> bool:
+        return preference_loss_needs_reference(self.loss)
+
+    def hparams(self) -> dict[str, float]:
+        """The keyword hyper-parameters `losses.preference_loss` takes for this loss."""
+        if self.loss == "sigmoid":
+            return {"beta": self.beta, "label_smoothing": self.label_smoothing}
+        if self.loss in ("ipo", "hinge"):
+            return {"beta": self.beta}
+        if self.loss == "orpo":
+            return {"lam": self.orpo_lambda}
+        return {"beta": self.beta, "gamma": self.gamma, "label_smoothing": self.label_smoothing}
+
+    def reference_mode(self, *, has_adapters: bool) -> str:
+        """'none', 'adapters_off', 'precomputed' or 'frozen_copy' for this loss and model."""
+        if not self.needs_reference:
+            return "none"
+        if self.reference == "auto":
+            return "adapters_off" if has_adapters else "precomputed"
+        if self.reference == "adapters_off" and not has_adapters:
+            raise ConfigError(
+                "dpo.reference=adapters_off needs LoRA adapters (set lora:), since the base with adapters off is "
+                "the reference; for full fine-tuning use precomputed or frozen_copy"
+            )
+        return self.reference
+
+
+@dataclass(frozen=True)
+class DPOConfig:
+    """Preference tuning (DPO, IPO, hinge, ORPO, SimPO) with full weights, LoRA or QLoRA."""
+
+    model: ModelSpec = _help("The policy model (also the reference, see dpo.reference).", default_factory=ModelSpec)
+    lora: LoraConfig | None = _help("LoRA/QLoRA adapters; null: full fine-tuning.", None)
+    data: PreferenceDataSpec = _help("Preference pairs.", default_factory=PreferenceDataSpec)
+    dpo: DPOSpec = _help("The preference loss.", default_factory=DPOSpec)
+    train: TrainConfig = _help(
+        "The training loop; batch_size and micro_batch_size count rows, two per pair.", default_factory=TrainConfig
+    )
+    eval_before: bool = _help("Evaluate the held-out pairs before the first step and print a before/after table.",
+                              True)
+
+    def validate(self) -> None:
+        pairs = pairs_per_batch(self.train.batch_size)
+        check_micro_batching(pairs, self.train.accumulation_steps)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The loss function
+
+
+@dataclass(frozen=True)
+class DPOLoss:
+    """`loss_fn(model, batch) -> (loss, metrics)` for stacked preference batches (see the module docstring).
+
+    Attributes:
+      loss: the `losses.preference_loss` name.
+      hparams: its keyword hyper-parameters, as sorted (name, value) pairs (hashable, so the step's jit cache
+        sees a constant).
+      reference: 'none', 'batch' (the batch's `ref_logps`) or 'adapters_off' (a second pass with the adapters
+        switched off; no gradient flows through it).
+    """
+
+    loss: str = "sigmoid"
+    hparams: tuple[tuple[str, float], ...] = (("beta", 0.1),)
+    reference: Literal["none", "batch", "adapters_off"] = "batch"
+
+    @classmethod
+    def from_spec(cls, spec: DPOSpec, mode: str) -> "DPOLoss":
+        reference = {"none": "none", "adapters_off": "adapters_off"}.get(mode, "batch")
+        return cls(spec.loss, tuple(sorted(spec.hparams().items())), reference)
+
+    def __call__(self, model: nnx.Module, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+        logps, num_tokens = sequence_logps(model, batch)
+        ref = None
+        if self.reference == "batch":
+            ref = batch[REF_LOGPS]
+        elif self.reference == "adapters_off":
+            from tempax.models.lora import disable_adapters
+
+            with disable_adapters(model):
+                ref, _ = sequence_logps(model, batch)
+        return pair_preference_loss(self.loss, logps, num_tokens, pair_mask(batch), ref_logps=ref,
+                                    **dict(self.hparams))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Set-up and entry point
+
+
+@dataclass
+class DPORun:
+    """Everything `main` trains with (built by `prepare`, so tests can inspect a run without training it).
+
+    Attributes:
+      trainer: the `Trainer` (holds the one model: trainable params + frozen rest).
+      loss_fn: the `DPOLoss`.
+      reference: 'none', 'adapters_off', 'precomputed' or 'frozen_copy'.
+      train_batches: the resumable training loader.
+      eval_batches: zero-argument callable giving the held-out batches, or None.
+      data: the tokenised pairs and their reports.
+      tokenizer: the tokenizer.
+      reference_model: the frozen copy ('frozen_copy' only; else None).
+    """
+
+    trainer: Trainer
+    loss_fn: DPOLoss
+    reference: str
+    train_batches: Any
+    eval_batches: Callable[[], list[dict[str, np.ndarray]]] | None
+    data: Any
+    tokenizer: Any
+    reference_model: nnx.Module | None = None
+
+
+def _frozen_copy(model: nnx.Module) -> nnx.Module:
+    """A copy of `model` with its own buffers: the trainer donates the policy's, so sharing them would break it."""
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x.copy(), state))
+
+
+def prepare(cfg: DPOConfig, *, log: Callable[[str], None] | None = None) -> DPORun:
+    """Builds model, data, reference log-probs and the `Trainer` of a DPO run (no training step yet)."""
+    say = log or (lambda text: print(text, file=sys.stderr))
+    t = cfg.train
+    mesh = t.mesh.build()
+    model, tokenizer, trainable = build_model(cfg, mesh)
+    mode = cfg.dpo.reference_mode(has_adapters=cfg.lora is not None)
+    data = build_preference_data(cfg.data, tokenizer, seq_len=t.seq_len, seed=t.seed)
+    report_data(data, t.run_dir, say)
+    pairs = pairs_per_batch(t.batch_size)
+    check_enough_pairs(data.train, pairs, cfg.data.path)
+    pad = tokenizer.pad_id
+    train_items: list[Any] = list(data.train)
+    eval_items: list[Any] = list(data.eval)
+    reference_model = None
+    collate = None
+    if mode == "precomputed":
+        ref_pairs = cfg.dpo.reference_batch_size or pairs
+        say(f"reference: precomputing log-probs of {len(train_items) + len(eval_items)} pairs with the initial model")
+        fn = jit_sequence_logps(model, adapters_off=cfg.lora is not None)
+        train_items = compute_reference_logps(None, train_items, batch_size=ref_pairs, seq_len=t.seq_len, pad_id=pad,
+                                              logps_fn=fn)
+        if eval_items:
+            eval_items = compute_reference_logps(None, eval_items, batch_size=ref_pairs, seq_len=t.seq_len,
+                                                 pad_id=pad, logps_fn=fn)
+    elif mode == "frozen_copy":
+        say("reference: a frozen copy of the initial model scores each batch (twice the weight memory)")
+        reference_model = _frozen_copy(model)
+        fn = jit_sequence_logps(reference_model)
+
+        def collate(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            batch[REF_LOGPS] = fn(batch)[0].astype(np.float32)
+            return batch
+    else:
+        what = f"none ({cfg.dpo.loss} needs none)" if mode == "none" else "the base model with adapters switched off"
+        say(f"reference: {what}")
+
+    loader = annotated_pair_loader(train_items, batch_size=pairs, seq_len=t.seq_len, pad_id=pad, seed=t.seed,
+                                   shuffle=cfg.data.shuffle, collate=collate)
+    eval_batches = None
+    if eval_items:
+        cached = pair_batches(eval_items, batch_size=pairs, seq_len=t.seq_len, pad_id=pad)
+        if collate is not None:
+            cached = [collate(b) for b in cached]
+        eval_batches = lambda: cached  # noqa: E731 - the same held-out batches at every evaluation
+
+    loss_fn = DPOLoss.from_spec(cfg.dpo, mode)
+    trainer = Trainer(
+        model, loss_fn, t, trainable=trainable, mesh=mesh, log=say,
+        checkpoint_meta={"algorithm": "dpo", "loss": cfg.dpo.loss, "model_source": cfg.model.source},
+    )
+    del model  # the trainer holds the weights now
+    # The trainer may have picked the micro-batch itself (auto_micro_batch); pairs must still stay whole.
+    check_micro_batching(pairs, trainer.num_micro_batches)
+    return DPORun(trainer, loss_fn, mode, loader, eval_batches, data, tokenizer, reference_model)
+
+
+def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:
+    """Trains per `cfg` and prints held-out metrics before and after.
+
+    Writes to run_dir: config.yaml, data_report.json, the tokenizer, metrics.jsonl (with `eval/*` every
+    train.eval_every steps and at the end), checkpoints and eval_summary.json ({"before", "after"}).
+    `result.extras` holds `eval_before`, `eval_after`, `reference`, `data_report` and `eval_data_report`.
+    """
+    say = log or (lambda text: print(text, file=sys.stderr))
+    run = prepare(cfg, log=say)
+    run_dir = cfg.train.run_dir
+    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
+        f.write(dump_yaml(cfg))
+    tok_dir = os.path.join(run_dir, "tokenizer")
+    if not os.path.isdir(tok_dir):
+        run.tokenizer.hf.save_pretrained(tok_dir)
+    trainer = run.trainer
+    before = None
+    try:
+        if run.eval_batches is not None and cfg.eval_before:
+            before = trainer.evaluate(run.eval_batches(), max_batches=cfg.train.eval_batches)
+            say("before training, held out: " + _brief(before))
+        result = trainer.fit(run.train_batches, hooks=hooks, eval_batches=run.eval_batches)
+    finally:
+        trainer.close()
+    after = result.eval_history[-1][1] if result.eval_history else None
+    if before is not None and after is not None:
+        say(before_after_table(before, after, title=f"held-out pairs ({len(run.data.eval)}), {cfg.dpo.loss} loss:"))
+    elif after is not None:
+        say("after training, held out: " + _brief(after))
+    write_eval_summary(run_dir, before, after, {"loss": cfg.dpo.loss, "reference": run.reference,
+                                                "eval_pairs": len(run.data.eval)})
+    result.extras.update(eval_before=before, eval_after=after, reference=run.reference,
+                         data_report=run.data.report, eval_data_report=run.data.eval_report)
+    return result
+
+
+def _brief(metrics: dict[str, float]) -> str:
+    keys = ("accuracy", "reward_margin", "loss")
+    return ", ".join(f"{k} {metrics[k]:.4f}" for k in keys if k in metrics)

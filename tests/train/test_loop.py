@@ -1,0 +1,123 @@
+"""The loop around the step: resume == uninterrupted, checkpoint layout and retention, metrics files, hooks."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from tempax.algorithms.sft.trainer import make_sft_loss
+from tempax.data.loader import sft_loader
+from tempax.train.config import CheckpointConfig, OptimizerConfig
+from tempax.train.hooks import Hook, every
+from tempax.train.loop import Trainer
+from tempax.train.metrics import read_metrics
+from tests.train.helpers import TableLM, host, random_examples, tiny_train_config
+
+VOCAB = 16
+
+
+def _loader():
+    # Shuffled, packed batches over 40 examples: 6 steps cross an epoch boundary, so the restored data position
+    # (epoch, batch) matters as much as the restored parameters and optimizer moments.
+    return sft_loader(random_examples(40, vocab=VOCAB, seed=3), batch_size=4, seq_len=16, pad_id=0, seed=7)
+
+
+def _trainer(run_dir, steps, **ckpt):
+    cfg = tiny_train_config(
+        run_dir, steps=steps, batch_size=4, seq_len=16, tensorboard=True,
+        optimizer=OptimizerConfig(learning_rate=0.1, schedule="cosine", warmup_steps=2),
+        checkpoint=CheckpointConfig(**{"every": 0, "save_at_end": True, "async_save": True, **ckpt}),
+    )
+    return Trainer(TableLM(np.zeros((VOCAB, VOCAB))), make_sft_loss(), cfg)
+
+
+def test_resumed_run_reproduces_the_uninterrupted_run(tmp_path):
+    """6 steps in one go vs 3 steps, stop, resume to 6: the same losses at every step, the same final weights."""
+    loader = _loader()
+    assert loader.batches_in_epoch(0) < 6
+    whole = _trainer(tmp_path / "whole", 6)
+    full = whole.fit(_loader())
+    whole.close()
+
+    first = _trainer(tmp_path / "split", 3)
+    part1 = first.fit(_loader())
+    first.close()
+    assert part1.last_checkpoint.endswith(os.path.join("checkpoints", "3"))
+    second = _trainer(tmp_path / "split", 6)
+    part2 = second.fit(_loader())  # a fresh loader: its position comes from the checkpoint
+    second.close()
+
+    assert part2.resumed_from == 3
+    assert [s for s, _ in part2.history] == [4, 5, 6]
+    assert_allclose(part1.losses + part2.losses, full.losses, rtol=0, atol=0)
+    for key, value in host(full.state.params).items():
+        assert_allclose(host(part2.state.params)[key], value, rtol=0, atol=0)
+    # metrics.jsonl got all six steps, with the resumed run appended.
+    records = read_metrics(str(tmp_path / "split"))
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert_allclose([r["loss"] for r in records], full.losses, rtol=1e-6)
+
+
+def test_checkpoints_keep_the_last_n_and_hold_everything(tmp_path):
+    trainer = _trainer(tmp_path, 5, every=1, keep=2)
+    trainer.fit(_loader())
+    steps = trainer.checkpointer.all_steps()
+    meta = trainer.checkpointer.read_meta()
+    trainer.close()
+    assert sorted(steps) == [4, 5]
+    folder = tmp_path / "checkpoints" / "5"
+    assert {"params", "opt_state", "train", "data", "meta"} <= set(os.listdir(folder))
+    assert not [n for n in os.listdir(tmp_path / "checkpoints") if "tmp" in n]  # no half-written folders left
+    assert meta["trainable"] == "full" and meta["keys"] == ["table"]
+    data = json.loads((folder / "data" / "metadata").read_text())
+    assert {"epoch", "batch", "seed"} <= set(data)
+
+
+def test_metrics_files_and_hook_cadence(tmp_path):
+    calls = []
+
+    class Counting(Hook):
+        def __init__(self):
+            super().__init__(every=2, at_end=True)
+            self.started = self.ended = 0
+
+        def start(self, trainer):
+            self.started += 1
+
+        def __call__(self, info):
+            calls.append((info.step, info.is_last, round(info.metrics()["loss"], 6)))
+
+        def end(self, trainer):
+            self.ended += 1
+
+    hook = Counting()
+    trainer = _trainer(tmp_path, 5, save_at_end=False)
+    result = trainer.fit(_loader(), hooks=[hook, every(3, lambda info: calls.append(("every3", info.step)))],
+                         eval_batches=lambda: [next(iter(_loader()))])
+    trainer.close()
+    assert [c[0] for c in calls if c[0] != "every3"] == [2, 4, 5] and calls[-1] != ("every3", 5)
+    assert ("every3", 3) in calls
+    assert hook.started == hook.ended == 1
+    records = read_metrics(str(tmp_path))
+    train = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5]
+    assert {"loss", "grad_norm", "lr", "num_tokens", "token_accuracy"} <= set(train[0])
+    assert "tokens_per_s" in train[-1]
+    evals = [r for r in records if "eval/loss" in r]
+    assert [r["step"] for r in evals] == [5] and result.eval_history[0][0] == 5
+    assert any(n.startswith("events.out.tfevents") for n in os.listdir(tmp_path / "tb"))
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_learning_rate_schedule_in_the_metrics(tmp_path):
+    """Cosine with 2 warm-up steps over 6, peak 0.1: steps 0..5 use 0.05, 0.1, then 0.1 (1 + cos(pi k / 4)) / 2
+    for k = 0..3: 0.1, 0.085355, 0.05, 0.014645."""
+    trainer = _trainer(tmp_path, 6, save_at_end=False)
+    result = trainer.fit(_loader())
+    trainer.close()
+    expected = [0.05, 0.1, 0.1, 0.0853553, 0.05, 0.0146447]
+    assert_allclose([m["lr"] for _, m in result.history], expected, rtol=1e-5)

@@ -1,0 +1,63 @@
+"""The memory plan: hand-worked byte counts and the fixes it names when a step cannot fit."""
+
+from __future__ import annotations
+
+import pytest
+
+from tempax.models.config import ModelConfig
+from tempax.models.presets import PRESETS
+from tempax.train import memory as mem
+
+SMALL = ModelConfig(vocab_size=100, hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4,
+                    intermediate_size=16)
+
+
+def test_plan_matches_hand_count():
+    """P = 2 layers x (attn 8*8 + 2*8*4 + 8*8 = 192, mlp 3*8*16 = 384, norms 16) + embed 800 + final norm 8 = 1992.
+    fp32 AdamW, 1 device, micro-batch 2 x seq 4 = 8 tokens, no remat:
+      weights 1992*4 = 7968, gradients 7968, optimizer 2*7968 = 15936,
+      per layer and token (5*8 + 3*2*4 + 4*1*4 + 4*16)*4 + 2*4*(4+4) = 640 bytes;
+      activations 8 * (640*2 + 4*8*4) = 11264; logits 8 * 100 * 12 = 9600;
+      total (7968 + 7968 + 15936 + 11264 + 9600) * 1.1 = 58009."""
+    assert SMALL.num_params() == 1992
+    plan = mem.plan_memory(mem.PlanInputs(model=SMALL, micro_batch_size=2, seq_len=4))
+    assert (plan.weights, plan.gradients, plan.optimizer, plan.activations, plan.logits) == (
+        7968, 7968, 15936, 11264, 9600)
+    assert plan.total == 58009
+    # Full remat keeps only each layer's input (8 * 4 bytes) plus one layer being recomputed:
+    # 8 * (32 * 2 + 640 + 128) = 6656.
+    assert mem.plan_memory(mem.PlanInputs(model=SMALL, micro_batch_size=2, seq_len=4, remat="full")).activations == 6656
+
+
+def test_lora_and_sharding_shrink_the_plan():
+    """LoRA: only the adapters get gradients and Adam moments; FSDP over 4 devices splits weights by 4."""
+    base = mem.PlanInputs(model=PRESETS["bench-small"], micro_batch_size=8, seq_len=256)
+    full = mem.plan_memory(base)
+    lora = mem.plan_memory(mem.PlanInputs(**{**base.__dict__, "trainable_params": 1_000_000}))
+    assert lora.optimizer == 8_000_000 and lora.gradients == 4_000_000
+    fsdp = mem.plan_memory(mem.PlanInputs(**{**base.__dict__, "mesh_shape": (("data", 1), ("fsdp", 4))}))
+    assert fsdp.weights == full.weights // 4
+    assert fsdp.activations < full.activations
+
+
+def test_too_big_names_settings_that_fit():
+    """bench-small (135M) full fine-tuning of 64 x 2048 tokens cannot fit 8 GiB; the error names a micro-batch
+    (and the other knobs) that would."""
+    p = mem.PlanInputs(model=PRESETS["bench-small"], micro_batch_size=64, seq_len=2048, num_micro_batches=1)
+    capacity = 8 * mem.GiB
+    with pytest.raises(mem.OutOfMemoryPlan, match=r"train\.micro_batch_size=\d+") as info:
+        mem.check_fits(p, batch_size=64, capacity=capacity)
+    assert "GiB" in str(info.value) and "remat" in str(info.value)
+    best = mem.largest_fitting_micro_batch(p, 64, capacity)
+    assert best is not None and best < 64
+    fits = mem.plan_memory(mem.PlanInputs(**{**p.__dict__, "micro_batch_size": best, "num_micro_batches": 64 // best}),
+                           capacity)
+    assert fits.fits
+    bigger = [m for m in mem.micro_batch_candidates(64, 1) if m > best][-1]
+    assert not mem.plan_memory(mem.PlanInputs(**{**p.__dict__, "micro_batch_size": bigger}), capacity).fits
+
+
+def test_nothing_fits_says_so():
+    p = mem.PlanInputs(model=PRESETS["llama3.1-8b"], micro_batch_size=1, seq_len=8192, remat="full")
+    with pytest.raises(mem.OutOfMemoryPlan, match="mesh.fsdp|QLoRA"):
+        mem.check_fits(p, batch_size=1, capacity=1 * mem.GiB)
