@@ -13,12 +13,12 @@ import os
 import sys
 from typing import Any
 
-from tempax.errors import CheckpointError, GenerationError
+from tempax.errors import GenerationError
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, *, temperature: float, max_new_tokens: int) -> None:
     """Options shared by `generate` and `chat`."""
-    parser.add_argument("source", help="checkpoint folder, Hugging Face Hub id, or .gguf file")
+    parser.add_argument("source", help="checkpoint folder, .gguf file, registered model name or Hub repo id")
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="most tokens per completion")
     parser.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
@@ -50,30 +50,16 @@ def sampling_config(args: argparse.Namespace, **extra: Any):
 
 
 def load_source(source: str, dtype: str | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) from a checkpoint folder, Hub id or .gguf file.
+    """(model, tokenizer) from any source `tempax.models.registry.load` accepts; the tokenizer is required."""
+    from tempax.models.registry import load
 
-    Uses `tempax.models.registry.load` when the registry is available; otherwise reads the formats directly.
-    """
-    try:
-        from tempax.models import registry
-    except ImportError:
-        registry = None
-    if registry is not None and hasattr(registry, "load"):
-        kwargs = {"dtype": dtype} if dtype else {}
-        return registry.load(source, **kwargs)
-    from tempax.models.tokenizer import load_tokenizer
-
-    kw = {"param_dtype": dtype, "dtype": dtype} if dtype else {}
-    if source.endswith(".gguf"):
-        from tempax.models.gguf_io import load_gguf
-
-        if not os.path.isfile(source):
-            raise CheckpointError(f"GGUF file not found: {source}")
-        return load_gguf(source, **kw), load_tokenizer(source)
-    from tempax.models.hf_io import load_hf_checkpoint, resolve_checkpoint_dir
-
-    folder = resolve_checkpoint_dir(source)
-    return load_hf_checkpoint(folder, **kw), load_tokenizer(folder)
+    model, tokenizer = load(source, dtype=dtype, param_dtype=dtype, progress=True)
+    if tokenizer is None:
+        raise GenerationError(
+            f"{source} has no tokenizer (a random-init preset?); generating text needs a checkpoint folder, "
+            "a .gguf file or a registered model name"
+        )
+    return model, tokenizer
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:

@@ -102,6 +102,14 @@ class _Knobs:
     pad_id: jax.Array
 
 
+def _merge(graphdef: Any, params: Any) -> Any:
+    """The model rebuilt from its arrays inside a trace, in eval mode: generation never applies dropout (e.g. a
+    LoRA adapter's), whatever mode the caller's model is in. The caller's model object is not touched."""
+    model = nnx.merge(graphdef, params)
+    model.eval()
+    return model
+
+
 def _call_model(model: Any, tokens: jax.Array, segment_ids: jax.Array | None, cache: KVCache):
     """Next-token logits [B, V] at the last position (a tempax Decoder skips the LM head elsewhere)."""
     if isinstance(model, Decoder):
@@ -149,7 +157,7 @@ def _prefill(
 ) -> DecodeState:
     """Runs the prompts [P, T] once, repeats the cache n times, samples token 0 of every row."""
     _TRACES["prefill"] += 1
-    model = nnx.merge(graphdef, params)
+    model = _merge(graphdef, params)
     cache = _shard_cache(KVCache.init(model.config, tokens.shape[0], cache_len))
     logits, cache = _call_model(model, tokens, segment_ids, cache)
     if n > 1:
@@ -178,7 +186,7 @@ def _decode(
 ) -> DecodeState:
     """Generates tokens step by step until `step == until` or every row is done."""
     _TRACES["decode"] += 1
-    model = nnx.merge(graphdef, params)
+    model = _merge(graphdef, params)
     ones = jnp.ones((state.last_token.shape[0], 1), jnp.int32)
 
     def cond(s: DecodeState) -> jax.Array:

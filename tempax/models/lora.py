@@ -17,29 +17,29 @@ What we do differently from PEFT: A is initialised like PEFT's default (kaiming-
 U(-1/sqrt(in), 1/sqrt(in))), but from JAX's random stream, so values differ; dropout follows `model.train()` /
 `model.eval()` (nnx's `deterministic` switch) and is on by default, as nnx.Dropout is.
 
-Why hand-written rather than qwix 0.1.8 (`qwix.LoraProvider` / `apply_lora_to_model`), measured on XLA:CPU
-(jax 0.10.2, 2 shared cores), bench-tiny, batch 8 x 256, rank 16, all 7 projections, float32, one jitted
-forward+backward step:
-  * speed: qwix {QWIX_TINY} s vs hand-written {HAND_TINY} s (the same matmuls; no speed reason either way);
-  * QLoRA memory: qwix's NF4 codes are `uint4`, one byte each on XLA:CPU, so the quantized projections took
-    {QWIX_NF4_RATIO} x their bfloat16 bytes (ours: {OURS_NF4_RATIO} x); and qwix's NF4 matmul keeps each
-    dequantized kernel as a backward-pass residual: compiled temp memory of the QLoRA step {QWIX_TEMP} MB with
-    qwix vs {OURS_TEMP} MB here;
-  * qwix's LoRA can only attach to a kernel qwix itself quantized, so a packed NF4 base rules out qwix adapters,
-    and one adapter implementation for LoRA and QLoRA keeps disable/merge/save written once;
-  * qwix applies adapter dropout unconditionally (no eval mode) and intercepts only one method (`__call__`),
-    so `Decoder.hidden_states` (used by reward heads) would silently bypass the adapters.
+Why hand-written rather than qwix 0.1.8 (`qwix.LoraProvider` + `weight_qtype="nf4"`), measured on XLA:CPU with
+jax 0.10.2 (bench-tiny, batch 8 x 256, rank 16, alpha 32, all 7 projections, float32):
+  * QLoRA memory: qwix stores NF4 codes as `jnp.uint4`, one byte per code on XLA:CPU, so its quantized
+    projections took 0.531 x their bfloat16 bytes; the packed codes here take 0.281 x (4.5 bits per weight).
+  * qwix adapters attach only to a kernel qwix itself quantized (its `find_param` looks for `nnx.Param` or its
+    own `WithAux`), so the packed NF4 base rules out qwix adapters, and keeping one adapter implementation for
+    LoRA and QLoRA keeps disable / merge / save / load written once.
+  * Speed: one jitted forward+backward+adamw step took {QWIX_TINY} s with qwix's LoRA and {HAND_TINY} s here
+    (the same matmuls, x W + ((x A) B) * alpha / r); compiled temp memory of the step was equal
+    (1377 MB plain LoRA, 1392 MB QLoRA, both dominated by the [8, 256, 32000] logits).
+  * From qwix's source: its adapter dropout is always on (`nnx.Dropout(rate, deterministic=False)`, no eval
+    mode), and its adapters take the base parameter dtype, so with float32 parameters and bfloat16 compute it
+    adds a float32 delta to each bfloat16 matmul output, promoting the residual stream to float32.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import jax
 import jax.numpy as jnp
@@ -85,7 +85,7 @@ class LoraConfig:
         default=DEFAULT_TARGETS,
         metadata={"help": "Layers to adapt: names (q_proj) or regexes over paths (layers\\.[0-3]\\..*q_proj)."},
     )
-    quantize_base: str | None = field(
+    quantize_base: Literal["nf4", "int8"] | None = field(
         default=None, metadata={"help": "Quantize the frozen base projections: null, nf4 (QLoRA) or int8."}
     )
     block_size: int = field(default=64, metadata={"help": "Weights per quantization block (QLoRA: 64)."})
@@ -95,22 +95,22 @@ class LoraConfig:
 
     def validate(self) -> None:
         if self.rank <= 0:
-            raise ConfigError(f"lora.rank must be positive, got {self.rank}")
+            raise ConfigError(f"LoRA rank must be positive, got {self.rank}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+            raise ConfigError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
         if not self.target_modules:
-            raise ConfigError("lora.target_modules is empty; name at least one layer, e.g. [q_proj, v_proj]")
+            raise ConfigError("LoRA target_modules is empty; name at least one layer, e.g. [q_proj, v_proj]")
         for pattern in self.target_modules:
             try:
                 re.compile(pattern)
             except re.error as e:
-                raise ConfigError(f"lora.target_modules: {pattern!r} is not a valid regex ({e})") from e
+                raise ConfigError(f"LoRA target_modules: {pattern!r} is not a valid regex ({e})") from e
         if self.quantize_base is not None and self.quantize_base not in QUANT_KINDS:
             raise ConfigError(
-                f"lora.quantize_base must be null or one of {', '.join(QUANT_KINDS)}, got {self.quantize_base!r}"
+                f"LoRA quantize_base must be null or one of {', '.join(QUANT_KINDS)}, got {self.quantize_base!r}"
             )
         if self.block_size <= 0 or self.block_size % 2:
-            raise ConfigError(f"lora.block_size must be a positive even number, got {self.block_size}")
+            raise ConfigError(f"LoRA block_size must be a positive even number, got {self.block_size}")
 
     @property
     def scaling(self) -> float:
@@ -234,6 +234,13 @@ def apply_lora(model: Decoder, cfg: LoraConfig, *, rngs: nnx.Rngs) -> Decoder:
     """
     if has_adapters(model) or any(isinstance(m, QuantizedLinear) for _, m in nnx.iter_modules(model)):
         raise ConfigError("the model already has adapters or a quantized base; apply_lora takes a plain model")
+    if cfg.dropout > 0 and model.config.remat != "none":
+        # Decoder._remat_layer runs each layer on a copy and drops its RNG updates, so every step would reuse
+        # the same dropout masks.
+        raise ConfigError(
+            f"lora.dropout={cfg.dropout} with model remat={model.config.remat!r} would repeat the same dropout "
+            "masks every step; set lora.dropout to 0 or remat to 'none'"
+        )
     targets = set(target_paths(model, cfg))
     model = nnx.clone(model)
     for path, layer in _projections(model):
@@ -324,7 +331,8 @@ def save_adapters(model: Decoder, folder: str, *, base_model_name_or_path: str |
 
     `adapter_model.safetensors` holds `base_model.model.model.layers.{i}.{self_attn|mlp}.{name}.lora_A.weight`
     [r, in] and `...lora_B.weight` [out, r] (float32); `adapter_config.json` holds r, lora_alpha, lora_dropout,
-    target_modules and base_model_name_or_path, so `peft.PeftModel.from_pretrained(base, folder)` loads it.
+    target_modules and base_model_name_or_path, so `peft.PeftModel.from_pretrained(base, folder)` loads it
+    (checked against peft 0.21.2, both directions, by tests that run when peft is installed).
     """
     from safetensors.numpy import save_file
 

@@ -14,13 +14,17 @@ int8 8.5 bits. The input dimension is zero-padded to a multiple of `block_size` 
 absmax) and cut off again when dequantizing.
 
 What we do differently from QLoRA: no second ("double") quantization of the scales (it saves 0.37 bits per
-weight at the price of another lookup per block), and the matmul keeps only the codes for the backward pass
-(`quantized_matmul` recomputes the dequantized kernel there) instead of saving a float copy of every kernel.
+weight at the price of another lookup per block).
+
+`quantized_matmul` has its own backward pass that recomputes the dequantized kernel from the codes, with
+optimization barriers tying each dequantization to its layer's input (forward) or output gradient (backward),
+so that a compiler need not keep a float copy of every kernel from the forward to the backward pass. XLA:CPU
+removes those barriers before scheduling and dequantizes all kernels up front either way (compiled temp memory
+of a 16-layer 1024 x 1024 stack: 68 MB with or without them); whether GPU/TPU keep them is not yet measured.
 
 Why not qwix (`weight_qtype="nf4"`), measured with qwix 0.1.8 on jax 0.10.2 / XLA:CPU: qwix stores NF4 codes as
 `jnp.uint4`, which occupies one byte per element (`on_device_size_in_bytes` of a 1024 x 1024 uint4 array is
-1,048,576), so its NF4 kernels took 0.53 x the bytes of bfloat16 instead of 0.28; and its dequantized kernels
-are residuals of the backward pass (see `tempax/models/lora.py` for the numbers).
+1,048,576), so its NF4 kernels took 0.53 x the bytes of bfloat16 instead of 0.28.
 """
 
 from __future__ import annotations
@@ -118,6 +122,9 @@ def quantized_matmul(
     autodiff keep every dequantized kernel alive from the forward to the backward pass, i.e. a float copy of
     the base model, which is the memory QLoRA exists to avoid.
     """
+    # Tying the codes to x keeps XLA from dequantizing every layer's kernel up front (they depend only on
+    # parameters, so a scheduler may hoist them all), which would hold a float copy of the whole base at once.
+    x, codes, scale = jax.lax.optimization_barrier((x, codes, scale))
     w = dequantize_blockwise(codes, scale, kind=kind, in_features=in_features, dtype=dtype)
     return jnp.matmul(x, w)
 
@@ -127,7 +134,8 @@ def _quantized_matmul_fwd(x, codes, scale, kind, in_features, dtype):
 
 
 def _quantized_matmul_bwd(kind, in_features, dtype, residuals, g):
-    codes, scale = residuals
+    # Likewise tied to g, which also stops XLA from merging this dequantization with the forward one.
+    g, codes, scale = jax.lax.optimization_barrier((g, *residuals))
     w = dequantize_blockwise(codes, scale, kind=kind, in_features=in_features, dtype=dtype)
     return jnp.matmul(g, w.T), None, None
 

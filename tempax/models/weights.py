@@ -99,7 +99,7 @@ def fill_params(
             if path == ("lm_head", "kernel") and cfg.tie_word_embeddings:
                 continue  # some tied checkpoints also store the head; the embedding is the truth
             raise CheckpointError(
-                f"{source}: tensor {name!r} has no place in a {cfg.family} model with this config.json "
+                f"{source}: tensor {name!r} has no place in a {cfg.family} model with this config "
                 f"({cfg.num_layers} layers, qkv_bias={cfg.qkv_bias}, qk_norm={cfg.qk_norm}, "
                 f"post_norms={cfg.post_norms}); the checkpoint and its config disagree."
             )
@@ -110,7 +110,8 @@ def fill_params(
         if tuple(array.shape) != tuple(var.shape):
             raise CheckpointError(
                 f"{source}: tensor {name!r} has shape {tuple(array.shape)} (after transpose: {transpose}) but "
-                f"the config implies {tuple(var.shape)}; config.json and the weights disagree."
+                f"the config implies {tuple(var.shape)}; the config (config.json or GGUF metadata) and the weights "
+                "disagree."
             )
         var.set_value(jnp.asarray(array, dtype=dtype))
         filled.add(path)

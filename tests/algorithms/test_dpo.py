@@ -21,10 +21,10 @@ from tempax.algorithms.preference.batches import (
     REF_LOGPS,
     annotated_pair_loader,
     compute_reference_logps,
+    jit_sequence_logps,
     pair_batches,
     pair_mask,
     pair_preference_loss,
-    sequence_logps,
 )
 from tempax.algorithms.preference.losses import dpo_loss
 from tempax.algorithms.preference.trainer import DPOConfig, DPOLoss, DPOSpec, main, prepare
@@ -32,14 +32,14 @@ from tempax.configlib import from_dict, load_config
 from tempax.data.packing import pad_examples
 from tempax.data.preference import PreferenceOptions, collate_pairs, tokenize_preference_rows
 from tempax.errors import ConfigError
-from tempax.models.lora import LoraConfig, apply_lora, disable_adapters, lora_layers
+from tempax.models.lora import LoraConfig, apply_lora, lora_layers
 from tempax.train.state import ModelParts, init_state
 from tempax.train.step import make_train_step
 from tests.kit.models import tiny_tempax_model
 from tests.kit.tokenizers import tiny_chat_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SEQ = 40
+SEQ = 48
 # A one-layer model compiles fast; the synthetic preference needs no depth.
 SMALL = {"vocab_size": 400, "num_layers": 1, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1,
          "head_dim": 16, "intermediate_size": 64}
@@ -131,20 +131,21 @@ def test_per_pair_loss_matches_hand_numbers_and_ignores_padding_pairs():
 
 
 def test_stacked_batch_scores_each_side_as_if_alone(tok):
-    """Invariance: a response's summed log-prob from the stacked, right-padded [2B, T] batch equals the one from
-    a forward pass over that sequence alone (no padding); padding pairs give 0 and are masked out."""
+    """Invariance: each response's summed log-prob from the stacked [2B, T] batch (chosen rows, then rejected
+    rows, a padding pair at the end) equals the one from a plain batch of the same sequences in another order
+    with much more right padding; the padding pair gives 0 and is masked out."""
     model = tiny_model()
+    score = jit_sequence_logps(model)
     pairs = tiny_pairs(tok, 3)
-    batch = collate_pairs(pairs, seq_len=SEQ, pad_id=tok.pad_id, batch_size=4)
-    logps, n = sequence_logps(model, {k: jnp.asarray(v) for k, v in batch.items()})
-    assert np.asarray(pair_mask(batch)).tolist() == [1, 1, 1, 0]
-    for i, pair in enumerate(pairs):
-        for row, ex in ((i, pair.chosen), (4 + i, pair.rejected)):
-            alone = pad_examples([ex], seq_len=len(ex), pad_id=tok.pad_id)  # exactly one sequence, no padding
-            lp, cnt = sequence_logps(model, {k: jnp.asarray(v) for k, v in alone.items()})
-            np.testing.assert_allclose(float(logps[row]), float(lp[0]), rtol=1e-5, atol=1e-5)
-            assert float(n[row]) == float(cnt[0]) == ex.num_targets
-    assert float(logps[3]) == 0.0 and float(n[7]) == 0.0
+    logps, n = score(collate_pairs(pairs, seq_len=SEQ, pad_id=tok.pad_id, batch_size=4))
+    assert np.asarray(pair_mask(collate_pairs(pairs, seq_len=SEQ, pad_id=0, batch_size=4))).tolist() == [1, 1, 1, 0]
+    examples = [p.rejected for p in pairs][::-1] + [p.chosen for p in pairs]
+    plain_logps, plain_n = score(pad_examples(examples, seq_len=2 * SEQ, pad_id=tok.pad_id))
+    # stacked: rows 0-2 chosen, 4-6 rejected; plain: rows 0-2 the rejected ones reversed, rows 3-5 chosen
+    np.testing.assert_allclose(plain_logps[[3, 4, 5, 2, 1, 0]], logps[[0, 1, 2, 4, 5, 6]], rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(plain_n[[3, 4, 5, 2, 1, 0]], n[[0, 1, 2, 4, 5, 6]])
+    assert n[0] == pairs[0].chosen.num_targets and n[4] == pairs[0].rejected.num_targets
+    assert logps[3] == 0.0 and n[7] == 0.0
 
 
 def test_micro_batches_keep_pairs_together(tok):
@@ -172,11 +173,11 @@ def test_precomputed_reference_travels_with_its_rows(tok):
     model = tiny_model()
     pairs = tiny_pairs(tok, 6)
     items = compute_reference_logps(model, pairs, batch_size=4, seq_len=SEQ, pad_id=tok.pad_id)
+    score = jit_sequence_logps(model)
     by_tokens = {}
     for it in items:
-        one = collate_pairs([it.pair], seq_len=SEQ, pad_id=tok.pad_id)
-        lp, _ = sequence_logps(model, {k: jnp.asarray(v) for k, v in one.items()})
-        np.testing.assert_allclose(it.values[REF_LOGPS], np.asarray(lp), rtol=1e-5, atol=1e-5)
+        lp, _ = score(collate_pairs([it.pair], seq_len=SEQ, pad_id=tok.pad_id))
+        np.testing.assert_allclose(it.values[REF_LOGPS], lp, rtol=1e-5, atol=1e-4)
         by_tokens[tuple(it.pair.chosen.tokens)] = it.values[REF_LOGPS]
     loader = annotated_pair_loader(items, batch_size=3, seq_len=SEQ, pad_id=tok.pad_id, seed=3)
     batch = next(loader)
@@ -195,7 +196,7 @@ def test_every_loss_gives_finite_loss_and_gradients(tok, name):
     batch = {k: jnp.asarray(v) for k, v in collate_pairs(tiny_pairs(tok, 2), seq_len=SEQ, pad_id=tok.pad_id).items()}
     batch[REF_LOGPS] = jnp.full((4,), -50.0)
     model = tiny_model()
-    (loss, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch)
+    (loss, metrics), grads = nnx.jit(nnx.value_and_grad(loss_fn, has_aux=True))(model, batch)
     assert np.isfinite(float(loss)) and float(metrics["loss_weight"]) == 2.0
     assert {"chosen_reward", "rejected_reward", "reward_margin", "accuracy", "chosen_logps"} <= set(metrics)
     assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
@@ -212,14 +213,14 @@ def test_adapters_off_reference_is_the_base_model(tok):
     for i, (_, layer) in enumerate(lora_layers(lora)):
         layer.lora_b.set_value(jax.random.normal(jax.random.key(i), layer.lora_b.shape) * 0.3)
     batch = {k: jnp.asarray(v) for k, v in collate_pairs(tiny_pairs(tok, 3), seq_len=SEQ, pad_id=tok.pad_id).items()}
-    base_logps, _ = sequence_logps(base, batch)
-    with disable_adapters(lora):
-        off_logps, _ = sequence_logps(lora, batch)
-    on_logps, _ = sequence_logps(lora, batch)
-    np.testing.assert_allclose(np.asarray(off_logps), np.asarray(base_logps), rtol=1e-6, atol=1e-5)
-    assert np.abs(np.asarray(on_logps) - np.asarray(base_logps)).max() > 1e-3  # the adapters do matter
-    loss_off, _ = DPOLoss("sigmoid", (("beta", 0.1),), "adapters_off")(lora, batch)
-    loss_batch, _ = DPOLoss("sigmoid", (("beta", 0.1),), "batch")(lora, {**batch, REF_LOGPS: base_logps})
+    base_logps, _ = jit_sequence_logps(base)(batch)
+    off_logps, _ = jit_sequence_logps(lora, adapters_off=True)(batch)
+    on_logps, _ = jit_sequence_logps(lora)(batch)
+    np.testing.assert_allclose(off_logps, base_logps, rtol=1e-6, atol=1e-5)
+    assert np.abs(on_logps - base_logps).max() > 1e-3  # the adapters do matter
+    losses = nnx.jit(lambda m, b: (DPOLoss("sigmoid", (("beta", 0.1),), "adapters_off")(m, b)[0],
+                                   DPOLoss("sigmoid", (("beta", 0.1),), "batch")(m, {**b, REF_LOGPS: base_logps})[0]))
+    loss_off, loss_batch = losses(lora, batch)
     assert float(loss_off) == pytest.approx(float(loss_batch), rel=1e-5)
 
 

@@ -68,6 +68,9 @@ def test_config_validation():
         LoraConfig(target_modules=("q_proj(",))
     with pytest.raises(ConfigError, match="dropout"):
         LoraConfig(dropout=1.0)
+    remat_model = nnx.eval_shape(lambda: tiny_tempax_model("llama", remat="full"))
+    with pytest.raises(ConfigError, match="same dropout masks"):  # Decoder remat drops RNG updates
+        apply_lora(remat_model, LoraConfig(dropout=0.1), rngs=nnx.Rngs(0))
 
 
 def test_target_patterns_select_by_name_path_and_hf_name():
@@ -310,7 +313,8 @@ def test_peft_adapter_file_means_the_same_update_in_torch(tokens, tmp_path):
 
 
 def test_peft_loads_saved_adapters(tokens, tmp_path):
-    """If `peft` is installed: PeftModel.from_pretrained(base, folder) matches the tempax LoRA logits."""
+    """If `peft` is installed: PeftModel.from_pretrained(base, folder) matches the tempax LoRA logits, for all
+    projections and for a regex subset."""
     pytest.importorskip("torch")
     peft = pytest.importorskip("peft")
     import transformers
@@ -318,9 +322,34 @@ def test_peft_loads_saved_adapters(tokens, tmp_path):
     from tempax.models.hf_io import save_hf_checkpoint
 
     base = tiny_tempax_model("llama")
-    lora = _randomize_b(apply_lora(base, CFG, rngs=nnx.Rngs(1)))
     save_hf_checkpoint(base, str(tmp_path / "base"))
-    save_adapters(lora, str(tmp_path / "adapter"), base_model_name_or_path=str(tmp_path / "base"))
+    for i, cfg in enumerate([CFG, LoraConfig(rank=2, alpha=6.0, target_modules=(r"layers\.[12]\..*_proj",))]):
+        lora = _randomize_b(apply_lora(base, cfg, rngs=nnx.Rngs(1)))
+        save_adapters(lora, str(tmp_path / f"adapter{i}"), base_model_name_or_path=str(tmp_path / "base"))
+        ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base")).eval()
+        ref = peft.PeftModel.from_pretrained(ref, str(tmp_path / f"adapter{i}")).eval()
+        np.testing.assert_allclose(_torch_logits(ref, tokens), np.asarray(_logits(lora, tokens)), atol=1e-4, rtol=0)
+
+
+def test_adapters_trained_with_peft_load_into_tempax(tokens, tmp_path):
+    """If `peft` is installed: adapters made by peft (random B) load with load_adapters and give peft's logits."""
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    from tempax.models.hf_io import save_hf_checkpoint
+
+    base = tiny_tempax_model("qwen2")
+    save_hf_checkpoint(base, str(tmp_path / "base"))
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base")).eval()
-    ref = peft.PeftModel.from_pretrained(ref, str(tmp_path / "adapter")).eval()
-    np.testing.assert_allclose(_torch_logits(ref, tokens), np.asarray(_logits(lora, tokens)), atol=1e-4, rtol=0)
+    config = peft.LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"])
+    ref = peft.get_peft_model(ref, config).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    ref.save_pretrained(str(tmp_path / "adapter"))
+    loaded = load_adapters(base, str(tmp_path / "adapter"))
+    assert len(list(lora_layers(loaded))) == 3 * base.config.num_layers
+    np.testing.assert_allclose(np.asarray(_logits(loaded, tokens)), _torch_logits(ref, tokens), atol=1e-4, rtol=0)

@@ -81,7 +81,10 @@ def test_next_token_logits_match_transformers(loaded, prompt_ids, tempax_logits,
     # takes ~11 s to parse SmolLM2's vocabulary.
     monkeypatch.setattr(gguf, "GGUFReader", functools.lru_cache(maxsize=1)(gguf.GGUFReader))
     hf_config = transformers.AutoConfig.for_model(**load_gguf_checkpoint(GGUF)["config"])
-    ref = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():  # every weight is overwritten below; skip the random init of 135M parameters
+        ref = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
     tensors = load_gguf_checkpoint(GGUF, return_tensors=True, model_to_load=ref)["tensors"]
     result = ref.load_state_dict(tensors, strict=False)
     assert result.missing_keys == ["lm_head.weight"] and not result.unexpected_keys  # tied to the embedding

@@ -41,9 +41,9 @@ def test_lora_and_sharding_shrink_the_plan():
 
 
 def test_too_big_names_settings_that_fit():
-    """bench-small (135M) full fine-tuning of 64 x 2048 tokens cannot fit 8 GiB; the error names a micro-batch
+    """bench-small (135M) full fine-tuning of 64 x 512 tokens cannot fit 8 GiB; the error names a micro-batch
     (and the other knobs) that would."""
-    p = mem.PlanInputs(model=PRESETS["bench-small"], micro_batch_size=64, seq_len=2048, num_micro_batches=1)
+    p = mem.PlanInputs(model=PRESETS["bench-small"], micro_batch_size=64, seq_len=512, num_micro_batches=1)
     capacity = 8 * mem.GiB
     with pytest.raises(mem.OutOfMemoryPlan, match=r"train\.micro_batch_size=\d+") as info:
         mem.check_fits(p, batch_size=64, capacity=capacity)

@@ -207,14 +207,21 @@ class SFTData:
     eval_loader: Callable[[], Any] | None
 
 
-def build_data(cfg: SFTConfig, tokenizer: Any) -> SFTData:
+def read_data_rows(cfg: SFTConfig) -> list[Any]:
+    """The dataset's rows (raises `DataError` naming the path when it does not exist)."""
+    from tempax.data.sources import read_rows
+
+    return read_rows(cfg.data.path, split=cfg.data.split)
+
+
+def build_data(cfg: SFTConfig, tokenizer: Any, rows: list[Any] | None = None) -> SFTData:
     """Rows -> examples -> a resumable loader of packed batches (and held-out batches when eval_fraction > 0)."""
     from tempax.data.formats import FormatOptions, tokenize_rows
     from tempax.data.loader import sft_loader
-    from tempax.data.sources import holdout_split, read_rows
+    from tempax.data.sources import holdout_split
 
     d, t = cfg.data, cfg.train
-    rows = read_rows(d.path, split=d.split)
+    rows = read_data_rows(cfg) if rows is None else rows
     if d.max_rows is not None:
         rows = rows[: d.max_rows]
     if d.text_fields:
@@ -261,9 +268,10 @@ def main(cfg: SFTConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     """Trains per `cfg`; writes config.yaml, data_report.json, the tokenizer, metrics and checkpoints to run_dir."""
     say = log or (lambda text: print(text, file=sys.stderr))
     run_dir = cfg.train.run_dir
+    rows = read_data_rows(cfg)  # a wrong path fails here, before any model is loaded
     mesh = cfg.train.mesh.build()
     model, tokenizer, trainable = build_model(cfg, mesh)
-    data = build_data(cfg, tokenizer)
+    data = build_data(cfg, tokenizer, rows)
     say(data.report.summary())
     for where, reason, detail in data.report.bad_rows[:5]:
         say(f"  skipped {where}: {reason}" + (f" ({detail})" if detail else ""))

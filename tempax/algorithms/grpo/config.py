@@ -1,0 +1,254 @@
+"""Typed configs of GRPO and its variants: the algorithm knobs, the task, the rewards and the evaluation.
+
+A recipe is a `GRPOConfig`:
+
+    model:   {source: smollm2-135m-instruct}
+    lora:    {rank: 16, alpha: 32}              # null: full-weight training; quantize_base: nf4 for QLoRA
+    task:    {name: gsm8k}
+    rewards: {functions: [format, correctness]}
+    grpo:    {group_size: 8, beta: 0.04, ...}
+    eval:    {num_problems: 200}
+    train:   {steps: 200, batch_size: 4, optimizer: {learning_rate: 5.0e-5}}
+
+`train.batch_size` counts *prompts* per optimizer step; each prompt brings `grpo.group_size` completions, so a
+step trains on batch_size x group_size completions (`train.micro_batch_size` also counts prompts). `train.steps`
+counts optimizer updates; with `grpo.num_iterations` = mu, every batch of rollouts is trained on mu times, so
+the run samples steps / mu rollout batches. `train.seq_len` is not used: GRPO's sequence shape comes from the
+prompts and `grpo.max_new_tokens`.
+
+Variants are settings of `GRPOSettings` (see `VARIANTS` for the exact values):
+
+    GRPO      (Shao et al. 2024)   token ratio, seq_mean_token_mean, std-scaled advantages, beta > 0
+    Dr. GRPO  (Liu et al. 2025)    seq_mean_token_sum_norm, scale_rewards: false
+    DAPO      (Yu et al. 2025)     token_mean, beta 0, epsilon_high 0.28 (clip-higher), dynamic_sampling,
+                                   overlong_penalty_tokens > 0
+    GSPO      (Zheng et al. 2025)  importance_sampling: sequence with epsilon 3e-4 / epsilon_high 4e-4
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tempax.algorithms.grpo.losses import AGGREGATION_MODES
+from tempax.algorithms.sft.trainer import ModelSpec
+from tempax.data.tasks.arithmetic import ArithmeticConfig
+from tempax.errors import ConfigError
+from tempax.models.lora import LoraConfig
+from tempax.train.config import TrainConfig
+
+
+def _help(text: str, default: Any = None, **kw: Any) -> Any:
+    if "default_factory" in kw:
+        return field(metadata={"help": text}, **kw)
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    """The algorithm: sampling, advantages, the clipped objective and the variants."""
+
+    group_size: int = _help("Completions sampled per prompt (G); they share one prefill of the prompt.", 8)
+    num_iterations: int = _help(
+        "Optimizer passes over each batch of rollouts (mu). 1 is on-policy (the ratio is exactly 1); more "
+        "passes reuse the samples and make the clip matter.",
+        1,
+    )
+    max_new_tokens: int = _help("Most tokens per completion; longer ones are cut (and counted as truncated).", 256)
+    max_prompt_len: int = _help(
+        "Prompts longer than this (in tokens, chat template included) are dropped from the task and counted.", 512
+    )
+    temperature: float = _help(
+        "Sampling temperature (> 0). Log-probs in the loss use the same temperature, so the policy being "
+        "optimised is the one that sampled.",
+        1.0,
+    )
+    top_p: float = _help(
+        "Nucleus sampling; 1.0 (off) keeps the sampler equal to the trained distribution. Anything else makes "
+        "the rollouts slightly off-policy.",
+        1.0,
+    )
+    beta: float = _help(
+        "Weight of the k3 KL penalty to the frozen reference. 0 skips the reference forward pass entirely. With "
+        "LoRA the reference is the base model with the adapters switched off; with full-weight training a "
+        "frozen copy of the starting weights.",
+        0.04,
+    )
+    epsilon: float = _help("Lower clip range: the ratio is clipped at 1 - epsilon.", 0.2)
+    epsilon_high: float | None = _help(
+        "Upper clip range (1 + epsilon_high); null = epsilon. DAPO's clip-higher uses 0.28.", None
+    )
+    loss_aggregation: Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"] = _help(
+        "seq_mean_token_mean (GRPO: each completion weighs the same), token_mean (DAPO: each token weighs "
+        "the same), seq_mean_token_sum_norm (Dr. GRPO: token sums over max_new_tokens, no length bias).",
+        "seq_mean_token_mean",
+    )
+    importance_sampling: Literal["token", "sequence"] = _help(
+        "token: per-token ratio (GRPO/DAPO); sequence: GSPO's length-normalised sequence ratio.", "token"
+    )
+    scale_rewards: bool = _help(
+        "Divide group-centred rewards by the group std (GRPO); false keeps only the centring (Dr. GRPO).", True
+    )
+    dynamic_sampling: bool = _help(
+        "DAPO dynamic sampling: drop groups whose rewards are all equal and sample more prompts to fill the "
+        "batch (up to max_sampling_rounds rollouts per step; a batch still short is filled with dropped groups, "
+        "which carry zero advantage).",
+        False,
+    )
+    max_sampling_rounds: int = _help("Rollout rounds per step allowed by dynamic sampling.", 3)
+    overlong_penalty_tokens: int = _help(
+        "DAPO soft overlong penalty: the last N tokens of the max_new_tokens budget ramp a penalty from 0 to -1 "
+        "(added to the reward as `overlong`); 0 disables it.",
+        0,
+    )
+    old_logprobs: Literal["sampling", "recompute"] = _help(
+        "Old-policy log-probs for num_iterations > 1: the sampler's (free; equal to the training forward up to "
+        "float rounding when both run in the same precision) or a recomputed forward pass (use it when the "
+        "sampler runs in a lower precision than training).",
+        "sampling",
+    )
+    log_entropy: bool = _help("Report the policy's token entropy (one extra softmax pass over the vocabulary).", True)
+    show_completion_every: int = _help("Print one sampled completion with its reward every N steps (0: never).", 0)
+
+    def validate(self) -> None:
+        if self.group_size < 2:
+            raise ConfigError(f"grpo.group_size must be >= 2 (advantages compare completions of a prompt), got "
+                              f"{self.group_size}")
+        if self.num_iterations < 1:
+            raise ConfigError(f"grpo.num_iterations must be >= 1, got {self.num_iterations}")
+        if self.max_new_tokens < 1 or self.max_prompt_len < 1:
+            raise ConfigError("grpo.max_new_tokens and grpo.max_prompt_len must be >= 1")
+        if not self.temperature > 0:
+            raise ConfigError(
+                f"grpo.temperature must be > 0 (greedy rollouts give every completion of a group the same reward); "
+                f"got {self.temperature}"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"grpo.top_p must be in (0, 1], got {self.top_p}")
+        if self.beta < 0:
+            raise ConfigError(f"grpo.beta must be >= 0, got {self.beta}")
+        if self.epsilon <= 0 or (self.epsilon_high is not None and self.epsilon_high <= 0):
+            raise ConfigError("grpo.epsilon and grpo.epsilon_high must be > 0")
+        if self.loss_aggregation not in AGGREGATION_MODES:
+            raise ConfigError(f"grpo.loss_aggregation must be one of {AGGREGATION_MODES}")
+        if self.max_sampling_rounds < 1:
+            raise ConfigError(f"grpo.max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
+        if not 0 <= self.overlong_penalty_tokens <= self.max_new_tokens:
+            raise ConfigError(
+                f"grpo.overlong_penalty_tokens must be in [0, max_new_tokens={self.max_new_tokens}], got "
+                f"{self.overlong_penalty_tokens}"
+            )
+
+    @property
+    def eps_high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+
+# The published variants as overrides of `GRPOSettings` (the recipes spell them out).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "grpo": dict(loss_aggregation="seq_mean_token_mean", importance_sampling="token", scale_rewards=True),
+    "dr_grpo": dict(loss_aggregation="seq_mean_token_sum_norm", scale_rewards=False),
+    "dapo": dict(loss_aggregation="token_mean", beta=0.0, epsilon=0.2, epsilon_high=0.28, dynamic_sampling=True,
+                 overlong_penalty_tokens=64),
+    "gspo": dict(importance_sampling="sequence", epsilon=3e-4, epsilon_high=4e-4, loss_aggregation="seq_mean_token_mean"),
+}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Where the prompts and reference answers come from."""
+
+    name: Literal["gsm8k", "arithmetic"] = _help(
+        "gsm8k (grade-school math, answer after '####') or arithmetic (generated one/two-step word problems).",
+        "gsm8k",
+    )
+    source: str | None = _help(
+        "gsm8k: a folder with train.jsonl/test.jsonl, a jsonl file or a Hub id; null: ../shared/data/gsm8k, "
+        "else openai/gsm8k.",
+        None,
+    )
+    train_split: str = _help("Split the prompts are drawn from.", "train")
+    eval_split: str = _help("Held-out split for evaluation.", "test")
+    max_train_rows: int | None = _help("Use only the first N training problems (null: all).", None)
+    num_train_problems: int = _help("arithmetic: how many training problems to generate.", 2000)
+    arithmetic: ArithmeticConfig = _help("arithmetic: difficulty of the generated problems.",
+                                         default_factory=ArithmeticConfig)
+    seed: int = _help("arithmetic: generation seed (train and held-out splits are disjoint for any seed).", 0)
+
+    def validate(self) -> None:
+        if self.max_train_rows is not None and self.max_train_rows < 1:
+            raise ConfigError(f"task.max_train_rows must be >= 1 or null, got {self.max_train_rows}")
+        if self.num_train_problems < 1:
+            raise ConfigError(f"task.num_train_problems must be >= 1, got {self.num_train_problems}")
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """Reward functions, summed with weights. Names: format, correctness, length (bench), or module:function."""
+
+    functions: tuple[str, ...] = _help(
+        "Reward functions: 'format' (strict <reasoning>/<answer> form, partial credit per tag), 'correctness' "
+        "(the <answer> equals the reference), 'length' (characters / 100, for benchmarks) or an importable "
+        "'package.module:function' taking (prompts, completions, **columns).",
+        ("format", "correctness"),
+    )
+    weights: tuple[float, ...] | None = _help("One weight per function; null: all 1.", None)
+    timeout_s: float = _help("A reward call running longer gives 0 for its samples (and is counted).", 5.0)
+
+    def validate(self) -> None:
+        if not self.functions:
+            raise ConfigError("rewards.functions is empty; name at least one, e.g. [format, correctness]")
+        if self.weights is not None and len(self.weights) != len(self.functions):
+            raise ConfigError(
+                f"rewards.weights has {len(self.weights)} entries for {len(self.functions)} functions"
+            )
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """Generation-based evaluation on the held-out split, before and after training."""
+
+    num_problems: int = _help("Held-out problems to evaluate (0: no evaluation).", 200)
+    before: bool = _help("Evaluate the starting model.", True)
+    after: bool = _help("Evaluate the trained model.", True)
+    max_new_tokens: int | None = _help("Generation budget; null: grpo.max_new_tokens.", None)
+    greedy: bool = _help("Greedy decoding: answer and format accuracy of the most likely completion.", True)
+    num_samples: int = _help("Sampled completions per problem for pass@k (0: none).", 0)
+    temperature: float = _help("Temperature of the sampled completions.", 1.0)
+    ks: tuple[int, ...] = _help("k values of pass@k (each <= num_samples).", (1,))
+    batch_size: int = _help("Prompts per generation call.", 64)
+
+    def validate(self) -> None:
+        if self.num_problems < 0 or self.num_samples < 0:
+            raise ConfigError("eval.num_problems and eval.num_samples must be >= 0")
+        if self.num_samples and any(k < 1 or k > self.num_samples for k in self.ks):
+            raise ConfigError(f"eval.ks={self.ks} must lie in 1..num_samples={self.num_samples}")
+        if self.batch_size < 1:
+            raise ConfigError(f"eval.batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """GRPO (and Dr. GRPO, DAPO, GSPO) with verifiable rewards: full-weight, LoRA or QLoRA."""
+
+    model: ModelSpec = _help("The policy's starting model.", default_factory=ModelSpec)
+    lora: LoraConfig | None = _help(
+        "LoRA/QLoRA adapters (the reference is then the base with adapters off); null: full-weight training.",
+        default_factory=lambda: LoraConfig(rank=16, alpha=32.0),
+    )
+    task: TaskSpec = _help("Prompts and reference answers.", default_factory=TaskSpec)
+    rewards: RewardSpec = _help("Reward functions.", default_factory=RewardSpec)
+    grpo: GRPOSettings = _help("The algorithm.", default_factory=GRPOSettings)
+    eval: EvalSpec = _help("Evaluation before and after training.", default_factory=EvalSpec)
+    train: TrainConfig = _help(
+        "The training loop. batch_size and micro_batch_size count prompts (x group_size completions each); "
+        "steps counts optimizer updates.",
+        default_factory=lambda: TrainConfig(steps=100, batch_size=4),
+    )
+
+    def validate(self) -> None:
+        if self.lora is not None and self.lora.dropout > 0:
+            raise ConfigError(
+                "lora.dropout must be 0 for GRPO: dropout makes the training forward differ from the policy that "
+                "sampled, so the importance ratio no longer starts at 1"
+            )

