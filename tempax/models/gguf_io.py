@@ -28,12 +28,15 @@ import os
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
 from tempax.errors import CheckpointError
 from tempax.models.config import ModelConfig, RopeConfig
+
+if TYPE_CHECKING:
+    from tempax.models.decoder import Decoder
 
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
 _GGUF_MAGIC = b"GGUF"
@@ -195,7 +198,9 @@ def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
         n = math.prod(dims)
         if dims and dims[0] % block:
-            raise CheckpointError(f"{path} is corrupt: tensor {name!r} row of {dims[0]} is not whole {qtype.name} blocks")
+            raise CheckpointError(
+                f"{path} is corrupt: tensor {name!r} has rows of {dims[0]}, not whole {qtype.name} blocks"
+            )
         info = GGUFTensorInfo(name=name, shape=tuple(int(d) for d in reversed(dims)), ggml_type=int(qtype),
                               offset=data_start + rel, nbytes=n // block * type_size)
         if info.offset + info.nbytes > size:
@@ -328,7 +333,9 @@ def _gemma3_layer_types(h: GGUFHeader, num_layers: int) -> tuple[str, ...]:
     pattern = h.get("attention.sliding_window_pattern")
     if isinstance(pattern, (list, np.ndarray)):  # newer converters: one bool per layer, true = sliding
         if len(pattern) != num_layers:
-            raise CheckpointError(f"{h.path}: sliding_window_pattern has {len(pattern)} entries for {num_layers} layers")
+            raise CheckpointError(
+                f"{h.path}: sliding_window_pattern has {len(pattern)} entries for {num_layers} layers"
+            )
         return tuple("sliding" if bool(p) else "full" for p in pattern)
     n = int(pattern) if pattern is not None else 6  # llama.cpp's Gemma 3 default: 5 local layers, then 1 global
     if n <= 1:
@@ -357,10 +364,11 @@ def llama3_rope_factors(rope: RopeConfig, head_dim: int) -> np.ndarray:
     """
     inv = 1.0 / rope.theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     wavelen = 2 * math.pi / inv
-    old, low, high, factor = rope.original_max_position_embeddings, rope.low_freq_factor, rope.high_freq_factor, rope.factor
+    old, factor = rope.original_max_position_embeddings, rope.factor
+    low, high = rope.low_freq_factor, rope.high_freq_factor
     smooth = (old / wavelen - low) / (high - low)
-    out = np.where(wavelen < old / high, 1.0, np.where(wavelen > old / low, factor, 1.0 / ((1 - smooth) / factor + smooth)))
-    return out
+    mixed = 1.0 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < old / high, 1.0, np.where(wavelen > old / low, factor, mixed))
 
 
 def _llama3_rope_from_factors(factors: np.ndarray, *, theta: float, head_dim: int, source: str) -> RopeConfig:
@@ -511,7 +519,7 @@ def iter_gguf_tensors(header: GGUFHeader, cfg: ModelConfig) -> Iterator[tuple[st
 
 def load_gguf(
     path: str | os.PathLike, *, param_dtype: str | None = None, dtype: str | None = None, progress: bool = True
-) -> Any:
+) -> "Decoder":
     """Loads a GGUF file into a tempax `Decoder` (weights dequantised to `param_dtype`, default float32)."""
     from tempax.models.hf_io import _progress_bar
     from tempax.models.weights import abstract_model, fill_params

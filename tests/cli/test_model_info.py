@@ -93,5 +93,6 @@ def test_smollm2_gguf(capsys, tmp_path):
 def test_unknown_source_is_one_clear_line(capsys):
     rc, out, err = _run(capsys, "smollm2-135m-instrukt")
     assert rc == 2 and out == ""
-    assert err.startswith("tempax model-info: error: unknown model 'smollm2-135m-instrukt'. Did you mean smollm2-135m-instruct")
+    assert err.startswith(
+        "tempax model-info: error: unknown model 'smollm2-135m-instrukt'. Did you mean smollm2-135m-instruct")
     assert "Traceback" not in err

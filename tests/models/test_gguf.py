@@ -9,7 +9,6 @@ and no `output.weight` for tied embeddings. The writer below is written from tha
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import time

@@ -128,7 +128,8 @@ def test_weight_memory_is_about_a_quarter_of_bfloat16():
     model = apply_lora(base, QCFG, rngs=nnx.Rngs(0))
     kernels = [m.kernel for _, m in nnx.iter_modules(base) if isinstance(m, nnx.Linear) and m is not base.lm_head]
     bf16_bytes = sum(k.size * 2 for k in kernels)
-    on_device = sum(v[...].on_device_size_in_bytes() for _, v in nnx.iter_graph(model) if isinstance(v, QuantizedWeight))
+    stored = [v[...] for _, v in nnx.iter_graph(model) if isinstance(v, QuantizedWeight)]
+    on_device = sum(x.on_device_size_in_bytes() for x in stored)
     assert on_device == quantized_bytes(model)
     assert quantized_bytes(model) / bf16_bytes == pytest.approx(0.28125)
     assert all(isinstance(layer.base_layer, QuantizedLinear) for _, layer in lora_layers(model))
@@ -141,7 +142,8 @@ def test_qlora_structure_and_frozen_float_parts(base):
     attn = model.layers[0].self_attn
     assert isinstance(attn.k_proj, QuantizedLinear) and isinstance(model.layers[0].mlp.down_proj, QuantizedLinear)
     assert attn.q_proj.lora_a[...].dtype == jnp.float32 and attn.q_proj.lora_b[...].dtype == jnp.float32
-    np.testing.assert_array_equal(np.asarray(attn.k_proj.bias[...]), np.asarray(base.layers[0].self_attn.k_proj.bias[...]))
+    base_bias = base.layers[0].self_attn.k_proj.bias[...]
+    np.testing.assert_array_equal(np.asarray(attn.k_proj.bias[...]), np.asarray(base_bias))
     assert not [p for p, v in nnx.iter_graph(model) if isinstance(v, nnx.Param) and p[-1] == "kernel" and "layers" in p]
 
 

@@ -175,3 +175,27 @@ def test_model_config_reads_no_weights(hf_folder, tmp_path):
     (broken / "config.json").write_text(open(os.path.join(folder, "config.json")).read())
     (broken / "model.safetensors").write_bytes(b"\0" * 3)
     assert registry.model_config(str(broken)) == model.config
+
+
+def test_gguf_file_in_a_hub_repo(monkeypatch, tmp_path):
+    """`owner/name/file.gguf` downloads that one file (faked here) and loads it as a local GGUF."""
+    import huggingface_hub
+
+    model = perturbed_model("llama")
+    local = write_gguf(str(tmp_path / "m.gguf"), model, qtype="Q8_0")
+    asked = []
+
+    def fake_download(repo: str, filename: str) -> str:
+        asked.append((repo, filename))
+        if filename != "m.Q8_0.gguf":
+            raise FileNotFoundError(f"{filename} is not in {repo}")
+        return local
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    assert resolve_source("someone/tiny-GGUF/m.Q8_0.gguf").kind == "hub_gguf"  # resolving downloads nothing
+    assert asked == []
+    loaded = load_model("someone/tiny-GGUF/m.Q8_0.gguf")
+    assert asked == [("someone/tiny-GGUF", "m.Q8_0.gguf")]
+    assert loaded.config.num_params() == model.config.num_params()
+    with pytest.raises(CheckpointError, match=r"fetching 'other.gguf' from the Hub repo 'someone/tiny-GGUF' failed"):
+        load_model("someone/tiny-GGUF/other.gguf")

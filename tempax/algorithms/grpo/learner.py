@@ -134,8 +134,9 @@ def make_grpo_loss(settings: GRPOSettings) -> Callable[[nnx.Module, Batch], tupl
     return loss_fn
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "temperature"))
-def _logprobs_no_grad(graphdef: Any, state: Any, batch: Batch, temperature: float) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _logprobs_no_grad(graphdef: Any, state: Any, batch: Batch, temperature: jax.Array | float) -> jax.Array:
+    # The temperature is traced: one executable serves every temperature.
     return completion_logprobs(nnx.merge(graphdef, state), batch, temperature=temperature)[0]
 
 
@@ -235,7 +236,7 @@ class GRPOLearner:
             for start in range(0, p, step):
                 part = {k: batch[k][start:start + step] for k in keys}
                 out.append(np.asarray(_logprobs_no_grad(
-                    graphdef, state, self.trainer.put_batch(part), temperature=self.settings.temperature
+                    graphdef, state, self.trainer.put_batch(part), jnp.float32(self.settings.temperature)
                 )))
         return np.concatenate(out, axis=0)
 

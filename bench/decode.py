@@ -1,0 +1,118 @@
+"""Decode throughput benchmark: the `decode` workload of ../shared/bench/workloads.json.
+
+    python bench/decode.py                     # both sizes, each in its own process, twice
+    python bench/decode.py --size small --repeats 1
+    python bench/decode.py --one tiny          # one measurement in this process (what the driver spawns)
+
+Exactly the shared work: bench-tiny / bench-small shapes (random init, seed 0, float32 weights, activations and
+KV cache), 8 prompts of exactly 64 tokens (BOS + 63 ids from numpy default_rng(1234 + 1) in [4, vocab)), greedy,
+exactly 128 new tokens per row (EOS never stops a row: `ignore_eos`). One timed call is a whole
+`tempax.generate.generate(...)` call: tokenised prompts in, decoded texts, ids, masks and per-token log-probs
+out (prefill + decode loop + host copies + detokenisation with the workload's word-level tokenizer). The first
+call (compilation) is the warm-up; generated tokens/s = 8 * 128 / median(measured call time).
+
+Also reported: peak RSS of the process (ru_maxrss: model init, compilation and all runs), the 1-minute load
+average before and after (the machine is shared; a load above the core count means the figure is pessimistic),
+and the split between prefill and decode. Prints one JSON object per measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SHARED = os.path.join(ROOT, "..", "shared", "bench")
+WORKLOADS = os.path.join(SHARED, "workloads.json")
+
+
+def load_spec() -> dict:
+    with open(WORKLOADS) as f:
+        return json.load(f)
+
+
+def measure(size: str, *, logprobs: bool = True) -> dict:
+    sys.path.insert(0, ROOT)
+    import numpy as np
+    from flax import nnx
+    from transformers import AutoTokenizer
+
+    from tempax.generate import SamplingConfig, generate
+    from tempax.models.decoder import Decoder
+    from tempax.models.presets import PRESETS
+    from tempax.models.tokenizer import wrap
+
+    load_before = os.getloadavg()[0]
+    spec = load_spec()
+    w = spec["workloads"]["decode"]
+    runs = w["runs"][size]
+    shape = spec["models"][size]
+    cfg = PRESETS[f"bench-{size}"]
+    assert cfg.num_params() == shape["expected_num_params"], "preset does not match workloads.json"
+    assert cfg.param_dtype == cfg.dtype == "float32"
+    batch, prompt_len, new = w["batch_size"], w["prompt_len"], w["max_new_tokens"]
+
+    rng = np.random.default_rng(spec["data"]["seed"] + 1)
+    ids = rng.integers(4, cfg.vocab_size, (batch, prompt_len - 1))
+    prompts = [[1] + row.tolist() for row in ids]
+    tokenizer = wrap(AutoTokenizer.from_pretrained(os.path.join(SHARED, "tokenizers", f"wordlevel_{cfg.vocab_size}")))
+    model = Decoder(cfg, rngs=nnx.Rngs(spec["init"]["seed"]))
+    config = SamplingConfig(max_new_tokens=new, temperature=0.0, ignore_eos=True, logprobs=logprobs)
+
+    times, prefill, decode, compiles = [], [], [], []
+    for i in range(runs["warmup"] + runs["measured"]):
+        start = time.perf_counter()
+        result = generate(model, tokenizer, prompts, config)
+        elapsed = time.perf_counter() - start
+        assert result.token_ids.shape == (batch, new) and int(result.mask.sum()) == batch * new
+        if i >= runs["warmup"]:
+            times.append(elapsed)
+            prefill.append(result.stats.prefill_s)
+            decode.append(result.stats.decode_s)
+            compiles.append(result.stats.compiles)
+    median = statistics.median(times)
+    return {
+        "workload": "decode",
+        "size": size,
+        "logprobs": logprobs,
+        "generated_tokens_per_s": round(batch * new / median, 1),
+        "median_call_s": round(median, 4),
+        "call_s": [round(t, 4) for t in times],
+        "median_prefill_s": round(statistics.median(prefill), 4),
+        "median_decode_s": round(statistics.median(decode), 4),
+        "compiles_in_measured_calls": sum(compiles),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "load_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=("tiny", "small", "all"), default="all")
+    parser.add_argument("--repeats", type=int, default=2, help="separate processes per size")
+    parser.add_argument("--one", metavar="SIZE", help="measure SIZE in this process and print one JSON line")
+    parser.add_argument("--no-logprobs", action="store_true", help="skip per-token log-probs (not the default)")
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(measure(args.one, logprobs=not args.no_logprobs)), flush=True)
+        return 0
+    sizes = ("tiny", "small") if args.size == "all" else (args.size,)
+    for size in sizes:
+        for _ in range(args.repeats):
+            cmd = [sys.executable, os.path.abspath(__file__), "--one", size]
+            if args.no_logprobs:
+                cmd.append("--no-logprobs")
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            print(out.strip().splitlines()[-1], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
