@@ -19,8 +19,8 @@ _COMMAND = re.compile(r"\btempax\s+([a-z][\w-]*)\b")
 
 
 def recipe_command(path: str) -> str | None:
-    """The training command named in the recipe's leading comment block, or None."""
-    from tempax.cli.train_cmds import ALGORITHMS
+    """The command named in the recipe's leading comment block (`tempax sft ...`), or None."""
+    from tempax.cli.main import COMMANDS
 
     try:
         with open(path) as f:
@@ -29,7 +29,7 @@ def recipe_command(path: str) -> str | None:
                 if stripped and not stripped.startswith("#"):
                     break
                 for match in _COMMAND.finditer(stripped):
-                    if match.group(1) in ALGORITHMS:
+                    if match.group(1) in COMMANDS and match.group(1) != "validate":
                         return match.group(1)
     except OSError:
         return None
@@ -79,11 +79,13 @@ def check_recipe(path: str, overrides: list[str] | None = None, command: str | N
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", metavar="RECIPE", help="YAML recipe to check")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides to check along with it")
-    parser.add_argument("--command", help="training command of the recipe (default: read from its comment)")
+    # dest must not be "command": the top-level parser keeps the sub-command's name there.
+    parser.add_argument("--command", dest="recipe_command",
+                        help="training command of the recipe (default: read from its comment)")
 
 
 def run(args: argparse.Namespace) -> int:
-    command, cfg, warnings = check_recipe(args.recipe, list(args.overrides), args.command)
+    command, cfg, warnings = check_recipe(args.recipe, list(args.overrides), args.recipe_command)
     for w in warnings:
         print(f"warning: {w}")
     train = getattr(cfg, "train", None)

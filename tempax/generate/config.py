@@ -73,6 +73,8 @@ class SamplingConfig:
             raise GenerationError(f"min_p must lie in [0, 1] (0 = off), got {self.min_p!r}")
         if not isinstance(self.n, int) or self.n < 1:
             raise GenerationError(f"n (samples per prompt) must be an integer >= 1, got {self.n!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise GenerationError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise GenerationError(f"stop strings must be non-empty strings, got {self.stop!r}")
         if self.max_len is not None and self.max_len < 2:

@@ -130,7 +130,7 @@ def _shard_cache(cache: KVCache) -> KVCache:
 
 
 def _sample(logits, keys, step, knobs: _Knobs, spec: SamplerSpec):
-    u = row_uniforms(keys, step)
+    u = None if spec.greedy else row_uniforms(keys, step)
     return sample_from_logits(
         logits, u, spec, temperature=knobs.temperature, top_p=knobs.top_p, min_p=knobs.min_p
     )
@@ -146,7 +146,9 @@ def _prefill(
     params: Any,
     tokens: jax.Array,
     segment_ids: jax.Array,
-    keys: jax.Array,
+    seed: jax.Array,
+    prompt_index: jax.Array,
+    sample_index: jax.Array,
     live: jax.Array,
     knobs: _Knobs,
     *,
@@ -157,6 +159,7 @@ def _prefill(
 ) -> DecodeState:
     """Runs the prompts [P, T] once, repeats the cache n times, samples token 0 of every row."""
     _TRACES["prefill"] += 1
+    keys = row_keys(seed, prompt_index, sample_index)
     model = _merge(graphdef, params)
     cache = _shard_cache(KVCache.init(model.config, tokens.shape[0], cache_len))
     logits, cache = _call_model(model, tokens, segment_ids, cache)
@@ -218,13 +221,19 @@ def model_context(model: Any, config: SamplingConfig) -> int:
     return limit if config.max_len is None else min(limit, int(config.max_len))
 
 
-def check_prompts(prompt_ids: Sequence[Sequence[int]], config: SamplingConfig, context: int) -> None:
+def check_prompts(prompt_ids: Sequence[Sequence[int]], config: SamplingConfig, context: int, vocab: int) -> None:
     """Raises GenerationError for requests that cannot be served, naming the prompt and the fix."""
     if len(prompt_ids) == 0:
         raise GenerationError("no prompts given: pass at least one prompt")
     for i, ids in enumerate(prompt_ids):
         if len(ids) == 0:
             raise GenerationError(f"prompt {i} is empty: it needs at least one token (e.g. the BOS token)")
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise GenerationError(
+                f"prompt {i} holds token id {bad[0]}, outside the model's vocabulary [0, {vocab}): was it "
+                "tokenised with another model's tokenizer?"
+            )
         if len(ids) + config.max_new_tokens > context:
             raise GenerationError(
                 f"prompt {i} has {len(ids)} tokens; with max_new_tokens={config.max_new_tokens} it needs "
@@ -272,7 +281,7 @@ class DecodeRun:
         prompt_offset: int = 0,
         sample_offset: int = 0,
     ):
-        check_prompts(prompt_ids, config, model_context(model, config))
+        check_prompts(prompt_ids, config, model_context(model, config), int(model.config.vocab_size))
         self.config = config
         self.stop_ids = tuple(int(i) for i in stop_ids)
         self.pad_id = int(pad_id)
@@ -310,12 +319,11 @@ class DecodeRun:
         prompt_index = np.repeat(np.arange(rows_p), n) + prompt_offset
         sample_index = np.tile(np.arange(n), rows_p) + sample_offset
         live = np.repeat(np.arange(rows_p) < self.num_prompts, n)
-        keys = row_keys(config.seed, jnp.asarray(prompt_index, jnp.int32), jnp.asarray(sample_index, jnp.int32))
         start = time.perf_counter()
         self._state = _prefill(
-            self._graphdef, self._params, jnp.asarray(tokens), jnp.asarray(segments), keys, jnp.asarray(live),
-            self._knobs, spec=self._spec, n=n, cache_len=prompt_len + completion_len,
-            completion_len=completion_len,
+            self._graphdef, self._params, tokens, segments, np.uint32(config.seed), prompt_index.astype(np.int32),
+            sample_index.astype(np.int32), live, self._knobs, spec=self._spec, n=n,
+            cache_len=prompt_len + completion_len, completion_len=completion_len,
         )
         self._done_host = np.asarray(self._state.done)
         self.prefill_s = time.perf_counter() - start
@@ -348,8 +356,9 @@ class DecodeRun:
 
     def tokens(self) -> tuple[np.ndarray, np.ndarray]:
         """(tokens [R, step], lengths [R]) generated so far for the real rows."""
+        # Copy whole buffers and slice on the host: slicing on device would compile a slice per new step.
         r = self.rows
-        return np.asarray(self._state.tokens[:r, : self._step]), np.asarray(self._state.lengths[:r])
+        return np.asarray(self._state.tokens)[:r, : self._step], np.asarray(self._state.lengths)[:r]
 
     def mark_done(self, rows: np.ndarray) -> None:
         """Stops the rows where `rows` [R] is true (e.g. a stop string appeared); they generate nothing more."""
@@ -362,10 +371,10 @@ class DecodeRun:
         r, t = self.rows, self.config.max_new_tokens
         s = self._state
         return DecodeOutput(
-            tokens=np.asarray(s.tokens[:r, :t]),
-            logprobs=np.asarray(s.logprobs[:r, :t]),
-            raw_logprobs=np.asarray(s.raw_logprobs[:r, :t]),
-            lengths=np.asarray(s.lengths[:r]),
+            tokens=np.asarray(s.tokens)[:r, :t],
+            logprobs=np.asarray(s.logprobs)[:r, :t],
+            raw_logprobs=np.asarray(s.raw_logprobs)[:r, :t],
+            lengths=np.asarray(s.lengths)[:r],
             stopped=self._done_host[:r].copy(),
             steps=self._step,
             prefill_s=self.prefill_s,

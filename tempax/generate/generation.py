@@ -163,7 +163,9 @@ def generate(
     if config.stop:
         while not run.finished:
             run.advance(STOP_CHECK_EVERY)
-            run.mark_done(_rows_with_stop(run, decode, config.stop))
+            hit = _rows_with_stop(run, decode, config.stop)
+            if hit.any():
+                run.mark_done(hit)
     else:
         run.advance()
     return _result(run, ids, decode, config)

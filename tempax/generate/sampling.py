@@ -133,7 +133,7 @@ def filtered_probs(
 
 def sample_from_logits(
     logits_bv: jax.Array,
-    u_b: jax.Array,
+    u_b: jax.Array | None,
     spec: SamplerSpec,
     *,
     temperature: jax.Array | float,
@@ -144,7 +144,7 @@ def sample_from_logits(
 
     Args:
       logits_bv: [B, V] logits (any float dtype; computed in float32).
-      u_b: [B] uniform numbers in (0, 1], one per row (ignored when greedy).
+      u_b: [B] uniform numbers in (0, 1], one per row (unused, may be None, when greedy).
       spec: the static choices (greedy, which filters run, whether log-probs are needed).
       temperature, top_p, min_p: traced values of the knobs.
 
@@ -188,7 +188,7 @@ def row_uniforms(keys_b: jax.Array, step: jax.Array) -> jax.Array:
     return 1.0 - jax.vmap(draw)(keys_b)  # uniform gives [0, 1); (0, 1] keeps u * total > 0
 
 
-def row_keys(seed: int, prompt_indices: jax.Array, sample_indices: jax.Array) -> jax.Array:
+def row_keys(seed: int | jax.Array, prompt_indices: jax.Array, sample_indices: jax.Array) -> jax.Array:
     """Typed keys [B]: fold_in(fold_in(key(seed), prompt index), sample index) per row."""
     base = jax.random.key(seed)
     return jax.vmap(lambda i, j: jax.random.fold_in(jax.random.fold_in(base, i), j))(prompt_indices, sample_indices)

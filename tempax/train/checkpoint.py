@@ -41,6 +41,7 @@ class Checkpointer:
         self.directory = os.path.abspath(os.fspath(directory))
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save, save_interval_steps=1,
+            cleanup_tmp_directories=True,  # a run killed mid-write leaves a temporary folder; drop it on restart
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 

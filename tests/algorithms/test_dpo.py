@@ -205,15 +205,17 @@ def test_every_loss_gives_finite_loss_and_gradients(tok, name):
 # ---------------------------------------------------------------------------------------------- reference without a copy
 
 
-def test_adapters_off_reference_is_the_base_model(tok):
-    """With trained (non-zero) adapters, log-probs inside `disable_adapters` equal the base model's, and
-    `DPOLoss(reference='adapters_off')` gives the same loss as feeding those base log-probs in the batch."""
+@pytest.mark.parametrize("quantize", [None, "nf4"])
+def test_adapters_off_reference_is_the_base_model(tok, quantize):
+    """With trained (non-zero) adapters, log-probs inside `disable_adapters` equal the base's: the float model for
+    LoRA, the same model with B = 0 for QLoRA (its base is the quantized one). And `DPOLoss(reference=
+    'adapters_off')` gives the same loss as feeding those base log-probs in with the batch."""
     base = tiny_model()
-    lora = apply_lora(base, LoraConfig(rank=4, alpha=8.0), rngs=nnx.Rngs(1))
+    lora = apply_lora(base, LoraConfig(rank=4, alpha=8.0, quantize_base=quantize, block_size=16), rngs=nnx.Rngs(1))
+    batch = {k: jnp.asarray(v) for k, v in collate_pairs(tiny_pairs(tok, 3), seq_len=SEQ, pad_id=tok.pad_id).items()}
+    base_logps, _ = jit_sequence_logps(lora if quantize else base)(batch)  # B = 0 still: exactly the base
     for i, (_, layer) in enumerate(lora_layers(lora)):
         layer.lora_b.set_value(jax.random.normal(jax.random.key(i), layer.lora_b.shape) * 0.3)
-    batch = {k: jnp.asarray(v) for k, v in collate_pairs(tiny_pairs(tok, 3), seq_len=SEQ, pad_id=tok.pad_id).items()}
-    base_logps, _ = jit_sequence_logps(base)(batch)
     off_logps, _ = jit_sequence_logps(lora, adapters_off=True)(batch)
     on_logps, _ = jit_sequence_logps(lora)(batch)
     np.testing.assert_allclose(off_logps, base_logps, rtol=1e-6, atol=1e-5)
@@ -260,7 +262,13 @@ def test_lora_reference_holds_no_second_copy_of_the_weights(files, tmp_path):
 # ---------------------------------------------------------------------------------------------- learning
 
 
-@pytest.mark.parametrize("variant", ["full", "lora", "qlora"])
+@pytest.mark.parametrize("variant", [
+    "full",
+    # LoRA/QLoRA training compiles another step (~40 s on 2 busy cores); their reference path is covered fast by
+    # the two tests above.
+    pytest.param("lora", marks=pytest.mark.slow),
+    pytest.param("qlora", marks=pytest.mark.slow),
+])
 def test_dpo_learns_a_synthetic_preference(files, tmp_path, variant):
     """Held-out preference accuracy goes from ~0 (every implicit reward is 0 before training: a tie) to ~1 and
     the held-out reward margin becomes clearly positive, with full weights (reference precomputed once), LoRA

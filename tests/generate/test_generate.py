@@ -179,6 +179,8 @@ def test_no_recompile_within_a_bucket(model):
         ({"top_p": 1.5}, [[3]], "top_p"),
         ({"n": 0}, [[3]], "n \\(samples per prompt\\)"),
         ({"temperature": -1.0}, [[3]], "temperature"),
+        ({"seed": -1}, [[3]], "seed"),
+        ({}, [[3, 400]], "token id 400, outside the model's vocabulary"),
         ({"stop": ("x",)}, [[3]], "stop strings need a tokenizer"),
     ],
 )

@@ -1,4 +1,15 @@
-"""Preference optimisation (DPO, IPO, hinge, ORPO, SimPO) and reward-model training losses."""
+"""Preference optimisation (DPO, IPO, hinge, ORPO, SimPO) and reward models.
+
+  losses          pure losses of log-probs / rewards (`preference_loss`, `bradley_terry_loss`, ...)
+  batches         stacked [2B, T] batches -> per-sequence log-probs, per-pair losses; reference log-probs and
+                  margins stored with the pairs
+  reward_model    `RewardModel` (decoder + scalar head), `RewardLoss`, save/load, `RewardScorer` (a reward function)
+  data            the `data:` recipe section of preference runs and its reports
+  trainer         `DPOConfig`, `DPOLoss`, `main` — `tempax dpo`
+  reward_trainer  `RewardModelConfig`, `main` — `tempax reward-model`
+
+The two trainers are not imported here (they pull in the training core); import them from their modules.
+"""
 
 from tempax.algorithms.preference.losses import (
     PREFERENCE_LOSS_NAMES,

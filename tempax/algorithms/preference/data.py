@@ -139,7 +139,7 @@ def check_enough_pairs(pairs: list[Any], per_batch: int, name: str) -> None:
         )
 
 
-BEFORE_AFTER_KEYS = ("accuracy", "reward_margin", "chosen_reward", "rejected_reward", "chosen_logps",
+BEFORE_AFTER_KEYS = ("accuracy", "mean_logp_accuracy", "reward_margin", "chosen_reward", "rejected_reward", "chosen_logps",
                      "rejected_logps", "loss")
 
 
@@ -147,10 +147,10 @@ def before_after_table(before: dict[str, float], after: dict[str, float], *, tit
     """A small text table of held-out metrics before and after training."""
     keys = [k for k in BEFORE_AFTER_KEYS if k in before or k in after]
     keys += sorted(k for k in after if k not in keys and k in before)
-    lines = [title, f"  {'metric':<16}{'before':>12}{'after':>12}{'change':>12}"]
+    lines = [title, f"  {'metric':<20}{'before':>12}{'after':>12}{'change':>12}"]
     for k in keys:
         b, a = before.get(k, float("nan")), after.get(k, float("nan"))
-        lines.append(f"  {k:<16}{b:>12.4f}{a:>12.4f}{a - b:>+12.4f}")
+        lines.append(f"  {k:<20}{b:>12.4f}{a:>12.4f}{a - b:>+12.4f}")
     return "\n".join(lines)
 
 

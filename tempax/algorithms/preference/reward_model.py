@@ -225,6 +225,9 @@ class RewardScorer:
     last `max_length` tokens (training cut over-long prompts from the left, too). Rows are scored in batches of
     `batch_size`, padded to power-of-two lengths so a handful of shapes are compiled.
 
+    Use it like any reward function, e.g. `combine_rewards({"rm": scorer}, timeout_s=None)`: pass no timeout (or
+    call it once beforehand), since the first call of each padded length compiles the model.
+
     Args:
       model: the reward model.
       tokenizer: its tokenizer.
@@ -232,6 +235,8 @@ class RewardScorer:
       batch_size: rows per forward pass.
       chat: render through the chat template (the default) or score raw text.
     """
+
+    __name__ = "reward_model"  # how reward logs name it (`tempax.rewards.combine_rewards`)
 
     def __init__(self, model: RewardModel, tokenizer: Any, *, max_length: int = 1024, batch_size: int = 8,
                  chat: bool = True):

@@ -172,7 +172,8 @@ def main(cfg: RewardModelConfig, *, hooks: tuple = (), log: Callable[[str], None
 
     Writes to run_dir: config.yaml, data_report.json, metrics.jsonl (`eval/*` every train.eval_every steps and
     at the end), checkpoints, eval_summary.json and reward_model/ (see `reward_model.save_reward_model`).
-    `result.extras` holds `eval_before`, `eval_after`, `reward_model_dir`, `data_report`, `eval_data_report`.
+    `result.extras` holds `eval_before`, `eval_after`, `reward_model_dir`, `model` (the trained `RewardModel`),
+    `data_report` and `eval_data_report`.
     """
     say = log or (lambda text: print(text, file=sys.stderr))
     run = prepare(cfg, log=say)
@@ -199,7 +200,7 @@ def main(cfg: RewardModelConfig, *, hooks: tuple = (), log: Callable[[str], None
                               max_length=cfg.train.seq_len)
         say(f"reward model saved to {folder}; score with: tempax score {folder} --input PAIRS.jsonl")
     write_eval_summary(run_dir, before, after, {"eval_pairs": len(run.data.eval), "reward_model_dir": folder})
-    result.extras.update(eval_before=before, eval_after=after, reward_model_dir=folder,
+    result.extras.update(eval_before=before, eval_after=after, reward_model_dir=folder, model=trainer.model,
                          data_report=run.data.report, eval_data_report=run.data.eval_report)
     return result
 

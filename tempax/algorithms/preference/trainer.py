@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -43,6 +44,7 @@ from tempax.algorithms.preference.batches import (
     pair_mask,
     pair_preference_loss,
     sequence_logps,
+    split_pairs,
 )
 from tempax.algorithms.preference.data import (
     PreferenceDataSpec,
@@ -196,8 +198,15 @@ class DPOLoss:
 
             with disable_adapters(model):
                 ref, _ = sequence_logps(model, batch)
-        return pair_preference_loss(self.loss, logps, num_tokens, pair_mask(batch), ref_logps=ref,
-                                    **dict(self.hparams))
+        weights = pair_mask(batch)
+        loss, metrics = pair_preference_loss(self.loss, logps, num_tokens, weights, ref_logps=ref,
+                                             **dict(self.hparams))
+        # The policy's own preference, meaningful before training too (when every implicit reward is 0, a tie):
+        # does it give the chosen reply a higher mean per-token log-prob than the rejected one?
+        (pc, pr), (nc, nr) = split_pairs(logps), split_pairs(num_tokens)
+        prefers = (pc / jnp.maximum(nc, 1.0) > pr / jnp.maximum(nr, 1.0)).astype(jnp.float32)
+        metrics["mean_logp_accuracy"] = jnp.sum(prefers * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+        return loss, metrics
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from tempax.algorithms.sft.fused import fused_causal_lm_loss, lm_head_of
 from tempax.algorithms.sft.losses import SFT_NORMALIZATIONS, causal_lm_loss
 from tempax.configlib import dump_yaml
 from tempax.errors import ConfigError
@@ -135,6 +136,19 @@ class LossSpec:
     normalize: Literal["tokens", "sequences"] = _help(
         "tokens: mean over every supervised token; sequences: mean of per-example means.", "tokens"
     )
+    fused: bool = _help(
+        "Compute the LM head and cross-entropy together with the gradient formed in the forward pass (no [B, T, V] "
+        "logits kept for the backward); false: plain logits + causal_lm_loss.",
+        True,
+    )
+    chunk_len: int | None = _help(
+        "With fused: sequence positions per chunk of logits (must divide train.seq_len); null: whole sequences.",
+        None,
+    )
+
+    def validate(self) -> None:
+        if self.chunk_len is not None and self.chunk_len < 1:
+            raise ConfigError(f"loss.chunk_len must be >= 1 or null, got {self.chunk_len}")
 
 
 @dataclass(frozen=True)
@@ -163,20 +177,32 @@ class PretrainConfig(SFTConfig):
 # The algorithm: loss function + batches
 
 
-def make_sft_loss(normalize: str = "tokens") -> Callable[[nnx.Module, dict[str, jax.Array]], tuple[jax.Array, dict]]:
+def make_sft_loss(
+    normalize: str = "tokens", *, fused: bool = False, chunk_len: int | None = None
+) -> Callable[[nnx.Module, dict[str, jax.Array]], tuple[jax.Array, dict]]:
     """`loss_fn(model, batch)` for the shared train step.
 
     batch: `tokens`, `targets`, `loss_mask`, `positions`, `segment_ids`, each [B, T] (see `tempax.data.packing`).
     The loss is `causal_lm_loss` (mean next-token NLL over supervised tokens, or of per-example means); its
     `loss_weight` is the micro-batch's supervised token count (or sequence count), which makes gradient
-    accumulation equal to one pass over the whole batch.
+    accumulation equal to one pass over the whole batch. `fused` computes the same loss with
+    `fused_causal_lm_loss` (head + cross-entropy in chunks of `chunk_len` positions, no logits kept).
     """
     if normalize not in SFT_NORMALIZATIONS:
         raise ConfigError(f"loss.normalize must be one of {SFT_NORMALIZATIONS}, got {normalize!r}")
 
     def loss_fn(model: nnx.Module, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
-        logits_btv, _ = model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"])
-        loss, metrics = causal_lm_loss(logits_btv, batch["targets"], batch["loss_mask"], normalize=normalize)
+        kw = dict(positions=batch["positions"], segment_ids=batch["segment_ids"])
+        if fused:
+            hidden_btd, _ = model.hidden_states(batch["tokens"], **kw)
+            head, vocab_major = lm_head_of(model)
+            loss, metrics = fused_causal_lm_loss(
+                hidden_btd, head, batch["targets"], batch["loss_mask"], vocab_major=vocab_major,
+                normalize=normalize, chunk_len=chunk_len, softcap=model.config.final_logit_softcap,
+            )
+        else:
+            logits_btv, _ = model(batch["tokens"], **kw)
+            loss, metrics = causal_lm_loss(logits_btv, batch["targets"], batch["loss_mask"], normalize=normalize)
         metrics = dict(metrics)
         metrics["loss_weight"] = metrics["num_tokens"] if normalize == "tokens" else metrics["num_sequences"]
         return loss, metrics
@@ -284,7 +310,7 @@ def main(cfg: SFTConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     if not os.path.isdir(tok_dir):
         tokenizer.hf.save_pretrained(tok_dir)
     trainer = Trainer(
-        model, make_sft_loss(cfg.loss.normalize), cfg.train, trainable=trainable, mesh=mesh, log=say,
+        model, make_sft_loss(cfg.loss.normalize, fused=cfg.loss.fused, chunk_len=cfg.loss.chunk_len), cfg.train, trainable=trainable, mesh=mesh, log=say,
         checkpoint_meta={"algorithm": type(cfg).__name__, "model_source": cfg.model.source},
     )
     try:

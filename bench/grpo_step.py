@@ -1,0 +1,149 @@
+"""GRPO step benchmark: the `grpo_step` workload of ../shared/bench/workloads.json.
+
+    python bench/grpo_step.py                     # both sizes, each in its own process, twice
+    python bench/grpo_step.py --size small --repeats 1
+    python bench/grpo_step.py --one tiny          # one measurement in this process (what the driver spawns)
+
+Exactly the shared work: bench-tiny / bench-small shapes (random init, seed 0, float32 weights, activations and
+KV cache), LoRA rank 16 / alpha 32 on q,k,v,o,gate,up,down (base frozen). Per step: 2 prompts of exactly 64
+tokens (BOS + 63 ids from numpy default_rng(1234 + 2) in [4, vocab), fresh prompts every step), 4 completions
+each sampled by the LoRA policy at temperature 1.0 (no top-k/top-p, up to 64 new tokens; EOS may end one),
+scored by len(completion text) / 100, group advantages, reference log-probs from the frozen base (the same
+weights with the adapters off; beta = 0.04), the GRPO loss (epsilon 0.2, one pass) and one AdamW update (lr 1e-5,
+constant, no clipping) of the adapters. That is `tempax.algorithms.grpo.GRPOLearner.run`, unchanged.
+
+Reported: median wall time of a whole step over the measured steps (warm-up steps, with compilation, excluded),
+and its split into generation, reward, reference forward, and training (forward + backward + update), each a
+median over the same steps. Also peak RSS and the 1-minute load average before and after (a load above the
+core count means the figure is pessimistic). Prints one JSON object per measurement.
+
+Peers on this machine kind (s/step, tiny / small): Tunix 1.5 / 14, TRL 2.9 / 14.6.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SHARED = os.path.join(ROOT, "..", "shared", "bench")
+WORKLOADS = os.path.join(SHARED, "workloads.json")
+
+
+def load_spec() -> dict:
+    with open(WORKLOADS) as f:
+        return json.load(f)
+
+
+def length_reward(prompts, completions, **columns):
+    """The workload's trivial reward: character length / 100."""
+    return [len(c) / 100.0 for c in completions]
+
+
+def measure(size: str) -> dict:
+    sys.path.insert(0, ROOT)
+    import jax
+    import numpy as np
+    from flax import nnx
+    from transformers import AutoTokenizer
+
+    from tempax.algorithms.grpo.config import GRPOSettings
+    from tempax.algorithms.grpo.learner import GRPOLearner
+    from tempax.algorithms.grpo.rollout import Prompt, PromptSampler
+    from tempax.models.decoder import Decoder
+    from tempax.models.lora import LoraConfig, apply_lora, lora_filter
+    from tempax.models.presets import PRESETS
+    from tempax.models.tokenizer import wrap
+    from tempax.rewards import combine_rewards
+    from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
+
+    load_before = os.getloadavg()[0]
+    spec = load_spec()
+    w = spec["workloads"]["grpo_step"]
+    steps = w["steps"][size]
+    cfg = PRESETS[f"bench-{size}"]
+    assert cfg.num_params() == spec["models"][size]["expected_num_params"], "preset does not match workloads.json"
+    assert cfg.param_dtype == cfg.dtype == "float32"
+    total = steps["warmup"] + steps["measured"]
+    num_prompts, group, prompt_len, new = w["num_prompts"], w["group_size"], w["prompt_len"], w["max_new_tokens"]
+
+    rng = np.random.default_rng(spec["data"]["seed"] + 2)
+    ids = rng.integers(4, cfg.vocab_size, (total * num_prompts, prompt_len - 1))
+    prompts = [Prompt(ids=(1, *row.tolist()), text="", columns={}) for row in ids]
+    tokenizer = wrap(AutoTokenizer.from_pretrained(os.path.join(SHARED, "tokenizers", f"wordlevel_{cfg.vocab_size}")))
+    lc = spec["lora"]
+    model = apply_lora(
+        Decoder(cfg, rngs=nnx.Rngs(spec["init"]["seed"])),
+        LoraConfig(rank=lc["rank"], alpha=lc["alpha"], dropout=lc["dropout"], target_modules=tuple(lc["targets"])),
+        rngs=nnx.Rngs(1),
+    )
+    opt = spec["optimizer"]
+    settings = GRPOSettings(
+        group_size=group, num_iterations=w["num_iterations"], max_new_tokens=new, max_prompt_len=prompt_len,
+        temperature=w["temperature"], beta=w["beta"], epsilon=w["epsilon"], log_entropy=False,
+    )
+    train = TrainConfig(
+        steps=total, batch_size=num_prompts, mesh=MeshConfig(num_devices=1),
+        optimizer=OptimizerConfig(name="adamw", learning_rate=opt["learning_rate"], b1=opt["b1"], b2=opt["b2"],
+                                  eps=opt["eps"], weight_decay=opt["weight_decay"], schedule="constant",
+                                  decay_all=True, grad_clip_norm=opt["grad_clip"]),
+        checkpoint=CheckpointConfig(save_at_end=False, resume=False), run_dir=tempfile.mkdtemp(prefix="tempax-grpo-"),
+        tensorboard=False, progress_bar=False, check_memory=False,
+    )
+    learner = GRPOLearner(model, tokenizer, combine_rewards({"length": length_reward}), settings, train,
+                          prompt_len=prompt_len, trainable=lora_filter, log=lambda text: None)
+    del model
+    result = learner.run(PromptSampler(prompts, shuffle=False))
+    measured = [m for _, m in result.history[steps["warmup"]:]]
+    med = lambda key: statistics.median(m[key] for m in measured)  # noqa: E731
+    return {
+        "library": "tempax",
+        "workload": "grpo_step",
+        "size": size,
+        "s_per_step": round(med("perf/step_s"), 4),
+        "step_s": [round(m["perf/step_s"], 4) for m in measured],
+        "median_generation_s": round(med("perf/generation_s"), 4),
+        "median_reward_s": round(med("perf/reward_s"), 4),
+        "median_reference_s": round(med("perf/reference_s"), 4),
+        "median_train_s": round(med("perf/train_s"), 4),
+        "warmup_step_s": [round(m["perf/step_s"], 2) for _, m in result.history[: steps["warmup"]]],
+        "mean_completion_tokens": round(statistics.mean(m["completion/length_mean"] for m in measured), 1),
+        "kl_last": round(measured[-1].get("kl", float("nan")), 6),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "load_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "jax": jax.__version__,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=("tiny", "small", "all"), default="all")
+    parser.add_argument("--repeats", type=int, default=2, help="separate processes per size")
+    parser.add_argument("--one", metavar="SIZE", help="measure SIZE in this process and print one JSON line")
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(measure(args.one)), flush=True)
+        return 0
+    sizes = ("tiny", "small") if args.size == "all" else (args.size,)
+    for size in sizes:
+        for _ in range(args.repeats):
+            # One process per measurement, one at a time (workloads.json: "measurement").
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", size], capture_output=True,
+                                 text=True, cwd=ROOT)
+            lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+            if out.returncode or not lines:
+                print(json.dumps({"workload": "grpo_step", "size": size, "error": out.stderr[-2000:]}), flush=True)
+            else:
+                print(lines[-1], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The LM head and the causal-LM cross-entropy fused, computed over sequence chunks, with the gradient formed in
+the forward pass.
+
+`causal_lm_loss(logits, ...)` needs the [B, T, V] float32 logits, and autodiff then keeps them (or their softmax)
+for the backward pass and writes a second [B, T, V] array for d loss / d logits. At V = 49k and 2k tokens per
+micro-batch that is 0.4 GB per copy and several memory passes. Because the loss is linear in the per-token NLLs
+with coefficients known up front (the loss mask over its normaliser), the gradient with respect to the logits is
+known as soon as they are:
+
+    z = h W                                    logits of one chunk   [C, V]   (W: [D, V], or the tied [V, D]^T)
+    nll_i = logsumexp(z_i) - z_i[y_i]
+    L = sum_i c_i nll_i,      c_i = mask_i / sum(mask)          (tokens)   or  mask_i / (n_row(i) * rows)  (sequences)
+    dL/dz_i = c_i (softmax(z_i) - onehot(y_i))
+    dL/dh_i = dL/dz_i W^T,    dL/dW = sum_i h_i^T dL/dz_i
+
+so a custom VJP computes the three matmuls chunk by chunk in the forward pass and keeps only dL/dh [B, T, D] and
+dL/dW (the size of the head's own gradient) for the backward. Only one chunk's logits exist at a time; the matmul
+count is the same as plain autodiff (no recomputation). Token accuracy uses argmax == target <=> z[y] >= max(z),
+free once the max is known (ties count as a hit; they have probability ~0 with real logits).
+
+Gemma-2-style final soft-capping z = cap tanh(z' / cap) is applied inside, with dz'/dz = 1 - tanh^2.
+
+This is the same quantity as `tempax.algorithms.sft.losses.causal_lm_loss` (tested equal, value and gradients);
+only the way it is computed differs. Liger-Kernel's "fused linear cross-entropy" is the same idea on GPUs.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _logits(h: jax.Array, w: jax.Array, vocab_major: bool) -> jax.Array:
+    """h [..., D] times the head: W [V, D] (vocab_major, a tied embedding) or [D, V]; float32 result."""
+    dims = ((h.ndim - 1,), (1,) if vocab_major else (0,))
+    return jax.lax.dot_general(h, w, (dims, ((), ())), preferred_element_type=jnp.float32)
+
+
+def _chunk_stats(h, w, targets, vocab_major, softcap):
+    """(z, capped tanh or None, lse, target logit, max) for one chunk; z is [B, C, V] float32."""
+    z = _logits(h, w, vocab_major)
+    y = None
+    if softcap is not None:
+        y = jnp.tanh(z / softcap)
+        z = softcap * y
+    m = jnp.max(z, axis=-1)
+    lse = m + jnp.log(jnp.sum(jnp.exp(z - m[..., None]), axis=-1))
+    zt = jnp.take_along_axis(z, targets[..., None].astype(jnp.int32), axis=-1, mode="clip")[..., 0]
+    return z, y, lse, zt, m
+
+
+def _split(x: jax.Array, chunk: int) -> jax.Array:
+    """[B, T, ...] -> [T / chunk, B, chunk, ...]: scan over sequence chunks, the (sharded) batch axis kept."""
+    b, t = x.shape[:2]
+    return x.reshape(b, t // chunk, chunk, *x.shape[2:]).swapaxes(0, 1)
+
+
+def _unsplit(x: jax.Array) -> jax.Array:
+    n, b, c = x.shape[:3]
+    return x.swapaxes(0, 1).reshape(b, n * c, *x.shape[3:])
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _weighted_nll(h, w, targets, coef, chunk, vocab_major, softcap):
+    """(sum c_i nll_i, nll [B, T], hit [B, T]); only the first output is differentiable."""
+    def body(_, xs):
+        hc, tc = xs
+        _, _, lse, zt, m = _chunk_stats(hc, w, tc, vocab_major, softcap)
+        return None, (lse - zt, (zt >= m).astype(jnp.float32))
+
+    _, (nll, hit) = jax.lax.scan(body, None, (_split(h, chunk), _split(targets, chunk)))
+    nll, hit = _unsplit(nll), _unsplit(hit)
+    return jnp.sum(coef * nll), nll, hit
+
+
+def _weighted_nll_fwd(h, w, targets, coef, chunk, vocab_major, softcap):
+    v = w.shape[0] if vocab_major else w.shape[1]
+
+    def body(dw, xs):
+        hc, tc, cc = xs
+        z, y, lse, zt, m = _chunk_stats(hc, w, tc, vocab_major, softcap)
+        vocab = jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1)
+        g = (jnp.exp(z - lse[..., None]) - (vocab == tc[..., None]).astype(jnp.float32)) * cc[..., None]
+        if y is not None:
+            g = g * (1.0 - y * y)
+        g = g.astype(hc.dtype)
+        # dL/dh = g W^T; dL/dW = h^T g (or g^T h for a [V, D] head), summed over batch and chunk positions.
+        dh = jax.lax.dot_general(g, w, (((g.ndim - 1,), (0,) if vocab_major else (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32).astype(hc.dtype)
+        if vocab_major:
+            dw_c = jnp.einsum("bcv,bcd->vd", g, hc, preferred_element_type=jnp.float32)
+        else:
+            dw_c = jnp.einsum("bcd,bcv->dv", hc, g, preferred_element_type=jnp.float32)
+        return dw + dw_c, (lse - zt, (zt >= m).astype(jnp.float32), dh)
+
+    dw0 = jnp.zeros(w.shape, jnp.float32)
+    dw, (nll, hit, dh) = jax.lax.scan(body, dw0, (_split(h, chunk), _split(targets, chunk), _split(coef, chunk)))
+    nll, hit, dh = _unsplit(nll), _unsplit(hit), _unsplit(dh)
+    del v
+    return (jnp.sum(coef * nll), nll, hit), (dh, dw.astype(w.dtype), nll, targets)
+
+
+def _weighted_nll_bwd(chunk, vocab_major, softcap, residuals, cotangents):
+    dh, dw, nll, targets = residuals
+    ct = cotangents[0]  # the NLL and hit outputs are reported, not differentiated
+    zero_targets = np.zeros(targets.shape, dtype=jax.dtypes.float0)
+    return (dh * ct.astype(dh.dtype), dw * ct.astype(dw.dtype), zero_targets, nll * ct)
+
+
+_weighted_nll.defvjp(_weighted_nll_fwd, _weighted_nll_bwd)
+
+
+def fused_causal_lm_loss(
+    hidden_btd: jax.Array,
+    head: jax.Array,
+    targets_bt: jax.Array,
+    loss_mask_bt: jax.Array,
+    *,
+    vocab_major: bool,
+    normalize: str = "tokens",
+    chunk_len: int | None = None,
+    softcap: float | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """`causal_lm_loss(hidden @ head, targets, loss_mask)` without materialising the logits (module docstring).
+
+    Args:
+      hidden_btd: [batch, time, hidden] final-norm hidden states.
+      head: the LM head, [vocab, hidden] when `vocab_major` (a tied embedding table), else [hidden, vocab].
+      targets_bt, loss_mask_bt: [batch, time] next-token targets and 0/1 mask.
+      normalize: "tokens" (mean over supervised tokens) or "sequences" (mean of per-row means).
+      chunk_len: sequence positions per chunk (must divide time); None: the whole sequence at once.
+      softcap: final-logit soft-cap (Gemma 2), or None.
+
+    Returns:
+      (loss, metrics) with the keys and meaning of `causal_lm_loss`'s metrics.
+    """
+    b, t = targets_bt.shape
+    chunk = t if not chunk_len or chunk_len >= t else chunk_len
+    if t % chunk:
+        raise ValueError(f"chunk_len={chunk_len} must divide the sequence length {t}")
+    mask = loss_mask_bt.astype(jnp.float32)
+    tokens_b = jnp.sum(mask, axis=-1)
+    has_tokens_b = (tokens_b > 0).astype(jnp.float32)
+    num_sequences = jnp.sum(has_tokens_b)
+    num_tokens = jnp.sum(tokens_b)
+    if normalize == "tokens":
+        coef = mask / jnp.maximum(num_tokens, 1.0)
+    elif normalize == "sequences":
+        coef = mask / (jnp.maximum(tokens_b, 1.0) * jnp.maximum(num_sequences, 1.0))[:, None]
+    else:
+        raise ValueError(f"unknown normalization {normalize!r}")
+    loss, nll, hit = _weighted_nll(hidden_btd, head, targets_bt, coef, chunk, vocab_major, softcap)
+    nll, hit = jax.lax.stop_gradient(nll), jax.lax.stop_gradient(hit)
+    masked_nll = jnp.where(mask > 0, nll, 0.0)
+    metrics = {
+        "loss": loss,
+        "nll_sum": jnp.sum(masked_nll),
+        "num_tokens": num_tokens,
+        "num_sequences": num_sequences,
+        "token_accuracy": jnp.sum(jnp.where(mask > 0, hit, 0.0)) / jnp.maximum(num_tokens, 1.0),
+        "per_example_loss": jnp.sum(masked_nll, axis=-1) / jnp.maximum(tokens_b, 1.0),
+    }
+    return loss, metrics
+
+
+def lm_head_of(model: Any) -> tuple[jax.Array, bool]:
+    """(head weight in the model's compute dtype, vocab_major) of a tempax `Decoder`: the tied embedding table
+    [V, D] or the untied `lm_head` kernel [D, V]."""
+    dtype = jnp.dtype(model.config.dtype)
+    if model.lm_head is None:
+        return model.embed_tokens.embedding[...].astype(dtype), True
+    return model.lm_head.kernel[...].astype(dtype), False

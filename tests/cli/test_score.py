@@ -1,0 +1,94 @@
+"""`tempax score`: rates (prompt, response) pairs and preference pairs with a saved reward model; bad rows are
+skipped, counted and reported; user mistakes exit with status 2 and a message."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from tempax.algorithms.preference.reward_model import RewardModel, RewardScorer, load_reward_model, save_reward_model
+from tempax.cli.main import main as cli
+from tempax.cli.score import score_rows
+from tests.kit.models import tiny_tempax_model
+from tests.kit.tokenizers import tiny_chat_tokenizer
+
+SMALL = {"vocab_size": 400, "num_layers": 1, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1,
+         "head_dim": 16, "intermediate_size": 64}
+
+
+@pytest.fixture(scope="module")
+def rm_folder(tmp_path_factory):
+    tok = tiny_chat_tokenizer()
+    model = RewardModel(tiny_tempax_model("llama", **SMALL), rngs=nnx.Rngs(1))
+    return save_reward_model(model, str(tmp_path_factory.mktemp("score") / "rm"), tokenizer=tok.hf,
+                             extra={"max_length": 64})
+
+
+@pytest.fixture(scope="module")
+def scorer(rm_folder):
+    model, tok = load_reward_model(rm_folder)
+    return RewardScorer(model, tok, max_length=64, batch_size=4)
+
+
+def test_command_line_pairs_match_the_scorer(rm_folder, scorer, capsys):
+    code = cli(["score", rm_folder, "--prompt", "What is bread?", "--response", "Flour, water, salt and yeast.",
+                "--prompt", "Capital of France?", "--response", "Paris."])
+    assert code == 0
+    out, err = capsys.readouterr()
+    printed = [float(line.split("\t")[0]) for line in out.strip().splitlines()]
+    expected = scorer(["What is bread?", "Capital of France?"], ["Flour, water, salt and yeast.", "Paris."])
+    np.testing.assert_allclose(printed, expected, atol=1e-4)
+    assert json.loads(err.strip().splitlines()[-1])["num_scored"] == 2
+
+
+def test_input_file_with_pairs_singles_and_bad_rows(rm_folder, scorer, tmp_path, capsys):
+    rows = [
+        {"prompt": "hi", "response": "hello there"},
+        {"prompt": [{"role": "user", "content": "hi"}], "completion": "hey"},
+        {"prompt": "Say yes.", "chosen": "Yes.", "rejected": "No."},
+        {"chosen": "\n\nHuman: Hi\n\nAssistant: Hello!", "rejected": "\n\nHuman: Hi\n\nAssistant: Go away."},
+        {"prompt": "hi"},                                                      # no response: skipped
+        {"prompt": "hi", "chosen": "", "rejected": "no"},                      # empty response: skipped
+        {"chosen": "\n\nHuman: hello", "rejected": "\n\nHuman: hello again"},  # no assistant turn: skipped
+    ]
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{broken\n")
+    out_path = tmp_path / "out" / "scores.jsonl"
+    assert cli(["score", rm_folder, "--input", str(path), "--output", str(out_path)]) == 0
+    _, err = capsys.readouterr()
+    records = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert len(records) == 4
+    assert records[0]["score"] == pytest.approx(scorer(["hi"], ["hello there"])[0], abs=1e-4)
+    c, r = scorer(["Say yes.", "Say yes."], ["Yes.", "No."])
+    assert records[2]["chosen_score"] == pytest.approx(c, abs=1e-4)
+    assert records[2]["rejected_score"] == pytest.approx(r, abs=1e-4)
+    assert "skipped 4" in err and "missing_field" in err and "no_assistant_turn" in err and "empty_response" in err
+    summary = json.loads(err.strip().splitlines()[-1])
+    assert summary["num_scored"] == 2 and summary["num_pairs"] == 2 and 0.0 <= summary["accuracy"] <= 1.0
+
+
+def test_hh_dialogues_score_the_final_replies(scorer):
+    """An HH-RLHF row's prompt is the shared dialogue and each side's final assistant turn is what gets scored."""
+    dialogue = "\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Bake bread?\n\nAssistant: "
+    records, report, summary = score_rows(scorer, [{"chosen": dialogue + "Mix flour.", "rejected": dialogue + "No."}])
+    prompt = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+              {"role": "user", "content": "Bake bread?"}]
+    assert records[0]["chosen_score"] == pytest.approx(scorer([prompt], ["Mix flour."])[0], abs=1e-5)
+    assert report.kept == 1 and summary["num_pairs"] == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt", "a"], "pass them in pairs"),
+    ([], "nothing to score"),
+])
+def test_user_mistakes_exit_2_with_a_message(rm_folder, capsys, argv, message):
+    assert cli(["score", rm_folder, *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_folder_that_is_not_a_reward_model(tmp_path, capsys):
+    assert cli(["score", str(tmp_path), "--prompt", "a", "--response", "b"]) == 2
+    assert "not a tempax reward model" in capsys.readouterr().err

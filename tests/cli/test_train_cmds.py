@@ -1,0 +1,130 @@
+"""`tempax sft|pretrain|validate|plot|export` through the real CLI entry point, on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from tempax.cli.main import main
+from tests.kit.tokenizers import tiny_chat_tokenizer
+
+DIALOGUES = [
+    [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "Paris."}],
+    [{"role": "user", "content": "How do I bake bread?"}, {"role": "assistant", "content": "Mix flour and water."}],
+]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    tok = root / "tok"
+    tiny_chat_tokenizer().hf.save_pretrained(tok)
+    data = root / "train.jsonl"
+    with open(data, "w") as f:
+        for i in range(8):
+            f.write(json.dumps({"messages": DIALOGUES[i % 2]}) + "\n")
+    text = root / "text.jsonl"
+    with open(text, "w") as f:
+        for i in range(8):
+            f.write(json.dumps({"question": f"What is {i} + 1?", "answer": f"It is {i + 1}."}) + "\n")
+    recipe = root / "tiny_lora.yaml"
+    recipe.write_text(
+        f"""# A tiny LoRA SFT run for the CLI tests.
+# Run: tempax sft --config {recipe}
+model:
+  source: preset:tiny-llama
+  tokenizer: {tok}
+  overrides: {{vocab_size: 400, num_layers: 1}}
+lora:
+  rank: 4
+  alpha: 8
+  target_modules: [q_proj, v_proj]
+data:
+  path: {data}
+  packing: false
+train:
+  steps: 3
+  batch_size: 4
+  seq_len: 32
+  progress_bar: false
+  tensorboard: false
+  run_dir: {root / "run"}
+  mesh: {{num_devices: 1}}
+  optimizer: {{learning_rate: 0.05, schedule: constant}}
+"""
+    )
+    return root, recipe, text
+
+
+@pytest.fixture(scope="module")
+def trained(workspace):
+    root, recipe, _ = workspace
+    assert main(["sft", "--config", str(recipe), "train.steps=3"]) == 0
+    return root / "run"
+
+
+def test_sft_command_trains_and_writes_the_run_dir(trained):
+    lines = (trained / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(l)["step"] for l in lines] == [1, 2, 3]
+    assert os.path.isdir(trained / "checkpoints" / "3")
+    assert "tiny-llama" in (trained / "config.yaml").read_text()
+
+
+def test_unknown_key_names_it_and_its_neighbours(workspace, capsys):
+    _, recipe, _ = workspace
+    assert main(["sft", "--config", str(recipe), "train.optimizer.learnig_rate=1e-3"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'train.optimizer.learnig_rate'" in err and "train.optimizer.learning_rate" in err
+    assert main(["sft", "--config", str(recipe), "train.stpes=2"]) == 2
+    assert "'train.steps'" in capsys.readouterr().err
+
+
+def test_print_config_and_validate(workspace, capsys):
+    _, recipe, _ = workspace
+    assert main(["sft", "--config", str(recipe), "train.steps=7", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "steps: 7" in out and "rank: 4" in out
+    assert main(["validate", str(recipe)]) == 0
+    assert "valid `tempax sft` recipe" in capsys.readouterr().out
+    assert main(["validate", str(recipe), "data.path=/no/such/file.jsonl"]) == 2
+    assert "/no/such/file.jsonl" in capsys.readouterr().err
+
+
+def test_plot_writes_a_png(trained, capsys):
+    assert main(["plot", str(trained)]) == 0
+    path = capsys.readouterr().out.strip()
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_export_merges_adapters_into_a_hf_checkpoint(trained, tmp_path):
+    """The exported plain model gives the trained LoRA model's logits; the adapters-only export is PEFT-shaped."""
+    from tempax.cli.export import load_trained_model
+    from tempax.models.hf_io import load_hf_checkpoint
+    from tempax.models.lora import has_adapters
+
+    out = tmp_path / "hf"
+    assert main(["export", str(trained), str(out)]) == 0
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(out))
+    lora_model, _, meta = load_trained_model(str(trained))
+    assert meta["trainable"] == "adapters" and has_adapters(lora_model)
+    exported = load_hf_checkpoint(str(out))
+    tokens = jnp.asarray(np.arange(12, dtype=np.int32).reshape(2, 6) + 5)
+    assert_allclose(exported(tokens)[0], lora_model(tokens)[0], atol=1e-4)
+    assert main(["export", str(trained), str(tmp_path / "adapters"), "--adapters"]) == 0
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(tmp_path / "adapters"))
+
+
+def test_pretrain_command_on_text_fields(workspace, tmp_path):
+    _, recipe, text = workspace
+    run = tmp_path / "pt"
+    assert main(["pretrain", "--config", str(recipe), f"data.path={text}", "data.text_fields=[question, answer]",
+                 "data.format=text", "data.train_on=all", f"train.run_dir={run}", "train.steps=2", "lora=null",
+                 "train.checkpoint.save_at_end=false"]) == 0
+    records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and records[0]["num_tokens"] > 0
