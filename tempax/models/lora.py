@@ -24,9 +24,10 @@ jax 0.10.2 (bench-tiny, batch 8 x 256, rank 16, alpha 32, all 7 projections, flo
   * qwix adapters attach only to a kernel qwix itself quantized (its `find_param` looks for `nnx.Param` or its
     own `WithAux`), so the packed NF4 base rules out qwix adapters, and keeping one adapter implementation for
     LoRA and QLoRA keeps disable / merge / save / load written once.
-  * Speed: one jitted forward+backward+adamw step took {QWIX_TINY} s with qwix's LoRA and {HAND_TINY} s here
-    (the same matmuls, x W + ((x A) B) * alpha / r); compiled temp memory of the step was equal
-    (1377 MB plain LoRA, 1392 MB QLoRA, both dominated by the [8, 256, 32000] logits).
+  * Speed: no difference. One jitted forward+backward+adamw step (LoRA, float base) took a median 5.53
+    CPU-seconds with qwix and 5.67 here (4 interleaved steps each, on 2 cores shared at load 9, so wall times,
+    14.3 s and 14.5 s, mean little); both compute x W + ((x A) B) * alpha / r. Compiled temp memory of the step
+    was equal too (1377 MB LoRA, 1392 MB QLoRA, dominated by the [8, 256, 32000] logits).
   * From qwix's source: its adapter dropout is always on (`nnx.Dropout(rate, deterministic=False)`, no eval
     mode), and its adapters take the base parameter dtype, so with float32 parameters and bfloat16 compute it
     adds a float32 delta to each bfloat16 matmul output, promoting the residual stream to float32.
@@ -178,7 +179,7 @@ def _dotted(path: tuple[Any, ...]) -> str:
 
 
 def _projections(model: Decoder) -> list[tuple[tuple[Any, ...], nnx.Module]]:
-    """(path, layer) of every linear layer inside the decoder layers, in model order (the LM head is excluded)."""
+    """(path, layer) of every linear layer inside the decoder layers, in graph order (the LM head is excluded)."""
     out = []
     for path, module in nnx.iter_modules(model):
         # A LoraLinear's own base_layer is part of it, not a separate projection.
@@ -195,7 +196,7 @@ def _matches(pattern: str, path: tuple[Any, ...]) -> bool:
 
 
 def target_paths(model: Decoder, cfg: LoraConfig) -> list[tuple[Any, ...]]:
-    """Module paths of the layers `cfg.target_modules` selects, in model order."""
+    """Module paths of the layers `cfg.target_modules` selects, in graph order."""
     paths = [p for p, _ in _projections(model)]
     for pattern in cfg.target_modules:
         if not any(_matches(pattern, p) for p in paths):

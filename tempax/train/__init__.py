@@ -1,0 +1,63 @@
+"""The training core every algorithm shares (SFT, pre-training, DPO, reward models, GRPO, PPO, distillation).
+
+An algorithm supplies two things:
+
+    loss_fn(model, batch) -> (loss, metrics)
+        `batch` is a dict of arrays with a leading batch axis (one micro-batch); `loss` a scalar mean over it.
+        Put `metrics["loss_weight"]` = how much this micro-batch counts (e.g. its supervised token count) to make
+        gradient accumulation exact; metrics named `num_*` / `*_sum` are summed over micro-batches, other scalars
+        averaged with that weight, per-row arrays concatenated.
+    batches: an iterator of fixed-shape global host batches (dict of numpy arrays [batch_size, ...]); give it
+        `state()` / `restore(state)` (like `tempax.data.loader.BatchLoader`) and its position is checkpointed.
+
+and runs
+
+    trainer = Trainer(model, loss_fn, cfg.train, trainable=nnx.Param)   # or tempax.models.lora.lora_filter
+    result = trainer.fit(batches, hooks=[...], eval_batches=lambda: held_out_batches)
+
+The core owns the rest: the mesh and sharding (`cfg.train.mesh`), bf16 compute over float32 masters, remat, the
+memory plan, one jitted step with donation (gradients, micro-batch accumulation, clipping, AdamW + schedule,
+non-finite detection), Orbax checkpoints with resume, metrics (progress bar, metrics.jsonl, TensorBoard) and
+hooks with a cadence (`Hook`, `every(n, fn)`). `trainer.train_step(batch)` runs one step without the loop
+(benchmarks, custom loops such as GRPO's rollout/learn cycle).
+"""
+
+from tempax.train.checkpoint import Checkpointer
+from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
+from tempax.train.hooks import CheckpointHook, EvalHook, FunctionHook, Hook, LoggingHook, StepInfo, every
+from tempax.train.loop import Trainer, TrainingDiverged, TrainResult
+from tempax.train.memory import MemoryPlan, OutOfMemoryPlan, PlanInputs, plan_memory
+from tempax.train.metrics import MetricsWriter, read_metrics
+from tempax.train.state import ModelParts, TrainState, init_sharded
+from tempax.train.step import LOSS_WEIGHT, LossFn, make_eval_step, make_train_step
+
+__all__ = [
+    "LOSS_WEIGHT",
+    "CheckpointConfig",
+    "CheckpointHook",
+    "Checkpointer",
+    "EvalHook",
+    "FunctionHook",
+    "Hook",
+    "LoggingHook",
+    "LossFn",
+    "MemoryPlan",
+    "MeshConfig",
+    "MetricsWriter",
+    "ModelParts",
+    "OptimizerConfig",
+    "OutOfMemoryPlan",
+    "PlanInputs",
+    "StepInfo",
+    "TrainConfig",
+    "TrainResult",
+    "TrainState",
+    "Trainer",
+    "TrainingDiverged",
+    "every",
+    "init_sharded",
+    "make_eval_step",
+    "make_train_step",
+    "plan_memory",
+    "read_metrics",
+]

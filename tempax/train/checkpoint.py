@@ -44,6 +44,7 @@ class Checkpointer:
             cleanup_tmp_directories=True,  # a run killed mid-write leaves a temporary folder; drop it on restart
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self._started: set[int] = set()  # steps whose (possibly still running) save was started by this object
 
     # -- queries ----------------------------------------------------------------------------------------------
     def latest_step(self) -> int | None:
@@ -62,7 +63,7 @@ class Checkpointer:
         step, bad = (int(x) for x in jax.device_get((state.step, state.bad_step)))
         if bad >= 0:
             raise CheckpointError(f"refusing to save a checkpoint at step {step}: step {bad} was not finite")
-        if step in self.all_steps():
+        if step in self._started or step in self.all_steps():
             return step
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
@@ -72,6 +73,7 @@ class Checkpointer:
             meta=ocp.args.JsonSave(meta or {}),
         )
         self._manager.save(step, args=args, force=True)
+        self._started.add(step)
         return step
 
     def restore(self, target: TrainState, step: int | None = None) -> tuple[TrainState, dict[str, Any], dict[str, Any]]:

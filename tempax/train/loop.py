@@ -83,6 +83,8 @@ class Trainer:
       eval_loss_fn: loss used for evaluation (default `loss_fn`).
       checkpoint_meta: extra JSON stored with every checkpoint (e.g. the recipe).
       log: where set-up messages go (default stderr).
+      loss_chunk_len: for the memory plan: the loss materialises logits for this many positions per row at a
+        time (a chunked/fused loss); None: whole sequences.
     """
 
     def __init__(
@@ -96,8 +98,10 @@ class Trainer:
         eval_loss_fn: LossFn | None = None,
         checkpoint_meta: dict[str, Any] | None = None,
         log: Callable[[str], None] | None = None,
+        loss_chunk_len: int | None = None,
     ):
         self.config = config
+        self._loss_chunk_len = loss_chunk_len
         self.loss_fn = loss_fn
         self._say = log or (lambda text: print(text, file=sys.stderr))
         self.mesh = mesh if mesh is not None else config.mesh.build()
@@ -185,6 +189,7 @@ class Trainer:
             momentum=cfg.optimizer.momentum,
             frozen_bytes_per_param=(rest_bytes / frozen_count) if frozen_count and not self.full_finetune else None,
             mesh_shape=tuple(dict(self.mesh.shape).items()),
+            loss_chunk_len=self._loss_chunk_len,
         )
         capacity = mem.device_capacity(self.mesh.devices.flat) if cfg.check_memory or cfg.auto_micro_batch else None
         if cfg.auto_micro_batch and capacity is not None:

@@ -64,7 +64,7 @@ class MemoryPlan:
 
     def format(self) -> str:
         def g(x: int) -> str:
-            return f"{x / GiB:.2f} GiB"
+            return f"{x / GiB:.2f} GiB" if x >= GiB // 4 else f"{x / 2**20:.1f} MiB"
 
         cap = f" of {g(self.capacity)} available" if self.capacity else ""
         return (
@@ -90,7 +90,7 @@ class PlanInputs:
     momentum: float = 0.0
     frozen_bytes_per_param: float | None = None  # None: the model's param_dtype; 0.5625 for NF4 blocks of 64
     mesh_shape: tuple[tuple[str, int], ...] = ()
-    loss_chunk_tokens: int | None = None  # the loss materialises logits for this many tokens at a time
+    loss_chunk_len: int | None = None  # the loss materialises logits for this many positions per row at a time
 
 
 def plan_memory(p: PlanInputs, capacity: int | None = None) -> MemoryPlan:
@@ -126,7 +126,8 @@ def plan_memory(p: PlanInputs, capacity: int | None = None) -> MemoryPlan:
     else:
         per_layer, extra = d * a, full_layer
     activations = tokens * (per_layer * cfg.num_layers + extra + 4 * d * a)
-    logit_tokens = tokens if p.loss_chunk_tokens is None else min(tokens, p.loss_chunk_tokens)
+    rows = math.ceil(p.micro_batch_size / dp)
+    logit_tokens = tokens if p.loss_chunk_len is None else rows * min(p.seq_len, p.loss_chunk_len)
     logits = logit_tokens * cfg.vocab_size / tp * 12
     return MemoryPlan(
         weights=int(weights), compute_copy=int(compute_copy), gradients=int(grads), optimizer=int(opt),

@@ -129,3 +129,25 @@ def test_sequence_normalisation_weights_examples():
     assert float(metrics["loss_weight"]) == 3.0
     assert LossSpec().normalize == "tokens" and DataSpec().packing
     assert ModelSpec().source == "smollm2-135m-instruct"
+
+
+@pytest.mark.slow
+def test_qlora_with_bf16_compute_trains_only_adapters(tmp_path, tokenizer_dir):
+    """QLoRA (NF4 base) + bf16 compute: only lora_a / lora_b get optimizer state (float32 masters), the loss is
+    finite and falls, and the checkpoint holds just the adapters."""
+    data = _write_rows(tmp_path / "train.jsonl", [{"messages": m} for m in DIALOGUES])
+    cfg = _config(tmp_path, tokenizer_dir, data, steps=3, precision="bf16",
+                  checkpoint={"save_at_end": True, "async_save": False})
+    from tempax.configlib import to_dict
+
+    cfg = from_dict(SFTConfig, {**to_dict(cfg), "lora": {"rank": 4, "alpha": 8, "quantize_base": "nf4",
+                                                          "block_size": 16}})
+    result = main(cfg, log=lambda _: None)
+    keys = list(result.state.params)
+    assert keys and all(k.endswith(("lora_a", "lora_b")) for k in keys)
+    assert all(v.dtype == jnp.float32 for v in result.state.params.values())
+    assert np.all(np.isfinite(result.losses)) and result.losses[-1] < result.losses[0]
+    from tempax.train.checkpoint import Checkpointer
+
+    meta = Checkpointer(tmp_path / "run" / "checkpoints", async_save=False).read_meta()
+    assert meta["trainable"] == "adapters" and sorted(meta["keys"]) == sorted(keys)

@@ -134,3 +134,21 @@ def test_nonfinite_loss_stops_with_the_step_and_keeps_finite_params(tmp_path):
     assert_allclose(host(trainer.state.params)["table"], seen[1]["table"])
     assert sorted(trainer.checkpointer.all_steps()) == [2]
     trainer.close()
+
+
+@pytest.mark.slow
+def test_remat_gives_the_same_update_and_bf16_keeps_float32_masters(tiny_model_cfg):
+    """remat=full recomputes activations in the backward pass: same loss and gradients as no remat. bf16 compute
+    keeps float32 master weights and optimizer state, and its loss is close to the float32 one."""
+    batch = random_batch(8, 16, seed=3)
+    ref_m, ref_p = _one_step(tiny_model_cfg, batch)
+    remat_m, remat_p = _one_step(tiny_model_cfg, batch, remat="full")
+    assert_allclose(remat_m["loss"], ref_m["loss"], rtol=1e-6)
+    for key in ref_p:
+        assert_allclose(remat_p[key], ref_p[key], atol=1e-6, err_msg=key)
+    trainer = Trainer(_decoder(tiny_model_cfg), make_sft_loss(), tiny_train_config(precision="bf16"))
+    metrics = host(trainer.train_step(batch))
+    assert_allclose(metrics["loss"], ref_m["loss"], rtol=2e-2)
+    assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(trainer.state.params))
+    assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(trainer.state.opt_state) if v.ndim)
+    assert trainer.model.config.dtype == "bfloat16"

@@ -312,6 +312,7 @@ def main(cfg: SFTConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     trainer = Trainer(
         model, make_sft_loss(cfg.loss.normalize, fused=cfg.loss.fused, chunk_len=cfg.loss.chunk_len), cfg.train, trainable=trainable, mesh=mesh, log=say,
         checkpoint_meta={"algorithm": type(cfg).__name__, "model_source": cfg.model.source},
+        loss_chunk_len=cfg.loss.chunk_len if cfg.loss.fused else None,
     )
     try:
         result = trainer.fit(data.train, hooks=hooks, eval_batches=data.eval_loader)
