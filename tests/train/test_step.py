@@ -65,10 +65,22 @@ def _decoder(cfg, seed=0):
     return Decoder(cfg, rngs=nnx.Rngs(seed))
 
 
+_SHARED: dict = {}
+
+
+def _shared_decoder(cfg):
+    # Trainer never changes the arrays of the model it is given (it trains copies), so tests that neither set
+    # precision nor remat can share one eagerly initialised model.
+    if cfg not in _SHARED:
+        _SHARED[cfg] = _decoder(cfg)
+    return _SHARED[cfg]
+
+
 def _one_step(cfg, batch, **train_kw):
     # SGD at lr 1: the update is exactly minus the gradient, so comparing parameters compares gradients. (Adam's
     # m / sqrt(v) turns float rounding of a ~0 gradient into a +-lr step and would hide what is being tested.)
-    trainer = Trainer(_decoder(cfg), make_sft_loss(), tiny_train_config(optimizer=sgd(1.0), **train_kw))
+    model = _decoder(cfg) if train_kw.get("remat") or train_kw.get("precision") else _shared_decoder(cfg)
+    trainer = Trainer(model, make_sft_loss(), tiny_train_config(optimizer=sgd(1.0), **train_kw))
     metrics = host(trainer.train_step(batch))
     return metrics, host(trainer.state.params)
 
@@ -94,7 +106,7 @@ def test_sharded_step_matches_one_device(tiny_model_cfg, one_device_reference, m
         pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
     batch = random_batch(8, 16, seed=1)
     ref_m, ref_p = one_device_reference
-    trainer = Trainer(_decoder(tiny_model_cfg), make_sft_loss(),
+    trainer = Trainer(_shared_decoder(tiny_model_cfg), make_sft_loss(),
                       tiny_train_config(optimizer=sgd(1.0), mesh=MeshConfig(num_devices=8, **mesh)))
     metrics = host(trainer.train_step(batch))
     kernel = trainer.state.params["layers.0.mlp.up_proj.kernel"]
