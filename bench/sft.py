@@ -27,6 +27,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+LOAD_AT_START = [round(x, 2) for x in os.getloadavg()]
 ROOT = os.path.dirname(HERE)
 WORKLOADS = os.path.join(ROOT, "..", "shared", "bench", "workloads.json")
 
@@ -59,7 +60,7 @@ def measure(workload: str, size: str) -> dict:
     import numpy as np
     from flax import nnx
 
-    from tempax.algorithms.sft.trainer import make_sft_loss
+    from tempax.algorithms.sft.trainer import LossSpec, make_sft_loss
     from tempax.models.decoder import Decoder
     from tempax.models.presets import PRESETS
     from tempax.parallel import make_mesh
@@ -111,7 +112,9 @@ def measure(workload: str, size: str) -> dict:
         checkpoint=CheckpointConfig(save_at_end=False),
     )
     plan_lines: list[str] = []
-    trainer = Trainer(model, make_sft_loss(), train_cfg, trainable=trainable, mesh=mesh, log=plan_lines.append)
+    loss = LossSpec()  # the SFT recipe defaults: fused head + cross-entropy
+    trainer = Trainer(model, make_sft_loss(loss.normalize, fused=loss.fused, chunk_len=loss.chunk_len), train_cfg,
+                      trainable=trainable, mesh=mesh, log=plan_lines.append, loss_chunk_len=loss.chunk_len)
     del model
     times = []
     losses = []
@@ -144,7 +147,8 @@ def measure(workload: str, size: str) -> dict:
         "trainable_params": trainer.num_trainable,
         "first_loss": round(losses[0], 4),
         "last_loss": round(losses[-1], 4),
-        "load_average": os.getloadavg(),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        "load_average_at_start": LOAD_AT_START,
         "jax": jax.__version__,
         "devices": str(jax.devices()[0]),
     }

@@ -22,12 +22,13 @@ the zero-spread fraction in the metrics says how many groups carried no signal).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from tempax.algorithms.sft.trainer import ModelSpec
 
@@ -48,12 +49,12 @@ class DemoConfig:
     task: str = _help("arithmetic (generated problems, with SFT targets) or gsm8k (no SFT targets: SFT is skipped).",
                       "arithmetic")
     eval_problems: int = _help("Held-out problems evaluated greedily at each stage.", 64)
-    eval_max_new_tokens: int = _help("Generation budget of the evaluation.", 64)
-    sft_steps: int = _help("LoRA SFT warm-start steps (0: skip).", 12)
+    eval_max_new_tokens: int = _help("Generation budget of the evaluation (answers take <= 40 tokens).", 48)
+    sft_steps: int = _help("LoRA SFT warm-start steps (0: skip).", 10)
     sft_batch_size: int = _help("SFT rows per step (each packs ~2 problems).", 4)
     sft_seq_len: int = _help("SFT packed row length in tokens.", 256)
     sft_learning_rate: float = _help("SFT peak learning rate.", 2e-4)
-    steps: int = _help("GRPO optimizer steps.", 24)
+    steps: int = _help("GRPO optimizer steps.", 12)
     prompts_per_step: int = _help("GRPO prompts per step.", 2)
     group_size: int = _help("GRPO completions per prompt.", 8)
     max_new_tokens: int = _help("GRPO completion budget in tokens.", 48)
@@ -65,6 +66,7 @@ class DemoConfig:
     seed: int = _help("Seed of data generation, initialisation and sampling.", 0)
     run_dir: str | None = _help("Where everything is written; null: runs/demo-<date>-<time>.", None)
     progress_bar: bool = _help("Show training progress bars.", True)
+    compile_cache: bool = _help("Reuse compiled programs across runs ($TEMPAX_CACHE/jax).", True)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -93,6 +95,24 @@ class DemoResult:
     run_dir: str
     files: dict[str, str]
     table: str
+
+
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def enable_compile_cache() -> str:
+    """Keep compiled XLA programs in `$TEMPAX_CACHE/jax` so a second demo run skips compilation (minutes on CPU)."""
+    import jax
+
+    from tempax.models.tokenizer import cache_root
+
+    folder = os.path.join(cache_root(), "jax")
+    os.makedirs(folder, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
+    return folder
 
 
 def _sft_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -141,8 +161,8 @@ def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: DemoCon
     return merge_lora(trainer.model), last
 
 
-def plot_rewards(grpo_dir: str, out_path: str) -> str | None:
-    """The GRPO reward curves (and zero-spread fraction, entropy, lengths) as one PNG; None if it cannot draw."""
+def plot_rewards(grpo_dir: str, out_path: str) -> str:
+    """The GRPO reward curves (and zero-spread fraction, entropy, lengths) as one PNG at `out_path`."""
     from tempax.cli.plot import plot_run
 
     metrics = ("reward/total_mean", "reward/correctness_mean", "reward/format_mean", "groups/zero_spread_frac",
@@ -153,75 +173,51 @@ def plot_rewards(grpo_dir: str, out_path: str) -> str | None:
     return out_path
 
 
-def main(cfg: DemoConfig, *, say: Callable[[str], None] | None = None) -> DemoResult:
-    """Runs the three stages and prints the table (see the module docstring)."""
-    import numpy as np
+class Stopwatch:
+    """Wall and process-CPU seconds per named stage (`with watch("sft"): ...`).
+
+    On a shared machine wall time over-states what a quiet one needs; the CPU time says how much work it was.
+    """
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), _cpu_seconds()
+        try:
+            yield
+        finally:
+            self.wall[name] = time.perf_counter() - wall
+            self.cpu[name] = _cpu_seconds() - cpu
+
+
+def load_rows(cfg: DemoConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training rows, held-out rows) of the demo's task."""
+    from tempax.data.tasks import generate_arithmetic, load_gsm8k
+
+    if cfg.task == "arithmetic":
+        return (generate_arithmetic(cfg.train_problems, split="train", seed=cfg.seed),
+                generate_arithmetic(cfg.eval_problems, split="test", seed=cfg.seed))
+    return list(load_gsm8k("train", limit=cfg.train_problems)), list(load_gsm8k("test", limit=cfg.eval_problems))
+
+
+def run_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: DemoConfig, run_dir: str,
+             write: Callable[[str], None] | None = None) -> tuple[Any, Any]:
+    """GRPO with fresh LoRA adapters on `model` (the reference); returns (learner, GRPOResult)."""
     from flax import nnx
 
     from tempax.algorithms.grpo.config import GRPOSettings, RewardSpec
     from tempax.algorithms.grpo.learner import GRPOLearner
     from tempax.algorithms.grpo.rollout import PromptSampler, encode_prompts, round_up
     from tempax.algorithms.grpo.trainer import build_rewards
-    from tempax.data.tasks import generate_arithmetic, load_gsm8k
-    from tempax.eval.evaluate import EvalOptions, evaluate, format_table
-    from tempax.models.lora import LoraConfig, apply_lora, lora_filter, merge_lora
+    from tempax.models.lora import LoraConfig, apply_lora, lora_filter
     from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
 
-    say = say or (lambda text: print(text, flush=True))
-    t_start = time.perf_counter()
-    run_dir = cfg.run_dir or os.path.join("runs", time.strftime("demo-%Y%m%d-%H%M%S"))
-    os.makedirs(run_dir, exist_ok=True)
-    seconds: dict[str, float] = {}
-
-    def timed(name: str, t0: float) -> None:
-        seconds[name] = time.perf_counter() - t0
-
-    say(f"tempax demo: {cfg.model.source} on {cfg.task}; writing to {run_dir}")
-    t0 = time.perf_counter()
-    model, tokenizer = cfg.model.build(seed=cfg.seed)
-    timed("load", t0)
-    say(f"  loaded the model in {seconds['load']:.0f} s")
-
-    if cfg.task == "arithmetic":
-        train_rows = generate_arithmetic(cfg.train_problems, split="train", seed=cfg.seed)
-        held_rows = generate_arithmetic(cfg.eval_problems, split="test", seed=cfg.seed)
-    else:
-        train_rows = list(load_gsm8k("train", limit=cfg.train_problems))
-        held_rows = list(load_gsm8k("test", limit=cfg.eval_problems))
-    options = EvalOptions(max_new_tokens=cfg.eval_max_new_tokens, greedy=True, batch_size=cfg.eval_problems)
-    evaluations: list[tuple[str, Any]] = []
-
-    def run_eval(name: str, m: Any) -> Any:
-        t = time.perf_counter()
-        r = evaluate(m, tokenizer, held_rows, options)
-        timed(f"eval {name}", t)
-        evaluations.append((name, r))
-        say(f"  {name}: format {r.format_accuracy:.1%}, answer {r.answer_accuracy:.1%} "
-            f"on {len(held_rows)} held-out problems ({seconds[f'eval {name}']:.0f} s)")
-        return r
-
-    say("[1/3] base model")
-    run_eval("base model", model)
-
-    say("[2/3] SFT warm-start on the answer format")
-    has_targets = any(r.get("target") for r in train_rows)
-    if cfg.sft_steps and has_targets:
-        t0 = time.perf_counter()
-        model, _ = run_sft(model, tokenizer, train_rows, cfg, run_dir, say)
-        timed("sft", t0)
-        say(f"  trained in {seconds['sft']:.0f} s")
-        run_eval("after SFT", model)
-    else:
-        say("  skipped (" + ("--sft-steps 0" if not cfg.sft_steps else f"task {cfg.task} has no SFT targets") + ")")
-
-    say("[3/3] GRPO with strict format + correctness rewards")
-    t0 = time.perf_counter()
-    settings = GRPOSettings(
-        group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, beta=cfg.beta,
-        max_prompt_len=512, show_completion_every=0,
-    )
-    prompts, _ = encode_prompts(tokenizer, train_rows, max_prompt_len=settings.max_prompt_len)
-    prompt_len = round_up(max(len(p.ids) for p in prompts), 8)
+    settings = GRPOSettings(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+                            temperature=cfg.temperature, beta=cfg.beta, max_prompt_len=512)
+    prompts, _ = encode_prompts(tokenizer, rows, max_prompt_len=settings.max_prompt_len)
     train = TrainConfig(
         steps=cfg.steps, batch_size=cfg.prompts_per_step,
         optimizer=OptimizerConfig(learning_rate=cfg.learning_rate, schedule="constant", warmup_steps=0),
@@ -229,38 +225,105 @@ def main(cfg: DemoConfig, *, say: Callable[[str], None] | None = None) -> DemoRe
         run_dir=os.path.join(run_dir, "grpo"), progress_bar=cfg.progress_bar, check_memory=False, seed=cfg.seed,
     )
     policy = apply_lora(model, LoraConfig(rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank), rngs=nnx.Rngs(cfg.seed + 2))
-    reward_fn = build_rewards(RewardSpec(functions=("format", "correctness")))
-    learner = GRPOLearner(policy, tokenizer, reward_fn, settings, train, prompt_len=prompt_len,
+    learner = GRPOLearner(policy, tokenizer, build_rewards(RewardSpec(functions=("format", "correctness"))),
+                          settings, train, prompt_len=round_up(max(len(p.ids) for p in prompts), 8),
                           trainable=lora_filter, log=lambda text: None)
-    del policy
+    every = max(1, cfg.steps // 6)
+
+    def report(step: int, m: dict[str, float], rollout: Any) -> None:
+        if step % every == 0 or step == cfg.steps:
+            (write or learner.trainer.progress.write)(
+                f"  step {step:3d}/{cfg.steps}: reward {m['reward/total_mean']:.2f} (format "
+                f"{m['reward/format_mean']:.2f}, correct {m['reward/correctness_mean']:.2f}), groups without "
+                f"spread {m['groups/zero_spread_frac']:.0%}, entropy {m.get('entropy', float('nan')):.2f}, "
+                f"{m['perf/step_s']:.0f} s/step")
+
     try:
-        result = learner.run(PromptSampler(prompts, seed=cfg.seed))
+        result = learner.run(PromptSampler(prompts, seed=cfg.seed), on_step=report)
     finally:
         learner.trainer.close()
-    timed("grpo", t0)
+    return learner, result
+
+
+def main(cfg: DemoConfig, *, say: Callable[[str], None] | None = None) -> DemoResult:
+    """Runs the three stages and prints the table (see the module docstring)."""
+    say = say or (lambda text: print(text, flush=True))
+    watch = Stopwatch()
+    run_dir = cfg.run_dir or os.path.join("runs", time.strftime("demo-%Y%m%d-%H%M%S"))
+    os.makedirs(run_dir, exist_ok=True)
+    if cfg.compile_cache:
+        enable_compile_cache()
+    with watch("total"):
+        evaluations, result, held, files = _stages(cfg, run_dir, watch, say)
+    table = _report(cfg, evaluations, result, held, files, watch, run_dir, say)
+    return DemoResult(evaluations=evaluations, seconds=watch.wall, run_dir=run_dir, files=files, table=table)
+
+
+def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str], None]):
+    import numpy as np
+
+    from tempax.eval.evaluate import EvalOptions, evaluate
+    from tempax.models.lora import merge_lora
+
+    say(f"tempax demo: {cfg.model.source} on {cfg.task}; writing to {run_dir}")
+    with watch("load"):
+        model, tokenizer = cfg.model.build(seed=cfg.seed)
+    say(f"  loaded the model in {watch.wall['load']:.0f} s")
+    train_rows, held_rows = load_rows(cfg)
+    options = EvalOptions(max_new_tokens=cfg.eval_max_new_tokens, greedy=True, batch_size=cfg.eval_problems)
+    evaluations: list[tuple[str, Any]] = []
+
+    def run_eval(name: str, m: Any) -> None:
+        with watch(f"eval {name}"):
+            r = evaluate(m, tokenizer, held_rows, options)
+        evaluations.append((name, r))
+        say(f"  {name}: format {r.format_accuracy:.1%}, answer {r.answer_accuracy:.1%} "
+            f"on {len(held_rows)} held-out problems ({watch.wall[f'eval {name}']:.0f} s)")
+
+    say("[1/3] base model")
+    run_eval("base model", model)
+
+    say("[2/3] SFT warm-start on the answer format")
+    if cfg.sft_steps and any(r.get("target") for r in train_rows):
+        with watch("sft"):
+            model, _ = run_sft(model, tokenizer, train_rows, cfg, run_dir, say)
+        say(f"  trained in {watch.wall['sft']:.0f} s")
+        run_eval("after SFT", model)
+    else:
+        say("  skipped (" + ("--sft-steps 0" if not cfg.sft_steps else f"task {cfg.task} has no SFT targets") + ")")
+
+    say("[3/3] GRPO with strict format + correctness rewards")
+    with watch("grpo"):
+        learner, result = run_grpo(model, tokenizer, train_rows, cfg, run_dir)
     rewards = [m["reward/total_mean"] for _, m in result.history if "reward/total_mean" in m]
     zero = [m["groups/zero_spread_frac"] for _, m in result.history if "groups/zero_spread_frac" in m]
     split = {k: round(v) for k, v in result.seconds.items()}
-    say(f"  {cfg.steps} steps in {seconds['grpo']:.0f} s (generation {split['generation']} s, training "
+    say(f"  {cfg.steps} steps in {watch.wall['grpo']:.0f} s (generation {split['generation']} s, training "
         f"{split['train']} s); reward {np.mean(rewards[:3]):.2f} -> {np.mean(rewards[-3:]):.2f} (mean of first / "
         f"last 3 steps); groups without reward spread: {np.mean(zero):.0%}")
     run_eval("after GRPO", merge_lora(learner.model))
 
     files: dict[str, str] = {"metrics": os.path.join(run_dir, "grpo", "metrics.jsonl")}
     try:
-        path = plot_rewards(os.path.join(run_dir, "grpo"), os.path.join(run_dir, "reward_curve.png"))
-        if path:
-            files["reward_curve"] = path
+        files["reward_curve"] = plot_rewards(os.path.join(run_dir, "grpo"), os.path.join(run_dir, "reward_curve.png"))
     except Exception as e:  # a plotting problem must not hide the results
         say(f"  (could not draw the reward curve: {e})")
-    seconds["total"] = time.perf_counter() - t_start
+    return evaluations, result, held_rows, files
+
+
+def _report(cfg: DemoConfig, evaluations: list[tuple[str, Any]], result: Any, held_rows: list[Any],
+            files: dict[str, str], watch: Stopwatch, run_dir: str, say: Callable[[str], None]) -> str:
+    from tempax.eval.evaluate import format_table
+
     table = format_table(evaluations)
     files["results"] = os.path.join(run_dir, "results.json")
     with open(files["results"], "w") as f:
         json.dump({
             "config": dataclasses.asdict(cfg),
             "stages": {name: r.to_dict() for name, r in evaluations},
-            "seconds": seconds,
+            "seconds": watch.wall,
+            "cpu_seconds": watch.cpu,
+            "load_average": os.getloadavg(),
             "grpo_history": result.history,
             "examples": {name: [dataclasses.asdict(x) for x in r.greedy_records[:3]] for name, r in evaluations},
         }, f, indent=2, default=str)
@@ -268,8 +331,9 @@ def main(cfg: DemoConfig, *, say: Callable[[str], None] | None = None) -> DemoRe
     say(f"Held-out {cfg.task} problems ({len(held_rows)}, greedy decoding):")
     say(table)
     say("")
-    say(f"total {seconds['total']:.0f} s. Files: " + ", ".join(f"{k} {v}" for k, v in files.items()))
-    return DemoResult(evaluations=evaluations, seconds=seconds, run_dir=run_dir, files=files, table=table)
+    say(f"total {watch.wall['total']:.0f} s (process CPU time {watch.cpu['total']:.0f} s). Files: "
+        + ", ".join(f"{k} {v}" for k, v in files.items()))
+    return table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

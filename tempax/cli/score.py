@@ -60,7 +60,9 @@ def _parse_single(data: dict[str, Any]) -> tuple[Any, Any]:
     return prompt, reply
 
 
-def score_rows(scorer: Any, rows: list[Any], *, name: str = "<input>") -> tuple[list[dict[str, Any]], Any, dict[str, float]]:
+def score_rows(
+    scorer: Any, rows: list[Any], *, name: str = "<input>"
+) -> tuple[list[dict[str, Any]], Any, dict[str, float]]:
     """Scores dataset rows; returns (output records, DataReport, summary).
 
     A row with `chosen` and `rejected` is a preference pair (both sides scored, `chosen_score` /
@@ -120,7 +122,7 @@ def score_rows(scorer: Any, rows: list[Any], *, name: str = "<input>") -> tuple[
 
 
 def run(args: argparse.Namespace) -> int:
-    from tempax.algorithms.preference.reward_model import RewardScorer, load_reward_model, read_meta
+    from tempax.algorithms.preference.reward_model import RewardScorer
 
     if len(args.prompt) != len(args.response):
         raise ConfigError(f"got {len(args.prompt)} --prompt and {len(args.response)} --response; pass them in pairs")
@@ -128,9 +130,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("nothing to score: pass --prompt TEXT --response TEXT, or --input FILE")
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
-    model, tokenizer = load_reward_model(args.model)
-    max_length = args.max_length or int(read_meta(args.model).get("max_length", 1024))
-    scorer = RewardScorer(model, tokenizer, max_length=max_length, batch_size=args.batch_size, chat=not args.raw)
+    scorer = RewardScorer.from_folder(args.model, max_length=args.max_length, batch_size=args.batch_size,
+                                      chat=not args.raw)
 
     rows: list[Any] = [{"prompt": p, "response": r} for p, r in zip(args.prompt, args.response)]
     name = "command line"

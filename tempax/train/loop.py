@@ -74,7 +74,9 @@ class Trainer:
     """Runs `loss_fn` through the shared jitted train step (see the module docstring).
 
     Args:
-      model: an NNX model (normally a `tempax.models.decoder.Decoder`, possibly with LoRA adapters applied).
+      model: an NNX model (normally a `tempax.models.decoder.Decoder`, possibly with LoRA adapters applied). The
+        trainer copies its trainable arrays (drop your reference to free the originals); with
+        `precision: bf16` its layers are switched to bfloat16 compute in place.
       loss_fn: `loss_fn(model, batch) -> (loss, metrics)`; see `tempax.train.step`.
       config: the `TrainConfig`.
       trainable: NNX filter of the parameters that get gradients and optimizer state (`nnx.Param` by default,

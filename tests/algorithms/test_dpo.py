@@ -22,7 +22,6 @@ from tempax.algorithms.preference.batches import (
     annotated_pair_loader,
     compute_reference_logps,
     jit_sequence_logps,
-    pair_batches,
     pair_mask,
     pair_preference_loss,
 )
@@ -255,6 +254,10 @@ def test_lora_reference_holds_no_second_copy_of_the_weights(files, tmp_path):
     assert lora_bytes < base_bytes / 4
     copy_run, _ = runs["frozen_copy"]
     assert _param_bytes(copy_run.reference_model) >= base_bytes  # the copy is a whole second model
+    # ... and it scores like the untrained policy (B = 0), which is what adapters_off computes inside the loss.
+    eval_batch = copy_run.eval_batches()[0]
+    policy_logps, _ = jit_sequence_logps(run.trainer.model, adapters_off=True)(eval_batch)
+    np.testing.assert_allclose(eval_batch[REF_LOGPS], policy_logps, rtol=1e-5, atol=1e-4)
     extra = runs["frozen_copy"][1] - runs["adapters_off"][1]
     assert extra >= 0.9 * base_bytes, (extra, base_bytes)
 
@@ -350,3 +353,16 @@ def test_dpo_recipes_parse_and_say_how_to_run(path):
     text = open(path).read()
     assert text.startswith("#") and f"tempax dpo --config recipes/{os.path.basename(path)}" in text
     assert cfg.train.batch_size % 2 == 0
+
+
+def test_cli_prints_the_resolved_recipe_once_registered(capsys):
+    """`tempax dpo --config RECIPE --print-config` (needs the lead's row in tempax.cli.train_cmds.ALGORITHMS)."""
+    from tempax.cli.main import main as cli
+    from tempax.cli.train_cmds import ALGORITHMS
+
+    if "dpo" not in ALGORITHMS:
+        pytest.skip("`tempax dpo` is not registered in tempax.cli.train_cmds.ALGORITHMS yet")
+    recipe = os.path.join(ROOT, "recipes", "dpo_smollm2_lora.yaml")
+    assert cli(["dpo", "--config", recipe, "--print-config", "dpo.loss=simpo", "dpo.beta=2.0"]) == 0
+    printed = capsys.readouterr().out
+    assert "loss: simpo" in printed and "reference: adapters_off" in printed

@@ -21,6 +21,7 @@ from tempax.algorithms.preference.reward_model import (
     RewardScorer,
     last_token_index,
     load_reward_model,
+    reward_model_reward,
     save_reward_model,
 )
 from tempax.algorithms.preference.reward_trainer import RewardModelConfig, main, prepare
@@ -170,7 +171,8 @@ def test_reward_model_learns_a_synthetic_preference(files, tmp_path, tok, varian
     folder = result.extras["reward_model_dir"]
     assert os.path.isfile(os.path.join(folder, "score.safetensors"))
 
-    scorer = RewardScorer.from_folder(folder, max_length=SEQ, batch_size=8)
+    scorer = reward_model_reward(folder, batch_size=8)  # what PPO / combine_rewards would call
+    assert scorer.max_length == SEQ  # read from reward_model.json
     test_rows = [json.loads(l) for l in open(files["test"])]
     chosen = scorer([r["prompt"] for r in test_rows], [r["chosen"] for r in test_rows])
     rejected = scorer([r["prompt"] for r in test_rows], [r["rejected"] for r in test_rows])
@@ -196,7 +198,7 @@ def test_save_load_roundtrip_and_scorer_renders_like_training(tmp_path, tok):
     """save -> load gives bit-identical rewards; the scorer tokenises (prompt, response) exactly like the training
     pairs' chosen side; and it plugs into `combine_rewards` as a reward function."""
     model = tiny_reward_model(seed=3)
-    folder = save_reward_model(model, str(tmp_path / "rm"), tokenizer=tok.hf, extra={"max_length": SEQ})
+    folder = save_reward_model(model, str(tmp_path / "rm"), tokenizer=tok, extra={"max_length": SEQ})
     loaded, loaded_tok = load_reward_model(folder)
     rows = synthetic_rows(5, seed=9)
     pairs, _ = tokenize_preference_rows(rows, tok, PreferenceOptions(max_length=SEQ))
@@ -223,3 +225,15 @@ def test_reward_model_recipes_parse_and_say_how_to_run(path):
     text = open(path).read()
     assert text.startswith("#") and f"tempax reward-model --config recipes/{os.path.basename(path)}" in text
     assert cfg.train.batch_size % 2 == 0
+
+
+def test_cli_prints_the_resolved_recipe_once_registered(capsys):
+    """`tempax reward-model --config RECIPE --print-config` (needs the lead's row in train_cmds.ALGORITHMS)."""
+    from tempax.cli.main import main as cli
+    from tempax.cli.train_cmds import ALGORITHMS
+
+    if "reward-model" not in ALGORITHMS:
+        pytest.skip("`tempax reward-model` is not registered in tempax.cli.train_cmds.ALGORITHMS yet")
+    recipe = os.path.join(ROOT, "recipes", "reward_model_smollm2_lora.yaml")
+    assert cli(["reward-model", "--config", recipe, "--print-config", "reward.margin=0.5"]) == 0
+    assert "margin: 0.5" in capsys.readouterr().out

@@ -139,8 +139,8 @@ def check_enough_pairs(pairs: list[Any], per_batch: int, name: str) -> None:
         )
 
 
-BEFORE_AFTER_KEYS = ("accuracy", "mean_logp_accuracy", "reward_margin", "chosen_reward", "rejected_reward", "chosen_logps",
-                     "rejected_logps", "loss")
+BEFORE_AFTER_KEYS = ("accuracy", "mean_logp_accuracy", "reward_margin", "chosen_reward", "rejected_reward",
+                     "chosen_logps", "rejected_logps", "loss")
 
 
 def before_after_table(before: dict[str, float], after: dict[str, float], *, title: str) -> str:

@@ -129,25 +129,32 @@ class RewardLoss:
 # ---------------------------------------------------------------------------------------------- save / load
 
 
-def save_reward_model(model: RewardModel, folder: str, *, tokenizer: Any = None, merged_backbone: Decoder | None = None,
-                      extra: dict[str, Any] | None = None) -> str:
+def save_reward_model(
+    model: RewardModel, folder: str, *, tokenizer: Any = None, extra: dict[str, Any] | None = None
+) -> str:
     """Writes the folder described in the module docstring.
+
+    A backbone with LoRA adapters (or a quantized QLoRA base) is saved merged — W + (alpha / r) A B, dequantized —
+    so the folder is a plain checkpoint that loads without knowing how it was trained.
 
     Args:
       model: the reward model.
       folder: where to write (created).
-      tokenizer: saved next to the weights so the folder is self-contained.
-      merged_backbone: the backbone with LoRA adapters merged into plain weights, when the model's has
-        adapters (a plain `Decoder` is saved as is).
-      extra: more fields for reward_model.json (e.g. the max length it was trained at).
+      tokenizer: a `Tokenizer` (or Hugging Face tokenizer) saved next to the weights, so the folder is
+        self-contained.
+      extra: more fields for reward_model.json (e.g. `max_length`, the length it was trained at).
     """
     from safetensors.numpy import save_file
 
     from tempax.models.hf_io import save_hf_checkpoint
+    from tempax.models.lora import LoraLinear, merge_lora
+    from tempax.models.quant import QuantizedLinear
 
+    backbone = model.backbone
+    if any(isinstance(m, (LoraLinear, QuantizedLinear)) for _, m in nnx.iter_modules(backbone)):
+        backbone = merge_lora(backbone)
     os.makedirs(folder, exist_ok=True)
-    save_hf_checkpoint(merged_backbone if merged_backbone is not None else model.backbone, folder,
-                       tokenizer=tokenizer)
+    save_hf_checkpoint(backbone, folder, tokenizer=tokenizer)
     kernel = np.asarray(jax.device_get(model.score.kernel[...]), np.float32)  # [D, 1]
     save_file({"score.weight": np.ascontiguousarray(kernel.T)}, os.path.join(folder, HEAD_FILE))
     meta = {"format": FORMAT, "version": FORMAT_VERSION, "pooling": "last_token", "hidden_size": kernel.shape[0]}
@@ -241,7 +248,9 @@ class RewardScorer:
     def __init__(self, model: RewardModel, tokenizer: Any, *, max_length: int = 1024, batch_size: int = 8,
                  chat: bool = True):
         if max_length < 2 or batch_size < 1:
-            raise ConfigError(f"reward scorer needs max_length >= 2 and batch_size >= 1, got {max_length}, {batch_size}")
+            raise ConfigError(
+                f"reward scorer needs max_length >= 2 and batch_size >= 1, got {max_length} and {batch_size}"
+            )
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.batch_size = batch_size
@@ -256,9 +265,11 @@ class RewardScorer:
         self._run = run
 
     @classmethod
-    def from_folder(cls, folder: str, **kwargs: Any) -> "RewardScorer":
+    def from_folder(cls, folder: str, *, max_length: int | None = None, **kwargs: Any) -> "RewardScorer":
+        """A scorer for a saved reward model; `max_length` defaults to the length it was trained at."""
+        max_length = max_length or int(read_meta(folder).get("max_length", 1024))
         model, tokenizer = load_reward_model(folder)
-        return cls(model, tokenizer, **kwargs)
+        return cls(model, tokenizer, max_length=max_length, **kwargs)
 
     def encode(self, prompt: str | list[dict[str, Any]], completion: str | list[dict[str, Any]]) -> list[int]:
         """Token ids of one (prompt, completion): strings are one user / one assistant turn, lists are messages."""
@@ -291,3 +302,9 @@ class RewardScorer:
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
         return self.score_ids([self.encode(p, c) for p, c in zip(prompts, completions)])
+
+
+def reward_model_reward(folder: str, **kwargs: Any) -> RewardScorer:
+    """The reward function `(prompts, completions, **columns) -> list[float]` of a saved reward model (for PPO,
+    best-of-n or `tempax.rewards.combine_rewards`); keywords go to `RewardScorer`."""
+    return RewardScorer.from_folder(folder, **kwargs)

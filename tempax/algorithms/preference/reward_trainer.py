@@ -159,12 +159,7 @@ def prepare(cfg: RewardModelConfig, *, log: Callable[[str], None] | None = None)
 
 def save_trained(run: RewardRun, folder: str, *, max_length: int) -> str:
     """Saves the trainer's current reward model (adapters merged into the backbone) to `folder`."""
-    from tempax.models.lora import has_adapters, merge_lora
-
-    model: RewardModel = run.trainer.model
-    merged = merge_lora(model.backbone) if has_adapters(model.backbone) else None
-    return save_reward_model(model, folder, tokenizer=run.tokenizer, merged_backbone=merged,
-                             extra={"max_length": max_length})
+    return save_reward_model(run.trainer.model, folder, tokenizer=run.tokenizer, extra={"max_length": max_length})
 
 
 def main(cfg: RewardModelConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:

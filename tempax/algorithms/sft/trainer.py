@@ -314,6 +314,7 @@ def main(cfg: SFTConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
         checkpoint_meta={"algorithm": type(cfg).__name__, "model_source": cfg.model.source},
         loss_chunk_len=cfg.loss.chunk_len if cfg.loss.fused else None,
     )
+    del model  # the trainer holds its own copies; do not keep a second set of weights alive during training
     try:
         result = trainer.fit(data.train, hooks=hooks, eval_batches=data.eval_loader)
     finally:
