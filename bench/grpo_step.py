@@ -33,12 +33,12 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SHARED = os.path.join(ROOT, "..", "shared", "bench")
-WORKLOADS = os.path.join(SHARED, "workloads.json")
+# The shared benchmark folder (workloads.json, tokenizers/); TEMPAX_BENCH_SHARED points elsewhere (a copy).
+SHARED = os.environ.get("TEMPAX_BENCH_SHARED") or os.path.join(ROOT, "..", "shared", "bench")
 
 
 def load_spec() -> dict:
-    with open(WORKLOADS) as f:
+    with open(os.path.join(SHARED, "workloads.json")) as f:
         return json.load(f)
 
 
@@ -119,6 +119,7 @@ def measure(size: str) -> dict:
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "load_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "jax": jax.__version__,
+        "device": str(jax.devices()[0]),
     }
 
 

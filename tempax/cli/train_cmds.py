@@ -17,10 +17,9 @@ from typing import Any, Callable
 ALGORITHMS: dict[str, tuple[str, str, str]] = {
     "sft": ("tempax.algorithms.sft.trainer", "SFTConfig", "main"),
     "pretrain": ("tempax.algorithms.sft.trainer", "PretrainConfig", "main"),
-    # Filled in by their algorithms as they land (same shape):
-    # "dpo": ("tempax.algorithms.preference.trainer", "DPOConfig", "main"),
-    # "reward-model": ("tempax.algorithms.preference.reward_trainer", "RewardModelConfig", "main"),
-    # "grpo": ("tempax.algorithms.grpo.trainer", "GRPOConfig", "main"),
+    "dpo": ("tempax.algorithms.preference.trainer", "DPOConfig", "main"),
+    "reward-model": ("tempax.algorithms.preference.reward_trainer", "RewardModelConfig", "main"),
+    "grpo": ("tempax.algorithms.grpo.trainer", "GRPOConfig", "main"),
 }
 
 

@@ -360,6 +360,10 @@ class DecodeRun:
         r = self.rows
         return np.asarray(self._state.tokens)[:r, : self._step], np.asarray(self._state.lengths)[:r]
 
+    def done(self) -> np.ndarray:
+        """[R] bool: rows that have finished (stop token, or marked done)."""
+        return self._done_host[: self.rows].copy()
+
     def mark_done(self, rows: np.ndarray) -> None:
         """Stops the rows where `rows` [R] is true (e.g. a stop string appeared); they generate nothing more."""
         done = self._done_host.copy()

@@ -172,9 +172,11 @@ def generate(
 
 
 def _rows_with_stop(run: DecodeRun, decode, stops: Sequence[str]) -> np.ndarray:
+    """Rows still running whose text so far contains a stop string."""
     tokens, lengths = run.tokens()
+    done = run.done()
     hit = np.zeros(len(lengths), bool)
-    for r in range(len(lengths)):
+    for r in np.flatnonzero(~done):
         hit[r] = find_stop(decode(tokens[r, : lengths[r]]), stops) is not None
     return hit
 

@@ -17,6 +17,9 @@ Gumbel draw costs more than the rest of sampling). The cumulative sum is taken i
 `_BLOCK` entries, then inside the chosen block) so it stays O(V) and short.
 
 Sorting the vocabulary is only needed for top-p without top-k; greedy, plain temperature and min-p never sort.
+
+Filters: top-k (Fan et al. 2018, arXiv:1805.04833), nucleus / top-p (Holtzman et al. 2019, arXiv:1904.09751),
+min-p (Nguyen et al. 2024, arXiv:2407.01082).
 """
 
 from __future__ import annotations

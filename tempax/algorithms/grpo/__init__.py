@@ -1,4 +1,13 @@
-"""Group-relative policy optimisation (GRPO, Dr. GRPO, DAPO, GSPO) and PPO building blocks."""
+"""Group-relative policy optimisation (GRPO, Dr. GRPO, DAPO, GSPO) and PPO building blocks.
+
+    losses.py   pure math: group advantages, clipped surrogate, GSPO ratio, k3 KL, aggregation, grpo_loss
+    config.py   GRPOConfig (recipe) and GRPOSettings (the algorithm knobs and variants)
+    rollout.py  prompts -> groups of completions -> rewards -> advantages -> a fixed-shape batch
+    learner.py  the loss function for the shared train step and the rollout/update driver (GRPOLearner)
+    trainer.py  main(GRPOConfig): `tempax grpo --config RECIPE.yaml`
+
+The learner, config and trainer names are imported lazily (they pull in the training core and the generator).
+"""
 
 from tempax.algorithms.grpo.losses import (
     AGGREGATION_MODES,
@@ -15,6 +24,23 @@ from tempax.algorithms.grpo.losses import (
     overlong_penalty,
 )
 
+_LAZY = {
+    "GRPOConfig": "config", "GRPOSettings": "config", "VARIANTS": "config",
+    "GRPOLearner": "learner", "GRPOResult": "learner", "completion_logprobs": "learner", "make_grpo_loss": "learner",
+    "PromptSampler": "rollout", "Rollout": "rollout", "build_batch": "rollout", "encode_prompts": "rollout",
+    "sample_rollout": "rollout",
+    "main": "trainer",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"tempax.algorithms.grpo.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'tempax.algorithms.grpo' has no attribute {name!r}")
+
+
 __all__ = [
     "AGGREGATION_MODES",
     "IMPORTANCE_LEVELS",
@@ -28,4 +54,5 @@ __all__ = [
     "gspo_sequence_ratio",
     "kl_k3",
     "overlong_penalty",
+    *_LAZY,
 ]

@@ -272,7 +272,7 @@ def prepare(cfg: DPOConfig, *, log: Callable[[str], None] | None = None) -> DPOR
     elif mode == "frozen_copy":
         say("reference: a frozen copy of the initial model scores each batch (twice the weight memory)")
         reference_model = _frozen_copy(model)
-        fn = jit_sequence_logps(reference_model)
+        fn = jit_sequence_logps(reference_model, adapters_off=cfg.lora is not None)  # no adapter dropout either
 
         def collate(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             batch[REF_LOGPS] = fn(batch)[0].astype(np.float32)

@@ -78,8 +78,6 @@ def _weighted_nll(h, w, targets, coef, chunk, vocab_major, softcap):
 
 
 def _weighted_nll_fwd(h, w, targets, coef, chunk, vocab_major, softcap):
-    v = w.shape[0] if vocab_major else w.shape[1]
-
     def body(dw, xs):
         hc, tc, cc = xs
         z, y, lse, zt, m = _chunk_stats(hc, w, tc, vocab_major, softcap)
@@ -100,7 +98,6 @@ def _weighted_nll_fwd(h, w, targets, coef, chunk, vocab_major, softcap):
     dw0 = jnp.zeros(w.shape, jnp.float32)
     dw, (nll, hit, dh) = jax.lax.scan(body, dw0, (_split(h, chunk), _split(targets, chunk), _split(coef, chunk)))
     nll, hit, dh = _unsplit(nll), _unsplit(hit), _unsplit(dh)
-    del v
     return (jnp.sum(coef * nll), nll, hit), (dh, dw.astype(w.dtype), nll, targets)
 
 
