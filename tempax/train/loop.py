@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from tempax.errors import TempaxError
 from tempax.parallel.rules import batch_sharding, use_mesh
@@ -359,7 +359,7 @@ class Trainer:
                     if step == resumed_from + 1:
                         # The first step includes compilation; start the throughput clock after it.
                         jax.block_until_ready(self.state.step)
-                        logging_hook.reset_clock(step - 1)
+                        logging_hook.reset_clock(step)
                     self.progress.update(1)
                     due = [h for h in all_hooks if h.due(step, is_last)]
                     if due:

@@ -17,7 +17,7 @@ from flax import nnx
 from tempax.algorithms.grpo.config import GRPOConfig, GRPOSettings, VARIANTS
 from tempax.algorithms.grpo.learner import (
     GRPOLearner,
-    _logprobs_no_grad,
+    logprobs_no_grad,
     completion_logprobs,
     make_grpo_loss,
 )
@@ -182,7 +182,7 @@ def test_first_pass_ratio_is_one_because_sampling_and_training_logprobs_agree(mo
     batch = build_batch(ro, prompt_len=24, pad_id=tok.pad_id, with_old_logp=True)
     graphdef, state = nnx.split(model)
     inputs = {k: jnp.asarray(v) for k, v in batch.items() if k not in ("advantages", "old_logp")}
-    logp = np.asarray(_logprobs_no_grad(graphdef, state, inputs, jnp.float32(0.7)))
+    logp = np.asarray(logprobs_no_grad(graphdef, state, inputs, jnp.float32(0.7)))
     m = batch["completion_mask"] > 0
     np.testing.assert_allclose(logp[m], batch["old_logp"][m], atol=2e-5)
     _, metrics = grpo_loss(jnp.asarray(logp).reshape(8, 8), jnp.asarray(batch["old_logp"]).reshape(8, 8), None,
@@ -191,7 +191,7 @@ def test_first_pass_ratio_is_one_because_sampling_and_training_logprobs_agree(mo
     assert float(metrics["ratio_mean"]) == pytest.approx(1.0, abs=1e-4)
     assert float(metrics["clip_frac"]) == 0.0
     # At tau = 1 the training log-probs differ (the sampler's are temperature-adjusted): the alignment is real.
-    logp1 = np.asarray(_logprobs_no_grad(graphdef, state, inputs, jnp.float32(1.0)))
+    logp1 = np.asarray(logprobs_no_grad(graphdef, state, inputs, jnp.float32(1.0)))
     assert np.abs(logp1[m] - batch["old_logp"][m]).max() > 1e-3
 
 

@@ -129,3 +129,16 @@ def test_row_streams_do_not_depend_on_the_batch():
         assert u_batch[2] == u_alone[0]
         assert len(set(u_batch.tolist())) == 3 and np.all((u_batch > 0) & (u_batch <= 1))
     assert jax.random.key_data(batch).shape[0] == 3
+
+
+def test_sampled_frequencies_match_probabilities():
+    """4000 rows with their own random streams sample from p = [0.4, 0.3, 0.15, 0.1, 0.05]; each frequency is
+    within 0.03 of p (the standard deviation of a frequency is at most sqrt(0.25 / 4000) = 0.008: 3.8 sigma)."""
+    p = np.asarray([0.4, 0.3, 0.15, 0.1, 0.05])
+    rows = 4000
+    keys = row_keys(11, jnp.arange(rows), jnp.zeros(rows, jnp.int32))
+    u = row_uniforms(keys, jnp.int32(0))
+    logits = jnp.broadcast_to(jnp.log(jnp.asarray(p, jnp.float32)), (rows, 5))
+    tok, _, _ = sample_from_logits(logits, u, SamplerSpec(), temperature=1.0)
+    freq = np.bincount(np.asarray(tok), minlength=5) / rows
+    assert np.abs(freq - p).max() < 0.03, freq

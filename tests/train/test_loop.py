@@ -6,7 +6,6 @@ import json
 import os
 
 import numpy as np
-import pytest
 from numpy.testing import assert_allclose
 
 from tempax.algorithms.sft.trainer import make_sft_loss

@@ -15,7 +15,7 @@ from tempax.models.decoder import Decoder
 from tempax.models.presets import PRESETS
 from tempax.train.config import MeshConfig, OptimizerConfig
 from tempax.train.loop import Trainer, TrainingDiverged
-from tests.train.helpers import LN2, LN3, LN4, hand_batch, host, random_batch, table_lm, tiny_train_config
+from tests.train.helpers import hand_batch, host, random_batch, table_lm, tiny_train_config
 
 from flax import nnx
 

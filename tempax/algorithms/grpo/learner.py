@@ -135,8 +135,9 @@ def make_grpo_loss(settings: GRPOSettings) -> Callable[[nnx.Module, Batch], tupl
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def _logprobs_no_grad(graphdef: Any, state: Any, batch: Batch, temperature: jax.Array | float) -> jax.Array:
-    # The temperature is traced: one executable serves every temperature.
+def logprobs_no_grad(graphdef: Any, state: Any, batch: Batch, temperature: jax.Array | float) -> jax.Array:
+    """`completion_logprobs` of `nnx.merge(graphdef, state)` without gradients; the temperature is traced, so one
+    executable serves every temperature."""
     return completion_logprobs(nnx.merge(graphdef, state), batch, temperature=temperature)[0]
 
 
@@ -219,6 +220,22 @@ class GRPOLearner:
             checkpoint_meta={"algorithm": "GRPO", **(checkpoint_meta or {})},
         )
         self.rollouts_done = 0
+        # No-grad forward passes of (trainable params, frozen rest, batch), jitted once like the train step (no
+        # per-call split of the model or hashing of its graph).
+        parts, temperature = self.trainer.parts, settings.temperature
+
+        def policy(params: Any, rest: Any, batch: Batch) -> jax.Array:
+            return completion_logprobs(parts.merge(params, rest), batch, temperature=temperature)[0]
+
+        def adapters_off(params: Any, rest: Any, batch: Batch) -> jax.Array:
+            from tempax.models.lora import disable_adapters
+
+            model = parts.merge(params, rest)
+            with disable_adapters(model):  # a static switch: the trace computes the base model
+                return completion_logprobs(model, batch, temperature=temperature)[0]
+
+        self._policy_logprobs = jax.jit(policy)
+        self._base_logprobs = jax.jit(adapters_off)
 
     # -- pieces ---------------------------------------------------------------------------------------------
     @property
@@ -226,35 +243,31 @@ class GRPOLearner:
         """The current policy."""
         return self.trainer.model
 
-    def _chunked_logprobs(self, graphdef: Any, state: Any, batch: dict[str, np.ndarray]) -> np.ndarray:
-        """No-grad log-probs [P, G, T], micro-batch by micro-batch (bounded [rows, T, vocab] logits)."""
+    def _chunked(self, fn: Callable[[dict[str, jax.Array]], jax.Array], batch: dict[str, np.ndarray]) -> np.ndarray:
+        """fn over the batch micro-batch by micro-batch (bounded [rows, T, vocab] logits) -> [P, G, T]."""
         keys = ("prompt_tokens", "prompt_segments", "completion_tokens", "completion_mask")
         p = batch["prompt_tokens"].shape[0]
         step = self.trainer.micro_batch_size
         out = []
         with use_mesh(self.trainer.mesh):
             for start in range(0, p, step):
-                part = {k: batch[k][start:start + step] for k in keys}
-                out.append(np.asarray(_logprobs_no_grad(
-                    graphdef, state, self.trainer.put_batch(part), jnp.float32(self.settings.temperature)
-                )))
+                part = self.trainer.put_batch({k: batch[k][start:start + step] for k in keys})
+                out.append(np.asarray(fn(part)))
         return np.concatenate(out, axis=0)
 
     def reference_logprobs(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """log p_tau of the completions under the frozen reference (base with adapters off, or the copy)."""
         if self._reference is not None:
-            return self._chunked_logprobs(*self._reference, batch)
-        from tempax.models.lora import disable_adapters
-
-        model = self.trainer.model
-        with disable_adapters(model):
-            graphdef, state = nnx.split(model)
-        return self._chunked_logprobs(graphdef, state, batch)
+            graphdef, state = self._reference
+            tau = jnp.float32(self.settings.temperature)
+            return self._chunked(lambda b: logprobs_no_grad(graphdef, state, b, tau), batch)
+        params, rest = self.trainer.state.params, self.trainer.rest
+        return self._chunked(lambda b: self._base_logprobs(params, rest, b), batch)
 
     def policy_logprobs(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """log p_tau of the completions under the current policy (no gradient)."""
-        graphdef, state = nnx.split(self.trainer.model)
-        return self._chunked_logprobs(graphdef, state, batch)
+        params, rest = self.trainer.state.params, self.trainer.rest
+        return self._chunked(lambda b: self._policy_logprobs(params, rest, b), batch)
 
     def rollout(self, sampler: PromptSampler) -> Rollout:
         """One step's rollout of `train.batch_size` groups (with dynamic sampling, several rounds)."""

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from tempax.algorithms.sft.fused import fused_causal_lm_loss, lm_head_of
@@ -262,13 +261,15 @@ def build_data(cfg: SFTConfig, tokenizer: Any, rows: list[Any] | None = None) ->
     train = sft_loader(examples, batch_size=t.batch_size, seq_len=t.seq_len, pad_id=pad, packing=d.packing,
                        seed=t.seed, shuffle=d.shuffle)
     eval_examples: list[Any] = []
-    eval_loader = None
+    eval_loader: Callable[[], Any] | None = None
     if eval_rows:
         eval_examples, _ = tokenize_rows(eval_rows, tokenizer, options, name=f"{d.path} (held out)", check=False)
         if eval_examples:
-            def eval_loader() -> Any:
+            def held_out() -> Any:  # a fresh single pass over the held-out rows, in order, for each evaluation
                 return sft_loader(eval_examples, batch_size=t.batch_size, seq_len=t.seq_len, pad_id=pad,
                                   packing=d.packing, shuffle=False, num_epochs=1, drop_remainder=False)
+
+            eval_loader = held_out
     return SFTData(train=train, eval_examples=eval_examples, report=report, eval_loader=eval_loader)
 
 
