@@ -53,7 +53,7 @@ class DemoConfig:
     sft_steps: int = _help("LoRA SFT warm-start steps (0: skip).", 10)
     sft_batch_size: int = _help("SFT rows per step (each packs ~2 problems).", 4)
     sft_seq_len: int = _help("SFT packed row length in tokens.", 256)
-    sft_learning_rate: float = _help("SFT peak learning rate.", 2e-4)
+    sft_learning_rate: float = _help("SFT peak learning rate (LoRA; high because the warm-start is short).", 1e-3)
     steps: int = _help("GRPO optimizer steps.", 12)
     prompts_per_step: int = _help("GRPO prompts per step.", 2)
     group_size: int = _help("GRPO completions per prompt.", 8)
@@ -138,13 +138,14 @@ def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: DemoCon
     from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
     from tempax.train.loop import Trainer
 
-    sft_rows = _sft_rows(rows)
+    # Packing puts ~2 problems in a row: tokenise only what the steps can use (with room for the packer).
+    sft_rows = _sft_rows(rows[: cfg.sft_steps * cfg.sft_batch_size * 4])
     examples, report = tokenize_rows(sft_rows, tokenizer, FormatOptions(max_length=cfg.sft_seq_len), name="demo SFT")
     loader = sft_loader(examples, batch_size=cfg.sft_batch_size, seq_len=cfg.sft_seq_len, pad_id=tokenizer.pad_id,
                         seed=cfg.seed)
     train = TrainConfig(
         steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, seq_len=cfg.sft_seq_len,
-        optimizer=OptimizerConfig(learning_rate=cfg.sft_learning_rate, warmup_steps=min(3, cfg.sft_steps - 1),
+        optimizer=OptimizerConfig(learning_rate=cfg.sft_learning_rate, warmup_steps=1 if cfg.sft_steps > 1 else 0,
                                   schedule="cosine", min_lr_ratio=0.1),
         mesh=MeshConfig(num_devices=1), checkpoint=CheckpointConfig(save_at_end=False, resume=False),
         run_dir=os.path.join(run_dir, "sft"), progress_bar=cfg.progress_bar, check_memory=False, seed=cfg.seed,
