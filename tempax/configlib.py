@@ -505,3 +505,13 @@ def _describe_into(cls: type, path: str, lines: list[str]) -> None:
 
 def _yaml_inline(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip().removesuffix("...").strip()
+
+
+def help_field(text: str, default: Any = None, **kw: Any) -> Any:
+    """A dataclass field documented once: `help` metadata shown by `describe` and `tempax validate`.
+
+    Pass `default_factory=` instead of a default for mutable or nested-dataclass defaults.
+    """
+    if "default_factory" in kw:
+        return dataclasses.field(metadata={"help": text}, **kw)
+    return dataclasses.field(default=default, metadata={"help": text})

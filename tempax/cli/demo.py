@@ -31,14 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from tempax.algorithms.sft.trainer import ModelSpec
+from tempax.configlib import help_field
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
-def _help(text: str, default: Any = None, **kw: Any) -> Any:
-    if "default_factory" in kw:
-        return field(metadata={"help": text}, **kw)
-    return field(default=default, metadata={"help": text})
+_help = help_field  # one documented-field helper for every config (tempax.configlib)
 
 
 @dataclass(frozen=True)

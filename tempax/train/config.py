@@ -11,16 +11,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from tempax.errors import ConfigError
+from tempax.configlib import help_field
 
 if TYPE_CHECKING:
     import optax
     from jax.sharding import Mesh
 
 
-def _help(text: str, default: Any = None, **kw: Any) -> Any:
-    if "default_factory" in kw:
-        return field(metadata={"help": text}, **kw)
-    return field(default=default, metadata={"help": text})
+_help = help_field  # one documented-field helper for every config (tempax.configlib)
 
 
 @dataclass(frozen=True)

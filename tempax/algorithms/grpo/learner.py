@@ -333,7 +333,7 @@ class GRPOLearner:
                     if data_state.get("sampler"):
                         sampler.restore(data_state["sampler"])
                     self.rollouts_done = int(data_state.get("rollouts", 0))
-                    self._say(f"resumed from {trainer._last_checkpoint} (step {start})")
+                    self._say(f"resumed from {os.path.join(ckpt_dir, str(start))} (step {start})")
         result.resumed_from = start
         trainer.writer = MetricsWriter(trainer.run_dir, tensorboard=cfg.tensorboard)
         trainer.progress = ProgressBar(cfg.steps, initial=start, enabled=cfg.progress_bar, desc="grpo")

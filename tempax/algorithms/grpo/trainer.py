@@ -156,7 +156,10 @@ def main(cfg: GRPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | Non
     run = GRPORun(result=result, learner=learner, before=before)
     policy = learner.model
     if held_rows and cfg.eval.after:
-        after = evaluate(policy, tokenizer, held_rows, options)
+        from tempax.models.lora import merge_lora
+
+        # Adapters folded in: the same function, without the extra adapter matmuls per generated token.
+        after = evaluate(merge_lora(policy) if cfg.lora is not None else policy, tokenizer, held_rows, options)
         run.after = after
         say(f"after training: {after.summary_line()}")
     stages = [(name, r) for name, r in (("before", before), ("after", after)) if r is not None]

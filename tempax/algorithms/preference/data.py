@@ -15,12 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 from tempax.errors import ConfigError, DataError
+from tempax.configlib import help_field
 
 
-def _help(text: str, default: Any = None, **kw: Any) -> Any:
-    if "default_factory" in kw:
-        return field(metadata={"help": text}, **kw)
-    return field(default=default, metadata={"help": text})
+_help = help_field  # one documented-field helper for every config (tempax.configlib)
 
 
 @dataclass(frozen=True)

@@ -62,14 +62,12 @@ from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
+from tempax.configlib import help_field
 
 ReferenceMode = Literal["auto", "adapters_off", "precomputed", "frozen_copy"]
 
 
-def _help(text: str, default: Any = None, **kw: Any) -> Any:
-    if "default_factory" in kw:
-        return field(metadata={"help": text}, **kw)
-    return field(default=default, metadata={"help": text})
+_help = help_field  # one documented-field helper for every config (tempax.configlib)
 
 
 # --------------------------------------------------------------------------------------------------------------
