@@ -347,6 +347,32 @@ def test_several_passes_per_rollout_use_the_sampling_logprobs_as_old_policy(mode
     assert "reward/total_mean" in m1 and "reward/total_mean" not in m2
 
 
+@pytest.mark.slow
+def test_resumed_run_matches_the_uninterrupted_one(model, tok, prompts, tmp_path):
+    """3 steps in one go vs 2 steps, stop, resume for the 3rd from the checkpoint: the checkpoint restores the
+    weights, the prompt sampler's position and the rollout count (which seeds the sampler), so step 3 samples
+    the same completions and reports the same reward and loss."""
+    settings = GRPOSettings(group_size=4, max_new_tokens=6, beta=0.0)
+    reward = combine_rewards({"e": e_fraction})
+
+    def run(steps: int, run_dir: str) -> list[tuple[int, dict]]:
+        cfg = train_config(tmp_path, steps=steps, batch_size=2, run_dir=run_dir,
+                           optimizer=OptimizerConfig(learning_rate=3e-2, schedule="constant"),
+                           checkpoint=CheckpointConfig(every=1, save_at_end=True, resume=True, async_save=False))
+        learner = GRPOLearner(model, tok, reward, settings, cfg, prompt_len=24, log=lambda s: None)
+        try:
+            return learner.run(PromptSampler(prompts, seed=0)).history
+        finally:
+            learner.trainer.close()
+
+    straight = run(3, str(tmp_path / "a"))
+    first = run(2, str(tmp_path / "b"))
+    resumed = run(3, str(tmp_path / "b"))
+    assert [s for s, _ in first] == [1, 2] and [s for s, _ in resumed] == [3]
+    for key in ("reward/e_mean", "loss", "completion/length_mean"):
+        assert resumed[0][1][key] == pytest.approx(straight[2][1][key], rel=1e-5, abs=1e-6), key
+
+
 def test_sampler_visits_every_prompt_once_per_epoch_and_resumes(prompts):
     sampler = PromptSampler(prompts, seed=0)
     first = sampler.next(4)
