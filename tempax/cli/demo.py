@@ -22,9 +22,11 @@ learn, and the measurements below):
     enough that GRPO groups disagree, so RL has signal (watch groups/zero_spread_frac and entropy). Eight steps
     give 100% format and ~47% answers, and then GRPO has little left to show in ten steps;
   * many small GRPO steps (2 prompts x 8 completions, 48 new tokens) rather than few large ones.
-Measured on the 2-core CPU (load ~2-4): a GRPO step ~21 s (generation ~half), an SFT step ~14 s, a greedy
-evaluation of 64 problems 35-60 s, and ~2.5 minutes of compilation in total; compiled programs are cached in
-$TEMPAX_CACHE/jax, so a second run skips that.
+Measured on the idle 2-core CPU with these defaults (`tempax demo`, 2026-11-29): loading 12 s; a greedy
+evaluation of 48 problems 49-58 s; the SFT stage 110 s (6 steps, the first ~45 s of it compiling); GRPO 280 s
+for 10 steps (the first 97 s with compilation, then 18-22 s a step: generation ~12 s, training ~16 s); in all
+9 min 38 s. Base 0% / 0%, after SFT 64.6% format / 33.3% answers, after GRPO 100% / 41.7% on 48 held-out
+problems, training reward 0.49 -> 0.98 (mean of the first / last three steps).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class DemoConfig:
     model: ModelSpec = _help("The model to post-train.", default_factory=lambda: ModelSpec(source=DEFAULT_MODEL))
     task: str = _help("arithmetic (generated problems, with SFT targets) or gsm8k (no SFT targets: SFT is skipped).",
                       "arithmetic")
-    eval_problems: int = _help("Held-out problems evaluated greedily at each stage.", 64)
+    eval_problems: int = _help("Held-out problems evaluated greedily at each stage.", 48)
     eval_max_new_tokens: int = _help("Generation budget of the evaluation (answers take <= 40 tokens).", 48)
     sft_steps: int = _help("LoRA SFT warm-start steps (0: skip); few on purpose, see the module docstring.", 6)
     sft_batch_size: int = _help("SFT rows per step (each packs ~2 problems).", 4)
@@ -72,7 +74,6 @@ class DemoConfig:
     seed: int = _help("Seed of data generation, initialisation and sampling.", 0)
     run_dir: str | None = _help("Where everything is written; null: runs/demo-<date>-<time>.", None)
     progress_bar: bool = _help("Show training progress bars.", True)
-    compile_cache: bool = _help("Reuse compiled programs across runs ($TEMPAX_CACHE/jax).", True)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -106,19 +107,6 @@ class DemoResult:
 def _cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system
-
-
-def enable_compile_cache() -> str:
-    """Keep compiled XLA programs in `$TEMPAX_CACHE/jax` so a second demo run skips compilation (minutes on CPU)."""
-    import jax
-
-    from tempax.models.tokenizer import cache_root
-
-    folder = os.path.join(cache_root(), "jax")
-    os.makedirs(folder, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", folder)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
-    return folder
 
 
 def _sft_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -258,8 +246,6 @@ def main(cfg: DemoConfig, *, say: Callable[[str], None] | None = None) -> DemoRe
     watch = Stopwatch()
     run_dir = cfg.run_dir or os.path.join("runs", time.strftime("demo-%Y%m%d-%H%M%S"))
     os.makedirs(run_dir, exist_ok=True)
-    if cfg.compile_cache:
-        enable_compile_cache()
     with watch("total"):
         evaluations, result, held, files = _stages(cfg, run_dir, watch, say)
     table = _report(cfg, evaluations, result, held, files, watch, run_dir, say)

@@ -143,6 +143,10 @@ class TrainConfig:
     log_every: int = _help("Log metrics (progress bar, metrics.jsonl, TensorBoard) every N steps.", 1)
     eval_every: int = _help("Evaluate on the held-out batches every N steps (0: only at the end, if any).", 0)
     eval_batches: int = _help("Held-out batches per evaluation (0: all of them).", 0)
+    eval_at_start: bool = _help(
+        "Also evaluate before the first step (the 'before' of a before/after comparison; TRL's eval_on_start).",
+        False,
+    )
     seed: int = _help("Seed of parameter init, data order and the step RNG.", 0)
     run_dir: str = _help("Where metrics, TensorBoard events, checkpoints and the resolved config go.", "runs/run")
     tensorboard: bool = _help("Write TensorBoard event files to <run_dir>/tb.", True)

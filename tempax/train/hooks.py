@@ -139,15 +139,30 @@ class EvalHook(Hook):
       max_batches: evaluate at most this many batches (0: all).
     """
 
-    def __init__(self, every: int, batches: Callable[[], Iterable[dict[str, Any]]], *, max_batches: int = 0):
+    def __init__(
+        self,
+        every: int,
+        batches: Callable[[], Iterable[dict[str, Any]]],
+        *,
+        max_batches: int = 0,
+        at_start: bool = False,
+    ):
         super().__init__(every, at_end=True)
         self.batches = batches
         self.max_batches = max_batches
+        self.at_start = at_start
         self.history: list[tuple[int, dict[str, float]]] = []
 
+    def start(self, trainer: "Trainer") -> None:
+        if self.at_start:
+            self._evaluate(trainer, trainer.step)
+
     def __call__(self, info: StepInfo) -> None:
-        results = info.trainer.evaluate(self.batches(), max_batches=self.max_batches)
-        self.history.append((info.step, results))
-        info.trainer.log(info.step, {f"eval/{k}": v for k, v in results.items()})
+        self._evaluate(info.trainer, info.step)
+
+    def _evaluate(self, trainer: "Trainer", step: int) -> None:
+        results = trainer.evaluate(self.batches(), max_batches=self.max_batches)
+        self.history.append((step, results))
+        trainer.log(step, {f"eval/{k}": v for k, v in results.items()})
         if "loss" in results:
-            info.trainer.progress.write(f"step {info.step}: eval loss {results['loss']:.4f}")
+            trainer.progress.write(f"step {step}: eval loss {results['loss']:.4f}")

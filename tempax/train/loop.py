@@ -335,7 +335,9 @@ class Trainer:
         logging_hook = LoggingHook(cfg.log_every, tokens_per_step=cfg.batch_size * cfg.seq_len)
         all_hooks: list[Hook] = [logging_hook]
         if eval_batches is not None:
-            all_hooks.append(EvalHook(cfg.eval_every, eval_batches, max_batches=cfg.eval_batches))
+            all_hooks.append(EvalHook(
+                cfg.eval_every, eval_batches, max_batches=cfg.eval_batches, at_start=cfg.eval_at_start
+            ))
         all_hooks.extend(hooks)
         if cfg.checkpoint.every or cfg.checkpoint.save_at_end:
             all_hooks.append(CheckpointHook(cfg.checkpoint.every, at_end=cfg.checkpoint.save_at_end))

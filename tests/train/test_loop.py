@@ -112,6 +112,19 @@ def test_metrics_files_and_hook_cadence(tmp_path):
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_eval_at_start_gives_the_before_figure(tmp_path):
+    """eval_at_start evaluates the untouched model at step 0: the zero-table model predicts a uniform
+    distribution, so its held-out loss is exactly log(VOCAB); training lowers it by the end."""
+    cfg = tiny_train_config(tmp_path, steps=4, batch_size=4, seq_len=16, eval_at_start=True,
+                            optimizer=OptimizerConfig(learning_rate=0.1, schedule="constant"))
+    trainer = Trainer(TableLM(np.zeros((VOCAB, VOCAB))), make_sft_loss(), cfg)
+    result = trainer.fit(_loader(), eval_batches=lambda: [next(iter(_loader()))])
+    trainer.close()
+    assert [step for step, _ in result.eval_history] == [0, 4]
+    assert_allclose(result.eval_history[0][1]["loss"], np.log(VOCAB), rtol=1e-5)
+    assert result.eval_history[1][1]["loss"] < result.eval_history[0][1]["loss"]
+
+
 def test_learning_rate_schedule_in_the_metrics(tmp_path):
     """Cosine with 2 warm-up steps over 6, peak 0.1: steps 0..5 use 0.05, 0.1, then 0.1 (1 + cos(pi k / 4)) / 2
     for k = 0..3: 0.1, 0.085355, 0.05, 0.014645."""

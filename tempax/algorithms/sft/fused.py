@@ -111,6 +111,16 @@ def _weighted_nll_bwd(chunk, vocab_major, softcap, residuals, cotangents):
 _weighted_nll.defvjp(_weighted_nll_fwd, _weighted_nll_bwd)
 
 
+def chunk_size(length: int, chunk_len: int | None) -> int:
+    """The largest divisor of `length` that is at most `chunk_len` (None or >= length: the whole length). A
+    divisor under a quarter of `chunk_len` (e.g. a prime length) would mean a long scan of tiny matmuls, slower
+    than one whole-length chunk, so the whole length is used then."""
+    if not chunk_len or chunk_len >= length:
+        return length
+    best = max(d for d in range(1, chunk_len + 1) if length % d == 0)
+    return best if 4 * best >= chunk_len else length
+
+
 def fused_causal_lm_loss(
     hidden_btd: jax.Array,
     head: jax.Array,
@@ -129,16 +139,14 @@ def fused_causal_lm_loss(
       head: the LM head, [vocab, hidden] when `vocab_major` (a tied embedding table), else [hidden, vocab].
       targets_bt, loss_mask_bt: [batch, time] next-token targets and 0/1 mask.
       normalize: "tokens" (mean over supervised tokens) or "sequences" (mean of per-row means).
-      chunk_len: sequence positions per chunk (must divide time); None: the whole sequence at once.
+      chunk_len: at most this many sequence positions per chunk (`chunk_size`); None: the whole sequence.
       softcap: final-logit soft-cap (Gemma 2), or None.
 
     Returns:
       (loss, metrics) with the keys and meaning of `causal_lm_loss`'s metrics.
     """
     b, t = targets_bt.shape
-    chunk = t if not chunk_len or chunk_len >= t else chunk_len
-    if t % chunk:
-        raise ValueError(f"chunk_len={chunk_len} must divide the sequence length {t}")
+    chunk = chunk_size(t, chunk_len)
     mask = loss_mask_bt.astype(jnp.float32)
     tokens_b = jnp.sum(mask, axis=-1)
     has_tokens_b = (tokens_b > 0).astype(jnp.float32)
