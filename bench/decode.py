@@ -14,6 +14,12 @@ call (compilation) is the warm-up; generated tokens/s = 8 * 128 / median(measure
 Also reported: peak RSS of the process (ru_maxrss: model init, compilation and all runs), the 1-minute load
 average before and after (the machine is shared; a load above the core count means the figure is pessimistic),
 and the split between prefill and decode. Prints one JSON object per measurement.
+
+Roofline: with batch 8, every decode step reads all the weights once (float32: 4 bytes a parameter) and does
+only 2 FLOPs per weight per row, so on a CPU the step is bound by memory bandwidth, not matmul speed. The
+benchmark measures the read bandwidth in the same process (a jitted sum over a 1 GiB float32 array, best of 3)
+and reports `bandwidth_roofline_tokens_per_s` = batch / (weight bytes / bandwidth): what a decoder that did
+nothing but stream its weights once a step would reach (KV-cache reads, prefill and sampling ignored).
 """
 
 from __future__ import annotations
@@ -36,6 +42,22 @@ WORKLOADS = os.path.join(SHARED, "workloads.json")
 def load_spec() -> dict:
     with open(WORKLOADS) as f:
         return json.load(f)
+
+
+def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 3) -> float:
+    """Measured memory read bandwidth in bytes/s: best of `repeats` jitted sums over an `nbytes` float32 array."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((nbytes // 4,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    total(x).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        total(x).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best
 
 
 def measure(size: str, *, logprobs: bool = True) -> dict:
@@ -78,6 +100,8 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
             decode.append(result.stats.decode_s)
             compiles.append(result.stats.compiles)
     median = statistics.median(times)
+    bandwidth = read_bandwidth()
+    weight_bytes = 4 * cfg.num_params()
     return {
         "workload": "decode",
         "size": size,
@@ -88,6 +112,9 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
         "median_prefill_s": round(statistics.median(prefill), 4),
         "median_decode_s": round(statistics.median(decode), 4),
         "compiles_in_measured_calls": sum(compiles),
+        "read_bandwidth_gb_per_s": round(bandwidth / 1e9, 2),
+        "bandwidth_roofline_tokens_per_s": round(batch * bandwidth / weight_bytes, 1),
+        "fraction_of_bandwidth_roofline": round(batch * new / median / (batch * bandwidth / weight_bytes), 3),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "load_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }

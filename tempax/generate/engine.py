@@ -120,7 +120,7 @@ def _call_model(model: Any, tokens: jax.Array, segment_ids: jax.Array | None, ca
 
 
 def _shard_cache(cache: KVCache) -> KVCache:
-    kv = lambda x: shard(x, ("batch", None, "act_kv_heads", None))
+    kv = lambda x: shard(x, ("batch", "act_kv_heads", None, None))
     return dataclasses.replace(
         cache,
         k=tuple(kv(x) for x in cache.k),

@@ -20,7 +20,8 @@ class KVCache:
     """Keys and values of every layer for `max_len` positions.
 
     Attributes:
-      k, v: one [B, S, K, H] array per layer.
+      k, v: one [B, K, S, H] array per layer (kv heads before positions: the attention matmuls read each head's
+        keys as one contiguous [S, H] block, so XLA need not transpose the whole cache every decode step).
       segment_ids: [B, S], 0 for slots not yet written or written by padding; a new token attends only to
         written slots of its own segment.
       length: int32 scalar, the number of slots written so far (the next write index; shared by all rows,
@@ -37,7 +38,7 @@ class KVCache:
     @classmethod
     def init(cls, cfg: ModelConfig, batch_size: int, max_len: int, dtype: jnp.dtype | None = None) -> "KVCache":
         dtype = dtype or jnp.dtype(cfg.dtype)
-        shape = (batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
+        shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
         return cls(
             k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
             v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),

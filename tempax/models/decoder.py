@@ -137,23 +137,25 @@ class Attention(nnx.Module):
         if kv is None:
             keys, vals, k_segments, k_index = key, val, q_segments, q_index
         else:
-            cache_k, cache_v, k_segments, write_at = kv
-            keys = jax.lax.dynamic_update_slice(cache_k, key.astype(cache_k.dtype), (0, write_at, 0, 0))
-            vals = jax.lax.dynamic_update_slice(cache_v, val.astype(cache_v.dtype), (0, write_at, 0, 0))
+            cache_k, cache_v, k_segments, write_at = kv  # [B, K, S, H] buffers (see KVCache)
+            heads_first = lambda x, buf: x.swapaxes(1, 2).astype(buf.dtype)  # noqa: E731
+            keys = jax.lax.dynamic_update_slice(cache_k, heads_first(key, cache_k), (0, 0, write_at, 0))
+            vals = jax.lax.dynamic_update_slice(cache_v, heads_first(val, cache_v), (0, 0, write_at, 0))
             new_kv = (keys, vals)
-            k_index = jnp.arange(keys.shape[1])
+            k_index = jnp.arange(keys.shape[2])
             keys, vals = keys.astype(q.dtype), vals.astype(q.dtype)
         out = attention(
             q, keys, vals, q_index=q_index, k_index=k_index, q_segments=q_segments, k_segments=k_segments,
             scale=self.scale, logit_cap=self.softcap, window=self.window,
+            kv_heads_first=kv is not None,
         )
         return self.o_proj(out.reshape(b, t, n * h)), new_kv
 
 
 def attention(
     q_btnh: jax.Array,
-    k_bskh: jax.Array,
-    v_bskh: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
     *,
     q_index: jax.Array,
     k_index: jax.Array,
@@ -162,17 +164,20 @@ def attention(
     scale: float,
     logit_cap: float | None = None,
     window: int | None = None,
+    kv_heads_first: bool = False,
 ) -> jax.Array:
     """Grouped-query attention with causal + segment (+ sliding-window) masking.
 
+    q is [B, T, N, H]; k and v are [B, S, K, H], or [B, K, S, H] with `kv_heads_first` (the KV cache's layout).
     A query at index i in segment s sees key j when j <= i, segment(j) == s != 0 and (window) i - j < window.
     Scores and softmax are in float32. Fully masked query rows (padding) get a uniform, finite distribution.
     """
     b, t, n, h = q_btnh.shape
-    kh = k_bskh.shape[2]
+    kh = k.shape[1] if kv_heads_first else k.shape[2]
+    kv = "bksh" if kv_heads_first else "bskh"
     g = n // kh
     q = q_btnh.reshape(b, t, kh, g, h)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k_bskh, preferred_element_type=jnp.float32) * scale
+    scores = jnp.einsum(f"btkgh,{kv}->bkgts", q, k, preferred_element_type=jnp.float32) * scale
     scores = softcap(scores, logit_cap)
     visible = k_index[None, :] <= q_index[:, None]  # [T, S]
     if window is not None:
@@ -180,8 +185,8 @@ def attention(
     same = (q_segments[:, :, None] == k_segments[:, None, :]) & (k_segments[:, None, :] != 0)  # [B, T, S]
     mask = visible[None] & same
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_bskh.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum(f"bkgts,{kv}->btkgh", probs, v)
     return out.reshape(b, t, n, h)
 
 
