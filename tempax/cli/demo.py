@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from tempax.algorithms.sft.trainer import ModelSpec
+from tempax.algorithms.common import ModelSpec
 from tempax.configlib import help_field
 
 DEFAULT_MODEL = "smollm2-135m-instruct"

@@ -18,7 +18,7 @@ def load_trained_model(run_dir: str, step: int | None = None) -> tuple[Any, Any,
     """(model with the checkpoint's weights, tokenizer or None, checkpoint meta) of a training run."""
     import yaml
 
-    from tempax.algorithms.sft.trainer import ModelSpec
+    from tempax.algorithms.common import ModelSpec
     from tempax.configlib import from_dict
     from tempax.errors import CheckpointError
     from tempax.models.lora import LoraConfig

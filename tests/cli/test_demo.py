@@ -43,7 +43,7 @@ def test_eval_command_parses():
 def test_short_demo_runs_end_to_end_on_a_tiny_model(tmp_path):
     """Base -> SFT -> GRPO on a random-init tiny model (2 SFT steps, 2 GRPO steps, 4 problems): the table has
     the three stages, and the run dir holds the reward curve, the GRPO metrics and results.json."""
-    from tempax.algorithms.sft.trainer import ModelSpec
+    from tempax.algorithms.common import ModelSpec
     from tests.kit.tokenizers import tiny_chat_tokenizer
 
     tok_dir = tmp_path / "tokenizer"

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tempax.algorithms.grpo.losses import AGGREGATION_MODES
-from tempax.algorithms.sft.trainer import ModelSpec
+from tempax.algorithms.common import ModelSpec
 from tempax.data.tasks.arithmetic import ArithmeticConfig
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig

@@ -40,7 +40,7 @@ from tempax.algorithms.preference.data import (
     write_eval_summary,
 )
 from tempax.algorithms.preference.reward_model import MARGIN, RewardLoss, RewardModel, save_reward_model
-from tempax.algorithms.sft.trainer import ModelSpec, build_model
+from tempax.algorithms.common import ModelSpec, build_model
 from tempax.configlib import dump_yaml
 from tempax.errors import DataError
 from tempax.models.lora import LoraConfig

@@ -56,7 +56,7 @@ from tempax.algorithms.preference.data import (
     write_eval_summary,
 )
 from tempax.algorithms.preference.losses import PREFERENCE_LOSS_NAMES, preference_loss_needs_reference
-from tempax.algorithms.sft.trainer import ModelSpec, build_model
+from tempax.algorithms.common import ModelSpec, build_model
 from tempax.configlib import dump_yaml
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig

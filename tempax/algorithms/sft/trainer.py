@@ -20,20 +20,20 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 import jax
 from flax import nnx
 
+from tempax.algorithms.common import ModelSpec, build_model
 from tempax.algorithms.sft.fused import fused_causal_lm_loss, lm_head_of
 from tempax.algorithms.sft.losses import SFT_NORMALIZATIONS, causal_lm_loss
-from tempax.configlib import dump_yaml
+from tempax.configlib import dump_yaml, help_field
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
-from tempax.configlib import help_field
 
 
 _help = help_field  # one documented-field helper for every config (tempax.configlib)
@@ -41,54 +41,6 @@ _help = help_field  # one documented-field helper for every config (tempax.confi
 
 # --------------------------------------------------------------------------------------------------------------
 # Config
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Which model to train and its tokenizer."""
-
-    source: str = _help(
-        "Registered name (smollm2-135m-instruct), preset:<name> (random init), a .gguf file, a Hugging Face "
-        "folder or a Hub repo id.",
-        "smollm2-135m-instruct",
-    )
-    tokenizer: str | None = _help(
-        "Tokenizer source (same kinds as `source`); null: the model's own. Required for preset: sources.", None
-    )
-    overrides: dict[str, Any] = _help(
-        "ModelConfig fields to change on a preset: source (e.g. {vocab_size: 49152}).", default_factory=dict
-    )
-
-    def validate(self) -> None:
-        if self.overrides and not self.source.startswith("preset:"):
-            raise ConfigError("model.overrides only applies to preset:<name> sources (random initialisation)")
-
-    def build(self, *, seed: int = 0, mesh: Any = None) -> tuple[nnx.Module, Any]:
-        """(model, tokenizer). Presets are initialised under jit, sharded over `mesh` when given."""
-        from tempax.models import registry
-
-        tokenizer = registry.load_tokenizer(self.tokenizer) if self.tokenizer else None
-        if self.source.startswith(registry.PRESET_PREFIX):
-            from tempax.models.decoder import Decoder
-            from tempax.models.presets import get_preset
-            from tempax.train.state import init_sharded
-
-            cfg = get_preset(self.source[len(registry.PRESET_PREFIX):])
-            if self.overrides:
-                try:
-                    cfg = cfg.replace(**self.overrides)
-                except TypeError as e:
-                    raise ConfigError(f"model.overrides: {e}") from None
-            build = lambda: Decoder(cfg, rngs=nnx.Rngs(seed))  # noqa: E731
-            model = init_sharded(build, mesh) if mesh is not None else build()
-            if tokenizer is None:
-                raise ConfigError(
-                    f"model.source={self.source} is a random-init shape without a tokenizer; set model.tokenizer, "
-                    "e.g. model.tokenizer=smollm2-135m-instruct"
-                )
-            return model, tokenizer
-        model, own = registry.load(self.source, seed=seed)
-        return model, tokenizer or own
 
 
 @dataclass(frozen=True)
@@ -275,20 +227,6 @@ def build_data(cfg: SFTConfig, tokenizer: Any, rows: list[Any] | None = None) ->
 
 # --------------------------------------------------------------------------------------------------------------
 # Entry point
-
-
-def build_model(cfg: SFTConfig, mesh: Any = None) -> tuple[nnx.Module, Any, Any]:
-    """(model, tokenizer, trainable filter): the model from its source with LoRA/QLoRA applied when configured."""
-    model, tokenizer = cfg.model.build(seed=cfg.train.seed, mesh=mesh)
-    if tokenizer is None:
-        raise ConfigError(f"model.source={cfg.model.source} has no tokenizer; set model.tokenizer")
-    trainable: Any = nnx.Param
-    if cfg.lora is not None:
-        from tempax.models.lora import apply_lora, lora_filter
-
-        model = apply_lora(model, cfg.lora, rngs=nnx.Rngs(cfg.train.seed + 1)) or model
-        trainable = lora_filter
-    return model, tokenizer, trainable
 
 
 def main(cfg: SFTConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:

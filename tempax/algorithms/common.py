@@ -1,0 +1,82 @@
+"""What every algorithm's config shares: the model to train (`ModelSpec`) and building it with its adapters.
+
+SFT, DPO, reward models and GRPO all name their model the same way (`model.source`, `model.tokenizer`) and
+apply LoRA/QLoRA the same way (`lora:`), so the code lives here rather than in one algorithm's module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flax import nnx
+
+from tempax.configlib import help_field
+from tempax.errors import ConfigError
+
+_help = help_field
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model to train and its tokenizer."""
+
+    source: str = _help(
+        "Registered name (smollm2-135m-instruct), preset:<name> (random init), a .gguf file, a Hugging Face "
+        "folder or a Hub repo id.",
+        "smollm2-135m-instruct",
+    )
+    tokenizer: str | None = _help(
+        "Tokenizer source (same kinds as `source`); null: the model's own. Required for preset: sources.", None
+    )
+    overrides: dict[str, Any] = _help(
+        "ModelConfig fields to change on a preset: source (e.g. {vocab_size: 49152}).", default_factory=dict
+    )
+
+    def validate(self) -> None:
+        if self.overrides and not self.source.startswith("preset:"):
+            raise ConfigError("model.overrides only applies to preset:<name> sources (random initialisation)")
+
+    def build(self, *, seed: int = 0, mesh: Any = None) -> tuple[nnx.Module, Any]:
+        """(model, tokenizer). Presets are initialised under jit, sharded over `mesh` when given."""
+        from tempax.models import registry
+
+        tokenizer = registry.load_tokenizer(self.tokenizer) if self.tokenizer else None
+        if self.source.startswith(registry.PRESET_PREFIX):
+            from tempax.models.decoder import Decoder
+            from tempax.models.presets import get_preset
+            from tempax.train.state import init_sharded
+
+            cfg = get_preset(self.source[len(registry.PRESET_PREFIX):])
+            if self.overrides:
+                try:
+                    cfg = cfg.replace(**self.overrides)
+                except TypeError as e:
+                    raise ConfigError(f"model.overrides: {e}") from None
+            build = lambda: Decoder(cfg, rngs=nnx.Rngs(seed))  # noqa: E731
+            model = init_sharded(build, mesh) if mesh is not None else build()
+            if tokenizer is None:
+                raise ConfigError(
+                    f"model.source={self.source} is a random-init shape without a tokenizer; set model.tokenizer, "
+                    "e.g. model.tokenizer=smollm2-135m-instruct"
+                )
+            return model, tokenizer
+        model, own = registry.load(self.source, seed=seed)
+        return model, tokenizer or own
+
+
+
+
+def build_model(cfg: Any, mesh: Any = None) -> tuple[nnx.Module, Any, Any]:
+    """(model, tokenizer, trainable filter) of an algorithm config with `model: ModelSpec`, `lora: LoraConfig |
+    None` and `train: TrainConfig`: the model from its source, LoRA/QLoRA applied when configured."""
+    model, tokenizer = cfg.model.build(seed=cfg.train.seed, mesh=mesh)
+    if tokenizer is None:
+        raise ConfigError(f"model.source={cfg.model.source} has no tokenizer; set model.tokenizer")
+    trainable: Any = nnx.Param
+    if cfg.lora is not None:
+        from tempax.models.lora import apply_lora, lora_filter
+
+        model = apply_lora(model, cfg.lora, rngs=nnx.Rngs(cfg.train.seed + 1)) or model
+        trainable = lora_filter
+    return model, tokenizer, trainable
