@@ -65,8 +65,6 @@ class ModelSpec:
         return model, tokenizer or own
 
 
-
-
 def build_model(cfg: Any, mesh: Any = None) -> tuple[nnx.Module, Any, Any]:
     """(model, tokenizer, trainable filter) of an algorithm config with `model: ModelSpec`, `lora: LoraConfig |
     None` and `train: TrainConfig`: the model from its source, LoRA/QLoRA applied when configured."""
