@@ -35,6 +35,9 @@ class SamplingConfig:
       ignore_eos: never stop on a token id (benchmarks that must generate exactly max_new_tokens).
       max_len: cap on prompt + completion length, below the model's context; None = the model's context.
       logprobs: compute per-token log-probabilities (two log-sum-exps over the vocabulary per step).
+      decode_layout: "auto" (on CPU), "on" or "off": decode from a copy of the projection weights laid out for
+        fast few-row products (`tempax.models.fast_decode`; ~2x faster decode steps on CPU, for one more copy of
+        the weights while a request runs). Never used for a quantized base.
     """
 
     max_new_tokens: int = 256
@@ -49,6 +52,7 @@ class SamplingConfig:
     ignore_eos: bool = False
     max_len: int | None = None
     logprobs: bool = True
+    decode_layout: str = "auto"
 
     def __post_init__(self) -> None:
         # Accept lists from YAML / CLI callers; keep the dataclass hashable.
@@ -77,6 +81,8 @@ class SamplingConfig:
             raise GenerationError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise GenerationError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        if self.decode_layout not in ("auto", "on", "off"):
+            raise GenerationError(f"decode_layout must be 'auto', 'on' or 'off', got {self.decode_layout!r}")
         if self.max_len is not None and self.max_len < 2:
             raise GenerationError(f"max_len must be at least 2 (one prompt and one new token), got {self.max_len}")
 

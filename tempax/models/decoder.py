@@ -21,6 +21,7 @@ from flax import nnx
 
 from tempax.models.cache import KVCache
 from tempax.models.config import ModelConfig, RopeConfig
+from tempax.models.fast_decode import DecodeWeights, LayerDecodeWeights, adapted, out_in_kernel, project, stacked
 from tempax.parallel.rules import shard
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -122,13 +123,21 @@ class Attention(nnx.Module):
         q_index: jax.Array,
         q_segments: jax.Array,
         kv: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None,
+        fast: LayerDecodeWeights | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """Attends x [B,T,D] to itself, or to the cache `kv` = (k, v, k_segments, write_at) when decoding."""
+        """Attends x [B,T,D] to itself, or to the cache `kv` = (k, v, k_segments, write_at) when decoding.
+
+        `fast`: this layer's decode-layout weights (see `tempax.models.fast_decode`), used instead of the
+        modules' own projections.
+        """
         b, t, _ = x.shape
         n, k, h = self.num_heads, self.num_kv_heads, self.head_dim
-        q = self.q_proj(x).reshape(b, t, n, h)
-        key = self.k_proj(x).reshape(b, t, k, h)
-        val = self.v_proj(x).reshape(b, t, k, h)
+        if fast is None:
+            q, key, val = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            q, key, val = jnp.split(project(x, fast.qkv, fast.qkv_bias), [n * h, (n + k) * h], axis=-1)
+            q, key, val = adapted(self.q_proj, x, q), adapted(self.k_proj, x, key), adapted(self.v_proj, x, val)
+        q, key, val = q.reshape(b, t, n, h), key.reshape(b, t, k, h), val.reshape(b, t, k, h)
         if self.q_norm is not None:
             q, key = self.q_norm(q), self.k_norm(key)
         inv_freq = rope_inverse_frequencies(self.rope, h)
@@ -149,7 +158,10 @@ class Attention(nnx.Module):
             scale=self.scale, logit_cap=self.softcap, window=self.window,
             kv_heads_first=kv is not None,
         )
-        return self.o_proj(out.reshape(b, t, n * h)), new_kv
+        out = out.reshape(b, t, n * h)
+        if fast is None:
+            return self.o_proj(out), new_kv
+        return adapted(self.o_proj, out, project(out, fast.o, fast.o_bias)), new_kv
 
 
 def attention(
@@ -208,10 +220,16 @@ class MLP(nnx.Module):
         self.down_proj = linear(m, d, ("mlp", "embed"))
         self.activation = cfg.activation
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        gate = self.gate_proj(x)
+    def __call__(self, x: jax.Array, fast: LayerDecodeWeights | None = None) -> jax.Array:
+        if fast is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = jnp.split(project(x, fast.gate_up, fast.gate_up_bias), 2, axis=-1)
+            gate, up = adapted(self.gate_proj, x, gate), adapted(self.up_proj, x, up)
         gate = jax.nn.silu(gate) if self.activation == "silu" else jax.nn.gelu(gate, approximate=True)
-        return self.down_proj(gate * self.up_proj(x))
+        if fast is None:
+            return self.down_proj(gate * up)
+        return adapted(self.down_proj, gate * up, project(gate * up, fast.down, fast.down_bias))
 
 
 class DecoderLayer(nnx.Module):
@@ -230,14 +248,14 @@ class DecoderLayer(nnx.Module):
             self.post_feedforward_layernorm = None
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, q_index, q_segments, kv):
-        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, q_index, q_segments, kv)
+    def __call__(self, x, positions, q_index, q_segments, kv, fast: LayerDecodeWeights | None = None):
+        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, q_index, q_segments, kv, fast)
         if self.pre_feedforward_layernorm is not None:
             x = x + self.post_attention_layernorm(attn)
-            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), fast))
         else:
             x = x + attn
-            x = x + self.mlp(self.post_attention_layernorm(x))
+            x = x + self.mlp(self.post_attention_layernorm(x), fast)
         return shard(x, ("batch", "seq", "act_embed")), new_kv
 
 
@@ -256,6 +274,7 @@ class Decoder(nnx.Module):
       segment_ids: [B, T], 0 = padding, equal ids attend to each other causally; default all ones.
       cache: a `KVCache` to read and extend (decoding); None for a plain forward pass.
       last_only: return logits for the last position only ([B, 1, V]), as generation needs.
+      decode_weights: the model's own weights in decode layout (`decode_weights()`), for fast CPU decoding.
     Returns logits [B, T, V] in float32 and the updated cache (None without one).
     """
 
@@ -287,6 +306,7 @@ class Decoder(nnx.Module):
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         cache: KVCache | None = None,
+        decode_weights: DecodeWeights | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Final-norm hidden states [B, T, D] (what the LM head and a reward head read)."""
         cfg = self.config
@@ -310,7 +330,8 @@ class Decoder(nnx.Module):
             if cfg.remat != "none" and cache is None:
                 x, layer_kv = _remat_layer(layer, x, positions, q_index, segment_ids, cfg.remat)
             else:
-                x, layer_kv = layer(x, positions, q_index, segment_ids, kv)
+                fast = None if decode_weights is None else decode_weights.layers[i]
+                x, layer_kv = layer(x, positions, q_index, segment_ids, kv, fast)
             if layer_kv is not None:
                 new_k.append(layer_kv[0])
                 new_v.append(layer_kv[1])
@@ -324,9 +345,11 @@ class Decoder(nnx.Module):
             )
         return x, new_cache
 
-    def logits(self, hidden: jax.Array) -> jax.Array:
+    def logits(self, hidden: jax.Array, decode_weights: DecodeWeights | None = None) -> jax.Array:
         """LM head (tied or untied) and final soft-capping; float32 logits."""
-        if self.lm_head is None:
+        if decode_weights is not None:
+            logits = project(hidden, decode_weights.head)
+        elif self.lm_head is None:
             logits = self.embed_tokens.attend(hidden)
         else:
             logits = self.lm_head(hidden)
@@ -341,13 +364,36 @@ class Decoder(nnx.Module):
         segment_ids: jax.Array | None = None,
         cache: KVCache | None = None,
         last_only: bool = False,
+        decode_weights: DecodeWeights | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
-        hidden, cache = self.hidden_states(tokens, positions=positions, segment_ids=segment_ids, cache=cache)
+        hidden, cache = self.hidden_states(
+            tokens, positions=positions, segment_ids=segment_ids, cache=cache, decode_weights=decode_weights
+        )
         if last_only:
             # Generation needs only the next-token logits; skipping the LM head elsewhere saves a
             # [B, T, V] matmul in prefill (most of a small model's prefill FLOPs).
             hidden = hidden[:, -1:]
-        return self.logits(hidden), cache
+        return self.logits(hidden, decode_weights), cache
+
+    def decode_weights(self) -> DecodeWeights | None:
+        """This model's base weights in decode layout (see `tempax.models.fast_decode`; adapters are applied on
+        top by the layers); None when some projection has no float kernel to give (a quantized base keeps its
+        own, smaller path)."""
+        dtype = as_dtype(self.config.dtype)
+        layers = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv, qkv_bias = stacked([attn.q_proj, attn.k_proj, attn.v_proj], dtype)
+            o, o_bias = stacked([attn.o_proj], dtype)
+            gate_up, gate_up_bias = stacked([mlp.gate_proj, mlp.up_proj], dtype)
+            down, down_bias = stacked([mlp.down_proj], dtype)
+            if any(w is None for w in (qkv, o, gate_up, down)):
+                return None
+            layers.append(LayerDecodeWeights(qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down, down_bias))
+        head = self.embed_tokens.embedding[...] if self.lm_head is None else out_in_kernel(self.lm_head)
+        if head is None:
+            return None
+        return DecodeWeights(layers=tuple(layers), head=head.astype(dtype))
 
 
 def _remat_layer(layer: DecoderLayer, x, positions, q_index, segment_ids, policy_name: str):

@@ -13,6 +13,7 @@ from numpy.testing import assert_allclose, assert_array_equal
 
 from tempax.errors import GenerationError
 from tempax.generate import SamplingConfig, bucket_length, compile_counts, generate, generation, stream
+from tests.generate.conftest import peaked_tiny_model
 from tests.kit.models import random_ids
 
 # Token-id prompts of mixed lengths (ids >= 3: no special tokens). Tests share these shapes and two sampler
@@ -196,3 +197,24 @@ def test_text_prompt_needs_a_tokenizer(model, tokenizer):
         generate(model, tokenizer, [""], SamplingConfig(max_new_tokens=2))
     with pytest.raises(GenerationError, match="list of prompts"):
         generate(model, tokenizer, "hello", SamplingConfig(max_new_tokens=2))
+
+
+def test_decode_layout_on_and_off_give_the_same_generation(model):
+    on = generate(model, None, PROMPTS, SAMPLED.replace(decode_layout="on"))
+    off = generate(model, None, PROMPTS, SAMPLED.replace(decode_layout="off"))
+    assert_array_equal(on.token_ids, off.token_ids)
+    assert_allclose(on.logprobs, off.logprobs, atol=1e-4)
+
+
+def test_decode_layout_copy_is_reused_until_the_weights_change():
+    from tempax.generate import engine
+
+    model = peaked_tiny_model(seed=11)
+    config = GREEDY.replace(decode_layout="on")
+    first = engine.DecodeRun(model, PROMPTS, config, stop_ids=(), pad_id=0)._weights
+    assert engine.DecodeRun(model, PROMPTS, config, stop_ids=(), pad_id=0)._weights is first
+    params = nnx.state(model, nnx.Param)
+    nnx.update(model, jax.tree.map(lambda x: x * 1.0 + 0.0, params))  # same values, new arrays
+    assert engine.DecodeRun(model, PROMPTS, config, stop_ids=(), pad_id=0)._weights is not first
+    engine.release_decode_weights()
+    assert not engine._LAST_WEIGHTS
