@@ -86,7 +86,7 @@ class Trainer:
       checkpoint_meta: extra JSON stored with every checkpoint (e.g. the recipe).
       log: where set-up messages go (default stderr).
       loss_chunk_len: for the memory plan: the loss materialises logits for this many positions per row at a
-        time (a chunked/fused loss); None: whole sequences.
+        time (a chunked/fused loss); None: whole sequences; 0: none (a reward model's scalar head).
     """
 
     def __init__(

@@ -90,7 +90,9 @@ class PlanInputs:
     momentum: float = 0.0
     frozen_bytes_per_param: float | None = None  # None: the model's param_dtype; 0.5625 for NF4 blocks of 64
     mesh_shape: tuple[tuple[str, int], ...] = ()
-    loss_chunk_len: int | None = None  # the loss materialises logits for this many positions per row at a time
+    # The loss materialises logits for this many positions per row at a time; None: whole rows; 0: no vocabulary
+    # logits at all (a reward model's scalar head).
+    loss_chunk_len: int | None = None
 
 
 def plan_memory(p: PlanInputs, capacity: int | None = None) -> MemoryPlan:

@@ -27,6 +27,11 @@ def test_plan_matches_hand_count():
     # Full remat keeps only each layer's input (8 * 4 bytes) plus one layer being recomputed:
     # 8 * (32 * 2 + 640 + 128) = 6656.
     assert mem.plan_memory(mem.PlanInputs(model=SMALL, micro_batch_size=2, seq_len=4, remat="full")).activations == 6656
+    # A chunked loss holds logits for 3 positions of each of the 2 rows: 6 * 100 * 12 = 7200; a reward model's
+    # scalar head (loss_chunk_len 0) none.
+    chunked = mem.PlanInputs(model=SMALL, micro_batch_size=2, seq_len=4, loss_chunk_len=3)
+    assert mem.plan_memory(chunked).logits == 7200
+    assert mem.plan_memory(mem.PlanInputs(model=SMALL, micro_batch_size=2, seq_len=4, loss_chunk_len=0)).logits == 0
 
 
 def test_lora_and_sharding_shrink_the_plan():

@@ -150,6 +150,7 @@ def prepare(cfg: RewardModelConfig, *, log: Callable[[str], None] | None = None)
     trainer = Trainer(
         model, loss_fn, t, trainable=trainable, mesh=mesh, log=say,
         checkpoint_meta={"algorithm": "reward_model", "model_source": cfg.model.source},
+        loss_chunk_len=0,  # the scalar head reads hidden states: no vocabulary logits to plan for
     )
     check_micro_batching(pairs, trainer.num_micro_batches)
     return RewardRun(trainer, loss_fn, loader, eval_batches, data, tokenizer)
