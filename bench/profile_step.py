@@ -1,0 +1,153 @@
+"""Where a step's time goes: one decode or training step of a benchmark workload under XLA:CPU's per-op trace.
+
+    python bench/profile_step.py decode small          # 40 decode steps of the decode workload
+    python bench/profile_step.py sft_full small        # the 4th training step of bench/sft.py's run
+
+Runs the workload as `bench/decode.py` / `bench/sft.py` define it, with XLA's per-thunk trace on
+(`--xla_cpu_enable_xprof_traceme=true`, set here before JAX starts) and the optimized HLO dumped to a temporary
+folder, then prints milliseconds per step:
+  * by kind of operation (the fusion name without its number: `ynn_fusion` = matrix products, `dot` = other
+    products, `copy_bitcast_fusion` = layout copies, ...), summed over both of XLA's worker threads;
+  * the most expensive operations grouped by the JAX source operation XLA records for them (`op_name`) and the
+    output shape, so e.g. a transposing copy can be traced back to the layer that needs it.
+Thread times add up to more than the wall time where both cores work at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import re
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def op_sources(dump_dir: str, module: str) -> dict[str, tuple[str, str]]:
+    """Operation name -> (output shape, JAX op_name) from the optimized HLO of the jitted function `module`
+    (the largest such module in `dump_dir`)."""
+    files = glob.glob(os.path.join(dump_dir, f"*.jit_{module}.*after_optimizations.txt"))
+    files = [f for f in files if "buffer-assignment" not in f]
+    if not files:
+        return {}
+    text = open(max(files, key=os.path.getsize)).read()
+    pattern = r"%([\w.\-]+) = (\S+) \w[\w\-]*\(.*?metadata=\{op_name=\"([^\"]+)\""
+    return {m.group(1): (re.sub(r"\{.*", "", m.group(2)), m.group(3)) for m in re.finditer(pattern, text)}
+
+
+def summarize(trace_dir: str, dump_dir: str, module: str, steps: int, top: int) -> None:
+    from jax.profiler import ProfileData
+
+    path = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))[-1]
+    kinds: collections.Counter[str] = collections.Counter()
+    counts: collections.Counter[str] = collections.Counter()
+    sources: collections.Counter[tuple[str, str]] = collections.Counter()
+    source_counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    names = op_sources(dump_dir, module)
+    for plane in ProfileData.from_file(path).planes:
+        for line in plane.lines:
+            if "Eigen" not in line.name:  # XLA's worker threads run the operations
+                continue
+            for event in line.events:
+                if event.name.startswith(("ThunkExecutor", "end: ", "SlinkyThreadPool")):
+                    continue
+                kind = re.sub(r"\.\d+$", "", event.name)
+                kinds[kind] += event.duration_ns
+                counts[kind] += 1
+                shape, op = names.get(event.name, ("?", "?"))
+                key = (kind, f"{shape} {re.sub(r'[0-9]+', 'N', op)}")
+                sources[key] += event.duration_ns
+                source_counts[key] += 1
+    print(f"\nby kind of operation, ms per step (thread time, {steps} step(s)):")
+    for kind, ns in kinds.most_common(top):
+        print(f"  {ns / 1e6 / steps:10.2f}  x{counts[kind] / steps:7.1f}  {kind}")
+    print("\nby source operation and output shape, ms per step:")
+    for key, ns in sources.most_common(top):
+        print(f"  {ns / 1e6 / steps:10.2f}  x{source_counts[key] / steps:7.1f}  {key[0]}: {key[1][:110]}")
+
+
+def profile_decode(size: str, trace_dir: str, steps: int = 40) -> int:
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from decode import load_spec
+    from tempax.generate import SamplingConfig
+    from tempax.generate.engine import DecodeRun
+    from tempax.models.decoder import Decoder
+    from tempax.models.presets import PRESETS
+
+    spec = load_spec()
+    w = spec["workloads"]["decode"]
+    cfg = PRESETS[f"bench-{size}"]
+    model = Decoder(cfg, rngs=nnx.Rngs(spec["init"]["seed"]))
+    rng = np.random.default_rng(spec["data"]["seed"] + 1)
+    prompts = [[1] + row.tolist() for row in rng.integers(4, cfg.vocab_size, (w["batch_size"], w["prompt_len"] - 1))]
+    config = SamplingConfig(max_new_tokens=w["max_new_tokens"], temperature=0.0, ignore_eos=True)
+    warm = DecodeRun(model, prompts, config, stop_ids=(), pad_id=0)
+    warm.advance()  # compiles, and leaves the decode-layout weights made
+    run = DecodeRun(model, prompts, config, stop_ids=(), pad_id=0)
+    jax.block_until_ready(run._weights)
+    jax.profiler.start_trace(trace_dir)
+    start = time.perf_counter()
+    run.advance(steps)
+    elapsed = time.perf_counter() - start
+    jax.profiler.stop_trace()
+    print(f"decode {size}: {elapsed / steps * 1e3:.1f} ms a step (wall, traced)")
+    return steps
+
+
+def profile_training(workload: str, size: str, trace_dir: str, traced_step: int = 4) -> int:
+    import jax
+
+    import sft
+    from tempax.train import loop
+
+    original = loop.Trainer.train_step
+    calls = {"n": 0}
+
+    def traced(self, batch):
+        calls["n"] += 1
+        if calls["n"] != traced_step:
+            return original(self, batch)
+        jax.profiler.start_trace(trace_dir)
+        start = time.perf_counter()
+        out = original(self, batch)
+        jax.block_until_ready(self.state.params)
+        print(f"{workload} {size}: step {traced_step} took {time.perf_counter() - start:.2f} s (wall, traced)")
+        jax.profiler.stop_trace()
+        return out
+
+    loop.Trainer.train_step = traced
+    sft.measure(workload, size)
+    return 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workload", choices=("decode", "sft_full", "sft_lora"))
+    parser.add_argument("size", choices=("tiny", "small"))
+    parser.add_argument("--top", type=int, default=15, help="rows per table")
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="tempax-profile-")
+    trace_dir, dump_dir = os.path.join(work, "trace"), os.path.join(work, "hlo")
+    os.environ["XLA_FLAGS"] = " ".join(
+        [os.environ.get("XLA_FLAGS", ""), "--xla_cpu_enable_xprof_traceme=true", f"--xla_dump_to={dump_dir}"]
+    ).strip()
+    if args.workload == "decode":
+        steps, module = profile_decode(args.size, trace_dir), "_decode"
+    else:
+        steps, module = profile_training(args.workload, args.size, trace_dir), "step"
+    summarize(trace_dir, dump_dir, module, steps, args.top)
+    print(f"\ntrace and HLO: {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
