@@ -54,7 +54,7 @@ def matmul_flops(n: int = 4096, repeats: int = 3) -> float:
     return 2 * n**3 / best
 
 
-def measure(workload: str, size: str) -> dict:
+def measure(workload: str, size: str, remat: str | None = None) -> dict:
     sys.path.insert(0, ROOT)
     import jax
     import numpy as np
@@ -105,7 +105,7 @@ def measure(workload: str, size: str) -> dict:
         trainable = lora_filter
     train_cfg = TrainConfig(
         steps=total_steps, batch_size=batch, seq_len=seq, progress_bar=False, tensorboard=False,
-        run_dir="/tmp/tempax-bench-sft", mesh=MeshConfig(num_devices=1),
+        run_dir="/tmp/tempax-bench-sft", mesh=MeshConfig(num_devices=1), remat=remat,
         optimizer=OptimizerConfig(name="adamw", learning_rate=opt["learning_rate"], b1=opt["b1"], b2=opt["b2"],
                                   eps=opt["eps"], weight_decay=opt["weight_decay"], schedule="constant",
                                   decay_all=True, grad_clip_norm=opt["grad_clip"]),
@@ -133,6 +133,7 @@ def measure(workload: str, size: str) -> dict:
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "library": "tempax",
+        "remat": remat or "none",
         "workload": workload,
         "size": size,
         "tokens_per_s": round(tokens_per_s, 1),
@@ -160,9 +161,11 @@ def main() -> int:
     parser.add_argument("--size", choices=("tiny", "small", "all"), default="all")
     parser.add_argument("--repeats", type=int, default=2, help="separate processes per (workload, size)")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "SIZE"), help="measure once in this process")
+    parser.add_argument("--remat", choices=("none", "dots", "full"), default=None,
+                        help="activation recomputation (not part of the workload; default: none)")
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure(*args.one)), flush=True)
+        print(json.dumps(measure(*args.one, remat=args.remat)), flush=True)
         return 0
     workloads = ("sft_full", "sft_lora") if args.workload == "all" else (args.workload,)
     sizes = ("tiny", "small") if args.size == "all" else (args.size,)
@@ -170,7 +173,8 @@ def main() -> int:
         for size in sizes:
             for _ in range(args.repeats):
                 # One process per measurement, one at a time (workloads.json: "measurement").
-                out = subprocess.run([sys.executable, __file__, "--one", workload, size], capture_output=True,
+                remat = ["--remat", args.remat] if args.remat else []
+                out = subprocess.run([sys.executable, __file__, "--one", workload, size, *remat], capture_output=True,
                                      text=True, cwd=ROOT)
                 lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
                 if out.returncode or not lines:

@@ -112,7 +112,7 @@ class Trainer:
 
         model_cfg = getattr(model, "config", None)
         if config.remat is not None and model_cfg is not None and hasattr(model_cfg, "remat"):
-            model.config = model_cfg.replace(remat=config.remat)
+            model.config = model_cfg = model_cfg.replace(remat=config.remat)  # the memory plan reads it too
         if config.precision == "bf16":
             set_compute_dtype(model, "bfloat16")
 

@@ -66,3 +66,18 @@ def test_nothing_fits_says_so():
     p = mem.PlanInputs(model=PRESETS["llama3.1-8b"], micro_batch_size=1, seq_len=8192, remat="full")
     with pytest.raises(mem.OutOfMemoryPlan, match="mesh.fsdp|QLoRA"):
         mem.check_fits(p, batch_size=1, capacity=1 * mem.GiB)
+
+
+def test_trainer_plans_with_the_remat_setting_it_applies(tmp_path):
+    """`train.remat` overrides the model's setting; the printed plan must describe that run, not the model's."""
+    from tempax.algorithms.sft.trainer import make_sft_loss
+    from tempax.train.loop import Trainer
+    from tests.kit.models import tiny_tempax_model
+    from tests.train.helpers import tiny_train_config
+
+    said: list[str] = []
+    model = tiny_tempax_model("llama")
+    assert model.config.remat == "none"
+    Trainer(model, make_sft_loss(), tiny_train_config(tmp_path, remat="full", check_memory=True), log=said.append)
+    assert model.config.remat == "full"
+    assert any("remat full" in line for line in said), said
