@@ -60,9 +60,18 @@ def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 3) -> float:
     return nbytes / best
 
 
+def workload_prompts(spec: dict, vocab_size: int) -> list[list[int]]:
+    """The decode workload's prompts: BOS + prompt_len - 1 ids from default_rng(seed + 1) in [4, vocab)."""
+    import numpy as np
+
+    w = spec["workloads"]["decode"]
+    rng = np.random.default_rng(spec["data"]["seed"] + 1)
+    ids = rng.integers(4, vocab_size, (w["batch_size"], w["prompt_len"] - 1))
+    return [[1] + row.tolist() for row in ids]
+
+
 def measure(size: str, *, logprobs: bool = True) -> dict:
     sys.path.insert(0, ROOT)
-    import numpy as np
     from flax import nnx
     from transformers import AutoTokenizer
 
@@ -79,11 +88,9 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
     cfg = PRESETS[f"bench-{size}"]
     assert cfg.num_params() == shape["expected_num_params"], "preset does not match workloads.json"
     assert cfg.param_dtype == cfg.dtype == "float32"
-    batch, prompt_len, new = w["batch_size"], w["prompt_len"], w["max_new_tokens"]
+    batch, new = w["batch_size"], w["max_new_tokens"]
 
-    rng = np.random.default_rng(spec["data"]["seed"] + 1)
-    ids = rng.integers(4, cfg.vocab_size, (batch, prompt_len - 1))
-    prompts = [[1] + row.tolist() for row in ids]
+    prompts = workload_prompts(spec, cfg.vocab_size)
     tokenizer = wrap(AutoTokenizer.from_pretrained(os.path.join(SHARED, "tokenizers", f"wordlevel_{cfg.vocab_size}")))
     model = Decoder(cfg, rngs=nnx.Rngs(spec["init"]["seed"]))
     config = SamplingConfig(max_new_tokens=new, temperature=0.0, ignore_eos=True, logprobs=logprobs)

@@ -74,10 +74,9 @@ def summarize(trace_dir: str, dump_dir: str, module: str, steps: int, top: int) 
 
 def profile_decode(size: str, trace_dir: str, steps: int = 40) -> int:
     import jax
-    import numpy as np
     from flax import nnx
 
-    from decode import load_spec
+    from decode import load_spec, workload_prompts
     from tempax.generate import SamplingConfig
     from tempax.generate.engine import DecodeRun
     from tempax.models.decoder import Decoder
@@ -87,8 +86,7 @@ def profile_decode(size: str, trace_dir: str, steps: int = 40) -> int:
     w = spec["workloads"]["decode"]
     cfg = PRESETS[f"bench-{size}"]
     model = Decoder(cfg, rngs=nnx.Rngs(spec["init"]["seed"]))
-    rng = np.random.default_rng(spec["data"]["seed"] + 1)
-    prompts = [[1] + row.tolist() for row in rng.integers(4, cfg.vocab_size, (w["batch_size"], w["prompt_len"] - 1))]
+    prompts = workload_prompts(spec, cfg.vocab_size)
     config = SamplingConfig(max_new_tokens=w["max_new_tokens"], temperature=0.0, ignore_eos=True)
     warm = DecodeRun(model, prompts, config, stop_ids=(), pad_id=0)
     warm.advance()  # compiles, and leaves the decode-layout weights made

@@ -206,9 +206,9 @@ def release_decode_weights() -> None:
     _LAST_WEIGHTS.clear()
 
 
-def decode_weights_for(model: Any, graphdef: Any, params: Any) -> DecodeWeights | None:
+def decode_weights_for(graphdef: Any, params: Any) -> DecodeWeights | None:
     """The model's base weights in decode layout, reused while they come from the very same (immutable) arrays."""
-    sources = jax.tree.leaves(nnx.state(model, _BASE_WEIGHTS))
+    sources = jax.tree.leaves(params.filter(_BASE_WEIGHTS))
     if _LAST_WEIGHTS:
         refs, weights = _LAST_WEIGHTS[0]
         if len(refs) == len(sources) and all(
@@ -381,7 +381,7 @@ class DecodeRun:
         # weights are not alive while prefill's activations are.
         self._weights = None
         if use_decode_layout(model, config):
-            self._weights = decode_weights_for(model, self._graphdef, self._params)
+            self._weights = decode_weights_for(self._graphdef, self._params)
         self._done_host = np.asarray(self._state.done)
         self.prefill_s = time.perf_counter() - start
         self.decode_s = 0.0

@@ -21,7 +21,7 @@ from flax import nnx
 
 from tempax.models.cache import KVCache
 from tempax.models.config import ModelConfig, RopeConfig
-from tempax.models.fast_decode import DecodeWeights, LayerDecodeWeights, adapted, out_in_kernel, project, stacked
+from tempax.models.fast_decode import DecodeWeights, LayerDecodeWeights, out_in_kernel, project, project_each, stacked
 from tempax.parallel.rules import shard
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -132,11 +132,11 @@ class Attention(nnx.Module):
         """
         b, t, _ = x.shape
         n, k, h = self.num_heads, self.num_kv_heads, self.head_dim
+        projections = [self.q_proj, self.k_proj, self.v_proj]
         if fast is None:
-            q, key, val = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, key, val = (proj(x) for proj in projections)
         else:
-            q, key, val = jnp.split(project(x, fast.qkv, fast.qkv_bias), [n * h, (n + k) * h], axis=-1)
-            q, key, val = adapted(self.q_proj, x, q), adapted(self.k_proj, x, key), adapted(self.v_proj, x, val)
+            q, key, val = project_each(x, projections, fast.qkv, fast.qkv_bias, [n * h, k * h, k * h])
         q, key, val = q.reshape(b, t, n, h), key.reshape(b, t, k, h), val.reshape(b, t, k, h)
         if self.q_norm is not None:
             q, key = self.q_norm(q), self.k_norm(key)
@@ -161,7 +161,7 @@ class Attention(nnx.Module):
         out = out.reshape(b, t, n * h)
         if fast is None:
             return self.o_proj(out), new_kv
-        return adapted(self.o_proj, out, project(out, fast.o, fast.o_bias)), new_kv
+        return project_each(out, [self.o_proj], fast.o, fast.o_bias, [fast.o.shape[0]])[0], new_kv
 
 
 def attention(
@@ -224,12 +224,13 @@ class MLP(nnx.Module):
         if fast is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
-            gate, up = jnp.split(project(x, fast.gate_up, fast.gate_up_bias), 2, axis=-1)
-            gate, up = adapted(self.gate_proj, x, gate), adapted(self.up_proj, x, up)
+            m = fast.gate_up.shape[0] // 2
+            gate, up = project_each(x, [self.gate_proj, self.up_proj], fast.gate_up, fast.gate_up_bias, [m, m])
         gate = jax.nn.silu(gate) if self.activation == "silu" else jax.nn.gelu(gate, approximate=True)
+        hidden = gate * up
         if fast is None:
-            return self.down_proj(gate * up)
-        return adapted(self.down_proj, gate * up, project(gate * up, fast.down, fast.down_bias))
+            return self.down_proj(hidden)
+        return project_each(hidden, [self.down_proj], fast.down, fast.down_bias, [fast.down.shape[0]])[0]
 
 
 class DecoderLayer(nnx.Module):

@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @jax.tree_util.register_dataclass
@@ -69,6 +70,15 @@ def adapted(layer: Any, x: jax.Array, y: jax.Array) -> jax.Array:
     """y plus the layer's adapter output on x, when it has one (a `LoraLinear`)."""
     adapter = getattr(layer, "adapter", None)
     return y if adapter is None else y + adapter(x).astype(y.dtype)
+
+
+def project_each(
+    x: jax.Array, layers: list[Any], weight: jax.Array, bias: jax.Array | None, sizes: list[int]
+) -> list[jax.Array]:
+    """The outputs of `layers` (which share the input x, and whose out sizes are `sizes`) from their stacked
+    decode-layout `weight` and `bias` (see `stacked`), each plus its own adapter."""
+    outs = jnp.split(project(x, weight, bias), list(np.cumsum(sizes)[:-1]), axis=-1)
+    return [adapted(layer, x, out) for layer, out in zip(layers, outs)]
 
 
 def out_in_kernel(layer: Any) -> jax.Array | None:
