@@ -124,6 +124,7 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
         "fraction_of_bandwidth_roofline": round(batch * new / median / (batch * bandwidth / weight_bytes), 3),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "load_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
     }
 
 
@@ -149,4 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from tempax.cli.process import reexec_with_huge_page_malloc
+
+    reexec_with_huge_page_malloc()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())

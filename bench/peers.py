@@ -81,7 +81,8 @@ def measure_decode(size: str) -> dict:
             "workload": "decode", "size": size, "generated_tokens_per_s": round(batch * new / median, 1),
             "call_s": [round(t, 3) for t in times],
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
-            "threads": torch.get_num_threads(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
+            "threads": torch.get_num_threads(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")}
 
 
 def measure_sft_full(size: str) -> dict:
@@ -116,7 +117,8 @@ def measure_sft_full(size: str) -> dict:
             "workload": "sft_full", "size": size, "tokens_per_s": round(tps, 1), "step_time_s": round(step, 4),
             "model_flops_per_s": round(6 * shape["expected_num_params"] * tps / 1e9, 2) * 1e9,
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
-            "threads": torch.get_num_threads(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
+            "threads": torch.get_num_threads(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")}
 
 
 MEASURE = {"decode": measure_decode, "sft_full": measure_sft_full}
@@ -146,4 +148,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from tempax.cli.process import reexec_with_huge_page_malloc
+
+    reexec_with_huge_page_malloc()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())

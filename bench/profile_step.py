@@ -148,4 +148,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from tempax.cli.process import reexec_with_huge_page_malloc
+
+    reexec_with_huge_page_malloc()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())

@@ -151,6 +151,7 @@ def measure(workload: str, size: str, remat: str | None = None) -> dict:
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "load_average_at_start": LOAD_AT_START,
         "jax": jax.__version__,
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
         "devices": str(jax.devices()[0]),
     }
 
@@ -185,4 +186,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from tempax.cli.process import reexec_with_huge_page_malloc
+
+    reexec_with_huge_page_malloc()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())
