@@ -120,6 +120,7 @@ def measure(size: str) -> dict:
         "load_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "jax": jax.__version__,
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "device": str(jax.devices()[0]),
     }
 
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from tempax.cli.process import reexec_with_huge_page_malloc
+    from tempax.cli.process import setup_process
 
-    reexec_with_huge_page_malloc()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
+    setup_process()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())

@@ -82,7 +82,7 @@ def measure_decode(size: str) -> dict:
             "call_s": [round(t, 3) for t in times],
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
             "threads": torch.get_num_threads(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")}
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
 def measure_sft_full(size: str) -> dict:
@@ -118,7 +118,7 @@ def measure_sft_full(size: str) -> dict:
             "model_flops_per_s": round(6 * shape["expected_num_params"] * tps / 1e9, 2) * 1e9,
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
             "threads": torch.get_num_threads(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")}
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
 MEASURE = {"decode": measure_decode, "sft_full": measure_sft_full}
@@ -148,7 +148,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tempax.cli.process import reexec_with_huge_page_malloc
+    from tempax.cli.process import setup_process
 
-    reexec_with_huge_page_malloc()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
+    setup_process()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())

@@ -148,7 +148,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tempax.cli.process import reexec_with_huge_page_malloc
+    from tempax.cli.process import setup_process
 
-    reexec_with_huge_page_malloc()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
+    setup_process()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())

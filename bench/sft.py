@@ -152,6 +152,7 @@ def measure(workload: str, size: str, remat: str | None = None) -> dict:
         "load_average_at_start": LOAD_AT_START,
         "jax": jax.__version__,
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "devices": str(jax.devices()[0]),
     }
 
@@ -186,7 +187,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tempax.cli.process import reexec_with_huge_page_malloc
+    from tempax.cli.process import setup_process
 
-    reexec_with_huge_page_malloc()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
+    setup_process()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())

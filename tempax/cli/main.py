@@ -57,9 +57,9 @@ def _takes_name(fn) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `tempax` command itself, not a call from Python: set up the process first
-        from tempax.cli.process import reexec_with_huge_page_malloc
+        from tempax.cli.process import setup_process
 
-        reexec_with_huge_page_malloc()
+        setup_process()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
