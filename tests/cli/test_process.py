@@ -19,12 +19,14 @@ def thp(tmp_path, monkeypatch):
     return path.write_text
 
 
-def test_adds_both_settings_when_huge_pages_are_on_request(thp):
+def test_scheduler_by_default_huge_pages_when_asked(thp):
     thp("always [madvise] never\n")
-    assert process.tuned_env({"PATH": "/bin"}) == {
-        "PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", "XLA_FLAGS": FLAG}
+    assert process.tuned_env({"PATH": "/bin"}) == {"PATH": "/bin", "XLA_FLAGS": FLAG}
+    assert process.tuned_env({"TEMPAX_HUGE_PAGES": "1"}) == {
+        "TEMPAX_HUGE_PAGES": "1", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", "XLA_FLAGS": FLAG}
     # the user's other tunables and flags are kept
-    env = process.tuned_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "XLA_FLAGS": "--xla_dump_to=/tmp/d"})
+    env = process.tuned_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "XLA_FLAGS": "--xla_dump_to=/tmp/d",
+                             "TEMPAX_HUGE_PAGES": "1"})
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
     assert env["XLA_FLAGS"] == f"--xla_dump_to=/tmp/d {FLAG}"
 
@@ -32,12 +34,12 @@ def test_adds_both_settings_when_huge_pages_are_on_request(thp):
 @pytest.mark.parametrize("mode", ["[always] madvise never\n", "always madvise [never]\n"])
 def test_huge_pages_always_or_never_leave_malloc_alone(thp, mode):
     thp(mode)
-    assert process.tuned_env({}) == {"XLA_FLAGS": FLAG}
+    assert process.tuned_env({"TEMPAX_HUGE_PAGES": "1"}) == {"TEMPAX_HUGE_PAGES": "1", "XLA_FLAGS": FLAG}
 
 
 def test_the_users_choices_win(thp):
     thp("always [madvise] never\n")
-    mine = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0",
+    mine = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0", "TEMPAX_HUGE_PAGES": "1",
             "XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=true"}
     assert process.tuned_env(mine) == mine
     assert process.tuned_env({"TEMPAX_REEXEC": "0"}) == {"TEMPAX_REEXEC": "0"}
@@ -45,20 +47,22 @@ def test_the_users_choices_win(thp):
 
 def test_no_setting_file_or_not_glibc_means_no_malloc_change(thp, tmp_path, monkeypatch):
     monkeypatch.setattr(process, "THP_SETTING", str(tmp_path / "missing"))
-    assert "GLIBC_TUNABLES" not in process.tuned_env({})
+    assert "GLIBC_TUNABLES" not in process.tuned_env({"TEMPAX_HUGE_PAGES": "1"})
     thp("always [madvise] never\n")
     monkeypatch.setattr(process, "THP_SETTING", str(tmp_path / "enabled"))
     monkeypatch.setattr(process.platform, "libc_ver", lambda: ("", ""))
-    assert "GLIBC_TUNABLES" not in process.tuned_env({})
+    assert "GLIBC_TUNABLES" not in process.tuned_env({"TEMPAX_HUGE_PAGES": "1"})
 
 
-def test_setup_runs_the_same_command_once_with_the_settings():
-    """The real thing, in a child process: the command re-runs itself at most once and sees both settings."""
+@pytest.mark.parametrize("huge_pages", ["0", "1"])
+def test_setup_runs_the_same_command_once_with_the_settings(huge_pages):
+    """The real thing, in a child process: the command re-runs itself at most once and sees the settings."""
     code = (
         "import os, sys; from tempax.cli.process import setup_process; setup_process(); "
         "print(repr(os.environ.get('GLIBC_TUNABLES', '')), repr(os.environ.get('XLA_FLAGS', '')), sys.argv[1:])"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "TEMPAX_REEXEC", "XLA_FLAGS")}
+    env["TEMPAX_HUGE_PAGES"] = huge_pages
     out = subprocess.run([sys.executable, "-c", code, "a", "b=1"], env=env, capture_output=True, text=True,
                          check=True).stdout
     expected = process.tuned_env(env)
