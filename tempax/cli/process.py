@@ -3,17 +3,19 @@ glibc's malloc on transparent huge pages.
 
 * Scheduler. XLA:CPU orders a step's operations for concurrency by default, which keeps far more activations
   alive at once: the bench-small `sft_full` step needs 5.70 GiB of XLA temporaries that way and 4.44 GiB with
-  `--xla_cpu_enable_concurrency_optimized_scheduler=false` (peak RSS 8.51 -> 7.20 GB); speed on 2 cores was
-  within run-to-run noise for sft_full, sft_lora and grpo_step. On by default.
-* Huge pages, `TEMPAX_HUGE_PAGES=1`. XLA:CPU allocates a training step's activations (gigabytes) afresh on every execution, and glibc
-  serves such sizes with `mmap` and gives them back with `munmap` when the step ends, so every step faults every
-  page in again, 4 KiB at a time: measured on bench-small `sft_full` (2 cores), 10.8 million page faults and
-  61 s of kernel time in a 4-minute run, 30.9 s a step. With glibc's `glibc.malloc.hugetlb=1` tunable malloc
-  asks for transparent huge pages (`madvise(MADV_HUGEPAGE)`) on what it maps, so the same memory faults in 2 MiB
-  at a time: 0.66 million faults, 35 s of kernel time, 26.3 s a step. But LoRA steps, whose temporaries are
-  smaller, got slower with it: bench-small sft_lora 86.3 -> 78.9 tokens/s, grpo_step 14.8 -> 16.1 s (one run
-  each; direct compaction on huge-page faults is the likely cost), so it is opt-in, for full fine-tuning. glibc
-  reads its tunables only when a process starts, so the command re-executes itself once with the tunable set.
+  `--xla_cpu_enable_concurrency_optimized_scheduler=false` (peak RSS 8.51 -> 7.15 GB), at the same speed on 2
+  cores as far as run-to-run noise shows (sft_full small 66.3 -> 67.7 tokens/s; grpo_step small 14.3 and 15.1 s
+  without, 14.8 s with; one run each). On by default.
+* Huge pages, opt-in with `TEMPAX_HUGE_PAGES=1`. XLA:CPU allocates a training step's activations (gigabytes)
+  afresh on every execution, and glibc serves such sizes with `mmap` and gives them back with `munmap` when the
+  step ends, so every step faults every page in again, 4 KiB at a time: measured on bench-small `sft_full` (2
+  cores), 10.8 million page faults and 61 s of kernel time in a 4-minute run, 30.9 s a step. With glibc's
+  `glibc.malloc.hugetlb=1` tunable malloc asks for transparent huge pages (`madvise(MADV_HUGEPAGE)`) on what it
+  maps, so the same memory faults in 2 MiB at a time: 0.66 million faults, 35 s of kernel time, 26.3 s a step.
+  But LoRA steps, whose temporaries are smaller, got slower with it: bench-small sft_lora 86.3 -> 78.9
+  tokens/s, grpo_step 14.8 -> 16.1 s (one run each; direct compaction on huge-page faults is a guess at the
+  cause, not measured), so it is opt-in, for full fine-tuning. glibc reads its tunables only when a process
+  starts, so the command re-executes itself once with the tunable set.
 
 Opt out of both with `TEMPAX_REEXEC=0`; a `GLIBC_TUNABLES` naming `glibc.malloc.hugetlb` or an `XLA_FLAGS`
 naming the scheduler flag is left as the user set it.
