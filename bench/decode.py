@@ -75,6 +75,7 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
     from flax import nnx
     from transformers import AutoTokenizer
 
+    from tempax.cli.process import settings_in_effect
     from tempax.generate import SamplingConfig, generate
     from tempax.models.decoder import Decoder
     from tempax.models.presets import PRESETS
@@ -124,8 +125,7 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
         "fraction_of_bandwidth_roofline": round(batch * new / median / (batch * bandwidth / weight_bytes), 3),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "load_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        **settings_in_effect(),
     }
 
 

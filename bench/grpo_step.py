@@ -54,6 +54,7 @@ def measure(size: str) -> dict:
     from flax import nnx
     from transformers import AutoTokenizer
 
+    from tempax.cli.process import settings_in_effect
     from tempax.algorithms.grpo.config import GRPOSettings
     from tempax.algorithms.grpo.learner import GRPOLearner
     from tempax.algorithms.grpo.rollout import Prompt, PromptSampler
@@ -119,8 +120,7 @@ def measure(size: str) -> dict:
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "load_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "jax": jax.__version__,
-        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        **settings_in_effect(),
         "device": str(jax.devices()[0]),
     }
 

@@ -58,6 +58,8 @@ def measure_decode(size: str) -> dict:
     import numpy as np
     import torch
 
+    from tempax.cli.process import settings_in_effect
+
     spec = load_spec()
     w = spec["workloads"]["decode"]
     runs = w["runs"][size]
@@ -82,12 +84,14 @@ def measure_decode(size: str) -> dict:
             "call_s": [round(t, 3) for t in times],
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
             "threads": torch.get_num_threads(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "xla_flags": os.environ.get("XLA_FLAGS", "")}
+            **settings_in_effect()}
 
 
 def measure_sft_full(size: str) -> dict:
     import numpy as np
     import torch
+
+    from tempax.cli.process import settings_in_effect
 
     spec = load_spec()
     w = spec["workloads"]["sft_full"]
@@ -118,7 +122,7 @@ def measure_sft_full(size: str) -> dict:
             "model_flops_per_s": round(6 * shape["expected_num_params"] * tps / 1e9, 2) * 1e9,
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
             "threads": torch.get_num_threads(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "xla_flags": os.environ.get("XLA_FLAGS", "")}
+            **settings_in_effect()}
 
 
 MEASURE = {"decode": measure_decode, "sft_full": measure_sft_full}

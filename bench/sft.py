@@ -3,6 +3,7 @@
     python bench/sft.py                      # every workload x size, each in its own process, twice
     python bench/sft.py --workload sft_full --size small --repeats 1
     python bench/sft.py --one sft_lora tiny  # one measurement in this process (what the driver spawns)
+    python bench/sft.py --memory sft_full small [--remat full]  # XLA's temporaries of the compiled step
 
 Exactly the shared work: bench-tiny / bench-small shapes (random init, seed 0, float32 everywhere), batch 8 x 256
 random token ids (numpy default_rng(1234 + 0), ids in [4, vocab), BOS at position 0, loss on all 255 next-token
@@ -54,12 +55,13 @@ def matmul_flops(n: int = 4096, repeats: int = 3) -> float:
     return 2 * n**3 / best
 
 
-def measure(workload: str, size: str, remat: str | None = None) -> dict:
+def measure(workload: str, size: str, remat: str | None = None, memory_only: bool = False) -> dict:
     sys.path.insert(0, ROOT)
     import jax
     import numpy as np
     from flax import nnx
 
+    from tempax.cli.process import settings_in_effect
     from tempax.algorithms.sft.trainer import LossSpec, make_sft_loss
     from tempax.models.decoder import Decoder
     from tempax.models.presets import PRESETS
@@ -116,6 +118,12 @@ def measure(workload: str, size: str, remat: str | None = None) -> dict:
     trainer = Trainer(model, make_sft_loss(loss.normalize, fused=loss.fused, chunk_len=loss.chunk_len), train_cfg,
                       trainable=trainable, mesh=mesh, log=plan_lines.append, loss_chunk_len=loss.chunk_len)
     del model
+    if memory_only:  # XLA's own account of the compiled step, before anything runs
+        analysis = trainer.step_memory(batches[0])
+        return {"library": "tempax", "remat": remat or "none", "workload": workload, "size": size,
+                "xla_temp_gib": round(analysis.temp_size_in_bytes / 2**30, 3),
+                "xla_argument_gib": round(analysis.argument_size_in_bytes / 2**30, 3),
+                "memory_plan": plan_lines[-1] if plan_lines else None, **settings_in_effect()}
     times = []
     losses = []
     for i, b in enumerate(batches):
@@ -151,8 +159,7 @@ def measure(workload: str, size: str, remat: str | None = None) -> dict:
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "load_average_at_start": LOAD_AT_START,
         "jax": jax.__version__,
-        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        **settings_in_effect(),
         "devices": str(jax.devices()[0]),
     }
 
@@ -165,9 +172,12 @@ def main() -> int:
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "SIZE"), help="measure once in this process")
     parser.add_argument("--remat", choices=("none", "dots", "full"), default=None,
                         help="activation recomputation (not part of the workload; default: none)")
+    parser.add_argument("--memory", nargs=2, metavar=("WORKLOAD", "SIZE"),
+                        help="compile one step and print XLA's memory analysis of it (temporaries), no timing")
     args = parser.parse_args()
-    if args.one:
-        print(json.dumps(measure(*args.one, remat=args.remat)), flush=True)
+    if args.one or args.memory:
+        print(json.dumps(measure(*(args.one or args.memory), remat=args.remat, memory_only=bool(args.memory))),
+              flush=True)
         return 0
     workloads = ("sft_full", "sft_lora") if args.workload == "all" else (args.workload,)
     sizes = ("tiny", "small") if args.size == "all" else (args.size,)

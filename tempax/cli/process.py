@@ -70,6 +70,8 @@ def setup_process() -> None:
     at process start, so when those change the process re-executes itself (this call then does not return).
     """
     env = tuned_env(dict(os.environ))
+    if "XLA_FLAGS" in env:
+        os.environ["XLA_FLAGS"] = env["XLA_FLAGS"]
     if env.get("GLIBC_TUNABLES") != os.environ.get("GLIBC_TUNABLES"):
         argv = list(getattr(sys, "orig_argv", [])) or [sys.executable, *sys.argv]
         sys.stdout.flush()
@@ -77,7 +79,9 @@ def setup_process() -> None:
         try:
             os.execve(sys.executable, argv, env)
         except OSError:  # e.g. a frozen interpreter that can't be re-run: carry on without huge pages
-            env["GLIBC_TUNABLES"] = os.environ.get("GLIBC_TUNABLES", "")
-            if not env["GLIBC_TUNABLES"]:
-                del env["GLIBC_TUNABLES"]
-    os.environ.update({k: v for k, v in env.items() if os.environ.get(k) != v})
+            pass
+
+
+def settings_in_effect() -> dict[str, str]:
+    """The two settings as this process has them, for a benchmark to record beside its figures."""
+    return {"glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "xla_flags": os.environ.get("XLA_FLAGS", "")}

@@ -236,6 +236,12 @@ class Trainer:
             self.state, metrics = self._step(self.state, self.rest, self.put_batch(batch))
         return metrics
 
+    def step_memory(self, batch: dict[str, Any]) -> Any:
+        """XLA's memory analysis of the compiled train step for a batch of this shape (temporaries, arguments,
+        outputs, in bytes), without running it."""
+        with use_mesh(self.mesh):
+            return self._step.lower(self.state, self.rest, self.put_batch(batch)).compile().memory_analysis()
+
     # -- logging / checkpoints / eval ----------------------------------------------------------------------------
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if self.writer is not None:

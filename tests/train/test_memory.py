@@ -81,3 +81,20 @@ def test_trainer_plans_with_the_remat_setting_it_applies(tmp_path):
     Trainer(model, make_sft_loss(), tiny_train_config(tmp_path, remat="full", check_memory=True), log=said.append)
     assert model.config.remat == "full"
     assert any("remat full" in line for line in said), said
+
+
+def test_trainer_reports_the_compiled_steps_memory_without_running_it(tmp_path):
+    """`step_memory` is XLA's account of the compiled step: its arguments hold at least the float32 weights and
+    AdamW's two moments, and computing it leaves the step count alone."""
+    from tempax.algorithms.sft.trainer import make_sft_loss
+    from tempax.train.loop import Trainer
+    from tests.kit.models import tiny_tempax_model
+    from tests.train.helpers import random_batch, tiny_train_config
+
+    model = tiny_tempax_model("llama")
+    weight_bytes = 4 * model.config.num_params()
+    trainer = Trainer(model, make_sft_loss(), tiny_train_config(tmp_path))
+    analysis = trainer.step_memory(random_batch(8, 16, vocab=model.config.vocab_size))
+    assert analysis.argument_size_in_bytes >= 3 * weight_bytes
+    assert analysis.temp_size_in_bytes > 0
+    assert trainer.step == 0
