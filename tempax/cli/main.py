@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("validate", "check a recipe: parse it, build its config, report problems"),
     "plot": ("plot", "draw a run's metric curves to PNG"),
     "export": ("export", "merge adapters and export a Hugging Face checkpoint"),
+    "launch": ("launch", "start N processes of one multi-process run on this machine (jax.distributed)"),
 }
 
 

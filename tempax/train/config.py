@@ -79,6 +79,13 @@ class MeshConfig:
     coordinator_address: str | None = _help("Multi-host: host:port of process 0 (null: single host).", None)
     num_processes: int | None = _help("Multi-host: number of processes.", None)
     process_id: int | None = _help("Multi-host: this process's index.", None)
+    cluster: bool = _help(
+        "Multi-host: let JAX discover the coordinator, process count and index from the cluster (SLURM, Open MPI, "
+        "Kubernetes, Cloud TPU). `tempax launch` and the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / "
+        "JAX_PROCESS_ID environment need no flag.",
+        False,
+    )
+    init_timeout_s: int = _help("Multi-host: seconds to wait for every process to join before failing.", 300)
 
     def build(self) -> "Mesh":
         """Initialises `jax.distributed` when configured, then makes the mesh."""
@@ -86,7 +93,8 @@ class MeshConfig:
 
         from tempax.parallel import init_distributed, make_mesh
 
-        init_distributed(self.coordinator_address, self.num_processes, self.process_id)
+        init_distributed(self.coordinator_address, self.num_processes, self.process_id, cluster=self.cluster,
+                         timeout_s=self.init_timeout_s)
         devices = jax.devices()
         if self.num_devices is not None:
             if not 1 <= self.num_devices <= len(devices):

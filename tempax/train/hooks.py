@@ -44,11 +44,10 @@ class StepInfo:
     def metrics(self) -> dict[str, float]:
         """This step's scalar metrics on the host (fetched once, on first use)."""
         if self._host_metrics is None:
-            import jax
-
+            from tempax.parallel.process import host_tree
             from tempax.train.metrics import scalars
 
-            fetched = jax.device_get(self._device_metrics or {})
+            fetched = host_tree(self._device_metrics or {})  # global arrays may span processes
             self._host_metrics = scalars(fetched)
         return self._host_metrics
 

@@ -24,6 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from tempax.errors import TempaxError
+from tempax.parallel.process import global_batch, host_tree, is_writer
 from tempax.parallel.rules import batch_sharding, use_mesh
 from tempax.train import memory as mem
 from tempax.train.checkpoint import Checkpointer
@@ -219,13 +220,7 @@ class Trainer:
     # -- device placement --------------------------------------------------------------------------------------
     def put_batch(self, batch: dict[str, Any]) -> dict[str, jax.Array]:
         """Places a global host batch on the mesh, rows split over the data-parallel axes."""
-        if jax.process_count() == 1:
-            return jax.device_put({k: np.asarray(v) for k, v in batch.items()}, self.batch_sharding)
-        # Every host holds the same global batch; each contributes the rows of its own devices.
-        return {
-            k: jax.make_array_from_callback(np.shape(v), self.batch_sharding, lambda idx, v=v: np.asarray(v)[idx])
-            for k, v in batch.items()
-        }
+        return global_batch(batch, self.batch_sharding)  # each process supplies the rows of its own devices
 
     def train_step(self, batch: dict[str, Any]) -> dict[str, jax.Array]:
         """One optimizer step on a global host batch; updates `state` and returns the device-side metrics.
@@ -290,7 +285,7 @@ class Trainer:
                 if max_batches and i >= max_batches:
                     break
                 out = self._eval(self.state.params, self.rest, self.put_batch(batch))
-                results.append({k: float(v) for k, v in jax.device_get(out).items()})
+                results.append({k: float(v) for k, v in host_tree(out).items()})
         return average_eval_metrics(results)
 
     def restore(self, step: int | None = None) -> dict[str, Any] | None:
@@ -336,8 +331,8 @@ class Trainer:
                         batches.restore(data_state)
                     self._say(f"resumed from {self._last_checkpoint} (step {resumed_from})")
         os.makedirs(self.run_dir, exist_ok=True)
-        self.writer = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard)
-        self.progress = ProgressBar(cfg.steps, initial=resumed_from, enabled=cfg.progress_bar)
+        self.writer = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard) if is_writer() else None
+        self.progress = ProgressBar(cfg.steps, initial=resumed_from, enabled=cfg.progress_bar and is_writer())
         logging_hook = LoggingHook(cfg.log_every, tokens_per_step=cfg.batch_size * cfg.seq_len)
         all_hooks: list[Hook] = [logging_hook]
         if eval_batches is not None:

@@ -32,6 +32,7 @@ from tempax.algorithms.sft.losses import SFT_NORMALIZATIONS, causal_lm_loss
 from tempax.configlib import dump_yaml, help_field
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
+from tempax.parallel.process import is_writer
 from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
 
@@ -239,14 +240,15 @@ def main(cfg: SFTConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     say(data.report.summary())
     for where, reason, detail in data.report.bad_rows[:5]:
         say(f"  skipped {where}: {reason}" + (f" ({detail})" if detail else ""))
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-        f.write(dump_yaml(cfg))
-    with open(os.path.join(run_dir, "data_report.json"), "w") as f:
-        json.dump(data.report.to_dict(), f, indent=2)
-    tok_dir = os.path.join(run_dir, "tokenizer")
-    if not os.path.isdir(tok_dir):
-        tokenizer.hf.save_pretrained(tok_dir)
+    if is_writer():  # one process writes the run's files (tempax.parallel.process)
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
+            f.write(dump_yaml(cfg))
+        with open(os.path.join(run_dir, "data_report.json"), "w") as f:
+            json.dump(data.report.to_dict(), f, indent=2)
+        tok_dir = os.path.join(run_dir, "tokenizer")
+        if not os.path.isdir(tok_dir):
+            tokenizer.hf.save_pretrained(tok_dir)
     trainer = Trainer(
         model, make_sft_loss(cfg.loss.normalize, fused=cfg.loss.fused, chunk_len=cfg.loss.chunk_len), cfg.train, trainable=trainable, mesh=mesh, log=say,
         checkpoint_meta={"algorithm": type(cfg).__name__, "model_source": cfg.model.source},

@@ -1,0 +1,131 @@
+"""Two processes on localhost, each with 2 XLA host devices, as one 4-device run (`tempax launch`).
+
+Each test starts the run through `tempax launch --nproc 2 --devices-per-process 2 --timeout T`, so a peer that
+hangs (or never joins: `train.mesh.init_timeout_s`) fails the test within T seconds instead of hanging CI, and
+compares with the same recipe run in this process on 4 of its 8 host devices: the same global batch on the same
+mesh shape. Losses agree to rtol 1e-5 (float32; the two runs reduce over the same 4 shards, across processes
+through gloo in one and inside XLA in the other, so only summation order may differ).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from numpy.testing import assert_allclose
+
+from tempax.algorithms.sft.trainer import SFTConfig, main
+from tempax.configlib import from_dict
+from tempax.train.metrics import read_metrics
+from tests.kit.tokenizers import tiny_chat_tokenizer
+
+LAUNCH_TIMEOUT_S = 240
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+DIALOGUES = [
+    [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "Paris."}],
+    [{"role": "user", "content": "How do I bake bread?"},
+     {"role": "assistant", "content": "Mix flour, water, salt and yeast."}],
+    [{"role": "user", "content": "Say a number."}, {"role": "assistant", "content": "0123456789"}],
+    [{"role": "user", "content": "The quick brown fox?"}, {"role": "assistant", "content": "Jumps over the lazy dog."}],
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mp")
+    tiny_chat_tokenizer().hf.save_pretrained(folder / "tok")
+    with open(folder / "train.jsonl", "w") as f:
+        for i in range(24):
+            f.write(json.dumps({"messages": DIALOGUES[i % 4]}) + "\n")
+    return folder
+
+
+def _sft_raw(files, run_dir, **train) -> dict:
+    return {
+        "model": {"source": "preset:tiny-llama", "tokenizer": str(files / "tok"),
+                  "overrides": {"vocab_size": 400, "num_layers": 2}},
+        "data": {"path": str(files / "train.jsonl")},
+        "train": {"steps": 3, "batch_size": 8, "seq_len": 32, "progress_bar": False, "tensorboard": False,
+                  "run_dir": str(run_dir), "mesh": {"fsdp": 4, "num_devices": 4, "init_timeout_s": 60},
+                  "optimizer": {"learning_rate": 1e-2, "schedule": "constant", "weight_decay": 0.0},
+                  "checkpoint": {"save_at_end": False, "async_save": False}, **train},
+    }
+
+
+def _launch_argv(recipe: str, command: str = "sft") -> list[str]:
+    return [sys.executable, "-m", "tempax.cli.main", "launch", "--nproc", "2", "--devices-per-process", "2",
+            "--timeout", str(LAUNCH_TIMEOUT_S), "--grace", "5", "--", "tempax", command, "--config", recipe]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("XLA_FLAGS", None)  # the launcher sets each process's device count
+    return env
+
+
+def _write_recipe(path, raw) -> str:
+    with open(path, "w") as f:
+        yaml.safe_dump(raw, f)
+    return str(path)
+
+
+def _run_two_processes(recipe: str, command: str = "sft") -> subprocess.CompletedProcess:
+    out = subprocess.run(_launch_argv(recipe, command), env=_env(), cwd=REPO, capture_output=True, text=True,
+                         timeout=LAUNCH_TIMEOUT_S + 30)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return out
+
+
+def _losses(run_dir) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(str(run_dir)) if "loss" in r}
+
+
+def test_sft_fsdp_over_two_processes_equals_one_process(files, tmp_path):
+    """3 full fine-tuning steps with FSDP over 4 devices split 2 + 2 across processes: the losses equal the
+    one-process run on 4 devices, and only process 0 wrote the run's files (one metrics record per step)."""
+    raw = _sft_raw(files, tmp_path / "two")
+    _run_two_processes(_write_recipe(tmp_path / "two.yaml", raw))
+    reference = main(from_dict(SFTConfig, _sft_raw(files, tmp_path / "one")), log=lambda _: None)
+    two = _losses(tmp_path / "two")
+    assert sorted(two) == [1, 2, 3]
+    assert_allclose([two[s] for s in (1, 2, 3)], reference.losses, rtol=1e-5)
+    with open(tmp_path / "two" / "metrics.jsonl") as f:
+        assert len(f.readlines()) == 3  # one writer: no record twice
+    assert os.path.isfile(tmp_path / "two" / "config.yaml") and os.path.isdir(tmp_path / "two" / "tokenizer")
+
+
+def test_two_process_run_killed_in_both_processes_resumes_exactly(files, tmp_path):
+    """A 2-process run checkpointing every step is SIGKILLed (launcher and both processes) once checkpoint 2 is
+    committed; the relaunched run restores the latest checkpoint k >= 2 (state, RNG, data position) in both
+    processes and its steps k+1, k+2 equal those of an uninterrupted one-process run."""
+    raw = _sft_raw(files, tmp_path / "killed", steps=400, checkpoint={"every": 1, "keep": 400, "save_at_end": False,
+                                                                       "async_save": False})
+    recipe = _write_recipe(tmp_path / "killed.yaml", raw)
+    proc = subprocess.Popen(_launch_argv(recipe), env=_env(), cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    ckpt = tmp_path / "killed" / "checkpoints"
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    try:
+        while not (ckpt / "2").is_dir():
+            assert proc.poll() is None, proc.stderr.read()[-4000:]
+            assert time.monotonic() < deadline, "no checkpoint 2 in time"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    committed = sorted(int(d) for d in os.listdir(ckpt) if d.isdigit())
+    k = committed[-1]
+    assert k >= 2
+    raw["train"]["steps"] = k + 2
+    _run_two_processes(_write_recipe(tmp_path / "resume.yaml", raw))
+    reference = main(from_dict(SFTConfig, _sft_raw(files, tmp_path / "ref", steps=k + 2)), log=lambda _: None)
+    resumed = _losses(tmp_path / "killed")
+    assert_allclose([resumed[k + 1], resumed[k + 2]], reference.losses[k:k + 2], rtol=1e-5)
