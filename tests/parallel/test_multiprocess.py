@@ -129,3 +129,26 @@ def test_two_process_run_killed_in_both_processes_resumes_exactly(files, tmp_pat
     reference = main(from_dict(SFTConfig, _sft_raw(files, tmp_path / "ref", steps=k + 2)), log=lambda _: None)
     resumed = _losses(tmp_path / "killed")
     assert_allclose([resumed[k + 1], resumed[k + 2]], reference.losses[k:k + 2], rtol=1e-5)
+
+
+def test_dpo_over_two_processes_equals_one_process(files, tmp_path):
+    """Two DPO steps (full fine-tuning, reference log-probs precomputed by the sharded model before training,
+    read back through `host_array`) with FSDP over 2 + 2 devices: losses equal the one-process run."""
+    from tempax.algorithms.preference.trainer import DPOConfig
+    from tempax.algorithms.preference.trainer import main as dpo_main
+
+    with open(files / "pairs.jsonl", "w") as f:
+        for i in range(16):
+            f.write(json.dumps({"prompt": f"Tell me about item {i}.", "chosen": f"Sure, item {i}.",
+                                "rejected": f"No. {i}"}) + "\n")
+
+    def raw(run_dir):
+        base = _sft_raw(files, run_dir, steps=2)
+        return {"model": base["model"], "data": {"path": str(files / "pairs.jsonl")},
+                "dpo": {"loss": "sigmoid", "beta": 0.1, "reference": "precomputed"}, "train": base["train"]}
+
+    _run_two_processes(_write_recipe(tmp_path / "dpo.yaml", raw(tmp_path / "two")), "dpo")
+    reference = dpo_main(from_dict(DPOConfig, raw(tmp_path / "one")), log=lambda _: None)
+    two = _losses(tmp_path / "two")
+    assert sorted(two) == [1, 2]
+    assert_allclose([two[1], two[2]], reference.losses, rtol=1e-5)

@@ -60,6 +60,7 @@ from tempax.algorithms.common import ModelSpec, build_model
 from tempax.configlib import dump_yaml
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
+from tempax.parallel.process import is_writer
 from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
 from tempax.configlib import help_field
@@ -309,11 +310,12 @@ def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     say = log or (lambda text: print(text, file=sys.stderr))
     run = prepare(cfg, log=say)
     run_dir = cfg.train.run_dir
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-        f.write(dump_yaml(cfg))
-    tok_dir = os.path.join(run_dir, "tokenizer")
-    if not os.path.isdir(tok_dir):
-        run.tokenizer.hf.save_pretrained(tok_dir)
+    if is_writer():  # one process writes the run's files (tempax.parallel.process)
+        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
+            f.write(dump_yaml(cfg))
+        tok_dir = os.path.join(run_dir, "tokenizer")
+        if not os.path.isdir(tok_dir):
+            run.tokenizer.hf.save_pretrained(tok_dir)
     trainer = run.trainer
     before = None
     try:
@@ -328,8 +330,9 @@ def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
         say(before_after_table(before, after, title=f"held-out pairs ({len(run.data.eval)}), {cfg.dpo.loss} loss:"))
     elif after is not None:
         say("after training, held out: " + _brief(after))
-    write_eval_summary(run_dir, before, after, {"loss": cfg.dpo.loss, "reference": run.reference,
-                                                "eval_pairs": len(run.data.eval)})
+    if is_writer():
+        write_eval_summary(run_dir, before, after, {"loss": cfg.dpo.loss, "reference": run.reference,
+                                                    "eval_pairs": len(run.data.eval)})
     result.extras.update(eval_before=before, eval_after=after, reference=run.reference,
                          data_report=run.data.report, eval_data_report=run.data.eval_report)
     return result
