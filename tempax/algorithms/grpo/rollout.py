@@ -10,7 +10,7 @@ and its G completions,
     completion_mask    [P, G, T]    float32, 1 on generated tokens (the stop token included)
     advantages         [P, G]       float32, group-relative advantages
     old_logp           [P, G, T]    float32, sampling-time log p_tau of each token (only when needed)
-    ref_logp           [P, G, T]    float32, reference log p_tau (added by the learner when beta > 0)
+    ref_logp           [P, G, T]    float32, reference log p_tau (added by the batch source when beta > 0)
 
 so the training forward can run each prompt once and share its keys/values among the G completions
 (`tempax.algorithms.grpo.learner.completion_logprobs`), like the sampler's shared prefill; and gradient
