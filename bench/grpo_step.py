@@ -64,6 +64,7 @@ def measure(size: str) -> dict:
     from tempax.models.tokenizer import wrap
     from tempax.rewards import combine_rewards
     from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
+    from tempax.train.guards import CollapseGuardConfig
 
     load_before = os.getloadavg()[0]
     spec = load_spec()
@@ -103,7 +104,7 @@ def measure(size: str) -> dict:
     trainer = make_grpo_trainer(model, settings, train, prompt_len=prompt_len, trainable=lora_filter,
                                 log=lambda text: None)
     del model
-    result = trainer.fit(source, hooks=grpo_hooks(source, settings))
+    result = trainer.fit(source, hooks=grpo_hooks(source, settings, CollapseGuardConfig(enabled=False)))
     trainer.close()
     measured = [m for _, m in result.history[steps["warmup"]:]]
     med = lambda key: statistics.median(m[key] for m in measured)  # noqa: E731

@@ -38,7 +38,7 @@ def compile_once(tmp_path_factory):
         yield
 
 
-def run(model, tok, prompts, run_dir, *, steps, every_n=0, hooks=(), settings=SETTINGS):
+def run(model, tok, prompts, run_dir, *, steps, every_n=0, hooks=(), settings=SETTINGS, guard=None):
     cfg = TrainConfig(
         steps=steps, batch_size=2, mesh=MeshConfig(num_devices=1), run_dir=str(run_dir), tensorboard=False,
         progress_bar=False, check_memory=False, optimizer=OptimizerConfig(learning_rate=3e-2, schedule="constant"),
@@ -46,9 +46,9 @@ def run(model, tok, prompts, run_dir, *, steps, every_n=0, hooks=(), settings=SE
     )
     source = GRPOSource(tok, PromptSampler(prompts, seed=0), combine_rewards({"chars": char_count}), settings,
                         prompt_len=24)
-    trainer = make_grpo_trainer(model, settings, cfg, prompt_len=24, log=lambda s: None)
+    trainer = make_grpo_trainer(model, settings, cfg, prompt_len=24, log=lambda s: None, guard=guard)
     try:
-        result = trainer.fit(source, hooks=[*grpo_hooks(source, settings), *hooks])
+        result = trainer.fit(source, hooks=[*grpo_hooks(source, settings, guard), *hooks])
     finally:
         trainer.close()
     return result, source
@@ -107,3 +107,27 @@ def test_killed_resumed_and_stopped_runs_reproduce_the_uninterrupted_run(model, 
         assert first.series("reward/total_mean") + second.series("reward/total_mean") == rewards
         for key, value in straight.state.params.items():
             assert np.asarray(second.state.params[key]).tobytes() == np.asarray(value).tobytes(), key
+
+
+def test_the_collapse_guard_adjusts_the_temperature_mid_run_and_resume_stays_exact(model, tok, prompts, tmp_path):
+    """A guard that always fires (min_entropy 100 nats), action raise_temperature, window 2, cooldown 10: it fires
+    at step 2, the temperature goes 1 -> 1.3 for rollout 2 (steps 3, 4), whose first pass still has ratio 1 (the
+    loss uses the batch's temperature, like the sampler), and it does not fire again. Killed at 3 and resumed,
+    the run restores the knobs from the source state and the guard's cooldown from metrics.jsonl: the same
+    losses, rewards and guard record as the uninterrupted run."""
+    from tempax.train.guards import CollapseGuardConfig
+
+    guard = CollapseGuardConfig(action="raise_temperature", min_entropy=100.0, cooldown_steps=10)
+    straight, source = run(model, tok, prompts, tmp_path / "straight", steps=4, guard=guard)
+    fired = [s for s, m in straight.history if m.get("guard/fired")]
+    assert fired == [2] and source.knobs["temperature"] == pytest.approx(1.3)
+    m2, m3 = straight.history[1][1], straight.history[2][1]
+    assert "sampling temperature 1 -> 1.3" in m2["guard/message"] and "grpo.temperature" in m2["guard/message"]
+    assert m3["ratio_mean"] == pytest.approx(1.0, abs=1e-4) and m3["clip_frac"] == 0.0
+    killed, _ = run(model, tok, prompts, tmp_path / "killed", steps=3, guard=guard)
+    resumed, source = run(model, tok, prompts, tmp_path / "killed", steps=4, guard=guard)
+    assert source.knobs["temperature"] == pytest.approx(1.3)
+    assert killed.losses + resumed.losses == straight.losses
+    assert killed.series("reward/total_mean") + resumed.series("reward/total_mean") == \
+        straight.series("reward/total_mean")
+    assert not any(m.get("guard/fired") for _, m in resumed.history)

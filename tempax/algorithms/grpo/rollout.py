@@ -365,4 +365,13 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
     m["completion/length_mean"] = float(lengths.mean())
     m["completion/length_max"] = float(lengths.max())
     m["completion/truncated_frac"] = float(rollout.truncated.mean())
+    m["completion/duplicate_frac"] = duplicate_fraction(rollout.completion_tokens)
     return m
+
+
+def duplicate_fraction(completion_tokens: np.ndarray) -> float:
+    """Fraction of completions [P, G, T] that repeat an earlier completion of their group token for token (pad
+    after the end included): G - distinct completions, summed over groups, over P * G. A sign of collapse."""
+    p, g = completion_tokens.shape[:2]
+    repeats = sum(g - len(np.unique(group.reshape(g, -1), axis=0)) for group in completion_tokens)
+    return repeats / max(p * g, 1)

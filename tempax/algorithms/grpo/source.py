@@ -13,12 +13,16 @@ Each rollout, drawn lazily when `fit` asks for the next batch (so from the weigh
      recomputed old log-probs when `old_logprobs: recompute`;
   3. the same batch is yielded `num_iterations` times (one optimizer step each).
 
+The knobs the collapse guard (`tempax.train.guards`) may change — sampling temperature, upper clip range, entropy
+coefficient — live in `knobs`, go into every batch as per-row values (the step is compiled once) and into
+`state()`.
+
 Resume (the boundary rule of `tempax.train.sources`): `state()` holds the prompt sampler's position and the
 rollout count (which seeds the sampler), and, between two passes over one rollout, the rollout's batch and the
 passes left, so a checkpoint or a stop at any step resumes into exactly the batches of the uninterrupted run.
 
 Metrics of a rollout's first pass (`batch_metrics`): rewards per function, zero-spread groups, advantages,
-completion lengths, and the time split `perf/generation_s`, `perf/reward_s`,
+completion lengths, duplicate completions, and the time split `perf/generation_s`, `perf/reward_s`,
 `perf/reference_s`, rollouts/s and generated tokens/s; `ThroughputSplit` adds the step's training time.
 """
 
@@ -46,6 +50,7 @@ from tempax.algorithms.grpo.rollout import (
 from tempax.errors import ConfigError
 from tempax.parallel.rules import use_mesh
 from tempax.train.config import TrainConfig
+from tempax.train.guards import CollapseGuard, CollapseGuardConfig
 from tempax.train.hooks import Hook, StepInfo
 from tempax.train.loop import Trainer
 from tempax.train.sources import decode_arrays, encode_arrays
@@ -66,12 +71,16 @@ def make_grpo_trainer(
     mesh: Any = None,
     log: Callable[[str], None] | None = None,
     checkpoint_meta: dict[str, Any] | None = None,
+    guard: CollapseGuardConfig | None = None,
 ) -> Trainer:
     """The `Trainer` of a GRPO run: `make_grpo_loss(settings)` on the shared step, with the memory plan sized
-    for a row of one prompt of `prompt_len` tokens plus its G completions of max_new_tokens."""
+    for a row of one prompt of `prompt_len` tokens plus its G completions of max_new_tokens. With a guard whose
+    action is `entropy_bonus`, the loss carries the (traced, initially `settings.entropy_coef`) bonus term."""
     tokens_per_row = int(prompt_len) + settings.group_size * settings.max_new_tokens
+    bonus = guard is not None and guard.enabled and guard.action == "entropy_bonus"
     return Trainer(
-        model, make_grpo_loss(settings), dataclasses.replace(train, seq_len=tokens_per_row), trainable=trainable,
+        model, make_grpo_loss(settings, entropy_bonus=bonus), dataclasses.replace(train, seq_len=tokens_per_row),
+        trainable=trainable,
         mesh=mesh, log=log, checkpoint_meta={"algorithm": "GRPO", **(checkpoint_meta or {})},
     )
 
@@ -115,6 +124,9 @@ class GRPOSource:
         self._batch: Batch | None = None
         self._passes_left = 0
         self._metrics: dict[str, float] = {}
+        # What the collapse guard may change mid-run (part of `state()`, written into every batch).
+        self.knobs: dict[str, float] = {"temperature": settings.temperature, "eps_high": settings.eps_high,
+                                        "entropy_coef": settings.entropy_coef}
 
     # -- the protocol -----------------------------------------------------------------------------------------
     def attach(self, trainer: Trainer) -> None:
@@ -125,17 +137,17 @@ class GRPOSource:
                 "model as GRPOSource(..., reference=model), or set grpo.beta=0"
             )
         self.trainer = trainer
-        parts, temperature = trainer.parts, self.settings.temperature
+        parts = trainer.parts
 
-        def policy(params: Any, rest: Any, batch: Batch) -> jax.Array:
-            return completion_logprobs(parts.merge(params, rest), batch, temperature=temperature)[0]
+        def policy(params: Any, rest: Any, batch: Batch, tau: jax.Array) -> jax.Array:
+            return completion_logprobs(parts.merge(params, rest), batch, temperature=tau)[0]
 
-        def adapters_off(params: Any, rest: Any, batch: Batch) -> jax.Array:
+        def adapters_off(params: Any, rest: Any, batch: Batch, tau: jax.Array) -> jax.Array:
             from tempax.models.lora import disable_adapters
 
             model = parts.merge(params, rest)
             with disable_adapters(model):  # a static switch: the trace computes the base model
-                return completion_logprobs(model, batch, temperature=temperature)[0]
+                return completion_logprobs(model, batch, temperature=tau)[0]
 
         self._policy_logprobs = jax.jit(policy)
         self._base_logprobs = jax.jit(adapters_off)
@@ -151,7 +163,8 @@ class GRPOSource:
             yield self._batch
 
     def state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"sampler": self.sampler.state(), "rollouts": self.rollouts_done}
+        state: dict[str, Any] = {"sampler": self.sampler.state(), "rollouts": self.rollouts_done,
+                                 "knobs": dict(self.knobs)}
         if self._passes_left > 0 and self._batch is not None:
             state["pending"] = {"passes_left": self._passes_left, "batch": encode_arrays(self._batch)}
         return state
@@ -160,6 +173,7 @@ class GRPOSource:
         if state.get("sampler"):
             self.sampler.restore(state["sampler"])
         self.rollouts_done = int(state.get("rollouts", 0))
+        self.knobs.update({k: float(v) for k, v in state.get("knobs", {}).items()})
         pending = state.get("pending")
         self._batch = decode_arrays(pending["batch"]) if pending else None
         self._passes_left = int(pending["passes_left"]) if pending else 0
@@ -191,7 +205,7 @@ class GRPOSource:
             seed = (trainer.config.seed * 1_000_003 + self.rollouts_done * 101 + r) % (2**31 - 1)
             rounds.append(sample_rollout(
                 model, self.tokenizer, self.sampler.next(num_prompts), self.reward_fn, group_size=s.group_size,
-                max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, seed=seed,
+                max_new_tokens=s.max_new_tokens, temperature=self.knobs["temperature"], top_p=s.top_p, seed=seed,
                 scale_rewards=s.scale_rewards, overlong_penalty_tokens=s.overlong_penalty_tokens,
             ))
             with_spread = sum(int((~ro.zero_spread).sum()) for ro in rounds)
@@ -206,6 +220,8 @@ class GRPOSource:
         reuse = s.num_iterations > 1
         batch = build_batch(rollout, prompt_len=self.prompt_len, pad_id=self.tokenizer.pad_id,
                             with_old_logp=reuse and s.old_logprobs == "sampling")
+        p = rollout.num_prompts
+        batch.update({name: np.full((p,), value, np.float32) for name, value in self.knobs.items()})
         t0 = time.perf_counter()
         if reuse and s.old_logprobs == "recompute":
             batch["old_logp"] = self.policy_logprobs(batch)
@@ -228,18 +244,43 @@ class GRPOSource:
     def reference_logprobs(self, batch: Batch) -> np.ndarray:
         """log p_tau of the completions under the frozen reference (base with adapters off, or the copy)."""
         trainer = self._attached()
+        tau = jnp.float32(self.knobs["temperature"])
         if self._reference is not None:
             graphdef, state = self._reference
-            tau = jnp.float32(self.settings.temperature)
             return self._chunked(lambda b: logprobs_no_grad(graphdef, state, b, tau), batch)
         params, rest = trainer.state.params, trainer.rest
-        return self._chunked(lambda b: self._base_logprobs(params, rest, b), batch)
+        return self._chunked(lambda b: self._base_logprobs(params, rest, b, tau), batch)
 
     def policy_logprobs(self, batch: Batch) -> np.ndarray:
         """log p_tau of the completions under the current policy (no gradient)."""
         trainer = self._attached()
-        params, rest = trainer.state.params, trainer.rest
-        return self._chunked(lambda b: self._policy_logprobs(params, rest, b), batch)
+        params, rest, tau = trainer.state.params, trainer.rest, jnp.float32(self.knobs["temperature"])
+        return self._chunked(lambda b: self._policy_logprobs(params, rest, b, tau), batch)
+
+    # -- what the collapse guard may change -------------------------------------------------------------------
+    def adjust(self, action: str, guard: CollapseGuardConfig) -> str:
+        """Applies a guard adjustment from the next rollout on; returns what changed."""
+        k = self.knobs
+        if action == "raise_temperature":
+            old, k["temperature"] = k["temperature"], min(k["temperature"] + guard.temperature_step,
+                                                          max(guard.max_temperature, k["temperature"]))
+            return f"sampling temperature {old:g} -> {k['temperature']:g}"
+        if action == "clip_higher":
+            old, k["eps_high"] = k["eps_high"], max(k["eps_high"], guard.clip_high)
+            return f"upper clip range epsilon_high {old:g} -> {k['eps_high']:g}"
+        if action == "entropy_bonus":
+            old, k["entropy_coef"] = k["entropy_coef"], max(k["entropy_coef"], guard.entropy_coef)
+            return f"entropy_coef {old:g} -> {k['entropy_coef']:g}"
+        raise ConfigError(f"GRPO cannot apply the guard action {action!r}")
+
+    def advice(self, guard: CollapseGuardConfig) -> str:
+        """The concrete remedies, with the run's current values."""
+        k, lr = self.knobs, (self.trainer.config.optimizer.learning_rate if self.trainer is not None else None)
+        return (f"raise grpo.temperature (now {k['temperature']:g}; try {k['temperature'] + guard.temperature_step:g}), "
+                f"set grpo.epsilon_high={max(guard.clip_high, k['eps_high']):g} (clip-higher; now {k['eps_high']:g}), "
+                f"set grpo.entropy_coef={guard.entropy_coef:g} (now {k['entropy_coef']:g})"
+                + (f", or lower train.optimizer.learning_rate (now {lr:g})" if lr is not None else "")
+                + "; guard.action=raise_temperature|clip_higher|entropy_bonus makes the guard apply one itself")
 
 
 def _perf(rollout: Rollout, extra_s: float, data_s: float) -> dict[str, float]:
@@ -293,9 +334,14 @@ class ShowCompletions(Hook):
         )
 
 
-def grpo_hooks(source: GRPOSource, settings: GRPOSettings) -> list[Hook]:
-    """The hooks every GRPO run gets: the time split, and sample completions when `show_completion_every`."""
+def grpo_hooks(source: GRPOSource, settings: GRPOSettings, guard: CollapseGuardConfig | None = None) -> list[Hook]:
+    """The hooks every GRPO run gets: the time split, the collapse guard (default thresholds, warn-only, unless
+    `guard` says otherwise), and sample completions when `show_completion_every`."""
+    guard = guard if guard is not None else CollapseGuardConfig()
     hooks: list[Hook] = [ThroughputSplit()]
+    if guard.enabled:
+        hooks.append(CollapseGuard(guard, adjust=lambda action: source.adjust(action, guard),
+                                   advice=lambda: source.advice(guard)))
     if settings.show_completion_every:
         hooks.append(ShowCompletions(source, settings.show_completion_every))
     return hooks

@@ -148,10 +148,10 @@ def main(cfg: GRPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | Non
     source = GRPOSource(tokenizer, PromptSampler(prompts, seed=cfg.train.seed), reward_fn, cfg.grpo,
                         prompt_len=prompt_len, reference=model if cfg.lora is None else None)
     trainer = make_grpo_trainer(model, cfg.grpo, cfg.train, prompt_len=prompt_len, trainable=trainable, mesh=mesh,
-                                log=say, checkpoint_meta={"model_source": cfg.model.source})
+                                log=say, checkpoint_meta={"model_source": cfg.model.source}, guard=cfg.guard)
     del model  # the trainer holds the weights now
     try:
-        result = trainer.fit(source, hooks=[*grpo_hooks(source, cfg.grpo), *hooks])
+        result = trainer.fit(source, hooks=[*grpo_hooks(source, cfg.grpo, cfg.guard), *hooks])
     finally:
         trainer.close()
     policy = trainer.model
