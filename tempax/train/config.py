@@ -87,14 +87,22 @@ class MeshConfig:
     )
     init_timeout_s: int = _help("Multi-host: seconds to wait for every process to join before failing.", 300)
 
+    def join(self) -> bool:
+        """Joins the multi-process run when one is configured (these fields, `tempax launch`'s environment, or
+        `cluster`); a no-op otherwise. Must come before anything starts JAX's backend (even
+        `jax.process_index()`), so the training commands call it first; `build` calls it too."""
+        from tempax.parallel import init_distributed
+
+        return init_distributed(self.coordinator_address, self.num_processes, self.process_id, cluster=self.cluster,
+                                timeout_s=self.init_timeout_s)
+
     def build(self) -> "Mesh":
-        """Initialises `jax.distributed` when configured, then makes the mesh."""
+        """Joins the multi-process run when configured (`join`), then makes the mesh."""
         import jax
 
-        from tempax.parallel import init_distributed, make_mesh
+        from tempax.parallel import make_mesh
 
-        init_distributed(self.coordinator_address, self.num_processes, self.process_id, cluster=self.cluster,
-                         timeout_s=self.init_timeout_s)
+        self.join()
         devices = jax.devices()
         if self.num_devices is not None:
             if not 1 <= self.num_devices <= len(devices):

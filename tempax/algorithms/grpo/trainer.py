@@ -131,10 +131,10 @@ def main(cfg: GRPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | Non
     say = log or (lambda text: print(text, file=sys.stderr))
     run_dir = cfg.train.run_dir
     os.makedirs(run_dir, exist_ok=True)
+    mesh = cfg.train.mesh.build()  # first: a multi-process run must be joined before JAX starts
     if is_writer():  # one process writes the run's files (tempax.parallel.process)
         with open(os.path.join(run_dir, "config.yaml"), "w") as f:
             f.write(dump_yaml(cfg))
-    mesh = cfg.train.mesh.build()
     model, tokenizer, trainable = build_policy(cfg, mesh)
     train_rows, held_rows = load_task(cfg.task, eval_problems=cfg.eval.num_problems)
     prompts, dropped = encode_prompts(tokenizer, train_rows, max_prompt_len=cfg.grpo.max_prompt_len)
@@ -174,7 +174,7 @@ def main(cfg: GRPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | Non
             json.dump({name: r.to_dict() for name, r in stages}, f, indent=2)
         run.files["eval"] = path
         _log_evals(run_dir, cfg, stages, result)
-    if cfg.lora is not None and is_writer():
+    if cfg.lora is not None:  # every process gathers the adapters; process 0 writes them
         from tempax.models.lora import save_adapters
 
         run.files["adapters"] = save_adapters(policy, os.path.join(run_dir, "adapters"),
