@@ -348,7 +348,7 @@ def test_exception_safe_without_timeout_in_a_worker_thread() -> None:
 
 
 def test_a_hanging_correctness_check_zeroes_one_completion_from_any_thread():
-    """GRPO scores rewards off the main thread, where a signal alarm arms nothing, and sympy never finishes
+    """Off the main thread (a loader thread, a notebook worker) a signal alarm arms nothing, and sympy never finishes
     evaluating the power tower 9^9^9^9. With the per-completion deadline (1 s), the tower completion gets 0 for
     correctness, is counted as a timeout, and the other three keep their rewards: correctness [1, 0, 1, 0] (the
     last is wrong), format [1, 1, 1, 1]."""
