@@ -23,6 +23,7 @@ import atexit
 import importlib
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections import deque
@@ -50,6 +51,8 @@ class Outcome:
 
 def _serve(conn: Connection, preload: Sequence[str]) -> None:
     """Worker loop: import `preload`, say ready, then answer (fn, args, kwargs) requests until told to stop."""
+    # Ctrl-C reaches the whole process group; the parent decides what stops, and its exit (or EOF) ends us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in preload:
         importlib.import_module(name)
     conn.send("ready")
