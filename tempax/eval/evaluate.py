@@ -141,7 +141,7 @@ class TaskEvaluation:
                          f"answer {s.answer_accuracy:.1%}" + (f", {ks}" if ks else ""))
         timeouts = sum(self.check_timeouts.values())
         if timeouts:
-            parts.append(f"{timeouts} completion checks timed out (scored wrong)")
+            parts.append(f"{timeouts} completion check{'s' if timeouts > 1 else ''} timed out (scored wrong)")
         n = (self.greedy or self.sampled).num_problems if (self.greedy or self.sampled) else 0
         return f"{n} problems; " + "; ".join(parts) + f" ({self.seconds:.0f} s)"
 

@@ -11,7 +11,9 @@ threads (and math-verify's own timeouts are signal-based too). So each checked i
 
 Each item gets its own deadline, counted from the moment a ready worker receives it (worker start-up and the
 import of `preload` modules never count). A worker past its item's deadline is killed and replaced; the item
-alone is reported as timed out, the others are unaffected. The pool is persistent, so start-up (a fresh Python
+alone is reported as timed out, the others are unaffected. Workers are fresh Python processes (never forks of a
+process running JAX threads, and not multiprocessing children, which re-run the caller's main script unless it
+has an `if __name__ == "__main__"` guard). The pool is persistent, so start-up (a fresh Python
 process importing sympy, about 1-3 s) is paid once per worker, not per call; `shared_pool()` is the one the
 reward and evaluation code use. Functions and arguments travel by pickle, so the function must be importable by
 name (a module-level function); a raise inside it comes back as `Outcome.error`.
@@ -21,9 +23,12 @@ from __future__ import annotations
 
 import atexit
 import importlib
-import multiprocessing
+import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -74,13 +79,24 @@ def _serve(conn: Connection, preload: Sequence[str]) -> None:
             conn.send((False, f"could not send the result back: {type(e).__name__}: {e}"))
 
 
+def _worker_main() -> None:
+    """Entry point of a worker process: `python -c ... FD SYS_PATH_JSON PRELOAD...` (see `_Worker`)."""
+    fd, path = int(sys.argv[1]), json.loads(sys.argv[2])
+    sys.path[:] = path
+    _serve(Connection(fd), sys.argv[3:])
+
+
 class _Worker:
-    def __init__(self, ctx: Any, preload: Sequence[str]):
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, tuple(preload)), daemon=True,
-                                name="tempax-deadline-worker")
-        self.proc.start()
-        child.close()
+    """One worker: a fresh `python` (not a multiprocessing child, which would re-run the caller's main script)
+    talking pickles over a socket pair."""
+
+    def __init__(self, preload: Sequence[str]):
+        mine, theirs = socket.socketpair()
+        code = "from tempax.rewards.bounded import _worker_main; _worker_main()"
+        argv = [sys.executable, "-c", code, str(theirs.fileno()), json.dumps(sys.path), *preload]
+        self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.conn = Connection(mine.detach())
         self.ready = False
         self.item: int | None = None  # index of the item it is running
         self.deadline = float("inf")
@@ -88,9 +104,17 @@ class _Worker:
     def kill(self) -> None:
         try:
             self.proc.kill()
-            self.proc.join(timeout=5)
+            self.proc.wait(timeout=5)
         finally:
             self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+            self.proc.wait(timeout=1)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.kill()
 
 
 class DeadlinePool:
@@ -104,7 +128,6 @@ class DeadlinePool:
     def __init__(self, workers: int | None = None, preload: Sequence[str] = DEFAULT_PRELOAD):
         self.size = max(1, workers if workers is not None else min(2, os.cpu_count() or 1))
         self.preload = tuple(preload)
-        self._ctx = multiprocessing.get_context("spawn")  # never fork a process that runs JAX threads
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self.replaced = 0  # workers killed (timeouts) or found dead, and started again; cumulative
@@ -112,7 +135,7 @@ class DeadlinePool:
 
     def _start(self) -> None:
         while len(self._workers) < self.size:
-            self._workers.append(_Worker(self._ctx, self.preload))
+            self._workers.append(_Worker(self.preload))
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()
@@ -179,14 +202,7 @@ class DeadlinePool:
     def close(self) -> None:
         with self._lock:
             for w in self._workers:
-                try:
-                    w.conn.send(None)
-                except OSError:
-                    pass
-                w.proc.join(timeout=1)
-                if w.proc.is_alive():
-                    w.proc.kill()
-                w.conn.close()
+                w.stop()
             self._workers = []
 
 

@@ -50,7 +50,7 @@ def test_a_hanging_answer_check_times_out_alone(monkeypatch):
     assert result.check_timeouts == {"greedy": 1}
     assert result.metrics()["eval/greedy/check_timeouts"] == 1.0
     assert result.to_dict()["check_timeouts"] == {"greedy": 1}
-    assert "1 completion checks timed out" in result.summary_line()
+    assert "1 completion check timed out" in result.summary_line()
 
 
 @dataclass
