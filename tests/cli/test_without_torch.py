@@ -67,8 +67,9 @@ def no_torch_env(tmp_path):
 
 
 def _run(env, *args, timeout=300):
+    # Run from the test's scratch folder, so nothing in the repository's root shadows an installed module.
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=str(env["TEMPAX_CACHE"]).rsplit(os.sep, 1)[0])
+                          cwd=os.path.dirname(env["TEMPAX_CACHE"]))
 
 
 def test_the_blocker_hides_torch(no_torch_env):
