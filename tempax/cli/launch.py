@@ -4,7 +4,7 @@ Each process gets JAX's own coordinator settings and nothing else (no protocol o
 address (process 0 serves it on a free local port), the process count and its index, as the environment
 variables `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID`, which
 `tempax.parallel.init_distributed` passes to `jax.distributed.initialize` (the training commands join first thing, via
-`train.mesh.join()`); gloo as the CPU collectives
+`tempax.algorithms.run.start_run`); gloo as the CPU collectives
 (`JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo`); and with `--devices-per-process D` the XLA host device count
 (`--xla_force_host_platform_device_count=D`, CPU only: a GPU process sees its own GPUs).
 

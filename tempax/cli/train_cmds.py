@@ -68,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(dump_yaml(cfg))
         return 0
     _, main = resolve(command)
-    cfg.train.mesh.join()  # a multi-process run is joined before anything can start JAX's backend
     reason = stop_reason(main(cfg))
     if reason is not None:
         print(f"tempax {command}: stopped early: {reason}", file=sys.stderr)

@@ -90,7 +90,7 @@ class MeshConfig:
     def join(self) -> bool:
         """Joins the multi-process run when one is configured (these fields, `tempax launch`'s environment, or
         `cluster`); a no-op otherwise. Must come before anything starts JAX's backend (even
-        `jax.process_index()`), so the training commands call it first; `build` calls it too."""
+        `jax.process_index()`), so `tempax.algorithms.run.start_run` calls it first; `build` calls it too."""
         from tempax.parallel import init_distributed
 
         return init_distributed(self.coordinator_address, self.num_processes, self.process_id, cluster=self.cluster,
