@@ -7,7 +7,7 @@
 weights stay abstract, so an 8B shape needs no memory). "after" is `tempax.models.init.init_decoder`: the
 embedding, one layer and the head compiled once each (the layer program is reused for every layer). With
 `--init` the weights are also created (`init_decoder` in full, timed to the last array), which needs the memory
-of the model: leave it off for 8B on a small machine.
+of the model: leave it off for 8B on a small machine (`--init-max-params 2e9` creates only shapes up to 2B).
 """
 
 from __future__ import annotations
@@ -54,16 +54,26 @@ def measure(preset: str, layers: int, devices: int, run_init: bool) -> dict:
     return row
 
 
+def _num_params(preset: str, layers: int) -> int:
+    from tempax.models.presets import get_preset
+
+    return get_preset(preset).replace(num_layers=layers).num_params()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="llama3.2-1b,llama3.1-8b")
     ap.add_argument("--layers", default="1,2,4,8,16,32", help="comma-separated layer counts")
     ap.add_argument("--devices", type=int, default=1, help="fsdp devices (XLA host devices on CPU)")
     ap.add_argument("--init", action="store_true", help="also create the weights (needs the model's memory)")
+    ap.add_argument("--init-max-params", type=float, default=None, metavar="N",
+                    help="create the weights (as --init) only for shapes of at most N parameters")
     args = ap.parse_args(argv)
     for preset in args.presets.split(","):
         for layers in (int(x) for x in args.layers.split(",")):
-            print(json.dumps(measure(preset, layers, args.devices, args.init)), flush=True)
+            limit = args.init_max_params
+            run_init = args.init or (limit is not None and _num_params(preset, layers) <= limit)
+            print(json.dumps(measure(preset, layers, args.devices, run_init)), flush=True)
 
 
 if __name__ == "__main__":
