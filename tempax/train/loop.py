@@ -297,14 +297,17 @@ class Trainer:
         """Loads checkpoint `step` (default latest) of run_dir into `state`; returns its data state (or None)."""
         if self.checkpointer is None:
             self.checkpointer = self._open_checkpointer()
-        latest = self.checkpointer.latest_step() if step is None else step
-        if latest is None:
-            return None
         target = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.state, self.state_shardings
         )
-        self.state, data_state, _ = self.checkpointer.restore(target, latest)
-        self._last_checkpoint = self.checkpointer.path(latest)
+        if step is None:  # the newest intact checkpoint; damaged newer ones are reported and set aside
+            found = self.checkpointer.restore_newest_intact(target, say=self._say)
+            if found is None:
+                return None
+            step, self.state, data_state, _ = found
+        else:
+            self.state, data_state, _ = self.checkpointer.restore(target, step)
+        self._last_checkpoint = self.checkpointer.path(step)
         return data_state
 
     # -- the loop ------------------------------------------------------------------------------------------------
