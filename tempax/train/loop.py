@@ -339,7 +339,9 @@ class Trainer:
                         batches.restore(data_state)
                     self._say(f"resumed from {self._last_checkpoint} (step {resumed_from})")
         os.makedirs(self.run_dir, exist_ok=True)
-        self.writer = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard)
+        self.writer = MetricsWriter(
+            self.run_dir, tensorboard=cfg.tensorboard, resume_step=resumed_from, say=self._say
+        )
         self.progress = ProgressBar(cfg.steps, initial=resumed_from, enabled=cfg.progress_bar)
         logging_hook = LoggingHook(cfg.log_every, tokens_per_step=cfg.batch_size * cfg.seq_len)
         all_hooks: list[Hook] = [logging_hook]
