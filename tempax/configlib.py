@@ -30,7 +30,8 @@ import yaml
 
 from tempax.errors import ConfigError
 
-__all__ = ["ConfigError", "describe", "dump_yaml", "from_dict", "load_config", "parse_overrides", "to_dict"]
+__all__ = ["ConfigError", "describe", "dump_yaml", "from_dict", "load_config", "parse_overrides", "read_yaml",
+           "to_dict"]
 
 T = TypeVar("T")
 
@@ -61,6 +62,11 @@ _Dumper.add_representer(
 
 def _yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file as plain data, with the YAML 1.2 floats recipes are parsed with (`1e-4` is a float)."""
+    return _yaml_load(Path(path).read_text())
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -60,7 +60,8 @@ def load_trained_model(run_dir: str, step: int | None = None) -> tuple[Any, Any,
         _check_keys(meta, params, ckpt_dir)
         restored = checkpointer.restore_params(abstract, step)
     except DamagedCheckpoint as e:
-        intact = [s for s in checkpointer.intact_steps({"params": abstract, "meta": {}}, read_params=abstract) if s != e.step]
+        candidates = checkpointer.intact_steps({"params": abstract, "meta": {}}, read_params=abstract)
+        intact = [s for s in candidates if s != e.step]
         checkpointer.close()
         way_out = (f"intact checkpoints: {', '.join(map(str, intact))}; export one with --step {intact[0]}"
                    if intact else "no other checkpoint of this run is intact")

@@ -14,15 +14,16 @@ renames it when complete, so a killed run never leaves a half-written checkpoint
 Only the last `keep` checkpoints stay. Saving is asynchronous when `async_save` is on: arrays are copied to the
 host before `save` returns (the next step may donate them), and files are written in the background.
 
-Integrity: once Orbax has finished a checkpoint, the size of each of its files is recorded in `<step>/tempax_files.json`
-(OCDBT keeps no checksums, so a truncated data file is otherwise found only by TensorStore, mid-read). Before
-anything is read, `verify(step)` checks the folder with Orbax's own records (the step is finalized,
-`_CHECKPOINT_METADATA` and every item's metadata file parse, the saved array shapes and keys match the model about
-to receive them) and against that size record. A failure while reading the arrays (a truncated or missing data file: TensorStore's
-OUT_OF_RANGE / NOT_FOUND) becomes a `DamagedCheckpoint` naming the file. `restore_newest_intact` walks the steps
-newest first, says in one line which step it skipped and why, moves that folder to `<run_dir>/damaged_checkpoints/`
-(so the run can write that step again) and restores the newest intact one. A checkpoint of another shape is not
-damage: it raises `CheckpointMismatch` with the way out, before TensorStore is asked for a single byte.
+Integrity: once Orbax has finished a checkpoint, the size of each of its files is recorded in
+`<step>/tempax_files.json` (OCDBT keeps no checksums, so a truncated data file is otherwise found only by
+TensorStore, mid-read). Before anything is read, `verify(step)` checks the folder with Orbax's own records (the step
+is finalized, `_CHECKPOINT_METADATA` and every item's metadata file parse, the saved array shapes and keys match the
+model about to receive them) and against that size record. A failure while reading the arrays (a truncated or
+missing data file: TensorStore's OUT_OF_RANGE / NOT_FOUND) becomes a `DamagedCheckpoint` naming the file.
+`restore_newest_intact` walks the steps newest first, says in one line which step it skipped and why, moves that
+folder to `<run_dir>/damaged_checkpoints/` (so the run can write that step again) and restores the newest intact
+one. A checkpoint of another shape is not damage: it raises `CheckpointMismatch` with the way out, before
+TensorStore is asked for a single byte.
 """
 
 from __future__ import annotations

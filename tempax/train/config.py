@@ -152,6 +152,12 @@ class TrainConfig:
     tensorboard: bool = _help("Write TensorBoard event files to <run_dir>/tb.", True)
     progress_bar: bool = _help("Show a progress bar on the console.", True)
     check_memory: bool = _help("Estimate peak memory before compiling and stop early when it cannot fit.", True)
+    allow_config_change: bool = _help(
+        "Resume a run dir whose config.yaml differs in a way that changes the trajectory (optimizer, data, model, "
+        "seq_len, batch...); the change is recorded with its step in <run_dir>/config_changes.jsonl. false: such a "
+        "resume stops with the list of differences.",
+        False,
+    )
 
     def validate(self) -> None:
         if self.steps < 1:
