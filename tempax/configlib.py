@@ -206,9 +206,11 @@ def _default_of(f: dataclasses.Field) -> Any:
 
 
 def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """`update` on top of `base`, mappings merged key by key; an empty mapping (`model.overrides={}`) replaces
+    the value, so an override can clear what a recipe set."""
     out = dict(base)
     for k, v in update.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+        if isinstance(v, Mapping) and v and isinstance(out.get(k), dict):
             out[k] = _deep_merge(out[k], v)
         else:
             out[k] = v
@@ -366,7 +368,9 @@ def parse_overrides(overrides: Sequence[str], cls: type | None = None) -> dict[s
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
-            raise ConfigError(f"override '{item}' must look like key=value, for example optimizer.learning_rate=1e-4")
+            raise ConfigError(
+                f"override '{item}' must look like key=value, for example train.optimizer.learning_rate=1e-4"
+            )
         value = _parse_override_value(raw.strip(), _field_type(cls, key) if cls is not None else None, item)
         _set_dotted(out, key, value, item)
     return out

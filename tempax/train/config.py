@@ -90,7 +90,7 @@ class MeshConfig:
         devices = jax.devices()
         if self.num_devices is not None:
             if not 1 <= self.num_devices <= len(devices):
-                raise ConfigError(f"mesh.num_devices={self.num_devices} but {len(devices)} devices are present")
+                raise ConfigError(f"train.mesh.num_devices={self.num_devices} but {len(devices)} devices are present")
             devices = devices[: self.num_devices]
         return make_mesh(self.data, self.fsdp, self.tensor, devices=devices)
 
@@ -107,9 +107,9 @@ class CheckpointConfig:
 
     def validate(self) -> None:
         if self.every < 0:
-            raise ConfigError(f"checkpoint.every must be >= 0, got {self.every}")
+            raise ConfigError(f"every must be >= 0, got {self.every}")
         if self.keep < 1:
-            raise ConfigError(f"checkpoint.keep must be >= 1, got {self.keep}")
+            raise ConfigError(f"keep must be >= 1, got {self.keep}")
 
 
 @dataclass(frozen=True)

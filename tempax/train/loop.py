@@ -278,7 +278,7 @@ class Trainer:
         where = f"the last good checkpoint is {last}" if last else "no checkpoint was saved before it"
         raise TrainingDiverged(
             f"loss or gradients became NaN/inf at step {bad + 1}; training stopped and no update from that step "
-            f"on was applied ({where}). Lower optimizer.learning_rate, keep optimizer.grad_clip_norm set, use "
+            f"on was applied ({where}). Lower train.optimizer.learning_rate, keep train.optimizer.grad_clip_norm set, use "
             "train.precision=fp32, or look for a broken batch."
         )
 
