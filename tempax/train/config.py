@@ -176,6 +176,33 @@ class TrainConfig:
         if self.eval_every < 0 or self.eval_batches < 0:
             raise ConfigError("eval_every and eval_batches must be >= 0")
 
+    def warnings(self) -> list[str]:
+        """Settings that are valid but almost certainly not meant (printed before training starts)."""
+        out = []
+        opt = self.optimizer
+        if opt.learning_rate == 0:
+            out.append("train.optimizer.learning_rate=0: no trainable weight will change; the run only measures "
+                       "the loss")
+        warmup = opt.warmup_steps or int(opt.warmup_ratio * self.steps)
+        if warmup >= self.steps:
+            peak = opt.learning_rate * self.steps / warmup if warmup else opt.learning_rate
+            out.append(
+                f"train.optimizer.warmup_steps={warmup} is not shorter than train.steps={self.steps}: the learning "
+                f"rate never reaches its peak {opt.learning_rate:g} (the last step uses {peak:.3g}); lower "
+                "train.optimizer.warmup_steps or raise train.steps"
+            )
+        return out
+
+    def check_model(self, model_config: Any) -> None:
+        """Raises `ConfigError` when a row is longer than the model's positions (`max_position_embeddings`)."""
+        limit = getattr(model_config, "max_position_embeddings", None)
+        if isinstance(limit, int) and self.seq_len > limit:
+            raise ConfigError(
+                f"train.seq_len={self.seq_len} is longer than the model's max_position_embeddings={limit}: positions "
+                f"past {limit} were never trained and the run would learn from them silently. Set train.seq_len "
+                f"<= {limit}"
+            )
+
     @property
     def accumulation_steps(self) -> int:
         return self.batch_size // (self.micro_batch_size or self.batch_size)

@@ -111,6 +111,9 @@ class Trainer:
         self.checkpoint_meta = dict(checkpoint_meta or {})
 
         model_cfg = getattr(model, "config", None)
+        config.check_model(model_cfg)
+        for warning in config.warnings():
+            self._say(f"warning: {warning}")
         if config.remat is not None and model_cfg is not None and hasattr(model_cfg, "remat"):
             model.config = model_cfg = model_cfg.replace(remat=config.remat)  # the memory plan reads it too
         if config.precision == "bf16":
@@ -278,8 +281,8 @@ class Trainer:
         where = f"the last good checkpoint is {last}" if last else "no checkpoint was saved before it"
         raise TrainingDiverged(
             f"loss or gradients became NaN/inf at step {bad + 1}; training stopped and no update from that step "
-            f"on was applied ({where}). Lower train.optimizer.learning_rate, keep train.optimizer.grad_clip_norm set, use "
-            "train.precision=fp32, or look for a broken batch."
+            f"on was applied ({where}). Lower train.optimizer.learning_rate, keep train.optimizer.grad_clip_norm "
+            "set, use train.precision=fp32, or look for a broken batch."
         )
 
     def evaluate(self, batches: Iterable[dict[str, Any]], *, max_batches: int = 0) -> dict[str, float]:
