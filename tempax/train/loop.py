@@ -35,6 +35,7 @@ from tempax.train.checkpoint import Checkpointer
 from tempax.train.config import TrainConfig
 from tempax.train.hooks import CheckpointHook, EvalHook, Hook, LoggingHook, StepInfo, Stop, StopTraining
 from tempax.train.metrics import MetricsWriter, ProgressBar
+from tempax.train.preemption import GracefulStop, RunStopped
 from tempax.train.state import (
     ModelParts,
     TrainState,
@@ -363,6 +364,11 @@ class Trainer:
             before the first batch, and `batch_metrics()` joins each step's record.
           hooks: extra hooks, run before the logging, eval and checkpoint hooks made from the config.
           eval_batches: a zero-argument callable giving held-out batches, evaluated every `eval_every` steps.
+
+        Raises:
+          RunStopped: SIGTERM or a first Ctrl-C arrived (`tempax.train.preemption`): the step in flight finished,
+            a checkpoint of it was written and waited for, the reason is in metrics.jsonl and summary.json; the
+            exception's `exit_status` is 143 / 130. A second Ctrl-C raises `KeyboardInterrupt` at once.
         """
         cfg = self.config
         self._stop_request: str | None = None
@@ -382,11 +388,15 @@ class Trainer:
         iterator: Iterator[dict[str, Any]] = iter(batches)
         step = resumed_from
         stop_reason: str | None = None
+        signals = GracefulStop(say=self.progress.write)
         try:
-            with use_mesh(self.mesh):
+            with use_mesh(self.mesh), signals:
                 for hook in all_hooks:
                     hook.start(self)
                 while step < cfg.steps and stop_reason is None:
+                    if signals.requested:  # it came between steps (in the hooks, or before the first step)
+                        stop_reason = self._stop_between_steps(step, signals.signal_name, batches, resumed_from)
+                        break
                     t_ask = time.perf_counter()
                     try:
                         host_batch = next(iterator)
@@ -401,6 +411,8 @@ class Trainer:
                         jax.block_until_ready(self.state.step)
                         logging_hook.reset_clock(step)
                     self.progress.update(1)
+                    if signals.requested and self._stop_request is None:
+                        self.request_stop(signals.signal_name)
                     stop_reason = self._stop_request
                     is_last = step >= cfg.steps or stop_reason is not None
                     if not any(h.due(step, is_last) for h in all_hooks) and stop_reason is None:
@@ -427,6 +439,8 @@ class Trainer:
             last_checkpoint=self._last_checkpoint, resumed_from=resumed_from, stop_reason=stop_reason,
         )
         self._write_summary(step, result)
+        if signals.requested and stop_reason == signals.signal_name:
+            raise RunStopped(step, signals.signal_name, self._last_checkpoint if step > resumed_from else None)
         return result
 
     def _run_hooks(self, all_hooks: Sequence[Hook], info: StepInfo, logging_hook: LoggingHook) -> str | None:
@@ -451,6 +465,15 @@ class Trainer:
         """A stop before `config.steps`: the step's checkpoint (even without save_at_end), and say why."""
         self.save_checkpoint(info.data_state)  # a no-op when the checkpoint hook just wrote this step
         self.progress.write(f"stopped after step {step}: {reason} (checkpoint {self._last_checkpoint})")
+
+    def _stop_between_steps(self, step: int, reason: str, batches: Any, resumed_from: int) -> str:
+        """A signal that arrived after step `step`'s hooks: its checkpoint (a no-op when the hooks wrote it), the
+        reason as an event record, no further batch drawn (an on-policy source would sample a whole rollout)."""
+        if step > resumed_from:
+            self.save_checkpoint(source_state(batches))
+        self.writer.event(step, "stop", stop_reason=reason)
+        self.progress.write(f"stopped after step {step}: {reason} (checkpoint {self._last_checkpoint})")
+        return reason
 
     def _write_summary(self, step: int, result: TrainResult) -> None:
         """<run_dir>/summary.json: where the run ended and why (read by the CLI and by people)."""
