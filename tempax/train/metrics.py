@@ -89,7 +89,8 @@ class MetricsWriter:
         if self.resume_step is not None:
             self.dropped = truncate_after(self.path, self.resume_step)
             if self.dropped and self._say is not None:
-                self._say(f"{METRICS_FILE}: dropped {self.dropped} rows of steps after {self.resume_step} "
+                rows = "row" if self.dropped == 1 else "rows"
+                self._say(f"{METRICS_FILE}: dropped {self.dropped} {rows} of steps after {self.resume_step} "
                           "(they are run again from the checkpoint)")
         self._file = open(self.path, "a", buffering=1)
         if self.tensorboard:

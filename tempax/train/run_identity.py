@@ -20,11 +20,13 @@ step it takes effect after, before `config.yaml` is replaced by the config now i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from tempax.errors import ConfigError
 
@@ -174,3 +176,28 @@ def save_run_config(run_dir: str, cfg: Any, *, say: Any = None) -> list[Change]:
         f.write(dump_yaml(cfg))
     os.replace(tmp, path)
     return changes
+
+
+def _has_training_record(run_dir: str) -> bool:
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    return bool(checkpoint_steps(run_dir)) or (os.path.isfile(metrics) and os.path.getsize(metrics) > 0)
+
+
+@contextlib.contextmanager
+def clean_failed_start(run_dir: str) -> Iterator[None]:
+    """Wraps a run's start: when the block raises and the run dir holds no record of training (no metrics row, no
+    checkpoint), what this start wrote there (config.yaml, data_report.json, the tokenizer, summary.json...) is
+    removed again, and the folder itself when this start created it; the error then propagates. A run dir that
+    already holds training is never touched."""
+    existed = os.path.isdir(run_dir)
+    before = set(os.listdir(run_dir)) if existed else set()
+    try:
+        yield
+    except BaseException:
+        if os.path.isdir(run_dir) and not _has_training_record(run_dir):
+            for name in set(os.listdir(run_dir)) - before:
+                path = os.path.join(run_dir, name)
+                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+            if not existed and not os.listdir(run_dir):
+                os.rmdir(run_dir)
+        raise

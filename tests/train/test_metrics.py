@@ -22,7 +22,7 @@ def test_resumed_run_leaves_each_step_once_in_the_file(tmp_path):
     result, said = _resume(str(tmp_path))
     assert result.resumed_from == 4
     assert _steps(str(tmp_path)) == [1, 2, 3, 4, 5, 6]
-    assert "metrics.jsonl: dropped 1 rows of steps after 4 (they are run again from the checkpoint)" in said
+    assert "metrics.jsonl: dropped 1 row of steps after 4 (they are run again from the checkpoint)" in said
     assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2, 3, 4, 5, 6]
 
 

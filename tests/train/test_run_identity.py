@@ -69,3 +69,24 @@ def test_save_run_config_records_allowed_changes_with_their_step(tmp_path):
     assert ("config change after step 3: train.steps: 100 -> 200 (the cosine schedule's remaining learning "
             "rates follow the new length) [run length]") in said
     assert to_dict(_cfg(tmp_path))["train"]["allow_config_change"] is False
+
+
+def test_a_failed_start_leaves_nothing_behind(tmp_path):
+    from tempax.train.run_identity import clean_failed_start
+
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError):
+        with clean_failed_start(str(run)):
+            save_run_config(str(run), _cfg(run))
+            os.makedirs(run / "tokenizer")
+            (run / "metrics.jsonl").write_text("")  # opened, never written
+            raise ConfigError("the data is too small")
+    assert not run.exists()
+    # A run dir with training in it keeps everything, old and new.
+    os.makedirs(run / "checkpoints" / "2")
+    (run / "keep.txt").write_text("x")
+    with pytest.raises(ConfigError):
+        with clean_failed_start(str(run)):
+            (run / "new.txt").write_text("y")
+            raise ConfigError("later failure")
+    assert sorted(os.listdir(run)) == ["checkpoints", "keep.txt", "new.txt"]
