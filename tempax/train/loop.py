@@ -373,6 +373,9 @@ class Trainer:
         cfg = self.config
         self._stop_request: str | None = None
         resumed_from = self._resume(batches)
+        if resumed_from >= cfg.steps:
+            self._say(f"{self.run_dir} has finished: its checkpoint is at step {resumed_from} and train.steps="
+                      f"{cfg.steps}; raise train.steps to train further")
         attach_source(batches, self)
         os.makedirs(self.run_dir, exist_ok=True)
         self.writer = MetricsWriter(

@@ -260,5 +260,8 @@ def main(cfg: SFTConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     if result.history:
         last = result.history[-1][1]
         say(f"done: step {result.history[-1][0]}, loss {last.get('loss', float('nan')):.4f}; run dir {run_dir}")
+    else:
+        say(f"done: nothing to train, the run was at step {result.resumed_from} of {cfg.train.steps} already; "
+            f"run dir {run_dir}")
     result.extras["data_report"] = data.report
     return result
