@@ -41,8 +41,8 @@ from tempax.train.state import (
     TrainState,
     cast_params,
     init_state,
-    set_compute_dtype,
     state_shardings,
+    training_view,
 )
 from tempax.train.sources import attach_source, batch_metrics, restore_source, source_state
 from tempax.train.step import LossFn, average_eval_metrics, make_eval_step, make_train_step
@@ -90,8 +90,8 @@ class Trainer:
 
     Args:
       model: an NNX model (normally a `tempax.models.decoder.Decoder`, possibly with LoRA adapters applied). The
-        trainer copies its trainable arrays (drop your reference to free the originals); with
-        `precision: bf16` its layers are switched to bfloat16 compute in place.
+        trainer copies its trainable arrays (drop your reference to free the originals) and trains a view of it
+        with `remat` / `precision` applied; the model object you pass is left as it was.
       loss_fn: `loss_fn(model, batch) -> (loss, metrics)`; see `tempax.train.step`.
       config: the `TrainConfig`.
       trainable: NNX filter of the parameters that get gradients and optimizer state (`nnx.Param` by default,
@@ -102,6 +102,10 @@ class Trainer:
       log: where set-up messages go (default stderr).
       loss_chunk_len: for the memory plan: the loss materialises logits for this many positions per row at a
         time (a chunked/fused loss); None: whole sequences; 0: none (a reward model's scalar head).
+      remat: per-layer recomputation for training ("none", "full", "dots"); None: `config.remat`, and when that
+        is None too, the model's own setting.
+      precision: "fp32" or "bf16" compute; None: `config.precision`.
+      model_config: the `ModelConfig` the memory plan sizes (None: the model's `config`, with `remat` applied).
     """
 
     def __init__(
@@ -116,6 +120,9 @@ class Trainer:
         checkpoint_meta: dict[str, Any] | None = None,
         log: Callable[[str], None] | None = None,
         loss_chunk_len: int | None = None,
+        remat: str | None = None,
+        precision: str | None = None,
+        model_config: Any = None,
     ):
         self.config = config
         self._loss_chunk_len = loss_chunk_len
@@ -125,14 +132,13 @@ class Trainer:
         self.run_dir = os.path.abspath(config.run_dir)
         self.checkpoint_meta = dict(checkpoint_meta or {})
 
-        model_cfg = getattr(model, "config", None)
+        self.remat = remat if remat is not None else config.remat
+        self.precision = precision or config.precision
+        model = training_view(model, remat=self.remat, precision=self.precision)
+        model_cfg = model_config if model_config is not None else getattr(model, "config", None)
         config.check_model(model_cfg)
         for warning in config.warnings():
             self._say(f"warning: {warning}")
-        if config.remat is not None and model_cfg is not None and hasattr(model_cfg, "remat"):
-            model.config = model_cfg = model_cfg.replace(remat=config.remat)  # the memory plan reads it too
-        if config.precision == "bf16":
-            set_compute_dtype(model, "bfloat16")
 
         self.parts, params = ModelParts.split(model, trainable)
         params = cast_params(params, jnp.float32)  # master weights and optimizer state in float32
@@ -205,7 +211,7 @@ class Trainer:
             num_micro_batches=cfg.batch_size // micro,
             trainable_params=None if self.full_finetune else self.num_trainable,
             precision=cfg.precision,
-            remat=getattr(model_cfg, "remat", "none"),
+            remat=self.remat or getattr(model_cfg, "remat", "none"),
             optimizer=cfg.optimizer.name,
             momentum=cfg.optimizer.momentum,
             frozen_bytes_per_param=(rest_bytes / frozen_count) if frozen_count and not self.full_finetune else None,

@@ -30,6 +30,7 @@ from typing import Any, Iterator, Mapping
 
 from tempax.errors import ConfigError
 
+CONFIG_FILE = "config.yaml"
 CHANGES_FILE = "config_changes.jsonl"
 
 # Dotted keys (or prefixes ending in ".") whose change leaves every optimizer step's result as it was.
@@ -160,7 +161,7 @@ def save_run_config(run_dir: str, cfg: Any, *, say: Any = None) -> list[Change]:
     """
     from tempax.configlib import dump_yaml, read_yaml, to_dict
 
-    path = os.path.join(run_dir, "config.yaml")
+    path = os.path.join(run_dir, CONFIG_FILE)
     steps = checkpoint_steps(run_dir) if getattr(cfg.train.checkpoint, "resume", True) else []
     changes: list[Change] = []
     if steps and os.path.isfile(path):
