@@ -25,9 +25,12 @@ MESSAGE_CALLS = {"say", "_say", "print", "warn", "log"}
 
 
 def _config_keys() -> set[str]:
+    """Every key (and section) of a config a command reads KEY=VALUE overrides into."""
+    from tempax.cli.demo import DemoConfig
+
     keys: set[str] = set()
-    for command in ALGORITHMS:
-        for key in _all_keys(resolve(command)[0]):
+    for cls in [resolve(command)[0] for command in ALGORITHMS] + [DemoConfig]:
+        for key in _all_keys(cls):
             parts = key.split(".")
             keys.update(".".join(parts[: i + 1]) for i in range(len(parts)))  # sections count too
     return keys

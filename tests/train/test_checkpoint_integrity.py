@@ -36,7 +36,7 @@ def _trainer(run_dir, vocab=VOCAB, log=None):
 
 
 class _Crash(Hook):
-    """Stops the run with an exception after step 4's checkpoint was started (a crash between steps)."""
+    """Stops the run with an exception at step 5, before it is logged or checkpointed (a crash mid-run)."""
 
     def __init__(self):
         super().__init__(every=1, at_end=False)

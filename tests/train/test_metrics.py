@@ -6,7 +6,7 @@ import json
 import os
 
 from tempax.train.metrics import MetricsWriter, ProgressBar, read_metrics, truncate_after
-from tests.train.test_checkpoint_integrity import _crashed_run, _resume
+from tests.train.test_checkpoint_integrity import _crashed_run, _remove_params_metadata, _resume
 
 
 def _steps(run_dir):
@@ -15,14 +15,15 @@ def _steps(run_dir):
 
 
 def test_resumed_run_leaves_each_step_once_in_the_file(tmp_path):
-    """The crash comes after step 5 was logged but before its checkpoint: the resume from 4 drops row 5 and
-    writes 5 and 6 again, so the raw file holds steps 1..6 once each (no 1,2,3,4,5,5,6)."""
+    """Steps 1-4 logged, checkpoint 4 damaged: the resume from 3 drops row 4 and writes 4, 5, 6 again, so the raw
+    file holds steps 1..6 once each (not 1, 2, 3, 4, 4, 5, 6)."""
     _crashed_run(str(tmp_path))
-    assert _steps(str(tmp_path)) == [1, 2, 3, 4, 5]
+    _remove_params_metadata(str(tmp_path))
+    assert _steps(str(tmp_path)) == [1, 2, 3, 4]
     result, said = _resume(str(tmp_path))
-    assert result.resumed_from == 4
+    assert result.resumed_from == 3
     assert _steps(str(tmp_path)) == [1, 2, 3, 4, 5, 6]
-    assert "metrics.jsonl: dropped 1 row of steps after 4 (they are run again from the checkpoint)" in said
+    assert "metrics.jsonl: dropped 1 row of steps after 3 (they are run again from the checkpoint)" in said
     assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2, 3, 4, 5, 6]
 
 
