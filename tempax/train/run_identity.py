@@ -36,11 +36,12 @@ CHANGES_FILE = "config_changes.jsonl"
 # Dotted keys (or prefixes ending in ".") whose change leaves every optimizer step's result as it was.
 BOOKKEEPING = (
     "train.log_every", "train.eval_every", "train.eval_batches", "train.eval_at_start", "train.run_dir",
-    "train.tensorboard", "train.progress_bar", "train.check_memory", "train.allow_config_change",
+    "train.tensorboard", "train.progress_bar", "train.check_memory",
     "train.micro_batch_size", "train.auto_micro_batch", "train.remat", "train.checkpoint.", "train.mesh.",
     "eval.", "grpo.show_completion_every", "grpo.log_entropy",
 )
 RUN_LENGTH = "train.steps"
+ALLOW_KEY = "train.allow_config_change"
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any]) -> list[Cha
     a, b = flatten(saved), flatten(new)
     out = []
     for key in sorted(set(a) | set(b)):
+        if key == ALLOW_KEY:  # the permission itself is not part of how the run trains
+            continue
         old, cur = a.get(key, _ABSENT), b.get(key, _ABSENT)
         if old == cur or (isinstance(old, (int, float)) and isinstance(cur, (int, float)) and float(old) == float(cur)):
             continue
@@ -186,12 +189,21 @@ def _has_training_record(run_dir: str) -> bool:
 
 @contextlib.contextmanager
 def clean_failed_start(run_dir: str) -> Iterator[None]:
-    """Wraps a run's start: when the block raises and the run dir holds no record of training (no metrics row, no
-    checkpoint), what this start wrote there (config.yaml, data_report.json, the tokenizer, summary.json...) is
-    removed again, and the folder itself when this start created it; the error then propagates. A run dir that
-    already holds training is never touched."""
+    """Wraps a run's start so that a failure leaves the run dir as it found it.
+
+    When the block raises and the run dir holds no record of training (no metrics row, no checkpoint), what this
+    start wrote there (config.yaml, data_report.json, the tokenizer...) is removed, and the folder itself when this
+    start created it. When it holds an earlier run and no newer checkpoint was written, config.yaml and
+    config_changes.jsonl get their earlier contents back (the checkpoints were made with that config, and `export`
+    rebuilds the model from it). The error then propagates.
+    """
     existed = os.path.isdir(run_dir)
     before = set(os.listdir(run_dir)) if existed else set()
+    latest = max(checkpoint_steps(run_dir), default=None)
+    records = {}
+    for name in (CONFIG_FILE, CHANGES_FILE):
+        path = os.path.join(run_dir, name)
+        records[name] = open(path, "rb").read() if os.path.isfile(path) else None
     try:
         yield
     except BaseException:
@@ -201,4 +213,13 @@ def clean_failed_start(run_dir: str) -> Iterator[None]:
                 shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
             if not existed and not os.listdir(run_dir):
                 os.rmdir(run_dir)
+        elif latest is not None and max(checkpoint_steps(run_dir), default=-1) <= latest:
+            for name, content in records.items():
+                path = os.path.join(run_dir, name)
+                if content is None:
+                    if os.path.isfile(path):
+                        os.remove(path)
+                else:
+                    with open(path, "wb") as f:
+                        f.write(content)
         raise

@@ -32,8 +32,14 @@ def test_changed_learning_rate_on_resume_is_refused_then_recorded(workspace, tmp
     assert read_yaml(run / "config.yaml")["train"]["optimizer"]["learning_rate"] == 0.01
     (record,) = [json.loads(line) for line in (run / "config_changes.jsonl").read_text().splitlines()]
     assert record["step"] == 2
-    assert {c["key"] for c in record["changes"]} == {"train.optimizer.learning_rate", "train.steps",
-                                                    "train.allow_config_change"}
+    assert {c["key"] for c in record["changes"]} == {"train.optimizer.learning_rate", "train.steps"}
+    # An allowed change that cannot resume (another LoRA rank: the checkpoint's shapes differ) is refused by the
+    # checkpoint, and config.yaml / config_changes.jsonl keep describing the checkpoints that are there.
+    saved, changes = (run / "config.yaml").read_text(), (run / "config_changes.jsonl").read_text()
+    assert main(base + ["train.steps=4", "train.optimizer.learning_rate=0.01", "lora.rank=8",
+                        "train.allow_config_change=true"]) == 2
+    assert "was written for another model, trainable set or optimizer" in capfd.readouterr().err
+    assert (run / "config.yaml").read_text() == saved and (run / "config_changes.jsonl").read_text() == changes
 
 
 def test_failed_start_leaves_no_run_dir(workspace, tmp_path, capfd):  # noqa: F811

@@ -64,7 +64,7 @@ def test_save_run_config_records_allowed_changes_with_their_step(tmp_path):
     (record,) = [json.loads(line) for line in (tmp_path / "config_changes.jsonl").read_text().splitlines()]
     assert record["step"] == 3
     assert [(c["key"], c["old"], c["new"], c["trajectory"]) for c in record["changes"]] == [
-        ("train.allow_config_change", False, True, False), ("train.optimizer.learning_rate", 0.1, 0.2, True),
+        ("train.optimizer.learning_rate", 0.1, 0.2, True),
         ("train.steps", 100, 200, False)]
     assert ("config change after step 3: train.steps: 100 -> 200 (the cosine schedule's remaining learning "
             "rates follow the new length) [run length]") in said
