@@ -33,12 +33,14 @@ from tempax.errors import ConfigError
 CONFIG_FILE = "config.yaml"
 CHANGES_FILE = "config_changes.jsonl"
 
-# Dotted keys (or prefixes ending in ".") whose change leaves every optimizer step's result as it was.
+# Dotted keys (or prefixes ending in ".") whose change leaves every optimizer step's result as it was (held-out
+# evaluation settings among them; data.eval_fraction is not: it moves rows between the splits).
 BOOKKEEPING = (
     "train.log_every", "train.eval_every", "train.eval_batches", "train.eval_at_start", "train.run_dir",
     "train.tensorboard", "train.progress_bar", "train.check_memory",
     "train.micro_batch_size", "train.auto_micro_batch", "train.remat", "train.checkpoint.", "train.mesh.",
-    "eval.", "grpo.show_completion_every", "grpo.log_entropy",
+    "eval.", "eval_before", "task.eval_split", "data.eval_path", "data.eval_split", "data.max_eval_rows",
+    "grpo.show_completion_every", "grpo.log_entropy",
 )
 RUN_LENGTH = "train.steps"
 ALLOW_KEY = "train.allow_config_change"
