@@ -34,18 +34,19 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class RunStopped(TempaxError):
     """Training stopped on a signal after writing a checkpoint of the step it had finished.
 
-    Attributes: step, signal_name ("SIGTERM" / "SIGINT"), checkpoint (its path or None), exit_status (128 + the
-    signal number).
+    Attributes: step, signal_name ("SIGTERM" / "SIGINT"), checkpoint (its path; None when no step finished since
+    the run started or resumed), exit_status (128 + the signal number).
     """
 
     def __init__(self, step: int, signal_name: str, checkpoint: str | None):
         self.step, self.signal_name, self.checkpoint = step, signal_name, checkpoint
         self.exit_status = 128 + int(getattr(signal, signal_name))
-        where = f"checkpoint {checkpoint}" if checkpoint else "no checkpoint (train.checkpoint is off)"
-        super().__init__(
-            f"stopped on {signal_name} after step {step}; saved {where}. Run the same command again to continue "
-            "from it."
-        )
+        if checkpoint:
+            text = (f"stopped on {signal_name} after step {step}; saved checkpoint {checkpoint}. Run the same command "
+                    "again to continue from it.")
+        else:
+            text = f"stopped on {signal_name} at step {step}, before another step finished; nothing new to save."
+        super().__init__(text)
 
 
 class GracefulStop:

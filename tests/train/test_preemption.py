@@ -46,5 +46,6 @@ def test_second_sigterm_ends_the_process_with_the_default_action():
 def test_run_stopped_exit_status_is_128_plus_the_signal():
     assert RunStopped(7, "SIGTERM", "/r/checkpoints/7").exit_status == 143
     assert RunStopped(7, "SIGINT", None).exit_status == 130
+    assert str(RunStopped(7, "SIGINT", None)).startswith("stopped on SIGINT at step 7, before another step")
     message = str(RunStopped(7, "SIGTERM", "/r/checkpoints/7"))
     assert message.startswith("stopped on SIGTERM after step 7; saved checkpoint /r/checkpoints/7")
