@@ -82,7 +82,8 @@ def describe_storage_error(error: BaseException) -> tuple[str | None, str]:
         return path, f"is truncated: {m.group(3)} bytes on disk, the checkpoint's index reads up to byte {m.group(2)}"
     if "NOT_FOUND" in text or "not found" in text.lower():
         return path, "is missing"
-    tail = text.rsplit(": ", 1)[-1].strip() if path else text.strip().splitlines()[0] if text.strip() else ""
+    lines = text.strip().splitlines()
+    tail = text.rsplit(": ", 1)[-1].strip() if path else (lines[0] if lines else "")
     return path, f"cannot be read ({tail[:200] or type(error).__name__})"
 
 
