@@ -290,3 +290,30 @@ def test_example_clean_config_loads():
         assert f.readline().startswith("#") and "tempax data clean" in f.read()
     cfg = load_config(CleanConfig, path)
     assert cfg.pii.enabled and cfg.decontaminate.eval_sets == ("../shared/data/gsm8k/test.jsonl",)
+
+
+def test_rows_stream_from_the_file(tmp_path):
+    """`iter_rows` yields the first rows of a gzipped JSON Lines file before reading the rest: a file whose tail is
+    cut off gives its first row, then a DataError naming the file (a whole-file read would fail at once)."""
+    from tempax.data.sources import iter_rows
+
+    good = gzip.compress("".join(json.dumps({"text": f"row {i} " * 50}) + "\n" for i in range(2000)).encode())
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(good[: len(good) // 2])
+    rows = iter_rows(str(path))
+    assert next(rows).data == {"text": "row 0 " * 50}
+    with pytest.raises(DataError, match=r"cannot read .*cut.jsonl.gz"):
+        list(rows)
+
+
+def test_parquet_rows_stream_in_batches(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tempax.data.sources import iter_rows, read_rows
+
+    path = str(tmp_path / "rows.parquet")
+    pq.write_table(pa.Table.from_pylist([{"text": f"document {i}"} for i in range(2500)]), path, row_group_size=1000)
+    streamed = list(iter_rows(path))
+    assert [(r.data, r.index) for r in streamed] == [(r.data, r.index) for r in read_rows(path)]
+    assert streamed[-1].index == 2500

@@ -69,48 +69,79 @@ def test_mean_init_rows():
     assert out.tolist() == [[1.0, 2.0], [3.0, 4.0], [2.0, 3.0]]
 
 
-def test_extend_model_end_to_end(tmp_path):
-    """A tiny model + tokenizer saved as a checkpoint, extended with two tokens: the new rows are the mean row,
-    old logits are unchanged, a loss on text using the new tokens is finite with gradient on the new rows, and
-    the saved folder reloads with the same tokenizer ids and weights."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
+@pytest.fixture(scope="module")
+def extended(tmp_path_factory):
+    """A tiny model (untied head, so both tables grow) + tokenizer saved as a checkpoint, then extended."""
     from tempax.models.hf_io import save_hf_checkpoint
-    from tempax.models.registry import load
     from tests.kit.models import tiny_tempax_model
 
-    tok = train_bpe(CORPUS, 300)
-    model = tiny_tempax_model("llama", vocab_size=300)  # untied head: both tables grow
-    base = save_hf_checkpoint(model, str(tmp_path / "base"), tokenizer=tok)
-    ext = extend_model(base, ["<calc>", "</calc>", "<calc>"], str(tmp_path / "ext"))
-    assert ext.added == {"<calc>": 300, "</calc>": 301} and (ext.old_vocab, ext.new_vocab) == (300, 302)
+    tmp = tmp_path_factory.mktemp("extend")
+    model = tiny_tempax_model("llama", vocab_size=300)
+    base = save_hf_checkpoint(model, str(tmp / "base"), tokenizer=train_bpe(CORPUS, 300))
+    return model, extend_model(base, ["<calc>", "</calc>", "<calc>"], str(tmp / "ext")), tmp
 
+
+def test_extend_model_end_to_end(extended):
+    """The two new tokens get ids 300 and 301 (a repeated token is added once); the saved folder reloads with
+    those ids; the new embedding and LM-head rows are the mean rows and the old rows and old logits are
+    unchanged."""
+    import jax.numpy as jnp
+
+    from tempax.models.registry import load
+
+    model, ext, tmp = extended
+    assert ext.added == {"<calc>": 300, "</calc>": 301} and (ext.old_vocab, ext.new_vocab) == (300, 302)
     new_model, new_tok = load(ext.folder, progress=False)
     assert new_model.config.vocab_size == 302
     ids = new_tok.encode("<calc>48/2</calc> = 24", add_special_tokens=False)
     assert ids[0] == 300 and 301 in ids
-    emb = np.asarray(new_model.embed_tokens.embedding[...])
-    old = np.asarray(model.embed_tokens.embedding[...])
-    np.testing.assert_allclose(emb[300], old.mean(0), atol=1e-6)
+    emb, old = np.asarray(new_model.embed_tokens.embedding[...]), np.asarray(model.embed_tokens.embedding[...])
+    np.testing.assert_allclose(emb[300:], np.stack([old.mean(0)] * 2), atol=1e-6)
     np.testing.assert_array_equal(emb[:300], old)
-
-    tokens = jnp.asarray([ids[:-1]], jnp.int32)
-    targets = jnp.asarray([ids[1:]], jnp.int32)
-    old_logits, _ = model(jnp.asarray([[5, 6, 7]], jnp.int32))
-    new_logits, _ = new_model(jnp.asarray([[5, 6, 7]], jnp.int32))
-    np.testing.assert_allclose(np.asarray(new_logits[..., :300]), np.asarray(old_logits), atol=1e-5)
-
-    def loss_fn(m):
-        logits, _ = m(tokens)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        return -jnp.take_along_axis(logp, targets[..., None], axis=-1).mean()
-
-    loss, grads = nnx.value_and_grad(loss_fn)(new_model)
-    assert np.isfinite(float(loss))
-    g = np.asarray(grads.embed_tokens.embedding[...])
-    assert np.abs(g[300]).sum() > 0  # the new token's row is trained
-
+    head, old_head = np.asarray(new_model.lm_head.kernel[...]), np.asarray(model.lm_head.kernel[...])
+    np.testing.assert_allclose(head[:, 300], old_head.mean(1), atol=1e-6)
+    tokens = jnp.asarray([[5, 6, 7]], jnp.int32)
+    np.testing.assert_allclose(np.asarray(new_model(tokens)[0][..., :300]), np.asarray(model(tokens)[0]), atol=1e-5)
     with pytest.raises(ConfigError, match="already in the tokenizer"):
-        extend_model(ext.folder, ["<calc>"], str(tmp_path / "again"))
+        extend_model(ext.folder, ["<calc>"], str(tmp / "again"))
+
+
+def test_continued_pretraining_with_new_tokens(extended, tmp_path):
+    """`tempax pretrain` on the extended checkpoint: text using the new tokens trains (the loss falls over 8
+    full fine-tuning steps of the 2-layer model)."""
+    import json
+
+    from tempax.algorithms.sft.trainer import PretrainConfig, main
+    from tempax.configlib import from_dict
+
+    _, ext, _ = extended
+    data = tmp_path / "calc.jsonl"
+    with open(data, "w") as f:
+        for i in range(8):
+            f.write(json.dumps({"text": f"She sold <calc>{i}*2={2 * i}</calc> clips."}) + "\n")
+    cfg = from_dict(PretrainConfig, {
+        "model": {"source": ext.folder},
+        "data": {"path": str(data), "text_fields": [], "packing": False},
+        "train": {"steps": 8, "batch_size": 4, "seq_len": 32, "progress_bar": False, "tensorboard": False,
+                  "run_dir": str(tmp_path / "run"), "mesh": {"num_devices": 1},
+                  "optimizer": {"learning_rate": 1e-2, "schedule": "constant", "weight_decay": 0.0},
+                  "checkpoint": {"save_at_end": False}},
+    })
+    result = main(cfg, log=lambda _: None)
+    assert result.losses[-1] < result.losses[0], result.losses
+
+
+def test_cli_tokenizer_train(tmp_path, capsys):
+    import json
+
+    from tempax.cli.main import main
+
+    corpus, held = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in CORPUS))
+    held.write_text("".join(json.dumps({"text": t}) + "\n" for t in HELD_OUT))
+    out_dir = str(tmp_path / "tok")
+    assert main(["tokenizer", "train", str(corpus), "--vocab-size", "300", "--out", out_dir,
+                 "--heldout", str(held)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["vocab_size"] == 300 and report["roundtrip_exact"] == report["heldout_texts"] == 3
+    assert load_tokenizer(out_dir).vocab_size == 300
