@@ -8,23 +8,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+
+_OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # key.path=value; a path with "=" after a "/" is still a path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
+    # After its first positional, `clean` hands the rest to `clean_parser` (intermixed parsing), so IN, OUT and
+    # KEY=VALUE overrides may come before or after the options, as with `tempax sft`; the top-level parser alone
+    # would stop at the first positional that follows an option.
     c = sub.add_parser("clean", help="normalise, filter, scrub PII, decontaminate and deduplicate a dataset",
-                       description="Streams IN to OUT (JSON Lines, .gz for gzip) through the steps of "
-                                   "tempax/data/clean.py and prints a report of rows kept and dropped per reason.")
-    c.add_argument("input", metavar="IN", help="dataset file or folder (jsonl/json/parquet, saved dataset)")
-    c.add_argument("output", metavar="OUT", nargs="?", help="cleaned JSON Lines file (omit with --dry-run)")
-    c.add_argument("--config", "-c", metavar="YAML", help="a clean config (see examples/clean_sft.yaml)")
-    c.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="config overrides, e.g. near_dedup.threshold=0.8 pii.enabled=true "
-                        "decontaminate.eval_sets=[../shared/data/gsm8k/test.jsonl]")
-    c.add_argument("--dry-run", action="store_true", help="count what would be dropped; write no data")
-    c.add_argument("--split", help="split of a folder or saved dataset")
-    c.add_argument("--report", metavar="JSON", help="report path (default: OUT.report.json; none with --dry-run)")
-    c.add_argument("--describe", action="store_true", help="list every config key with its type and help")
+                       description=_CLEAN_HELP)
+    _clean_options(c)
+    c.add_argument("argv", nargs=argparse.REMAINDER, metavar="IN [OUT] [KEY=VALUE ...]", help=_ITEMS_HELP)
 
     s = sub.add_parser("stats", help="rows, tokens, length histogram, turns and loss-token share of a dataset")
     s.add_argument("data", metavar="DATA", help="dataset file or folder")
@@ -37,6 +34,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
+_CLEAN_HELP = ("Streams IN to OUT (JSON Lines, .gz for gzip) through the steps of tempax/data/clean.py and prints a "
+               "report of rows kept and dropped per reason.")
+_ITEMS_HELP = ("dataset file or folder (jsonl/json/parquet, saved dataset); the cleaned JSON Lines file (.gz for gzip; "
+               "omit with --dry-run); config overrides, e.g. near_dedup.threshold=0.8 pii.enabled=true "
+               "decontaminate.eval_sets=[../shared/data/gsm8k/test.jsonl]")
+_CLEAN_OPTIONS = ("config", "dry_run", "split", "report", "describe")
+
+
+def _clean_options(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--config", "-c", metavar="YAML", help="a clean config (see examples/clean_sft.yaml)")
+    c.add_argument("--dry-run", action="store_true", help="count what would be dropped; write no data")
+    c.add_argument("--split", help="split of a folder or saved dataset")
+    c.add_argument("--report", metavar="JSON", help="report path (default: OUT.report.json; none with --dry-run)")
+    c.add_argument("--describe", action="store_true", help="list every config key with its type and help")
+
+
+def clean_parser() -> argparse.ArgumentParser:
+    c = argparse.ArgumentParser(prog="tempax data clean", description=_CLEAN_HELP)
+    c.add_argument("items", nargs="*", metavar="IN [OUT] [KEY=VALUE ...]", help=_ITEMS_HELP)
+    _clean_options(c)
+    return c
+
+
 def run(args: argparse.Namespace) -> int:
     return _clean(args) if args.data_command == "clean" else _stats(args)
 
@@ -46,14 +66,24 @@ def _clean(args: argparse.Namespace) -> int:
     from tempax.data.clean import CleanConfig, clean_file
     from tempax.errors import ConfigError
 
+    inner = clean_parser().parse_intermixed_args(args.argv)
+    for name in _CLEAN_OPTIONS:  # an option given before IN was taken by the outer parser
+        setattr(inner, name, getattr(inner, name) or getattr(args, name))
+    args = inner
     if args.describe:
         print(describe(CleanConfig))
         return 0
-    if args.output is None and not args.dry_run:
+    if not args.items:
+        raise ConfigError("tempax data clean needs IN (the dataset to clean); see tempax data clean --help")
+    overrides = [a for a in args.items if _OVERRIDE.match(a)]
+    paths = [a for a in args.items if not _OVERRIDE.match(a)]
+    if len(paths) > 2:
+        raise ConfigError(f"tempax data clean takes IN and OUT, got {len(paths)} paths: {paths}")
+    if len(paths) < 2 and not args.dry_run:
         raise ConfigError("tempax data clean needs OUT (the cleaned file), or --dry-run to only count")
-    cfg = load_config(CleanConfig, args.config, list(args.overrides))
-    output = None if args.dry_run else args.output
-    report = clean_file(args.input, output, cfg, split=args.split)
+    cfg = load_config(CleanConfig, args.config, overrides)
+    output = None if args.dry_run else paths[1]
+    report = clean_file(paths[0], output, cfg, split=args.split)
     print(report.table())
     path = args.report or (None if output is None else output + ".report.json")
     if path:

@@ -169,6 +169,12 @@ def ngram_overlap(tokens: list[str], reference: set[tuple[str, ...]], n: int) ->
     return sum(1 for g in {tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)} if g in reference)
 
 
+def wordy_ngram(gram: tuple[str, ...]) -> bool:
+    """True when at least half the n-gram's words contain a letter. Decontamination counts only these: GSM8K's
+    calculator annotations ("<<10*2=20>>20" -> 10 2 20 20) make numeric 8-grams shared by unrelated problems."""
+    return 2 * sum(any(c.isalpha() for c in w) for w in gram) >= len(gram)
+
+
 def shingles(tokens: list[str], k: int) -> set[bytes]:
     """The set of word k-shingles of a text, UTF-8 encoded for MinHash (a text shorter than k: one shingle)."""
     return {" ".join(g).encode("utf-8") for g in ngrams(tokens, k)}
@@ -359,7 +365,7 @@ class CleanReport:
 
 
 def load_eval_ngrams(paths: Iterable[str], n: int) -> set[tuple[str, ...]]:
-    """Every word n-gram of every content string of the evaluation sets."""
+    """Every word n-gram (`wordy_ngram` ones) of every content string of the evaluation sets."""
     grams: set[tuple[str, ...]] = set()
     for path in paths:
         found = False
@@ -369,7 +375,7 @@ def load_eval_ngrams(paths: Iterable[str], n: int) -> set[tuple[str, ...]]:
             for s in strings or ():
                 found = True
                 tokens = words(normalize_text(s))
-                grams.update(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
+                grams.update(g for g in (tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)) if wordy_ngram(g))
         if not found:
             raise DataError(f"decontaminate.eval_sets: {path} holds no readable rows (text, chat, qa, ...); "
                             "pass an evaluation file the data layer reads, e.g. ../shared/data/gsm8k/test.jsonl")

@@ -29,6 +29,7 @@ from tempax.data.clean import (
     scrub_pii,
     shingles,
     words,
+    wordy_ngram,
 )
 from tempax.data.kinds import content_strings, map_content, row_kind, turn_count
 from tempax.data.sources import as_rows
@@ -100,6 +101,11 @@ def test_scrub_pii_leaves_numbers_that_are_not_pii():
     for text in ("Derek has 960-480-120 = <<960-480-120=360>>360 dollars", "id 4111 1111 1111 1112",
                  "version 1.2.3", "$1,000,000-$150,000=$<<1000000-150000=850000>>850,000"):
         assert scrub_pii(text) == (text, {})
+
+
+def test_wordy_ngram():
+    """'cost 10 x 2' has 2 words with letters of 4 -> counts; '10 2 20 20' has none -> ignored."""
+    assert wordy_ngram(("cost", "10", "x", "2")) and not wordy_ngram(("10", "2", "20", "20"))
 
 
 def test_ngram_overlap():
@@ -279,6 +285,9 @@ def test_cli_data_clean(tmp_path, capsys):
     assert report["kept"] == 1 and report["config"]["near_dedup"]["enabled"] is False
     assert main(["data", "clean", src]) == 2  # neither OUT nor --dry-run: a clear message, exit status 2
     assert "needs OUT" in capsys.readouterr().err
+    # Options before IN, and overrides after an option, both work.
+    assert main(["data", "clean", "--dry-run", src, "--report", str(tmp_path / "r.json"), "exact_dedup=false"]) == 0
+    assert json.load(open(tmp_path / "r.json"))["kept"] == 2
 
 
 def test_example_clean_config_loads():
