@@ -286,7 +286,8 @@ def test_cli_data_clean(tmp_path, capsys):
     assert main(["data", "clean", src]) == 2  # neither OUT nor --dry-run: a clear message, exit status 2
     assert "needs OUT" in capsys.readouterr().err
     # Options before IN, and overrides after an option, both work.
-    assert main(["data", "clean", "--dry-run", src, "--report", str(tmp_path / "r.json"), "exact_dedup=false"]) == 0
+    assert main(["data", "clean", "--dry-run", src, "--report", str(tmp_path / "r.json"), "exact_dedup=false",
+                 "near_dedup.enabled=false"]) == 0
     assert json.load(open(tmp_path / "r.json"))["kept"] == 2
 
 
