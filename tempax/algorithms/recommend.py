@@ -35,6 +35,9 @@ FULL_FT_MIN_TOKENS = 20_000_000  # below this many training tokens, LoRA is reco
 CHECKABLE_MIN_FRACTION = 0.9  # share of qa rows with a checkable answer for GRPO
 QLORA_BYTES_PER_PARAM = 0.5625  # NF4 in blocks of 64 with a float32 scale per block
 ADAPTATIONS = ("full", "lora", "qlora")
+# The memory plan is an estimate within ~25% (tempax/train/memory.py): a setting is chosen only when its predicted
+# peak leaves this share of the capacity free.
+HEADROOM = 0.15
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class Recommendation:
 
     @property
     def fits(self) -> bool:
-        return self.capacity is None or self.peak_bytes <= self.capacity
+        return self.capacity is None or self.peak_bytes <= self.capacity * (1 - HEADROOM)
 
 
 def _round_up(x: float, multiple: int) -> int:
@@ -131,7 +134,7 @@ def _fit(command: str, model: ModelConfig, adaptation: str, batch_rows: int, seq
             p = _plan_inputs(command, model, adaptation, micro * rows_per_item, seq_len, precision, remat)
             plan = mem.plan_memory(p, capacity)
             peak = plan.total + _extra_bytes(command, model, adaptation, micro * rows_per_item, seq_len)
-            if capacity is None or peak <= capacity:
+            if capacity is None or peak <= capacity * (1 - HEADROOM):
                 return plan, peak, micro, remat
     return None
 
@@ -142,6 +145,7 @@ def recommend(
     *,
     model_source: str,
     capacity: int | None,
+    tokenizer_source: str | None = None,
     accelerator: bool = False,
     run_dir: str | None = None,
 ) -> Recommendation:
@@ -190,7 +194,7 @@ def recommend(
         reasons.append(f"full fine-tuning: ~{profile.total_tokens / 1e6:.0f}M training tokens is enough data to use "
                        f"every weight, and the {params} fits ({gib(peak)} of {cap})")
     elif full_fit is None:
-        reasons.append(f"{adaptation.upper() if adaptation == 'qlora' else 'LoRA'}: full fine-tuning of the "
+        reasons.append(f"{'QLoRA' if adaptation == 'qlora' else 'LoRA'}: full fine-tuning of the "
                        f"{params} does not fit in {cap} (AdamW keeps ~16 bytes per parameter)"
                        + ("; LoRA does not fit either, so the frozen base is stored in 4 bits" if adaptation == "qlora"
                           else f"; LoRA fits ({gib(peak)})"))
@@ -199,10 +203,12 @@ def recommend(
                        f"~{profile.total_tokens / 1e6:.1f}M tokens is little data (< {FULL_FT_MIN_TOKENS // 10**6}M): "
                        "LoRA matches full fine-tuning there, forgets less and needs a fraction of the memory")
     if micro < batch or remat != "none":
-        reasons.append(f"memory: micro-batch {micro} of {batch} (gradient accumulation), remat {remat}")
+        unit = " prompts" if command == "grpo" else " pairs" if command == "dpo" else ""
+        reasons.append(f"memory: micro-batch {micro} of {batch}{unit} (gradient accumulation), remat {remat}, "
+                       f"leaving {HEADROOM:.0%} of the memory free for the plan's error")
 
-    recipe, hparams = _recipe(command, profile, model_source, adaptation, batch, micro, remat, seq_len, precision,
-                              run_dir or f"runs/recommended_{command}")
+    recipe, hparams = _recipe(command, profile, model_source, tokenizer_source, adaptation, batch, micro, remat,
+                              seq_len, precision, run_dir or f"runs/recommended_{command}")
     if command == "grpo":
         recipe["grpo"].update(group_size=group, max_prompt_len=prompt_len, max_new_tokens=completion)
         hparams.update(group_size=group, max_prompt_len=prompt_len, max_new_tokens=completion, beta=0.04)
@@ -214,8 +220,8 @@ def recommend(
                           alternatives=alternatives, warnings=warnings)
 
 
-def _recipe(command: str, profile: DataProfile, source: str, adaptation: str, batch: int, micro: int, remat: str,
-            seq_len: int, precision: str, run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _recipe(command: str, profile: DataProfile, source: str, tokenizer: str | None, adaptation: str, batch: int,
+            micro: int, remat: str, seq_len: int, precision: str, run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(recipe data, the main hyper-parameters)."""
     lr = {("pretrain", "full"): 2e-5, ("sft", "full"): 2e-5, ("dpo", "full"): 5e-7, ("grpo", "full"): 1e-6}.get(
         (command, adaptation), {"pretrain": 2e-4, "sft": 2e-4, "dpo": 5e-5, "grpo": 5e-5}[command])
@@ -229,7 +235,7 @@ def _recipe(command: str, profile: DataProfile, source: str, adaptation: str, ba
         epochs = 1
         steps = max(min(math.ceil(profile.rows / batch), 500), 1)
     warmup = max(int(0.03 * steps), 1)
-    recipe: dict[str, Any] = {"model": {"source": source}}
+    recipe: dict[str, Any] = {"model": {"source": source, **({"tokenizer": tokenizer} if tokenizer else {})}}
     if adaptation != "full":
         lora: dict[str, Any] = {"rank": 16, "alpha": 32.0,
                                 "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",

@@ -14,6 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("data", metavar="DATA", help="dataset file or folder (jsonl/json/parquet, saved dataset)")
     parser.add_argument("--model", "-m", default="smollm2-135m-instruct",
                         help="model to train (registered name, .gguf, HF folder, Hub id)")
+    parser.add_argument("--tokenizer", help="tokenizer source when MODEL has none (a preset:<name> shape)")
     parser.add_argument("--split", help="split of a folder (default: train when the folder has one)")
     parser.add_argument("--out", "-o", help="recipe to write (default: recommended_<command>.yaml here)")
     parser.add_argument("--memory-gib", type=float,
@@ -32,9 +33,10 @@ def run(args: argparse.Namespace) -> int:
     from tempax.train.memory import GiB, device_capacity
 
     model = model_config(args.model)
-    profile = profile_dataset(args.data, load_tokenizer(args.model), split=args.split, sample_rows=args.sample_rows)
+    tokenizer = load_tokenizer(args.tokenizer or args.model)
+    profile = profile_dataset(args.data, tokenizer, split=args.split, sample_rows=args.sample_rows)
     capacity = int(args.memory_gib * GiB) if args.memory_gib else device_capacity()
-    rec = recommend(profile, model, model_source=args.model, capacity=capacity,
+    rec = recommend(profile, model, model_source=args.model, tokenizer_source=args.tokenizer, capacity=capacity,
                     accelerator=jax.default_backend() != "cpu", run_dir=args.run_dir)
     path = write_recipe(rec, args.out or f"recommended_{rec.command}.yaml")
     if args.json:

@@ -109,12 +109,19 @@ def dataset_stats(
       tokenizer: a `tempax.models.tokenizer.Tokenizer` (its chat template renders chat rows).
       seq_len: report the share of sequences longer than this.
       max_rows: look at the first N rows only.
+      split: the split of a folder; default: "train" when the folder holds a train file and others.
     """
-    stats = DataStats(path=path, seq_len=seq_len)
-    lengths: list[np.ndarray] = []
+    split = split if split is not None else default_split(path)
     rows = iter_rows(path, split=split)
     if max_rows is not None:
         rows = islice(rows, max_rows)
+    return rows_stats(rows, tokenizer, name=path + (f" [{split}]" if split else ""), seq_len=seq_len)
+
+
+def rows_stats(rows: Iterable[Row], tokenizer: Any, *, name: str, seq_len: int | None = None) -> DataStats:
+    """`dataset_stats` of rows from anywhere (a file's stream, a sample); `name` names them in messages."""
+    stats = DataStats(path=name, seq_len=seq_len)
+    lengths: list[np.ndarray] = []
     for chunk in _chunks(rows, _CHUNK):
         stats.rows += len(chunk)
         good = [r for r in chunk if r.data is not None and row_kind(r.data) is not None]
@@ -139,9 +146,9 @@ def dataset_stats(
         lengths.append(np.array([len(e) for e in examples], np.int64))
     stats.skipped = +stats.skipped
     if stats.rows == 0:
-        raise DataError(f"{path} holds no rows; pass a non-empty dataset.")
+        raise DataError(f"{name} holds no rows; pass a non-empty dataset.")
     if stats.usable_rows == 0:
-        raise DataError(f"{path}: none of its {stats.rows} rows could be tokenised (skipped {dict(stats.skipped)}); "
+        raise DataError(f"{name}: none of its {stats.rows} rows could be tokenised (skipped {dict(stats.skipped)}); "
                         "rows must be chat, prompt/completion, preference, question/answer or text objects.")
     stats.lengths = np.concatenate(lengths) if lengths else stats.lengths
     return stats
@@ -202,22 +209,33 @@ def default_split(path: str) -> str | None:
     return "train" if len(names) > 1 and any(n.split(".", 1)[0] == "train" for n in names) else None
 
 
-def profile_dataset(path: str, tokenizer: Any, *, split: str | None = None, sample_rows: int = 300) -> DataProfile:
-    """Counts every row (streaming) and tokenises the first `sample_rows` to measure lengths."""
+def profile_dataset(path: str, tokenizer: Any, *, split: str | None = None, sample_rows: int = 300,
+                    seed: int = 0) -> DataProfile:
+    """Counts every row in one streaming pass, keeping a uniform random sample of `sample_rows` rows (reservoir
+    sampling, seeded) that is then tokenised to measure lengths: files are often sorted (by source, by length),
+    so their first rows are not a fair sample."""
     from tempax.data.tasks.gsm8k import parse_final_answer
 
     split = split if split is not None else default_split(path)
-    sample = dataset_stats(path, tokenizer, max_rows=sample_rows, split=split)
-    rows = 0
-    checkable = 0
+    rng = np.random.default_rng(seed)
+    sample: list[Row] = []
+    rows = checkable = 0
     for row in iter_rows(path, split=split):
         rows += 1
-        if sample.kind == "qa" and row.data is not None:
+        if len(sample) < sample_rows:
+            sample.append(row)
+        else:
+            j = int(rng.integers(rows))
+            if j < sample_rows:
+                sample[j] = row
+        if row.data is not None and row_kind(row.data) == "qa":
             answer = row.data.get("answer", row.data.get("solution"))
             checkable += isinstance(answer, str) and parse_final_answer(answer) is not None
-    per_row = sample.tokens / max(sample.usable_rows, 1)
+    sample.sort(key=lambda r: r.index)
+    stats = rows_stats(sample, tokenizer, name=path + (f" [{split}]" if split else ""))
+    per_row = stats.tokens / max(stats.usable_rows, 1)
     return DataProfile(
-        path=path, split=split, kind=sample.kind or "text", rows=rows, sample_rows=sample.rows,
-        tokens_per_row=per_row, p95_tokens=sample.percentile(95), loss_token_share=sample.loss_token_share,
+        path=path, split=split, kind=stats.kind or "text", rows=rows, sample_rows=stats.rows,
+        tokens_per_row=per_row, p95_tokens=stats.percentile(95), loss_token_share=stats.loss_token_share,
         checkable_fraction=checkable / rows if rows else 0.0,
     )

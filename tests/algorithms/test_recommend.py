@@ -63,14 +63,15 @@ def test_lots_of_data_and_memory_recommends_full_fine_tuning(tmp_path):
 
 
 def test_model_too_big_for_full_fine_tuning_gets_lora(tmp_path):
-    """Llama-3.1-8B with lots of data in 40 GiB: full fine-tuning needs ~16 bytes a parameter (> 120 GiB), so
-    LoRA; in 12 GiB even LoRA's 16 GiB of float32 weights does not fit, so QLoRA (4-bit base)."""
+    """Llama-3.1-8B with lots of data in 48 GiB: full fine-tuning needs ~16 bytes a parameter (8.0B x 16 = 120
+    GiB before activations), so LoRA (30 GiB of float32 base weights); in 20 GiB LoRA does not fit either, so
+    QLoRA (a 4-bit base, ~4.2 GiB)."""
     big = get_preset("llama3.1-8b")
     p = _profile(tmp_path, "messages", rows=100_000, tokens_per_row=400)
-    rec = recommend(p, big, model_source="smollm2-135m-instruct", capacity=40 * GiB)
+    rec = recommend(p, big, model_source="smollm2-135m-instruct", capacity=48 * GiB)
     assert rec.adaptation == "lora" and rec.fits
     assert any("does not fit" in r for r in rec.reasons)
-    rec = recommend(p, big, model_source="smollm2-135m-instruct", capacity=12 * GiB)
+    rec = recommend(p, big, model_source="smollm2-135m-instruct", capacity=20 * GiB)
     assert rec.adaptation == "qlora" and rec.fits and rec.recipe["lora"]["quantize_base"] == "nf4"
     assert rec.hyperparameters["micro_batch_size"] <= rec.hyperparameters["batch_size"]
     rec = recommend(p, big, model_source="smollm2-135m-instruct", capacity=1 * GiB)
