@@ -169,6 +169,13 @@ def recommend(
         base = profile.p95_tokens if command == "sft" else 1024
         seq_len = min(_round_up(max(base, 256), 128), 2048, ctx)
 
+    # A small dataset cannot fill the default batch: cap it at the rows one epoch gives (packed rows for
+    # SFT / pre-training, at a conservative 80% packing; pairs or prompts otherwise), as a power of two.
+    per_epoch = (profile.total_tokens * 0.8 / seq_len if command in ("sft", "pretrain")
+                 else profile.rows * (0.98 if command == "dpo" else 1.0))
+    if per_epoch < batch:
+        batch = 2 ** int(math.log2(max(per_epoch, 1)))
+        warnings.append(f"little data: one epoch gives ~{int(per_epoch)} batch rows, so batch_size is {batch}")
     big_data = profile.total_tokens >= FULL_FT_MIN_TOKENS
     order = ADAPTATIONS if big_data else ("lora", "qlora")
     chosen = None
