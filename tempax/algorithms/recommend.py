@@ -220,15 +220,16 @@ def recommend(
         recipe["grpo"].update(group_size=group, max_prompt_len=prompt_len, max_new_tokens=completion)
         hparams.update(group_size=group, max_prompt_len=prompt_len, max_new_tokens=completion, beta=0.04)
     method = {"pretrain": "continued pre-training", "sft": "SFT", "dpo": "DPO", "grpo": "GRPO"}[command]
-    method += {"full": " (full fine-tuning)", "lora": " with LoRA (rank 16)", "qlora": " with QLoRA (NF4 base, rank 16)"}[
-        adaptation]
+    method += {"full": " (full fine-tuning)", "lora": " with LoRA (rank 16)",
+               "qlora": " with QLoRA (NF4 base, rank 16)"}[adaptation]
     return Recommendation(command=command, method=method, adaptation=adaptation, reasons=reasons,
                           hyperparameters=hparams, peak_bytes=peak, capacity=capacity, plan=plan, recipe=recipe,
                           alternatives=alternatives, warnings=warnings)
 
 
 def _recipe(command: str, profile: DataProfile, source: str, tokenizer: str | None, adaptation: str, batch: int,
-            micro: int, remat: str, seq_len: int, precision: str, run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+            micro: int, remat: str, seq_len: int, precision: str,
+            run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(recipe data, the main hyper-parameters)."""
     lr = {("pretrain", "full"): 2e-5, ("sft", "full"): 2e-5, ("dpo", "full"): 5e-7, ("grpo", "full"): 1e-6}.get(
         (command, adaptation), {"pretrain": 2e-4, "sft": 2e-4, "dpo": 5e-5, "grpo": 5e-5}[command])

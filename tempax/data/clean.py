@@ -126,7 +126,8 @@ _PII_PATTERNS: dict[str, re.Pattern] = {
     "email": re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[A-Za-z]{2,}\b"),
     # Card-like: 16 digits in groups of four, or a bare run of 13-19 digits; Luhn-checked before replacing.
     "card": re.compile(r"(?<![\d-])(?:\d{4}[ -]){3}\d{4}(?![\d-])|(?<![\d,.-])\d{13,19}(?![\d,.-])"),
-    "ip": re.compile(r"(?<![\d.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?![\d.])"),
+    "ip": re.compile(r"(?<![\d.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}"
+                     r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?![\d.])"),
     # 3-3-4 digit groups with separators, optionally (area code) and +country; a bare run of digits is not one.
     "phone": re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{3}\) ?|\d{3}[ .-])\d{3}[ .-]\d{4}(?!\w)"),
 }
@@ -375,7 +376,7 @@ def load_eval_ngrams(paths: Iterable[str], n: int) -> set[tuple[str, ...]]:
             for s in strings or ():
                 found = True
                 tokens = words(normalize_text(s))
-                grams.update(g for g in (tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)) if wordy_ngram(g))
+                grams.update(g for g in ngrams(tokens, n) if len(g) == n and wordy_ngram(g))
         if not found:
             raise DataError(f"decontaminate.eval_sets: {path} holds no readable rows (text, chat, qa, ...); "
                             "pass an evaluation file the data layer reads, e.g. ../shared/data/gsm8k/test.jsonl")

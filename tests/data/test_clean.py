@@ -196,11 +196,14 @@ def test_near_duplicate_threshold_is_respected():
 def test_clean_file_end_to_end(tmp_path):
     good = "The committee approved the new budget after a long debate about school funding."
     rows = [
-        {"messages": [{"role": "user", "content": "Tell me  about the budget."}, {"role": "assistant", "content": good}]},
-        {"messages": [{"role": "user", "content": "Tell me about the budget."}, {"role": "assistant", "content": good + "  "}]},
+        {"messages": [{"role": "user", "content": "Tell me  about the budget."},
+                      {"role": "assistant", "content": good}]},
+        {"messages": [{"role": "user", "content": "Tell me about the budget."},
+                      {"role": "assistant", "content": good + "  "}]},
         {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "   "}]},
         {"messages": [{"role": "user", "content": "sorry " * 30}, {"role": "assistant", "content": "sorry " * 30}]},
-        {"messages": [{"role": "user", "content": "1234 5678 9012"}, {"role": "assistant", "content": "3456 7890 = 42"}]},
+        {"messages": [{"role": "user", "content": "1234 5678 9012"},
+                      {"role": "assistant", "content": "3456 7890 = 42"}]},
         {"messages": [{"role": "user", "content": "Mail me at jane@example.com please, the report is due."},
                       {"role": "assistant", "content": "I will send it to you by Friday afternoon at the latest."}]},
         {"messages": [{"role": "user", "content": "Natalia sold clips to 48 of her friends in April, and then she sold "
@@ -245,7 +248,8 @@ def test_dry_run_writes_nothing(tmp_path):
 def test_mixed_format_file_is_a_clear_error(tmp_path):
     src = _write_jsonl(tmp_path / "mixed.jsonl", [{"text": "some plain text here"},
                                                    {"chosen": "good answer", "rejected": "bad answer"}])
-    with pytest.raises(DataError, match=r"mixed.jsonl:2: a preference row in a file of text rows .*mixed.jsonl:1.*Split"):
+    with pytest.raises(DataError,
+                       match=r"mixed.jsonl:2: a preference row in a file of text rows .*mixed.jsonl:1.*Split"):
         clean_file(src, str(tmp_path / "out.jsonl"))
     assert not os.path.exists(tmp_path / "out.jsonl") and not os.path.exists(tmp_path / "out.jsonl.tmp")
 
