@@ -124,20 +124,22 @@ def luhn_valid(digits: str) -> bool:
 PII_KINDS = ("email", "phone", "ip", "card")
 _PII_PATTERNS: dict[str, re.Pattern] = {
     "email": re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[A-Za-z]{2,}\b"),
-    # Card-like: 16 digits in groups of four, or a bare run of 13-19 digits; Luhn-checked before replacing.
-    "card": re.compile(r"(?<![\d-])(?:\d{4}[ -]){3}\d{4}(?![\d-])|(?<![\d,.-])\d{13,19}(?![\d,.-])"),
+    # Card-like: 16 digits starting 2-6 (Visa, Mastercard, Discover...) or American Express's 4-6-5 (34/37), bare
+    # or in groups; Luhn-checked before replacing. A bare 13-digit timestamp or ID is not one.
+    "card": re.compile(r"(?<![\d-])(?:[2-6]\d{3}(?:[ -]?\d{4}){3}|3[47]\d{2}[ -]?\d{6}[ -]?\d{5})(?![\d-])"),
     "ip": re.compile(r"(?<![\d.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}"
                      r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?![\d.])"),
-    # 3-3-4 digit groups with separators, optionally (area code) and +country; a bare run of digits is not one.
-    "phone": re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{3}\) ?|\d{3}[ .-])\d{3}[ .-]\d{4}(?!\w)"),
+    # 3-3-4 digit groups with separators, optionally (area code) and a country code ("+44 ", "1-"); a bare run of
+    # digits is not one.
+    "phone": re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?|\d{1,3}[ .-])?(?:\(\d{3}\) ?|\d{3}[ .-])\d{3}[ .-]\d{4}(?!\w)"),
 }
-_ARITHMETIC = re.compile(r"\s*(?:=|[-+*/<>]\s*\d)")  # "... = 500", "... + 3": a sum, not an identifier
+_ARITHMETIC = re.compile(r"\s*(?:=|[-+*/x]\s*[\d.,]+\s*=)")  # "... = 500", "... + 3 = 8": a sum, not an identifier
 PII_TOKENS = {"email": "<EMAIL>", "phone": "<PHONE>", "ip": "<IP>", "card": "<CARD>"}
 
 
 def scrub_pii(text: str, kinds: Iterable[str] = PII_KINDS) -> tuple[str, Counter]:
-    """Replaces e-mail addresses, card-like numbers (13-19 digits, Luhn-valid), IPv4 addresses and phone numbers
-    (with separators) by placeholder tokens; returns the new text and a count per kind.
+    """Replaces e-mail addresses, card-like numbers (16-digit or Amex 15-digit, Luhn-valid), IPv4 addresses and
+    phone numbers (3-3-4 digits with separators) by placeholder tokens; returns the new text and a count per kind.
 
     Order matters: cards before phones (a card's digit groups also look like a phone number), IPs before phones.
     """

@@ -86,19 +86,20 @@ def test_luhn():
 
 
 def test_scrub_pii_replaces_and_counts():
-    text = ("mail bob.smith+x@example.co.uk or call 555-123-4567 / (555) 123-4567, server 192.168.0.1, "
-            "card 4111 1111 1111 1111")
+    text = ("mail bob.smith+x@example.co.uk or call 555-123-4567 / (555) 123-4567 / 1-800-222-1222, server "
+            "192.168.0.1, card 4111 1111 1111 1111 or 378282246310005")
     out, counts = scrub_pii(text)
-    assert out == "mail <EMAIL> or call <PHONE> / <PHONE>, server <IP>, card <CARD>"
-    assert counts == {"email": 1, "phone": 2, "ip": 1, "card": 1}
+    assert out == "mail <EMAIL> or call <PHONE> / <PHONE> / <PHONE>, server <IP>, card <CARD> or <CARD>"
+    assert counts == {"email": 1, "phone": 3, "ip": 1, "card": 2}
     only, c = scrub_pii(text, kinds=("email",))
     assert "<EMAIL>" in only and "555-123-4567" in only and c == {"email": 1}
 
 
 def test_scrub_pii_leaves_numbers_that_are_not_pii():
     """GSM8K arithmetic ('960-480-120 = <<960-480-120=360>>360'), a Luhn-invalid 16-digit number, a version
-    string and thousands separators are not personal data."""
+    string, thousands separators and a 13-digit timestamp are not personal data."""
     for text in ("Derek has 960-480-120 = <<960-480-120=360>>360 dollars", "id 4111 1111 1111 1112",
+                 "phone=1234567&_=1522680495750",
                  "version 1.2.3", "$1,000,000-$150,000=$<<1000000-150000=850000>>850,000"):
         assert scrub_pii(text) == (text, {})
 
