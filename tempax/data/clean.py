@@ -392,7 +392,6 @@ class _NearDuplicates:
         from datasketch import MinHash, MinHashLSH
 
         self.cfg = cfg
-        self._minhash = MinHash
         w = cfg.false_negative_weight
         self._lsh = MinHashLSH(threshold=cfg.threshold, num_perm=cfg.num_perm, weights=(1.0 - w, w))
         self._signatures: dict[str, np.ndarray] = {}  # kept row -> its uint32 signature, to confirm candidates
@@ -414,10 +413,29 @@ class _NearDuplicates:
         return None
 
 
+def filter_reason(text: str, tokens: list[str], f: FilterConfig) -> str | None:
+    """The first quality filter the row's text fails ("too_short", "too_long", "low_alpha", "bad_chars",
+    "repetitive"), or None when it passes them all. `tokens` is `words(text)`."""
+    if len(text) < f.min_chars or len(tokens) < f.min_words:
+        return "too_short"
+    if f.max_chars is not None and len(text) > f.max_chars:
+        return "too_long"
+    if f.max_words is not None and len(tokens) > f.max_words:
+        return "too_long"
+    if alpha_fraction(text) < f.min_alpha_fraction:
+        return "low_alpha"
+    if bad_char_fraction(text) > f.max_bad_char_fraction:
+        return "bad_chars"
+    if repeated_ngram_fraction(tokens, f.repetition_ngram) > f.max_repeated_ngram_fraction:
+        return "repetitive"
+    return None
+
+
 def clean_rows(rows: Iterable[Row], cfg: CleanConfig, report: CleanReport) -> Iterator[dict[str, Any]]:
     """The cleaned rows to keep, in input order; counts everything in `report` (see the module docstring)."""
     f = cfg.filters
     form = None if cfg.normalize.unicode_form == "none" else cfg.normalize.unicode_form
+    whitespace = cfg.normalize.whitespace
     eval_grams = load_eval_ngrams(cfg.decontaminate.eval_sets, cfg.decontaminate.ngram)
     report.eval_ngrams = len(eval_grams)
     seen: set[bytes] = set()
@@ -445,7 +463,7 @@ def clean_rows(rows: Iterable[Row], cfg: CleanConfig, report: CleanReport) -> It
                 "preference rows with 'chosen'/'rejected') and clean each part separately."
             )
         original = content_strings(row.data, kind)
-        data = map_content(row.data, kind, lambda s: normalize_text(s, form=form, whitespace=cfg.normalize.whitespace))
+        data = map_content(row.data, kind, lambda s: normalize_text(s, form=form, whitespace=whitespace))
         strings = content_strings(data, kind)
         text = "\n".join(strings)
         changed = strings != original
@@ -457,41 +475,25 @@ def clean_rows(rows: Iterable[Row], cfg: CleanConfig, report: CleanReport) -> It
         if f.drop_empty_turns and any(not s for s in strings):
             drop("empty_turn")
             continue
+        pii: Counter = Counter()
         if cfg.pii.enabled:
-            counts: Counter = Counter()
-
             def scrub(s: str) -> str:
                 s, c = scrub_pii(s, cfg.pii.kinds)
-                counts.update(c)
+                pii.update(c)
                 return s
 
             data = map_content(data, kind, scrub)
-            if counts:
-                report.pii.update(counts)
+            if pii:
                 strings = content_strings(data, kind)
                 text = "\n".join(strings)
         tokens = words(text)
-        if len(text) < f.min_chars or len(tokens) < f.min_words:
-            drop("too_short")
-            continue
-        if (f.max_chars is not None and len(text) > f.max_chars) or (
-                f.max_words is not None and len(tokens) > f.max_words):
-            drop("too_long")
-            continue
-        if alpha_fraction(text) < f.min_alpha_fraction:
-            drop("low_alpha")
-            continue
-        if bad_char_fraction(text) > f.max_bad_char_fraction:
-            drop("bad_chars")
-            continue
-        if repeated_ngram_fraction(tokens, f.repetition_ngram) > f.max_repeated_ngram_fraction:
-            drop("repetitive")
-            continue
-        if eval_grams:
+        reason = filter_reason(text, tokens, f)
+        if reason is None and eval_grams:
             shared = sum(ngram_overlap(words(s), eval_grams, cfg.decontaminate.ngram) for s in strings)
-            if shared >= cfg.decontaminate.min_overlaps:
-                drop("contaminated")
-                continue
+            reason = "contaminated" if shared >= cfg.decontaminate.min_overlaps else None
+        if reason is not None:
+            drop(reason)
+            continue
         if cfg.exact_dedup:
             digest = text_hash(text)
             if digest in seen:
@@ -506,6 +508,7 @@ def clean_rows(rows: Iterable[Row], cfg: CleanConfig, report: CleanReport) -> It
             seen.add(digest)
         report.kept += 1
         report.normalized += changed
+        report.pii.update(pii)  # counted for kept rows: what the output file has had replaced
         yield data
 
 

@@ -21,6 +21,7 @@ from tempax.data.clean import (
     bad_char_fraction,
     clean_file,
     clean_rows,
+    filter_reason,
     luhn_valid,
     ngram_overlap,
     ngrams,
@@ -102,6 +103,18 @@ def test_scrub_pii_leaves_numbers_that_are_not_pii():
                  "phone=1234567&_=1522680495750",
                  "version 1.2.3", "$1,000,000-$150,000=$<<1000000-150000=850000>>850,000"):
         assert scrub_pii(text) == (text, {})
+
+
+def test_filter_reason_in_order():
+    """Length first, then letters, control characters, repetition; a clean sentence passes."""
+    f = FilterConfig(min_words=3, max_chars=40)
+    check = lambda text: filter_reason(text, words(text), f)  # noqa: E731
+    assert check("two words") == "too_short"
+    assert check("a sentence that is certainly longer than forty characters") == "too_long"
+    assert check("12 34 56 78 ab") == "low_alpha"
+    assert check("bad \x00 control here") == "bad_chars"
+    assert check("no no no no no no no") == "repetitive"  # 5 trigrams, 1 distinct: 0.8 > 0.5
+    assert check("a plain clean sentence") is None
 
 
 def test_wordy_ngram():
