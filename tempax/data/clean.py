@@ -43,7 +43,7 @@ from typing import Any, Iterable, Iterator, Literal
 import numpy as np
 
 from tempax.configlib import help_field, to_dict
-from tempax.data.kinds import content_strings, map_content, row_kind
+from tempax.data.kinds import content_strings, map_content, mixed_kinds_error, row_kind
 from tempax.data.sources import Row, iter_rows
 from tempax.errors import ConfigError, DataError
 
@@ -457,11 +457,7 @@ def clean_rows(rows: Iterable[Row], cfg: CleanConfig, report: CleanReport) -> It
         if report.kind is None:
             report.kind, first_where = kind, row.where
         elif kind != report.kind:
-            raise DataError(
-                f"{row.where}: a {kind} row in a file of {report.kind} rows (the first was {first_where}); one "
-                "file must hold one row format. Split the file by format (e.g. chat rows with 'messages', "
-                "preference rows with 'chosen'/'rejected') and clean each part separately."
-            )
+            raise mixed_kinds_error(row.where, kind, report.kind, first_where)
         original = content_strings(row.data, kind)
         data = map_content(row.data, kind, lambda s: normalize_text(s, form=form, whitespace=whitespace))
         strings = content_strings(data, kind)

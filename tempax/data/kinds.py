@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from tempax.errors import DataError
+
 KINDS = ("messages", "prompt_completion", "preference", "qa", "text")
 
 _QUESTION_KEYS = ("question", "problem")
@@ -101,3 +103,12 @@ def turn_count(data: dict[str, Any], kind: str) -> int:
     if kind == "qa":
         return 2
     return 1
+
+
+def mixed_kinds_error(where: str, kind: str, first_kind: str, first_where: str) -> DataError:
+    """The error for a row whose kind differs from the file's first row: one file holds one row format."""
+    return DataError(
+        f"{where}: a {kind} row in a file of {first_kind} rows (the first was {first_where}); one file must hold "
+        "one row format. Split the file by format (e.g. chat rows with 'messages', preference rows with "
+        "'chosen'/'rejected') and use each part separately."
+    )

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from tempax.data.formats import FormatOptions, tokenize_rows
-from tempax.data.kinds import row_kind, turn_count
+from tempax.data.kinds import mixed_kinds_error, row_kind, turn_count
 from tempax.data.preference import PreferenceOptions, tokenize_preference_rows
 from tempax.data.sources import Row, iter_rows
 from tempax.errors import DataError
@@ -122,6 +122,7 @@ def rows_stats(rows: Iterable[Row], tokenizer: Any, *, name: str, seq_len: int |
     """`dataset_stats` of rows from anywhere (a file's stream, a sample); `name` names them in messages."""
     stats = DataStats(path=name, seq_len=seq_len)
     lengths: list[np.ndarray] = []
+    first_where = ""
     for chunk in _chunks(rows, _CHUNK):
         stats.rows += len(chunk)
         good = [r for r in chunk if r.data is not None and row_kind(r.data) is not None]
@@ -129,9 +130,12 @@ def rows_stats(rows: Iterable[Row], tokenizer: Any, *, name: str, seq_len: int |
         if not good:
             continue
         if stats.kind is None:
-            stats.kind = row_kind(good[0].data)
+            stats.kind, first_where = row_kind(good[0].data), good[0].where
         for r in good:
-            stats.turns[turn_count(r.data, row_kind(r.data))] += 1
+            kind = row_kind(r.data)
+            if kind != stats.kind:
+                raise mixed_kinds_error(r.where, kind, stats.kind, first_where)
+            stats.turns[turn_count(r.data, kind)] += 1
         if stats.kind == "preference":
             pairs, report = tokenize_preference_rows(good, tokenizer, PreferenceOptions(), check=False)
             examples = [e for p in pairs for e in (p.chosen, p.rejected)]
@@ -220,15 +224,21 @@ def profile_dataset(path: str, tokenizer: Any, *, split: str | None = None, samp
     rng = np.random.default_rng(seed)
     sample: list[Row] = []
     rows = checkable = 0
+    first: tuple[str, str] | None = None  # (kind, where) of the first parsed row
     for row in iter_rows(path, split=split):
         rows += 1
+        kind = row_kind(row.data) if row.data is not None else None
+        if kind is not None:
+            first = first or (kind, row.where)
+            if kind != first[0]:
+                raise mixed_kinds_error(row.where, kind, *first)
         if len(sample) < sample_rows:
             sample.append(row)
         else:
             j = int(rng.integers(rows))
             if j < sample_rows:
                 sample[j] = row
-        if row.data is not None and row_kind(row.data) == "qa":
+        if kind == "qa":
             answer = row.data.get("answer", row.data.get("solution"))
             checkable += isinstance(answer, str) and parse_final_answer(answer) is not None
     sample.sort(key=lambda r: r.index)

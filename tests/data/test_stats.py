@@ -71,6 +71,11 @@ def test_stats_bad_input(tmp_path):
     empty.write_text("")
     with pytest.raises(DataError, match="empty.jsonl holds no rows"):
         dataset_stats(str(empty), tok)
+    mixed = _write(tmp_path / "mixed.jsonl", CHATS[:1] + [{"chosen": "yes", "rejected": "no"}])
+    with pytest.raises(DataError, match=r"mixed.jsonl:2: a preference row in a file of messages rows"):
+        dataset_stats(mixed, tok)
+    with pytest.raises(DataError, match=r"mixed.jsonl:2: a preference row"):
+        profile_dataset(mixed, tok, sample_rows=1)  # the sample may miss row 2; the counting pass does not
     junk = _write(tmp_path / "junk.jsonl", [{"foo": 1}])
     with pytest.raises(DataError, match="none of its 1 rows could be tokenised"):
         dataset_stats(junk, tok)
