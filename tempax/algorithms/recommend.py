@@ -75,7 +75,7 @@ def _method_of(profile: DataProfile) -> tuple[str, list[str], list[str]]:
         ], [
             "reward model + PPO: `tempax reward-model` on these pairs, then PPO against it; it can keep improving "
             "past the fixed pairs with fresh samples, but holds policy, reference, reward and value models and is "
-            "far more expensive and fragile (PPO is not in tempax yet)",
+            "far more expensive and fragile; this command writes the DPO recipe only",
             "other DPO-family losses on the same recipe: dpo.loss=ipo | hinge | orpo | simpo",
         ]
     if profile.kind == "qa" and profile.checkable_fraction >= CHECKABLE_MIN_FRACTION:
