@@ -40,6 +40,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("validate", "check a recipe: parse it, build its config, report problems"),
     "plot": ("plot", "draw a run's metric curves to PNG"),
     "export": ("export", "merge adapters and export a Hugging Face checkpoint"),
+    "data": ("data", "clean (dedup, filters, PII, decontamination) or measure (tokens, lengths) a dataset"),
+    "tokenizer": ("tokenizer", "train a byte-level BPE tokenizer, or add tokens to a model's tokenizer"),
+    "recommend": ("recommend", "which method (pre-training, SFT, DPO, GRPO; full/LoRA/QLoRA) suits the data, as a recipe"),
 }
 
 
