@@ -87,6 +87,8 @@ class Trainer:
       log: where set-up messages go (default stderr).
       loss_chunk_len: for the memory plan: the loss materialises logits for this many positions per row at a
         time (a chunked/fused loss); None: whole sequences; 0: none (a reward model's scalar head).
+      memory_extras: more `tempax.train.memory.PlanInputs` fields for the plan (e.g. `held_bytes` of a reward
+        model kept beside the trained one, `trunks=2` for a separate critic).
     """
 
     def __init__(
@@ -101,9 +103,11 @@ class Trainer:
         checkpoint_meta: dict[str, Any] | None = None,
         log: Callable[[str], None] | None = None,
         loss_chunk_len: int | None = None,
+        memory_extras: dict[str, Any] | None = None,
     ):
         self.config = config
         self._loss_chunk_len = loss_chunk_len
+        self._memory_extras = dict(memory_extras or {})
         self.loss_fn = loss_fn
         self._say = log or (lambda text: print(text, file=sys.stderr))
         self.mesh = mesh if mesh is not None else config.mesh.build()
@@ -193,6 +197,7 @@ class Trainer:
             mesh_shape=tuple(dict(self.mesh.shape).items()),
             loss_chunk_len=self._loss_chunk_len,
         )
+        inputs = mem.PlanInputs(**{**inputs.__dict__, **self._memory_extras})
         capacity = mem.device_capacity(self.mesh.devices.flat) if cfg.check_memory or cfg.auto_micro_batch else None
         if cfg.auto_micro_batch and capacity is not None:
             best = mem.largest_fitting_micro_batch(inputs, cfg.batch_size, capacity)
