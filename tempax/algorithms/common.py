@@ -65,10 +65,15 @@ class ModelSpec:
         return model, tokenizer or own
 
 
-def build_model(cfg: Any, mesh: Any = None) -> tuple[nnx.Module, Any, Any]:
+def build_model(
+    cfg: Any, mesh: Any = None, *, model: nnx.Module | None = None, tokenizer: Any = None
+) -> tuple[nnx.Module, Any, Any]:
     """(model, tokenizer, trainable filter) of an algorithm config with `model: ModelSpec`, `lora: LoraConfig |
-    None` and `train: TrainConfig`: the model from its source, LoRA/QLoRA applied when configured."""
-    model, tokenizer = cfg.model.build(seed=cfg.train.seed, mesh=mesh)
+    None` and `train: TrainConfig`: the model from its source (or the `model` / `tokenizer` given, already built),
+    LoRA/QLoRA applied when configured (adapters initialised from seed train.seed + 1)."""
+    if model is None:
+        model, built_tokenizer = cfg.model.build(seed=cfg.train.seed, mesh=mesh)
+        tokenizer = tokenizer or built_tokenizer
     if tokenizer is None:
         raise ConfigError(f"model.source={cfg.model.source} has no tokenizer; set model.tokenizer")
     trainable: Any = nnx.Param

@@ -8,6 +8,10 @@ Three stages on generated arithmetic word problems ("Sam has 23 marbles and find
   3. GRPO with fresh LoRA adapters on top (the SFT model is the reference), rewarded by a strict format check
      plus answer correctness, then evaluated.
 
+Stages 2 and 3 are `tempax.algorithms.sft.trainer.main` and `tempax.algorithms.grpo.trainer.main` on the model in
+memory; `DemoConfig` embeds their two configs (`sft:`, `grpo:`), so any of their keys can be overridden
+(`tempax demo grpo.guard.action=stop`), and the flags are shortcuts for the common ones.
+
 It prints a table of format accuracy and answer accuracy for the three stages and writes, into the run dir it
 names, the GRPO metrics (metrics.jsonl, TensorBoard), the reward curves (reward_curve.png), the SFT metrics
 (sft/) and results.json with every number and a few completions.
@@ -37,60 +41,103 @@ import dataclasses
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from tempax.algorithms.common import ModelSpec
+from tempax.algorithms.grpo.config import EvalSpec, GRPOConfig, GRPOSettings, RewardSpec, TaskSpec
+from tempax.algorithms.sft.trainer import DataSpec, SFTConfig
 from tempax.configlib import help_field
+from tempax.models.lora import LoraConfig
+from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 _help = help_field  # one documented-field helper for every config (tempax.configlib)
 
+_DEMO_LORA = LoraConfig(rank=16, alpha=32.0)
+
+
+def _demo_train(**kw: Any) -> TrainConfig:
+    """The loop settings both stages share: one device, no checkpoints, no memory plan (the demo is small)."""
+    return TrainConfig(mesh=MeshConfig(num_devices=1), checkpoint=CheckpointConfig(save_at_end=False, resume=False),
+                       check_memory=False, **kw)
+
+
+def demo_sft_config() -> SFTConfig:
+    """Stage 2: 6 LoRA SFT steps of 4 packed 256-token rows at lr 1e-3 (cosine, 1 warm-up step, down to 10%)."""
+    return SFTConfig(
+        lora=_DEMO_LORA, data=DataSpec(path="<run_dir>/sft_examples.jsonl"),
+        train=_demo_train(steps=6, batch_size=4, seq_len=256, optimizer=OptimizerConfig(
+            learning_rate=1e-3, warmup_steps=1, schedule="cosine", min_lr_ratio=0.1)),
+    )
+
+
+def demo_grpo_config() -> GRPOConfig:
+    """Stage 3: 10 GRPO steps of 2 prompts x 8 completions (48 new tokens, temperature 1, no KL) at LoRA lr 2e-4."""
+    return GRPOConfig(
+        lora=_DEMO_LORA, task=TaskSpec(name="arithmetic", num_train_problems=2000),
+        rewards=RewardSpec(functions=("format", "correctness")),
+        grpo=GRPOSettings(group_size=8, max_new_tokens=48, temperature=1.0, beta=0.0, max_prompt_len=512),
+        eval=EvalSpec(num_problems=48, max_new_tokens=48, after=True),
+        train=_demo_train(steps=10, batch_size=2, optimizer=OptimizerConfig(
+            learning_rate=2e-4, schedule="constant", warmup_steps=0)),
+    )
+
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Everything the demo does; the defaults fit about ten minutes on two CPU cores."""
+    """The demo: the model, the held-out evaluation, and the two algorithm configs it runs (`sft.main`, then
+    `grpo.main` on the SFT model). Any key is an override: `tempax demo grpo.train.optimizer.learning_rate=1e-4`."""
 
-    model: ModelSpec = _help("The model to post-train.", default_factory=lambda: ModelSpec(source=DEFAULT_MODEL))
-    task: str = _help("arithmetic (generated problems, with SFT targets) or gsm8k (no SFT targets: SFT is skipped).",
-                      "arithmetic")
-    eval_problems: int = _help("Held-out problems evaluated greedily at each stage.", 48)
-    eval_max_new_tokens: int = _help("Generation budget of the evaluation (answers take <= 40 tokens).", 48)
-    sft_steps: int = _help("LoRA SFT warm-start steps (0: skip); few on purpose, see the module docstring.", 6)
-    sft_batch_size: int = _help("SFT rows per step (each packs ~2 problems).", 4)
-    sft_seq_len: int = _help("SFT packed row length in tokens.", 256)
-    sft_learning_rate: float = _help("SFT peak learning rate (LoRA; high because the warm-start is short).", 1e-3)
-    steps: int = _help("GRPO optimizer steps.", 10)
-    prompts_per_step: int = _help("GRPO prompts per step.", 2)
-    group_size: int = _help("GRPO completions per prompt.", 8)
-    max_new_tokens: int = _help("GRPO completion budget in tokens.", 48)
-    temperature: float = _help("GRPO sampling temperature.", 1.0)
-    learning_rate: float = _help("GRPO learning rate (LoRA, constant).", 2e-4)
-    beta: float = _help("GRPO KL weight to the SFT model (0 skips the reference pass).", 0.0)
-    lora_rank: int = _help("LoRA rank (alpha = 2 x rank), all attention and MLP projections.", 16)
-    train_problems: int = _help("Generated training problems (SFT targets and GRPO prompts).", 2000)
-    seed: int = _help("Seed of data generation, initialisation and sampling.", 0)
+    model: ModelSpec = _help("The model to post-train (both stages).",
+                             default_factory=lambda: ModelSpec(source=DEFAULT_MODEL))
+    sft: SFTConfig | None = _help(
+        "Stage 2, the SFT warm-start on the task's ideal completions (its data.path and run_dir are set by the "
+        "demo); null skips it (as --sft-steps 0 does, and a task without SFT targets).",
+        default_factory=demo_sft_config,
+    )
+    grpo: GRPOConfig = _help(
+        "Stage 3, GRPO (its task and eval.num_problems are the held-out problems of every stage; its run_dir is "
+        "set by the demo).",
+        default_factory=demo_grpo_config,
+    )
+    seed: int = _help("Seed of data generation, initialisation and sampling (both stages' train.seed).", 0)
     run_dir: str | None = _help("Where everything is written; null: runs/demo-<date>-<time>.", None)
     progress_bar: bool = _help("Show training progress bars.", True)
 
-    def __post_init__(self) -> None:
-        self.validate()
+    @property
+    def task(self) -> str:
+        return self.grpo.task.name
+
+    @property
+    def eval_problems(self) -> int:
+        return self.grpo.eval.num_problems
 
     def validate(self) -> None:
         from tempax.errors import ConfigError
 
-        if self.task not in ("arithmetic", "gsm8k"):
-            raise ConfigError(f"--task must be arithmetic or gsm8k, got {self.task!r}")
-        for name in ("eval_problems", "steps", "prompts_per_step", "eval_max_new_tokens", "max_new_tokens",
-                     "train_problems", "lora_rank", "sft_batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"demo {name} must be >= 1, got {getattr(self, name)}")
-        if self.sft_steps < 0:
-            raise ConfigError(f"--sft-steps must be >= 0, got {self.sft_steps}")
-        if self.group_size < 2:
-            raise ConfigError(f"group_size must be >= 2, got {self.group_size}")
+        if self.grpo.eval.num_problems < 1:
+            raise ConfigError(f"--eval-problems (grpo.eval.num_problems) must be >= 1, got {self.eval_problems}")
+
+    def stages(self, run_dir: str) -> tuple[SFTConfig | None, GRPOConfig]:
+        """The two algorithm configs with the demo's model, seed, run dirs and held-out evaluation filled in."""
+        def train(t: TrainConfig, name: str) -> TrainConfig:
+            return dataclasses.replace(t, run_dir=os.path.join(run_dir, name), seed=self.seed,
+                                       progress_bar=self.progress_bar)
+
+        g = self.grpo
+        grpo = dataclasses.replace(
+            g, model=self.model, train=train(g.train, "grpo"),
+            task=dataclasses.replace(g.task, seed=self.seed),
+            eval=dataclasses.replace(g.eval, batch_size=g.eval.num_problems, before=self.sft is not None),
+        )
+        sft = None
+        if self.sft is not None:
+            data = dataclasses.replace(self.sft.data, path=os.path.join(run_dir, "sft_examples.jsonl"))
+            sft = dataclasses.replace(self.sft, model=self.model, data=data, train=train(self.sft.train, "sft"))
+        return sft, grpo
 
 
 @dataclass
@@ -102,6 +149,7 @@ class DemoResult:
     run_dir: str
     files: dict[str, str]
     table: str
+    stop_reason: str | None = None
 
 
 def _cpu_seconds() -> float:
@@ -109,51 +157,31 @@ def _cpu_seconds() -> float:
     return t.user + t.system
 
 
-def _sft_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"messages": list(r["prompt_messages"]) + [{"role": "assistant", "content": r["target"]}]}
-            for r in rows if r.get("target")]
-
-
-def _write_sft_examples(rows: list[dict[str, Any]], path: str) -> None:
+def write_sft_examples(rows: list[dict[str, Any]], path: str, limit: int) -> int:
+    """The first `limit` rows with a target as chat examples (prompt + ideal answer) in a jsonl; how many."""
+    n = 0
     with open(path, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
+        for r in rows[:limit]:
+            if r.get("target"):
+                f.write(json.dumps({"messages": list(r["prompt_messages"]) +
+                                    [{"role": "assistant", "content": r["target"]}]}) + "\n")
+                n += 1
+    return n
 
 
-def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: DemoConfig, run_dir: str,
-            say: Callable[[str], None]) -> tuple[Any, dict[str, float]]:
-    """LoRA SFT on the rows' targets; returns (the model with the adapters merged in, final metrics)."""
-    from flax import nnx
+def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: SFTConfig,
+            say: Callable[[str], None]) -> Any:
+    """`sft.main` on the rows' targets with the in-memory model; returns the trained model, adapters merged."""
+    from tempax.algorithms.sft.trainer import main as sft_main
+    from tempax.models.lora import merge_lora
 
-    from tempax.algorithms.sft.trainer import make_sft_loss
-    from tempax.data.formats import FormatOptions, tokenize_rows
-    from tempax.data.loader import sft_loader
-    from tempax.models.lora import LoraConfig, apply_lora, lora_filter, merge_lora
-    from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
-    from tempax.train.loop import Trainer
-
-    # Packing puts ~2 problems in a row: tokenise only what the steps can use (with room for the packer).
-    sft_rows = _sft_rows(rows[: cfg.sft_steps * cfg.sft_batch_size * 4])
-    examples, report = tokenize_rows(sft_rows, tokenizer, FormatOptions(max_length=cfg.sft_seq_len), name="demo SFT")
-    loader = sft_loader(examples, batch_size=cfg.sft_batch_size, seq_len=cfg.sft_seq_len, pad_id=tokenizer.pad_id,
-                        seed=cfg.seed)
-    train = TrainConfig(
-        steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, seq_len=cfg.sft_seq_len,
-        optimizer=OptimizerConfig(learning_rate=cfg.sft_learning_rate, warmup_steps=1 if cfg.sft_steps > 1 else 0,
-                                  schedule="cosine", min_lr_ratio=0.1),
-        mesh=MeshConfig(num_devices=1), checkpoint=CheckpointConfig(save_at_end=False, resume=False),
-        run_dir=os.path.join(run_dir, "sft"), progress_bar=cfg.progress_bar, check_memory=False, seed=cfg.seed,
-    )
-    lora = LoraConfig(rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank)
-    trainer = Trainer(apply_lora(model, lora, rngs=nnx.Rngs(cfg.seed + 1)), make_sft_loss("tokens"), train,
-                      trainable=lora_filter, log=lambda text: None)
-    try:
-        result = trainer.fit(loader)
-    finally:
-        trainer.close()
+    # Packing puts ~2 problems in a row: write only what the steps can use (with room for the packer).
+    n = write_sft_examples(rows, cfg.data.path, cfg.train.steps * cfg.train.batch_size * 4)
+    result = sft_main(cfg, log=lambda text: None, model=model, tokenizer=tokenizer)
     last = result.history[-1][1] if result.history else {}
-    say(f"  SFT: {len(examples)} examples, {cfg.sft_steps} steps, final loss {last.get('loss', float('nan')):.3f}")
-    return merge_lora(trainer.model), last
+    say(f"  SFT: {n} examples, {cfg.train.steps} steps, final loss {last.get('loss', float('nan')):.3f}")
+    trained = result.extras["model"]
+    return merge_lora(trained) if cfg.lora is not None else trained
 
 
 def plot_rewards(grpo_dir: str, out_path: str) -> str:
@@ -188,56 +216,23 @@ class Stopwatch:
             self.cpu[name] = _cpu_seconds() - cpu
 
 
-def load_rows(cfg: DemoConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(training rows, held-out rows) of the demo's task."""
-    from tempax.data.tasks import generate_arithmetic, load_gsm8k
+def run_grpo(model: Any, tokenizer: Any, cfg: GRPOConfig, write: Callable[[str], None] | None = None) -> Any:
+    """`grpo.main` on the in-memory model (the reference), with a progress line every ~1/6 of the steps."""
+    from tempax.algorithms.grpo.trainer import main as grpo_main
+    from tempax.train.hooks import every
 
-    if cfg.task == "arithmetic":
-        return (generate_arithmetic(cfg.train_problems, split="train", seed=cfg.seed),
-                generate_arithmetic(cfg.eval_problems, split="test", seed=cfg.seed))
-    return list(load_gsm8k("train", limit=cfg.train_problems)), list(load_gsm8k("test", limit=cfg.eval_problems))
+    steps = cfg.train.steps
 
+    def report(info: Any) -> None:
+        m = info.metrics()
+        (write or info.trainer.progress.write)(
+            f"  step {info.step:3d}/{steps}: reward {m['reward/total_mean']:.2f} (format "
+            f"{m['reward/format_mean']:.2f}, correct {m['reward/correctness_mean']:.2f}), groups without "
+            f"spread {m['groups/zero_spread_frac']:.0%}, entropy {m.get('entropy', float('nan')):.2f}, "
+            f"{m['perf/step_s']:.0f} s/step")
 
-def run_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: DemoConfig, run_dir: str,
-             write: Callable[[str], None] | None = None) -> tuple[Any, Any]:
-    """GRPO with fresh LoRA adapters on `model` (the reference); returns (learner, GRPOResult)."""
-    from flax import nnx
-
-    from tempax.algorithms.grpo.config import GRPOSettings, RewardSpec
-    from tempax.algorithms.grpo.learner import GRPOLearner
-    from tempax.algorithms.grpo.rollout import PromptSampler, encode_prompts, round_up
-    from tempax.algorithms.grpo.trainer import build_rewards
-    from tempax.models.lora import LoraConfig, apply_lora, lora_filter
-    from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
-
-    settings = GRPOSettings(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-                            temperature=cfg.temperature, beta=cfg.beta, max_prompt_len=512)
-    prompts, _ = encode_prompts(tokenizer, rows, max_prompt_len=settings.max_prompt_len)
-    train = TrainConfig(
-        steps=cfg.steps, batch_size=cfg.prompts_per_step,
-        optimizer=OptimizerConfig(learning_rate=cfg.learning_rate, schedule="constant", warmup_steps=0),
-        mesh=MeshConfig(num_devices=1), checkpoint=CheckpointConfig(save_at_end=False, resume=False),
-        run_dir=os.path.join(run_dir, "grpo"), progress_bar=cfg.progress_bar, check_memory=False, seed=cfg.seed,
-    )
-    policy = apply_lora(model, LoraConfig(rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank), rngs=nnx.Rngs(cfg.seed + 2))
-    learner = GRPOLearner(policy, tokenizer, build_rewards(RewardSpec(functions=("format", "correctness"))),
-                          settings, train, prompt_len=round_up(max(len(p.ids) for p in prompts), 8),
-                          trainable=lora_filter, log=lambda text: None)
-    every = max(1, cfg.steps // 6)
-
-    def report(step: int, m: dict[str, float], rollout: Any) -> None:
-        if step % every == 0 or step == cfg.steps:
-            (write or learner.trainer.progress.write)(
-                f"  step {step:3d}/{cfg.steps}: reward {m['reward/total_mean']:.2f} (format "
-                f"{m['reward/format_mean']:.2f}, correct {m['reward/correctness_mean']:.2f}), groups without "
-                f"spread {m['groups/zero_spread_frac']:.0%}, entropy {m.get('entropy', float('nan')):.2f}, "
-                f"{m['perf/step_s']:.0f} s/step")
-
-    try:
-        result = learner.run(PromptSampler(prompts, seed=cfg.seed), on_step=report)
-    finally:
-        learner.trainer.close()
-    return learner, result
+    return grpo_main(cfg, hooks=(every(max(1, steps // 6), report, at_end=True),), log=lambda text: None,
+                     model=model, tokenizer=tokenizer)
 
 
 def main(cfg: DemoConfig, *, say: Callable[[str], None] | None = None) -> DemoResult:
@@ -249,56 +244,65 @@ def main(cfg: DemoConfig, *, say: Callable[[str], None] | None = None) -> DemoRe
     with watch("total"):
         evaluations, result, held, files = _stages(cfg, run_dir, watch, say)
     table = _report(cfg, evaluations, result, held, files, watch, run_dir, say)
-    return DemoResult(evaluations=evaluations, seconds=watch.wall, run_dir=run_dir, files=files, table=table)
+    return DemoResult(evaluations=evaluations, seconds=watch.wall, run_dir=run_dir, files=files, table=table,
+                      stop_reason=result.stop_reason)
 
 
 def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str], None]):
     import numpy as np
 
-    from tempax.eval.evaluate import EvalOptions, evaluate
-    from tempax.models.lora import merge_lora
+    from tempax.algorithms.grpo.trainer import eval_options, load_task
+    from tempax.eval.evaluate import evaluate
 
+    sft_cfg, grpo_cfg = cfg.stages(run_dir)
     say(f"tempax demo: {cfg.model.source} on {cfg.task}; writing to {run_dir}")
     with watch("load"):
         model, tokenizer = cfg.model.build(seed=cfg.seed)
     say(f"  loaded the model in {watch.wall['load']:.0f} s")
-    train_rows, held_rows = load_rows(cfg)
-    options = EvalOptions(max_new_tokens=cfg.eval_max_new_tokens, greedy=True, batch_size=cfg.eval_problems)
+    train_rows, held_rows = load_task(grpo_cfg.task, eval_problems=grpo_cfg.eval.num_problems)
     evaluations: list[tuple[str, Any]] = []
 
-    def run_eval(name: str, m: Any) -> None:
-        with watch(f"eval {name}"):
-            r = evaluate(m, tokenizer, held_rows, options)
+    def record(name: str, r: Any, seconds: float | None = None) -> None:
         evaluations.append((name, r))
         say(f"  {name}: format {r.format_accuracy:.1%}, answer {r.answer_accuracy:.1%} "
-            f"on {len(held_rows)} held-out problems ({watch.wall[f'eval {name}']:.0f} s)")
+            f"on {len(held_rows)} held-out problems" + (f" ({seconds:.0f} s)" if seconds is not None else ""))
 
     say("[1/3] base model")
-    run_eval("base model", model)
+    with watch("eval base model"):
+        base = evaluate(model, tokenizer, held_rows, eval_options(grpo_cfg.eval, grpo_cfg.grpo.max_new_tokens,
+                                                                  seed=cfg.seed))
+    record("base model", base, watch.wall["eval base model"])
 
     say("[2/3] SFT warm-start on the answer format")
-    if cfg.sft_steps and any(r.get("target") for r in train_rows):
+    if sft_cfg is not None and any(r.get("target") for r in train_rows):
         with watch("sft"):
-            model, _ = run_sft(model, tokenizer, train_rows, cfg, run_dir, say)
+            model = run_sft(model, tokenizer, train_rows, sft_cfg, say)
         say(f"  trained in {watch.wall['sft']:.0f} s")
-        run_eval("after SFT", model)
     else:
-        say("  skipped (" + ("--sft-steps 0" if not cfg.sft_steps else f"task {cfg.task} has no SFT targets") + ")")
+        grpo_cfg = dataclasses.replace(grpo_cfg, eval=dataclasses.replace(grpo_cfg.eval, before=False))
+        say("  skipped (" + ("sft: null / --sft-steps 0" if sft_cfg is None else
+                             f"task {cfg.task} has no SFT targets") + ")")
 
     say("[3/3] GRPO with strict format + correctness rewards")
     with watch("grpo"):
-        learner, result = run_grpo(model, tokenizer, train_rows, cfg, run_dir)
-    rewards = [m["reward/total_mean"] for _, m in result.history if "reward/total_mean" in m]
-    zero = [m["groups/zero_spread_frac"] for _, m in result.history if "groups/zero_spread_frac" in m]
-    split = {k: round(v) for k, v in result.seconds.items()}
-    say(f"  {cfg.steps} steps in {watch.wall['grpo']:.0f} s (generation {split['generation']} s, training "
-        f"{split['train']} s); reward {np.mean(rewards[:3]):.2f} -> {np.mean(rewards[-3:]):.2f} (mean of first / "
-        f"last 3 steps); groups without reward spread: {np.mean(zero):.0%}")
-    run_eval("after GRPO", merge_lora(learner.model))
+        run = run_grpo(model, tokenizer, grpo_cfg)
+    result = run.result
+    if run.before is not None:
+        record("after SFT", run.before)
+    rewards = [v for _, v in result.series("reward/total_mean")]
+    zero = [v for _, v in result.series("groups/zero_spread_frac")]
+    split = {k: round(sum(v for _, v in result.series(f"perf/{k}_s"))) for k in ("step", "generation", "train")}
+    say(f"  {len(rewards)} steps in {split['step']} s (generation {split['generation']} s, training "
+        f"{split['train']} s; the stage with its evaluations {watch.wall['grpo']:.0f} s); reward {np.mean(rewards[:3]):.2f} -> "
+        f"{np.mean(rewards[-3:]):.2f} (mean of first / last 3 steps); groups without reward spread: {np.mean(zero):.0%}")
+    if result.stop_reason:
+        say(f"  stopped early: {result.stop_reason}")
+    if run.after is not None:
+        record("after GRPO", run.after)
 
-    files: dict[str, str] = {"metrics": os.path.join(run_dir, "grpo", "metrics.jsonl")}
+    files: dict[str, str] = {"metrics": os.path.join(grpo_cfg.train.run_dir, "metrics.jsonl")}
     try:
-        files["reward_curve"] = plot_rewards(os.path.join(run_dir, "grpo"), os.path.join(run_dir, "reward_curve.png"))
+        files["reward_curve"] = plot_rewards(grpo_cfg.train.run_dir, os.path.join(run_dir, "reward_curve.png"))
     except Exception as e:  # a plotting problem must not hide the results
         say(f"  (could not draw the reward curve: {e})")
     return evaluations, result, held_rows, files
@@ -306,18 +310,20 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
 
 def _report(cfg: DemoConfig, evaluations: list[tuple[str, Any]], result: Any, held_rows: list[Any],
             files: dict[str, str], watch: Stopwatch, run_dir: str, say: Callable[[str], None]) -> str:
+    from tempax.configlib import to_dict
     from tempax.eval.evaluate import format_table
 
     table = format_table(evaluations)
     files["results"] = os.path.join(run_dir, "results.json")
     with open(files["results"], "w") as f:
         json.dump({
-            "config": dataclasses.asdict(cfg),
+            "config": to_dict(cfg),
             "stages": {name: r.to_dict() for name, r in evaluations},
             "seconds": watch.wall,
             "cpu_seconds": watch.cpu,
             "load_average": os.getloadavg(),
             "grpo_history": result.history,
+            "stop_reason": result.stop_reason,
             "examples": {name: [dataclasses.asdict(x) for x in r.greedy_records[:3]] for name, r in evaluations},
         }, f, indent=2, default=str)
     say("")
@@ -331,29 +337,51 @@ def _report(cfg: DemoConfig, evaluations: list[tuple[str, Any]], result: Any, he
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = DemoConfig()
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model source (default {DEFAULT_MODEL})")
-    parser.add_argument("--steps", type=int, default=d.steps, help=f"GRPO steps (default {d.steps})")
-    parser.add_argument("--sft-steps", type=int, default=d.sft_steps,
-                        help=f"SFT warm-start steps, 0 to skip (default {d.sft_steps})")
-    parser.add_argument("--task", choices=("arithmetic", "gsm8k"), default=d.task, help="the task")
-    parser.add_argument("--eval-problems", type=int, default=d.eval_problems,
-                        help=f"held-out problems per evaluation (default {d.eval_problems})")
+    assert d.sft is not None
+    parser.add_argument("--model", default=None, help=f"model source (default {DEFAULT_MODEL}; = model.source)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"GRPO steps (default {d.grpo.train.steps}; = grpo.train.steps)")
+    parser.add_argument("--sft-steps", type=int, default=None,
+                        help=f"SFT warm-start steps, 0 to skip (default {d.sft.train.steps}; = sft.train.steps)")
+    parser.add_argument("--task", choices=("arithmetic", "gsm8k"), default=None,
+                        help="the task (default arithmetic; = grpo.task.name)")
+    parser.add_argument("--eval-problems", type=int, default=None,
+                        help=f"held-out problems per evaluation (default {d.eval_problems}; = grpo.eval.num_problems)")
     parser.add_argument("--run-dir", default=None, help="output folder (default runs/demo-<date>-<time>)")
-    parser.add_argument("--seed", type=int, default=d.seed, help="seed (default 0)")
+    parser.add_argument("--seed", type=int, default=None, help="seed (default 0)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="any DemoConfig key, e.g. grpo.guard.action=stop grpo.grpo.temperature=0.7 "
+                             "sft.train.optimizer.learning_rate=5e-4 (see --describe)")
+    parser.add_argument("--describe", action="store_true", help="list every config key with its type and help")
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
-    cfg = DemoConfig(
-        model=ModelSpec(source=args.model), task=args.task, steps=args.steps, sft_steps=args.sft_steps,
-        eval_problems=args.eval_problems, run_dir=args.run_dir, seed=args.seed,
-    )
+    """The flags are shortcuts for keys of the typed config; KEY=VALUE overrides come after them."""
+    from tempax.configlib import load_config
+
+    shortcuts: list[str] = []
+    for flag, key in (("model", "model.source"), ("steps", "grpo.train.steps"), ("task", "grpo.task.name"),
+                      ("eval_problems", "grpo.eval.num_problems"), ("run_dir", "run_dir"), ("seed", "seed")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            shortcuts.append(f"{key}={value}")
+    if args.sft_steps is not None:
+        shortcuts.append("sft=null" if args.sft_steps == 0 else f"sft.train.steps={args.sft_steps}")
     if args.task == "gsm8k":
-        # GSM8K answers need room: longer generations for training and evaluation.
-        cfg = dataclasses.replace(cfg, max_new_tokens=256, eval_max_new_tokens=256)
-    return cfg
+        # GSM8K answers need room: longer generations for training and evaluation; it has no SFT targets.
+        shortcuts += ["grpo.grpo.max_new_tokens=256", "grpo.eval.max_new_tokens=256", "grpo.task.max_train_rows=2000"]
+    return load_config(DemoConfig, None, shortcuts + list(getattr(args, "overrides", []) or []))
 
 
 def run(args: argparse.Namespace) -> int:
-    main(config_from_args(args))
-    return 0
+    if getattr(args, "describe", False):
+        from tempax.configlib import describe
 
+        print(describe(DemoConfig))
+        return 0
+    result = main(config_from_args(args))
+    if result.stop_reason:
+        from tempax.cli.train_cmds import STOPPED_EXIT_STATUS
+
+        return STOPPED_EXIT_STATUS
+    return 0

@@ -170,6 +170,19 @@ def set_compute_dtype(model: nnx.Module, dtype: str) -> None:
             node.config = cfg.replace(dtype=dtype)
 
 
+def training_view(model: nnx.Module, *, remat: str | None = None, precision: str = "fp32") -> nnx.Module:
+    """A new module graph over the same arrays (nothing is copied) with per-layer `remat` and `precision`
+    applied, so the trainer never changes the model object its caller holds (its config, its layers' dtypes)."""
+    graphdef, state = nnx.split(model)
+    view = nnx.merge(graphdef, state)
+    cfg = getattr(view, "config", None)
+    if remat is not None and cfg is not None and hasattr(cfg, "remat"):
+        view.config = cfg.replace(remat=remat)
+    if precision == "bf16":
+        set_compute_dtype(view, "bfloat16")
+    return view
+
+
 def cast_params(params: Params, dtype: Any) -> Params:
     """Floating-point arrays cast to `dtype` (the float32 master copy for bf16 training)."""
     return {k: v.astype(dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v for k, v in params.items()}

@@ -58,19 +58,16 @@ def build(tok, prompts, tmp_path, *, steps, lr=1e-2, settings=SETTINGS, lora=Fal
 
         policy = apply_lora(policy, LoraConfig(rank=4, alpha=8.0), rngs=nnx.Rngs(1))
     model = ActorCritic(policy, rngs=nnx.Rngs(2))
-    reference = None
-    if not lora:
-        graphdef, state = nnx.split(model.policy)
-        reference = (graphdef, jax.tree.map(jnp.copy, state))
     train_kw.setdefault("checkpoint", CheckpointConfig(every=0, save_at_end=False, async_save=False))
     cfg = TrainConfig(
         steps=steps, batch_size=2, seq_len=64, run_dir=str(tmp_path / "run"), log_every=1, progress_bar=False,
         tensorboard=False, check_memory=False, mesh=MeshConfig(num_devices=1),
         optimizer=OptimizerConfig(learning_rate=lr, schedule="constant", weight_decay=0.0), **train_kw,
     )
-    trainer = Trainer(model, make_ppo_loss(settings), cfg, trainable=trainable_filter(lora), log=lambda s: None)
     source = PPORollouts(tok, combine_rewards({"e": e_fraction}), settings, PromptSampler(prompts, seed=seed),
-                         prompt_len=24, batch_size=2, seed=seed, reference=reference, log=lambda s: None)
+                         prompt_len=24, batch_size=2, seed=seed, reference=None if lora else model.policy,
+                         log=lambda s: None)
+    trainer = Trainer(model, make_ppo_loss(settings), cfg, trainable=trainable_filter(lora), log=lambda s: None)
     source.attach(trainer)
     return trainer, source
 
@@ -87,8 +84,10 @@ def test_ppo_raises_a_checkable_reward_with_bounded_kl(tok, prompts, tmp_path):
     by > 0.1, and the KL to the reference (k1 summed over a completion, beta = 0.01) stays below 25 nats."""
     trainer, source = build(tok, prompts, tmp_path, steps=40)
     start = source.state()
-    batches = [next(source) for _ in range(4)]
-    assert source.rollouts_done == 1
+    batches = [next(source)]
+    m = source.batch_metrics()
+    batches += [next(source) for _ in range(3)]
+    assert source.rollouts_done == 1 and source.batch_metrics() == {}
     for b in batches:
         assert set(b) == set(BATCH_KEYS)
         assert b["completion_tokens"].shape == (2, 8, 8) and b["prompt_tokens"].shape == (2, 24)
@@ -101,17 +100,16 @@ def test_ppo_raises_a_checkable_reward_with_bounded_kl(tok, prompts, tmp_path):
     logp, _ = source.forward(batches[0])
     valid = batches[0]["completion_mask"] > 0
     np.testing.assert_allclose(logp[valid], batches[0]["old_logp"][valid], atol=1e-5)
-    m = source.metrics()
     for key in ("reward/score_mean", "reward/e_mean", "kl/seq_mean", "kl/coef", "value/explained_variance",
                 "completion/length_mean", "completion/truncated_frac", "perf/generation_s"):
         assert key in m, key
-    assert source.metrics() == {}
     assert abs(m["kl/seq_mean"]) < 1e-4
 
     source.restore(start)
     source.history.clear()
     result = trainer.fit(source)
     e = [m["reward/e_mean"] for m in source.history]
+    assert [m["reward/e_mean"] for _, m in result.history if "reward/e_mean" in m] == e  # logged with the steps
     kl = [m["kl/seq_mean"] for m in source.history]
     assert len(e) == 10
     assert np.mean(e[-3:]) > np.mean(e[:3]) + 0.1, e
@@ -210,6 +208,7 @@ def test_main_trains_and_evaluates_against_a_reward_model(reward_model_dir, tok,
     from tempax.algorithms.ppo.config import PPOConfig
     from tempax.algorithms.ppo.trainer import main
     from tempax.configlib import from_dict
+    from tempax.train.metrics import read_metrics
 
     tok_dir = tmp_path / "tokenizer"
     tok.hf.save_pretrained(str(tok_dir))
@@ -234,9 +233,12 @@ def test_main_trains_and_evaluates_against_a_reward_model(reward_model_dir, tok,
     assert run.before is not None and run.after is not None
     assert abs(run.before.summary()["kl_mean"]) < 1e-4
     assert len(run.source.history) == 1
-    for name in ("eval", "adapters", "rollouts"):
+    for name in ("eval", "adapters"):
         assert os.path.exists(run.files[name])
     with open(run.files["eval"]) as f:
         ev = json.load(f)
     assert len(ev["examples"]) == 2 and "score_gain" in ev["comparison"]
+    records = read_metrics(cfg.train.run_dir)
+    assert len(records) == 2 and "reward/reward_model_mean" in records[0] and "kl/seq_mean" in records[0]
+    assert "reward/reward_model_mean" not in records[1] and "value_loss" in records[1]
     assert any("held models" in m for m in messages), messages

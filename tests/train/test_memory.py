@@ -69,7 +69,8 @@ def test_nothing_fits_says_so():
 
 
 def test_trainer_plans_with_the_remat_setting_it_applies(tmp_path):
-    """`train.remat` overrides the model's setting; the printed plan must describe that run, not the model's."""
+    """`train.remat` overrides the model's setting; the printed plan must describe that run, not the model's, and
+    the trainer applies it (and bf16 compute) to its own view: the caller's model object keeps its config."""
     from tempax.algorithms.sft.trainer import make_sft_loss
     from tempax.train.loop import Trainer
     from tests.kit.models import tiny_tempax_model
@@ -78,8 +79,10 @@ def test_trainer_plans_with_the_remat_setting_it_applies(tmp_path):
     said: list[str] = []
     model = tiny_tempax_model("llama")
     assert model.config.remat == "none"
-    Trainer(model, make_sft_loss(), tiny_train_config(tmp_path, remat="full", check_memory=True), log=said.append)
-    assert model.config.remat == "full"
+    trainer = Trainer(model, make_sft_loss(), tiny_train_config(tmp_path, remat="full", check_memory=True,
+                                                                precision="bf16"), log=said.append)
+    assert model.config.remat == "none" and model.config.dtype == "float32"
+    assert trainer.model.config.remat == "full" and trainer.model.config.dtype == "bfloat16"
     assert any("remat full" in line for line in said), said
 
 

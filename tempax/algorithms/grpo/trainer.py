@@ -3,8 +3,8 @@
     cfg = load_config(GRPOConfig, "recipes/grpo_gsm8k_smollm2.yaml", ["train.steps=20"])
     result = main(cfg)
 
-`main` builds the model (LoRA/QLoRA when configured), the task's prompts, the reward functions and the
-`GRPOLearner`; evaluates on the held-out split before and after training (answer accuracy, format accuracy,
+`main` builds the model (LoRA/QLoRA when configured), the task's prompts, the reward functions, the trainer and the
+rollout source (`GRPOSource`), trains with `Trainer.fit`; evaluates on the held-out split before and after training (answer accuracy, format accuracy,
 pass@k; greedy and sampled); and writes config.yaml, metrics.jsonl / TensorBoard, checkpoints, eval.json and
 the adapters (PEFT layout) into `train.run_dir`.
 """
@@ -12,17 +12,16 @@ the adapters (PEFT layout) into `train.run_dir`.
 from __future__ import annotations
 
 import importlib
-import json
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from flax import nnx
 
+from tempax.algorithms.common import build_model
 from tempax.algorithms.grpo.config import EvalSpec, GRPOConfig, RewardSpec, TaskSpec
-from tempax.algorithms.grpo.learner import GRPOLearner, GRPOResult
 from tempax.algorithms.grpo.rollout import PromptSampler, encode_prompts, round_up
+from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
+from tempax.algorithms.run import start_run
+from tempax.train.loop import TrainResult
 from tempax.errors import ConfigError
 
 __all__ = ["GRPOConfig", "GRPORun", "build_rewards", "load_task", "main", "PLOT_METRICS"]
@@ -118,41 +117,37 @@ def eval_options(spec: EvalSpec, default_max_new_tokens: int, seed: int = 0) -> 
 
 @dataclass
 class GRPORun:
-    """What `main` returns: the training result, evaluations and the learner (whose `.model` is the policy)."""
+    """What `main` returns: the training result, evaluations, the rollout source and the trained policy."""
 
-    result: GRPOResult
-    learner: GRPOLearner
+    result: TrainResult
+    source: GRPOSource
+    policy: Any
     before: Any = None
     after: Any = None
     files: dict[str, str] = field(default_factory=dict)
 
 
-def build_policy(cfg: GRPOConfig, mesh: Any = None) -> tuple[nnx.Module, Any, Any]:
-    """(model, tokenizer, trainable filter) with LoRA/QLoRA applied when configured."""
-    model, tokenizer = cfg.model.build(seed=cfg.train.seed, mesh=mesh)
-    if tokenizer is None:
-        raise ConfigError(f"model.source={cfg.model.source} has no tokenizer; set model.tokenizer")
-    trainable: Any = nnx.Param
-    if cfg.lora is not None:
-        from tempax.models.lora import apply_lora, lora_filter
-
-        model = apply_lora(model, cfg.lora, rngs=nnx.Rngs(cfg.train.seed + 1))
-        trainable = lora_filter
-    return model, tokenizer, trainable
-
-
-def main(cfg: GRPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> GRPORun:
-    """Trains per `cfg` (see the module docstring)."""
-    from tempax.configlib import dump_yaml
+def main(
+    cfg: GRPOConfig,
+    *,
+    hooks: tuple = (),
+    log: Callable[[str], None] | None = None,
+    model: Any = None,
+    tokenizer: Any = None,
+) -> GRPORun:
+    """Trains per `cfg` (see the module docstring). `model` / `tokenizer`: an already built starting policy (LoRA
+    adapters, when `cfg.lora` is set, are applied here; the model given is the reference) instead of loading
+    `cfg.model` (`tempax demo` passes its SFT model)."""
     from tempax.eval.evaluate import evaluate, format_table
 
-    say = log or (lambda text: print(text, file=sys.stderr))
-    run_dir = cfg.train.run_dir
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-        f.write(dump_yaml(cfg))
+    run = start_run(cfg, log=log)
+    say = run.say
     mesh = cfg.train.mesh.build()
-    model, tokenizer, trainable = build_policy(cfg, mesh)
+    if model is None:
+        model, built_tokenizer = cfg.model.build(seed=cfg.train.seed, mesh=mesh)
+        tokenizer = tokenizer or built_tokenizer
+    if tokenizer is None:
+        raise ConfigError(f"model.source={cfg.model.source} has no tokenizer; set model.tokenizer")
     train_rows, held_rows = load_task(cfg.task, eval_problems=cfg.eval.num_problems)
     prompts, dropped = encode_prompts(tokenizer, train_rows, max_prompt_len=cfg.grpo.max_prompt_len)
     say(f"task {cfg.task.name}: {len(prompts)} training prompts ({dropped} longer than "
@@ -162,52 +157,33 @@ def main(cfg: GRPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | Non
     options = eval_options(cfg.eval, cfg.grpo.max_new_tokens, seed=cfg.train.seed)
     before = after = None
     if held_rows and cfg.eval.before:
-        before = evaluate(model, tokenizer, held_rows, options)
+        before = evaluate(model, tokenizer, held_rows, options)  # before the (zero-initialised) adapters go on
         say(f"before training: {before.summary_line()}")
-    learner = GRPOLearner(
-        model, tokenizer, reward_fn, cfg.grpo, cfg.train, prompt_len=prompt_len, trainable=trainable, mesh=mesh,
-        log=say, checkpoint_meta={"model_source": cfg.model.source},
-    )
+    model, tokenizer, trainable = build_model(cfg, mesh, model=model, tokenizer=tokenizer)
+    source = GRPOSource(tokenizer, PromptSampler(prompts, seed=cfg.train.seed), reward_fn, cfg.grpo,
+                        prompt_len=prompt_len, reference=model if cfg.lora is None else None)
+    trainer = make_grpo_trainer(model, cfg.grpo, cfg.train, prompt_len=prompt_len, trainable=trainable, mesh=mesh,
+                                log=say, checkpoint_meta={"model_source": cfg.model.source}, guard=cfg.guard)
     del model  # the trainer holds the weights now
-    sampler = PromptSampler(prompts, seed=cfg.train.seed)
-    try:
-        result = learner.run(sampler, hooks=hooks)
-    finally:
-        learner.trainer.close()
-    run = GRPORun(result=result, learner=learner, before=before)
-    policy = learner.model
+    result = run.train(trainer, source, hooks=[*grpo_hooks(source, cfg.grpo, cfg.guard), *hooks])
+    policy = trainer.model
+    grpo_run = GRPORun(result=result, source=source, policy=policy, before=before, files=run.files)
     if held_rows and cfg.eval.after:
         from tempax.models.lora import merge_lora
 
         # Adapters folded in: the same function, without the extra adapter matmuls per generated token.
         after = evaluate(merge_lora(policy) if cfg.lora is not None else policy, tokenizer, held_rows, options)
-        run.after = after
+        grpo_run.after = after
         say(f"after training: {after.summary_line()}")
     stages = [(name, r) for name, r in (("before", before), ("after", after)) if r is not None]
     if stages:
-        table = format_table(stages)
-        say("\n" + table)
-        path = os.path.join(run_dir, "eval.json")
-        with open(path, "w") as f:
-            json.dump({name: r.to_dict() for name, r in stages}, f, indent=2)
-        run.files["eval"] = path
-        _log_evals(run_dir, cfg, stages, result)
+        last = result.history[-1][0] if result.history else 0
+        run.report_stages(stages, table=format_table(stages), file="eval.json", steps={"before": 0, "after": last})
     if cfg.lora is not None:
         from tempax.models.lora import save_adapters
 
-        run.files["adapters"] = save_adapters(policy, os.path.join(run_dir, "adapters"),
-                                              base_model_name_or_path=cfg.model.source)
-    say(f"done: run dir {run_dir} (curves: tempax plot {run_dir} --metrics {','.join(PLOT_METRICS[:4])})")
-    return run
-
-
-def _log_evals(run_dir: str, cfg: GRPOConfig, stages: list[tuple[str, Any]], result: GRPOResult) -> None:
-    from tempax.train.metrics import MetricsWriter
-
-    writer = MetricsWriter(run_dir, tensorboard=cfg.train.tensorboard)
-    try:
-        last = result.history[-1][0] if result.history else 0
-        for name, r in stages:
-            writer.write(0 if name == "before" else last, r.metrics("eval/"))
-    finally:
-        writer.close()
+        run.files["adapters"] = save_adapters(policy, run.path("adapters"), base_model_name_or_path=cfg.model.source)
+    if result.stop_reason:
+        say(f"stopped early: {result.stop_reason}")
+    say(f"done: run dir {run.run_dir} (curves: tempax plot {run.run_dir} --metrics {','.join(PLOT_METRICS[:4])})")
+    return grpo_run

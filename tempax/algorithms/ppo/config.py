@@ -26,6 +26,7 @@ from tempax.configlib import help_field
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
+from tempax.train.guards import CollapseGuardConfig
 
 _help = help_field
 
@@ -119,8 +120,8 @@ class PPOEvalSpec:
     before: bool = _help("Evaluate the starting policy.", True)
     after: bool = _help("Evaluate the trained policy.", True)
     temperature: float = _help(
-        "Sampling temperature of the evaluated responses (the KL to the reference is measured on them); "
-        "null-like 0 is not allowed: greedy responses have no KL estimate.",
+        "Sampling temperature (> 0) of the evaluated responses; the KL to the reference is measured on them, "
+        "which greedy responses would not allow.",
         1.0,
     )
     batch_size: int = _help("Prompts per generation call.", 32)
@@ -150,6 +151,11 @@ class PPOConfig:
     prompts: PromptSpec = _help("Training and held-out prompts.", default_factory=PromptSpec)
     ppo: PPOSettings = _help("The algorithm.", default_factory=PPOSettings)
     eval: PPOEvalSpec = _help("Held-out evaluation before and after.", default_factory=PPOEvalSpec)
+    guard: CollapseGuardConfig = _help(
+        "Entropy-collapse guard (tempax.train.guards): watches the policy's entropy and the completion length; "
+        "PPO supports action warn (default) or stop.",
+        default_factory=CollapseGuardConfig,
+    )
     train: TrainConfig = _help(
         "The training loop. batch_size and micro_batch_size count prompts per optimizer step (a mini-batch); "
         "steps counts optimizer updates.",
@@ -159,3 +165,6 @@ class PPOConfig:
     def validate(self) -> None:
         if self.lora is not None and self.lora.dropout > 0:
             raise ConfigError("lora.dropout must be 0 for PPO: the ratio pi / pi_old must start at 1")
+        if self.guard.enabled and self.guard.action not in ("warn", "stop"):
+            raise ConfigError(f"guard.action={self.guard.action} is not available for PPO; use warn or stop (and "
+                              "ppo.kl_coef / ppo.temperature to keep the policy exploring)")

@@ -18,10 +18,15 @@ one with the trainer's current weights:
   4. `epochs` shuffled passes of `mini_batches` mini-batches of batch_size prompts each; after the rollout the
      adaptive KL controller (when `kl_target` is set) updates beta from the rollout's measured KL.
 
-`state()` holds the prompt sampler's position, beta, and, mid-rollout, the rollout's arrays and the mini-batches
-still to come, so a resumed run continues exactly where the interrupted one stopped. `metrics()` returns the
-rollout's host metrics (reward-model score, KL, lengths, explained variance, ...) once, for the step that
-consumed the rollout's first mini-batch.
+The protocol is `tempax.train.sources`': `attach` (called by `fit`; idempotent), `state()` / `restore()` and
+`batch_metrics()`. `state()` holds the prompt sampler's position, the rollout count, beta and, mid-rollout (the
+boundary rule), the rollout's arrays (`encode_arrays`) and the mini-batches still to come, so a checkpoint at any
+step resumes into exactly the batches of the uninterrupted run. `batch_metrics()` gives the rollout's host metrics
+(reward-model score, KL to the reference, lengths, explained variance of the values, time split) with the step
+that trains on its first mini-batch, and {} with the others.
+
+The collapse guard (`tempax.train.guards.CollapseGuard`) reads `entropy` (from the loss) and
+`completion/length_mean` (from here); PPO lets it warn or stop (`advice` names the settings to change).
 """
 
 from __future__ import annotations
@@ -48,8 +53,10 @@ from tempax.algorithms.ppo.losses import (
     whiten,
 )
 from tempax.algorithms.ppo.model import ActorCritic, policy_and_values
+from tempax.errors import ConfigError
 from tempax.models.logprobs import masked_mean
 from tempax.parallel.rules import use_mesh
+from tempax.train.sources import decode_arrays, encode_arrays
 
 Batch = dict[str, Any]
 # What a training mini-batch holds ([P, Lp] prompts; [P, G, T] everything else).
@@ -87,14 +94,6 @@ def make_ppo_loss(settings: PPOSettings) -> Callable[[ActorCritic, Batch], tuple
     return loss_fn
 
 
-def _to_json(batch: dict[str, np.ndarray]) -> dict[str, Any]:
-    return {k: {"shape": list(v.shape), "dtype": str(v.dtype), "data": v.reshape(-1).tolist()} for k, v in batch.items()}
-
-
-def _from_json(data: dict[str, Any]) -> dict[str, np.ndarray]:
-    return {k: np.asarray(v["data"], dtype=v["dtype"]).reshape(v["shape"]) for k, v in data.items()}
-
-
 class PPORollouts:
     """The PPO batch source (see the module docstring).
 
@@ -106,8 +105,8 @@ class PPORollouts:
       prompt_len: Lp, the fixed left-padded prompt length of every batch.
       batch_size: prompts per mini-batch (`train.batch_size`).
       seed: base of the sampling and shuffling streams.
-      reference: for full-weight training, (graphdef, state) of a frozen copy of the starting policy; None with
-        LoRA (the reference is the policy with its adapters off).
+      reference: full-weight training: the starting policy decoder, the frozen reference (copied here, so build
+        the source before the trainer takes the weights); None with LoRA (the policy with its adapters off).
       log: where messages go.
     """
 
@@ -121,7 +120,7 @@ class PPORollouts:
         prompt_len: int,
         batch_size: int,
         seed: int = 0,
-        reference: tuple[Any, Any] | None = None,
+        reference: nnx.Module | None = None,
         log: Callable[[str], None] | None = None,
     ):
         self.tokenizer = tokenizer
@@ -131,7 +130,10 @@ class PPORollouts:
         self.prompt_len = int(prompt_len)
         self.batch_size = int(batch_size)
         self.seed = int(seed)
-        self.reference = reference
+        self.reference: tuple[Any, Any] | None = None
+        if reference is not None:
+            graphdef, state = nnx.split(reference)
+            self.reference = (graphdef, jax.tree.map(jnp.copy, state))
         self._say = log or (lambda text: print(text, file=sys.stderr))
         self.kl_coef = float(settings.kl_coef)
         self.rollouts_done = 0
@@ -148,7 +150,15 @@ class PPORollouts:
 
     # -- the trainer's weights --------------------------------------------------------------------------------
     def attach(self, trainer: Any) -> None:
-        """Use `trainer`'s current weights for rollouts and the no-grad passes (jitted once here)."""
+        """Use `trainer`'s current weights for rollouts and the no-grad passes (jitted once per trainer)."""
+        if trainer is self.trainer:
+            return
+        if trainer.full_finetune and self.reference is None:
+            raise ConfigError(
+                "PPO with full-weight training needs the frozen reference: pass the starting policy as "
+                "PPORollouts(..., reference=policy), or train LoRA adapters (the reference is then the adapters-off "
+                "base)"
+            )
         self.trainer = trainer
         parts, tau = trainer.parts, self.settings.temperature
 
@@ -285,21 +295,22 @@ class PPORollouts:
             raise RuntimeError("PPORollouts.attach(trainer) must be called before iterating")
         if not self._queue:
             self._new_rollout()
+        else:
+            self._pending = {}  # rollout numbers belong to the step that trains on its first mini-batch
         rows = self._queue.pop(0)
         assert self._buffer is not None
         return {k: v[rows] for k, v in self._buffer.items()}
 
-    def metrics(self) -> dict[str, float]:
-        """The rollout's host metrics, once (empty on the mini-batches after the first)."""
-        out, self._pending = self._pending, {}
-        return out
+    def batch_metrics(self) -> dict[str, float]:
+        """The rollout's host metrics with its first mini-batch; {} with the others."""
+        return self._pending
 
     def state(self) -> dict[str, Any]:
         """Where the source stands (JSON): prompts drawn, beta, and the unfinished rollout, if any."""
         mid = bool(self._queue)
         return {
             "sampler": self.sampler.state(), "rollouts": self.rollouts_done, "kl_coef": self.kl_coef,
-            "queue": self._queue if mid else [], "buffer": _to_json(self._buffer) if mid and self._buffer else None,
+            "queue": self._queue if mid else [], "buffer": encode_arrays(self._buffer) if mid and self._buffer else None,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -307,5 +318,14 @@ class PPORollouts:
         self.rollouts_done = int(state["rollouts"])
         self.kl_coef = float(state["kl_coef"])
         self._queue = [list(q) for q in state.get("queue", [])]
-        self._buffer = _from_json(state["buffer"]) if state.get("buffer") else None
+        self._buffer = decode_arrays(state["buffer"]) if state.get("buffer") else None
         self._pending = {}
+
+    # -- the collapse guard --------------------------------------------------------------------------------------
+    def advice(self) -> str:
+        """What to change when the guard fires, with the run's current values."""
+        s = self.settings
+        lr = self.trainer.config.optimizer.learning_rate if self.trainer is not None else None
+        return (f"raise ppo.kl_coef (now {self.kl_coef:g}) or set ppo.kl_target to hold the KL to the reference, "
+                f"raise ppo.temperature (now {s.temperature:g}), lower ppo.epochs (now {s.epochs})"
+                + (f" or train.optimizer.learning_rate (now {lr:g})" if lr is not None else ""))

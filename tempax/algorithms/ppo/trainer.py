@@ -7,9 +7,9 @@
 trunk, or a critic initialised from the reward model), the reward (the reward model's score plus
 `ppo.reward_functions`), the prompts, the batch source (`PPORollouts`) and the `Trainer`; evaluates the policy on
 held-out prompts before and after (`evaluate_policy`: the reward model's mean score of sampled responses and
-their KL to the reference); trains with `Trainer.fit`; and writes config.yaml, metrics.jsonl (the loss's metrics
-every step, the rollout's metrics on the step that starts each rollout), rollouts.jsonl, eval.json, checkpoints
-and the adapters (PEFT layout) into `train.run_dir`.
+their KL to the reference); trains with `Trainer.fit` (with the collapse guard and the time split as hooks); and writes
+config.yaml, metrics.jsonl (the loss's metrics every step, the rollout's metrics on the step that trains on its
+first mini-batch), eval.json, checkpoints and the adapters (PEFT layout) into `train.run_dir`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from tempax.algorithms.ppo.config import PPOConfig, PPOEvalSpec
 from tempax.algorithms.ppo.model import ActorCritic, critic_from_reward_model, trainable_filter
 from tempax.algorithms.ppo.source import PPORollouts, make_ppo_loss
 from tempax.errors import ConfigError, DataError
+from tempax.train.guards import CollapseGuardConfig
 
 __all__ = ["PPOConfig", "PPORun", "PolicyEval", "build_reward", "evaluate_policy", "load_prompts", "main"]
 
@@ -200,17 +201,26 @@ def build_actor_critic(cfg: PPOConfig, mesh: Any = None) -> tuple[ActorCritic, A
     return model, tokenizer, trainable_filter(cfg.lora is not None)
 
 
+def ppo_hooks(source: PPORollouts, guard: CollapseGuardConfig) -> list[Any]:
+    """The hooks every PPO run gets: the time split of each step and the collapse guard (warn or stop)."""
+    from tempax.algorithms.grpo.source import ThroughputSplit
+    from tempax.train.guards import CollapseGuard
+
+    hooks: list[Any] = [ThroughputSplit()]
+    if guard.enabled:
+        hooks.append(CollapseGuard(guard, advice=source.advice))
+    return hooks
+
+
 def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> PPORun:
     """Trains per `cfg` (see the module docstring)."""
-    from tempax.configlib import dump_yaml
+    from tempax.algorithms.run import start_run
     from tempax.train.loop import Trainer
 
-    say = log or (lambda text: print(text, file=sys.stderr))
+    run_handle = start_run(cfg, log=log)
+    say = run_handle.say
     t, s = cfg.train, cfg.ppo
-    run_dir = t.run_dir
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-        f.write(dump_yaml(cfg))
+    run_dir = run_handle.run_dir
     mesh = t.mesh.build()
     reward_fn = build_reward(cfg)
     model, tokenizer, trainable = build_actor_critic(cfg, mesh)
@@ -224,11 +234,11 @@ def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
         f"ppo.max_prompt_len={s.max_prompt_len}), {len(held)} held out")
     prompt_len = min(round_up(max(len(p.ids) for p in prompts + held), 8), round_up(s.max_prompt_len, 8))
 
-    reference = None
-    if cfg.lora is None:  # full weights: a frozen copy of the starting policy (the trainer donates its buffers)
-        graphdef, state = nnx.split(model.policy)
-        reference = (graphdef, jax.tree.map(jnp.copy, state))
-    held_bytes = reward_fn.functions[0].fn.nbytes + (_nbytes(reference[1]) if reference else 0)
+    # Full weights: the source keeps a frozen copy of the starting policy (the trainer donates its buffers).
+    source = PPORollouts(tokenizer, reward_fn, s, PromptSampler(prompts, seed=t.seed), prompt_len=prompt_len,
+                         batch_size=t.batch_size, seed=t.seed, reference=model.policy if cfg.lora is None else None,
+                         log=say)
+    held_bytes = reward_fn.functions[0].fn.nbytes + (_nbytes(source.reference[1]) if source.reference else 0)
     extras: dict[str, Any] = {"held_bytes": held_bytes, "trunks": 2 if model.critic is not None else 1}
     if cfg.lora is None and model.critic is not None:
         extras["trainable_params"] = sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
@@ -238,24 +248,15 @@ def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
                       checkpoint_meta={"algorithm": "PPO", "model_source": cfg.model.source},
                       memory_extras=extras)
     del model
-    source = PPORollouts(tokenizer, reward_fn, s, PromptSampler(prompts, seed=t.seed), prompt_len=prompt_len,
-                         batch_size=t.batch_size, seed=t.seed, reference=reference, log=say)
-    source.attach(trainer)
-    run = PPORun(result=None, source=source)
-    try:
-        if held and cfg.eval.before:
-            run.before = evaluate_policy(source, held, cfg.eval)
-            say("before training: " + json.dumps(run.before.summary()))
-        run.result = trainer.fit(source, hooks=hooks)
-        if held and cfg.eval.after:
-            run.after = evaluate_policy(source, held, cfg.eval)
-            say("after training: " + json.dumps(run.after.summary()))
-    finally:
-        trainer.close()
-    with open(os.path.join(run_dir, "rollouts.jsonl"), "w") as f:
-        for m in source.history:
-            f.write(json.dumps(m) + "\n")
-    run.files["rollouts"] = os.path.join(run_dir, "rollouts.jsonl")
+    source.attach(trainer)  # before `fit` (which attaches it too): the evaluation samples from the trainer's weights
+    run = PPORun(result=None, source=source, files=run_handle.files)
+    if held and cfg.eval.before:
+        run.before = evaluate_policy(source, held, cfg.eval)
+        say("before training: " + json.dumps(run.before.summary()))
+    run.result = run_handle.train(trainer, source, hooks=[*ppo_hooks(source, cfg.guard), *hooks])
+    if held and cfg.eval.after:
+        run.after = evaluate_policy(source, held, cfg.eval)
+        say("after training: " + json.dumps(run.after.summary()))
     if run.before is not None or run.after is not None:
         say("\nheld-out prompts (" + str(len(held)) + "), one sampled response each:\n"
             + format_eval(run.before, run.after))
@@ -265,6 +266,8 @@ def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
 
         run.files["adapters"] = save_adapters(source.policy, os.path.join(run_dir, "adapters"),
                                               base_model_name_or_path=cfg.model.source)
+    if run.result.stop_reason:
+        say(f"stopped early: {run.result.stop_reason}")
     say(f"done: run dir {run_dir}")
     return run
 

@@ -135,27 +135,3 @@ def check_enough_pairs(pairs: list[Any], per_batch: int, name: str) -> None:
             f"{name}: {len(pairs)} usable pairs, fewer than one batch of {per_batch} pairs; lower train.batch_size "
             "or use more rows"
         )
-
-
-BEFORE_AFTER_KEYS = ("accuracy", "mean_logp_accuracy", "reward_margin", "chosen_reward", "rejected_reward",
-                     "chosen_logps", "rejected_logps", "loss")
-
-
-def before_after_table(before: dict[str, float], after: dict[str, float], *, title: str) -> str:
-    """A small text table of held-out metrics before and after training."""
-    keys = [k for k in BEFORE_AFTER_KEYS if k in before or k in after]
-    keys += sorted(k for k in after if k not in keys and k in before)
-    lines = [title, f"  {'metric':<20}{'before':>12}{'after':>12}{'change':>12}"]
-    for k in keys:
-        b, a = before.get(k, float("nan")), after.get(k, float("nan"))
-        lines.append(f"  {k:<20}{b:>12.4f}{a:>12.4f}{a - b:>+12.4f}")
-    return "\n".join(lines)
-
-
-def write_eval_summary(run_dir: str, before: dict[str, float] | None, after: dict[str, float] | None,
-                       extra: dict[str, Any] | None = None) -> str:
-    """`<run_dir>/eval_summary.json`: held-out metrics before and after training."""
-    path = os.path.join(run_dir, "eval_summary.json")
-    with open(path, "w") as f:
-        json.dump({"before": before, "after": after, **(extra or {})}, f, indent=2)
-    return path

@@ -16,7 +16,6 @@ for `tempax score`, `load_reward_model` and `RewardScorer` (a reward function fo
 from __future__ import annotations
 
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -32,16 +31,14 @@ from tempax.algorithms.preference.batches import (
 )
 from tempax.algorithms.preference.data import (
     PreferenceDataSpec,
-    before_after_table,
     build_preference_data,
     check_enough_pairs,
     pairs_per_batch,
     report_data,
-    write_eval_summary,
 )
 from tempax.algorithms.preference.reward_model import MARGIN, RewardLoss, RewardModel, save_reward_model
 from tempax.algorithms.common import ModelSpec, build_model
-from tempax.configlib import dump_yaml
+from tempax.algorithms.run import start_run
 from tempax.errors import DataError
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
@@ -169,33 +166,18 @@ def main(cfg: RewardModelConfig, *, hooks: tuple = (), log: Callable[[str], None
     `result.extras` holds `eval_before`, `eval_after`, `reward_model_dir`, `model` (the trained `RewardModel`),
     `data_report` and `eval_data_report`.
     """
-    say = log or (lambda text: print(text, file=sys.stderr))
-    run = prepare(cfg, log=say)
-    run_dir = cfg.train.run_dir
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-        f.write(dump_yaml(cfg))
-    trainer = run.trainer
-    before = None
-    try:
-        if run.eval_batches is not None and cfg.eval_before:
-            before = trainer.evaluate(run.eval_batches(), max_batches=cfg.train.eval_batches)
-            say(f"before training, held out: accuracy {before['accuracy']:.4f}, loss {before['loss']:.4f}")
-        result = trainer.fit(run.train_batches, hooks=hooks, eval_batches=run.eval_batches)
-    finally:
-        trainer.close()
-    after = result.eval_history[-1][1] if result.eval_history else None
-    if before is not None and after is not None:
-        say(before_after_table(before, after, title=f"held-out pairs ({len(run.data.eval)}), reward model:"))
-    elif after is not None:
-        say(f"after training, held out: accuracy {after['accuracy']:.4f}, loss {after['loss']:.4f}")
+    run = start_run(cfg, log=log)
+    rm = prepare(cfg, log=run.say)
+    result = run.train(rm.trainer, rm.train_batches, hooks=hooks, eval_batches=rm.eval_batches,
+                       evaluate_before=cfg.eval_before)
     folder = None
     if cfg.reward.save:
-        folder = save_trained(run, cfg.reward.save_dir or os.path.join(run_dir, "reward_model"),
-                              max_length=cfg.train.seq_len)
-        say(f"reward model saved to {folder}; score with: tempax score {folder} --input PAIRS.jsonl")
-    write_eval_summary(run_dir, before, after, {"eval_pairs": len(run.data.eval), "reward_model_dir": folder})
-    result.extras.update(eval_before=before, eval_after=after, reward_model_dir=folder, model=trainer.model,
-                         data_report=run.data.report, eval_data_report=run.data.eval_report)
+        folder = save_trained(rm, cfg.reward.save_dir or run.path("reward_model"), max_length=cfg.train.seq_len)
+        run.say(f"reward model saved to {folder}; score with: tempax score {folder} --input PAIRS.jsonl")
+    run.report_held_out(result, title=f"held-out pairs ({len(rm.data.eval)}), reward model:",
+                        extra={"eval_pairs": len(rm.data.eval), "reward_model_dir": folder})
+    result.extras.update(reward_model_dir=folder, model=rm.trainer.model, data_report=rm.data.report,
+                         eval_data_report=rm.data.eval_report)
     return result
 
 

@@ -24,7 +24,6 @@ ORPO and SimPO need no reference; none is computed for them.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
@@ -48,16 +47,14 @@ from tempax.algorithms.preference.batches import (
 )
 from tempax.algorithms.preference.data import (
     PreferenceDataSpec,
-    before_after_table,
     build_preference_data,
     check_enough_pairs,
     pairs_per_batch,
     report_data,
-    write_eval_summary,
 )
 from tempax.algorithms.preference.losses import PREFERENCE_LOSS_NAMES, preference_loss_needs_reference
 from tempax.algorithms.common import ModelSpec, build_model
-from tempax.configlib import dump_yaml
+from tempax.algorithms.run import start_run
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
@@ -306,35 +303,12 @@ def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     train.eval_every steps and at the end), checkpoints and eval_summary.json ({"before", "after"}).
     `result.extras` holds `eval_before`, `eval_after`, `reference`, `data_report` and `eval_data_report`.
     """
-    say = log or (lambda text: print(text, file=sys.stderr))
-    run = prepare(cfg, log=say)
-    run_dir = cfg.train.run_dir
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-        f.write(dump_yaml(cfg))
-    tok_dir = os.path.join(run_dir, "tokenizer")
-    if not os.path.isdir(tok_dir):
-        run.tokenizer.hf.save_pretrained(tok_dir)
-    trainer = run.trainer
-    before = None
-    try:
-        if run.eval_batches is not None and cfg.eval_before:
-            before = trainer.evaluate(run.eval_batches(), max_batches=cfg.train.eval_batches)
-            say("before training, held out: " + _brief(before))
-        result = trainer.fit(run.train_batches, hooks=hooks, eval_batches=run.eval_batches)
-    finally:
-        trainer.close()
-    after = result.eval_history[-1][1] if result.eval_history else None
-    if before is not None and after is not None:
-        say(before_after_table(before, after, title=f"held-out pairs ({len(run.data.eval)}), {cfg.dpo.loss} loss:"))
-    elif after is not None:
-        say("after training, held out: " + _brief(after))
-    write_eval_summary(run_dir, before, after, {"loss": cfg.dpo.loss, "reference": run.reference,
-                                                "eval_pairs": len(run.data.eval)})
-    result.extras.update(eval_before=before, eval_after=after, reference=run.reference,
-                         data_report=run.data.report, eval_data_report=run.data.eval_report)
+    run = start_run(cfg, log=log)
+    dpo = prepare(cfg, log=run.say)
+    run.save_tokenizer(dpo.tokenizer)
+    result = run.train(dpo.trainer, dpo.train_batches, hooks=hooks, eval_batches=dpo.eval_batches,
+                       evaluate_before=cfg.eval_before)
+    run.report_held_out(result, title=f"held-out pairs ({len(dpo.data.eval)}), {cfg.dpo.loss} loss:",
+                        extra={"loss": cfg.dpo.loss, "reference": dpo.reference, "eval_pairs": len(dpo.data.eval)})
+    result.extras.update(reference=dpo.reference, data_report=dpo.data.report, eval_data_report=dpo.data.eval_report)
     return result
-
-
-def _brief(metrics: dict[str, float]) -> str:
-    keys = ("accuracy", "reward_margin", "loss")
-    return ", ".join(f"{k} {metrics[k]:.4f}" for k in keys if k in metrics)

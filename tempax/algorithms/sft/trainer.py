@@ -17,9 +17,6 @@ Continued pre-training is the same with plain-text rows (`format: text`, every t
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
@@ -29,7 +26,8 @@ from flax import nnx
 from tempax.algorithms.common import ModelSpec, build_model
 from tempax.algorithms.sft.fused import fused_causal_lm_loss, lm_head_of
 from tempax.algorithms.sft.losses import SFT_NORMALIZATIONS, causal_lm_loss
-from tempax.configlib import dump_yaml, help_field
+from tempax.algorithms.run import start_run
+from tempax.configlib import help_field
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
@@ -228,37 +226,40 @@ def build_data(cfg: SFTConfig, tokenizer: Any, rows: list[Any] | None = None) ->
 # Entry point
 
 
-def main(cfg: SFTConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:
-    """Trains per `cfg`; writes config.yaml, data_report.json, the tokenizer, metrics and checkpoints to run_dir."""
-    say = log or (lambda text: print(text, file=sys.stderr))
-    run_dir = cfg.train.run_dir
+def main(
+    cfg: SFTConfig,
+    *,
+    hooks: tuple = (),
+    log: Callable[[str], None] | None = None,
+    model: nnx.Module | None = None,
+    tokenizer: Any = None,
+) -> TrainResult:
+    """Trains per `cfg`; writes config.yaml, data_report.json, the tokenizer, metrics and checkpoints to run_dir.
+
+    `model` / `tokenizer`: an already built model (with its adapters, when `cfg.lora` is set, applied here) and
+    tokenizer to train instead of loading `cfg.model` (`tempax demo` passes the model it evaluated).
+    `result.extras` holds `data_report` and `model` (the trained model).
+    """
+    run = start_run(cfg, log=log)
     rows = read_data_rows(cfg)  # a wrong path fails here, before any model is loaded
     mesh = cfg.train.mesh.build()
-    model, tokenizer, trainable = build_model(cfg, mesh)
+    model, tokenizer, trainable = build_model(cfg, mesh, model=model, tokenizer=tokenizer)
     data = build_data(cfg, tokenizer, rows)
-    say(data.report.summary())
+    run.say(data.report.summary())
     for where, reason, detail in data.report.bad_rows[:5]:
-        say(f"  skipped {where}: {reason}" + (f" ({detail})" if detail else ""))
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-        f.write(dump_yaml(cfg))
-    with open(os.path.join(run_dir, "data_report.json"), "w") as f:
-        json.dump(data.report.to_dict(), f, indent=2)
-    tok_dir = os.path.join(run_dir, "tokenizer")
-    if not os.path.isdir(tok_dir):
-        tokenizer.hf.save_pretrained(tok_dir)
+        run.say(f"  skipped {where}: {reason}" + (f" ({detail})" if detail else ""))
+    run.write_json("data_report.json", data.report.to_dict())
+    run.save_tokenizer(tokenizer)
     trainer = Trainer(
-        model, make_sft_loss(cfg.loss.normalize, fused=cfg.loss.fused, chunk_len=cfg.loss.chunk_len), cfg.train, trainable=trainable, mesh=mesh, log=say,
+        model, make_sft_loss(cfg.loss.normalize, fused=cfg.loss.fused, chunk_len=cfg.loss.chunk_len), cfg.train,
+        trainable=trainable, mesh=mesh, log=run.say,
         checkpoint_meta={"algorithm": type(cfg).__name__, "model_source": cfg.model.source},
         loss_chunk_len=cfg.loss.chunk_len if cfg.loss.fused else None,
     )
     del model  # the trainer holds its own copies; do not keep a second set of weights alive during training
-    try:
-        result = trainer.fit(data.train, hooks=hooks, eval_batches=data.eval_loader)
-    finally:
-        trainer.close()
+    result = run.train(trainer, data.train, hooks=hooks, eval_batches=data.eval_loader)
     if result.history:
         last = result.history[-1][1]
-        say(f"done: step {result.history[-1][0]}, loss {last.get('loss', float('nan')):.4f}; run dir {run_dir}")
-    result.extras["data_report"] = data.report
+        run.say(f"done: step {result.history[-1][0]}, loss {last.get('loss', float('nan')):.4f}; run dir {run.run_dir}")
+    result.extras.update(data_report=data.report, model=trainer.model)
     return result
