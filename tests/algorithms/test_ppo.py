@@ -242,3 +242,18 @@ def test_main_trains_and_evaluates_against_a_reward_model(reward_model_dir, tok,
     assert len(records) == 2 and "reward/reward_model_mean" in records[0] and "kl/seq_mean" in records[0]
     assert "reward/reward_model_mean" not in records[1] and "value_loss" in records[1]
     assert any("held models" in m for m in messages), messages
+
+
+def test_config_rejects_bad_settings():
+    """Bad PPO settings fail at parse time with the key named; PPO's guard can warn or stop but not adjust."""
+    from tempax.algorithms.ppo.config import PPOConfig
+    from tempax.configlib import from_dict
+    from tempax.errors import ConfigError
+
+    for bad, word in (({"ppo": {"lam": 1.5}}, "ppo.gamma and ppo.lam"), ({"ppo": {"epochs": 0}}, "ppo.epochs"),
+                      ({"ppo": {"kl_target": 6.0, "kl_coef": 0.0}}, "adaptive KL"),
+                      ({"guard": {"action": "clip_higher"}}, "guard.action"),
+                      ({"ppo": {"value": "both"}}, "value")):
+        with pytest.raises(ConfigError, match=word):
+            from_dict(PPOConfig, bad)
+    assert from_dict(PPOConfig, {"ppo": {"kl_target": 6.0}}).ppo.kl_target == 6.0
