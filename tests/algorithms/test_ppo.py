@@ -7,7 +7,6 @@ compilation, so the tests share shapes (4 prompts x 2 completions x 8 tokens, mi
 
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +16,7 @@ from flax import nnx
 
 from tempax.algorithms.grpo.rollout import PromptSampler, encode_prompts
 from tempax.algorithms.ppo.config import PPOSettings
-from tempax.algorithms.ppo.model import ActorCritic, policy_and_values, trainable_filter
+from tempax.algorithms.ppo.model import ActorCritic, trainable_filter
 from tempax.algorithms.ppo.source import BATCH_KEYS, PPORollouts, make_ppo_loss
 from tempax.rewards import combine_rewards
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
@@ -238,6 +237,10 @@ def test_main_trains_and_evaluates_against_a_reward_model(reward_model_dir, tok,
     with open(run.files["eval"]) as f:
         ev = json.load(f)
     assert len(ev["examples"]) == 2 and "score_gain" in ev["comparison"]
+    with open(os.path.join(cfg.train.run_dir, "eval_responses.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert [r["stage"] for r in rows] == ["before"] * 3 + ["after"] * 3
+    assert rows[3]["response"] == run.after.texts[0] and rows[3]["prompt"][-1]["role"] == "user"
     records = read_metrics(cfg.train.run_dir)
     assert len(records) == 2 and "reward/reward_model_mean" in records[0] and "kl/seq_mean" in records[0]
     assert "reward/reward_model_mean" not in records[1] and "value_loss" in records[1]

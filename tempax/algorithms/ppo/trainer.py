@@ -9,7 +9,8 @@ trunk, or a critic initialised from the reward model), the reward (the reward mo
 held-out prompts before and after (`evaluate_policy`: the reward model's mean score of sampled responses and
 their KL to the reference); trains with `Trainer.fit` (with the collapse guard and the time split as hooks); and writes
 config.yaml, metrics.jsonl (the loss's metrics every step, the rollout's metrics on the step that trains on its
-first mini-batch), eval.json, checkpoints and the adapters (PEFT layout) into `train.run_dir`.
+first mini-batch), eval.json, eval_responses.jsonl (each evaluated response as a {prompt, response} row that
+`tempax score` reads), checkpoints and the adapters (PEFT layout) into `train.run_dir`.
 """
 
 from __future__ import annotations
@@ -17,12 +18,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -288,4 +287,10 @@ def _write_eval(run_dir: str, held: Sequence[Prompt], before: PolicyEval | None,
     path = os.path.join(run_dir, "eval.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=2)
+    # Every evaluated response as a {prompt, response} row: `tempax score REWARD_MODEL --input` re-scores them.
+    with open(os.path.join(run_dir, "eval_responses.jsonl"), "w") as f:
+        for stage, e in (("before", before), ("after", after)):
+            for prompt, text, score in zip(held, e.texts if e is not None else [], e.scores if e is not None else []):
+                f.write(json.dumps({"stage": stage, "prompt": prompt.columns["prompt_messages"], "response": text,
+                                    "score": float(score)}) + "\n")
     return path
