@@ -106,6 +106,8 @@ class Trainer:
         is None too, the model's own setting.
       precision: "fp32" or "bf16" compute; None: `config.precision`.
       model_config: the `ModelConfig` the memory plan sizes (None: the model's `config`, with `remat` applied).
+      memory_extras: more `tempax.train.memory.PlanInputs` fields for the plan (e.g. `held_bytes` of a reward
+        model kept beside the trained one, `trunks=2` for a separate critic).
     """
 
     def __init__(
@@ -123,9 +125,11 @@ class Trainer:
         remat: str | None = None,
         precision: str | None = None,
         model_config: Any = None,
+        memory_extras: dict[str, Any] | None = None,
     ):
         self.config = config
         self._loss_chunk_len = loss_chunk_len
+        self._memory_extras = dict(memory_extras or {})
         self.loss_fn = loss_fn
         self._say = log or (lambda text: print(text, file=sys.stderr))
         self.mesh = mesh if mesh is not None else config.mesh.build()
@@ -218,6 +222,7 @@ class Trainer:
             mesh_shape=tuple(dict(self.mesh.shape).items()),
             loss_chunk_len=self._loss_chunk_len,
         )
+        inputs = mem.PlanInputs(**{**inputs.__dict__, **self._memory_extras})
         capacity = mem.device_capacity(self.mesh.devices.flat) if cfg.check_memory or cfg.auto_micro_batch else None
         if cfg.auto_micro_batch and capacity is not None:
             best = mem.largest_fitting_micro_batch(inputs, cfg.batch_size, capacity)
