@@ -13,8 +13,11 @@ a = bytes per activation element: 4 in fp32, 2 in bf16):
                     none: (5 D + 3 n h + 4 k h + 4 I) a + n T (4 + a)      every intermediate, incl. attention
                     dots: (2 D + n h + 2 k h + 2 I) a                        matmul outputs only
                     full: D a                                                the layer input only
-                  times N L, plus (remat only) one layer fully materialised while it is recomputed
+                  times N L, plus (remat only) one layer fully materialised while it is recomputed; times the
+                  number of decoder trunks the loss runs (2 for PPO with a separate critic)
     logits        N V (4 + 4 + 4): float32 logits, their softmax and their gradient (V split over tensor)
+    held          models kept beside the trained one and never trained (a reward model, a frozen reference
+                  copy), as given in bytes
 
 The sum gets 10% for XLA temporaries and fragmentation. The numbers are estimates meant to be within ~25% (the
 benchmark checks them against measured peaks); what matters is naming the setting that brings a run under the
@@ -52,10 +55,12 @@ class MemoryPlan:
     micro_batch_size: int
     remat: str
     capacity: int | None = None
+    held: int = 0
 
     @property
     def total(self) -> int:
-        parts = self.weights + self.compute_copy + self.gradients + self.optimizer + self.activations + self.logits
+        parts = (self.weights + self.compute_copy + self.gradients + self.optimizer + self.activations + self.logits
+                 + self.held)
         return int(parts * OVERHEAD)
 
     @property
@@ -70,7 +75,8 @@ class MemoryPlan:
         return (
             f"memory plan per device (micro-batch {self.micro_batch_size}, remat {self.remat}): "
             f"weights {g(self.weights)}, compute copy {g(self.compute_copy)}, gradients {g(self.gradients)}, "
-            f"optimizer {g(self.optimizer)}, activations {g(self.activations)}, logits {g(self.logits)}; "
+            f"optimizer {g(self.optimizer)}, activations {g(self.activations)}, logits {g(self.logits)}"
+            + (f", held models {g(self.held)}" if self.held else "") + "; "
             f"total ~{g(self.total)} (incl. 10% overhead){cap}"
         )
 
@@ -93,6 +99,8 @@ class PlanInputs:
     # The loss materialises logits for this many positions per row at a time; None: whole rows; 0: no vocabulary
     # logits at all (a reward model's scalar head).
     loss_chunk_len: int | None = None
+    held_bytes: int = 0  # models held beside the trained one, not trained (reward model, frozen reference)
+    trunks: int = 1  # decoder stacks the loss runs forward and backward (2: a policy and a separate critic)
 
 
 def plan_memory(p: PlanInputs, capacity: int | None = None) -> MemoryPlan:
@@ -127,14 +135,14 @@ def plan_memory(p: PlanInputs, capacity: int | None = None) -> MemoryPlan:
         per_layer, extra = (2 * d + (n * h + 2 * k * h + 2 * i) / tp) * a, full_layer
     else:
         per_layer, extra = d * a, full_layer
-    activations = tokens * (per_layer * cfg.num_layers + extra + 4 * d * a)
+    activations = tokens * (per_layer * cfg.num_layers + extra + 4 * d * a) * p.trunks
     rows = math.ceil(p.micro_batch_size / dp)
     logit_tokens = tokens if p.loss_chunk_len is None else rows * min(p.seq_len, p.loss_chunk_len)
     logits = logit_tokens * cfg.vocab_size / tp * 12
     return MemoryPlan(
         weights=int(weights), compute_copy=int(compute_copy), gradients=int(grads), optimizer=int(opt),
         activations=int(activations), logits=int(logits), micro_batch_size=p.micro_batch_size, remat=p.remat,
-        capacity=capacity,
+        capacity=capacity, held=int(p.held_bytes),
     )
 
 
@@ -211,7 +219,7 @@ def suggest_fixes(p: PlanInputs, batch_size: int, capacity: int) -> list[str]:
             out.append(f"train.remat={remat} with train.micro_batch_size={m}")
             break
     if p.trainable_params is None:
-        lora_params = _lora_estimate(p.model, rank=16)
+        lora_params = lora_param_estimate(p.model, rank=16)
         q = replace(p, trainable_params=lora_params, remat="full" if p.remat == "none" else p.remat)
         if plan_memory(q, capacity).fits:
             out.append("LoRA (add a `lora:` section, e.g. lora.rank=16) with train.remat=full")
@@ -225,7 +233,8 @@ def suggest_fixes(p: PlanInputs, batch_size: int, capacity: int) -> list[str]:
     return out
 
 
-def _lora_estimate(cfg: ModelConfig, rank: int) -> int:
+def lora_param_estimate(cfg: ModelConfig, rank: int) -> int:
+    """Trainable parameters of rank-`rank` LoRA on every attention and MLP projection: r (in + out) per matrix."""
     d, i, n, k, h = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     per_layer = rank * ((d + n * h) * 2 + (d + k * h) * 2 + 2 * (d + i) + (i + d))
     return per_layer * cfg.num_layers

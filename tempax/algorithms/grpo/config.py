@@ -194,8 +194,9 @@ class RewardSpec:
 
     functions: tuple[str, ...] = _help(
         "Reward functions: 'format' (strict <reasoning>/<answer> form, partial credit per tag), 'correctness' "
-        "(the <answer> equals the reference), 'length' (characters / 100, for benchmarks) or an importable "
-        "'package.module:function' taking (prompts, completions, **columns).",
+        "(the <answer> equals the reference), 'length' (characters / 100, for benchmarks), 'model:RUN_DIR' (the "
+        "score of a trained reward model: a `tempax reward-model` run dir or its reward_model folder) or an "
+        "importable 'package.module:function' taking (prompts, completions, **columns).",
         ("format", "correctness"),
     )
     weights: tuple[float, ...] | None = _help("One weight per function; null: all 1.", None)

@@ -28,16 +28,34 @@ from tempax.models.logprobs import masked_mean, token_entropy, token_logprobs
 Batch = dict[str, jax.Array]
 
 
-def completion_logprobs(
-    model: nnx.Module, batch: Batch, *, temperature: jax.Array | float, with_entropy: bool = False,
-    entropy_gradient: bool = False,
-) -> tuple[jax.Array, jax.Array | None]:
-    """log p_tau of every completion token, running each prompt once for its whole group.
+def completion_hidden(model: nnx.Module, batch: Batch) -> jax.Array:
+    """[P * G, T, D] final hidden states that predict each completion token, running each prompt once.
 
     The prompts [P, Lp] (left-padded) go through the model with a KV cache; the cache is repeated G times and the
     completions [P * G, T] attend to it, exactly as the sampler's shared prefill does. Token j of a completion is
     predicted by the hidden state before it: the prompt's last position for j = 0, completion position j - 1
-    otherwise. Gradients flow through the shared prompt pass (they add up over the group).
+    otherwise (also the state a PPO value head reads for token j). Gradients flow through the shared prompt pass.
+    """
+    prompt, prompt_seg = batch["prompt_tokens"], batch["prompt_segments"]
+    comp, mask = batch["completion_tokens"], batch["completion_mask"]
+    p, lp = prompt.shape
+    _, g, t = comp.shape
+    cache = KVCache.init(model.config, p, lp + t)
+    hidden_p, cache = model.hidden_states(prompt, segment_ids=prompt_seg, cache=cache)
+    if g > 1:
+        cache = cache.repeat(g)
+    # Tokens after a completion's end get segment 0: they attend to nothing and nothing reads them.
+    comp_seg = (mask.reshape(p * g, t) > 0).astype(jnp.int32)
+    hidden_c, _ = model.hidden_states(comp.reshape(p * g, t), segment_ids=comp_seg, cache=cache)
+    first = jnp.repeat(hidden_p[:, -1:], g, axis=0)  # [P * G, 1, D]
+    return jnp.concatenate([first, hidden_c[:, :-1]], axis=1)
+
+
+def completion_logprobs(
+    model: nnx.Module, batch: Batch, *, temperature: jax.Array | float, with_entropy: bool = False,
+    entropy_gradient: bool = False,
+) -> tuple[jax.Array, jax.Array | None]:
+    """log p_tau of every completion token, running each prompt once for its whole group (`completion_hidden`).
 
     Args:
       model: a `tempax.models.decoder.Decoder` (LoRA/QLoRA-wrapped or not).
@@ -49,21 +67,9 @@ def completion_logprobs(
     Returns:
       (logp [P, G, T] float32, entropy [P, G, T] or None); values at masked positions are meaningless.
     """
-    prompt, prompt_seg = batch["prompt_tokens"], batch["prompt_segments"]
-    comp, mask = batch["completion_tokens"], batch["completion_mask"]
-    p, lp = prompt.shape
-    _, g, t = comp.shape
-    cache = KVCache.init(model.config, p, lp + t)
-    hidden_p, cache = model.hidden_states(prompt, segment_ids=prompt_seg, cache=cache)
-    if g > 1:
-        cache = cache.repeat(g)
-    comp_flat = comp.reshape(p * g, t)
-    # Tokens after a completion's end get segment 0: they attend to nothing and nothing reads them.
-    comp_seg = (mask.reshape(p * g, t) > 0).astype(jnp.int32)
-    hidden_c, _ = model.hidden_states(comp_flat, segment_ids=comp_seg, cache=cache)
-    first = jnp.repeat(hidden_p[:, -1:], g, axis=0)  # [P * G, 1, D]
-    predictors = jnp.concatenate([first, hidden_c[:, :-1]], axis=1)  # [P * G, T, D]
-    logits_btv = model.logits(predictors)
+    p, g, t = batch["completion_tokens"].shape
+    comp_flat = batch["completion_tokens"].reshape(p * g, t)
+    logits_btv = model.logits(completion_hidden(model, batch))
     logp = token_logprobs(logits_btv, comp_flat, temperature=temperature).reshape(p, g, t)
     entropy = None
     if with_entropy:

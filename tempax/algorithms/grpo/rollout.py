@@ -31,8 +31,8 @@ from tempax.algorithms.grpo.losses import group_advantages, overlong_penalty
 from tempax.errors import DataError
 from tempax.generate import SamplingConfig, generate
 
-# Row keys that are not reward columns.
-_NOT_COLUMNS = ("prompt_messages",)
+# Row keys that are not reward columns (`prompt_messages` is one: a reward model scores the messages).
+_NOT_COLUMNS: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

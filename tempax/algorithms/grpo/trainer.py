@@ -45,15 +45,36 @@ def _builtin_rewards() -> dict[str, Callable[..., Any]]:
     return {"format": format_reward, "correctness": answer_correctness_reward, "length": length_reward}
 
 
+REWARD_MODEL_PREFIX = "model:"
+
+
+def reward_model_function(path: str) -> Any:
+    """The `RewardScorer` of a saved reward model: its folder, or the `tempax reward-model` run dir holding it."""
+    import os
+
+    from tempax.algorithms.preference.reward_model import is_reward_model_folder, reward_model_reward
+
+    inner = os.path.join(path, "reward_model")
+    return reward_model_reward(inner if not is_reward_model_folder(path) and os.path.isdir(inner) else path)
+
+
 def build_rewards(spec: RewardSpec) -> Any:
-    """A `CombinedReward` of the named functions (built-in names or 'package.module:function')."""
+    """A `CombinedReward` of the named functions (built-in names, 'model:RUN_DIR' for a trained reward model's
+    score, or 'package.module:function')."""
     from tempax.rewards import combine_rewards
+
+    from tempax.rewards import safe_reward
 
     builtins = _builtin_rewards()
     named: dict[str, Callable[..., Any]] = {}
     for name in spec.functions:
         if name in builtins:
             named[name] = builtins[name]
+            continue
+        if name.startswith(REWARD_MODEL_PREFIX):
+            # No timeout: the first call of each padded length compiles the reward model.
+            named["reward_model"] = safe_reward(reward_model_function(name[len(REWARD_MODEL_PREFIX):]),
+                                                name="reward_model", timeout_s=None)
             continue
         if ":" not in name:
             raise ConfigError(

@@ -264,6 +264,11 @@ class RewardScorer:
 
         self._run = run
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the reward model's arrays (what a memory plan counts for holding it)."""
+        return sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(self._state))
+
     @classmethod
     def from_folder(cls, folder: str, *, max_length: int | None = None, **kwargs: Any) -> "RewardScorer":
         """A scorer for a saved reward model; `max_length` defaults to the length it was trained at."""
@@ -299,8 +304,13 @@ class RewardScorer:
         return out
 
     def __call__(self, prompts: list[Any], completions: list[str], **columns: Any) -> list[float]:
+        """Rewards of (prompt, completion) pairs. A `prompt_messages` column (the prompts as chat messages, as
+        GRPO and PPO rollouts pass it) is scored instead of the prompt texts, which are already chat-templated
+        there and would otherwise be wrapped in a second user turn."""
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        if columns.get("prompt_messages") is not None and self.chat:
+            prompts = list(columns["prompt_messages"])
         return self.score_ids([self.encode(p, c) for p, c in zip(prompts, completions)])
 
 

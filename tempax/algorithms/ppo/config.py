@@ -1,0 +1,170 @@
+"""Typed config of RLHF with PPO: the policy, the reward model, the prompts, the algorithm and the evaluation.
+
+A recipe is a `PPOConfig`:
+
+    model:        {source: smollm2-135m-instruct}
+    lora:         {rank: 16, alpha: 32}              # null: full-weight training
+    reward_model: runs/reward_model_smollm2_lora     # a `tempax reward-model` run dir (or its reward_model/)
+    prompts:      {path: ../shared/data/hh-rlhf/train.jsonl.gz, eval_path: ..., num_eval: 64}
+    ppo:          {value: head, kl_coef: 0.05, gamma: 1.0, lam: 0.95, epochs: 2, mini_batches: 2, ...}
+    train:        {steps: 24, batch_size: 8, optimizer: {learning_rate: 1.0e-4}}
+
+Counting: `train.batch_size` is prompts per optimizer step (a mini-batch; each prompt brings
+`ppo.samples_per_prompt` completions), `train.steps` counts optimizer updates. Each rollout samples
+`batch_size x mini_batches` prompts and is trained on for `epochs` passes of `mini_batches` mini-batches, so the
+run samples steps / (epochs x mini_batches) rollouts. `train.seq_len` is not used: the row shape comes from the
+prompts and `ppo.max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from tempax.algorithms.common import ModelSpec
+from tempax.configlib import help_field
+from tempax.errors import ConfigError
+from tempax.models.lora import LoraConfig
+from tempax.train.config import TrainConfig
+from tempax.train.guards import CollapseGuardConfig
+
+_help = help_field
+
+
+@dataclass(frozen=True)
+class PPOSettings:
+    """The algorithm: sampling, reward shaping, GAE, the clipped losses and the value function."""
+
+    value: Literal["head", "critic"] = _help(
+        "head: a scalar value head on the policy's own trunk (one forward pass gives log-probs and values; "
+        "cheapest). critic: a separate decoder initialised from the reward model's folder (backbone and score "
+        "head), trained beside the policy (LoRA too when lora is set); twice the forward/backward work.",
+        "head",
+    )
+    samples_per_prompt: int = _help("Completions per prompt; they share one prefill.", 1)
+    max_new_tokens: int = _help("Most tokens per completion.", 64)
+    max_prompt_len: int = _help("Prompts longer than this (tokens, chat template included) are dropped.", 256)
+    temperature: float = _help("Sampling temperature (> 0); log-probs in the loss use the same one.", 1.0)
+    top_p: float = _help("Nucleus sampling; 1.0 keeps the sampler equal to the trained distribution.", 1.0)
+    kl_coef: float = _help("beta: the per-token k1 KL penalty log pi - log ref folded into the rewards.", 0.05)
+    kl_target: float | None = _help(
+        "Adaptive KL (Ziegler et al. 2019): target KL in nats per completion; null keeps kl_coef fixed.", None
+    )
+    kl_horizon: float = _help("Adaptive KL horizon, in completions.", 10_000.0)
+    missing_eos_penalty: float = _help(
+        "Subtracted from the score of completions cut at max_new_tokens without a stop token (0: off).", 0.0
+    )
+    gamma: float = _help("GAE discount over completion tokens.", 1.0)
+    lam: float = _help("GAE lambda.", 0.95)
+    whiten_advantages: bool = _help("Whiten advantages over the rollout's valid tokens.", True)
+    clip_range: float = _help("eps: the policy ratio is clipped to [1 - eps, 1 + eps].", 0.2)
+    value_clip_range: float = _help("c: values may move at most c from their rollout-time values per update.", 0.2)
+    vf_coef: float = _help("Weight of the value loss in the total loss.", 0.1)
+    epochs: int = _help("Passes over each rollout (PPO epochs).", 2)
+    mini_batches: int = _help("Mini-batches (optimizer steps) per pass; the rollout has batch_size x this prompts.",
+                              2)
+    log_entropy: bool = _help("Report the policy's token entropy (one extra softmax pass).", True)
+    reward_functions: tuple[str, ...] = _help(
+        "Extra reward functions added to the reward model's score (names as in GRPO's rewards.functions: "
+        "format, correctness, length, or package.module:function).",
+        (),
+    )
+    reward_batch_size: int = _help("Rows per reward-model forward pass.", 8)
+
+    def validate(self) -> None:
+        if self.samples_per_prompt < 1 or self.epochs < 1 or self.mini_batches < 1:
+            raise ConfigError("ppo.samples_per_prompt, ppo.epochs and ppo.mini_batches must be >= 1")
+        if self.max_new_tokens < 1 or self.max_prompt_len < 1:
+            raise ConfigError("ppo.max_new_tokens and ppo.max_prompt_len must be >= 1")
+        if not self.temperature > 0:
+            raise ConfigError(f"ppo.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"ppo.top_p must be in (0, 1], got {self.top_p}")
+        if self.kl_coef < 0 or self.missing_eos_penalty < 0 or self.vf_coef < 0:
+            raise ConfigError("ppo.kl_coef, ppo.missing_eos_penalty and ppo.vf_coef must be >= 0")
+        if self.kl_target is not None and (self.kl_target <= 0 or self.kl_horizon <= 0 or self.kl_coef <= 0):
+            raise ConfigError("adaptive KL needs ppo.kl_target > 0, ppo.kl_horizon > 0 and ppo.kl_coef > 0")
+        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
+            raise ConfigError(f"ppo.gamma and ppo.lam must lie in [0, 1], got {self.gamma}, {self.lam}")
+        if self.clip_range <= 0 or self.value_clip_range <= 0:
+            raise ConfigError("ppo.clip_range and ppo.value_clip_range must be > 0")
+        if self.reward_batch_size < 1:
+            raise ConfigError(f"ppo.reward_batch_size must be >= 1, got {self.reward_batch_size}")
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """Where the prompts come from: the shared prompt of preference pairs (HH-RLHF dialogues) or chat rows."""
+
+    path: str = _help(
+        "Training prompts: preference pairs (HH-RLHF dialogues, {prompt, chosen, rejected}) or rows with "
+        "`prompt_messages`; .jsonl/.json/.parquet (gzip ok), a folder or a Hub id.",
+        "../shared/data/hh-rlhf/train.jsonl.gz",
+    )
+    eval_path: str | None = _help("Held-out prompts (same kinds); null: no evaluation.",
+                                  "../shared/data/hh-rlhf/test.jsonl.gz")
+    max_rows: int | None = _help("Use only the first N training rows; null: all.", None)
+    num_eval: int = _help("Held-out prompts to evaluate before and after (0: none).", 64)
+
+    def validate(self) -> None:
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ConfigError(f"prompts.max_rows must be >= 1 or null, got {self.max_rows}")
+        if self.num_eval < 0:
+            raise ConfigError(f"prompts.num_eval must be >= 0, got {self.num_eval}")
+
+
+@dataclass(frozen=True)
+class PPOEvalSpec:
+    """Held-out evaluation: one sampled response per prompt, scored by the reward model, KL to the reference."""
+
+    before: bool = _help("Evaluate the starting policy.", True)
+    after: bool = _help("Evaluate the trained policy.", True)
+    temperature: float = _help(
+        "Sampling temperature (> 0) of the evaluated responses; the KL to the reference is measured on them, "
+        "which greedy responses would not allow.",
+        1.0,
+    )
+    batch_size: int = _help("Prompts per generation call.", 32)
+    show: int = _help("Before/after responses printed side by side (and written to eval.json).", 3)
+    seed: int = _help("Sampling seed (the same for before and after).", 1234)
+
+    def validate(self) -> None:
+        if not self.temperature > 0:
+            raise ConfigError(f"eval.temperature must be > 0, got {self.temperature}")
+        if self.batch_size < 1 or self.show < 0:
+            raise ConfigError("eval.batch_size must be >= 1 and eval.show >= 0")
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """RLHF with PPO: a policy (full, LoRA or QLoRA) and a value function against a trained reward model."""
+
+    model: ModelSpec = _help("The policy's starting model (also the reference).", default_factory=ModelSpec)
+    lora: LoraConfig | None = _help(
+        "LoRA/QLoRA adapters (the reference is then the base with adapters off); null: full-weight training.",
+        default_factory=lambda: LoraConfig(rank=16, alpha=32.0),
+    )
+    reward_model: str = _help(
+        "The reward model: a `tempax reward-model` run dir or the reward_model folder inside it.",
+        "runs/reward_model_smollm2_lora",
+    )
+    prompts: PromptSpec = _help("Training and held-out prompts.", default_factory=PromptSpec)
+    ppo: PPOSettings = _help("The algorithm.", default_factory=PPOSettings)
+    eval: PPOEvalSpec = _help("Held-out evaluation before and after.", default_factory=PPOEvalSpec)
+    guard: CollapseGuardConfig = _help(
+        "Entropy-collapse guard (tempax.train.guards): watches the policy's entropy and the completion length; "
+        "PPO supports action warn (default) or stop.",
+        default_factory=CollapseGuardConfig,
+    )
+    train: TrainConfig = _help(
+        "The training loop. batch_size and micro_batch_size count prompts per optimizer step (a mini-batch); "
+        "steps counts optimizer updates.",
+        default_factory=lambda: TrainConfig(steps=24, batch_size=8),
+    )
+
+    def validate(self) -> None:
+        if self.lora is not None and self.lora.dropout > 0:
+            raise ConfigError("lora.dropout must be 0 for PPO: the ratio pi / pi_old must start at 1")
+        if self.guard.enabled and self.guard.action not in ("warn", "stop"):
+            raise ConfigError(f"guard.action={self.guard.action} is not available for PPO; use warn or stop (and "
+                              "ppo.kl_coef / ppo.temperature to keep the policy exploring)")
