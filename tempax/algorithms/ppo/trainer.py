@@ -31,6 +31,7 @@ from tempax.algorithms.ppo.config import PPOConfig, PPOEvalSpec
 from tempax.algorithms.ppo.model import ActorCritic, critic_from_reward_model, trainable_filter
 from tempax.algorithms.ppo.source import PPORollouts, make_ppo_loss
 from tempax.errors import ConfigError, DataError
+from tempax.parallel.process import is_writer
 from tempax.train.guards import CollapseGuardConfig
 
 __all__ = ["PPOConfig", "PPORun", "PolicyEval", "build_reward", "evaluate_policy", "load_prompts", "main"]
@@ -285,6 +286,8 @@ def _write_eval(run_dir: str, held: Sequence[Prompt], before: PolicyEval | None,
                 f"[after,  RM {after.scores[i]:+.2f}] {after.texts[i]}")
         out["examples"] = examples
     path = os.path.join(run_dir, "eval.json")
+    if not is_writer():  # one process writes the run's files (tempax.parallel.process)
+        return path
     with open(path, "w") as f:
         json.dump(out, f, indent=2)
     # Every evaluated response as a {prompt, response} row: `tempax score REWARD_MODEL --input` re-scores them.

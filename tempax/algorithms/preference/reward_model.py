@@ -36,6 +36,7 @@ from tempax.algorithms.preference.batches import pair_mask, per_pair_mean, split
 from tempax.algorithms.preference.losses import bradley_terry_loss
 from tempax.errors import CheckpointError, ConfigError
 from tempax.models.decoder import Decoder
+from tempax.parallel.process import host_array
 
 FORMAT = "tempax-reward-model"
 FORMAT_VERSION = 1
@@ -299,7 +300,7 @@ class RewardScorer:
             for i, s in enumerate(chunk):
                 tokens[i, : len(s)] = s
                 segments[i, : len(s)] = 1 if s else 0
-            rewards = np.asarray(self._run(self._state, jnp.asarray(tokens), jnp.asarray(segments)))
+            rewards = host_array(self._run(self._state, tokens, segments))  # NumPy in; output may span processes
             out.extend(float(r) for r in rewards[: len(chunk)])
         return out
 
