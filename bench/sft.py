@@ -64,13 +64,12 @@ def measure(workload: str, size: str, remat: str | None = None, memory_only: boo
 
     from tempax.cli.process import settings_in_effect
     from tempax.algorithms.sft.trainer import LossSpec, make_sft_loss
-    from tempax.models.decoder import Decoder
     from tempax.models.presets import PRESETS
     from tempax.parallel import make_mesh
     from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
     from tempax.train.hooks import every
     from tempax.train.loop import Trainer
-    from tempax.train.state import init_sharded
+    from tempax.models.init import init_decoder
 
     spec = load_spec()
     w = spec["workloads"][workload]
@@ -98,7 +97,7 @@ def measure(workload: str, size: str, remat: str | None = None, memory_only: boo
     ]
 
     mesh = make_mesh(devices=jax.devices()[:1])
-    model = init_sharded(lambda: Decoder(model_cfg, rngs=nnx.Rngs(spec["init"]["seed"])), mesh)
+    model = init_decoder(model_cfg, spec["init"]["seed"], mesh)  # the same weights as the one-program constructor
     trainable = nnx.Param
     if workload == "sft_lora":
         from tempax.models.lora import LoraConfig, apply_lora, lora_filter

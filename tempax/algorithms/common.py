@@ -38,14 +38,13 @@ class ModelSpec:
             raise ConfigError("model.overrides only applies to preset:<name> sources (random initialisation)")
 
     def build(self, *, seed: int = 0, mesh: Any = None) -> tuple[nnx.Module, Any]:
-        """(model, tokenizer). Presets are initialised under jit, sharded over `mesh` when given."""
+        """(model, tokenizer). Presets are initialised by compiled per-part programs, sharded over `mesh` when given."""
         from tempax.models import registry
 
         tokenizer = registry.load_tokenizer(self.tokenizer) if self.tokenizer else None
         if self.source.startswith(registry.PRESET_PREFIX):
-            from tempax.models.decoder import Decoder
+            from tempax.models.init import init_decoder
             from tempax.models.presets import get_preset
-            from tempax.train.state import init_sharded
 
             cfg = get_preset(self.source[len(registry.PRESET_PREFIX):])
             if self.overrides:
@@ -53,8 +52,7 @@ class ModelSpec:
                     cfg = cfg.replace(**self.overrides)
                 except TypeError as e:
                     raise ConfigError(f"model.overrides: {e}") from None
-            build = lambda: Decoder(cfg, rngs=nnx.Rngs(seed))  # noqa: E731
-            model = init_sharded(build, mesh) if mesh is not None else build()
+            model = init_decoder(cfg, seed, mesh)  # compile time independent of depth (tempax.models.init)
             if tokenizer is None:
                 raise ConfigError(
                     f"model.source={self.source} is a random-init shape without a tokenizer; set model.tokenizer, "

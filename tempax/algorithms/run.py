@@ -15,6 +15,10 @@ problems) are stages: `report_stages` prints their table, writes them to a JSON 
 config is checked against the saved config.yaml before that is replaced (`tempax.train.run_identity`: differences
 that change the trajectory are refused unless `train.allow_config_change=true`, and every accepted one is
 recorded with its step in config_changes.jsonl).
+
+Across processes (`tempax launch`, clusters) `start_run` first joins the run (`train.mesh.join()`, before
+anything starts JAX's backend), and every file here is written by process 0 alone (`is_writer`); the other
+processes run the same code and compute the same values, so paths and tables are the same everywhere.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from tempax.parallel.process import is_writer
 from tempax.train.loop import Trainer, TrainResult
 from tempax.train.run_identity import CONFIG_FILE, save_run_config
 EVAL_SUMMARY_FILE = "eval_summary.json"
@@ -52,15 +57,16 @@ class Run:
 
     def write_json(self, name: str, data: Any) -> str:
         path = self.path(name)
-        with open(path, "w") as f:
-            json.dump(data, f, indent=2, default=str)
+        if is_writer():
+            with open(path, "w") as f:
+                json.dump(data, f, indent=2, default=str)
         self.files[name.rsplit(".", 1)[0]] = path
         return path
 
     def save_tokenizer(self, tokenizer: Any) -> str:
         """The tokenizer in `<run_dir>/tokenizer` (export and evaluation load it from there)."""
         folder = self.path("tokenizer")
-        if not os.path.isdir(folder):
+        if is_writer() and not os.path.isdir(folder):
             tokenizer.hf.save_pretrained(folder)
         return folder
 
@@ -103,6 +109,8 @@ class Run:
 
         self.say("\n" + table)
         self.write_json(file, {name: r.to_dict() for name, r in stages})
+        if not is_writer():
+            return
         writer = MetricsWriter(self.run_dir, tensorboard=getattr(self.config.train, "tensorboard", False))
         try:
             for name, r in stages:
@@ -115,8 +123,10 @@ def start_run(cfg: Any, *, log: Callable[[str], None] | None = None) -> Run:
     """Makes `cfg.train.run_dir` and writes the resolved config to `<run_dir>/config.yaml` (see the module
     docstring; raises `ConfigError` listing the differences when a resume would change the trajectory); `log` is
     where the run's messages go (default stderr)."""
+    cfg.train.mesh.join()  # a multi-process run is joined before anything can start JAX's backend
     run = Run(cfg, cfg.train.run_dir, log or stderr_logger)
-    save_run_config(run.run_dir, cfg, say=run.say)
+    if is_writer():  # process 0 checks a resume's config and writes config.yaml
+        save_run_config(run.run_dir, cfg, say=run.say)
     run.files["config"] = run.path(CONFIG_FILE)
     return run
 

@@ -44,6 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("data", "clean (dedup, filters, PII, decontamination) or measure (tokens, lengths) a dataset"),
     "tokenizer": ("tokenizer", "train a byte-level BPE tokenizer, or add tokens to a model's tokenizer"),
     "recommend": ("recommend", "which method (pre-training, SFT, DPO, GRPO; full/LoRA/QLoRA) suits the data, as a recipe"),
+    "launch": ("launch", "start N processes of one multi-process run on this machine (jax.distributed)"),
 }
 
 

@@ -43,6 +43,7 @@ from tempax.generate.sampling import SamplerSpec, row_keys, row_uniforms, sample
 from tempax.models.cache import KVCache
 from tempax.models.decoder import Decoder
 from tempax.models.fast_decode import DecodeWeights
+from tempax.parallel.process import host_array
 from tempax.parallel.rules import shard
 
 _TRACES: collections.Counter[str] = collections.Counter()
@@ -382,7 +383,7 @@ class DecodeRun:
         self._weights = None
         if use_decode_layout(model, config):
             self._weights = decode_weights_for(self._graphdef, self._params)
-        self._done_host = np.asarray(self._state.done)
+        self._done_host = host_array(self._state.done)  # host reads go through host_array: arrays may span processes
         self.prefill_s = time.perf_counter() - start
         self.decode_s = 0.0
         self._step = 1
@@ -408,14 +409,14 @@ class DecodeRun:
         self._state = _decode(
             self._graphdef, self._params, self._weights, self._state, jnp.int32(until), self._knobs, spec=self._spec
         )
-        self._step, self._done_host = int(self._state.step), np.asarray(self._state.done)
+        self._step, self._done_host = int(host_array(self._state.step)), host_array(self._state.done)
         self.decode_s += time.perf_counter() - start
 
     def tokens(self) -> tuple[np.ndarray, np.ndarray]:
         """(tokens [R, step], lengths [R]) generated so far for the real rows."""
         # Copy whole buffers and slice on the host: slicing on device would compile a slice per new step.
         r = self.rows
-        return np.asarray(self._state.tokens)[:r, : self._step], np.asarray(self._state.lengths)[:r]
+        return host_array(self._state.tokens)[:r, : self._step], host_array(self._state.lengths)[:r]
 
     def done(self) -> np.ndarray:
         """[R] bool: rows that have finished (stop token, or marked done)."""
@@ -426,16 +427,16 @@ class DecodeRun:
         done = self._done_host.copy()
         done[: self.rows] |= np.asarray(rows, bool)
         self._done_host = done
-        self._state = dataclasses.replace(self._state, done=jnp.asarray(done))
+        self._state = dataclasses.replace(self._state, done=done)  # NumPy: the same global value in every process
 
     def output(self) -> DecodeOutput:
         r, t = self.rows, self.config.max_new_tokens
         s = self._state
         return DecodeOutput(
-            tokens=np.asarray(s.tokens)[:r, :t],
-            logprobs=np.asarray(s.logprobs)[:r, :t],
-            raw_logprobs=np.asarray(s.raw_logprobs)[:r, :t],
-            lengths=np.asarray(s.lengths)[:r],
+            tokens=host_array(s.tokens)[:r, :t],
+            logprobs=host_array(s.logprobs)[:r, :t],
+            raw_logprobs=host_array(s.raw_logprobs)[:r, :t],
+            lengths=host_array(s.lengths)[:r],
             stopped=self._done_host[:r].copy(),
             steps=self._step,
             prefill_s=self.prefill_s,

@@ -260,6 +260,27 @@ class DecoderLayer(nnx.Module):
         return shard(x, ("batch", "seq", "act_embed")), new_kv
 
 
+def make_embedding(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Embed:
+    """The token embedding [vocab, embed] (the first weights a `Decoder` draws)."""
+    return nnx.Embed(
+        cfg.vocab_size, cfg.hidden_size, dtype=as_dtype(cfg.dtype), param_dtype=as_dtype(cfg.param_dtype),
+        rngs=rngs, embedding_init=_init(("vocab", "embed")),
+    )
+
+
+def make_head(cfg: ModelConfig, rngs: nnx.Rngs) -> tuple[RMSNorm, nnx.Linear | None]:
+    """The final norm and the untied LM head (None when tied to the embedding): the last weights drawn."""
+    pd = as_dtype(cfg.param_dtype)
+    norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, offset=cfg.norm_offset, param_dtype=pd, rngs=rngs)
+    if cfg.tie_word_embeddings:
+        return norm, None
+    head = nnx.Linear(
+        cfg.hidden_size, cfg.vocab_size, use_bias=False, dtype=as_dtype(cfg.dtype), param_dtype=pd, rngs=rngs,
+        kernel_init=_init(("embed", "vocab")),
+    )
+    return norm, head
+
+
 def _remat_policy(name: str) -> Any:
     if name == "dots":
         return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
@@ -280,24 +301,13 @@ class Decoder(nnx.Module):
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        # Construction order (embedding, layers, head) fixes which random draws each weight gets;
+        # `tempax.models.init.init_decoder` builds the same three parts as separate programs in this order.
         self.config = cfg
-        pd, dt = as_dtype(cfg.param_dtype), as_dtype(cfg.dtype)
         with nnx.use_eager_sharding(False):
-            self.embed_tokens = nnx.Embed(
-                cfg.vocab_size, cfg.hidden_size, dtype=dt, param_dtype=pd, rngs=rngs,
-                embedding_init=_init(("vocab", "embed")),
-            )
+            self.embed_tokens = make_embedding(cfg, rngs)
             self.layers = nnx.List([DecoderLayer(cfg, i, rngs=rngs) for i in range(cfg.num_layers)])
-            self.norm = RMSNorm(
-                cfg.hidden_size, eps=cfg.rms_norm_eps, offset=cfg.norm_offset, param_dtype=pd, rngs=rngs
-            )
-            if cfg.tie_word_embeddings:
-                self.lm_head = None
-            else:
-                self.lm_head = nnx.Linear(
-                    cfg.hidden_size, cfg.vocab_size, use_bias=False, dtype=dt, param_dtype=pd, rngs=rngs,
-                    kernel_init=_init(("embed", "vocab")),
-                )
+            self.norm, self.lm_head = make_head(cfg, rngs)
 
     # ----------------------------------------------------------------------------------------------------------
     def hidden_states(

@@ -51,6 +51,7 @@ from tempax.errors import CheckpointError, ConfigError
 from tempax.models.decoder import Decoder, as_dtype
 from tempax.models.quant import QUANT_KINDS, QuantizedLinear
 from tempax.models.weights import abstract_model
+from tempax.parallel.process import host_array, is_writer
 
 DEFAULT_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -346,6 +347,8 @@ def save_adapters(model: Decoder, folder: str, *, base_model_name_or_path: str |
     [r, in] and `...lora_B.weight` [out, r] (float32); `adapter_config.json` holds r, lora_alpha, lora_dropout,
     target_modules and base_model_name_or_path, so `peft.PeftModel.from_pretrained(base, folder)` loads it
     (checked against peft 0.21.2, both directions, by tests that run when peft is installed).
+    In a multi-process run every process must call it (the adapters are gathered from all of them); process 0
+    writes the files.
     """
     from safetensors.numpy import save_file
 
@@ -360,8 +363,10 @@ def save_adapters(model: Decoder, folder: str, *, base_model_name_or_path: str |
     tensors = {}
     for path, layer in layers:
         name = _PEFT_PREFIX + "model." + _dotted(path)
-        tensors[name + ".lora_A.weight"] = np.ascontiguousarray(np.asarray(layer.lora_a[...], np.float32).T)
-        tensors[name + ".lora_B.weight"] = np.ascontiguousarray(np.asarray(layer.lora_b[...], np.float32).T)
+        tensors[name + ".lora_A.weight"] = np.ascontiguousarray(host_array(layer.lora_a[...]).astype(np.float32).T)
+        tensors[name + ".lora_B.weight"] = np.ascontiguousarray(host_array(layer.lora_b[...]).astype(np.float32).T)
+    if not is_writer():
+        return folder
     os.makedirs(folder, exist_ok=True)
     save_file(tensors, os.path.join(folder, ADAPTER_WEIGHTS), metadata={"format": "pt"})
     config = {

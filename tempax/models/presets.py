@@ -36,8 +36,8 @@ PRESETS: dict[str, ModelConfig] = {
     "llama3.2-1b": ModelConfig(
         family="llama", vocab_size=128256, hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
         head_dim=64, intermediate_size=8192, rope=_LLAMA3_ROPE, tie_word_embeddings=True,
-        max_position_embeddings=131072, rms_norm_eps=1e-5,
-    ),
+        max_position_embeddings=131072, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
+    ),  # = ModelConfig.from_hf_config of meta-llama/Llama-3.2-1B's config.json (tests/models/test_presets.py)
     "llama3.2-3b": ModelConfig(
         family="llama", vocab_size=128256, hidden_size=3072, num_layers=28, num_heads=24, num_kv_heads=8,
         head_dim=128, intermediate_size=8192, rope=_LLAMA3_ROPE, tie_word_embeddings=True,

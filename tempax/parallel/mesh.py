@@ -11,6 +11,7 @@ has to know the hardware.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import jax
@@ -55,23 +56,62 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices: Sequence[
     return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
 
 
-def init_distributed(
-    coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None
-) -> bool:
-    """Join a multi-host run via `jax.distributed.initialize`; a no-op for a single host.
+# The settings `tempax launch` gives each process it starts. JAX reads JAX_COORDINATOR_ADDRESS itself; it has no
+# variables for the other two (on SLURM, Open MPI, Kubernetes and Cloud TPU it discovers them: `cluster`).
+ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
+ENV_PROCESS_ID = "JAX_PROCESS_ID"
 
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={value!r} must be an integer") from None
+
+
+def init_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    *,
+    cluster: bool = False,
+    timeout_s: int = 300,
+) -> bool:
+    """Join a multi-process run via `jax.distributed.initialize`; a no-op for a single process.
+
+    Where the settings come from, first match wins: the arguments; the environment `tempax launch` sets
+    (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID); with `cluster`, JAX's own discovery (SLURM,
+    Open MPI, Kubernetes, Cloud TPU: `jax.distributed.initialize()` without arguments). On CPU the processes talk
+    through gloo collectives (set before initialising; without them cross-process programs cannot run on CPU).
+    `timeout_s` bounds the wait for the other processes, so a missing peer fails instead of hanging.
     Call it before anything touches `jax.devices()`. Returns True when it initialised (or already had).
     """
-    if coordinator_address is None and (num_processes is None or num_processes == 1):
+    coordinator_address = coordinator_address or os.environ.get(ENV_COORDINATOR) or None
+    num_processes = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
+    process_id = process_id if process_id is not None else _env_int(ENV_PROCESS_ID)
+    if jax.distributed.is_initialized():
+        return True
+    explicit = coordinator_address is not None or (num_processes or 1) > 1
+    if not explicit and not cluster:
         return False
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if not explicit:
+        jax.distributed.initialize(initialization_timeout=timeout_s)
+        return True
     if coordinator_address is None or num_processes is None or process_id is None:
         raise ConfigError(
             "multi-host runs need coordinator_address, num_processes and process_id together; got "
             f"coordinator_address={coordinator_address!r}, num_processes={num_processes!r}, process_id={process_id!r}"
+            " (set train.mesh.* or the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment, "
+            "or use `tempax launch`)"
         )
     if not 0 <= process_id < num_processes:
         raise ConfigError(f"process_id must be in [0, {num_processes}), got {process_id}")
-    if jax.distributed.is_initialized():
-        return True
-    jax.distributed.initialize(coordinator_address, num_processes=num_processes, process_id=process_id)
+    jax.distributed.initialize(
+        coordinator_address, num_processes=num_processes, process_id=process_id, initialization_timeout=timeout_s
+    )
     return True

@@ -39,6 +39,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from tempax.errors import CheckpointError
+from tempax.parallel.process import is_writer
 from tempax.train.state import TrainState
 
 ITEMS = ("params", "opt_state", "train", "data", "meta")
@@ -175,6 +176,9 @@ class Checkpointer:
         """Writes FILES_RECORD for each step this object saved whose background write has finished."""
         from etils import epath
 
+        if not is_writer():  # every process wrote its shards; process 0 records the finished folder
+            self._unrecorded.clear()
+            return
         for step in sorted(self._unrecorded):
             folder = self.path(step)
             if not os.path.isdir(folder) or not ocp.path.step.is_checkpoint_finalized(epath.Path(folder)):

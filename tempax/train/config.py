@@ -79,14 +79,30 @@ class MeshConfig:
     coordinator_address: str | None = _help("Multi-host: host:port of process 0 (null: single host).", None)
     num_processes: int | None = _help("Multi-host: number of processes.", None)
     process_id: int | None = _help("Multi-host: this process's index.", None)
+    cluster: bool = _help(
+        "Multi-host: let JAX discover the coordinator, process count and index from the cluster (SLURM, Open MPI, "
+        "Kubernetes, Cloud TPU). `tempax launch` and the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / "
+        "JAX_PROCESS_ID environment need no flag.",
+        False,
+    )
+    init_timeout_s: int = _help("Multi-host: seconds to wait for every process to join before failing.", 300)
+
+    def join(self) -> bool:
+        """Joins the multi-process run when one is configured (these fields, `tempax launch`'s environment, or
+        `cluster`); a no-op otherwise. Must come before anything starts JAX's backend (even
+        `jax.process_index()`), so `tempax.algorithms.run.start_run` calls it first; `build` calls it too."""
+        from tempax.parallel import init_distributed
+
+        return init_distributed(self.coordinator_address, self.num_processes, self.process_id, cluster=self.cluster,
+                                timeout_s=self.init_timeout_s)
 
     def build(self) -> "Mesh":
-        """Initialises `jax.distributed` when configured, then makes the mesh."""
+        """Joins the multi-process run when configured (`join`), then makes the mesh."""
         import jax
 
-        from tempax.parallel import init_distributed, make_mesh
+        from tempax.parallel import make_mesh
 
-        init_distributed(self.coordinator_address, self.num_processes, self.process_id)
+        self.join()
         devices = jax.devices()
         if self.num_devices is not None:
             if not 1 <= self.num_devices <= len(devices):

@@ -83,11 +83,10 @@ class StepInfo:
         """This step's metrics on the host: the loss function's scalars (fetched once, on first use), the batch
         source's `batch_metrics()` and whatever earlier hooks added."""
         if self._host_metrics is None:
-            import jax
-
+            from tempax.parallel.process import host_tree
             from tempax.train.metrics import scalars
 
-            self._host_metrics = scalars(jax.device_get(self._device_metrics or {}))
+            self._host_metrics = scalars(host_tree(self._device_metrics or {}))  # arrays may span processes
         return {**self._host_metrics, **self._extra_metrics}
 
     def add_metrics(self, values: dict[str, Any]) -> None:

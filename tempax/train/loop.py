@@ -29,6 +29,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from tempax.errors import TempaxError
+from tempax.parallel.process import global_batch, host_tree, is_writer
 from tempax.parallel.rules import batch_sharding, use_mesh
 from tempax.train import memory as mem
 from tempax.train.checkpoint import Checkpointer
@@ -249,13 +250,7 @@ class Trainer:
     # -- device placement --------------------------------------------------------------------------------------
     def put_batch(self, batch: dict[str, Any]) -> dict[str, jax.Array]:
         """Places a global host batch on the mesh, rows split over the data-parallel axes."""
-        if jax.process_count() == 1:
-            return jax.device_put({k: np.asarray(v) for k, v in batch.items()}, self.batch_sharding)
-        # Every host holds the same global batch; each contributes the rows of its own devices.
-        return {
-            k: jax.make_array_from_callback(np.shape(v), self.batch_sharding, lambda idx, v=v: np.asarray(v)[idx])
-            for k, v in batch.items()
-        }
+        return global_batch(batch, self.batch_sharding)  # each process supplies the rows of its own devices
 
     def train_step(self, batch: dict[str, Any]) -> dict[str, jax.Array]:
         """One optimizer step on a global host batch; updates `state` and returns the device-side metrics.
@@ -320,7 +315,7 @@ class Trainer:
                 if max_batches and i >= max_batches:
                     break
                 out = self._eval(self.state.params, self.rest, self.put_batch(batch))
-                results.append({k: float(v) for k, v in jax.device_get(out).items()})
+                results.append({k: float(v) for k, v in host_tree(out).items()})
         return average_eval_metrics(results)
 
     def restore(self, step: int | None = None) -> dict[str, Any] | None:
@@ -391,8 +386,8 @@ class Trainer:
         os.makedirs(self.run_dir, exist_ok=True)
         self.writer = MetricsWriter(
             self.run_dir, tensorboard=cfg.tensorboard, resume_step=resumed_from, say=self._say
-        )
-        self.progress = ProgressBar(cfg.steps, initial=resumed_from, enabled=cfg.progress_bar)
+        ) if is_writer() else None  # one writer across processes (tempax.parallel.process)
+        self.progress = ProgressBar(cfg.steps, initial=resumed_from, enabled=cfg.progress_bar and is_writer())
         logging_hook = LoggingHook(cfg.log_every, tokens_per_step=cfg.batch_size * cfg.seq_len)
         eval_hooks = [EvalHook(cfg.eval_every, eval_batches, max_batches=cfg.eval_batches,
                                at_start=cfg.eval_at_start)] if eval_batches is not None else []
@@ -493,8 +488,9 @@ class Trainer:
         """<run_dir>/summary.json: where the run ended and why (read by the CLI and by people)."""
         summary = {"step": step, "steps": self.config.steps, "resumed_from": result.resumed_from,
                    "stop_reason": result.stop_reason, "last_checkpoint": result.last_checkpoint}
-        with open(os.path.join(self.run_dir, SUMMARY_FILE), "w") as f:
-            json.dump(summary, f, indent=2)
+        if is_writer():
+            with open(os.path.join(self.run_dir, SUMMARY_FILE), "w") as f:
+                json.dump(summary, f, indent=2)
 
     def close(self) -> None:
         if self.checkpointer is not None:

@@ -209,6 +209,10 @@ def clean_failed_start(run_dir: str) -> Iterator[None]:
     try:
         yield
     except BaseException:
+        import jax  # here, not at the top: this module is imported by the command line before JAX is needed
+
+        if jax.distributed.is_initialized() and jax.process_index() != 0:
+            raise  # in a multi-process run only process 0 writes (and so cleans) the run dir
         if os.path.isdir(run_dir) and not _has_training_record(run_dir):
             for name in set(os.listdir(run_dir)) - before:
                 path = os.path.join(run_dir, name)

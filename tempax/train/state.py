@@ -191,8 +191,10 @@ def cast_params(params: Params, dtype: Any) -> Params:
 def init_sharded(build: Any, mesh: Mesh, rules: Rules | None = None) -> nnx.Module:
     """Runs the model constructor `build()` under jit so every weight is created directly in its shard.
 
-    One compiled initialiser instead of one eager dispatch per weight: faster on any machine, and a model larger
-    than one device's memory never exists whole anywhere.
+    One compiled initialiser instead of one eager dispatch per weight, and a model larger than one device's
+    memory never exists whole anywhere. Its compile time grows with the model's depth (every weight's random
+    draw is part of the one program); for a `Decoder` use `tempax.models.init.init_decoder`, which gives the
+    same weights from three programs compiled once each.
     """
     abstract = nnx.eval_shape(build)
     graphdef, abstract_state = nnx.split(abstract)

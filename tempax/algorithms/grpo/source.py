@@ -48,6 +48,7 @@ from tempax.algorithms.grpo.rollout import (
     sample_rollout,
 )
 from tempax.errors import ConfigError
+from tempax.parallel.process import host_array
 from tempax.parallel.rules import use_mesh
 from tempax.train.config import TrainConfig
 from tempax.train.guards import CollapseGuard, CollapseGuardConfig
@@ -238,7 +239,7 @@ class GRPOSource:
         with use_mesh(trainer.mesh):
             for start in range(0, p, step):
                 part = trainer.put_batch({k: batch[k][start:start + step] for k in _FORWARD_KEYS})
-                out.append(np.asarray(fn(part)))
+                out.append(host_array(fn(part)))  # the result may span processes
         return np.concatenate(out, axis=0)
 
     def reference_logprobs(self, batch: Batch) -> np.ndarray:

@@ -32,6 +32,7 @@ from tempax.data.packing import BATCH_KEYS
 from tempax.data.preference import PreferencePair, collate_pairs
 from tempax.errors import ConfigError, DataError
 from tempax.models.logprobs import masked_sum, token_logprobs
+from tempax.parallel.process import host_array
 
 Batch = dict[str, Any]
 
@@ -282,8 +283,9 @@ def jit_sequence_logps(
             return sequence_logps(m, batch)
 
     def call(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-        logps, n = run(state, {k: jnp.asarray(batch[k]) for k in BATCH_KEYS})
-        return np.asarray(logps), np.asarray(n)
+        # NumPy inputs are the same global value in every process; the outputs may span processes.
+        logps, n = run(state, {k: np.asarray(batch[k]) for k in BATCH_KEYS})
+        return host_array(logps), host_array(n)
 
     return call
 

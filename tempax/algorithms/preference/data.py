@@ -16,6 +16,7 @@ from typing import Any, Callable, Literal
 
 from tempax.errors import ConfigError, DataError
 from tempax.configlib import help_field
+from tempax.parallel.process import is_writer
 
 
 _help = help_field  # one documented-field helper for every config (tempax.configlib)
@@ -115,8 +116,9 @@ def report_data(data: PreferenceData, run_dir: str, say: Callable[[str], None]) 
         for where, reason, detail in rep.bad_rows[:5]:
             say(f"  skipped {where}: {reason}" + (f" ({detail})" if detail else ""))
     os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "data_report.json"), "w") as f:
-        json.dump({label: rep.to_dict() for label, rep in reports}, f, indent=2)
+    if is_writer():
+        with open(os.path.join(run_dir, "data_report.json"), "w") as f:
+            json.dump({label: rep.to_dict() for label, rep in reports}, f, indent=2)
 
 
 def pairs_per_batch(rows: int, *, what: str = "train.batch_size") -> int:
