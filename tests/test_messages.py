@@ -37,11 +37,22 @@ def _config_keys() -> set[str]:
 
 
 def _flags() -> set[str]:
+    """Every option of every `tempax` command: from the real parser (sub-commands of sub-commands included) and
+    from each `add_argument("--...")` in tempax/cli (parsers a command builds for itself, like `data clean`)."""
     out: set[str] = set()
-    parser = build_parser()
-    for action in parser._actions:
-        for sub in getattr(action, "choices", None) or {}:
-            out.update(s for a in action.choices[sub]._actions for s in a.option_strings)
+
+    def walk(parser) -> None:
+        for action in parser._actions:
+            out.update(action.option_strings)
+            if isinstance(action.choices, dict):  # a sub-command table: name -> its parser
+                for sub in action.choices.values():
+                    walk(sub)
+
+    walk(build_parser())
+    for path in glob.glob(os.path.join(ROOT, "tempax", "cli", "*.py")):
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+                out.update(a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("-"))
     return out
 
 

@@ -131,7 +131,8 @@ class DemoConfig:
         grpo = dataclasses.replace(
             g, model=self.model, train=train(g.train, "grpo"),
             task=dataclasses.replace(g.task, seed=self.seed),
-            eval=dataclasses.replace(g.eval, batch_size=g.eval.num_problems, before=self.sft is not None),
+            # The demo evaluates the base and the SFT model itself (in stage order); grpo.main evaluates the end.
+            eval=dataclasses.replace(g.eval, batch_size=g.eval.num_problems, before=False),
         )
         sft = None
         if self.sft is not None:
@@ -267,19 +268,23 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
         say(f"  {name}: format {r.format_accuracy:.1%}, answer {r.answer_accuracy:.1%} "
             f"on {len(held_rows)} held-out problems" + (f" ({seconds:.0f} s)" if seconds is not None else ""))
 
+    options = eval_options(grpo_cfg.eval, grpo_cfg.grpo.max_new_tokens, seed=cfg.seed)
+
+    def run_eval(name: str, m: Any) -> None:
+        with watch(f"eval {name}"):
+            r = evaluate(m, tokenizer, held_rows, options)
+        record(name, r, watch.wall[f"eval {name}"])
+
     say("[1/3] base model")
-    with watch("eval base model"):
-        base = evaluate(model, tokenizer, held_rows, eval_options(grpo_cfg.eval, grpo_cfg.grpo.max_new_tokens,
-                                                                  seed=cfg.seed))
-    record("base model", base, watch.wall["eval base model"])
+    run_eval("base model", model)
 
     say("[2/3] SFT warm-start on the answer format")
     if sft_cfg is not None and any(r.get("target") for r in train_rows):
         with watch("sft"):
             model = run_sft(model, tokenizer, train_rows, sft_cfg, say)
         say(f"  trained in {watch.wall['sft']:.0f} s")
+        run_eval("after SFT", model)
     else:
-        grpo_cfg = dataclasses.replace(grpo_cfg, eval=dataclasses.replace(grpo_cfg.eval, before=False))
         say("  skipped (" + ("sft: null / --sft-steps 0" if sft_cfg is None else
                              f"task {cfg.task} has no SFT targets") + ")")
 
@@ -287,8 +292,6 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
     with watch("grpo"):
         run = run_grpo(model, tokenizer, grpo_cfg)
     result = run.result
-    if run.before is not None:
-        record("after SFT", run.before)
     rewards = [v for _, v in result.series("reward/total_mean")]
     zero = [v for _, v in result.series("groups/zero_spread_frac")]
     split = {k: round(sum(v for _, v in result.series(f"perf/{k}_s"))) for k in ("step", "generation", "train")}

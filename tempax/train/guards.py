@@ -232,8 +232,11 @@ class CollapseGuard(Hook):
             drop, limit = crossed[f"{LENGTH}_drop"]
             parts.append(f"completions shrank to {length.recent(w):.1f} tokens from {length.baseline(b):.1f}, "
                          f"{drop:.0%} down (guard.max_length_drop={limit:g})")
-        what = "entropy collapse" if any(k.startswith("entropy") for k in crossed) else "exploration collapse"
+        entropy = any(k.startswith("entropy") for k in crossed)
+        what = "entropy collapse" if entropy else "exploration collapse"
         advice = self.advice() if self.advice is not None else (
             "raise the sampling temperature, widen the upper clip range (clip-higher), add an entropy bonus or "
             "lower the learning rate")
-        return f"{what}: {'; '.join(parts)}. The policy is turning deterministic; to keep it exploring, {advice}."
+        why = ("The policy is turning deterministic; to keep it exploring" if entropy or DUPLICATES in crossed else
+               "Without reward differences inside a group there is nothing to learn; to get them back")
+        return f"{what}: {'; '.join(parts)}. {why}, {advice}."

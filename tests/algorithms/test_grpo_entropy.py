@@ -45,3 +45,34 @@ def test_duplicate_fraction_counts_repeats_within_each_group():
     tokens = np.array([[[5, 6], [5, 6], [5, 7]], [[1, 0], [1, 0], [1, 0]]])
     assert duplicate_fraction(tokens) == 0.5
     assert duplicate_fraction(np.array([[[5, 6], [1, 2]], [[5, 6], [3, 4]]])) == 0.0
+
+
+def test_the_grpo_loss_carries_the_bonus_with_its_gradient():
+    """With token_mean aggregation the bonus is -coef x the logged token-mean entropy: loss(coef 0.1) -
+    loss(coef 0) = -0.1 x entropy exactly as `entropy_bonus` says, the coefficient comes from the batch when it
+    holds one (the guard's knob), and the bonus changes the gradient."""
+    from flax import nnx
+
+    from tempax.algorithms.grpo.config import GRPOSettings
+    from tempax.algorithms.grpo.learner import make_grpo_loss
+    from tests.kit.models import tiny_tempax_model
+
+    model = tiny_tempax_model("llama", vocab_size=400, num_layers=2)
+    rng = np.random.RandomState(0)
+    batch = {
+        "prompt_tokens": jnp.asarray(rng.randint(3, 400, (1, 4)), jnp.int32),
+        "prompt_segments": jnp.ones((1, 4), jnp.int32),
+        "completion_tokens": jnp.asarray(rng.randint(3, 400, (1, 2, 3)), jnp.int32),
+        "completion_mask": jnp.ones((1, 2, 3), jnp.float32),
+        "advantages": jnp.asarray([[1.0, -1.0]]),
+    }
+    settings = GRPOSettings(group_size=2, max_new_tokens=3, beta=0.0, loss_aggregation="token_mean")
+    loss_fn = make_grpo_loss(settings, entropy_bonus=True)
+    grad = nnx.value_and_grad(loss_fn, has_aux=True)
+    (l0, m0), g0 = grad(model, {**batch, "entropy_coef": jnp.asarray([0.0])})
+    (l1, m1), g1 = grad(model, {**batch, "entropy_coef": jnp.asarray([0.1])})
+    assert float(m1["entropy_bonus"]) == pytest.approx(-0.1 * float(m1["entropy"]), rel=1e-6)
+    assert float(l1 - l0) == pytest.approx(float(m1["entropy_bonus"]), rel=1e-5)
+    diff = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)))
+    assert diff > 0
+    assert not getattr(make_grpo_loss(settings), "has_entropy_bonus")

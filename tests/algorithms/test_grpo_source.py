@@ -131,3 +131,24 @@ def test_the_collapse_guard_adjusts_the_temperature_mid_run_and_resume_stays_exa
     assert killed.series("reward/total_mean") + resumed.series("reward/total_mean") == \
         straight.series("reward/total_mean")
     assert not any(m.get("guard/fired") for _, m in resumed.history)
+
+
+def test_the_entropy_bonus_adjustment_needs_the_term_in_the_compiled_loss(model, tok, prompts, tmp_path):
+    """make_grpo_trainer(guard=entropy_bonus) compiles the (traced) bonus into the loss, so the guard can raise
+    entropy_coef 0 -> 0.01; a trainer built without it refuses the adjustment instead of silently ignoring it."""
+    from tempax.errors import ConfigError
+    from tempax.train.guards import CollapseGuardConfig
+
+    guard = CollapseGuardConfig(action="entropy_bonus")
+    cfg = TrainConfig(steps=1, batch_size=2, mesh=MeshConfig(num_devices=1), run_dir=str(tmp_path),
+                      check_memory=False, progress_bar=False, tensorboard=False)
+    for with_guard in (True, False):
+        source = GRPOSource(tok, PromptSampler(prompts), combine_rewards({"chars": char_count}), SETTINGS,
+                            prompt_len=24)
+        source.attach(make_grpo_trainer(model, SETTINGS, cfg, prompt_len=24, log=lambda s: None,
+                                        guard=guard if with_guard else None))
+        if with_guard:
+            assert source.adjust("entropy_bonus", guard) == "entropy_coef 0 -> 0.01"
+        else:
+            with pytest.raises(ConfigError, match="entropy_bonus needs the bonus term"):
+                source.adjust("entropy_bonus", guard)

@@ -126,6 +126,7 @@ def make_grpo_loss(
         metrics["loss_weight"] = metrics["num_tokens"] if token_weighted else rows
         return loss, metrics
 
+    loss_fn.has_entropy_bonus = with_bonus  # type: ignore[attr-defined] - what the guard's entropy_bonus needs
     return loss_fn
 
 

@@ -270,6 +270,11 @@ class GRPOSource:
             old, k["eps_high"] = k["eps_high"], max(k["eps_high"], guard.clip_high)
             return f"upper clip range epsilon_high {old:g} -> {k['eps_high']:g}"
         if action == "entropy_bonus":
+            if not getattr(self._attached().loss_fn, "has_entropy_bonus", False):
+                raise ConfigError(
+                    "the collapse guard's entropy_bonus needs the bonus term in the compiled loss: build the trainer "
+                    "with make_grpo_trainer(..., guard=guard) (or set grpo.entropy_coef > 0)"
+                )
             old, k["entropy_coef"] = k["entropy_coef"], max(k["entropy_coef"], guard.entropy_coef)
             return f"entropy_coef {old:g} -> {k['entropy_coef']:g}"
         raise ConfigError(f"GRPO cannot apply the guard action {action!r}")
