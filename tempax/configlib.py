@@ -30,7 +30,8 @@ import yaml
 
 from tempax.errors import ConfigError
 
-__all__ = ["ConfigError", "describe", "dump_yaml", "from_dict", "load_config", "parse_overrides", "to_dict"]
+__all__ = ["ConfigError", "describe", "dump_yaml", "from_dict", "load_config", "parse_overrides", "read_yaml",
+           "to_dict"]
 
 T = TypeVar("T")
 
@@ -61,6 +62,11 @@ _Dumper.add_representer(
 
 def _yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file as plain data, with the YAML 1.2 floats recipes are parsed with (`1e-4` is a float)."""
+    return _yaml_load(Path(path).read_text())
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -200,9 +206,11 @@ def _default_of(f: dataclasses.Field) -> Any:
 
 
 def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """`update` on top of `base`, mappings merged key by key; an empty mapping (`model.overrides={}`) replaces
+    the value, so an override can clear what a recipe set."""
     out = dict(base)
     for k, v in update.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+        if isinstance(v, Mapping) and v and isinstance(out.get(k), dict):
             out[k] = _deep_merge(out[k], v)
         else:
             out[k] = v
@@ -360,7 +368,9 @@ def parse_overrides(overrides: Sequence[str], cls: type | None = None) -> dict[s
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
-            raise ConfigError(f"override '{item}' must look like key=value, for example optimizer.learning_rate=1e-4")
+            raise ConfigError(
+                f"override '{item}' must look like key=value, for example train.optimizer.learning_rate=1e-4"
+            )
         value = _parse_override_value(raw.strip(), _field_type(cls, key) if cls is not None else None, item)
         _set_dotted(out, key, value, item)
     return out

@@ -11,8 +11,10 @@ batches before the first step (when asked) and at the end of the run (`fit`'s ev
 the before/after table and writes `eval_summary.json`. Generation-based evaluations (GRPO's accuracy on held-out
 problems) are stages: `report_stages` prints their table, writes them to a JSON file and into metrics.jsonl.
 
-`start_run` is where a run's config meets its directory: a check that a resumed run's config matches the one
-it was started with belongs there.
+`start_run` is where a run's config meets its directory: a run dir with checkpoints is a resume, and its new
+config is checked against the saved config.yaml before that is replaced (`tempax.train.run_identity`: differences
+that change the trajectory are refused unless `train.allow_config_change=true`, and every accepted one is
+recorded with its step in config_changes.jsonl).
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from tempax.train.loop import Trainer, TrainResult
-
-CONFIG_FILE = "config.yaml"
+from tempax.train.run_identity import CONFIG_FILE, save_run_config
 EVAL_SUMMARY_FILE = "eval_summary.json"
 
 # Held-out metrics shown first in a before/after table (others the loss reports follow, sorted).
@@ -112,14 +113,10 @@ class Run:
 
 def start_run(cfg: Any, *, log: Callable[[str], None] | None = None) -> Run:
     """Makes `cfg.train.run_dir` and writes the resolved config to `<run_dir>/config.yaml` (see the module
-    docstring); `log` is where the run's messages go (default stderr)."""
-    from tempax.configlib import dump_yaml
-
-    run_dir = cfg.train.run_dir
-    os.makedirs(run_dir, exist_ok=True)
-    run = Run(cfg, run_dir, log or stderr_logger)
-    with open(run.path(CONFIG_FILE), "w") as f:
-        f.write(dump_yaml(cfg))
+    docstring; raises `ConfigError` listing the differences when a resume would change the trajectory); `log` is
+    where the run's messages go (default stderr)."""
+    run = Run(cfg, cfg.train.run_dir, log or stderr_logger)
+    save_run_config(run.run_dir, cfg, say=run.say)
     run.files["config"] = run.path(CONFIG_FILE)
     return run
 

@@ -1,6 +1,6 @@
 """`tempax eval`: answer accuracy, format accuracy and pass@k of a model on a verifiable task.
 
-    tempax eval --model smollm2-135m-instruct --task gsm8k --num-problems 200
+    tempax eval smollm2-135m-instruct --task gsm8k --num-problems 200
     tempax eval --model smollm2-135m-instruct --adapters runs/grpo/adapters --task gsm8k --samples 8 --ks 1,8
     tempax eval --model qwen2.5-1.5b-instruct --task arithmetic --no-greedy --samples 4
 
@@ -17,7 +17,9 @@ import json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="model source (registered name, folder, .gguf, Hub id)")
+    parser.add_argument("source_model", nargs="?", metavar="SOURCE",
+                        help="model source (registered name, folder, .gguf, Hub id), as in `tempax generate SOURCE`")
+    parser.add_argument("--model", help="the model source, for scripts that name it (same as SOURCE)")
     parser.add_argument("--adapters", help="a LoRA adapter folder (PEFT layout) to load on top of the model")
     parser.add_argument("--task", choices=("gsm8k", "arithmetic"), default="gsm8k", help="the task (default gsm8k)")
     parser.add_argument("--source", help="gsm8k: a folder, jsonl file or Hub id (default ../shared/data/gsm8k)")
@@ -46,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
     from tempax.eval.evaluate import EvalOptions, evaluate, format_table
     from tempax.models.registry import load
 
+    if args.source_model and args.model and args.source_model != args.model:
+        raise ConfigError(f"two models given: SOURCE {args.source_model} and --model {args.model}; pass one")
+    args.model = args.model or args.source_model
+    if not args.model:
+        raise ConfigError("no model given: tempax eval SOURCE --task gsm8k (e.g. SOURCE = smollm2-135m-instruct)")
     if args.num_problems < 1:
         raise ConfigError(f"--num-problems must be >= 1, got {args.num_problems}")
     if args.ks:

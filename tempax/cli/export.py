@@ -22,7 +22,7 @@ def load_trained_model(run_dir: str, step: int | None = None) -> tuple[Any, Any,
     from tempax.configlib import from_dict
     from tempax.errors import CheckpointError
     from tempax.models.lora import LoraConfig
-    from tempax.train.checkpoint import Checkpointer
+    from tempax.train.checkpoint import Checkpointer, DamagedCheckpoint
     from tempax.train.state import ModelParts
 
     cfg_path = os.path.join(run_dir, "config.yaml")
@@ -38,6 +38,9 @@ def load_trained_model(run_dir: str, step: int | None = None) -> tuple[Any, Any,
     checkpointer = Checkpointer(ckpt_dir, async_save=False)
     if checkpointer.latest_step() is None:
         raise CheckpointError(f"{ckpt_dir} holds no complete checkpoint")
+    if step is not None and step not in checkpointer.all_steps():
+        raise CheckpointError(f"{ckpt_dir} has no checkpoint of step {step}; its steps: "
+                              + ", ".join(map(str, sorted(checkpointer.all_steps()))))
     model, tokenizer = spec.build(seed=int((raw.get("train") or {}).get("seed", 0)))
     trainable: Any = __import__("flax").nnx.Param
     if lora_cfg is not None:
@@ -47,19 +50,22 @@ def load_trained_model(run_dir: str, step: int | None = None) -> tuple[Any, Any,
 
         model = apply_lora(model, lora_cfg, rngs=nnx.Rngs(0))
         trainable = lora_filter
-    meta = checkpointer.read_meta(step)
     parts, params = ModelParts.split(model, trainable)
-    saved_keys = meta.get("keys")
-    if saved_keys is not None and sorted(saved_keys) != sorted(params):
-        raise CheckpointError(
-            f"the checkpoint in {ckpt_dir} holds {len(saved_keys)} arrays but the model from config.yaml has "
-            f"{len(params)} trainable ones; config.yaml and the checkpoint disagree"
-        )
     import jax
     import jax.numpy as jnp
 
     abstract = {k: jax.ShapeDtypeStruct(v.shape, jnp.float32) for k, v in params.items()}
-    restored = checkpointer.restore_params(abstract, step)
+    try:
+        meta = checkpointer.read_meta(step)
+        _check_keys(meta, params, ckpt_dir)
+        restored = checkpointer.restore_params(abstract, step)
+    except DamagedCheckpoint as e:
+        candidates = checkpointer.intact_steps({"params": abstract, "meta": {}}, read_params=abstract)
+        intact = [s for s in candidates if s != e.step]
+        checkpointer.close()
+        way_out = (f"intact checkpoints: {', '.join(map(str, intact))}; export one with --step {intact[0]}"
+                   if intact else "no other checkpoint of this run is intact")
+        raise CheckpointError(f"{e}; {way_out}") from None
     checkpointer.close()
     restored = {k: v.astype(params[k].dtype) for k, v in restored.items()}
     model = parts.merge(restored)
@@ -69,6 +75,17 @@ def load_trained_model(run_dir: str, step: int | None = None) -> tuple[Any, Any,
 
         tokenizer = load_tokenizer(tok_dir)
     return model, tokenizer, meta
+
+
+def _check_keys(meta: dict[str, Any], params: dict[str, Any], ckpt_dir: str) -> None:
+    from tempax.errors import CheckpointError
+
+    saved_keys = meta.get("keys")
+    if saved_keys is not None and sorted(saved_keys) != sorted(params):
+        raise CheckpointError(
+            f"the checkpoint in {ckpt_dir} holds {len(saved_keys)} arrays but the model from config.yaml has "
+            f"{len(params)} trainable ones; config.yaml and the checkpoint disagree"
+        )
 
 
 def export_run(run_dir: str, out: str, *, step: int | None = None, dtype: str | None = None,

@@ -1,8 +1,11 @@
 """`tempax generate SOURCE --prompt TEXT [...]`: sample completions and print them.
 
-SOURCE is a Hugging Face checkpoint folder or Hub id, or a .gguf file. Prompts are used as written, or wrapped in
-the model's chat template with `--chat`. `--json` prints one JSON object per completion (text, token ids,
-log-probs, finish reason) for scripts.
+SOURCE is a Hugging Face checkpoint folder or Hub id, or a .gguf file. For a model whose tokenizer has a chat
+template (an instruct model), each prompt is sent as a user turn through that template, as `ollama run`, llama.cpp's
+conversation mode and vLLM's chat endpoint do: an instruct model given the bare text tends to end the reply at once.
+`--raw` sends prompts exactly as written (a base model, a completion-style prompt); a model without a template is
+always sent the raw text. `--json` prints one JSON object per completion (text, token ids, log-probs, finish reason)
+for scripts.
 """
 
 from __future__ import annotations
@@ -35,8 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     parser.add_argument("--prompts-file", help="a text file with one prompt per line")
     parser.add_argument("--n", type=int, default=1, help="completions per prompt")
-    parser.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template as a user turn")
-    parser.add_argument("--system", help="system message for --chat")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--chat", action="store_true",
+                      help="wrap each prompt in the chat template as a user turn (the default when there is one)")
+    mode.add_argument("--raw", action="store_true", help="send each prompt as written, without the chat template")
+    parser.add_argument("--system", help="system message (through the chat template)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per completion")
 
 
@@ -71,6 +77,9 @@ def _prompts(args: argparse.Namespace) -> list[str]:
             prompts += [line.rstrip("\n") for line in f if line.strip()]
     if not prompts:
         raise GenerationError("no prompt given: pass --prompt TEXT (repeatable) or --prompts-file FILE")
+    for i, text in enumerate(prompts):
+        if not text:
+            raise GenerationError(f"prompt {i} is empty: pass some text")
     return prompts
 
 
@@ -79,8 +88,13 @@ def run(args: argparse.Namespace) -> int:
 
     prompts = _prompts(args)
     config = sampling_config(args, n=args.n)  # validates the knobs before the (slow) model load
+    if args.system and args.raw:
+        raise GenerationError("--system goes through the chat template; drop --raw to use it")
     model, tokenizer = load_source(args.source, args.dtype)
-    if args.chat:
+    templated = not args.raw and tokenizer.has_chat_template
+    if args.chat and not templated:
+        raise GenerationError(f"{args.source}'s tokenizer has no chat template; drop --chat to send the prompt as is")
+    if templated:
         def render(text: str) -> list[int]:
             messages = ([{"role": "system", "content": args.system}] if args.system else [])
             return tokenizer.apply_chat_template(
@@ -100,15 +114,21 @@ def run(args: argparse.Namespace) -> int:
                 "prompt_index": i, "sample": j, "prompt": prompts[i], "text": text,
                 "token_ids": result.token_ids[r, :n_tok].tolist(),
                 "logprobs": [round(float(x), 6) for x in result.logprobs[r, :n_tok]],
-                "finish_reason": result.finish_reasons[r],
+                "finish_reason": result.finish_reasons[r], "chat_template": templated,
             }) + "\n")
         else:
             label = f"[{i}]" if result.n == 1 else f"[{i}.{j}]"
             out.write(f"{label} {prompts[i]!r}\n{text}\n\n")
     s = result.stats
     tokens = int(result.lengths.sum())
+    how = ("prompts sent through the chat template; --raw sends them as written" if templated
+           else "prompts sent as written")
     print(
         f"{tokens} tokens in {s.prefill_s + s.decode_s:.2f} s (prefill {s.prefill_s:.2f} s, "
-        f"decode {s.decode_s:.2f} s, {s.compiles} compiled)", file=sys.stderr,
+        f"decode {s.decode_s:.2f} s, {s.compiles} compiled); {how}", file=sys.stderr,
     )
+    empty = [r for r in range(len(result.texts)) if int(result.lengths[r]) <= 1 and not result.texts[r].strip()]
+    if empty and not templated and tokenizer.has_chat_template:
+        print(f"{len(empty)} completion(s) ended at once: this is a chat model; drop --raw to send the prompt "
+              "through its chat template", file=sys.stderr)
     return 0

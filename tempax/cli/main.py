@@ -3,7 +3,8 @@
 Every command lives in its own module under `tempax.cli` exposing `add_arguments(parser)` and `run(args)`;
 modules are imported only when their command runs, so `tempax --help` stays fast. User-caused problems
 (`TempaxError`) print one clear message and exit with status 2 instead of a traceback; a training run that a
-hook stopped early exits with status 3 (`EXIT_STATUSES`, shown by `tempax --help`).
+hook stopped early exits with status 3, one stopped by SIGTERM or Ctrl-C (after saving a checkpoint) with 143 or
+130 (`EXIT_STATUSES`, shown by `tempax --help`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ EXIT_STATUSES = """exit status:
   2    a problem with the input (bad recipe, missing file, model too big...): the message says what to fix
   3    a training hook stopped the run early (e.g. the entropy-collapse guard); the reason is printed and
        written to RUN_DIR/metrics.jsonl and RUN_DIR/summary.json, and a checkpoint of that step is saved
-  130  interrupted"""
+  130  Ctrl-C: a training run finishes its step, saves a checkpoint of it and records the reason (a second
+       Ctrl-C stops at once, without saving); other commands stop at once
+  143  SIGTERM (preemption, SLURM, Kubernetes): the same as a first Ctrl-C; run the command again to resume"""
 
 # command name -> (module under tempax.cli, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -38,6 +41,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("validate", "check a recipe: parse it, build its config, report problems"),
     "plot": ("plot", "draw a run's metric curves to PNG"),
     "export": ("export", "merge adapters and export a Hugging Face checkpoint"),
+    "data": ("data", "clean (dedup, filters, PII, decontamination) or measure (tokens, lengths) a dataset"),
+    "tokenizer": ("tokenizer", "train a byte-level BPE tokenizer, or add tokens to a model's tokenizer"),
+    "recommend": ("recommend", "which method (pre-training, SFT, DPO, GRPO; full/LoRA/QLoRA) suits the data, as a recipe"),
 }
 
 
@@ -85,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = mod.run(args)
     except TempaxError as e:
-        print(f"tempax {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        status = getattr(e, "exit_status", 2)  # RunStopped: 128 + the signal, not an error
+        print(f"tempax {args.command}: {'error: ' if status == 2 else ''}{e}", file=sys.stderr)
+        return status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -47,8 +47,33 @@ def load(command: str, config: str | None, overrides: list[str]) -> Any:
     return load_config(cls, config, overrides)
 
 
+def recipes_for(command: str) -> list[str]:
+    """The shipped recipes whose opening comment runs `command` (relative paths, sorted)."""
+    import glob
+    import os
+
+    from tempax.cli.validate import recipe_command
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = sorted(glob.glob(os.path.join(root, "recipes", "**", "*.yaml"), recursive=True))
+    return [os.path.relpath(p, root) for p in paths if recipe_command(p) == command]
+
+
+def defaults_summary(cfg: Any) -> str:
+    """One line of what a config trains: model, full or LoRA, steps x batch x seq_len, data, run dir."""
+    t = cfg.train
+    parts = [f"model {cfg.model.source}", "full fine-tuning" if getattr(cfg, "lora", None) is None else "LoRA",
+             f"{t.steps} steps of {t.batch_size} x {t.seq_len} tokens"]
+    data = getattr(getattr(cfg, "data", None), "path", None) or getattr(getattr(cfg, "task", None), "name", None)
+    if data:
+        parts.append(f"data {data}")
+    parts.append(f"run_dir {t.run_dir}")
+    return ", ".join(parts)
+
+
 def add_arguments(parser: argparse.ArgumentParser, name: str = "sft") -> None:
-    parser.add_argument("--config", "-c", metavar="RECIPE", help="YAML recipe (see recipes/); omitted: all defaults")
+    parser.add_argument("--config", "-c", metavar="RECIPE",
+                        help="YAML recipe (see recipes/); omitted: the defaults, which need at least one KEY=VALUE")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="override recipe values, e.g. train.steps=20 train.optimizer.learning_rate=1e-4")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
@@ -62,14 +87,28 @@ def run(args: argparse.Namespace) -> int:
 
         print(describe(resolve(command)[0]))
         return 0
+    if args.config is None and not args.overrides and not args.print_config:
+        from tempax.errors import ConfigError
+
+        raise ConfigError(
+            f"tempax {command} needs a recipe: --config RECIPE ({', '.join(recipes_for(command)) or 'see recipes/'}). "
+            f"Without one every key keeps its default ({defaults_summary(load(command, None, []))}); to train on "
+            f"those, say so with at least one override, e.g. tempax {command} train.run_dir=runs/{command}-defaults"
+        )
     cfg = load(command, args.config, list(args.overrides))
+    if args.config is None and not args.print_config:
+        print(f"tempax {command}: no --config; every key not overridden keeps its default: {defaults_summary(cfg)}",
+              file=sys.stderr)
     if args.print_config:
         from tempax.configlib import dump_yaml
 
         sys.stdout.write(dump_yaml(cfg))
         return 0
     _, main = resolve(command)
-    reason = stop_reason(main(cfg))
+    from tempax.train.run_identity import clean_failed_start
+
+    with clean_failed_start(cfg.train.run_dir):  # a start that fails before training leaves no run dir behind
+        reason = stop_reason(main(cfg))
     if reason is not None:
         print(f"tempax {command}: stopped early: {reason}", file=sys.stderr)
         return STOPPED_EXIT_STATUS

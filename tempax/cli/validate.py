@@ -53,6 +53,7 @@ def check_recipe(path: str, overrides: list[str] | None = None, command: str | N
     train = getattr(cfg, "train", None)
     if train is not None:
         train.optimizer.build(train.steps)
+        warnings += train.warnings()
     data = getattr(cfg, "data", None)
     data_path = getattr(data, "path", None)
     if isinstance(data_path, str) and not os.path.exists(os.path.expanduser(data_path)):

@@ -6,6 +6,10 @@
   packing     examples -> batch dicts (tokens, targets, loss_mask, positions, segment_ids)
   loader      `BatchLoader`: deterministic shuffling (Grain), epochs, `state()` / `restore()`
   report      `DataReport`: what was kept, skipped, dropped or truncated, and why
+  kinds       what kind of row a dataset holds (chat, prompt/completion, preference, question/answer, text)
+  clean       `tempax data clean`: normalise, filter, scrub PII, decontaminate, deduplicate (MinHash LSH)
+  stats       `tempax data stats`: tokens, lengths, turns, loss-token share; `profile_dataset` for recommend
+  tokenizer_train  byte-level BPE training, compression and round trip; adding tokens to a model
 """
 
 from tempax.data.formats import Example, FormatOptions, encode_chat, load_examples, tokenize_rows

@@ -101,8 +101,9 @@ class BatchLoader(Generic[Item, Unit]):
             )
             if len(ds) == 0:
                 raise DataError(
-                    f"{self.name}: one epoch gives {len(units)} rows, fewer than batch_size={self.batch_size} "
-                    "with drop_remainder on; use more data, a smaller batch, or drop_remainder=False."
+                    f"{self.name}: one epoch gives {len(units)} rows, fewer than one batch of "
+                    f"train.batch_size={self.batch_size}; use more data (a larger data.max_rows, or none) or a "
+                    "smaller train.batch_size"
                 )
             self._cached = (epoch, ds)
         return self._cached[1]

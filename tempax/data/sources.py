@@ -18,7 +18,7 @@ import io
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -155,20 +155,68 @@ def _read_file(path: str) -> list[Row]:
 
 
 def _parse_jsonl(text: str, path: str) -> list[Row]:
-    rows: list[Row] = []
-    for lineno, line in enumerate(io.StringIO(text), start=1):
+    return list(_iter_jsonl(io.StringIO(text), path))
+
+
+def _iter_jsonl(lines: Iterable[str], path: str) -> Iterator[Row]:
+    for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            rows.append(Row(data=None, source=path, index=lineno, error=f"invalid JSON: {e.msg}"))
+            yield Row(data=None, source=path, index=lineno, error=f"invalid JSON: {e.msg}")
             continue
         if isinstance(obj, dict):
-            rows.append(Row(data=obj, source=path, index=lineno))
+            yield Row(data=obj, source=path, index=lineno)
         else:
-            rows.append(Row(data=None, source=path, index=lineno, error=f"not an object: {type(obj).__name__}"))
-    return rows
+            yield Row(data=None, source=path, index=lineno, error=f"not an object: {type(obj).__name__}")
+
+
+def iter_rows(path: str | os.PathLike, *, split: str | None = None) -> Iterator[Row]:
+    """Rows one at a time, holding only the current one: JSON Lines files (optionally gzipped) are read line by
+    line and parquet files batch by batch, so a file larger than memory streams. Other sources (a `.json` list,
+    a saved dataset, the Hub) are read whole by `read_rows` and then yielded.
+
+    Raises:
+      DataError: as `read_rows`; also when the file cannot be read or decoded part-way through.
+    """
+    path = os.fspath(path)
+    expanded = os.path.expanduser(path)
+    if not os.path.isfile(expanded) or split is not None:
+        yield from read_rows(path, split=split)
+        return
+    base, gz = _strip_gz(expanded)
+    if base.endswith(".jsonl"):
+        opener = gzip.open if gz else open
+        try:
+            with opener(expanded, "rt", encoding="utf-8") as f:
+                yield from _iter_jsonl(f, expanded)
+        except (OSError, UnicodeDecodeError, EOFError) as e:
+            raise DataError(
+                f"cannot read {path}: {e}. It must be UTF-8 JSON Lines (one object per line)"
+                + (", gzip-compressed" if gz else "") + "; re-export it or pass the right file."
+            ) from e
+    elif base.endswith(".parquet") and not gz:
+        yield from _iter_parquet(expanded)
+    else:
+        yield from _read_file(expanded)
+
+
+def _iter_parquet(path: str, batch_rows: int = 1024) -> Iterator[Row]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as e:  # pyarrow ships with `datasets`, so this means a broken install
+        raise DataError(f"reading {path} needs pyarrow (pip install pyarrow)") from e
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=batch_rows)
+        index = 0
+        for batch in batches:
+            for o in batch.to_pylist():
+                index += 1
+                yield Row(data=o, source=path, index=index)
+    except Exception as e:  # pyarrow raises several unrelated types for a corrupt file
+        raise DataError(f"cannot read parquet file {path}: {e}") from e
 
 
 def _read_parquet(path: str) -> list[Row]:

@@ -12,7 +12,10 @@ template and answered
 
 A completion is in format when `tempax.rewards.strict_format_ok` accepts it (the exact
 `<reasoning>..</reasoning><answer>..</answer>` form) and correct when the content of its last `<answer>` tag equals
-the reference (`tempax.rewards.answers_match`), whether or not the rest is well formed.
+the reference (`tempax.rewards.answers_match`), whether or not the rest is well formed. Each completion's check
+runs under its own deadline (`EvalOptions.check_timeout_s`, `tempax.rewards.check_completions`), so one
+pathological answer cannot hang the evaluation: it counts as wrong and unformatted, and as a timeout in the
+results (`check_timeouts`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, Sequence
 from tempax.errors import ConfigError, DataError
 from tempax.eval.metrics import EvalSummary, summarize
 from tempax.generate import SamplingConfig, generate
-from tempax.rewards import answers_match, extract_answer, strict_format_ok
+from tempax.rewards.correctness import CHECK_TIMEOUT_S, check_completions
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class EvalOptions:
       ks: pass@k values to report (each <= num_samples); pass@k needs sampled completions.
       batch_size: prompts per generation call.
       seed: sampling seed.
+      check_timeout_s: deadline of one completion's format and answer check, in seconds (None: no deadline).
     """
 
     max_new_tokens: int = 256
@@ -49,6 +53,7 @@ class EvalOptions:
     ks: tuple[int, ...] = (1,)
     batch_size: int = 64
     seed: int = 0
+    check_timeout_s: float | None = CHECK_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -61,6 +66,8 @@ class EvalOptions:
             raise ConfigError(f"sampled evaluation needs temperature > 0, got {self.temperature}")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.check_timeout_s is not None and not self.check_timeout_s > 0:
+            raise ConfigError(f"check_timeout_s must be > 0 seconds (or None), got {self.check_timeout_s}")
 
 
 @dataclass
@@ -73,6 +80,7 @@ class Scored:
     format_ok: list[bool]
     correct: list[bool]
     lengths: list[int]
+    timed_out: list[bool] = field(default_factory=list)
 
 
 @dataclass
@@ -100,12 +108,24 @@ class TaskEvaluation:
     def answer_accuracy(self) -> float:
         return (self.greedy or self.sampled).answer_accuracy  # type: ignore[union-attr]
 
+    @property
+    def check_timeouts(self) -> dict[str, int]:
+        """Completions whose check ran past its deadline (scored wrong), per mode evaluated."""
+        out = {}
+        if self.greedy is not None:
+            out["greedy"] = sum(sum(r.timed_out) for r in self.greedy_records)
+        if self.sampled is not None:
+            out["sampled"] = sum(sum(r.timed_out) for r in self.sampled_records)
+        return out
+
     def metrics(self, prefix: str = "eval/") -> dict[str, float]:
         out: dict[str, float] = {}
         if self.greedy is not None:
             out.update(self.greedy.metrics(f"{prefix}greedy/"))
         if self.sampled is not None:
             out.update(self.sampled.metrics(f"{prefix}sampled/"))
+        for mode, count in self.check_timeouts.items():
+            out[f"{prefix}{mode}/check_timeouts"] = float(count)
         out[f"{prefix}seconds"] = self.seconds
         return out
 
@@ -119,6 +139,9 @@ class TaskEvaluation:
             ks = ", ".join(f"pass@{k} {v:.1%}" for k, v in sorted(s.pass_at_k.items()))
             parts.append(f"sampled x{s.num_samples // max(s.num_problems, 1)}: format {s.format_accuracy:.1%}, "
                          f"answer {s.answer_accuracy:.1%}" + (f", {ks}" if ks else ""))
+        timeouts = sum(self.check_timeouts.values())
+        if timeouts:
+            parts.append(f"{timeouts} completion check{'s' if timeouts > 1 else ''} timed out (scored wrong)")
         n = (self.greedy or self.sampled).num_problems if (self.greedy or self.sampled) else 0
         return f"{n} problems; " + "; ".join(parts) + f" ({self.seconds:.0f} s)"
 
@@ -131,14 +154,17 @@ class TaskEvaluation:
                     "mean_completion_length": s.mean_completion_length,
                     "pass_at_k": {str(k): v for k, v in s.pass_at_k.items()}}
 
-        return {"greedy": one(self.greedy), "sampled": one(self.sampled), "seconds": self.seconds}
+        return {"greedy": one(self.greedy), "sampled": one(self.sampled), "seconds": self.seconds,
+                "check_timeouts": self.check_timeouts}
 
 
-def score_completions(completions: Sequence[str], answer: Any) -> tuple[list[bool], list[bool]]:
-    """(strict format ok, answer correct) for each completion of one problem."""
-    fmt = [strict_format_ok(c) for c in completions]
-    correct = [answers_match(extract_answer(c), answer) for c in completions]
-    return fmt, correct
+def score_completions(
+    completions: Sequence[str], answer: Any, *, timeout_s: float | None = CHECK_TIMEOUT_S
+) -> tuple[list[bool], list[bool], list[bool]]:
+    """(strict format ok, answer correct, check timed out) for each completion of one problem, each completion's
+    check under its own `timeout_s` deadline."""
+    checks = check_completions(completions, [answer] * len(completions), timeout_s=timeout_s)
+    return [c.format_ok for c in checks], [c.correct for c in checks], [c.timed_out for c in checks]
 
 
 def _prompt_ids(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> list[list[int]]:
@@ -153,7 +179,7 @@ def _prompt_ids(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> list[list[int
 
 def _run(
     model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], ids: list[list[int]], config: SamplingConfig,
-    batch_size: int, ks: Sequence[int],
+    batch_size: int, ks: Sequence[int], timeout_s: float | None,
 ) -> tuple[EvalSummary, list[Scored]]:
     records: list[Scored] = []
     for start in range(0, len(rows), batch_size):
@@ -162,10 +188,10 @@ def _run(
         result = generate(model, tokenizer, chunk, config, prompt_offset=start)
         for i, texts in enumerate(result.grouped()):
             row = rows[start + i]
-            fmt, correct = score_completions(texts, row["answer"])
+            fmt, correct, timed_out = score_completions(texts, row["answer"], timeout_s=timeout_s)
             lengths = [int(x) for x in result.lengths[i * result.n:(i + 1) * result.n]]
             records.append(Scored(str(row.get("question", "")), str(row["answer"]), list(texts), fmt, correct,
-                                  lengths))
+                                  lengths, timed_out))
     summary = summarize([r.format_ok for r in records], [r.correct for r in records], [r.lengths for r in records],
                         ks=ks)
     return summary, records
@@ -191,13 +217,15 @@ def evaluate(
     sampled_records: list[Scored] = []
     if options.greedy:
         config = SamplingConfig(max_new_tokens=options.max_new_tokens, temperature=0.0, n=1, logprobs=False)
-        greedy, greedy_records = _run(model, tokenizer, rows, ids, config, options.batch_size, (1,))
+        greedy, greedy_records = _run(model, tokenizer, rows, ids, config, options.batch_size, (1,),
+                                      options.check_timeout_s)
     if options.num_samples:
         config = SamplingConfig(
             max_new_tokens=options.max_new_tokens, temperature=options.temperature, top_p=options.top_p,
             n=options.num_samples, seed=options.seed, logprobs=False,
         )
-        sampled, sampled_records = _run(model, tokenizer, rows, ids, config, options.batch_size, options.ks)
+        sampled, sampled_records = _run(model, tokenizer, rows, ids, config, options.batch_size, options.ks,
+                                        options.check_timeout_s)
     return TaskEvaluation(greedy, sampled, greedy_records, sampled_records, time.perf_counter() - t0)
 
 

@@ -1,9 +1,9 @@
-"""One small tokenizer interface over `transformers.AutoTokenizer`.
+"""One small tokenizer interface over `transformers` tokenizers.
 
 Sources: a local Hugging Face folder, a Hub repo id (when online), or the tokenizer embedded in a GGUF file.
-Converting a GGUF vocabulary takes `transformers` several seconds, so the converted tokenizer is saved as a
-Hugging Face folder under `$TEMPAX_CACHE/tokenizers/` (default `~/.cache/tempax`), keyed by the file's path,
-size and modification time; later loads read that folder in well under a second.
+A GGUF's tokenizer is built from its metadata by `tempax.models.gguf_tokenizer` (no PyTorch needed) and saved as
+a Hugging Face folder under `$TEMPAX_CACHE/tokenizers/` (default `~/.cache/tempax`), keyed by the file's path,
+size and modification time, so later loads skip reading the vocabulary out of the file.
 Everything in tempax talks to `Tokenizer`, never to the Hugging Face object directly, so chat templates,
 special ids and stop tokens are resolved in one place.
 """
@@ -11,6 +11,7 @@ special ids and stop tokens are resolved in one place.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -125,7 +126,9 @@ def load_tokenizer(source: str | os.PathLike, *, gguf_file: str | None = None) -
         elif gguf_file is not None and os.path.isdir(source):
             hf = _gguf_tokenizer(os.path.join(source, gguf_file))
         elif gguf_file is not None:
-            hf = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
+            from huggingface_hub import hf_hub_download
+
+            hf = _gguf_tokenizer(hf_hub_download(source, gguf_file))
         else:
             hf = AutoTokenizer.from_pretrained(source)
     except CheckpointError:
@@ -143,33 +146,55 @@ def cache_root() -> str:
     return os.environ.get("TEMPAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tempax")
 
 
+# Bumped when the way a GGUF tokenizer is built changes, so entries written by older code are not reused.
+_CACHE_VERSION = "2"
+
+
 def gguf_tokenizer_cache_dir(path: str | os.PathLike) -> str:
-    """Where the converted tokenizer of a GGUF file is cached; a changed or moved file gets a new folder."""
+    """Where the tokenizer of a GGUF file is cached; a changed or moved file gets a new folder."""
     path = os.path.abspath(os.fspath(path))
     st = os.stat(path)
-    key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{_CACHE_VERSION}|{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     stem = os.path.splitext(os.path.basename(path))[0]
     return os.path.join(cache_root(), "tokenizers", f"{stem}-{key}")
 
 
+# `save_pretrained` keeps the BOS/EOS post-processor but `from_pretrained` drops the `add_bos_token` /
+# `add_eos_token` flags it came from, so the cache keeps them in a file of its own and passes them back.
+_FLAGS_FILE = "tempax_flags.json"
+
+
+def _save_flags(hf: Any, folder: str) -> None:
+    with open(os.path.join(folder, _FLAGS_FILE), "w") as f:
+        json.dump({"add_bos_token": bool(hf.add_bos_token), "add_eos_token": bool(hf.add_eos_token)}, f)
+
+
+def _load_cached(folder: str) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    with open(os.path.join(folder, _FLAGS_FILE)) as f:
+        flags = json.load(f)
+    return PreTrainedTokenizerFast.from_pretrained(folder, **flags)
+
+
 def _gguf_tokenizer(source: str) -> Any:
-    from transformers import AutoTokenizer
+    from tempax.models.gguf_tokenizer import gguf_file_tokenizer
 
     if not os.path.isfile(source):
         raise CheckpointError(f"GGUF file not found: {source}")
     cached = gguf_tokenizer_cache_dir(source)
-    if os.path.isfile(os.path.join(cached, "tokenizer_config.json")):
+    if os.path.isfile(os.path.join(cached, _FLAGS_FILE)):
         try:
-            return AutoTokenizer.from_pretrained(cached)
+            return _load_cached(cached)
         except (OSError, ValueError):
             shutil.rmtree(cached, ignore_errors=True)  # a damaged cache entry is rebuilt below
-    folder, name = os.path.split(os.path.abspath(source))
-    hf = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    hf = gguf_file_tokenizer(source)
     try:
         # Write to a sibling temp folder and rename, so a concurrent or interrupted run never sees half a cache.
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(cached))
         hf.save_pretrained(tmp)
+        _save_flags(hf, tmp)  # written last: its presence marks a complete entry
         try:
             os.replace(tmp, cached)
         except OSError:  # another process won the race; its copy is as good as ours

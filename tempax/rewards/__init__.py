@@ -13,10 +13,18 @@ from tempax.rewards.combine import (
     RewardTimeout,
     SafeReward,
     combine_rewards,
+    per_completion,
     safe_reward,
     time_limit,
 )
-from tempax.rewards.correctness import answer_correctness_reward, answers_match, find_numbers, reference_answer
+from tempax.rewards.correctness import (
+    CompletionCheck,
+    answer_correctness_reward,
+    answers_match,
+    check_completions,
+    find_numbers,
+    reference_answer,
+)
 from tempax.rewards.formatting import (
     TAGS,
     extract_answer,
@@ -31,12 +39,14 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "TAGS",
     "CombinedReward",
+    "CompletionCheck",
     "RewardBreakdown",
     "RewardFn",
     "RewardTimeout",
     "SafeReward",
     "answer_correctness_reward",
     "answers_match",
+    "check_completions",
     "combine_rewards",
     "extract_answer",
     "find_numbers",
@@ -44,6 +54,7 @@ __all__ = [
     "format_score",
     "is_placeholder",
     "reference_answer",
+    "per_completion",
     "safe_reward",
     "strict_format_ok",
     "tags_in_order",

@@ -7,16 +7,22 @@ The reward API: a reward function is any callable
 where each dataset column (for example `answer=[...]`) arrives as a list aligned with `completions`. A returned
 `None` means "does not apply to this sample" and counts as 0.0.
 
-A reward function must never stop a training run. `safe_reward` wraps one so that a call which raises, returns
-something malformed (wrong length, non-numbers, NaN) or runs past its timeout gives 0.0 for the affected samples and
-bumps a failure counter the trainer logs. When a whole batch raises, the samples are retried one by one, so one
-odd completion does not zero the rewards of its whole GRPO group.
+A reward function must never stop or stall a training run. `safe_reward` wraps one so that a call which raises,
+returns something malformed (wrong length, non-numbers, NaN) or runs past its timeout gives 0.0 for the affected
+samples and bumps failure counters the trainer logs.
 
-Timeouts use `signal.setitimer`, the only way to interrupt pure-Python code without a subprocess. Signals can only
-be handled in the main thread, so elsewhere (or when another interval timer is already running, which we must not
-cancel) the call runs without a timeout but stays exception-safe. The timeout exception derives from
-`BaseException` on purpose: reward code (math-verify included) catches `Exception` to turn bad input into "wrong",
-and would otherwise swallow the timeout and keep running.
+Functions marked `@per_completion` (the built-in format and answer-correctness rewards; any module-level function
+of yours can be) are run one completion at a time in `tempax.rewards.bounded.shared_pool()`, a persistent pool of
+worker processes: each completion has its own `timeout_s` deadline, which works from any thread, and a completion
+past it is scored 0.0 and counted alone while its worker is killed and replaced.
+
+Other functions (objects such as a reward model, closures) are called in-process on the whole batch; when the
+batch raises, the samples are retried one by one, so one odd completion does not zero its whole GRPO group.
+Their timeout uses `signal.setitimer`, the only way to interrupt pure-Python code without a subprocess: signals
+can only be handled in the main thread, so elsewhere (or when another interval timer is already running, which
+we must not cancel) such a call runs without a timeout but stays exception-safe. The timeout exception derives
+from `BaseException` on purpose: reward code (math-verify included) catches `Exception` to turn bad input into
+"wrong", and would otherwise swallow the timeout and keep running.
 """
 
 from __future__ import annotations
@@ -31,12 +37,20 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tempax.errors import ConfigError
+from tempax.rewards.bounded import shared_pool
 
 DEFAULT_TIMEOUT_S = 5.0
 
 
 class RewardFn(Protocol):
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> Sequence[float | None]: ...
+
+
+def per_completion(fn: RewardFn) -> RewardFn:
+    """Marks a module-level reward function to be run one completion at a time under its own deadline, in a
+    worker process (see the module docstring). It must be importable by name and need nothing but its arguments."""
+    fn.tempax_per_completion = True  # type: ignore[attr-defined]
+    return fn
 
 
 class RewardTimeout(BaseException):
@@ -123,7 +137,8 @@ class SafeReward:
 
     Counters are cumulative over the object's life, for logging:
       failed_samples: samples that got 0.0 because their call raised, misbehaved or timed out.
-      timeouts: calls (batch or per-sample retry) that ran past `timeout_s`.
+      timed_out_samples: of those, the samples whose call ran past `timeout_s`.
+      timeouts: calls (batch, per-sample retry or per-completion call) that ran past `timeout_s`.
       errors: calls that raised or returned malformed output.
       last_error: a one-line description of the most recent failure, for the log.
     """
@@ -132,6 +147,7 @@ class SafeReward:
     name: str
     timeout_s: float | None = DEFAULT_TIMEOUT_S
     failed_samples: int = 0
+    timed_out_samples: int = 0
     timeouts: int = 0
     errors: int = 0
     last_error: str | None = None
@@ -162,16 +178,41 @@ class SafeReward:
         n = _check_lengths(completions, prompts, columns)
         prompts, completions = list(prompts), list(completions)
         cols = {name: list(values) for name, values in columns.items()}
+        if getattr(self.fn, "tempax_per_completion", False) and self.timeout_s is not None and self.timeout_s > 0:
+            return self._per_completion(prompts, completions, cols)
         try:
             return self._call(prompts, completions, cols, self.timeout_s)
         except _TimedOut as err:
             # Retrying a batch that already used its whole budget would multiply the stall; zero it instead.
             self._record("timeout", str(err))
             self.failed_samples += n
+            self.timed_out_samples += n
             return [0.0] * n
         except Exception as err:  # any bug in a reward function is contained here
             self._record("error", f"{type(err).__name__}: {err}")
         return self._per_sample(prompts, completions, cols)
+
+    def _per_completion(self, prompts: list[str], completions: list[str], cols: dict[str, list[Any]]) -> list[float]:
+        """Each completion in the deadline pool with its own `timeout_s`; a failure scores that one 0.0 alone."""
+        calls = [(([prompts[i]], [completions[i]]), {name: [v[i]] for name, v in cols.items()})
+                 for i in range(len(completions))]
+        rewards = []
+        for outcome in shared_pool().map(self.fn, calls, timeout_s=self.timeout_s):
+            try:
+                if outcome.timed_out:
+                    raise _TimedOut(f"one completion took more than {self.timeout_s} s")
+                if outcome.error is not None:
+                    raise RuntimeError(outcome.error)
+                rewards.append(_to_rewards(outcome.value, 1)[0])
+                continue
+            except _TimedOut as err:
+                self._record("timeout", str(err))
+                self.timed_out_samples += 1
+            except Exception as err:
+                self._record("error", f"{type(err).__name__}: {err}")
+            self.failed_samples += 1
+            rewards.append(0.0)
+        return rewards
 
     def _per_sample(self, prompts: list[str], completions: list[str], cols: dict[str, list[Any]]) -> list[float]:
         """Retry one completion at a time, all retries sharing one `timeout_s` budget."""
@@ -190,6 +231,7 @@ class SafeReward:
             except _TimedOut as err:
                 self._record("timeout", str(err))
                 self.failed_samples += 1
+                self.timed_out_samples += 1
                 rewards.append(0.0)
             except Exception as err:
                 self._record("error", f"{type(err).__name__}: {err}")
@@ -217,19 +259,23 @@ class RewardBreakdown:
     total: weighted sum per completion, sum_i w_i * r_i.                  # [batch]
     per_function: unweighted rewards per function name.                    # name -> [batch]
     failed_samples: samples per function that got 0.0 in this call because the function failed.
+    timed_out_samples: of those, the samples per function whose check ran past its deadline.
     """
 
     total: list[float]
     per_function: dict[str, list[float]]
     failed_samples: dict[str, int] = field(default_factory=dict)
+    timed_out_samples: dict[str, int] = field(default_factory=dict)
 
     def metrics(self, prefix: str = "reward/") -> dict[str, float]:
-        """Batch means to log: `reward/total`, `reward/<name>` and `reward/<name>_failures`."""
+        """Batch means to log: `reward/total`, `reward/<name>`, and the counts `reward/<name>_failures` and
+        `reward/<name>_timeouts` (the failures that were timeouts)."""
         n = max(len(self.total), 1)
         out = {f"{prefix}total": sum(self.total) / n}
         for name, values in self.per_function.items():
             out[f"{prefix}{name}"] = sum(values) / n
             out[f"{prefix}{name}_failures"] = float(self.failed_samples.get(name, 0))
+            out[f"{prefix}{name}_timeouts"] = float(self.timed_out_samples.get(name, 0))
         return out
 
 
@@ -249,13 +295,16 @@ class CombinedReward:
         total = [0.0] * n
         per_function: dict[str, list[float]] = {}
         failed: dict[str, int] = {}
+        timed_out: dict[str, int] = {}
         for fn, weight in zip(self.functions, self.weights):
-            before = fn.failed_samples
+            before, timed_before = fn.failed_samples, fn.timed_out_samples
             rewards = fn(prompts, completions, **columns)
             failed[fn.name] = fn.failed_samples - before
+            timed_out[fn.name] = fn.timed_out_samples - timed_before
             per_function[fn.name] = rewards
             total = [t + weight * r for t, r in zip(total, rewards)]
-        return RewardBreakdown(total=total, per_function=per_function, failed_samples=failed)
+        return RewardBreakdown(total=total, per_function=per_function, failed_samples=failed,
+                               timed_out_samples=timed_out)
 
     def failure_counts(self) -> dict[str, int]:
         """Cumulative failed samples per function since construction."""

@@ -11,9 +11,11 @@ Two checks, either of which accepts:
    rewarded. We therefore accept a math-verify match only if the expression it parsed accounts for every number
    in the answer and is a plain numeric expression (not an equation, inequality, set or logical or/and).
 
-math-verify's own timeouts use `signal.alarm`, which raises in threads other than the main one and would cancel
-the alarm of `tempax.rewards.combine.safe_reward`; we switch them off and rely on that wrapper's timeout.
-Answers longer than `MAX_ANSWER_CHARS` are wrong outright, which bounds the work per sample.
+Time: math-verify's own timeouts use `signal.alarm`, which raises in threads other than the main one, so we switch
+them off. A short answer can still take sympy forever (`9^9^9^9` is a power tower it tries to evaluate), so every
+check of model output runs under a deadline per completion in worker processes (`tempax.rewards.bounded`): the
+reward is marked `per_completion` for `SafeReward`, and evaluation calls `check_completions`. A check past its
+deadline scores 0 and is counted. Answers longer than `MAX_ANSWER_CHARS` are wrong outright.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from __future__ import annotations
 import logging
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
-from tempax.rewards.formatting import extract_answer
+from tempax.rewards.bounded import shared_pool
+from tempax.rewards.combine import per_completion
+from tempax.rewards.formatting import extract_answer, strict_format_ok
 
 MAX_ANSWER_CHARS = 256
+CHECK_TIMEOUT_S = 5.0  # default deadline of one completion's check in evaluation
 
 # A number: optional minus, digits with optional thousands groups, optional decimals. The look-behind stops the
 # minus of "5-3" (a subtraction) and digits inside a longer number from starting a new match.
@@ -35,7 +40,7 @@ _NOT_A_VALUE = re.compile(r"[=<>;]|\\(?:l|g)eq?\b|\\neq?\b|\\lor|\\land|\\vee|\\
 
 
 class _DropTimeoutWarning(logging.Filter):
-    """math-verify warns once that its timeout is off; ours (safe_reward) replaces it, so the warning is noise."""
+    """math-verify warns once that its timeout is off; our per-completion deadline replaces it: the warning is noise."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "Timeout is disabled" not in record.getMessage()
@@ -110,6 +115,7 @@ def answers_match(prediction: str | None, reference: Any) -> bool:
     return _math_verify_equal(prediction, gold_text)
 
 
+@per_completion
 def answer_correctness_reward(
     prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[Any], **columns: Any
 ) -> list[float]:
@@ -118,3 +124,32 @@ def answer_correctness_reward(
     if len(answer) != len(completions):
         raise ValueError(f"answer column has {len(answer)} entries for {len(completions)} completions")
     return [float(answers_match(extract_answer(c), ref)) for c, ref in zip(completions, answer)]
+
+
+class CompletionCheck(NamedTuple):
+    """One completion's verdicts: strict format, answer correct, and whether its check ran out of time (then both
+    verdicts are False)."""
+
+    format_ok: bool
+    correct: bool
+    timed_out: bool = False
+
+
+def check_completion(completion: str, reference: Any) -> tuple[bool, bool]:
+    """(strict format ok, answer correct) of one completion; unbounded in time (see `check_completions`)."""
+    return strict_format_ok(completion), answers_match(extract_answer(completion), reference)
+
+
+def check_completions(
+    completions: Sequence[str], references: Sequence[Any], *, timeout_s: float | None = CHECK_TIMEOUT_S
+) -> list[CompletionCheck]:
+    """`check_completion` of each (completion, reference) pair, each with its own `timeout_s` deadline, in the
+    worker processes of `tempax.rewards.bounded.shared_pool()` (works from any thread). A check that runs past its
+    deadline, or fails, gives `CompletionCheck(False, False, timed_out)`."""
+    if len(references) != len(completions):
+        raise ValueError(f"{len(references)} references for {len(completions)} completions")
+    calls = [((c, r), {}) for c, r in zip(completions, references)]
+    out = []
+    for o in shared_pool().map(check_completion, calls, timeout_s=timeout_s):
+        out.append(CompletionCheck(*o.value) if o.ok else CompletionCheck(False, False, o.timed_out))
+    return out

@@ -25,6 +25,8 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
+from tempax.rewards.combine import per_completion
+
 REASONING_OPEN = "<reasoning>"
 REASONING_CLOSE = "</reasoning>"
 ANSWER_OPEN = "<answer>"
@@ -120,6 +122,7 @@ def format_score(text: str) -> float:
     return round(TAG_CREDIT * tags_in_order(text), 6)
 
 
+@per_completion
 def format_reward(prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
     """Reward function: `format_score` of each completion (prompts and dataset columns are ignored)."""
     del prompts, columns

@@ -90,7 +90,7 @@ class MeshConfig:
         devices = jax.devices()
         if self.num_devices is not None:
             if not 1 <= self.num_devices <= len(devices):
-                raise ConfigError(f"mesh.num_devices={self.num_devices} but {len(devices)} devices are present")
+                raise ConfigError(f"train.mesh.num_devices={self.num_devices} but {len(devices)} devices are present")
             devices = devices[: self.num_devices]
         return make_mesh(self.data, self.fsdp, self.tensor, devices=devices)
 
@@ -107,9 +107,9 @@ class CheckpointConfig:
 
     def validate(self) -> None:
         if self.every < 0:
-            raise ConfigError(f"checkpoint.every must be >= 0, got {self.every}")
+            raise ConfigError(f"every must be >= 0, got {self.every}")
         if self.keep < 1:
-            raise ConfigError(f"checkpoint.keep must be >= 1, got {self.keep}")
+            raise ConfigError(f"keep must be >= 1, got {self.keep}")
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,12 @@ class TrainConfig:
     tensorboard: bool = _help("Write TensorBoard event files to <run_dir>/tb.", True)
     progress_bar: bool = _help("Show a progress bar on the console.", True)
     check_memory: bool = _help("Estimate peak memory before compiling and stop early when it cannot fit.", True)
+    allow_config_change: bool = _help(
+        "Resume a run dir whose config.yaml differs in a way that changes the trajectory (optimizer, data, model, "
+        "seq_len, batch...); the change is recorded with its step in <run_dir>/config_changes.jsonl. false: such a "
+        "resume stops with the list of differences.",
+        False,
+    )
 
     def validate(self) -> None:
         if self.steps < 1:
@@ -169,6 +175,33 @@ class TrainConfig:
             raise ConfigError(f"log_every must be >= 1, got {self.log_every}")
         if self.eval_every < 0 or self.eval_batches < 0:
             raise ConfigError("eval_every and eval_batches must be >= 0")
+
+    def warnings(self) -> list[str]:
+        """Settings that are valid but almost certainly not meant (printed before training starts)."""
+        out = []
+        opt = self.optimizer
+        if opt.learning_rate == 0:
+            out.append("train.optimizer.learning_rate=0: no trainable weight will change; the run only measures "
+                       "the loss")
+        warmup = opt.warmup_steps or int(opt.warmup_ratio * self.steps)
+        if warmup >= self.steps:
+            peak = opt.learning_rate * self.steps / warmup if warmup else opt.learning_rate
+            out.append(
+                f"train.optimizer.warmup_steps={warmup} is not shorter than train.steps={self.steps}: the learning "
+                f"rate never reaches its peak {opt.learning_rate:g} (the last step uses {peak:.3g}); lower "
+                "train.optimizer.warmup_steps or raise train.steps"
+            )
+        return out
+
+    def check_model(self, model_config: Any) -> None:
+        """Raises `ConfigError` when a row is longer than the model's positions (`max_position_embeddings`)."""
+        limit = getattr(model_config, "max_position_embeddings", None)
+        if isinstance(limit, int) and self.seq_len > limit:
+            raise ConfigError(
+                f"train.seq_len={self.seq_len} is longer than the model's max_position_embeddings={limit}: positions "
+                f"past {limit} were never trained and the run would learn from them silently. Set train.seq_len "
+                f"<= {limit}"
+            )
 
     @property
     def accumulation_steps(self) -> int:

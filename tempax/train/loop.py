@@ -35,6 +35,7 @@ from tempax.train.checkpoint import Checkpointer
 from tempax.train.config import TrainConfig
 from tempax.train.hooks import CheckpointHook, EvalHook, Hook, LoggingHook, StepInfo, Stop, StopTraining
 from tempax.train.metrics import MetricsWriter, ProgressBar
+from tempax.train.preemption import GracefulStop, RunStopped
 from tempax.train.state import (
     ModelParts,
     TrainState,
@@ -139,6 +140,9 @@ class Trainer:
         self.precision = precision or config.precision
         model = training_view(model, remat=self.remat, precision=self.precision)
         model_cfg = model_config if model_config is not None else getattr(model, "config", None)
+        config.check_model(model_cfg)
+        for warning in config.warnings():
+            self._say(f"warning: {warning}")
 
         self.parts, params = ModelParts.split(model, trainable)
         params = cast_params(params, jnp.float32)  # master weights and optimizer state in float32
@@ -304,8 +308,8 @@ class Trainer:
         where = f"the last good checkpoint is {last}" if last else "no checkpoint was saved before it"
         raise TrainingDiverged(
             f"loss or gradients became NaN/inf at step {bad + 1}; training stopped and no update from that step "
-            f"on was applied ({where}). Lower optimizer.learning_rate, keep optimizer.grad_clip_norm set, use "
-            "train.precision=fp32, or look for a broken batch."
+            f"on was applied ({where}). Lower train.optimizer.learning_rate, keep train.optimizer.grad_clip_norm "
+            "set, use train.precision=fp32, or look for a broken batch."
         )
 
     def evaluate(self, batches: Iterable[dict[str, Any]], *, max_batches: int = 0) -> dict[str, float]:
@@ -323,14 +327,17 @@ class Trainer:
         """Loads checkpoint `step` (default latest) of run_dir into `state`; returns its data state (or None)."""
         if self.checkpointer is None:
             self.checkpointer = self._open_checkpointer()
-        latest = self.checkpointer.latest_step() if step is None else step
-        if latest is None:
-            return None
         target = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.state, self.state_shardings
         )
-        self.state, data_state, _ = self.checkpointer.restore(target, latest)
-        self._last_checkpoint = self.checkpointer.path(latest)
+        if step is None:  # the newest intact checkpoint; damaged newer ones are reported and set aside
+            found = self.checkpointer.restore_newest_intact(target, say=self._say)
+            if found is None:
+                return None
+            step, self.state, data_state, _ = found
+        else:
+            self.state, data_state, _ = self.checkpointer.restore(target, step)
+        self._last_checkpoint = self.checkpointer.path(step)
         return data_state
 
     # -- the loop ------------------------------------------------------------------------------------------------
@@ -368,13 +375,23 @@ class Trainer:
             before the first batch, and `batch_metrics()` joins each step's record.
           hooks: extra hooks, run before the logging, eval and checkpoint hooks made from the config.
           eval_batches: a zero-argument callable giving held-out batches, evaluated every `eval_every` steps.
+
+        Raises:
+          RunStopped: SIGTERM or a first Ctrl-C arrived (`tempax.train.preemption`): the step in flight finished,
+            a checkpoint of it was written and waited for, the reason is in metrics.jsonl and summary.json; the
+            exception's `exit_status` is 143 / 130. A second Ctrl-C raises `KeyboardInterrupt` at once.
         """
         cfg = self.config
         self._stop_request: str | None = None
         resumed_from = self._resume(batches)
+        if resumed_from >= cfg.steps:
+            self._say(f"{self.run_dir} has finished: its checkpoint is at step {resumed_from} and train.steps="
+                      f"{cfg.steps}; raise train.steps to train further")
         attach_source(batches, self)
         os.makedirs(self.run_dir, exist_ok=True)
-        self.writer = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard)
+        self.writer = MetricsWriter(
+            self.run_dir, tensorboard=cfg.tensorboard, resume_step=resumed_from, say=self._say
+        )
         self.progress = ProgressBar(cfg.steps, initial=resumed_from, enabled=cfg.progress_bar)
         logging_hook = LoggingHook(cfg.log_every, tokens_per_step=cfg.batch_size * cfg.seq_len)
         eval_hooks = [EvalHook(cfg.eval_every, eval_batches, max_batches=cfg.eval_batches,
@@ -385,11 +402,15 @@ class Trainer:
         iterator: Iterator[dict[str, Any]] = iter(batches)
         step = resumed_from
         stop_reason: str | None = None
+        signals = GracefulStop(say=self.progress.write)
         try:
-            with use_mesh(self.mesh):
+            with use_mesh(self.mesh), signals:
                 for hook in all_hooks:
                     hook.start(self)
                 while step < cfg.steps and stop_reason is None:
+                    if signals.requested:  # it came between steps (in the hooks, or before the first step)
+                        stop_reason = self._stop_between_steps(step, signals.signal_name, batches, resumed_from)
+                        break
                     t_ask = time.perf_counter()
                     try:
                         host_batch = next(iterator)
@@ -404,6 +425,8 @@ class Trainer:
                         jax.block_until_ready(self.state.step)
                         logging_hook.reset_clock(step)
                     self.progress.update(1)
+                    if signals.requested and self._stop_request is None:
+                        self.request_stop(signals.signal_name)
                     stop_reason = self._stop_request
                     is_last = step >= cfg.steps or stop_reason is not None
                     if not any(h.due(step, is_last) for h in all_hooks) and stop_reason is None:
@@ -430,6 +453,8 @@ class Trainer:
             last_checkpoint=self._last_checkpoint, resumed_from=resumed_from, stop_reason=stop_reason,
         )
         self._write_summary(step, result)
+        if signals.requested and stop_reason == signals.signal_name:
+            raise RunStopped(step, signals.signal_name, self._last_checkpoint if step > resumed_from else None)
         return result
 
     def _run_hooks(self, all_hooks: Sequence[Hook], info: StepInfo, logging_hook: LoggingHook) -> str | None:
@@ -454,6 +479,15 @@ class Trainer:
         """A stop before `config.steps`: the step's checkpoint (even without save_at_end), and say why."""
         self.save_checkpoint(info.data_state)  # a no-op when the checkpoint hook just wrote this step
         self.progress.write(f"stopped after step {step}: {reason} (checkpoint {self._last_checkpoint})")
+
+    def _stop_between_steps(self, step: int, reason: str, batches: Any, resumed_from: int) -> str:
+        """A signal that arrived after step `step`'s hooks: its checkpoint (a no-op when the hooks wrote it), the
+        reason as an event record, no further batch drawn (an on-policy source would sample a whole rollout)."""
+        if step > resumed_from:
+            self.save_checkpoint(source_state(batches))
+        self.writer.event(step, "stop", stop_reason=reason)
+        self.progress.write(f"stopped after step {step}: {reason} (checkpoint {self._last_checkpoint})")
+        return reason
 
     def _write_summary(self, step: int, result: TrainResult) -> None:
         """<run_dir>/summary.json: where the run ended and why (read by the CLI and by people)."""

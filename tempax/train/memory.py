@@ -219,7 +219,7 @@ def suggest_fixes(p: PlanInputs, batch_size: int, capacity: int) -> list[str]:
             out.append(f"train.remat={remat} with train.micro_batch_size={m}")
             break
     if p.trainable_params is None:
-        lora_params = _lora_estimate(p.model, rank=16)
+        lora_params = lora_param_estimate(p.model, rank=16)
         q = replace(p, trainable_params=lora_params, remat="full" if p.remat == "none" else p.remat)
         if plan_memory(q, capacity).fits:
             out.append("LoRA (add a `lora:` section, e.g. lora.rank=16) with train.remat=full")
@@ -233,7 +233,8 @@ def suggest_fixes(p: PlanInputs, batch_size: int, capacity: int) -> list[str]:
     return out
 
 
-def _lora_estimate(cfg: ModelConfig, rank: int) -> int:
+def lora_param_estimate(cfg: ModelConfig, rank: int) -> int:
+    """Trainable parameters of rank-`rank` LoRA on every attention and MLP projection: r (in + out) per matrix."""
     d, i, n, k, h = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     per_layer = rank * ((d + n * h) * 2 + (d + k * h) * 2 + 2 * (d + i) + (i + d))
     return per_layer * cfg.num_layers

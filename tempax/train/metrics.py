@@ -2,8 +2,11 @@
 
 `metrics.jsonl` holds one JSON object per logged step, e.g.
     {"step": 10, "loss": 2.31, "grad_norm": 0.8, "lr": 1e-05, "tokens_per_s": 1712.4, "time": 1732900000.1}
-and evaluation results as {"step": 10, "eval/loss": 2.5, ...}. A resumed run appends to the same file; when it
-re-runs steps that were logged after its last checkpoint, `read_metrics` keeps the latest record of each step.
+evaluation results as {"step": 10, "eval/loss": 2.5, ...}, and events as {"step": 7, "event": "stopped",
+"reason": "SIGTERM", ...}. A resumed run continues the same file as one clean curve: before its first write it
+drops the rows of steps after the checkpoint it resumed from (they are about to be run again), and TensorBoard is
+told to purge its events from that step on. Nothing is created until the first record is written, so a run that
+fails before its first step leaves no empty metrics file or event files behind.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -29,20 +32,76 @@ def _jsonable(value: Any) -> Any:
     return f
 
 
-class MetricsWriter:
-    """Appends metric records to metrics.jsonl and (optionally) TensorBoard."""
+def _kind(record: dict[str, Any]) -> str:
+    if "event" in record:
+        return "event"
+    return "eval" if any(k.startswith("eval/") for k in record) else "train"
 
-    def __init__(self, run_dir: str, *, tensorboard: bool = True):
-        os.makedirs(run_dir, exist_ok=True)
+
+def truncate_after(path: str, step: int) -> int:
+    """Drops the records of steps after `step` from a metrics file (all of them for step 0, a fresh start);
+    returns how many. Rewritten through a temporary file, so a kill mid-way leaves the old file intact."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    kept = []
+    for line in lines:
+        try:
+            record_step = int(json.loads(line).get("step", 0))
+        except (json.JSONDecodeError, TypeError, ValueError, AttributeError):
+            continue  # a line cut short by a killed run
+        if step > 0 and record_step <= step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) == len(lines):
+        return 0
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+    return len(lines) - len(kept)
+
+
+class MetricsWriter:
+    """Appends metric records to metrics.jsonl and (optionally) TensorBoard.
+
+    Args:
+      run_dir: where `metrics.jsonl` and `tb/` go (created at the first write).
+      tensorboard: also write TensorBoard events.
+      resume_step: the step the run continues from (0: a fresh start); records of later steps already in the
+        file are dropped at the first write. None: append to whatever is there.
+      say: where the one line about dropped rows goes (default: nowhere).
+    """
+
+    def __init__(self, run_dir: str, *, tensorboard: bool = True, resume_step: int | None = None,
+                 say: Callable[[str], None] | None = None):
+        self.run_dir = run_dir
         self.path = os.path.join(run_dir, METRICS_FILE)
-        self._file = open(self.path, "a", buffering=1)
+        self.tensorboard = tensorboard
+        self.resume_step = resume_step
+        self.dropped = 0  # rows of re-run steps removed at the first write
+        self._say = say
+        self._file = None
         self._tb = None
-        if tensorboard:
+
+    def _open(self) -> None:
+        os.makedirs(self.run_dir, exist_ok=True)
+        if self.resume_step is not None:
+            self.dropped = truncate_after(self.path, self.resume_step)
+            if self.dropped and self._say is not None:
+                rows = "row" if self.dropped == 1 else "rows"
+                self._say(f"{METRICS_FILE}: dropped {self.dropped} {rows} of steps after {self.resume_step} "
+                          "(they are run again from the checkpoint)")
+        self._file = open(self.path, "a", buffering=1)
+        if self.tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+            purge = None if self.resume_step is None else self.resume_step + 1
+            self._tb = SummaryWriter(os.path.join(self.run_dir, "tb"), purge_step=purge)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
+        if self._file is None:
+            self._open()
         record = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}, "time": round(time.time(), 3)}
         self._file.write(json.dumps(record) + "\n")
         if self._tb is not None:
@@ -50,25 +109,32 @@ class MetricsWriter:
                 if isinstance(value, (int, float)) and math.isfinite(float(value)):
                     self._tb.add_scalar(key, float(value), int(step))
 
+    def event(self, step: int, event: str, **fields: Any) -> None:
+        """An event record (no metric values), e.g. `event(7, "stopped", reason="SIGTERM")`."""
+        self.write(step, {"event": event, **fields})
+
     def flush(self) -> None:
-        self._file.flush()
+        if self._file is not None:
+            self._file.flush()
         if self._tb is not None:
             self._tb.flush()
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
 
 
 def read_metrics(run_dir: str) -> list[dict[str, Any]]:
-    """The records of `<run_dir>/metrics.jsonl`, one per step and kind (the latest write wins), by step."""
+    """The records of `<run_dir>/metrics.jsonl`, one per step and kind (train, eval, event; the latest write wins),
+    by step."""
     path = os.path.join(run_dir, METRICS_FILE) if os.path.isdir(run_dir) else run_dir
     if not os.path.isfile(path):
         from tempax.errors import ConfigError
 
         raise ConfigError(f"no metrics file at {path}; pass the run_dir of a training run")
-    latest: dict[tuple[int, bool], dict[str, Any]] = {}
+    latest: dict[tuple[int, str], dict[str, Any]] = {}
     with open(path) as f:
         for line in f:
             line = line.strip()
@@ -78,9 +144,9 @@ def read_metrics(run_dir: str) -> list[dict[str, Any]]:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut short by a killed run
-            is_eval = any(k.startswith("eval/") for k in record)
-            latest[(int(record.get("step", 0)), is_eval)] = record
-    return [latest[k] for k in sorted(latest)]
+            latest[(int(record.get("step", 0)), _kind(record))] = record
+    order = {"train": 0, "eval": 1, "event": 2}
+    return [latest[k] for k in sorted(latest, key=lambda k: (k[0], order[k[1]]))]
 
 
 class ProgressBar:
@@ -102,7 +168,7 @@ class ProgressBar:
             for key, fmt in (("loss", "{:.4f}"), ("lr", "{:.2e}"), ("tokens_per_s", "{:.0f}")):
                 if key in metrics:
                     shown["tok/s" if key == "tokens_per_s" else key] = fmt.format(float(metrics[key]))
-            self._bar.set_postfix(shown, refresh=False)
+            self._bar.set_postfix(shown, refresh=True)  # the bar then shows this step's values, not the last
 
     def write(self, text: str) -> None:
         if self._bar is None:

@@ -28,7 +28,7 @@ def _json_rows(text: str) -> list[dict]:
 def test_generate_prints_json_completions(checkpoint, capsys):
     """2 prompts x n=2 samples: four JSON rows whose text, ids and log-probs equal the library call's."""
     argv = ["generate", checkpoint, "--prompt", "The quick brown", "--prompt", "Hello", "--n", "2",
-            "--max-new-tokens", "6", "--temperature", "0.8", "--top-p", "0.9", "--seed", "5", "--json"]
+            "--max-new-tokens", "6", "--temperature", "0.8", "--top-p", "0.9", "--seed", "5", "--json", "--raw"]
     assert main(argv) == 0
     rows = _json_rows(capsys.readouterr().out)
     assert [(r["prompt_index"], r["sample"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -50,6 +50,29 @@ def test_generate_plain_text_with_chat_template(checkpoint, capsys):
     captured = capsys.readouterr()
     assert captured.out.startswith("[0] 'hello'\n")
     assert "tokens in" in captured.err
+
+
+def test_generate_uses_the_chat_template_by_default(checkpoint, capsys):
+    """A plain prompt to a model with a chat template goes through the template (like `ollama run`): the same
+    completion as --chat, and the ids of the templated prompt are what the model saw; --raw sends the text."""
+    base = ["generate", checkpoint, "--prompt", "hello", "--temperature", "0", "--max-new-tokens", "5", "--json"]
+    assert main(base) == 0
+    default = capsys.readouterr()
+    assert "prompts sent through the chat template; --raw sends them as written" in default.err
+    assert main(base + ["--chat"]) == 0
+    chat = capsys.readouterr()
+    assert main(base + ["--raw"]) == 0
+    raw = capsys.readouterr()
+    assert "prompts sent as written" in raw.err
+    (d,), (c,), (r,) = _json_rows(default.out), _json_rows(chat.out), _json_rows(raw.out)
+    assert d == c and d["chat_template"] and not r["chat_template"]
+    model, tokenizer = load(checkpoint, progress=False)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True,
+                                        tokenize=True)
+    expected = generate(model, tokenizer, [ids], SamplingConfig(max_new_tokens=5, temperature=0.0))
+    assert d["token_ids"] == expected.token_ids[0, : int(expected.lengths[0])].tolist()
+    assert main(base + ["--raw", "--system", "Be brief."]) == 2
+    assert "drop --raw" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

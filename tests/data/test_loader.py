@@ -105,7 +105,7 @@ def test_drop_remainder_and_too_small_datasets():
     kwargs = dict(batch_size=4, seq_len=16, pad_id=0, packing=False)
     assert sft_loader(make_examples(), **kwargs).batches_in_epoch() == 9
     assert sft_loader(make_examples(), drop_remainder=False, **kwargs).batches_in_epoch() == 10
-    with pytest.raises(DataError, match="fewer than batch_size"):
+    with pytest.raises(DataError, match="fewer than one batch of train.batch_size=4"):
         next(sft_loader(make_examples(3), **kwargs))
 
 

@@ -30,9 +30,27 @@ def rows(n: int) -> list[dict]:
 def test_verdicts_separate_format_from_correctness():
     """Strict form + right answer: (True, True); strict form + wrong: (True, False); loose tags + right
     answer: (False, True); no tags: (False, False)."""
-    fmt, correct = score_completions([GOOD, WRONG, LOOSE_RIGHT, "5"], "5")
+    fmt, correct, timed_out = score_completions([GOOD, WRONG, LOOSE_RIGHT, "5"], "5")
     assert fmt == [True, True, False, False]
     assert correct == [True, False, True, False]
+    assert timed_out == [False] * 4
+
+
+def test_a_hanging_answer_check_times_out_alone(monkeypatch):
+    """Problem 1's greedy answer is the power tower 9^9^9^9, which sympy tries to evaluate and never finishes
+    (the check hangs the evaluation without a deadline). With a 1 s deadline per completion, its check alone
+    fails: neither in format nor correct, so format 2/3 and answer 2/3, and it is counted in the results."""
+    tower = GOOD.replace("\n5\n</answer>", "\n9^9^9^9\n</answer>")
+    monkeypatch.setattr(ev, "generate", FakeGenerate([GOOD, tower, GOOD]))
+    result = evaluate(None, tiny_chat_tokenizer(), rows(3), EvalOptions(max_new_tokens=8, check_timeout_s=1.0))
+    assert [r.timed_out for r in result.greedy_records] == [[False], [True], [False]]
+    assert [r.correct for r in result.greedy_records] == [[True], [False], [True]]
+    assert result.greedy.answer_accuracy == pytest.approx(2 / 3)
+    assert result.greedy.format_accuracy == pytest.approx(2 / 3)
+    assert result.check_timeouts == {"greedy": 1}
+    assert result.metrics()["eval/greedy/check_timeouts"] == 1.0
+    assert result.to_dict()["check_timeouts"] == {"greedy": 1}
+    assert "1 completion check timed out" in result.summary_line()
 
 
 @dataclass
@@ -97,6 +115,8 @@ def test_options_are_checked():
         EvalOptions(num_samples=2, ks=(4,))
     with pytest.raises(ConfigError, match="nothing to evaluate"):
         EvalOptions(greedy=False)
+    with pytest.raises(ConfigError, match="check_timeout_s"):
+        EvalOptions(check_timeout_s=0)
 
 
 def test_to_dict_round_trips_the_numbers():

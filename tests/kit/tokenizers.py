@@ -74,3 +74,52 @@ def smollm2_gguf_path() -> str | None:
         return None
     path = os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
     return path if os.path.isfile(path) else None
+
+
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\\n' + message['content'] + '<end_of_turn>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_sentencepiece_metadata(*, gemma: bool = False) -> dict:
+    """A small SentencePiece-style vocabulary in llama.cpp's "llama" GGUF layout, as metadata keys -> values.
+
+    Pieces are learned in memory by a BPE over "▁"-marked words (SentencePiece's layout); llama.cpp lists
+    `<unk>`, `<s>`, `</s>` (Gemma: `<pad>`, `<eos>`, `<bos>`, `<unk>`), then the 256 `<0xNN>` byte tokens, then the
+    pieces with scores falling in merge order. Gemma files spell whitespace-only pieces with real spaces ("  "),
+    and add the chat turn markers as control tokens; both get a user-defined `<think>` token.
+    """
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import models, pre_tokenizers, trainers
+
+    if gemma:
+        head = [("<pad>", 3), ("<eos>", 3), ("<bos>", 3), ("<unk>", 2), ("<start_of_turn>", 3), ("<end_of_turn>", 3)]
+    else:
+        head = [("<unk>", 2), ("<s>", 3), ("</s>", 3)]
+    head += [(f"<0x{b:02X}>", 6) for b in range(256)]
+    tok = RustTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainers.BpeTrainer(vocab_size=300, show_progress=False))
+    pieces = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
+    runs = ["  ", "    "] if gemma else ["\u2581\u2581", "\u2581\u2581\u2581\u2581"]
+    body = [(p, 1) for p in pieces] + [(r, 1) for r in runs] + [("<think>", 4)]
+    tokens = [t for t, _ in head + body]
+    scores = [0.0] * len(head) + [-float(i) for i in range(len(body))]
+    ids = {t: i for i, t in enumerate(tokens)}
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": [k for _, k in head + body],
+        "tokenizer.ggml.bos_token_id": ids["<bos>" if gemma else "<s>"],
+        "tokenizer.ggml.eos_token_id": ids["<eos>" if gemma else "</s>"],
+        "tokenizer.ggml.unknown_token_id": ids["<unk>"],
+        "tokenizer.ggml.padding_token_id": ids["<pad>" if gemma else "<unk>"],
+        "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.chat_template": GEMMA_TEMPLATE if gemma else CHATML_TEMPLATE,
+    }

@@ -74,8 +74,12 @@ def _llamacpp_rope_factors(rope: RopeConfig, head_dim: int) -> np.ndarray:
     return np.asarray(out, np.float32)
 
 
-def write_gguf(path: str, model, *, qtype: str = "F32", tokenizer=None) -> str:
-    """Writes a tempax model as llama.cpp would convert its Hugging Face checkpoint (see the module docstring)."""
+def write_gguf(path: str, model, *, qtype: str = "F32", tokenizer=None, pre: str = "default") -> str:
+    """Writes a tempax model as llama.cpp would convert its Hugging Face checkpoint (see the module docstring).
+
+    `tokenizer`: a `Tokenizer` (written as a byte-level "gpt2" vocabulary, `pre` naming its split pattern) or a
+    dict of tokenizer metadata (`tests.kit.tokenizers.tiny_sentencepiece_metadata()`), or None for no tokenizer.
+    """
     cfg = model.config
     arch = cfg.family
     w = gguf.GGUFWriter(path, arch)
@@ -104,8 +108,10 @@ def write_gguf(path: str, model, *, qtype: str = "F32", tokenizer=None) -> str:
         w.add_final_logit_softcapping(cfg.final_logit_softcap)
     if cfg.query_pre_attn_scalar:
         w.add_attention_scale(cfg.query_pre_attn_scalar ** -0.5)
-    if tokenizer is not None:
-        _add_tokenizer(w, tokenizer)
+    if isinstance(tokenizer, dict):
+        _add_metadata(w, tokenizer)
+    elif tokenizer is not None:
+        _add_tokenizer(w, tokenizer, pre)
     if cfg.rope.scaling == "llama3":
         w.add_tensor("rope_freqs.weight", _llamacpp_rope_factors(cfg.rope, cfg.head_dim))
     for hf_name, array in iter_hf_tensors(model):
@@ -128,7 +134,22 @@ def write_gguf(path: str, model, *, qtype: str = "F32", tokenizer=None) -> str:
     return path
 
 
-def _add_tokenizer(w: gguf.GGUFWriter, tok) -> None:
+def _add_metadata(w: gguf.GGUFWriter, metadata: dict) -> None:
+    """Key/value metadata as the writer's typed fields (strings, bools, ints, floats and lists of them)."""
+    for key, value in metadata.items():
+        if isinstance(value, list):
+            w.add_array(key, value)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_string(key, value)
+
+
+def _add_tokenizer(w: gguf.GGUFWriter, tok, pre: str) -> None:
     """A byte-level BPE tokenizer in llama.cpp's "gpt2" layout: token strings, merges, types, special ids."""
     import json
 
@@ -139,7 +160,7 @@ def _add_tokenizer(w: gguf.GGUFWriter, tok) -> None:
     merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
     special = set(hf.all_special_ids)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types([3 if i in special else 1 for i in range(len(tokens))])
     w.add_token_merges(merges)
@@ -298,9 +319,9 @@ def test_unscaled_rope_freqs_mean_no_scaling():
 
 
 def test_gguf_tokenizer_is_cached(tmp_path, monkeypatch):
-    """The first load converts the embedded vocabulary and saves it under $TEMPAX_CACHE; the second reads that."""
-    import transformers
-
+    """The first load builds the tokenizer from the file's metadata and saves it under $TEMPAX_CACHE; the second
+    reads that folder and does not open the vocabulary again."""
+    import tempax.models.gguf_tokenizer as gguf_tokenizer
     from tempax.models.tokenizer import gguf_tokenizer_cache_dir, load_tokenizer
     from tests.kit.tokenizers import tiny_chat_tokenizer
 
@@ -309,18 +330,18 @@ def test_gguf_tokenizer_is_cached(tmp_path, monkeypatch):
     model = perturbed_model("llama", vocab_size=tok.vocab_size)
     path = write_gguf(str(tmp_path / "tok.gguf"), model, tokenizer=tok)
     calls = []
-    original = transformers.AutoTokenizer.from_pretrained.__func__
+    original = gguf_tokenizer.gguf_file_tokenizer
 
-    def spy(cls, *args, **kwargs):
-        calls.append(kwargs.get("gguf_file"))
-        return original(cls, *args, **kwargs)
+    def spy(source):
+        calls.append(os.path.basename(source))
+        return original(source)
 
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", classmethod(spy))
+    monkeypatch.setattr(gguf_tokenizer, "gguf_file_tokenizer", spy)
     first = load_tokenizer(path)
     assert calls == ["tok.gguf"]
     assert os.path.isfile(os.path.join(gguf_tokenizer_cache_dir(path), "tokenizer.json"))
     second = load_tokenizer(path)
-    assert calls == ["tok.gguf", None]  # the cached folder, not the GGUF
+    assert calls == ["tok.gguf"]  # the cached folder, not the GGUF
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     for t in (first, second):
         assert t.encode("The quick brown fox.") == tok.encode("The quick brown fox.")

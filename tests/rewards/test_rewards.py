@@ -347,6 +347,27 @@ def test_exception_safe_without_timeout_in_a_worker_thread() -> None:
     assert result[0].failed_samples["raises"] == 1
 
 
+def test_a_hanging_correctness_check_zeroes_one_completion_from_any_thread():
+    """Off the main thread (a loader thread, a notebook worker) a signal alarm arms nothing, and sympy never finishes
+    evaluating the power tower 9^9^9^9. With the per-completion deadline (1 s), the tower completion gets 0 for
+    correctness, is counted as a timeout, and the other three keep their rewards: correctness [1, 0, 1, 0] (the
+    last is wrong), format [1, 1, 1, 1]."""
+    combined = combine_rewards([format_reward, answer_correctness_reward], timeout_s=1.0)
+    completions = [completion(answer=a) for a in ("71", "9^9^9^9", "71", "12")]
+    result = []
+    worker = threading.Thread(target=lambda: result.append(combined(["p"] * 4, completions, answer=["71"] * 4)),
+                              daemon=True)  # daemon: a hung call must not keep the test process alive
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the reward call hung"
+    out = result[0]
+    assert out.per_function == {"format": [1.0] * 4, "answer_correctness": [1.0, 0.0, 1.0, 0.0]}
+    assert out.failed_samples == {"format": 0, "answer_correctness": 1}
+    assert out.timed_out_samples == {"format": 0, "answer_correctness": 1}
+    assert out.metrics()["reward/answer_correctness_timeouts"] == 1.0
+    assert combined.functions[1].timeouts == 1 and "took more than 1.0 s" in combined.functions[1].last_error
+
+
 def test_combine_validates_its_arguments() -> None:
     with pytest.raises(ConfigError, match="weights"):
         combine_rewards([format_reward, answer_correctness_reward], [1.0])

@@ -76,21 +76,37 @@ def _shared_decoder(cfg):
     return _SHARED[cfg]
 
 
-def _one_step(cfg, batch, **train_kw):
+def _one_step(cfg, batch, *, loss_fn=None, **train_kw):
     # SGD at lr 1: the update is exactly minus the gradient, so comparing parameters compares gradients. (Adam's
     # m / sqrt(v) turns float rounding of a ~0 gradient into a +-lr step and would hide what is being tested.)
     model = _decoder(cfg) if train_kw.get("remat") or train_kw.get("precision") else _shared_decoder(cfg)
-    trainer = Trainer(model, make_sft_loss(), tiny_train_config(optimizer=sgd(1.0), **train_kw))
+    trainer = Trainer(model, loss_fn or make_sft_loss(), tiny_train_config(optimizer=sgd(1.0), **train_kw))
     metrics = host(trainer.train_step(batch))
     return metrics, host(trainer.state.params)
+
+
+def _recording_sft_loss(seen: list):
+    """The SFT loss, plus a host callback that records the tokens of every micro-batch it is run on."""
+    sft = make_sft_loss()
+
+    def loss_fn(model, batch):
+        jax.debug.callback(lambda tokens: seen.append(np.asarray(tokens)), batch["tokens"])
+        return sft(model, batch)
+
+    return loss_fn
 
 
 def test_micro_batch_accumulation_equals_one_pass(tiny_model_cfg):
     """8 micro-batches of 1 row (rows with different token counts) give the same token-mean loss, grad norm and
     AdamW update as one pass over the 8 rows."""
     batch = random_batch(8, 16)
-    full_m, full_p = _one_step(tiny_model_cfg, batch)
-    acc_m, acc_p = _one_step(tiny_model_cfg, batch, micro_batch_size=1)
+    full_seen, acc_seen = [], []
+    full_m, full_p = _one_step(tiny_model_cfg, batch, loss_fn=_recording_sft_loss(full_seen))
+    acc_m, acc_p = _one_step(tiny_model_cfg, batch, loss_fn=_recording_sft_loss(acc_seen), micro_batch_size=1)
+    # The passes that actually ran: one of 8 rows, and 8 of 1 row that together are the batch's rows, each once.
+    assert [t.shape[0] for t in full_seen] == [8]
+    assert [t.shape[0] for t in acc_seen] == [1] * 8
+    assert sorted(map(bytes, np.concatenate(acc_seen))) == sorted(map(bytes, np.asarray(batch["tokens"])))
     assert_allclose(acc_m["loss"], full_m["loss"], rtol=1e-6)
     assert_allclose(acc_m["grad_norm"], full_m["grad_norm"], rtol=1e-5)
     assert_allclose(acc_m["num_tokens"], full_m["num_tokens"])

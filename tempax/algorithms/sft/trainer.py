@@ -261,5 +261,8 @@ def main(
     if result.history:
         last = result.history[-1][1]
         run.say(f"done: step {result.history[-1][0]}, loss {last.get('loss', float('nan')):.4f}; run dir {run.run_dir}")
+    else:
+        run.say(f"done: nothing to train, the run was at step {result.resumed_from} of {cfg.train.steps} already; "
+                f"run dir {run.run_dir}")
     result.extras.update(data_report=data.report, model=trainer.model)
     return result

@@ -61,18 +61,18 @@ class ArithmeticConfig:
 
     def __post_init__(self) -> None:
         if self.max_operand < 3:
-            raise ConfigError(f"arithmetic.max_operand must be >= 3, got {self.max_operand}")
+            raise ConfigError(f"max_operand must be >= 3, got {self.max_operand}")
         if self.max_factor < 2:
-            raise ConfigError(f"arithmetic.max_factor must be >= 2, got {self.max_factor}")
+            raise ConfigError(f"max_factor must be >= 2, got {self.max_factor}")
         if self.max_steps not in (1, 2):
-            raise ConfigError(f"arithmetic.max_steps must be 1 or 2, got {self.max_steps}")
+            raise ConfigError(f"max_steps must be 1 or 2, got {self.max_steps}")
         unknown = sorted(set(self.operations) - set(OPERATIONS))
         if unknown or not self.operations:
             raise ConfigError(
-                f"arithmetic.operations must be a non-empty subset of {OPERATIONS}, got {self.operations}"
+                f"operations must be a non-empty subset of {OPERATIONS}, got {self.operations}"
             )
         if not 0 < self.heldout_percent < 100:
-            raise ConfigError(f"arithmetic.heldout_percent must be in 1..99, got {self.heldout_percent}")
+            raise ConfigError(f"heldout_percent must be in 1..99, got {self.heldout_percent}")
 
 
 def is_heldout_question(question: str, heldout_percent: int) -> bool:

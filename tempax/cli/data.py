@@ -1,0 +1,112 @@
+"""`tempax data clean IN OUT [--config C] [key=value ...] [--dry-run]` and `tempax data stats DATA --model M`.
+
+The work is in `tempax.data.clean` and `tempax.data.stats`; this module parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+
+_OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # key.path=value; a path with "=" after a "/" is still a path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
+    # After its first positional, `clean` hands the rest to `clean_parser` (intermixed parsing), so IN, OUT and
+    # KEY=VALUE overrides may come before or after the options, as with `tempax sft`; the top-level parser alone
+    # would stop at the first positional that follows an option.
+    c = sub.add_parser("clean", help="normalise, filter, scrub PII, decontaminate and deduplicate a dataset",
+                       description=_CLEAN_HELP)
+    _clean_options(c)
+    c.add_argument("argv", nargs=argparse.REMAINDER, metavar="IN [OUT] [KEY=VALUE ...]", help=_ITEMS_HELP)
+
+    s = sub.add_parser("stats", help="rows, tokens, length histogram, turns and loss-token share of a dataset")
+    s.add_argument("data", metavar="DATA", help="dataset file or folder")
+    s.add_argument("--model", "-m", default="smollm2-135m-instruct",
+                   help="model whose tokenizer and chat template count the tokens")
+    s.add_argument("--seq-len", type=int, default=512, help="report the share of sequences longer than this")
+    s.add_argument("--max-rows", type=int, help="look at the first N rows only")
+    s.add_argument("--split", help="split of a folder or saved dataset")
+    s.add_argument("--png", help="write the length histogram here (default: none)")
+    s.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+_CLEAN_HELP = ("Streams IN to OUT (JSON Lines, .gz for gzip) through the steps of tempax/data/clean.py and prints a "
+               "report of rows kept and dropped per reason.")
+_ITEMS_HELP = ("dataset file or folder (jsonl/json/parquet, saved dataset); the cleaned JSON Lines file (.gz for gzip; "
+               "omit with --dry-run); config overrides, e.g. near_dedup.threshold=0.8 pii.enabled=true "
+               "decontaminate.eval_sets=[../shared/data/gsm8k/test.jsonl]")
+_CLEAN_OPTIONS = ("config", "dry_run", "split", "report", "describe")
+
+
+def _clean_options(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--config", "-c", metavar="YAML", help="a clean config (see examples/clean_sft.yaml)")
+    c.add_argument("--dry-run", action="store_true", help="count what would be dropped; write no data")
+    c.add_argument("--split", help="split of a folder or saved dataset")
+    c.add_argument("--report", metavar="JSON", help="report path (default: OUT.report.json; none with --dry-run)")
+    c.add_argument("--describe", action="store_true", help="list every config key with its type and help")
+
+
+def clean_parser() -> argparse.ArgumentParser:
+    c = argparse.ArgumentParser(prog="tempax data clean", description=_CLEAN_HELP)
+    c.add_argument("items", nargs="*", metavar="IN [OUT] [KEY=VALUE ...]", help=_ITEMS_HELP)
+    _clean_options(c)
+    return c
+
+
+def run(args: argparse.Namespace) -> int:
+    return _clean(args) if args.data_command == "clean" else _stats(args)
+
+
+def _clean(args: argparse.Namespace) -> int:
+    from tempax.configlib import describe, load_config
+    from tempax.data.clean import CleanConfig, clean_file
+    from tempax.errors import ConfigError
+
+    inner = clean_parser().parse_intermixed_args(args.argv)
+    for name in _CLEAN_OPTIONS:  # an option given before IN was taken by the outer parser
+        setattr(inner, name, getattr(inner, name) or getattr(args, name))
+    args = inner
+    if args.describe:
+        print(describe(CleanConfig))
+        return 0
+    if not args.items:
+        raise ConfigError("tempax data clean needs IN (the dataset to clean); see tempax data clean --help")
+    overrides = [a for a in args.items if _OVERRIDE.match(a)]
+    paths = [a for a in args.items if not _OVERRIDE.match(a)]
+    if len(paths) > 2:
+        raise ConfigError(f"tempax data clean takes IN and OUT, got {len(paths)} paths: {paths}")
+    if len(paths) < 2 and not args.dry_run:
+        raise ConfigError("tempax data clean needs OUT (the cleaned file), or --dry-run to only count")
+    cfg = load_config(CleanConfig, args.config, overrides)
+    output = None if args.dry_run else paths[1]
+    report = clean_file(paths[0], output, cfg, split=args.split)
+    print(report.table())
+    path = args.report or (None if output is None else output + ".report.json")
+    if path:
+        with open(path, "w") as f:
+            json.dump(report.to_dict(), f, indent=2, ensure_ascii=False)
+        print(f"report: {path}")
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from tempax.data.stats import dataset_stats, length_histogram
+    from tempax.models.registry import load_tokenizer
+
+    tokenizer = load_tokenizer(args.model)
+    stats = dataset_stats(args.data, tokenizer, seq_len=args.seq_len, max_rows=args.max_rows, split=args.split)
+    if args.png:
+        os.makedirs(os.path.dirname(os.path.abspath(args.png)), exist_ok=True)
+        length_histogram(stats, args.png)
+    if args.json:
+        print(json.dumps({**stats.to_dict(), "model": args.model, "png": args.png}, indent=2))
+    else:
+        print(f"tokenizer: {args.model}")
+        print(stats.table())
+        if args.png:
+            print(f"histogram: {args.png}")
+    return 0

@@ -1,0 +1,227 @@
+"""Run identity: a run dir is one training run, and its `config.yaml` says how it was trained.
+
+When a run resumes, the config it is started with is compared with the saved `config.yaml`. Differences fall in
+two kinds:
+
+* bookkeeping that cannot change the numbers (logging and evaluation cadence, checkpoint cadence, progress bar,
+  memory checks, the mesh, micro-batching and remat, which the invariance tests show leave every step equal) and
+  `train.steps` (running a run longer or shorter is the point of resuming; with a decaying schedule the note says
+  that its remaining learning rates follow the new length);
+* everything else: the optimizer, the data, the model, seq_len, the batch, the algorithm's settings. Those change
+  the trajectory, and resuming with them is refused (`ConfigError` listing each difference) unless the new config
+  sets `train.allow_config_change=true`.
+
+Either way nothing is silent: each accepted difference is appended to `<run_dir>/config_changes.jsonl` with the
+step it takes effect after, before `config.yaml` is replaced by the config now in effect.
+
+    changes = check_resume(saved_dict, to_dict(cfg), step=3, allow=cfg.train.allow_config_change)
+    record_changes(run_dir, changes, step=3)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from tempax.errors import ConfigError
+
+CONFIG_FILE = "config.yaml"
+CHANGES_FILE = "config_changes.jsonl"
+
+# Dotted keys (or prefixes ending in ".") whose change leaves every optimizer step's result as it was (held-out
+# evaluation settings among them; data.eval_fraction is not: it moves rows between the splits).
+BOOKKEEPING = (
+    "train.log_every", "train.eval_every", "train.eval_batches", "train.eval_at_start", "train.run_dir",
+    "train.tensorboard", "train.progress_bar", "train.check_memory",
+    "train.micro_batch_size", "train.auto_micro_batch", "train.remat", "train.checkpoint.", "train.mesh.",
+    "eval.", "eval_before", "task.eval_split", "data.eval_path", "data.eval_split", "data.max_eval_rows",
+    "grpo.show_completion_every", "grpo.log_entropy",
+)
+RUN_LENGTH = "train.steps"
+ALLOW_KEY = "train.allow_config_change"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One differing config key: dotted `key`, `old` (saved) and `new` values; `trajectory` when it changes what
+    the remaining steps compute."""
+
+    key: str
+    old: Any
+    new: Any
+    trajectory: bool
+
+    def __str__(self) -> str:
+        return f"{self.key}: {_show(self.old)} -> {_show(self.new)}"
+
+
+def _show(value: Any) -> str:
+    return "(absent)" if value is _ABSENT else json.dumps(value)
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+_ABSENT = _Absent()
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists and scalars are leaves; an empty mapping is a leaf ({})."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def is_bookkeeping(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in BOOKKEEPING)
+
+
+def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    """The differences between a saved and a new config (nested plain dicts), sorted by key."""
+    a, b = flatten(saved), flatten(new)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key == ALLOW_KEY:  # the permission itself is not part of how the run trains
+            continue
+        old, cur = a.get(key, _ABSENT), b.get(key, _ABSENT)
+        if old == cur or (isinstance(old, (int, float)) and isinstance(cur, (int, float)) and float(old) == float(cur)):
+            continue
+        out.append(Change(key, old, cur, trajectory=not (is_bookkeeping(key) or key == RUN_LENGTH)))
+    return out
+
+
+def check_resume(saved: Mapping[str, Any], new: Mapping[str, Any], *, step: int, allow: bool,
+                 run_dir: str = "this run dir") -> list[Change]:
+    """The changes a resume at `step` would apply; raises `ConfigError` listing the trajectory-changing ones unless
+    `allow`."""
+    changes = config_changes(saved, new)
+    changing = [c for c in changes if c.trajectory]
+    if changing and not allow:
+        lines = "\n".join(f"  {c}" for c in changing)
+        raise ConfigError(
+            f"{run_dir} was trained to step {step} with another config; resuming would change how the remaining "
+            f"steps are computed:\n{lines}\nEither start a new run (set train.run_dir to a new folder), or continue "
+            "this one with the change recorded in its config_changes.jsonl: add train.allow_config_change=true."
+        )
+    return changes
+
+
+def describe_changes(changes: list[Change], *, step: int, new: Mapping[str, Any] | None = None) -> list[str]:
+    """One line per accepted change, for the console."""
+    lines = []
+    for c in changes:
+        note = ""
+        if c.key == RUN_LENGTH and new is not None:
+            schedule = flatten(new).get("train.optimizer.schedule")
+            if schedule not in (None, "constant"):
+                note = f" (the {schedule} schedule's remaining learning rates follow the new length)"
+        kind = ("changes the trajectory, allowed by train.allow_config_change" if c.trajectory
+                else "run length" if c.key == RUN_LENGTH else "bookkeeping")
+        lines.append(f"config change after step {step}: {c}{note} [{kind}]")
+    return lines
+
+
+def record_changes(run_dir: str, changes: list[Change], *, step: int) -> str | None:
+    """Appends one record {"step", "time", "changes": [{"key", "old", "new", "trajectory"}]} to
+    `<run_dir>/config_changes.jsonl`; returns its path (None when there was nothing to record)."""
+    if not changes:
+        return None
+    path = os.path.join(run_dir, CHANGES_FILE)
+    record = {
+        "step": step, "time": round(time.time(), 3),
+        "changes": [{"key": c.key, "old": None if c.old is _ABSENT else c.old,
+                     "new": None if c.new is _ABSENT else c.new, "trajectory": c.trajectory} for c in changes],
+    }
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    return path
+
+
+def checkpoint_steps(run_dir: str) -> list[int]:
+    """The step folders under `<run_dir>/checkpoints` (finished or not), without opening Orbax."""
+    folder = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(folder):
+        return []
+    return sorted(int(n) for n in os.listdir(folder) if n.isdigit())
+
+
+def save_run_config(run_dir: str, cfg: Any, *, say: Any = None) -> list[Change]:
+    """Writes `<run_dir>/config.yaml` for a run about to start, the one place it is written.
+
+    A run dir with checkpoints is a resume: the new config is checked against the saved one (`check_resume`, which
+    refuses trajectory-changing differences unless `cfg.train.allow_config_change`), accepted changes are said and
+    appended to config_changes.jsonl, then config.yaml holds the config now in effect. Returns the changes.
+    """
+    from tempax.configlib import dump_yaml, read_yaml, to_dict
+
+    path = os.path.join(run_dir, CONFIG_FILE)
+    steps = checkpoint_steps(run_dir) if getattr(cfg.train.checkpoint, "resume", True) else []
+    changes: list[Change] = []
+    if steps and os.path.isfile(path):
+        saved = read_yaml(path) or {}
+        new = to_dict(cfg)
+        changes = check_resume(saved, new, step=steps[-1], allow=cfg.train.allow_config_change, run_dir=run_dir)
+        for line in describe_changes(changes, step=steps[-1], new=new):
+            (say or print)(line)
+        record_changes(run_dir, changes, step=steps[-1])
+    os.makedirs(run_dir, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(dump_yaml(cfg))
+    os.replace(tmp, path)
+    return changes
+
+
+def _has_training_record(run_dir: str) -> bool:
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    return bool(checkpoint_steps(run_dir)) or (os.path.isfile(metrics) and os.path.getsize(metrics) > 0)
+
+
+@contextlib.contextmanager
+def clean_failed_start(run_dir: str) -> Iterator[None]:
+    """Wraps a run's start so that a failure leaves the run dir as it found it.
+
+    When the block raises and the run dir holds no record of training (no metrics row, no checkpoint), what this
+    start wrote there (config.yaml, data_report.json, the tokenizer...) is removed, and the folder itself when this
+    start created it. When it holds an earlier run and no newer checkpoint was written, config.yaml and
+    config_changes.jsonl get their earlier contents back (the checkpoints were made with that config, and `export`
+    rebuilds the model from it). The error then propagates.
+    """
+    existed = os.path.isdir(run_dir)
+    before = set(os.listdir(run_dir)) if existed else set()
+    latest = max(checkpoint_steps(run_dir), default=None)
+    records = {}
+    for name in (CONFIG_FILE, CHANGES_FILE):
+        path = os.path.join(run_dir, name)
+        records[name] = open(path, "rb").read() if os.path.isfile(path) else None
+    try:
+        yield
+    except BaseException:
+        if os.path.isdir(run_dir) and not _has_training_record(run_dir):
+            for name in set(os.listdir(run_dir)) - before:
+                path = os.path.join(run_dir, name)
+                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+            if not existed and not os.listdir(run_dir):
+                os.rmdir(run_dir)
+        elif latest is not None and max(checkpoint_steps(run_dir), default=-1) <= latest:
+            for name, content in records.items():
+                path = os.path.join(run_dir, name)
+                if content is None:
+                    if os.path.isfile(path):
+                        os.remove(path)
+                else:
+                    with open(path, "wb") as f:
+                        f.write(content)
+        raise

@@ -1,0 +1,134 @@
+"""`tempax recommend`: the decision for each data kind, full vs LoRA vs QLoRA by data size and memory, and the
+recipe it writes passing `tempax validate`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tempax.algorithms.recommend import FULL_FT_MIN_TOKENS, recommend, write_recipe
+from tempax.cli.validate import check_recipe
+from tempax.data.stats import DataProfile
+from tempax.models.presets import get_preset
+from tempax.train.memory import GiB
+
+SMOL = get_preset("smollm2-135m")
+
+
+def _profile(tmp_path, kind, rows=2000, tokens_per_row=300.0, checkable=0.0, name="data.jsonl"):
+    path = tmp_path / name
+    path.write_text("{}\n")
+    return DataProfile(path=str(path), split=None, kind=kind, rows=rows, sample_rows=min(rows, 300),
+                       tokens_per_row=tokens_per_row, p95_tokens=480, loss_token_share=0.6,
+                       checkable_fraction=checkable)
+
+
+@pytest.mark.parametrize("kind,checkable,command", [
+    ("text", 0.0, "pretrain"),
+    ("messages", 0.0, "sft"),
+    ("prompt_completion", 0.0, "sft"),
+    ("preference", 0.0, "dpo"),
+    ("qa", 1.0, "grpo"),
+    ("qa", 0.5, "pretrain"),
+])
+def test_decision_per_data_kind(tmp_path, kind, checkable, command, monkeypatch):
+    """Small data (0.6M tokens) and plenty of memory: the method follows the data kind, with LoRA; the recipe it
+    writes is accepted by `tempax validate` for that command."""
+    monkeypatch.chdir(tmp_path)
+    p = _profile(tmp_path, kind, checkable=checkable)
+    rec = recommend(p, SMOL, model_source="smollm2-135m-instruct", capacity=64 * GiB)
+    assert rec.command == command and rec.adaptation == "lora" and rec.fits
+    assert any("LoRA rather than full" in r for r in rec.reasons)
+    path = write_recipe(rec, str(tmp_path / "rec.yaml"))
+    got, cfg, _ = check_recipe(path)
+    assert got == command and cfg.lora is not None and cfg.lora.rank == 16
+    assert cfg.train.optimizer.learning_rate == rec.hyperparameters["learning_rate"]
+    if command == "dpo":
+        assert any("reward model + PPO" in a for a in rec.alternatives)
+        assert cfg.dpo.reference == "adapters_off"
+    if command == "grpo":
+        assert cfg.task.name == "gsm8k" and cfg.grpo.group_size == 8
+    if kind == "qa" and command == "pretrain":
+        assert cfg.data.text_fields == ("question", "answer")
+
+
+def test_lots_of_data_and_memory_recommends_full_fine_tuning(tmp_path):
+    p = _profile(tmp_path, "messages", rows=100_000, tokens_per_row=400)
+    assert p.total_tokens >= FULL_FT_MIN_TOKENS
+    rec = recommend(p, SMOL, model_source="smollm2-135m-instruct", capacity=64 * GiB)
+    assert rec.adaptation == "full" and rec.command == "sft" and "lora" not in rec.recipe
+    assert rec.hyperparameters["learning_rate"] == 2e-5
+
+
+def test_model_too_big_for_full_fine_tuning_gets_lora(tmp_path):
+    """Llama-3.1-8B with lots of data in 48 GiB: full fine-tuning needs ~16 bytes a parameter (8.0B x 16 = 120
+    GiB before activations), so LoRA (30 GiB of float32 base weights); in 20 GiB LoRA does not fit either, so
+    QLoRA (a 4-bit base, ~4.2 GiB)."""
+    big = get_preset("llama3.1-8b")
+    p = _profile(tmp_path, "messages", rows=100_000, tokens_per_row=400)
+    rec = recommend(p, big, model_source="smollm2-135m-instruct", capacity=48 * GiB)
+    assert rec.adaptation == "lora" and rec.fits
+    assert any("does not fit" in r for r in rec.reasons)
+    rec = recommend(p, big, model_source="smollm2-135m-instruct", capacity=20 * GiB)
+    assert rec.adaptation == "qlora" and rec.fits and rec.recipe["lora"]["quantize_base"] == "nf4"
+    assert rec.hyperparameters["micro_batch_size"] <= rec.hyperparameters["batch_size"]
+    rec = recommend(p, big, model_source="smollm2-135m-instruct", capacity=1 * GiB)
+    assert rec.adaptation == "qlora" and not rec.fits and "nothing fits" in rec.warnings[0]
+
+
+def test_memory_picks_micro_batch_and_remat(tmp_path):
+    """With too little memory for the whole batch at once, the recipe accumulates gradients and/or recomputes
+    activations, and the predicted peak stays under the capacity."""
+    p = _profile(tmp_path, "messages")
+    roomy = recommend(p, SMOL, model_source="smollm2-135m-instruct", capacity=64 * GiB)
+    tight = recommend(p, SMOL, model_source="smollm2-135m-instruct", capacity=3 * GiB)
+    assert roomy.hyperparameters["micro_batch_size"] == 16 and roomy.hyperparameters["remat"] == "none"
+    assert (tight.hyperparameters["micro_batch_size"], tight.hyperparameters["remat"]) != (16, "none")
+    assert tight.peak_bytes <= 3 * GiB
+
+
+def test_cli_recommend_on_raw_text(tmp_path, capsys, monkeypatch):
+    from tempax.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    with open("notes.jsonl", "w") as f:
+        for i in range(40):
+            f.write(json.dumps({"text": f"Field note {i}: the river rose {i} cm overnight after the storm."}) + "\n")
+    assert main(["recommend", "notes.jsonl", "--memory-gib", "16", "--out", "rec.yaml", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["command"] == "pretrain" and out["data"]["kind"] == "text" and out["data"]["rows"] == 40
+    assert main(["validate", "rec.yaml"]) == 0
+    assert "valid `tempax pretrain` recipe" in capsys.readouterr().out
+    with open("rec.yaml") as f:
+        assert "# Run:  tempax pretrain --config rec.yaml" in f.read()
+
+
+@pytest.mark.parametrize("kind", ["messages", "text"])
+def test_written_recipe_runs(tmp_path, monkeypatch, kind):
+    """The recipe `recommend` writes for a tiny checkpoint runs with the command it names (2 steps)."""
+    from tempax.cli.main import main
+    from tempax.data.stats import profile_dataset
+    from tempax.models.hf_io import save_hf_checkpoint
+    from tests.kit.models import tiny_tempax_model
+    from tests.kit.tokenizers import tiny_chat_tokenizer
+
+    monkeypatch.chdir(tmp_path)
+    tok = tiny_chat_tokenizer()
+    folder = save_hf_checkpoint(tiny_tempax_model("llama", vocab_size=tok.vocab_size), str(tmp_path / "tiny"),
+                                tokenizer=tok)
+    with open("rows.jsonl", "w") as f:
+        for i in range(20):
+            row = ({"messages": [{"role": "user", "content": f"What is {i} + 1?"},
+                                 {"role": "assistant", "content": f"It is {i + 1}."}]} if kind == "messages"
+                   else {"text": f"Note {i}: the quick brown fox jumps over the lazy dog."})
+            f.write(json.dumps(row) + "\n")
+    profile = profile_dataset("rows.jsonl", tok)
+    rec = recommend(profile, tiny_tempax_model("llama").config, model_source=folder, capacity=8 * GiB,
+                    run_dir=str(tmp_path / "run"))
+    assert rec.command == ("sft" if kind == "messages" else "pretrain")
+    path = write_recipe(rec, "rec.yaml")
+    assert main([rec.command, "--config", path, "train.steps=2", "train.progress_bar=false",
+                 "train.tensorboard=false", "train.mesh.num_devices=1", "train.checkpoint.save_at_end=false"]) == 0
+    assert os.path.isfile(tmp_path / "run" / "metrics.jsonl")

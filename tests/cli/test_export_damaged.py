@@ -1,0 +1,28 @@
+"""`tempax export` of a run whose latest checkpoint is damaged: one line naming the file and the intact steps."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from tempax.cli.main import main
+from tests.cli.test_train_cmds import workspace  # noqa: F401  (the fixture: a tiny LoRA recipe)
+
+
+def test_export_names_the_damaged_file_and_the_intact_steps(workspace, tmp_path, capfd):  # noqa: F811
+    root, recipe, _ = workspace
+    run = tmp_path / "run"
+    assert main(["sft", "--config", str(recipe), "train.steps=3", f"train.run_dir={run}",
+                 "train.checkpoint.every=1", "train.checkpoint.keep=3"]) == 0
+    (data_file,) = glob.glob(os.path.join(run, "checkpoints", "3", "params", "d", "*"))
+    with open(data_file, "r+b") as f:
+        f.truncate(5)
+    capfd.readouterr()
+    assert main(["export", str(run), str(tmp_path / "out")]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"checkpoint step 3 is damaged: {data_file} is truncated: 5 bytes on disk" in err
+    assert "intact checkpoints: 2, 1; export one with --step 2" in err
+    assert main(["export", str(run), str(tmp_path / "out"), "--step", "2"]) == 0
+    assert main(["export", str(run), str(tmp_path / "out9"), "--step", "9"]) == 2
+    assert "has no checkpoint of step 9; its steps: 1, 2, 3" in capfd.readouterr().err

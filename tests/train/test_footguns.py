@@ -1,0 +1,57 @@
+"""Settings that are valid but almost never meant: said before training, or refused with the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from tempax.cli.main import main
+from tempax.errors import ConfigError
+from tempax.models.config import ModelConfig
+from tempax.train.config import OptimizerConfig, TrainConfig
+
+
+def test_zero_learning_rate_and_a_warmup_longer_than_the_run_are_said():
+    cfg = TrainConfig(steps=10, optimizer=OptimizerConfig(learning_rate=0.0))
+    assert cfg.warnings() == ["train.optimizer.learning_rate=0: no trainable weight will change; the run only "
+                              "measures the loss"]
+    long = TrainConfig(steps=10, optimizer=OptimizerConfig(learning_rate=1e-4, warmup_steps=20))
+    (warning,) = long.warnings()
+    # Linear warm-up over 20 steps: the last of 10 steps uses 1e-4 * 10 / 20 = 5e-5.
+    assert "warmup_steps=20 is not shorter than train.steps=10" in warning and "uses 5e-05" in warning
+    assert TrainConfig(steps=10, optimizer=OptimizerConfig(warmup_ratio=0.5)).warnings() == []
+
+
+def test_seq_len_beyond_the_models_positions_is_refused():
+    model = ModelConfig(max_position_embeddings=64)
+    TrainConfig(seq_len=64).check_model(model)
+    with pytest.raises(ConfigError, match=r"train.seq_len=128 is longer than the model's max_position_embeddings=64"
+                                          r".*Set train.seq_len <= 64"):
+        TrainConfig(seq_len=128).check_model(model)
+    TrainConfig(seq_len=128).check_model(None)  # a model without a config (a test's table model): nothing to check
+
+
+def test_trainer_says_the_warnings_and_refuses_long_rows(capsys):
+    from flax import nnx
+
+    from tempax.algorithms.sft.trainer import make_sft_loss
+    from tempax.models.decoder import Decoder
+    from tempax.models.presets import get_preset
+    from tempax.train.loop import Trainer
+    from tests.train.helpers import tiny_train_config
+
+    model = Decoder(get_preset("tiny-llama").replace(max_position_embeddings=32), rngs=nnx.Rngs(0))
+    said = []
+    cfg = tiny_train_config(seq_len=16, optimizer=OptimizerConfig(learning_rate=0.0))
+    Trainer(model, make_sft_loss(), cfg, log=said.append)
+    assert said[0].startswith("warning: train.optimizer.learning_rate=0")
+    with pytest.raises(ConfigError, match="max_position_embeddings=32"):
+        Trainer(model, make_sft_loss(), tiny_train_config(seq_len=64), log=said.append)
+
+
+def test_training_command_without_a_recipe_refuses_and_lists_the_recipes(capsys):
+    assert main(["sft"]) == 2
+    err = capsys.readouterr().err
+    assert "tempax sft needs a recipe: --config RECIPE (recipes/sft_full_tiny.yaml, recipes/sft_lora_smollm2" in err
+    assert "model smollm2-135m-instruct, full fine-tuning, 100 steps of 8 x 512 tokens" in err
+    assert main(["sft", "--print-config"]) == 0  # looking at the defaults needs no recipe
+    assert "run_dir: runs/run" in capsys.readouterr().out

@@ -1,0 +1,92 @@
+"""Run identity: a resume with a trajectory-changing config difference is refused with the list; bookkeeping
+differences and allowed changes are recorded with their step; config.yaml is never replaced silently."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tempax.algorithms.sft.trainer import SFTConfig
+from tempax.configlib import from_dict, read_yaml, to_dict
+from tempax.errors import ConfigError
+from tempax.train.run_identity import Change, check_resume, config_changes, flatten, save_run_config
+
+
+def test_flatten_and_changes_by_kind():
+    saved = {"train": {"steps": 4, "log_every": 1, "optimizer": {"learning_rate": 0.1}, "mesh": {"fsdp": 1}},
+             "data": {"path": "a.jsonl"}, "model": {"overrides": {}}}
+    new = {"train": {"steps": 6, "log_every": 5, "optimizer": {"learning_rate": 0.2}, "mesh": {"fsdp": 2}},
+           "data": {"path": "a.jsonl"}, "model": {"overrides": {"num_layers": 1}}}
+    assert flatten(saved)["train.optimizer.learning_rate"] == 0.1 and flatten(saved)["model.overrides"] == {}
+    assert [(c.key, c.trajectory) for c in config_changes(saved, new)] == [
+        ("model.overrides", True), ("model.overrides.num_layers", True), ("train.log_every", False),
+        ("train.mesh.fsdp", False), ("train.optimizer.learning_rate", True), ("train.steps", False)]
+    assert config_changes({"a": 1}, {"a": 1.0}) == []  # 1 and 1.0 are the same number
+    assert str(Change("train.seq_len", 16, 32, True)) == "train.seq_len: 16 -> 32"
+
+
+def test_check_resume_refuses_with_the_list_and_both_ways_out():
+    saved, new = {"train": {"seq_len": 16, "log_every": 1}}, {"train": {"seq_len": 32, "log_every": 2}}
+    with pytest.raises(ConfigError) as info:
+        check_resume(saved, new, step=3, allow=False, run_dir="runs/x")
+    msg = str(info.value)
+    assert "runs/x was trained to step 3 with another config" in msg
+    assert "  train.seq_len: 16 -> 32\n" in msg and "log_every" not in msg
+    assert "set train.run_dir to a new folder" in msg and "train.allow_config_change=true" in msg
+    assert [c.key for c in check_resume(saved, new, step=3, allow=True)] == ["train.log_every", "train.seq_len"]
+
+
+def _cfg(tmp_path, *overrides):
+    base = {"train": {"run_dir": str(tmp_path), "optimizer": {"learning_rate": 0.1}}}
+    for o in overrides:
+        key, value = o.split("=")
+        node = base
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = json.loads(value)
+    return from_dict(SFTConfig, base)
+
+
+def test_save_run_config_records_allowed_changes_with_their_step(tmp_path):
+    said = []
+    save_run_config(str(tmp_path), _cfg(tmp_path), say=said.append)  # a fresh run: nothing to compare
+    os.makedirs(tmp_path / "checkpoints" / "3")
+    with pytest.raises(ConfigError, match=r"train.optimizer.learning_rate: 0.1 -> 0.2"):
+        save_run_config(str(tmp_path), _cfg(tmp_path, "train.optimizer.learning_rate=0.2"), say=said.append)
+    assert read_yaml(tmp_path / "config.yaml")["train"]["optimizer"]["learning_rate"] == 0.1  # untouched
+    assert not (tmp_path / "config_changes.jsonl").exists()
+    save_run_config(str(tmp_path), _cfg(tmp_path, "train.optimizer.learning_rate=0.2",
+                                        "train.allow_config_change=true", "train.steps=200"), say=said.append)
+    assert read_yaml(tmp_path / "config.yaml")["train"]["optimizer"]["learning_rate"] == 0.2
+    (record,) = [json.loads(line) for line in (tmp_path / "config_changes.jsonl").read_text().splitlines()]
+    assert record["step"] == 3
+    assert [(c["key"], c["old"], c["new"], c["trajectory"]) for c in record["changes"]] == [
+        ("train.optimizer.learning_rate", 0.1, 0.2, True),
+        ("train.steps", 100, 200, False)]
+    assert ("config change after step 3: train.steps: 100 -> 200 (the cosine schedule's remaining learning "
+            "rates follow the new length) [run length]") in said
+    assert to_dict(_cfg(tmp_path))["train"]["allow_config_change"] is False
+
+
+def test_a_failed_start_leaves_nothing_behind(tmp_path):
+    from tempax.train.run_identity import clean_failed_start
+
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError):
+        with clean_failed_start(str(run)):
+            save_run_config(str(run), _cfg(run))
+            os.makedirs(run / "tokenizer")
+            (run / "metrics.jsonl").write_text("")  # opened, never written
+            raise ConfigError("the data is too small")
+    assert not run.exists()
+    # A run dir with training in it keeps everything, old and new.
+    os.makedirs(run / "checkpoints" / "2")
+    (run / "keep.txt").write_text("x")
+    with pytest.raises(ConfigError):
+        with clean_failed_start(str(run)):
+            (run / "new.txt").write_text("y")
+            raise ConfigError("later failure")
+    assert sorted(os.listdir(run)) == ["checkpoints", "keep.txt", "new.txt"]
