@@ -241,6 +241,11 @@ def test_main_trains_and_evaluates_against_a_reward_model(reward_model_dir, tok,
         rows = [json.loads(line) for line in f]
     assert [r["stage"] for r in rows] == ["before"] * 3 + ["after"] * 3
     assert rows[3]["response"] == run.after.texts[0] and rows[3]["prompt"][-1]["role"] == "user"
+    from tempax.algorithms.preference.reward_model import RewardScorer
+    from tempax.cli.score import score_rows
+
+    rescored, _, _ = score_rows(RewardScorer.from_folder(reward_model_dir), [dict(r) for r in rows])
+    np.testing.assert_allclose([r["score"] for r in rescored], [r["score"] for r in rows], atol=1e-4)
     records = read_metrics(cfg.train.run_dir)
     assert len(records) == 2 and "reward/reward_model_mean" in records[0] and "kl/seq_mean" in records[0]
     assert "reward/reward_model_mean" not in records[1] and "value_loss" in records[1]
