@@ -261,8 +261,12 @@ def _recipe(command: str, profile: DataProfile, source: str, tokenizer: str | No
         recipe["grpo"] = {"beta": 0.04, "temperature": 1.0}  # lengths and group size: set by `recommend`
         recipe["eval"] = {"num_problems": 200 if has_test else 0}
     elif command == "dpo":
-        recipe["data"] = {"path": path, **({"split": profile.split} if profile.split else {}),
-                          "eval_fraction": 0.02, "overlong": "truncate"}
+        # Held-out pairs: the folder's test split when it has one, else 2% of the rows (never the default
+        # eval_path, which is HH-RLHF's test file whatever the data).
+        held = ({"eval_path": path, "eval_split": "test"} if profile.split and _has_split(path, "test")
+                else {"eval_path": None, "eval_fraction": 0.02})
+        recipe["data"] = {"path": path, **({"split": profile.split} if profile.split else {}), **held,
+                          "max_eval_rows": 200, "overlong": "truncate"}
         recipe["dpo"] = {"loss": "sigmoid", "beta": 0.1,
                          "reference": "adapters_off" if adaptation != "full" else "batch"}
     else:
@@ -294,6 +298,10 @@ def _recipe(command: str, profile: DataProfile, source: str, tokenizer: str | No
     if command == "dpo":
         hparams.update(beta=0.1, loss="sigmoid")
     return recipe, hparams
+
+
+def _has_split(folder: str, split: str) -> bool:
+    return os.path.isdir(folder) and any(n.split(".", 1)[0] == split for n in os.listdir(folder))
 
 
 def write_recipe(rec: Recommendation, path: str) -> str:

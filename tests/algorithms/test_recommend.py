@@ -48,6 +48,7 @@ def test_decision_per_data_kind(tmp_path, kind, checkable, command, monkeypatch)
     if command == "dpo":
         assert any("reward model + PPO" in a for a in rec.alternatives)
         assert cfg.dpo.reference == "adapters_off"
+        assert cfg.data.eval_path is None and cfg.data.eval_fraction == 0.02  # not HH-RLHF's test file
     if command == "grpo":
         assert cfg.task.name == "gsm8k" and cfg.grpo.group_size == 8
     if kind == "qa" and command == "pretrain":
