@@ -70,6 +70,36 @@ ReferenceMode = Literal["auto", "adapters_off", "precomputed", "frozen_copy"]
 _help = help_field  # one documented-field helper for every config (tempax.configlib)
 
 
+def reference_field() -> Any:
+    """The documented `reference` field of DPO and KTO specs (one definition for both)."""
+    return _help(
+        "Reference log-probs: auto (adapters_off with LoRA, precomputed otherwise), adapters_off (LoRA: the base "
+        "with adapters disabled), precomputed (one pass before training, stored with the data), frozen_copy "
+        "(a second frozen model; doubles weight memory).",
+        "auto",
+    )
+
+
+def reference_batch_size_field() -> Any:
+    return _help(
+        "Pairs per forward pass when precomputing reference log-probs; null: half of train.batch_size.", None
+    )
+
+
+def resolve_reference(reference: str, *, needs_reference: bool, has_adapters: bool, section: str) -> str:
+    """'none', 'adapters_off', 'precomputed' or 'frozen_copy' for a `<section>.reference` choice and model."""
+    if not needs_reference:
+        return "none"
+    if reference == "auto":
+        return "adapters_off" if has_adapters else "precomputed"
+    if reference == "adapters_off" and not has_adapters:
+        raise ConfigError(
+            f"{section}.reference=adapters_off needs LoRA adapters (set lora:), since the base with adapters off is "
+            "the reference; for full fine-tuning use precomputed or frozen_copy"
+        )
+    return reference
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Config
 
@@ -90,15 +120,8 @@ class DPOSpec:
     )
     gamma: float = _help("simpo: target reward margin (paper: 0.3-1.6).", 0.5)
     orpo_lambda: float = _help("orpo: weight of the odds-ratio term added to the chosen NLL (paper: 0.1-1).", 0.1)
-    reference: ReferenceMode = _help(
-        "Reference log-probs: auto (adapters_off with LoRA, precomputed otherwise), adapters_off (LoRA: the base "
-        "with adapters disabled), precomputed (one pass before training, stored with the data), frozen_copy "
-        "(a second frozen model; doubles weight memory).",
-        "auto",
-    )
-    reference_batch_size: int | None = _help(
-        "Pairs per forward pass when precomputing reference log-probs; null: half of train.batch_size.", None
-    )
+    reference: ReferenceMode = reference_field()
+    reference_batch_size: int | None = reference_batch_size_field()
 
     def validate(self) -> None:
         if self.loss not in PREFERENCE_LOSS_NAMES:
@@ -130,16 +153,8 @@ class DPOSpec:
 
     def reference_mode(self, *, has_adapters: bool) -> str:
         """'none', 'adapters_off', 'precomputed' or 'frozen_copy' for this loss and model."""
-        if not self.needs_reference:
-            return "none"
-        if self.reference == "auto":
-            return "adapters_off" if has_adapters else "precomputed"
-        if self.reference == "adapters_off" and not has_adapters:
-            raise ConfigError(
-                "dpo.reference=adapters_off needs LoRA adapters (set lora:), since the base with adapters off is "
-                "the reference; for full fine-tuning use precomputed or frozen_copy"
-            )
-        return self.reference
+        return resolve_reference(self.reference, needs_reference=self.needs_reference, has_adapters=has_adapters,
+                                 section="dpo")
 
 
 @dataclass(frozen=True)
@@ -242,24 +257,45 @@ def _frozen_copy(model: nnx.Module) -> nnx.Module:
     return nnx.merge(graphdef, jax.tree.map(lambda x: x.copy(), state))
 
 
-def prepare(cfg: DPOConfig, *, log: Callable[[str], None] | None = None) -> DPORun:
-    """Builds model, data, reference log-probs and the `Trainer` of a DPO run (no training step yet)."""
+def prepare_run(
+    cfg: Any,
+    *,
+    mode_of: Callable[[bool], str],
+    build_data: Callable[..., Any],
+    items_of: Callable[[list[Any]], list[Any]],
+    losses_of: Callable[[str], tuple[Any, Any]],
+    reference_batch_size: int | None,
+    meta: dict[str, Any],
+    log: Callable[[str], None] | None = None,
+) -> DPORun:
+    """Builds model, data, reference log-probs and the `Trainer` of a stacked-batch preference run (DPO family or
+    KTO; no training step yet).
+
+    Args:
+      cfg: a config with `model`, `lora`, `data` (a `PreferenceDataSpec`) and `train`.
+      mode_of: has_adapters -> the reference mode ('none', 'adapters_off', 'precomputed', 'frozen_copy').
+      build_data: `build_preference_data`-like (spec, tokenizer, seq_len=, seed=) -> `PreferenceData`.
+      items_of: the training examples -> stacked-batch items (`PreferencePair` / `AnnotatedPair`).
+      losses_of: mode -> (training loss_fn, evaluation loss_fn or None for the same).
+      reference_batch_size: pairs per forward pass when precomputing (None: half of train.batch_size).
+      meta: what the checkpoints record besides the model source (e.g. {"algorithm": "dpo", "loss": ...}).
+    """
     say = log or (lambda text: print(text, file=sys.stderr))
     t = cfg.train
     mesh = t.mesh.build()
     model, tokenizer, trainable = build_model(cfg, mesh)
-    mode = cfg.dpo.reference_mode(has_adapters=cfg.lora is not None)
-    data = build_preference_data(cfg.data, tokenizer, seq_len=t.seq_len, seed=t.seed)
+    mode = mode_of(cfg.lora is not None)
+    data = build_data(cfg.data, tokenizer, seq_len=t.seq_len, seed=t.seed)
     report_data(data, t.run_dir, say)
     pairs = pairs_per_batch(t.batch_size)
     check_enough_pairs(data.train, pairs, cfg.data.path)
     pad = tokenizer.pad_id
-    train_items: list[Any] = list(data.train)
+    train_items: list[Any] = items_of(list(data.train))
     eval_items: list[Any] = list(data.eval)
     reference_model = None
     collate = None
     if mode == "precomputed":
-        ref_pairs = cfg.dpo.reference_batch_size or pairs
+        ref_pairs = reference_batch_size or pairs
         say(f"reference: precomputing log-probs of {len(train_items) + len(eval_items)} pairs with the initial model")
         fn = jit_sequence_logps(model, adapters_off=cfg.lora is not None)
         train_items = compute_reference_logps(None, train_items, batch_size=ref_pairs, seq_len=t.seq_len, pad_id=pad,
@@ -276,8 +312,8 @@ def prepare(cfg: DPOConfig, *, log: Callable[[str], None] | None = None) -> DPOR
             batch[REF_LOGPS] = fn(batch)[0].astype(np.float32)
             return batch
     else:
-        what = f"none ({cfg.dpo.loss} needs none)" if mode == "none" else "the base model with adapters switched off"
-        say(f"reference: {what}")
+        none = f"none ({meta.get('loss')} needs none)"
+        say(f"reference: {none if mode == 'none' else 'the base model with adapters switched off'}")
 
     loader = annotated_pair_loader(train_items, batch_size=pairs, seq_len=t.seq_len, pad_id=pad, seed=t.seed,
                                    shuffle=cfg.data.shuffle, collate=collate)
@@ -288,15 +324,29 @@ def prepare(cfg: DPOConfig, *, log: Callable[[str], None] | None = None) -> DPOR
             cached = [collate(b) for b in cached]
         eval_batches = lambda: cached  # noqa: E731 - the same held-out batches at every evaluation
 
-    loss_fn = DPOLoss.from_spec(cfg.dpo, mode)
+    loss_fn, eval_loss_fn = losses_of(mode)
     trainer = Trainer(
-        model, loss_fn, t, trainable=trainable, mesh=mesh, log=say,
-        checkpoint_meta={"algorithm": "dpo", "loss": cfg.dpo.loss, "model_source": cfg.model.source},
+        model, loss_fn, t, trainable=trainable, mesh=mesh, log=say, eval_loss_fn=eval_loss_fn,
+        checkpoint_meta={**meta, "model_source": cfg.model.source},
     )
     del model  # the trainer holds the weights now
     # The trainer may have picked the micro-batch itself (auto_micro_batch); pairs must still stay whole.
     check_micro_batching(pairs, trainer.num_micro_batches)
     return DPORun(trainer, loss_fn, mode, loader, eval_batches, data, tokenizer, reference_model)
+
+
+def prepare(cfg: DPOConfig, *, log: Callable[[str], None] | None = None) -> DPORun:
+    """Builds model, data, reference log-probs and the `Trainer` of a DPO run (no training step yet)."""
+    return prepare_run(
+        cfg,
+        mode_of=lambda has_adapters: cfg.dpo.reference_mode(has_adapters=has_adapters),
+        build_data=build_preference_data,
+        items_of=lambda items: items,
+        losses_of=lambda mode: (DPOLoss.from_spec(cfg.dpo, mode), None),
+        reference_batch_size=cfg.dpo.reference_batch_size,
+        meta={"algorithm": "dpo", "loss": cfg.dpo.loss},
+        log=log,
+    )
 
 
 def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:
@@ -308,6 +358,14 @@ def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     """
     say = log or (lambda text: print(text, file=sys.stderr))
     run = prepare(cfg, log=say)
+    return fit_and_compare(run, cfg, hooks=hooks, say=say, what=f"{cfg.dpo.loss} loss", extra={"loss": cfg.dpo.loss})
+
+
+def fit_and_compare(
+    run: DPORun, cfg: Any, *, hooks: tuple, say: Callable[[str], None], what: str, extra: dict[str, Any]
+) -> TrainResult:
+    """Saves config and tokenizer, evaluates the held-out pairs, trains, evaluates again, prints the before/after
+    table and writes eval_summary.json (with `extra`); see `main`."""
     run_dir = cfg.train.run_dir
     with open(os.path.join(run_dir, "config.yaml"), "w") as f:
         f.write(dump_yaml(cfg))
@@ -325,11 +383,10 @@ def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
         trainer.close()
     after = result.eval_history[-1][1] if result.eval_history else None
     if before is not None and after is not None:
-        say(before_after_table(before, after, title=f"held-out pairs ({len(run.data.eval)}), {cfg.dpo.loss} loss:"))
+        say(before_after_table(before, after, title=f"held-out pairs ({len(run.data.eval)}), {what}:"))
     elif after is not None:
         say("after training, held out: " + _brief(after))
-    write_eval_summary(run_dir, before, after, {"loss": cfg.dpo.loss, "reference": run.reference,
-                                                "eval_pairs": len(run.data.eval)})
+    write_eval_summary(run_dir, before, after, {**extra, "reference": run.reference, "eval_pairs": len(run.data.eval)})
     result.extras.update(eval_before=before, eval_after=after, reference=run.reference,
                          data_report=run.data.report, eval_data_report=run.data.eval_report)
     return result
