@@ -24,8 +24,8 @@ Several reward functions (`combine_and_estimate`): `sum` (today's default) adds 
 the estimator on the total; `normalize_each` (GDPO, Liu et al. 2026) runs the estimator on each reward within
 its group *before* the weighted sum, then normalises the sum over the batch. With a sum, different mixtures of
 the parts collapse onto the same totals (format 1 + correctness 0 ties format 0 + correctness 1) and a reward with
-a large scale drowns one with a small scale; normalising each gives every reward the same say in the ranking. Per-reward values stay in the
-rollout metrics (`reward/<name>`), so hacking of one reward shows either way.
+a large scale drowns one with a small scale; normalising each gives every reward the same say in the ranking.
+Per-reward values stay in the rollout metrics (`reward/<name>`), so hacking of one reward shows either way.
 """
 
 from __future__ import annotations
