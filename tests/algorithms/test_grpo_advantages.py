@@ -178,3 +178,22 @@ def test_combination_errors_name_the_choice():
         combine_and_estimate([FORMAT], [1.0], 3, combination="gdpo")
     with pytest.raises(ConfigError, match="weights"):
         combine_and_estimate([FORMAT, CORRECT], [1.0], 3)
+
+
+# ------------------------------------------------------------------------------------------- config
+
+
+def test_settings_choose_the_estimator_and_combination():
+    """grpo.advantage / grpo.reward_combination come from YAML or overrides; scale_rewards=false keeps meaning
+    Dr. GRPO, and combining it with another estimator is refused with the key named."""
+    from tempax.algorithms.grpo.config import GRPOConfig
+    from tempax.configlib import from_dict
+
+    cfg = from_dict(GRPOConfig, {"grpo": {"advantage": "rloo", "reward_combination": "normalize_each"}})
+    assert (cfg.grpo.estimator, cfg.grpo.reward_combination) == ("rloo", "normalize_each")
+    assert from_dict(GRPOConfig, {"grpo": {"scale_rewards": False}}).grpo.estimator == "dr_grpo"
+    assert from_dict(GRPOConfig, {}).grpo.estimator == "grpo"
+    with pytest.raises(ConfigError, match="scale_rewards"):
+        from_dict(GRPOConfig, {"grpo": {"advantage": "reinforce_pp", "scale_rewards": False}})
+    with pytest.raises(ConfigError, match="grpo.advantage"):
+        from_dict(GRPOConfig, {"grpo": {"advantage": "ppo"}})
