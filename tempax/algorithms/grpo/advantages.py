@@ -15,7 +15,8 @@ Which to use (all plug into the same clipped objective; `GRPOSettings.advantage`
                                               amplification; the scale follows the reward's own.
     rloo          leave-one-out baseline      RLOO: each sample's baseline is the mean of the *other* G - 1, an
                                               unbiased baseline (it does not contain the sample itself). Equal to
-                                              dr_grpo times G / (G - 1), so the two differ only in step size.
+                                              dr_grpo times G / (G - 1): one constant factor, which Adam's update
+                                              all but cancels (it still meets gradient clipping).
     reinforce_pp  (r - mean_g) / std_batch    REINFORCE++ (baseline variant): centred per prompt, scaled by one
                                               std over the whole batch. Keeps dr_grpo's immunity to small-spread
                                               groups while holding the overall scale at 1 whatever the reward's.
