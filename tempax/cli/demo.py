@@ -69,6 +69,7 @@ class DemoConfig:
     temperature: float = _help("GRPO sampling temperature.", 1.0)
     learning_rate: float = _help("GRPO learning rate (LoRA, constant).", 2e-4)
     beta: float = _help("GRPO KL weight to the SFT model (0 skips the reference pass).", 0.0)
+    advantage: str = _help("GRPO advantage estimator: grpo, dr_grpo, rloo or reinforce_pp (grpo.advantage).", "grpo")
     lora_rank: int = _help("LoRA rank (alpha = 2 x rank), all attention and MLP projections.", 16)
     train_problems: int = _help("Generated training problems (SFT targets and GRPO prompts).", 2000)
     seed: int = _help("Seed of data generation, initialisation and sampling.", 0)
@@ -91,6 +92,10 @@ class DemoConfig:
             raise ConfigError(f"--sft-steps must be >= 0, got {self.sft_steps}")
         if self.group_size < 2:
             raise ConfigError(f"group_size must be >= 2, got {self.group_size}")
+        from tempax.algorithms.grpo.advantages import ADVANTAGE_ESTIMATORS  # jax: only once a demo is built
+
+        if self.advantage not in ADVANTAGE_ESTIMATORS:
+            raise ConfigError(f"--advantage must be one of {', '.join(ADVANTAGE_ESTIMATORS)}, got {self.advantage!r}")
 
 
 @dataclass
@@ -212,7 +217,7 @@ def run_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: DemoCo
     from tempax.train.hooks import every
 
     settings = GRPOSettings(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-                            temperature=cfg.temperature, beta=cfg.beta, max_prompt_len=512)
+                            temperature=cfg.temperature, beta=cfg.beta, max_prompt_len=512, advantage=cfg.advantage)
     prompts, _ = encode_prompts(tokenizer, rows, max_prompt_len=settings.max_prompt_len)
     train = TrainConfig(
         steps=cfg.steps, batch_size=cfg.prompts_per_step,
@@ -343,12 +348,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"held-out problems per evaluation (default {d.eval_problems})")
     parser.add_argument("--run-dir", default=None, help="output folder (default runs/demo-<date>-<time>)")
     parser.add_argument("--seed", type=int, default=d.seed, help="seed (default 0)")
+    parser.add_argument("--advantage", choices=("grpo", "dr_grpo", "rloo", "reinforce_pp"), default=d.advantage,
+                        help="GRPO advantage estimator (default grpo)")
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
     cfg = DemoConfig(
         model=ModelSpec(source=args.model), task=args.task, steps=args.steps, sft_steps=args.sft_steps,
-        eval_problems=args.eval_problems, run_dir=args.run_dir, seed=args.seed,
+        eval_problems=args.eval_problems, run_dir=args.run_dir, seed=args.seed, advantage=args.advantage,
     )
     if args.task == "gsm8k":
         # GSM8K answers need room: longer generations for training and evaluation.

@@ -24,6 +24,7 @@ def test_demo_takes_no_arguments_and_maps_its_flags():
     assert cfg.model.source == "preset:tiny-llama"
     gsm = config_from_args(build_parser().parse_args(["demo", "--task", "gsm8k"]))
     assert gsm.max_new_tokens == gsm.eval_max_new_tokens == 256
+    assert config_from_args(build_parser().parse_args(["demo", "--advantage", "rloo"])).advantage == "rloo"
 
 
 def test_demo_rejects_bad_values():
@@ -31,6 +32,8 @@ def test_demo_rejects_bad_values():
         DemoConfig(steps=0)
     with pytest.raises(ConfigError, match="task"):
         DemoConfig(task="mmlu")
+    with pytest.raises(ConfigError, match="--advantage must be one of grpo"):
+        DemoConfig(advantage="ppo")
 
 
 def test_eval_command_parses():
