@@ -52,7 +52,7 @@ from tempax.algorithms.preference.trainer import (
 from tempax.configlib import help_field
 from tempax.data.preference import PreferencePair
 from tempax.errors import ConfigError
-from tempax.models.lora import LoraConfig
+from tempax.models.lora import LoraConfig, disable_adapters
 from tempax.train.config import TrainConfig
 from tempax.train.loop import TrainResult
 
@@ -132,8 +132,6 @@ class KTOLoss:
         if self.reference == "batch":
             ref = batch[REF_LOGPS]
         else:
-            from tempax.models.lora import disable_adapters
-
             with disable_adapters(model):
                 ref, _ = sequence_logps(model, batch)
         ref, ref_kl = split_pairs(jax.lax.stop_gradient(ref))
