@@ -95,7 +95,6 @@ def test_over_long_rows_lose_prompt_tokens_from_the_left_on_both_sides(tok):
     assert all(max(len(ex.completion), len(ex.mismatched)) <= 40 for ex in examples)
 
 
-@pytest.mark.skipif(not os.path.exists(HH_TRAIN), reason="needs ../shared/data/hh-rlhf")
 def test_hh_rlhf_pairs_convert_into_balanced_unpaired_rows(tok):
     rows = read_rows(HH_TRAIN)[:40]
     examples, report = tokenize_unpaired_rows(rows, tok, PreferenceOptions(max_length=256), convert_pairs=True)
