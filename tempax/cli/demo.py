@@ -352,6 +352,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"held-out problems per evaluation (default {d.eval_problems}; = grpo.eval.num_problems)")
     parser.add_argument("--run-dir", default=None, help="output folder (default runs/demo-<date>-<time>)")
     parser.add_argument("--seed", type=int, default=None, help="seed (default 0)")
+    parser.add_argument("--advantage", choices=("grpo", "dr_grpo", "rloo", "reinforce_pp"), default=None,
+                        help="GRPO advantage estimator (default grpo; = grpo.grpo.advantage)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="any DemoConfig key, e.g. grpo.guard.action=stop grpo.grpo.temperature=0.7 "
                              "sft.train.optimizer.learning_rate=5e-4 (see --describe)")
@@ -364,7 +366,8 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
 
     shortcuts: list[str] = []
     for flag, key in (("model", "model.source"), ("steps", "grpo.train.steps"), ("task", "grpo.task.name"),
-                      ("eval_problems", "grpo.eval.num_problems"), ("run_dir", "run_dir"), ("seed", "seed")):
+                      ("eval_problems", "grpo.eval.num_problems"), ("run_dir", "run_dir"), ("seed", "seed"),
+                      ("advantage", "grpo.grpo.advantage")):
         value = getattr(args, flag, None)
         if value is not None:
             shortcuts.append(f"{key}={value}")

@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("train_cmds", "supervised fine-tuning (full, LoRA, QLoRA) from a recipe"),
     "pretrain": ("train_cmds", "continued pre-training on plain text from a recipe"),
     "dpo": ("train_cmds", "preference tuning (DPO, IPO, hinge, ORPO, SimPO) from a recipe"),
+    "kto": ("train_cmds", "KTO on unpaired desirable / undesirable feedback from a recipe"),
     "reward-model": ("train_cmds", "train a Bradley-Terry reward model from a recipe"),
     "grpo": ("train_cmds", "GRPO / DAPO / GSPO with verifiable rewards from a recipe"),
     "ppo": ("train_cmds", "RLHF with PPO against a trained reward model from a recipe"),

@@ -1,4 +1,4 @@
-"""`tempax sft|pretrain|dpo|reward-model|grpo|ppo --config RECIPE.yaml key=value ...`: train from a recipe.
+"""`tempax sft|pretrain|dpo|kto|reward-model|grpo|ppo --config RECIPE.yaml key=value ...`: train from a recipe.
 
 Each training command is one row of `ALGORITHMS`: the command name -> (module, config class, main function).
 An algorithm plugs in by adding its row; its module exposes a frozen config dataclass (with a `train:
@@ -22,6 +22,7 @@ ALGORITHMS: dict[str, tuple[str, str, str]] = {
     "sft": ("tempax.algorithms.sft.trainer", "SFTConfig", "main"),
     "pretrain": ("tempax.algorithms.sft.trainer", "PretrainConfig", "main"),
     "dpo": ("tempax.algorithms.preference.trainer", "DPOConfig", "main"),
+    "kto": ("tempax.algorithms.preference.kto", "KTOConfig", "main"),
     "reward-model": ("tempax.algorithms.preference.reward_trainer", "RewardModelConfig", "main"),
     "grpo": ("tempax.algorithms.grpo.trainer", "GRPOConfig", "main"),
     "ppo": ("tempax.algorithms.ppo.trainer", "PPOConfig", "main"),

@@ -140,7 +140,8 @@ def _split_shared_prompt(
     return chosen[:k], chosen[k:], rejected[k:]
 
 
-def _response(value: Any, what: str) -> list[dict[str, Any]]:
+def as_response(value: Any, what: str) -> list[dict[str, Any]]:
+    """A reply (string: one assistant turn, or messages); an empty one is reason "empty_response"."""
     try:
         return as_turns(value, "assistant", what)
     except RowError as e:
@@ -162,7 +163,7 @@ def parse_preference_row(data: dict[str, Any]) -> PreferenceMessages:
     chosen, rejected = data["chosen"], data["rejected"]
     if data.get("prompt") is not None:
         prompt = as_turns(data["prompt"], "user", "prompt")
-        return PreferenceMessages(prompt, _response(chosen, "chosen"), _response(rejected, "rejected"))
+        return PreferenceMessages(prompt, as_response(chosen, "chosen"), as_response(rejected, "rejected"))
     if isinstance(chosen, str) and isinstance(rejected, str):
         chosen_msgs, rejected_msgs = parse_hh_dialogue(chosen), parse_hh_dialogue(rejected)
     elif isinstance(chosen, list) and isinstance(rejected, list):

@@ -79,6 +79,17 @@ def files(tmp_path_factory, tok):
     }
 
 
+def with_changes(cfg: dict, changes: dict) -> dict:
+    """Sets dotted keys ("train.steps") of a nested config dict in place."""
+    for key, value in changes.items():
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return cfg
+
+
 def tiny_cfg(files: dict, run_dir: str, **changes) -> DPOConfig:
     cfg = {
         "model": {"source": "preset:tiny-llama", "tokenizer": files["tok"], "overrides": dict(SMALL)},
@@ -88,12 +99,7 @@ def tiny_cfg(files: dict, run_dir: str, **changes) -> DPOConfig:
                   "tensorboard": False, "mesh": {"num_devices": 1}, "checkpoint": {"save_at_end": False},
                   "optimizer": {"learning_rate": 1e-2, "schedule": "constant"}},
     }
-    for key, value in changes.items():
-        node = cfg
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+    with_changes(cfg, changes)
     return from_dict(DPOConfig, cfg)
 
 

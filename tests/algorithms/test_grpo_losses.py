@@ -1,4 +1,5 @@
-"""Hand-computed checks for group advantages, KL, clipping, GSPO ratios, aggregation, GRPO loss and GAE."""
+"""Hand-computed checks for dynamic sampling, KL, clipping, GSPO ratios, aggregation, GRPO loss and GAE (the
+advantage estimators: test_grpo_advantages.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from tempax.algorithms.grpo import (
     dynamic_sampling_keep,
     gae,
     grpo_loss,
-    group_advantages,
     gspo_sequence_ratio,
     kl_k3,
     overlong_penalty,
@@ -27,37 +27,7 @@ from tempax.errors import ConfigError
 LN2 = math.log(2)
 
 
-# ------------------------------------------------------------------------------------------- advantages
-
-
-def test_group_advantages_grpo():
-    """Groups of 2: [1, 0] mean 0.5 std 0.5 -> +-0.5 / (0.5 + 1e-4) = +-0.9998;
-    [0.5, 0.5] all equal -> 0, 0; [3, 1] mean 2 std 1 -> +-1 / 1.0001 = +-0.9999."""
-    adv, zero = group_advantages(jnp.array([1.0, 0.0, 0.5, 0.5, 3.0, 1.0]), 2)
-    assert_allclose(adv, [0.5 / 0.5001, -0.5 / 0.5001, 0.0, 0.0, 1 / 1.0001, -1 / 1.0001], rtol=1e-6)
-    assert_array_equal(zero, [False, False, True, True, False, False])
-
-
-def test_group_advantages_dr_grpo_no_std():
-    """Without std scaling: [1, 0] -> +-0.5; [0.5, 0.5] -> 0; [3, 1] -> +-1."""
-    adv, _ = group_advantages(jnp.array([1.0, 0.0, 0.5, 0.5, 3.0, 1.0]), 2, scale_by_std=False)
-    assert_allclose(adv, [0.5, -0.5, 0.0, 0.0, 1.0, -1.0], rtol=1e-6)
-
-
-def test_group_advantages_population_std_and_all_equal_group_without_eps():
-    """Group of 3 [0, 0, 1]: mean 1/3, population std sqrt((1/9 + 1/9 + 4/9) / 3) = sqrt(2)/3, so with eps = 0
-    A = [-1/3, -1/3, 2/3] / (sqrt(2)/3) = [-1/sqrt(2), -1/sqrt(2), sqrt(2)].
-    Group [0.1, 0.1, 0.1] has std 0 and eps = 0 (0/0): advantages must be exactly 0, not NaN."""
-    adv, zero = group_advantages(jnp.array([0.0, 0.0, 1.0, 0.1, 0.1, 0.1]), 3, eps=0.0)
-    s = 1 / math.sqrt(2)
-    assert_allclose(adv[:3], [-s, -s, math.sqrt(2)], rtol=1e-5)
-    assert_array_equal(adv[3:], [0.0, 0.0, 0.0])
-    assert_array_equal(zero, [False, False, False, True, True, True])
-
-
-def test_group_advantages_rejects_ragged_batch():
-    with pytest.raises(ValueError, match="group_size=4"):
-        group_advantages(jnp.zeros(6), 4)
+# ------------------------------------------------------------------------------------------- dynamic sampling
 
 
 def test_dynamic_sampling_keep():

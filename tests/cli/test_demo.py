@@ -32,6 +32,8 @@ def test_demo_takes_no_arguments_and_maps_its_flags():
     assert gsm.grpo.grpo.max_new_tokens == gsm.grpo.eval.max_new_tokens == 256
     sft, grpo = cfg.stages("/tmp/x")
     assert sft is None and grpo.train.run_dir == "/tmp/x/grpo" and grpo.model.source == "preset:tiny-llama"
+    rloo = config_from_args(build_parser().parse_args(["demo", "--advantage", "rloo"]))
+    assert rloo.grpo.grpo.advantage == "rloo"
 
 
 def test_demo_rejects_bad_values():
@@ -43,6 +45,8 @@ def test_demo_rejects_bad_values():
         load_config(DemoConfig, None, ["grpo.task.name=mmlu"])
     with pytest.raises(ConfigError, match="eval-problems"):
         load_config(DemoConfig, None, ["grpo.eval.num_problems=0"])
+    with pytest.raises(ConfigError, match="advantage"):
+        load_config(DemoConfig, None, ["grpo.grpo.advantage=ppo"])
 
 
 def test_eval_command_parses():

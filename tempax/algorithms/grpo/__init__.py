@@ -1,15 +1,26 @@
 """Group-relative policy optimisation (GRPO, Dr. GRPO, DAPO, GSPO) and PPO building blocks.
 
-    losses.py   pure math: group advantages, clipped surrogate, GSPO ratio, k3 KL, aggregation, grpo_loss
-    config.py   GRPOConfig (recipe) and GRPOSettings (the algorithm knobs and variants)
-    rollout.py  prompts -> groups of completions -> rewards -> advantages -> a fixed-shape batch
-    learner.py  the loss function for the shared train step (log-probs of the sampled completions)
-    source.py   rollouts of the current policy as a batch source for Trainer.fit (GRPOSource) and its hooks
-    trainer.py  main(GRPOConfig): `tempax grpo --config RECIPE.yaml`
+    advantages.py  pure math: advantage estimators (GRPO, Dr. GRPO, RLOO, REINFORCE++), multi-reward combination
+    losses.py      pure math: clipped surrogate, GSPO ratio, k3 KL, aggregation, grpo_loss, GAE
+    config.py      GRPOConfig (recipe) and GRPOSettings (the algorithm knobs and variants)
+    rollout.py     prompts -> groups of completions -> rewards -> advantages -> a fixed-shape batch
+    learner.py     the loss function for the shared train step (log-probs of the sampled completions)
+    source.py      rollouts of the current policy as a batch source for Trainer.fit (GRPOSource) and its hooks
+    trainer.py     main(GRPOConfig): `tempax grpo --config RECIPE.yaml`
 
 The learner, source, config and trainer names are imported lazily (they pull in the training core and the generator).
 """
 
+from tempax.algorithms.grpo.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    REWARD_COMBINATIONS,
+    batch_normalize,
+    combine_and_estimate,
+    estimate_advantages,
+    group_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
 from tempax.algorithms.grpo.losses import (
     AGGREGATION_MODES,
     IMPORTANCE_LEVELS,
@@ -19,7 +30,6 @@ from tempax.algorithms.grpo.losses import (
     dynamic_sampling_keep,
     gae,
     grpo_loss,
-    group_advantages,
     gspo_sequence_ratio,
     kl_k3,
     overlong_penalty,
@@ -44,6 +54,13 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "REWARD_COMBINATIONS",
+    "batch_normalize",
+    "combine_and_estimate",
+    "estimate_advantages",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
     "AGGREGATION_MODES",
     "IMPORTANCE_LEVELS",
     "aggregate_token_loss",

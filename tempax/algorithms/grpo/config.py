@@ -19,10 +19,13 @@ prompts and `grpo.max_new_tokens`.
 Variants are settings of `GRPOSettings` (see `VARIANTS` for the exact values):
 
     GRPO      (Shao et al. 2024)   token ratio, seq_mean_token_mean, std-scaled advantages, beta > 0
-    Dr. GRPO  (Liu et al. 2025)    seq_mean_token_sum_norm, scale_rewards: false
+    Dr. GRPO  (Liu et al. 2025)    seq_mean_token_sum_norm, scale_rewards: false (= advantage: dr_grpo)
     DAPO      (Yu et al. 2025)     token_mean, beta 0, epsilon_high 0.28 (clip-higher), dynamic_sampling,
                                    overlong_penalty_tokens > 0
     GSPO      (Zheng et al. 2025)  importance_sampling: sequence with epsilon 3e-4 / epsilon_high 4e-4
+
+Advantage estimators (`advantage`: grpo, dr_grpo, rloo, reinforce_pp) and the way several rewards combine
+(`reward_combination`: sum, normalize_each) are independent of the variant; see `advantages.py`.
 """
 
 from __future__ import annotations
@@ -85,8 +88,23 @@ class GRPOSettings:
     importance_sampling: Literal["token", "sequence"] = _help(
         "token: per-token ratio (GRPO/DAPO); sequence: GSPO's length-normalised sequence ratio.", "token"
     )
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = _help(
+        "Advantage estimator (tempax/algorithms/grpo/advantages.py): grpo ((r - group mean) / group std), dr_grpo "
+        "(r - group mean), rloo (leave-one-out baseline: mean of the other samples), reinforce_pp (group-centred, "
+        "scaled by one std over the batch). rloo / dr_grpo / reinforce_pp do not blow up groups whose rewards "
+        "barely differ (noisy rubric or reward-model scores), which grpo's per-group std does.",
+        "grpo",
+    )
     scale_rewards: bool = _help(
-        "Divide group-centred rewards by the group std (GRPO); false keeps only the centring (Dr. GRPO).", True
+        "With advantage: grpo, divide group-centred rewards by the group std; false = Dr. GRPO (same as "
+        "advantage: dr_grpo).",
+        True,
+    )
+    reward_combination: Literal["sum", "normalize_each"] = _help(
+        "Several reward functions: sum (weighted sum, then the advantage estimator) or normalize_each (GDPO: the "
+        "estimator on each reward within its group, then the weighted sum, normalised over the batch). Per-reward "
+        "values are logged either way (reward/<name>).",
+        "sum",
     )
     dynamic_sampling: bool = _help(
         "DAPO dynamic sampling: drop groups whose rewards are all equal and sample more prompts to fill the "
@@ -133,6 +151,11 @@ class GRPOSettings:
             raise ConfigError(f"grpo.beta must be >= 0, got {self.beta}")
         if self.epsilon <= 0 or (self.epsilon_high is not None and self.epsilon_high <= 0):
             raise ConfigError("grpo.epsilon and grpo.epsilon_high must be > 0")
+        if not self.scale_rewards and self.advantage != "grpo":
+            raise ConfigError(
+                f"grpo.scale_rewards=false only modifies advantage: grpo (it is then dr_grpo); with "
+                f"advantage: {self.advantage} leave it true"
+            )
         if self.loss_aggregation not in AGGREGATION_MODES:
             raise ConfigError(f"grpo.loss_aggregation must be one of {AGGREGATION_MODES}")
         if self.entropy_coef < 0:
@@ -148,6 +171,11 @@ class GRPOSettings:
     @property
     def eps_high(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @property
+    def estimator(self) -> str:
+        """The `advantages.estimate_advantages` name in effect (grpo with scale_rewards=false is dr_grpo)."""
+        return "dr_grpo" if self.advantage == "grpo" and not self.scale_rewards else self.advantage
 
 
 # The published variants as overrides of `GRPOSettings` (the recipes spell them out).

@@ -1,4 +1,5 @@
 """Policy-gradient math for GRPO and its variants (Dr. GRPO, DAPO, GSPO), plus PPO's GAE and value loss.
+Advantage estimators live in `advantages.py`.
 
 Shapes: a rollout batch holds P prompts x G completions per prompt, flattened prompt-major to B = P * G rows
 (rows g*G .. g*G + G - 1 are prompt g's group). Per-token arrays are [B, T] over completion tokens; `mask` is 1 on
@@ -16,6 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from tempax.algorithms.grpo.advantages import as_groups, group_advantages  # noqa: F401 - group_advantages' old home
 from tempax.errors import ConfigError
 from tempax.models.logprobs import masked_mean, masked_sum
 
@@ -26,58 +28,6 @@ _MAX_LOG_RATIO = 20.0
 
 def _clamped_exp(log_ratio: jax.Array) -> jax.Array:
     return jnp.exp(jnp.clip(log_ratio, -_MAX_LOG_RATIO, _MAX_LOG_RATIO))
-
-
-def _grouped(rewards: jax.Array, group_size: int) -> jax.Array:
-    """[P * G] -> [P, G] float32, checking the length divides."""
-    rewards = jnp.asarray(rewards, dtype=jnp.float32)
-    if rewards.ndim != 1 or rewards.shape[0] % group_size != 0:
-        raise ValueError(
-            f"rewards must be a flat [num_prompts * group_size] array; got shape {rewards.shape} "
-            f"with group_size={group_size}"
-        )
-    return rewards.reshape(-1, group_size)
-
-
-# ------------------------------------------------------------------------------------------------ advantages
-
-
-def group_advantages(
-    rewards: jax.Array,
-    group_size: int,
-    *,
-    scale_by_std: bool = True,
-    eps: float = 1e-4,
-) -> tuple[jax.Array, jax.Array]:
-    """Group-relative advantages (Shao et al. 2024, "DeepSeekMath", GRPO outcome supervision).
-
-        A_i = (r_i - mean_g(r)) / (std_g(r) + eps)     scale_by_std=True  (GRPO)
-        A_i =  r_i - mean_g(r)                         scale_by_std=False (Dr. GRPO, Liu et al. 2025,
-                                                                           "Understanding R1-Zero-like training")
-
-    where mean_g/std_g run over the G completions of the same prompt; std is the population std (ddof=0;
-    Bessel's correction would only rescale every group of size G by sqrt((G-1)/G)). Dr. GRPO drops the std
-    because it up-weights prompts that are nearly always solved or nearly never solved.
-
-    Groups whose rewards are all equal carry no learning signal: their advantages are set to exactly 0 (not the
-    float residue of r - mean(r)) and reported in `zero_spread_mask`.
-
-    Args:
-      rewards: [P * G] scalar rewards, prompt-major.
-      group_size: G.
-      scale_by_std: divide by the group std (GRPO) or not (Dr. GRPO).
-      eps: added to the std.
-
-    Returns:
-      (advantages [P * G] float32, zero_spread_mask [P * G] bool, True for rows in an all-equal group).
-    """
-    grouped = _grouped(rewards, group_size)
-    centered = grouped - jnp.mean(grouped, axis=1, keepdims=True)
-    if scale_by_std:
-        centered = centered / (jnp.std(grouped, axis=1, keepdims=True) + eps)
-    zero_spread = jnp.max(grouped, axis=1, keepdims=True) == jnp.min(grouped, axis=1, keepdims=True)
-    advantages = jnp.where(zero_spread, 0.0, centered)
-    return advantages.reshape(-1), jnp.broadcast_to(zero_spread, grouped.shape).reshape(-1)
 
 
 def dynamic_sampling_keep(rewards: jax.Array, group_size: int) -> jax.Array:
@@ -93,7 +43,7 @@ def dynamic_sampling_keep(rewards: jax.Array, group_size: int) -> jax.Array:
     Returns:
       [P] bool, True where max(r) > min(r) within the group.
     """
-    grouped = _grouped(rewards, group_size)
+    grouped = as_groups(rewards, group_size)
     return jnp.max(grouped, axis=1) > jnp.min(grouped, axis=1)
 
 

@@ -27,7 +27,8 @@ from typing import Any, Callable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from tempax.algorithms.grpo.losses import group_advantages, overlong_penalty
+from tempax.algorithms.grpo.advantages import combine_and_estimate
+from tempax.algorithms.grpo.losses import overlong_penalty
 from tempax.errors import DataError
 from tempax.generate import SamplingConfig, generate
 
@@ -243,7 +244,9 @@ def sample_rollout(
     temperature: float,
     top_p: float = 1.0,
     seed: int = 0,
-    scale_rewards: bool = True,
+    advantage: str = "grpo",
+    reward_combination: str = "sum",
+    reward_weights: dict[str, float] | None = None,
     overlong_penalty_tokens: int = 0,
 ) -> Rollout:
     """Samples `group_size` completions per prompt (one shared prefill each), scores them, computes advantages.
@@ -257,7 +260,10 @@ def sample_rollout(
       max_new_tokens: T.
       temperature, top_p: sampling knobs.
       seed: base of the random streams (use a different one per rollout).
-      scale_rewards: divide by the group std (GRPO) or not (Dr. GRPO).
+      advantage: the estimator, `advantages.ADVANTAGE_ESTIMATORS` (grpo, dr_grpo, rloo, reinforce_pp).
+      reward_combination: 'sum' (the estimator on the weighted total) or 'normalize_each' (on each reward part,
+        then weighted and batch-normalised; `advantages.combine_and_estimate`).
+      reward_weights: part name -> weight for normalize_each (missing names, e.g. `overlong`, weigh 1).
       overlong_penalty_tokens: DAPO's soft overlong zone (0: off).
     """
     config = SamplingConfig(
@@ -278,7 +284,13 @@ def sample_rollout(
         overlong_penalty_tokens=overlong_penalty_tokens,
     )
     t2 = time.perf_counter()
-    adv, zero = group_advantages(jnp.asarray(total.reshape(-1)), g, scale_by_std=scale_rewards)
+    if reward_combination == "sum":
+        arrays, weights = [total.reshape(-1)], [1.0]
+    else:
+        names = sorted(parts)
+        arrays = [parts[k].reshape(-1) for k in names]
+        weights = [(reward_weights or {}).get(k, 1.0) for k in names]
+    adv, zero = combine_and_estimate(arrays, weights, g, estimator=advantage, combination=reward_combination)
     zero_spread = np.asarray(zero).reshape(p, g)[:, 0]
     return Rollout(
         prompts=list(prompts), completion_tokens=tokens.astype(np.int32), completion_mask=mask.astype(np.int32),

@@ -207,7 +207,9 @@ class GRPOSource:
             rounds.append(sample_rollout(
                 model, self.tokenizer, self.sampler.next(num_prompts), self.reward_fn, group_size=s.group_size,
                 max_new_tokens=s.max_new_tokens, temperature=self.knobs["temperature"], top_p=s.top_p, seed=seed,
-                scale_rewards=s.scale_rewards, overlong_penalty_tokens=s.overlong_penalty_tokens,
+                advantage=s.estimator, reward_combination=s.reward_combination,
+                reward_weights=dict(zip(self.reward_fn.names, self.reward_fn.weights)),
+                overlong_penalty_tokens=s.overlong_penalty_tokens,
             ))
             with_spread = sum(int((~ro.zero_spread).sum()) for ro in rounds)
             if with_spread >= num_prompts:

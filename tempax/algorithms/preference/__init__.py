@@ -1,4 +1,4 @@
-"""Preference optimisation (DPO, IPO, hinge, ORPO, SimPO) and reward models.
+"""Preference optimisation (DPO, IPO, hinge, ORPO, SimPO), KTO on unpaired feedback, and reward models.
 
   losses          pure losses of log-probs / rewards (`preference_loss`, `bradley_terry_loss`, ...)
   batches         stacked [2B, T] batches -> per-sequence log-probs, per-pair losses; reference log-probs and
@@ -6,9 +6,10 @@
   reward_model    `RewardModel` (decoder + scalar head), `RewardLoss`, save/load, `RewardScorer` (a reward function)
   data            the `data:` recipe section of preference runs and its reports
   trainer         `DPOConfig`, `DPOLoss`, `main` — `tempax dpo`
+  kto             `KTOConfig`, `KTOLoss`, `main` — `tempax kto`
   reward_trainer  `RewardModelConfig`, `main` — `tempax reward-model`
 
-The two trainers are not imported here (they pull in the training core); import them from their modules.
+The trainers are not imported here (they pull in the training core); import them from their modules.
 """
 
 from tempax.algorithms.preference.losses import (
@@ -17,6 +18,7 @@ from tempax.algorithms.preference.losses import (
     dpo_loss,
     hinge_loss,
     ipo_loss,
+    kto_loss,
     orpo_loss,
     preference_loss,
     preference_loss_needs_reference,
@@ -29,6 +31,7 @@ __all__ = [
     "dpo_loss",
     "hinge_loss",
     "ipo_loss",
+    "kto_loss",
     "orpo_loss",
     "preference_loss",
     "preference_loss_needs_reference",

@@ -1,10 +1,11 @@
-"""Preference data for DPO-family and reward-model runs: the `data:` section of their recipes and what it builds.
+"""Preference data for DPO-family, KTO and reward-model runs: the `data:` section of their recipes and what it builds.
 
 Rows are pairs {prompt, chosen, rejected} (text or chat messages), two full conversations {chosen, rejected}, or
 Anthropic HH-RLHF dialogues; `tempax.data.preference` parses, renders and length-fits them (over-long pairs lose
 prompt tokens from the left; identical pairs are dropped; malformed rows — a missing side, an empty response, a
 dialogue without an assistant turn — are skipped). Every outcome is counted in a `DataReport` that runs print and
-write to `<run_dir>/data_report.json`, for the training and the held-out split alike.
+write to `<run_dir>/data_report.json`, for the training and the held-out split alike. KTO's `UnpairedDataSpec` reads
+unpaired {prompt, completion, label} rows (`tempax.data.unpaired`) or splits such pairs into them.
 """
 
 from __future__ import annotations
@@ -76,13 +77,8 @@ class PreferenceData:
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def build_preference_data(spec: PreferenceDataSpec, tokenizer: Any, *, seq_len: int, seed: int = 0) -> PreferenceData:
-    """Reads, splits and tokenises the pairs of `spec` (see the module docstring).
-
-    Raises:
-      DataError: a file is missing, too many training rows are malformed, or no pair is left.
-    """
-    from tempax.data.preference import PreferenceOptions, tokenize_preference_rows
+def _read_splits(spec: PreferenceDataSpec, seed: int) -> tuple[list[Any], list[Any], str]:
+    """(training rows, held-out rows, the held-out split's name) per `spec` (path, eval_path or eval_fraction)."""
     from tempax.data.sources import holdout_split, read_rows
 
     rows = read_rows(spec.path, split=spec.split)
@@ -97,15 +93,77 @@ def build_preference_data(spec: PreferenceDataSpec, tokenizer: Any, *, seq_len: 
         rows, eval_rows = holdout_split(rows, spec.eval_fraction, seed=seed)
     if spec.max_eval_rows is not None:
         eval_rows = eval_rows[: spec.max_eval_rows]
-    options = PreferenceOptions(max_length=seq_len, overlong=spec.overlong, max_bad_fraction=spec.max_bad_fraction)
+    return rows, eval_rows, eval_name
+
+
+def _options(spec: PreferenceDataSpec, seq_len: int) -> Any:
+    from tempax.data.preference import PreferenceOptions
+
+    return PreferenceOptions(max_length=seq_len, overlong=spec.overlong, max_bad_fraction=spec.max_bad_fraction)
+
+
+def _held_out_pairs(eval_rows: list[Any], tokenizer: Any, options: Any, name: str) -> tuple[list[Any], Any]:
+    """Tokenised held-out pairs; reported but never failing the run (a few bad test rows should not stop it)."""
+    from tempax.data.preference import tokenize_preference_rows
+
+    if not eval_rows:
+        return [], None
+    return tokenize_preference_rows(eval_rows, tokenizer, options, name=name, check=False)
+
+
+def build_preference_data(spec: PreferenceDataSpec, tokenizer: Any, *, seq_len: int, seed: int = 0) -> PreferenceData:
+    """Reads, splits and tokenises the pairs of `spec` (see the module docstring).
+
+    Raises:
+      DataError: a file is missing, too many training rows are malformed, or no pair is left.
+    """
+    from tempax.data.preference import tokenize_preference_rows
+
+    rows, eval_rows, eval_name = _read_splits(spec, seed)
+    options = _options(spec, seq_len)
     train, report = tokenize_preference_rows(rows, tokenizer, options, name=spec.path)
-    held: list[Any] = []
-    eval_report = None
-    if eval_rows:
-        # The held-out split is reported but never fails the run: a few bad test rows should not stop training.
-        held, eval_report = tokenize_preference_rows(eval_rows, tokenizer, options, name=eval_name, check=False)
+    held, eval_report = _held_out_pairs(eval_rows, tokenizer, options, eval_name)
     by_where = {r.where: r.data for r in rows if r.data is not None}
     return PreferenceData(train=train, eval=held, report=report, eval_report=eval_report, rows=by_where)
+
+
+@dataclass(frozen=True)
+class UnpairedDataSpec(PreferenceDataSpec):
+    """Unpaired feedback for KTO (or preference pairs split into it) and held-out preference pairs."""
+
+    convert_pairs: bool = _help(
+        "true: `path` holds preference pairs (like dpo's data), each split into a desirable row (prompt, chosen) "
+        "and an undesirable row (prompt, rejected); false: rows are unpaired {prompt, completion, label: "
+        "true|false}, text or messages. Held-out rows (eval_path, eval_fraction) are preference pairs either way: "
+        "the evaluation compares the implicit rewards of the two replies.",
+        True,
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if self.eval_fraction > 0 and not self.convert_pairs:
+            raise ConfigError(
+                "data.eval_fraction carves held-out preference pairs out of the training rows, but with "
+                "data.convert_pairs=false they are unpaired; set data.eval_path to a file of preference pairs "
+                "or eval_fraction=0"
+            )
+
+
+def build_unpaired_data(spec: UnpairedDataSpec, tokenizer: Any, *, seq_len: int, seed: int = 0) -> PreferenceData:
+    """The training rows of `spec` as `tempax.data.unpaired.UnpairedExample`s (each with its mismatched partner),
+    the held-out rows as preference pairs.
+
+    Raises:
+      DataError: a file is missing, too many training rows are malformed, or no example is left.
+    """
+    from tempax.data.unpaired import tokenize_unpaired_rows
+
+    rows, eval_rows, eval_name = _read_splits(spec, seed)
+    options = _options(spec, seq_len)
+    train, report = tokenize_unpaired_rows(rows, tokenizer, options, convert_pairs=spec.convert_pairs, seed=seed,
+                                           name=spec.path)
+    held, eval_report = _held_out_pairs(eval_rows, tokenizer, options, eval_name)
+    return PreferenceData(train=train, eval=held, report=report, eval_report=eval_report)
 
 
 def report_data(data: PreferenceData, run_dir: str, say: Callable[[str], None]) -> None:

@@ -1,4 +1,5 @@
-"""Pairwise preference losses: DPO and its variants, ORPO, SimPO, and the Bradley-Terry reward-model loss.
+"""Pairwise preference losses: DPO and its variants, ORPO, SimPO, the Bradley-Terry reward-model loss, and KTO
+for unpaired feedback (`kto_loss`, whose inputs and metrics are described in its own docstring).
 
 Inputs are per-sequence quantities of shape [batch]: summed log-probabilities of the response tokens
 (`policy_chosen_logps` etc., from `tempax.models.logprobs.token_logprobs` + `masked_sum`), response lengths in
@@ -253,6 +254,83 @@ def bradley_terry_loss(
     logits = rc - rr if margin is None else rc - rr - _f32(margin)
     loss = jnp.mean(-jax.nn.log_sigmoid(logits))
     return loss, _pair_metrics(loss, rc, rr, None, None)
+
+
+def kto_loss(
+    policy_logps: jax.Array,
+    ref_logps: jax.Array,
+    policy_kl_logps: jax.Array,
+    ref_kl_logps: jax.Array,
+    desirable: jax.Array,
+    *,
+    beta: float,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+    mask: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Kahneman-Tversky Optimization (Ethayarajh et al. 2024, "KTO: model alignment as prospect theoretic
+    optimization") for unpaired feedback: each row is one completion labelled desirable or undesirable.
+
+        r_i  = log pi(y_i|x_i) - log ref(y_i|x_i)
+        z_0  = max(0, mean_i [log pi(y'_i|x_i) - log ref(y'_i|x_i)])      (no gradient)
+        L_i  = lambda_D (1 - sigmoid(beta (r_i - z_0)))   if y_i is desirable
+               lambda_U (1 - sigmoid(beta (z_0 - r_i)))   if y_i is undesirable
+        L    = sum_i m_i L_i / sum_i m_i
+
+    z_0 is the paper's reference point, an estimate of KL(pi || ref): y'_i is a completion of *another* row paired
+    with prompt x_i (a mismatched pair), so the estimate is not the row's own log-ratio. As in the paper it is
+    clamped at 0 and detached: the policy cannot lower the loss by moving the reference point. It is a mean over
+    this batch's real rows (mask m); with gradient accumulation each micro-batch estimates its own z_0 (the
+    paper's estimate is per batch as well; TRL averages it over devices). lambda_D, lambda_U weigh the two kinds;
+    the paper recommends lambda_D n_D / (lambda_U n_U) in [1, 4/3] for n_D desirable and n_U undesirable rows.
+
+    Metrics (means over real rows of the kind named; 0 when the batch has none):
+      desirable_reward, undesirable_reward   beta r_i, the implicit reward (as DPO's)
+      reward_margin                          desirable_reward - undesirable_reward
+      kl                                     z_0
+      accuracy                               fraction of rows on the labelled side of z_0 (r > z_0 if desirable,
+                                             r < z_0 if undesirable)
+      desirable_logps, undesirable_logps     the policy log-probs as passed in
+      num_desirable, num_undesirable         counts of real rows
+
+    Args:
+      policy_logps, ref_logps: [batch] summed completion log-probs of (x_i, y_i) under the policy / reference.
+      policy_kl_logps, ref_kl_logps: [batch] the same for the mismatched (x_i, y'_i).
+      desirable: [batch] 1 (or True) for a desirable completion, 0 for an undesirable one.
+      beta: strength of the implicit KL penalty (the paper's beta, typically 0.1).
+      desirable_weight, undesirable_weight: lambda_D, lambda_U.
+      mask: [batch] 1 for real rows, 0 for padding; None: all rows are real.
+    """
+    p, r = _f32(policy_logps), _f32(ref_logps)
+    d = _f32(desirable)
+    m = jnp.ones_like(p) if mask is None else _f32(mask)
+    count = jnp.maximum(jnp.sum(m), 1.0)
+    kl_ratio = _f32(policy_kl_logps) - _f32(ref_kl_logps)
+    z0 = jax.lax.stop_gradient(jnp.maximum(jnp.sum(m * kl_ratio) / count, 0.0))
+    log_ratio = p - r
+    value = jnp.where(d > 0, jax.nn.sigmoid(beta * (log_ratio - z0)), jax.nn.sigmoid(beta * (z0 - log_ratio)))
+    weight = jnp.where(d > 0, desirable_weight, undesirable_weight)
+    loss = jnp.sum(m * weight * (1.0 - value)) / count
+
+    reward = beta * log_ratio
+    m_d, m_u = m * (d > 0), m * (d <= 0)
+    n_d, n_u = jnp.sum(m_d), jnp.sum(m_u)
+    mean_d = lambda v: jnp.sum(m_d * v) / jnp.maximum(n_d, 1.0)  # noqa: E731
+    mean_u = lambda v: jnp.sum(m_u * v) / jnp.maximum(n_u, 1.0)  # noqa: E731
+    right_side = jnp.where(d > 0, log_ratio > z0, log_ratio < z0).astype(jnp.float32)
+    metrics = {
+        "loss": loss,
+        "desirable_reward": mean_d(reward),
+        "undesirable_reward": mean_u(reward),
+        "reward_margin": mean_d(reward) - mean_u(reward),
+        "kl": z0,
+        "accuracy": jnp.sum(m * right_side) / count,
+        "desirable_logps": mean_d(p),
+        "undesirable_logps": mean_u(p),
+        "num_desirable": n_d,
+        "num_undesirable": n_u,
+    }
+    return loss, metrics
 
 
 # name -> (loss function, the optional arrays of `preference_loss` it needs, in call order).

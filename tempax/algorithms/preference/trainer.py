@@ -67,6 +67,36 @@ ReferenceMode = Literal["auto", "adapters_off", "precomputed", "frozen_copy"]
 _help = help_field  # one documented-field helper for every config (tempax.configlib)
 
 
+def reference_field() -> Any:
+    """The documented `reference` field of DPO and KTO specs (one definition for both)."""
+    return _help(
+        "Reference log-probs: auto (adapters_off with LoRA, precomputed otherwise), adapters_off (LoRA: the base "
+        "with adapters disabled), precomputed (one pass before training, stored with the data), frozen_copy "
+        "(a second frozen model; doubles weight memory).",
+        "auto",
+    )
+
+
+def reference_batch_size_field() -> Any:
+    return _help(
+        "Pairs per forward pass when precomputing reference log-probs; null: half of train.batch_size.", None
+    )
+
+
+def resolve_reference(reference: str, *, needs_reference: bool, has_adapters: bool, section: str) -> str:
+    """'none', 'adapters_off', 'precomputed' or 'frozen_copy' for a `<section>.reference` choice and model."""
+    if not needs_reference:
+        return "none"
+    if reference == "auto":
+        return "adapters_off" if has_adapters else "precomputed"
+    if reference == "adapters_off" and not has_adapters:
+        raise ConfigError(
+            f"{section}.reference=adapters_off needs LoRA adapters (set lora:), since the base with adapters off is "
+            "the reference; for full fine-tuning use precomputed or frozen_copy"
+        )
+    return reference
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Config
 
@@ -87,15 +117,8 @@ class DPOSpec:
     )
     gamma: float = _help("simpo: target reward margin (paper: 0.3-1.6).", 0.5)
     orpo_lambda: float = _help("orpo: weight of the odds-ratio term added to the chosen NLL (paper: 0.1-1).", 0.1)
-    reference: ReferenceMode = _help(
-        "Reference log-probs: auto (adapters_off with LoRA, precomputed otherwise), adapters_off (LoRA: the base "
-        "with adapters disabled), precomputed (one pass before training, stored with the data), frozen_copy "
-        "(a second frozen model; doubles weight memory).",
-        "auto",
-    )
-    reference_batch_size: int | None = _help(
-        "Pairs per forward pass when precomputing reference log-probs; null: half of train.batch_size.", None
-    )
+    reference: ReferenceMode = reference_field()
+    reference_batch_size: int | None = reference_batch_size_field()
 
     def validate(self) -> None:
         if self.loss not in PREFERENCE_LOSS_NAMES:
@@ -127,16 +150,8 @@ class DPOSpec:
 
     def reference_mode(self, *, has_adapters: bool) -> str:
         """'none', 'adapters_off', 'precomputed' or 'frozen_copy' for this loss and model."""
-        if not self.needs_reference:
-            return "none"
-        if self.reference == "auto":
-            return "adapters_off" if has_adapters else "precomputed"
-        if self.reference == "adapters_off" and not has_adapters:
-            raise ConfigError(
-                "dpo.reference=adapters_off needs LoRA adapters (set lora:), since the base with adapters off is "
-                "the reference; for full fine-tuning use precomputed or frozen_copy"
-            )
-        return self.reference
+        return resolve_reference(self.reference, needs_reference=self.needs_reference, has_adapters=has_adapters,
+                                 section="dpo")
 
 
 @dataclass(frozen=True)
@@ -239,24 +254,45 @@ def _frozen_copy(model: nnx.Module) -> nnx.Module:
     return nnx.merge(graphdef, jax.tree.map(lambda x: x.copy(), state))
 
 
-def prepare(cfg: DPOConfig, *, log: Callable[[str], None] | None = None) -> DPORun:
-    """Builds model, data, reference log-probs and the `Trainer` of a DPO run (no training step yet)."""
+def prepare_run(
+    cfg: Any,
+    *,
+    mode_of: Callable[[bool], str],
+    build_data: Callable[..., Any],
+    items_of: Callable[[list[Any]], list[Any]],
+    losses_of: Callable[[str], tuple[Any, Any]],
+    reference_batch_size: int | None,
+    meta: dict[str, Any],
+    log: Callable[[str], None] | None = None,
+) -> DPORun:
+    """Builds model, data, reference log-probs and the `Trainer` of a stacked-batch preference run (DPO family or
+    KTO; no training step yet).
+
+    Args:
+      cfg: a config with `model`, `lora`, `data` (a `PreferenceDataSpec`) and `train`.
+      mode_of: has_adapters -> the reference mode ('none', 'adapters_off', 'precomputed', 'frozen_copy').
+      build_data: `build_preference_data`-like (spec, tokenizer, seq_len=, seed=) -> `PreferenceData`.
+      items_of: the training examples -> stacked-batch items (`PreferencePair` / `AnnotatedPair`).
+      losses_of: mode -> (training loss_fn, evaluation loss_fn or None for the same).
+      reference_batch_size: pairs per forward pass when precomputing (None: half of train.batch_size).
+      meta: what the checkpoints record besides the model source (e.g. {"algorithm": "dpo", "loss": ...}).
+    """
     say = log or (lambda text: print(text, file=sys.stderr))
     t = cfg.train
     mesh = t.mesh.build()
     model, tokenizer, trainable = build_model(cfg, mesh)
-    mode = cfg.dpo.reference_mode(has_adapters=cfg.lora is not None)
-    data = build_preference_data(cfg.data, tokenizer, seq_len=t.seq_len, seed=t.seed)
+    mode = mode_of(cfg.lora is not None)
+    data = build_data(cfg.data, tokenizer, seq_len=t.seq_len, seed=t.seed)
     report_data(data, t.run_dir, say)
     pairs = pairs_per_batch(t.batch_size)
     check_enough_pairs(data.train, pairs, cfg.data.path)
     pad = tokenizer.pad_id
-    train_items: list[Any] = list(data.train)
+    train_items: list[Any] = items_of(list(data.train))
     eval_items: list[Any] = list(data.eval)
     reference_model = None
     collate = None
     if mode == "precomputed":
-        ref_pairs = cfg.dpo.reference_batch_size or pairs
+        ref_pairs = reference_batch_size or pairs
         say(f"reference: precomputing log-probs of {len(train_items) + len(eval_items)} pairs with the initial model")
         fn = jit_sequence_logps(model, adapters_off=cfg.lora is not None)
         train_items = compute_reference_logps(None, train_items, batch_size=ref_pairs, seq_len=t.seq_len, pad_id=pad,
@@ -273,8 +309,8 @@ def prepare(cfg: DPOConfig, *, log: Callable[[str], None] | None = None) -> DPOR
             batch[REF_LOGPS] = fn(batch)[0].astype(np.float32)
             return batch
     else:
-        what = f"none ({cfg.dpo.loss} needs none)" if mode == "none" else "the base model with adapters switched off"
-        say(f"reference: {what}")
+        none = f"none ({meta.get('loss')} needs none)"
+        say(f"reference: {none if mode == 'none' else 'the base model with adapters switched off'}")
 
     loader = annotated_pair_loader(train_items, batch_size=pairs, seq_len=t.seq_len, pad_id=pad, seed=t.seed,
                                    shuffle=cfg.data.shuffle, collate=collate)
@@ -285,15 +321,29 @@ def prepare(cfg: DPOConfig, *, log: Callable[[str], None] | None = None) -> DPOR
             cached = [collate(b) for b in cached]
         eval_batches = lambda: cached  # noqa: E731 - the same held-out batches at every evaluation
 
-    loss_fn = DPOLoss.from_spec(cfg.dpo, mode)
+    loss_fn, eval_loss_fn = losses_of(mode)
     trainer = Trainer(
-        model, loss_fn, t, trainable=trainable, mesh=mesh, log=say,
-        checkpoint_meta={"algorithm": "dpo", "loss": cfg.dpo.loss, "model_source": cfg.model.source},
+        model, loss_fn, t, trainable=trainable, mesh=mesh, log=say, eval_loss_fn=eval_loss_fn,
+        checkpoint_meta={**meta, "model_source": cfg.model.source},
     )
     del model  # the trainer holds the weights now
     # The trainer may have picked the micro-batch itself (auto_micro_batch); pairs must still stay whole.
     check_micro_batching(pairs, trainer.num_micro_batches)
     return DPORun(trainer, loss_fn, mode, loader, eval_batches, data, tokenizer, reference_model)
+
+
+def prepare(cfg: DPOConfig, *, log: Callable[[str], None] | None = None) -> DPORun:
+    """Builds model, data, reference log-probs and the `Trainer` of a DPO run (no training step yet)."""
+    return prepare_run(
+        cfg,
+        mode_of=lambda has_adapters: cfg.dpo.reference_mode(has_adapters=has_adapters),
+        build_data=build_preference_data,
+        items_of=lambda items: items,
+        losses_of=lambda mode: (DPOLoss.from_spec(cfg.dpo, mode), None),
+        reference_batch_size=cfg.dpo.reference_batch_size,
+        meta={"algorithm": "dpo", "loss": cfg.dpo.loss},
+        log=log,
+    )
 
 
 def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:
@@ -303,12 +353,23 @@ def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     train.eval_every steps and at the end), checkpoints and eval_summary.json ({"before", "after"}).
     `result.extras` holds `eval_before`, `eval_after`, `reference`, `data_report` and `eval_data_report`.
     """
+    return fit_and_compare(cfg, prepare, hooks=hooks, log=log, what=f"{cfg.dpo.loss} loss",
+                           extra={"loss": cfg.dpo.loss})
+
+
+def fit_and_compare(
+    cfg: Any, prepare_fn: Callable[..., DPORun], *, hooks: tuple, log: Callable[[str], None] | None, what: str,
+    extra: dict[str, Any],
+) -> TrainResult:
+    """The run of every pair-scored preference method (DPO family, KTO): `start_run` (run dir, config.yaml, the
+    resume check), `prepare_fn(cfg, log=...)`, training with the held-out pairs scored before and after, the
+    before/after table and eval_summary.json (with `extra`); see `main`."""
     run = start_run(cfg, log=log)
-    dpo = prepare(cfg, log=run.say)
+    dpo = prepare_fn(cfg, log=run.say)
     run.save_tokenizer(dpo.tokenizer)
     result = run.train(dpo.trainer, dpo.train_batches, hooks=hooks, eval_batches=dpo.eval_batches,
                        evaluate_before=cfg.eval_before)
-    run.report_held_out(result, title=f"held-out pairs ({len(dpo.data.eval)}), {cfg.dpo.loss} loss:",
-                        extra={"loss": cfg.dpo.loss, "reference": dpo.reference, "eval_pairs": len(dpo.data.eval)})
+    run.report_held_out(result, title=f"held-out pairs ({len(dpo.data.eval)}), {what}:",
+                        extra={**extra, "reference": dpo.reference, "eval_pairs": len(dpo.data.eval)})
     result.extras.update(reference=dpo.reference, data_report=dpo.data.report, eval_data_report=dpo.data.eval_report)
     return result
