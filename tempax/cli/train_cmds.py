@@ -1,4 +1,4 @@
-"""`tempax sft|pretrain|dpo|reward-model|grpo --config RECIPE.yaml key=value ...`: train from a recipe.
+"""`tempax sft|pretrain|dpo|reward-model|grpo|distill --config RECIPE.yaml key=value ...`: train from a recipe.
 
 Each training command is one row of `ALGORITHMS`: the command name -> (module, config class, main function).
 An algorithm plugs in by adding its row; its module exposes a frozen config dataclass (with a `train:
@@ -20,6 +20,7 @@ ALGORITHMS: dict[str, tuple[str, str, str]] = {
     "dpo": ("tempax.algorithms.preference.trainer", "DPOConfig", "main"),
     "reward-model": ("tempax.algorithms.preference.reward_trainer", "RewardModelConfig", "main"),
     "grpo": ("tempax.algorithms.grpo.trainer", "GRPOConfig", "main"),
+    "distill": ("tempax.algorithms.distill.trainer", "DistillConfig", "main"),
 }
 
 

@@ -190,8 +190,11 @@ def read_data_rows(cfg: SFTConfig) -> list[Any]:
     return read_rows(cfg.data.path, split=cfg.data.split)
 
 
-def build_data(cfg: SFTConfig, tokenizer: Any, rows: list[Any] | None = None) -> SFTData:
-    """Rows -> examples -> a resumable loader of packed batches (and held-out batches when eval_fraction > 0)."""
+def build_data(
+    cfg: SFTConfig, tokenizer: Any, rows: list[Any] | None = None, eval_rows: list[Any] | None = None
+) -> SFTData:
+    """Rows -> examples -> a resumable loader of packed batches, and held-out batches: of `eval_rows` when given
+    (already split off by the caller), else of `data.eval_fraction` of the rows."""
     from tempax.data.formats import FormatOptions, tokenize_rows
     from tempax.data.loader import sft_loader
     from tempax.data.sources import holdout_split
@@ -200,11 +203,12 @@ def build_data(cfg: SFTConfig, tokenizer: Any, rows: list[Any] | None = None) ->
     rows = read_data_rows(cfg) if rows is None else rows
     if d.max_rows is not None:
         rows = rows[: d.max_rows]
+    if eval_rows is None:
+        eval_rows = []
+        if d.eval_fraction > 0:
+            rows, eval_rows = holdout_split(rows, d.eval_fraction, seed=t.seed)
     if d.text_fields:
-        rows = _text_rows(rows, d.text_fields)
-    eval_rows: list[Any] = []
-    if d.eval_fraction > 0:
-        rows, eval_rows = holdout_split(rows, d.eval_fraction, seed=t.seed)
+        rows, eval_rows = _text_rows(rows, d.text_fields), _text_rows(eval_rows, d.text_fields)
     options = FormatOptions(format=d.format, train_on=d.train_on, max_length=t.seq_len, overlong=d.overlong,
                             max_bad_fraction=d.max_bad_fraction)
     examples, report = tokenize_rows(rows, tokenizer, options, name=d.path)
@@ -228,14 +232,9 @@ def build_data(cfg: SFTConfig, tokenizer: Any, rows: list[Any] | None = None) ->
 # Entry point
 
 
-def main(cfg: SFTConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:
-    """Trains per `cfg`; writes config.yaml, data_report.json, the tokenizer, metrics and checkpoints to run_dir."""
-    say = log or (lambda text: print(text, file=sys.stderr))
+def write_run_files(cfg: Any, data: SFTData, tokenizer: Any, say: Callable[[str], None]) -> None:
+    """Reports the data and writes config.yaml, data_report.json and the tokenizer to `cfg.train.run_dir`."""
     run_dir = cfg.train.run_dir
-    rows = read_data_rows(cfg)  # a wrong path fails here, before any model is loaded
-    mesh = cfg.train.mesh.build()
-    model, tokenizer, trainable = build_model(cfg, mesh)
-    data = build_data(cfg, tokenizer, rows)
     say(data.report.summary())
     for where, reason, detail in data.report.bad_rows[:5]:
         say(f"  skipped {where}: {reason}" + (f" ({detail})" if detail else ""))
@@ -247,6 +246,17 @@ def main(cfg: SFTConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     tok_dir = os.path.join(run_dir, "tokenizer")
     if not os.path.isdir(tok_dir):
         tokenizer.hf.save_pretrained(tok_dir)
+
+
+def main(cfg: SFTConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:
+    """Trains per `cfg`; writes config.yaml, data_report.json, the tokenizer, metrics and checkpoints to run_dir."""
+    say = log or (lambda text: print(text, file=sys.stderr))
+    run_dir = cfg.train.run_dir
+    rows = read_data_rows(cfg)  # a wrong path fails here, before any model is loaded
+    mesh = cfg.train.mesh.build()
+    model, tokenizer, trainable = build_model(cfg, mesh)
+    data = build_data(cfg, tokenizer, rows)
+    write_run_files(cfg, data, tokenizer, say)
     trainer = Trainer(
         model, make_sft_loss(cfg.loss.normalize, fused=cfg.loss.fused, chunk_len=cfg.loss.chunk_len), cfg.train, trainable=trainable, mesh=mesh, log=say,
         checkpoint_meta={"algorithm": type(cfg).__name__, "model_source": cfg.model.source},
