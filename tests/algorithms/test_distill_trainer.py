@@ -206,3 +206,57 @@ def test_memory_plan_counts_the_teacher():
                           trainable_params=student.config.num_params())
     with_teacher = mem.PlanInputs(**{**base.__dict__, "extra_frozen_bytes": rest_bytes})
     assert mem.plan_memory(with_teacher).weights - mem.plan_memory(base).weights == rest_bytes
+
+
+# ------------------------------------------------------------------------------------------------------------
+# On-policy GKD batches
+
+
+def test_completion_batch_trains_the_completion_only():
+    """Prompt [5, 6, 7] + completion [8, 9] in a row of 8: tokens 5 6 7 8 9 0 0 0; targets are the next tokens;
+    the loss mask is on the positions predicting 8 and 9 (indices 2 and 3); the second row is padding."""
+    from tempax.algorithms.distill.gkd import completion_batch
+
+    batch = completion_batch([[5, 6, 7]], [[8, 9]], seq_len=8, pad_id=0, num_rows=2)
+    assert batch["tokens"][0].tolist() == [5, 6, 7, 8, 9, 0, 0, 0]
+    assert batch["targets"][0, :4].tolist() == [6, 7, 8, 9]
+    assert batch["loss_mask"][0].tolist() == [0, 0, 1, 1, 0, 0, 0, 0]
+    assert batch["segment_ids"][0].tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
+    assert batch["loss_mask"][1].sum() == 0
+
+
+def test_gkd_draws_on_policy_batches_with_probability_lambda_reproducibly():
+    """Over 2000 batches about lambda of them are on-policy; 0 and 1 give none and all; the draws depend only on
+    (seed, batch index), so a restored source continues with the same choices and prompt order."""
+    from tempax.algorithms.distill.gkd import GKDSource, OnPolicySpec
+
+    def source(lmbda, seed=0):
+        return GKDSource(iter(()), [[1], [2], [3]], None, OnPolicySpec(lmbda=lmbda), batch_size=2, seq_len=8,
+                         pad_id=0, seed=seed)
+
+    frac = np.mean([source(0.3).is_on_policy(i) for i in range(2000)])
+    assert 0.27 < frac < 0.33
+    assert not any(source(0.0).is_on_policy(i) for i in range(200))
+    assert all(source(1.0).is_on_policy(i) for i in range(200))
+    a = source(0.5)
+    first = [a._next_prompts() for _ in range(2)]
+    b = source(0.5)
+    b.restore({"drawn": 0, "prompt_pos": 4, "offline": None})
+    a_next, b_next = a._next_prompts(), b._next_prompts()
+    assert a_next == b_next and len(first) == 2
+    with pytest.raises(ConfigError, match="lmbda"):
+        OnPolicySpec(lmbda=1.5).validate()
+
+
+@pytest.mark.slow
+def test_on_policy_mode_trains_on_student_samples(tmp_path, teacher_dir, data_path):
+    """mode: on_policy with lambda = 1: every batch is the student's own samples (2 steps), scored by the teacher."""
+    cfg = _config(tmp_path, teacher_dir, data_path, "gkd", **{
+        "train.steps": 2, "train.eval_at_start": False, "train.log_every": 1, "train.seq_len": 64,
+    })
+    raw = to_dict(cfg)
+    raw["mode"] = "on_policy"
+    raw["on_policy"] = {"lmbda": 1.0, "max_new_tokens": 8}
+    raw["loss"]["kind"] = "jsd"
+    result = main(from_dict(DistillConfig, raw), log=lambda _: None)
+    assert len(result.losses) == 2 and all(np.isfinite(result.losses))

@@ -61,6 +61,53 @@ def prompt_turns(data: dict[str, Any]) -> list[dict[str, Any]]:
     raise RowError("no_prompt", "a plain-text row has no prompt; sequence-level KD needs chat or prompt/completion rows")
 
 
+@dataclass
+class Prompts:
+    """The answerable prompts of a dataset: chat turns, their token ids (chat template with the generation
+    prompt) and the row each came from."""
+
+    turns: list[list[dict[str, Any]]]
+    ids: list[list[int]]
+    sources: list[str]
+
+
+def answerable_prompts(
+    rows: Sequence[Any], tokenizer: Any, *, max_len: int, max_new_tokens: int, say: Callable[[str], None] = print,
+) -> Prompts:
+    """The prompts of `rows` (`prompt_turns`) that leave room for `max_new_tokens` within `max_len` tokens.
+
+    Rows without a prompt, malformed rows and prompts too long are skipped and counted (reported with `say`);
+    `DataError` when none is left.
+    """
+    from tempax.data.formats import RowError
+
+    out = Prompts([], [], [])
+    skipped: dict[str, int] = {}
+    for row in rows:
+        try:
+            if row.data is None:
+                raise RowError(row.error or "invalid_row", "")
+            turns = prompt_turns(row.data)
+        except RowError as e:
+            skipped[e.reason] = skipped.get(e.reason, 0) + 1
+            continue
+        tokens = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+        if len(tokens) + max_new_tokens > max_len:
+            skipped["prompt_too_long"] = skipped.get("prompt_too_long", 0) + 1
+            continue
+        out.turns.append(turns)
+        out.ids.append(list(tokens))
+        out.sources.append(row.where)
+    if skipped:
+        say("prompts: skipped " + ", ".join(f"{n} {why}" for why, n in sorted(skipped.items())))
+    if not out.ids:
+        raise DataError(
+            f"none of the {len(rows)} rows has a prompt that leaves {max_new_tokens} tokens of reply within "
+            f"{max_len} tokens ({skipped}); use chat or prompt/completion rows, or raise train.seq_len"
+        )
+    return out
+
+
 def teacher_generations(
     teacher: Any,
     tokenizer: Any,
@@ -71,46 +118,21 @@ def teacher_generations(
     seed: int = 0,
     say: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
-    """The teacher's reply to each row's prompt, as prompt/completion dicts (module docstring).
-
-    Rows without a prompt, malformed rows and prompts too long for `max_len` with `spec.max_new_tokens` of reply
-    are skipped and counted; `DataError` when none is left.
-    """
-    from tempax.data.formats import RowError
+    """The teacher's reply to each answerable prompt of `rows` (`answerable_prompts`), as prompt/completion dicts
+    (module docstring); empty replies are left out."""
     from tempax.generate import SamplingConfig, generate
 
     rows = list(rows)[: spec.max_prompts] if spec.max_prompts else list(rows)
-    prompts, ids, sources, skipped = [], [], [], {}
-    for row in rows:
-        try:
-            if row.data is None:
-                raise RowError(row.error or "invalid_row", "")
-            turns = prompt_turns(row.data)
-        except RowError as e:
-            skipped[e.reason] = skipped.get(e.reason, 0) + 1
-            continue
-        tokens = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
-        if len(tokens) + spec.max_new_tokens > max_len:
-            skipped["prompt_too_long"] = skipped.get("prompt_too_long", 0) + 1
-            continue
-        prompts.append(turns)
-        ids.append(tokens)
-        sources.append(row.where)
-    if skipped:
-        say("sequence KD: skipped " + ", ".join(f"{n} {why}" for why, n in sorted(skipped.items())))
-    if not prompts:
-        raise DataError(
-            f"sequence KD: none of the {len(rows)} rows has a prompt the teacher can answer within "
-            f"{max_len} tokens ({skipped}); use chat or prompt/completion rows, or raise train.seq_len"
-        )
+    prompts = answerable_prompts(rows, tokenizer, max_len=max_len, max_new_tokens=spec.max_new_tokens, say=say)
     sampling = SamplingConfig(max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, seed=seed)
     out: list[dict[str, Any]] = []
+    ids = prompts.ids
     for start in range(0, len(ids), spec.batch_size):
         result = generate(teacher, tokenizer, ids[start:start + spec.batch_size], sampling, prompt_offset=start)
         for j, text in enumerate(result.texts):
             i = start + j
             if text.strip():
-                out.append({"prompt": prompts[i], "completion": text, "source_row": sources[i]})
+                out.append({"prompt": prompts.turns[i], "completion": text, "source_row": prompts.sources[i]})
         say(f"sequence KD: {min(start + spec.batch_size, len(ids))}/{len(ids)} prompts answered")
     return out
 

@@ -10,7 +10,8 @@ The algorithm is two pieces, everything else is `tempax.train`:
     frozen rest of the one jitted step.
   * the batches: the SFT data layer (`tempax.algorithms.sft.trainer.build_data`) on the dataset's rows
     (`mode: off_policy`), or on the teacher's own answers to the rows' prompts (`mode: sequence`, sequence-level
-    KD, `tempax.algorithms.distill.sequence`).
+    KD, `tempax.algorithms.distill.sequence`), or a batch source mixing those rows with the student's own samples
+    (`mode: on_policy`, GKD, `tempax.algorithms.distill.gkd`).
 
 Metrics (training and held-out): `loss`, `kd_loss` (the divergence at temperature T), `ce_loss` (label
 cross-entropy), `agreement` (student and teacher pick the same top-1 token), `token_accuracy`. With
@@ -43,7 +44,8 @@ from tempax.algorithms.distill.models import (
     student_filter,
     student_lora_filter,
 )
-from tempax.algorithms.distill.sequence import SequenceKDSpec, teacher_generations, write_jsonl
+from tempax.algorithms.distill.gkd import GKDSource, OnPolicySpec
+from tempax.algorithms.distill.sequence import SequenceKDSpec, answerable_prompts, teacher_generations, write_jsonl
 from tempax.algorithms.sft.trainer import DataSpec, build_data, read_data_rows, write_run_files
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
@@ -79,7 +81,7 @@ class DistillLossSpec:
 
 @dataclass(frozen=True)
 class DistillConfig:
-    """Knowledge distillation of a teacher into a student (logit KD, sequence-level KD)."""
+    """Knowledge distillation of a teacher into a student (logit KD, sequence-level KD, on-policy GKD)."""
 
     teacher: TeacherSpec = _help("The frozen teacher.", default_factory=TeacherSpec)
     student: StudentSpec = _help(
@@ -87,14 +89,16 @@ class DistillConfig:
         default_factory=lambda: StudentSpec(keep_layers="every 3"),
     )
     lora: LoraConfig | None = _help("LoRA adapters on the student; null: train all the student's weights.", None)
-    mode: Literal["off_policy", "sequence"] = _help(
+    mode: Literal["off_policy", "sequence", "on_policy"] = _help(
         "off_policy: KD on the dataset's rows; sequence: the teacher answers the rows' prompts first and the "
-        "student trains on those answers (sequence-level KD, settings under `sequence`).",
+        "student trains on those answers (sequence-level KD, settings under `sequence`); on_policy: GKD, a "
+        "fraction on_policy.lmbda of the batches are the student's own samples scored by the teacher.",
         "off_policy",
     )
     data: DataSpec = _help("The data (chat, prompt/completion or text rows, as for SFT).", default_factory=DataSpec)
     loss: DistillLossSpec = _help("The distillation loss.", default_factory=DistillLossSpec)
     sequence: SequenceKDSpec = _help("Teacher generations for mode: sequence.", default_factory=SequenceKDSpec)
+    on_policy: OnPolicySpec = _help("Student samples for mode: on_policy (GKD).", default_factory=OnPolicySpec)
     train: TrainConfig = _help("The training loop.", default_factory=TrainConfig)
     save_student: bool = _help("Write the trained student as a Hugging Face folder to <run_dir>/student.", True)
 
@@ -152,6 +156,18 @@ def describe_sizes(pair: StudentTeacher) -> str:
             f"{parameter_count(s) / 1e6:.1f}M weights, {model_bytes(s) / 2**20:.0f} MiB")
 
 
+def split_rows(cfg: DistillConfig, rows: list[Any]) -> tuple[list[Any], list[Any]]:
+    """(training rows, held-out rows): the first `data.max_rows`, then `data.eval_fraction` held out (the SFT
+    split). Done before any generation, so evaluation is always on the dataset's own rows."""
+    from tempax.data.sources import holdout_split
+
+    if cfg.data.max_rows is not None:
+        rows = rows[: cfg.data.max_rows]
+    if cfg.data.eval_fraction > 0:
+        return holdout_split(rows, cfg.data.eval_fraction, seed=cfg.train.seed)
+    return rows, []
+
+
 def sequence_rows(cfg: DistillConfig, teacher: Any, tokenizer: Any, rows: list[Any],
                   say: Callable[[str], None]) -> list[Any]:
     """Rows of the teacher's answers to `rows`' prompts (written to, or reused from, `sequence.output`)."""
@@ -177,18 +193,17 @@ def main(cfg: DistillConfig, *, hooks: tuple = (), log: Callable[[str], None] | 
     mesh = cfg.train.mesh.build()
     pair, tokenizer, trainable = build_models(cfg, mesh)
     say(describe_sizes(pair))
-    eval_rows = None
+    rows, eval_rows = split_rows(cfg, rows)
     if cfg.mode == "sequence":
-        from tempax.data.sources import holdout_split
-
-        if cfg.data.max_rows is not None:
-            rows = rows[: cfg.data.max_rows]
-        eval_rows = []
-        if cfg.data.eval_fraction > 0:  # held out from the original rows, so evaluation is on the real data
-            rows, eval_rows = holdout_split(rows, cfg.data.eval_fraction, seed=cfg.train.seed)
         rows = sequence_rows(cfg, pair.teacher, tokenizer, rows, say)
     data = build_data(cfg, tokenizer, rows, eval_rows)
     write_run_files(cfg, data, tokenizer, say)
+    batches: Any = data.train
+    if cfg.mode == "on_policy":
+        prompts = answerable_prompts(rows, tokenizer, max_len=cfg.train.seq_len,
+                                     max_new_tokens=cfg.on_policy.max_new_tokens, say=say)
+        batches = GKDSource(data.train, prompts.ids, tokenizer, cfg.on_policy, batch_size=cfg.train.batch_size,
+                            seq_len=cfg.train.seq_len, pad_id=tokenizer.pad_id, seed=cfg.train.seed)
     sizes = {
         "teacher_params": parameter_count(pair.teacher), "teacher_bytes": model_bytes(pair.teacher),
         "student_params": parameter_count(pair.student), "student_bytes": model_bytes(pair.student),
@@ -201,8 +216,10 @@ def main(cfg: DistillConfig, *, hooks: tuple = (), log: Callable[[str], None] | 
         loss_chunk_len=cfg.loss.chunk_len,
     )
     del pair  # the trainer holds its own copies
+    if isinstance(batches, GKDSource):
+        batches.attach(trainer)
     try:
-        result = trainer.fit(data.train, hooks=hooks, eval_batches=data.eval_loader)
+        result = trainer.fit(batches, hooks=hooks, eval_batches=data.eval_loader)
     finally:
         trainer.close()
     if cfg.save_student:
