@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tempax.algorithms.sft.fused import _logits, _split, _unsplit, chunk_size, lm_head_of
+from tempax.algorithms.sft.fused import chunk_size, head_logits, lm_head_of, split_chunks, unsplit_chunks
 from tempax.errors import ConfigError
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")
@@ -227,14 +227,14 @@ def _capped(z: jax.Array, cap: float | None) -> jax.Array:
 
 def _chunk_loss(spec: _Spec, h_s, w_s, h_t, w_t, targets, kd_c, ce_c):
     """One chunk: (sum kd_c D + sum ce_c NLL, per-position terms). Logits are [B, C, V] float32."""
-    z_s = _capped(_logits(h_s, w_s, spec.student_vocab_major), spec.student_softcap)
-    z_t = _capped(_logits(h_t, w_t, spec.teacher_vocab_major), spec.teacher_softcap)
+    z_s = _capped(head_logits(h_s, w_s, spec.student_vocab_major), spec.student_softcap)
+    z_t = _capped(head_logits(h_t, w_t, spec.teacher_vocab_major), spec.teacher_softcap)
     div, nll, agree, hit = _token_terms(z_s, z_t, targets, spec.kind, spec.temperature, spec.jsd_beta, spec.top_k)
     return jnp.sum(kd_c * div) + jnp.sum(ce_c * nll), (div, nll, agree, hit)
 
 
 def _chunks(spec: _Spec, *arrays):
-    return tuple(_split(a, spec.chunk) for a in arrays)
+    return tuple(split_chunks(a, spec.chunk) for a in arrays)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -247,7 +247,7 @@ def _chunked(spec: _Spec, h_s, w_s, h_t, w_t, targets, kd_c, ce_c):
         return total + loss, terms
 
     total, terms = jax.lax.scan(body, jnp.zeros((), jnp.float32), _chunks(spec, h_s, h_t, targets, kd_c, ce_c))
-    return (total, *(_unsplit(t) for t in terms))
+    return (total, *(unsplit_chunks(t) for t in terms))
 
 
 def _chunked_fwd(spec: _Spec, h_s, w_s, h_t, w_t, targets, kd_c, ce_c):
@@ -261,7 +261,7 @@ def _chunked_fwd(spec: _Spec, h_s, w_s, h_t, w_t, targets, kd_c, ce_c):
 
     init = (jnp.zeros((), jnp.float32), jnp.zeros(w_s.shape, jnp.float32))
     (total, dw), outs = jax.lax.scan(body, init, _chunks(spec, h_s, h_t, targets, kd_c, ce_c))
-    dh, div, nll, agree, hit = (_unsplit(o) for o in outs)
+    dh, div, nll, agree, hit = (unsplit_chunks(o) for o in outs)
     residuals = (dh, dw.astype(w_s.dtype), div, nll, h_t, w_t, targets)
     return (total, div, nll, agree, hit), residuals
 
