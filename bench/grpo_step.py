@@ -10,7 +10,7 @@ tokens (BOS + 63 ids from numpy default_rng(1234 + 2) in [4, vocab), fresh promp
 each sampled by the LoRA policy at temperature 1.0 (no top-k/top-p, up to 64 new tokens; EOS may end one),
 scored by len(completion text) / 100, group advantages, reference log-probs from the frozen base (the same
 weights with the adapters off; beta = 0.04), the GRPO loss (epsilon 0.2, one pass) and one AdamW update (lr 1e-5,
-constant, no clipping) of the adapters. That is `tempax.algorithms.grpo.GRPOLearner.run`, unchanged.
+constant, no clipping) of the adapters. That is `Trainer.fit` over `tempax.algorithms.grpo.GRPOSource`, unchanged.
 
 Reported: median wall time of a whole step over the measured steps (warm-up steps, with compilation, excluded),
 and its split into generation, reward, reference forward, and training (forward + backward + update), each a
@@ -56,14 +56,15 @@ def measure(size: str) -> dict:
 
     from tempax.cli.process import settings_in_effect
     from tempax.algorithms.grpo.config import GRPOSettings
-    from tempax.algorithms.grpo.learner import GRPOLearner
     from tempax.algorithms.grpo.rollout import Prompt, PromptSampler
+    from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
     from tempax.models.decoder import Decoder
     from tempax.models.lora import LoraConfig, apply_lora, lora_filter
     from tempax.models.presets import PRESETS
     from tempax.models.tokenizer import wrap
     from tempax.rewards import combine_rewards
     from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
+    from tempax.train.guards import CollapseGuardConfig
 
     load_before = os.getloadavg()[0]
     spec = load_spec()
@@ -98,10 +99,13 @@ def measure(size: str) -> dict:
         checkpoint=CheckpointConfig(save_at_end=False, resume=False), run_dir=tempfile.mkdtemp(prefix="tempax-grpo-"),
         tensorboard=False, progress_bar=False, check_memory=False,
     )
-    learner = GRPOLearner(model, tokenizer, combine_rewards({"length": length_reward}), settings, train,
-                          prompt_len=prompt_len, trainable=lora_filter, log=lambda text: None)
+    source = GRPOSource(tokenizer, PromptSampler(prompts, shuffle=False), combine_rewards({"length": length_reward}),
+                        settings, prompt_len=prompt_len)
+    trainer = make_grpo_trainer(model, settings, train, prompt_len=prompt_len, trainable=lora_filter,
+                                log=lambda text: None)
     del model
-    result = learner.run(PromptSampler(prompts, shuffle=False))
+    result = trainer.fit(source, hooks=grpo_hooks(source, settings, CollapseGuardConfig(enabled=False)))
+    trainer.close()
     measured = [m for _, m in result.history[steps["warmup"]:]]
     med = lambda key: statistics.median(m[key] for m in measured)  # noqa: E731
     return {

@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOAD_AT_START = [round(x, 2) for x in os.getloadavg()]
@@ -67,6 +68,7 @@ def measure(workload: str, size: str, remat: str | None = None, memory_only: boo
     from tempax.models.presets import PRESETS
     from tempax.parallel import make_mesh
     from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
+    from tempax.train.hooks import every
     from tempax.train.loop import Trainer
     from tempax.train.state import init_sharded
 
@@ -124,14 +126,15 @@ def measure(workload: str, size: str, remat: str | None = None, memory_only: boo
                 "xla_temp_gib": round(analysis.temp_size_in_bytes / 2**30, 3),
                 "xla_argument_gib": round(analysis.argument_size_in_bytes / 2**30, 3),
                 "memory_plan": plan_lines[-1] if plan_lines else None, **settings_in_effect()}
-    times = []
-    losses = []
-    for i, b in enumerate(batches):
-        t = time.perf_counter()
-        metrics = trainer.train_step(b)
-        jax.block_until_ready(trainer.state.params)
-        times.append(time.perf_counter() - t)
-        losses.append(float(metrics["loss"]))
+    times: list[float] = []
+    losses: list[float] = []
+
+    def record(info: Any) -> None:  # the loop's own step timing: dispatch until the step's results are ready
+        times.append(info.train_s)
+        losses.append(info.metrics()["loss"])
+
+    trainer.fit(batches, hooks=[every(1, record)])
+    trainer.close()
     measured = times[steps["warmup"]:]
     step_time = statistics.median(measured)
     tokens_per_s = batch * seq / step_time

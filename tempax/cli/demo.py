@@ -200,15 +200,16 @@ def load_rows(cfg: DemoConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any
 
 def run_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: DemoConfig, run_dir: str,
              write: Callable[[str], None] | None = None) -> tuple[Any, Any]:
-    """GRPO with fresh LoRA adapters on `model` (the reference); returns (learner, GRPOResult)."""
+    """GRPO with fresh LoRA adapters on `model` (the reference); returns (trained policy, TrainResult)."""
     from flax import nnx
 
     from tempax.algorithms.grpo.config import GRPOSettings, RewardSpec
-    from tempax.algorithms.grpo.learner import GRPOLearner
     from tempax.algorithms.grpo.rollout import PromptSampler, encode_prompts, round_up
+    from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
     from tempax.algorithms.grpo.trainer import build_rewards
     from tempax.models.lora import LoraConfig, apply_lora, lora_filter
     from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
+    from tempax.train.hooks import every
 
     settings = GRPOSettings(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
                             temperature=cfg.temperature, beta=cfg.beta, max_prompt_len=512)
@@ -220,24 +221,26 @@ def run_grpo(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: DemoCo
         run_dir=os.path.join(run_dir, "grpo"), progress_bar=cfg.progress_bar, check_memory=False, seed=cfg.seed,
     )
     policy = apply_lora(model, LoraConfig(rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank), rngs=nnx.Rngs(cfg.seed + 2))
-    learner = GRPOLearner(policy, tokenizer, build_rewards(RewardSpec(functions=("format", "correctness"))),
-                          settings, train, prompt_len=round_up(max(len(p.ids) for p in prompts), 8),
-                          trainable=lora_filter, log=lambda text: None)
-    every = max(1, cfg.steps // 6)
+    prompt_len = round_up(max(len(p.ids) for p in prompts), 8)
+    source = GRPOSource(tokenizer, PromptSampler(prompts, seed=cfg.seed),
+                        build_rewards(RewardSpec(functions=("format", "correctness"))), settings, prompt_len=prompt_len)
+    trainer = make_grpo_trainer(policy, settings, train, prompt_len=prompt_len, trainable=lora_filter,
+                                log=lambda text: None)
 
-    def report(step: int, m: dict[str, float], rollout: Any) -> None:
-        if step % every == 0 or step == cfg.steps:
-            (write or learner.trainer.progress.write)(
-                f"  step {step:3d}/{cfg.steps}: reward {m['reward/total_mean']:.2f} (format "
-                f"{m['reward/format_mean']:.2f}, correct {m['reward/correctness_mean']:.2f}), groups without "
-                f"spread {m['groups/zero_spread_frac']:.0%}, entropy {m.get('entropy', float('nan')):.2f}, "
-                f"{m['perf/step_s']:.0f} s/step")
+    def report(info: Any) -> None:
+        m = info.metrics()
+        (write or info.trainer.progress.write)(
+            f"  step {info.step:3d}/{cfg.steps}: reward {m['reward/total_mean']:.2f} (format "
+            f"{m['reward/format_mean']:.2f}, correct {m['reward/correctness_mean']:.2f}), groups without "
+            f"spread {m['groups/zero_spread_frac']:.0%}, entropy {m.get('entropy', float('nan')):.2f}, "
+            f"{m['perf/step_s']:.0f} s/step")
 
     try:
-        result = learner.run(PromptSampler(prompts, seed=cfg.seed), on_step=report)
+        result = trainer.fit(source, hooks=[*grpo_hooks(source, settings),
+                                            every(max(1, cfg.steps // 6), report, at_end=True)])
     finally:
-        learner.trainer.close()
-    return learner, result
+        trainer.close()
+    return trainer.model, result
 
 
 def main(cfg: DemoConfig, *, say: Callable[[str], None] | None = None) -> DemoResult:
@@ -287,14 +290,14 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
 
     say("[3/3] GRPO with strict format + correctness rewards")
     with watch("grpo"):
-        learner, result = run_grpo(model, tokenizer, train_rows, cfg, run_dir)
-    rewards = [m["reward/total_mean"] for _, m in result.history if "reward/total_mean" in m]
-    zero = [m["groups/zero_spread_frac"] for _, m in result.history if "groups/zero_spread_frac" in m]
-    split = {k: round(v) for k, v in result.seconds.items()}
+        policy, result = run_grpo(model, tokenizer, train_rows, cfg, run_dir)
+    rewards = [v for _, v in result.series("reward/total_mean")]
+    zero = [v for _, v in result.series("groups/zero_spread_frac")]
+    split = {k: round(sum(v for _, v in result.series(f"perf/{k}_s"))) for k in ("generation", "train")}
     say(f"  {cfg.steps} steps in {watch.wall['grpo']:.0f} s (generation {split['generation']} s, training "
         f"{split['train']} s); reward {np.mean(rewards[:3]):.2f} -> {np.mean(rewards[-3:]):.2f} (mean of first / "
         f"last 3 steps); groups without reward spread: {np.mean(zero):.0%}")
-    run_eval("after GRPO", merge_lora(learner.model))
+    run_eval("after GRPO", merge_lora(policy))
 
     files: dict[str, str] = {"metrics": os.path.join(run_dir, "grpo", "metrics.jsonl")}
     try:

@@ -2,7 +2,8 @@
 
 Every command lives in its own module under `tempax.cli` exposing `add_arguments(parser)` and `run(args)`;
 modules are imported only when their command runs, so `tempax --help` stays fast. User-caused problems
-(`TempaxError`) print one clear message and exit with status 2 instead of a traceback.
+(`TempaxError`) print one clear message and exit with status 2 instead of a traceback; a training run that a
+hook stopped early exits with status 3 (`EXIT_STATUSES`, shown by `tempax --help`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,13 @@ import importlib
 import sys
 
 from tempax.errors import TempaxError
+
+EXIT_STATUSES = """exit status:
+  0    done
+  2    a problem with the input (bad recipe, missing file, model too big...): the message says what to fix
+  3    a training hook stopped the run early (e.g. the entropy-collapse guard); the reason is printed and
+       written to RUN_DIR/metrics.jsonl and RUN_DIR/summary.json, and a checkpoint of that step is saved
+  130  interrupted"""
 
 # command name -> (module under tempax.cli, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -34,10 +42,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tempax", description="Post-training for LLMs in JAX.")
+    parser = argparse.ArgumentParser(
+        prog="tempax", description="Post-training for LLMs in JAX.", epilog=EXIT_STATUSES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=EXIT_STATUSES,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         p.set_defaults(_module=module, _command=name)
         try:
             mod = importlib.import_module(f"tempax.cli.{module}")

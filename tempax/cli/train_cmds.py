@@ -13,6 +13,10 @@ import importlib
 import sys
 from typing import Any, Callable
 
+# Exit status of a run that a hook stopped before train.steps (`tempax.train.hooks.Stop`; the reason is in
+# <run_dir>/metrics.jsonl as `stop_reason` and in <run_dir>/summary.json; a checkpoint of that step is saved).
+STOPPED_EXIT_STATUS = 3
+
 # command -> (module, config class name, main function name). Modules are imported only when the command runs.
 ALGORITHMS: dict[str, tuple[str, str, str]] = {
     "sft": ("tempax.algorithms.sft.trainer", "SFTConfig", "main"),
@@ -65,5 +69,14 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(dump_yaml(cfg))
         return 0
     _, main = resolve(command)
-    main(cfg)
+    reason = stop_reason(main(cfg))
+    if reason is not None:
+        print(f"tempax {command}: stopped early: {reason}", file=sys.stderr)
+        return STOPPED_EXIT_STATUS
     return 0
+
+
+def stop_reason(result: Any) -> str | None:
+    """Why a hook stopped the run that `main` returned (a `TrainResult`, or a run holding one as `.result`)."""
+    train_result = getattr(result, "result", result)
+    return getattr(train_result, "stop_reason", None)

@@ -7,8 +7,10 @@ An algorithm supplies two things:
         Put `metrics["loss_weight"]` = how much this micro-batch counts (e.g. its supervised token count) to make
         gradient accumulation exact; metrics named `num_*` / `*_sum` are summed over micro-batches, other scalars
         averaged with that weight, per-row arrays concatenated.
-    batches: an iterator of fixed-shape global host batches (dict of numpy arrays [batch_size, ...]); give it
-        `state()` / `restore(state)` (like `tempax.data.loader.BatchLoader`) and its position is checkpointed.
+    batches: a batch source (`tempax.train.sources`): an iterable of fixed-shape global host batches (dicts of
+        numpy arrays [batch_size, ...]); with `state()` / `restore(state)` its position is checkpointed (like
+        `tempax.data.loader.BatchLoader`); with `attach(trainer)` it can sample from the current policy (GRPO's
+        rollouts: `tempax.algorithms.grpo.source.GRPOSource`); `batch_metrics()` joins each step's record.
 
 and runs
 
@@ -18,21 +20,33 @@ and runs
 The core owns the rest: the mesh and sharding (`cfg.train.mesh`), bf16 compute over float32 masters, remat, the
 memory plan, one jitted step with donation (gradients, micro-batch accumulation, clipping, AdamW + schedule,
 non-finite detection), Orbax checkpoints with resume, metrics (progress bar, metrics.jsonl, TensorBoard) and
-hooks with a cadence (`Hook`, `every(n, fn)`). `trainer.train_step(batch)` runs one step without the loop
-(benchmarks, custom loops such as GRPO's rollout/learn cycle).
+hooks with a cadence (`Hook`, `every(n, fn)`) that can stop the run (`Stop(reason)`). `Trainer.fit` is the only
+optimisation loop; `trainer.train_step(batch)` runs one step on its own (tests and step benchmarks).
 """
 
 from tempax.train.checkpoint import Checkpointer
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
-from tempax.train.hooks import CheckpointHook, EvalHook, FunctionHook, Hook, LoggingHook, StepInfo, every
+from tempax.train.hooks import (
+    CheckpointHook,
+    EvalHook,
+    FunctionHook,
+    Hook,
+    LoggingHook,
+    StepInfo,
+    Stop,
+    StopTraining,
+    every,
+)
 from tempax.train.loop import Trainer, TrainingDiverged, TrainResult
 from tempax.train.memory import MemoryPlan, OutOfMemoryPlan, PlanInputs, plan_memory
 from tempax.train.metrics import MetricsWriter, read_metrics
+from tempax.train.sources import BatchSource, decode_arrays, encode_arrays
 from tempax.train.state import ModelParts, TrainState, init_sharded
 from tempax.train.step import LOSS_WEIGHT, LossFn, make_eval_step, make_train_step
 
 __all__ = [
     "LOSS_WEIGHT",
+    "BatchSource",
     "CheckpointConfig",
     "CheckpointHook",
     "Checkpointer",
@@ -49,11 +63,15 @@ __all__ = [
     "OutOfMemoryPlan",
     "PlanInputs",
     "StepInfo",
+    "Stop",
+    "StopTraining",
     "TrainConfig",
     "TrainResult",
     "TrainState",
     "Trainer",
     "TrainingDiverged",
+    "decode_arrays",
+    "encode_arrays",
     "every",
     "init_sharded",
     "make_eval_step",

@@ -12,6 +12,14 @@ sync per step (metrics are fetched from the device only at steps some hook needs
             ...                                 # generate, log with info.trainer.log(info.step, {...})
 
 or, for a one-off, `every(50, lambda info: print(info.step, info.metrics()["loss"]))`.
+
+Order: the hooks passed to `Trainer.fit` run first, in their order, then logging, evaluation and checkpoints,
+so a hook can add numbers to the step's record (`info.add_metrics`) before it is written.
+
+Stopping: a hook returns `Stop(reason)` (or raises `StopTraining(reason)`) to end the run after this step. The
+hooks after it then run as at the last step (the record carries `stop_reason`), `fit` saves a checkpoint of the
+step even when `checkpoint.save_at_end` is off, writes the reason to `<run_dir>/summary.json` and returns it in
+`TrainResult.stop_reason`; the `tempax` training commands then exit with status 3 (`tempax.cli.main`).
 """
 
 from __future__ import annotations
@@ -23,6 +31,21 @@ if TYPE_CHECKING:
     from tempax.train.loop import Trainer
 
 
+@dataclass(frozen=True)
+class Stop:
+    """What a hook returns to end the run after this step: `return Stop("entropy collapsed: ...")`."""
+
+    reason: str
+
+
+class StopTraining(Exception):
+    """What a hook raises to end the run after this step (the same as returning `Stop(reason)`)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 @dataclass
 class StepInfo:
     """What a hook sees after step `step` (1-based: the number of optimizer updates done).
@@ -30,31 +53,53 @@ class StepInfo:
     Attributes:
       step: updates done so far.
       trainer: the `Trainer` (its `state`, `model`, `log`, `checkpointer`, `run_dir`).
-      is_last: this is the final step of the run.
-      data_state: the data loader's position after this step's batch (what a checkpoint must store).
+      is_last: this is the final step of the run (also when a hook asked to stop at this step: the hooks after
+        it in the list then run as at the end, so the stop is logged and checkpointed).
+      data_s: seconds `fit` waited for this step's batch (for an on-policy source: sampling, scoring, reference).
+      train_s: seconds from dispatching the step until its results were on the host.
+      stop_reason: why the run stops after this step (set by a hook's `Stop`, or `Trainer.request_stop`).
     """
 
     step: int
     trainer: "Trainer"
     is_last: bool
-    data_state: dict[str, Any] | None = None
-    _device_metrics: dict[str, Any] | None = None
-    _host_metrics: dict[str, float] | None = field(default=None, repr=False)
+    _data_state_fn: Callable[[], dict[str, Any] | None] | None = field(default=None, repr=False)
+    _device_metrics: dict[str, Any] | None = field(default=None, repr=False)
+    _extra_metrics: dict[str, Any] = field(default_factory=dict, repr=False)
+    data_s: float = 0.0
+    train_s: float = 0.0
+    stop_reason: str | None = None
+    _host_metrics: dict[str, Any] | None = field(default=None, repr=False)
+    _data_state: Any = field(default=None, repr=False)
 
-    def metrics(self) -> dict[str, float]:
-        """This step's scalar metrics on the host (fetched once, on first use)."""
+    @property
+    def data_state(self) -> dict[str, Any] | None:
+        """The batch source's `state()` after this step's batch (what a checkpoint must store); read once."""
+        if self._data_state is None and self._data_state_fn is not None:
+            self._data_state = self._data_state_fn() or {}
+        return self._data_state
+
+    def metrics(self) -> dict[str, Any]:
+        """This step's metrics on the host: the loss function's scalars (fetched once, on first use), the batch
+        source's `batch_metrics()` and whatever earlier hooks added."""
         if self._host_metrics is None:
             import jax
 
             from tempax.train.metrics import scalars
 
-            fetched = jax.device_get(self._device_metrics or {})
-            self._host_metrics = scalars(fetched)
-        return self._host_metrics
+            self._host_metrics = scalars(jax.device_get(self._device_metrics or {}))
+        return {**self._host_metrics, **self._extra_metrics}
+
+    def add_metrics(self, values: dict[str, Any]) -> None:
+        """Adds host metrics to this step's record (hooks run before the logging hook, so they are written)."""
+        self._extra_metrics.update(values)
 
 
 class Hook:
-    """Base class: override `__call__` (and optionally `start` / `end`). See the module docstring."""
+    """Base class: override `__call__` (and optionally `start` / `end`). See the module docstring.
+
+    `__call__` may return `Stop(reason)` (or raise `StopTraining(reason)`) to end the run after this step.
+    """
 
     def __init__(self, every: int = 1, *, at_end: bool = True):
         if every < 0:
@@ -68,7 +113,7 @@ class Hook:
     def start(self, trainer: "Trainer") -> None:
         """Called once before the first step (after any resume)."""
 
-    def __call__(self, info: StepInfo) -> None:
+    def __call__(self, info: StepInfo) -> "Stop | None":
         """Called after each due step."""
 
     def end(self, trainer: "Trainer") -> None:
@@ -76,16 +121,16 @@ class Hook:
 
 
 class FunctionHook(Hook):
-    def __init__(self, every: int, fn: Callable[[StepInfo], None], *, at_end: bool = False):
+    def __init__(self, every: int, fn: Callable[[StepInfo], Any], *, at_end: bool = False):
         super().__init__(every, at_end=at_end)
         self.fn = fn
 
-    def __call__(self, info: StepInfo) -> None:
-        self.fn(info)
+    def __call__(self, info: StepInfo) -> "Stop | None":
+        return self.fn(info)
 
 
-def every(n: int, fn: Callable[[StepInfo], None], *, at_end: bool = False) -> Hook:
-    """A hook that calls `fn(info)` every `n` steps."""
+def every(n: int, fn: Callable[[StepInfo], Any], *, at_end: bool = False) -> Hook:
+    """A hook that calls `fn(info)` every `n` steps (what `fn` returns is the hook's: `Stop(reason)` stops)."""
     return FunctionHook(n, fn, at_end=at_end)
 
 

@@ -7,13 +7,18 @@ Set-up, in order: the mesh (`cfg.mesh`, with `jax.distributed` when configured);
 master weights stay); the model split into trainable params and the rest; the memory plan (printed, and a
 `TempaxError` naming the fix when it cannot fit); the sharded optimizer state created directly on the devices;
 the step jitted once with the state donated. `fit` then restores the latest checkpoint of `run_dir` (state, RNG
-and the loader's position), runs `steps - step` steps and calls the hooks at their cadence.
+and the batch source's position), attaches the source (`tempax.train.sources`: on-policy sources sample with
+`trainer.model`), runs `steps - step` steps and calls the hooks at their cadence; a hook can stop the run
+(`tempax.train.hooks.Stop`). This is the only optimisation loop: GRPO's rollouts are a batch source.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -28,7 +33,7 @@ from tempax.parallel.rules import batch_sharding, use_mesh
 from tempax.train import memory as mem
 from tempax.train.checkpoint import Checkpointer
 from tempax.train.config import TrainConfig
-from tempax.train.hooks import CheckpointHook, EvalHook, Hook, LoggingHook, StepInfo
+from tempax.train.hooks import CheckpointHook, EvalHook, Hook, LoggingHook, StepInfo, Stop, StopTraining
 from tempax.train.metrics import MetricsWriter, ProgressBar
 from tempax.train.state import (
     ModelParts,
@@ -38,7 +43,10 @@ from tempax.train.state import (
     set_compute_dtype,
     state_shardings,
 )
+from tempax.train.sources import attach_source, batch_metrics, restore_source, source_state
 from tempax.train.step import LossFn, average_eval_metrics, make_eval_step, make_train_step
+
+SUMMARY_FILE = "summary.json"
 
 
 class TrainingDiverged(TempaxError):
@@ -55,6 +63,7 @@ class TrainResult:
       eval_history: (step, eval metrics) of every evaluation.
       last_checkpoint: the path of the last checkpoint written, or None.
       resumed_from: the step the run resumed from (0 for a fresh run).
+      stop_reason: why a hook (or `Trainer.request_stop`) ended the run early; None when it ran its steps.
       extras: whatever the algorithm adds (e.g. SFT's data report).
     """
 
@@ -63,11 +72,16 @@ class TrainResult:
     eval_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     last_checkpoint: str | None = None
     resumed_from: int = 0
+    stop_reason: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def losses(self) -> list[float]:
         return [m["loss"] for _, m in self.history if "loss" in m]
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        """(step, value) of one logged metric."""
+        return [(s, m[key]) for s, m in self.history if key in m]
 
 
 class Trainer:
@@ -163,6 +177,7 @@ class Trainer:
         self.progress = ProgressBar(0, enabled=False)
         self._last_checkpoint: str | None = None
         self._history: list[tuple[int, dict[str, float]]] = []
+        self._stop_request: str | None = None
 
     # -- set-up helpers ---------------------------------------------------------------------------------------
     def _choose_micro_batch(self, model_cfg: Any) -> int:
@@ -309,6 +324,25 @@ class Trainer:
         return data_state
 
     # -- the loop ------------------------------------------------------------------------------------------------
+    def request_stop(self, reason: str) -> None:
+        """Ends `fit` after the step in progress, as a hook's `Stop(reason)` does (final checkpoint, reason
+        recorded); for callers outside the hooks, e.g. a signal handler."""
+        self._stop_request = reason
+
+    def _resume(self, batches: Iterable[dict[str, Any]]) -> int:
+        """Restores run_dir's latest checkpoint (state, RNG, the source's position) when allowed; the step."""
+        if not self.config.checkpoint.resume:
+            return 0
+        ckpt_dir = os.path.join(self.run_dir, "checkpoints")
+        if not (os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir)):
+            return 0
+        data_state = self.restore()
+        if data_state is None:
+            return 0
+        restore_source(batches, data_state)
+        self._say(f"resumed from {self._last_checkpoint} (step {self.step})")
+        return self.step
+
     def fit(
         self,
         batches: Iterable[dict[str, Any]],
@@ -316,68 +350,61 @@ class Trainer:
         hooks: Sequence[Hook] = (),
         eval_batches: Callable[[], Iterable[dict[str, Any]]] | None = None,
     ) -> TrainResult:
-        """Trains until `config.steps`, resuming from run_dir's latest checkpoint when allowed.
+        """Trains until `config.steps` (or a hook's stop), resuming from run_dir's latest checkpoint when allowed.
 
         Args:
-          batches: an iterator of global host batches (dicts of [batch_size, ...] arrays). If it has
-            `state()` / `restore(state)` (like `tempax.data.loader.BatchLoader`), its position is checkpointed
-            and restored.
-          hooks: extra hooks (logging, checkpoint and eval hooks are added from the config).
+          batches: a batch source (`tempax.train.sources`): an iterable of global host batches (dicts of
+            [batch_size, ...] arrays); its `state()` is checkpointed and `restore`d, `attach(trainer)` is called
+            before the first batch, and `batch_metrics()` joins each step's record.
+          hooks: extra hooks, run before the logging, eval and checkpoint hooks made from the config.
           eval_batches: a zero-argument callable giving held-out batches, evaluated every `eval_every` steps.
         """
         cfg = self.config
-        resumed_from = 0
-        if cfg.checkpoint.resume:
-            ckpt_dir = os.path.join(self.run_dir, "checkpoints")
-            if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
-                data_state = self.restore()
-                if data_state is not None:
-                    resumed_from = self.step
-                    if data_state and hasattr(batches, "restore"):
-                        batches.restore(data_state)
-                    self._say(f"resumed from {self._last_checkpoint} (step {resumed_from})")
+        self._stop_request: str | None = None
+        resumed_from = self._resume(batches)
+        attach_source(batches, self)
         os.makedirs(self.run_dir, exist_ok=True)
         self.writer = MetricsWriter(self.run_dir, tensorboard=cfg.tensorboard)
         self.progress = ProgressBar(cfg.steps, initial=resumed_from, enabled=cfg.progress_bar)
         logging_hook = LoggingHook(cfg.log_every, tokens_per_step=cfg.batch_size * cfg.seq_len)
-        all_hooks: list[Hook] = [logging_hook]
-        if eval_batches is not None:
-            all_hooks.append(EvalHook(
-                cfg.eval_every, eval_batches, max_batches=cfg.eval_batches, at_start=cfg.eval_at_start
-            ))
-        all_hooks.extend(hooks)
-        if cfg.checkpoint.every or cfg.checkpoint.save_at_end:
-            all_hooks.append(CheckpointHook(cfg.checkpoint.every, at_end=cfg.checkpoint.save_at_end))
+        eval_hooks = [EvalHook(cfg.eval_every, eval_batches, max_batches=cfg.eval_batches,
+                               at_start=cfg.eval_at_start)] if eval_batches is not None else []
+        all_hooks: list[Hook] = [*hooks, logging_hook, *eval_hooks,
+                                 CheckpointHook(cfg.checkpoint.every, at_end=cfg.checkpoint.save_at_end)]
         self._history = []
         iterator: Iterator[dict[str, Any]] = iter(batches)
         step = resumed_from
+        stop_reason: str | None = None
         try:
             with use_mesh(self.mesh):
                 for hook in all_hooks:
                     hook.start(self)
-                while step < cfg.steps:
+                while step < cfg.steps and stop_reason is None:
+                    t_ask = time.perf_counter()
                     try:
                         host_batch = next(iterator)
                     except StopIteration:
                         self._say(f"data ran out after step {step}; stopping early")
                         break
-                    data_state = batches.state() if hasattr(batches, "state") else None
+                    t_got = time.perf_counter()
                     device_metrics = self.train_step(host_batch)
                     step += 1
-                    is_last = step >= cfg.steps
                     if step == resumed_from + 1:
                         # The first step includes compilation; start the throughput clock after it.
                         jax.block_until_ready(self.state.step)
                         logging_hook.reset_clock(step)
                     self.progress.update(1)
-                    due = [h for h in all_hooks if h.due(step, is_last)]
-                    if due:
-                        self.check_finite()
-                        info = StepInfo(step, self, is_last, data_state, device_metrics)
-                        for hook in due:
-                            hook(info)
-                            if isinstance(hook, EvalHook):
-                                logging_hook.reset_clock(step)
+                    stop_reason = self._stop_request
+                    is_last = step >= cfg.steps or stop_reason is not None
+                    if not any(h.due(step, is_last) for h in all_hooks) and stop_reason is None:
+                        continue
+                    self.check_finite()  # also waits for the step: train_s below is its real duration
+                    info = StepInfo(step, self, is_last, functools.partial(source_state, batches), device_metrics,
+                                    batch_metrics(batches), data_s=t_got - t_ask,
+                                    train_s=time.perf_counter() - t_got, stop_reason=stop_reason)
+                    stop_reason = self._run_hooks(all_hooks, info, logging_hook)
+                    if stop_reason is not None:
+                        self._stop_at(step, stop_reason, info)
                 self.check_finite()
         finally:
             for hook in all_hooks:
@@ -387,11 +414,43 @@ class Trainer:
                 self.checkpointer.wait()
             if self.writer is not None:
                 self.writer.close()
-        eval_history = [h for hook in all_hooks if isinstance(hook, EvalHook) for h in hook.history]
-        return TrainResult(
+        eval_history = [h for hook in eval_hooks for h in hook.history]
+        result = TrainResult(
             state=self.state, history=list(self._history), eval_history=eval_history,
-            last_checkpoint=self._last_checkpoint, resumed_from=resumed_from,
+            last_checkpoint=self._last_checkpoint, resumed_from=resumed_from, stop_reason=stop_reason,
         )
+        self._write_summary(step, result)
+        return result
+
+    def _run_hooks(self, all_hooks: Sequence[Hook], info: StepInfo, logging_hook: LoggingHook) -> str | None:
+        """Calls the due hooks in order; a `Stop` makes the rest run as at the last step. Returns the reason."""
+        if info.stop_reason is not None:
+            info.add_metrics({"stop_reason": info.stop_reason})
+        for hook in all_hooks:
+            if not hook.due(info.step, info.is_last):
+                continue
+            try:
+                out = hook(info)
+            except StopTraining as stop:
+                out = Stop(stop.reason)
+            if isinstance(out, Stop) and info.stop_reason is None:
+                info.stop_reason, info.is_last = out.reason, True
+                info.add_metrics({"stop_reason": out.reason})
+            if isinstance(hook, EvalHook):
+                logging_hook.reset_clock(info.step)
+        return info.stop_reason
+
+    def _stop_at(self, step: int, reason: str, info: StepInfo) -> None:
+        """A stop before `config.steps`: the step's checkpoint (even without save_at_end), and say why."""
+        self.save_checkpoint(info.data_state)  # a no-op when the checkpoint hook just wrote this step
+        self.progress.write(f"stopped after step {step}: {reason} (checkpoint {self._last_checkpoint})")
+
+    def _write_summary(self, step: int, result: TrainResult) -> None:
+        """<run_dir>/summary.json: where the run ended and why (read by the CLI and by people)."""
+        summary = {"step": step, "steps": self.config.steps, "resumed_from": result.resumed_from,
+                   "stop_reason": result.stop_reason, "last_checkpoint": result.last_checkpoint}
+        with open(os.path.join(self.run_dir, SUMMARY_FILE), "w") as f:
+            json.dump(summary, f, indent=2)
 
     def close(self) -> None:
         if self.checkpointer is not None:

@@ -1,4 +1,4 @@
-"""The GRPO learner: rollout -> batch layout, old log-prob alignment, zero-spread groups, failing rewards, learning.
+"""GRPO's pieces: rollout -> batch layout, old log-prob alignment, zero-spread groups, failing rewards, learning.
 
 The tiny model (2 layers, vocab 400) and the tiny chat tokenizer keep every test on CPU; most of the time goes
 into compiling, so tests share shapes (P prompts x G completions x T tokens) where they can.
@@ -15,13 +15,9 @@ import pytest
 from flax import nnx
 
 from tempax.algorithms.grpo.config import GRPOConfig, GRPOSettings, VARIANTS
-from tempax.algorithms.grpo.learner import (
-    GRPOLearner,
-    logprobs_no_grad,
-    completion_logprobs,
-    make_grpo_loss,
-)
+from tempax.algorithms.grpo.learner import completion_logprobs, logprobs_no_grad, make_grpo_loss
 from tempax.algorithms.grpo.losses import grpo_loss
+from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.algorithms.grpo.rollout import (
     Prompt,
     PromptSampler,
@@ -280,7 +276,19 @@ def test_every_variant_gives_a_finite_loss_and_gradient(model, variant):
     assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
 
 
-# --------------------------------------------------------------------------------------------------- the driver
+# ------------------------------------------------------------------------------- rollouts through Trainer.fit
+
+
+def fit_grpo(model, tok, prompts, reward, settings, cfg, *, reference=None, source=None):
+    """`Trainer.fit` over a `GRPOSource` (the tiny end-to-end and resume runs are in test_grpo_source.py)."""
+    source = source or GRPOSource(tok, PromptSampler(prompts, seed=0), reward, settings, prompt_len=24,
+                                  reference=reference)
+    trainer = make_grpo_trainer(model, settings, cfg, prompt_len=24, log=lambda s: None)
+    try:
+        return trainer.fit(source, hooks=grpo_hooks(source, settings))
+    finally:
+        trainer.close()
+
 
 
 @pytest.mark.slow
@@ -292,15 +300,18 @@ def test_reference_is_the_base_model_with_adapters_off(model, tok, prompts, tmp_
     policy = apply_lora(model, LoraConfig(rank=2, alpha=4.0), rngs=nnx.Rngs(1))
     for _, layer in lora_layers(policy):
         layer.lora_b.set_value(jnp.full(layer.lora_b.shape, 0.05, jnp.float32))
-    learner = GRPOLearner(policy, tok, combine_rewards({"e": e_fraction}), GRPOSettings(group_size=2, max_new_tokens=4),
-                          train_config(tmp_path), prompt_len=24, trainable=lora_filter, log=lambda s: None)
+    settings = GRPOSettings(group_size=2, max_new_tokens=4)
+    source = GRPOSource(tok, PromptSampler(prompts), combine_rewards({"e": e_fraction}), settings, prompt_len=24)
+    trainer = make_grpo_trainer(policy, settings, train_config(tmp_path), prompt_len=24, trainable=lora_filter,
+                                log=lambda s: None)
+    source.attach(trainer)
     ro = hand_rollout([[1.0, 0.0], [0.5, 2.0]], _random_tokens((2, 2, 4), 4), np.ones((2, 2, 4)),
                       [list(p.ids) for p in prompts[:2]])
     batch = build_batch(ro, prompt_len=24, pad_id=tok.pad_id, with_old_logp=False)
-    ref = learner.reference_logprobs(batch)
+    ref = source.reference_logprobs(batch)
     base = np.asarray(completion_logprobs(model, {k: jnp.asarray(v) for k, v in batch.items()}, temperature=1.0)[0])
     np.testing.assert_allclose(ref, base, atol=1e-5)
-    assert np.abs(learner.policy_logprobs(batch) - base).max() > 1e-3
+    assert np.abs(source.policy_logprobs(batch) - base).max() > 1e-3
 
 
 @pytest.mark.slow
@@ -315,8 +326,7 @@ def test_grpo_drives_a_checkable_reward_up_despite_a_broken_reward_function(mode
     settings = GRPOSettings(group_size=8, max_new_tokens=8, temperature=1.0, beta=0.001)
     cfg = train_config(tmp_path, steps=12, batch_size=4,
                        optimizer=OptimizerConfig(learning_rate=3e-2, schedule="constant"))
-    learner = GRPOLearner(model, tok, reward, settings, cfg, prompt_len=24, log=lambda s: None)
-    result = learner.run(PromptSampler(prompts, seed=0))
+    result = fit_grpo(model, tok, prompts, reward, settings, cfg, reference=model)
     assert [s for s, _ in result.history] == list(range(1, 13))
     e = [m["reward/e_mean"] for _, m in result.history]
     assert np.mean(e[-3:]) > np.mean(e[:3]) + 0.2, e
@@ -337,40 +347,14 @@ def test_several_passes_per_rollout_use_the_sampling_logprobs_as_old_policy(mode
     settings = GRPOSettings(group_size=4, max_new_tokens=8, beta=0.0, num_iterations=2)
     cfg = train_config(tmp_path, steps=2, batch_size=2, optimizer=OptimizerConfig(learning_rate=5e-2,
                                                                                   schedule="constant"))
-    learner = GRPOLearner(model, tok, combine_rewards({"e": e_fraction}), settings, cfg, prompt_len=24,
-                          log=lambda s: None)
-    result = learner.run(PromptSampler(prompts, seed=1))
+    source = GRPOSource(tok, PromptSampler(prompts, seed=1), combine_rewards({"e": e_fraction}), settings,
+                        prompt_len=24)
+    result = fit_grpo(model, tok, prompts, None, settings, cfg, source=source)
     (s1, m1), (s2, m2) = result.history
-    assert (s1, s2) == (1, 2) and learner.rollouts_done == 1
+    assert (s1, s2) == (1, 2) and source.rollouts_done == 1
     assert m1["ratio_mean"] == pytest.approx(1.0, abs=1e-4) and m1["clip_frac"] == 0.0
     assert abs(m2["ratio_max"] - 1.0) > 1e-4 or abs(m2["ratio_min"] - 1.0) > 1e-4
     assert "reward/total_mean" in m1 and "reward/total_mean" not in m2
-
-
-@pytest.mark.slow
-def test_resumed_run_matches_the_uninterrupted_one(model, tok, prompts, tmp_path):
-    """3 steps in one go vs 2 steps, stop, resume for the 3rd from the checkpoint: the checkpoint restores the
-    weights, the prompt sampler's position and the rollout count (which seeds the sampler), so step 3 samples
-    the same completions and reports the same reward and loss."""
-    settings = GRPOSettings(group_size=4, max_new_tokens=6, beta=0.0)
-    reward = combine_rewards({"e": e_fraction})
-
-    def run(steps: int, run_dir: str) -> list[tuple[int, dict]]:
-        cfg = train_config(tmp_path, steps=steps, batch_size=2, run_dir=run_dir,
-                           optimizer=OptimizerConfig(learning_rate=3e-2, schedule="constant"),
-                           checkpoint=CheckpointConfig(every=1, save_at_end=True, resume=True, async_save=False))
-        learner = GRPOLearner(model, tok, reward, settings, cfg, prompt_len=24, log=lambda s: None)
-        try:
-            return learner.run(PromptSampler(prompts, seed=0)).history
-        finally:
-            learner.trainer.close()
-
-    straight = run(3, str(tmp_path / "a"))
-    first = run(2, str(tmp_path / "b"))
-    resumed = run(3, str(tmp_path / "b"))
-    assert [s for s, _ in first] == [1, 2] and [s for s, _ in resumed] == [3]
-    for key in ("reward/e_mean", "loss", "completion/length_mean"):
-        assert resumed[0][1][key] == pytest.approx(straight[2][1][key], rel=1e-5, abs=1e-6), key
 
 
 def test_sampler_visits_every_prompt_once_per_epoch_and_resumes(prompts):

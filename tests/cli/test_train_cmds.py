@@ -128,3 +128,17 @@ def test_pretrain_command_on_text_fields(workspace, tmp_path):
                  "train.checkpoint.save_at_end=false"]) == 0
     records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 2 and records[0]["num_tokens"] > 0
+
+
+def test_a_run_stopped_by_a_hook_exits_with_status_3(workspace, monkeypatch, capsys):
+    """The CLI maps `TrainResult.stop_reason` to exit status 3 (documented in `tempax --help`) and prints it."""
+    from tempax.cli import train_cmds
+    from tempax.cli.main import EXIT_STATUSES
+    from tempax.train.loop import TrainResult
+
+    _, recipe, _ = workspace
+    cls, _ = train_cmds.resolve("sft")
+    monkeypatch.setattr(train_cmds, "resolve", lambda command: (cls, lambda cfg: TrainResult(None, stop_reason="why")))
+    assert main(["sft", "--config", str(recipe)]) == train_cmds.STOPPED_EXIT_STATUS == 3
+    assert "stopped early: why" in capsys.readouterr().err
+    assert "3    a training hook stopped the run early" in EXIT_STATUSES

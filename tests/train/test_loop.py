@@ -133,3 +133,48 @@ def test_learning_rate_schedule_in_the_metrics(tmp_path):
     trainer.close()
     expected = [0.05, 0.1, 0.1, 0.0853553, 0.05, 0.0146447]
     assert_allclose([m["lr"] for _, m in result.history], expected, rtol=1e-5)
+
+
+def test_a_hook_that_raises_stop_ends_the_run_with_a_checkpoint_and_the_reason(tmp_path):
+    """A hook raising StopTraining after step 2 of 6: the loop stops there, saves checkpoint 2 although
+    save_at_end is off and `every` is 0, logs step 2 (log_every=4 would not have) with `stop_reason`, writes the
+    reason to summary.json and returns it; hooks after the stopper run as at the end (the end-only eval runs)."""
+    from tempax.train.hooks import StopTraining
+
+    def stop(info):
+        if info.step == 2:
+            raise StopTraining("loss looks fine, stop")
+
+    cfg = tiny_train_config(tmp_path, steps=6, batch_size=4, seq_len=16, log_every=4,
+                            checkpoint=CheckpointConfig(every=0, save_at_end=False, async_save=False))
+    trainer = Trainer(TableLM(np.zeros((VOCAB, VOCAB))), make_sft_loss(), cfg)
+    result = trainer.fit(_loader(), hooks=[every(1, stop)], eval_batches=lambda: [next(iter(_loader()))])
+    trainer.close()
+    assert result.stop_reason == "loss looks fine, stop"
+    assert [s for s, _ in result.history] == [2] and result.history[0][1]["stop_reason"] == result.stop_reason
+    assert [s for s, _ in result.eval_history] == [2]
+    assert result.last_checkpoint.endswith(os.path.join("checkpoints", "2"))
+    assert os.listdir(tmp_path / "checkpoints") == ["2"]
+    records = read_metrics(str(tmp_path))
+    assert [(r["step"], r.get("stop_reason")) for r in records if "loss" in r] == [(2, "loss looks fine, stop")]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary == {"step": 2, "steps": 6, "resumed_from": 0, "stop_reason": "loss looks fine, stop",
+                       "last_checkpoint": result.last_checkpoint}
+
+
+def test_request_stop_from_outside_the_hooks(tmp_path):
+    """`Trainer.request_stop` (what a signal handler calls) during step 3 ends the run after step 3."""
+    cfg = tiny_train_config(tmp_path, steps=6, batch_size=4, seq_len=16)
+    trainer = Trainer(TableLM(np.zeros((VOCAB, VOCAB))), make_sft_loss(), cfg)
+
+    class StopsDuringStep3:
+        def __iter__(self):
+            for i, batch in enumerate(_loader()):
+                if i == 2:
+                    trainer.request_stop("asked to stop")
+                yield batch
+
+    result = trainer.fit(StopsDuringStep3())
+    trainer.close()
+    assert result.stop_reason == "asked to stop" and [s for s, _ in result.history] == [1, 2, 3]
+    assert result.last_checkpoint.endswith(os.path.join("checkpoints", "3"))

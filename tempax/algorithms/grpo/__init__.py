@@ -3,10 +3,11 @@
     losses.py   pure math: group advantages, clipped surrogate, GSPO ratio, k3 KL, aggregation, grpo_loss
     config.py   GRPOConfig (recipe) and GRPOSettings (the algorithm knobs and variants)
     rollout.py  prompts -> groups of completions -> rewards -> advantages -> a fixed-shape batch
-    learner.py  the loss function for the shared train step and the rollout/update driver (GRPOLearner)
+    learner.py  the loss function for the shared train step (log-probs of the sampled completions)
+    source.py   rollouts of the current policy as a batch source for Trainer.fit (GRPOSource) and its hooks
     trainer.py  main(GRPOConfig): `tempax grpo --config RECIPE.yaml`
 
-The learner, config and trainer names are imported lazily (they pull in the training core and the generator).
+The learner, source, config and trainer names are imported lazily (they pull in the training core and the generator).
 """
 
 from tempax.algorithms.grpo.losses import (
@@ -26,7 +27,8 @@ from tempax.algorithms.grpo.losses import (
 
 _LAZY = {
     "GRPOConfig": "config", "GRPOSettings": "config", "VARIANTS": "config",
-    "GRPOLearner": "learner", "GRPOResult": "learner", "completion_logprobs": "learner", "make_grpo_loss": "learner",
+    "completion_logprobs": "learner", "make_grpo_loss": "learner",
+    "GRPOSource": "source", "make_grpo_trainer": "source", "grpo_hooks": "source",
     "PromptSampler": "rollout", "Rollout": "rollout", "build_batch": "rollout", "encode_prompts": "rollout",
     "sample_rollout": "rollout",
     "main": "trainer",

@@ -36,6 +36,7 @@ from tempax.data.tasks.arithmetic import ArithmeticConfig
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
+from tempax.train.guards import CollapseGuardConfig
 from tempax.configlib import help_field
 
 
@@ -106,6 +107,11 @@ class GRPOSettings:
         "sampling",
     )
     log_entropy: bool = _help("Report the policy's token entropy (one extra softmax pass over the vocabulary).", True)
+    entropy_coef: float = _help(
+        "Entropy bonus: the loss subtracts coef x the policy's token entropy (aggregated like the loss), which "
+        "keeps the policy exploring; 0: off. The collapse guard's entropy_bonus action switches it on mid-run.",
+        0.0,
+    )
     show_completion_every: int = _help("Print one sampled completion with its reward every N steps (0: never).", 0)
 
     def validate(self) -> None:
@@ -129,6 +135,8 @@ class GRPOSettings:
             raise ConfigError("grpo.epsilon and grpo.epsilon_high must be > 0")
         if self.loss_aggregation not in AGGREGATION_MODES:
             raise ConfigError(f"grpo.loss_aggregation must be one of {AGGREGATION_MODES}")
+        if self.entropy_coef < 0:
+            raise ConfigError(f"grpo.entropy_coef must be >= 0, got {self.entropy_coef}")
         if self.max_sampling_rounds < 1:
             raise ConfigError(f"grpo.max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
         if not 0 <= self.overlong_penalty_tokens <= self.max_new_tokens:
@@ -238,6 +246,11 @@ class GRPOConfig:
     rewards: RewardSpec = _help("Reward functions.", default_factory=RewardSpec)
     grpo: GRPOSettings = _help("The algorithm.", default_factory=GRPOSettings)
     eval: EvalSpec = _help("Evaluation before and after training.", default_factory=EvalSpec)
+    guard: CollapseGuardConfig = _help(
+        "Entropy-collapse guard (on, warn-only by default): thresholds on entropy, zero-spread groups, duplicate "
+        "completions and completion length, and the action when one is crossed.",
+        default_factory=CollapseGuardConfig,
+    )
     train: TrainConfig = _help(
         "The training loop. batch_size and micro_batch_size count prompts (x group_size completions each); "
         "steps counts optimizer updates.",

@@ -363,6 +363,37 @@ def grpo_loss(
     return loss, metrics
 
 
+def entropy_bonus(
+    entropy_bt: jax.Array,
+    mask_bt: jax.Array,
+    *,
+    coef: jax.Array | float,
+    aggregation: str = "token_mean",
+    max_len: int | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The entropy bonus added to a policy loss: `-coef * agg_t(H_t)`, so minimising the loss raises entropy.
+
+        H_t = -sum_v pi(v | context_t) log pi(v | context_t)      per-token entropy of the policy (nats)
+        term = -coef * aggregate(H, mask)                          aggregated like the policy loss
+
+    Entropy regularisation (Williams & Peng 1991; the c2 S[pi] term of PPO, Schulman et al. 2017) keeps the
+    policy from collapsing onto one completion. `aggregate` is `aggregate_token_loss` with the policy loss's
+    mode, so the bonus weighs tokens the way the loss does (GRPO: each sequence the same; DAPO: each token).
+    `coef` may be traced (the collapse guard raises it during a run without recompiling the step).
+
+    Args:
+      entropy_bt: [B, T] per-token entropy, with its gradient (do not stop it: the bonus acts through it).
+      mask_bt: [B, T] completion mask.
+      coef: c >= 0.
+      aggregation, max_len: as `aggregate_token_loss`.
+
+    Returns:
+      (term to add to the loss, {"entropy_bonus": term}).
+    """
+    term = -jnp.asarray(coef, jnp.float32) * aggregate_token_loss(entropy_bt, mask_bt, aggregation, max_len=max_len)
+    return term, {"entropy_bonus": term}
+
+
 # ------------------------------------------------------------------------------------------------ PPO pieces
 
 

@@ -10,7 +10,7 @@ and its G completions,
     completion_mask    [P, G, T]    float32, 1 on generated tokens (the stop token included)
     advantages         [P, G]       float32, group-relative advantages
     old_logp           [P, G, T]    float32, sampling-time log p_tau of each token (only when needed)
-    ref_logp           [P, G, T]    float32, reference log p_tau (added by the learner when beta > 0)
+    ref_logp           [P, G, T]    float32, reference log p_tau (added by the batch source when beta > 0)
 
 so the training forward can run each prompt once and share its keys/values among the G completions
 (`tempax.algorithms.grpo.learner.completion_logprobs`), like the sampler's shared prefill; and gradient
@@ -365,4 +365,13 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
     m["completion/length_mean"] = float(lengths.mean())
     m["completion/length_max"] = float(lengths.max())
     m["completion/truncated_frac"] = float(rollout.truncated.mean())
+    m["completion/duplicate_frac"] = duplicate_fraction(rollout.completion_tokens)
     return m
+
+
+def duplicate_fraction(completion_tokens: np.ndarray) -> float:
+    """Fraction of completions [P, G, T] that repeat an earlier completion of their group token for token (pad
+    after the end included): G - distinct completions, summed over groups, over P * G. A sign of collapse."""
+    p, g = completion_tokens.shape[:2]
+    repeats = sum(g - len(np.unique(group.reshape(g, -1), axis=0)) for group in completion_tokens)
+    return repeats / max(p * g, 1)

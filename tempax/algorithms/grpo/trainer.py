@@ -3,8 +3,8 @@
     cfg = load_config(GRPOConfig, "recipes/grpo_gsm8k_smollm2.yaml", ["train.steps=20"])
     result = main(cfg)
 
-`main` builds the model (LoRA/QLoRA when configured), the task's prompts, the reward functions and the
-`GRPOLearner`; evaluates on the held-out split before and after training (answer accuracy, format accuracy,
+`main` builds the model (LoRA/QLoRA when configured), the task's prompts, the reward functions, the trainer and the
+rollout source (`GRPOSource`), trains with `Trainer.fit`; evaluates on the held-out split before and after training (answer accuracy, format accuracy,
 pass@k; greedy and sampled); and writes config.yaml, metrics.jsonl / TensorBoard, checkpoints, eval.json and
 the adapters (PEFT layout) into `train.run_dir`.
 """
@@ -21,8 +21,9 @@ from typing import Any, Callable, Sequence
 from flax import nnx
 
 from tempax.algorithms.grpo.config import EvalSpec, GRPOConfig, RewardSpec, TaskSpec
-from tempax.algorithms.grpo.learner import GRPOLearner, GRPOResult
 from tempax.algorithms.grpo.rollout import PromptSampler, encode_prompts, round_up
+from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
+from tempax.train.loop import TrainResult
 from tempax.errors import ConfigError
 
 __all__ = ["GRPOConfig", "GRPORun", "build_rewards", "load_task", "main", "PLOT_METRICS"]
@@ -97,10 +98,11 @@ def eval_options(spec: EvalSpec, default_max_new_tokens: int, seed: int = 0) -> 
 
 @dataclass
 class GRPORun:
-    """What `main` returns: the training result, evaluations and the learner (whose `.model` is the policy)."""
+    """What `main` returns: the training result, evaluations, the rollout source and the trained policy."""
 
-    result: GRPOResult
-    learner: GRPOLearner
+    result: TrainResult
+    source: GRPOSource
+    policy: Any
     before: Any = None
     after: Any = None
     files: dict[str, str] = field(default_factory=dict)
@@ -143,18 +145,17 @@ def main(cfg: GRPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | Non
     if held_rows and cfg.eval.before:
         before = evaluate(model, tokenizer, held_rows, options)
         say(f"before training: {before.summary_line()}")
-    learner = GRPOLearner(
-        model, tokenizer, reward_fn, cfg.grpo, cfg.train, prompt_len=prompt_len, trainable=trainable, mesh=mesh,
-        log=say, checkpoint_meta={"model_source": cfg.model.source},
-    )
+    source = GRPOSource(tokenizer, PromptSampler(prompts, seed=cfg.train.seed), reward_fn, cfg.grpo,
+                        prompt_len=prompt_len, reference=model if cfg.lora is None else None)
+    trainer = make_grpo_trainer(model, cfg.grpo, cfg.train, prompt_len=prompt_len, trainable=trainable, mesh=mesh,
+                                log=say, checkpoint_meta={"model_source": cfg.model.source}, guard=cfg.guard)
     del model  # the trainer holds the weights now
-    sampler = PromptSampler(prompts, seed=cfg.train.seed)
     try:
-        result = learner.run(sampler, hooks=hooks)
+        result = trainer.fit(source, hooks=[*grpo_hooks(source, cfg.grpo, cfg.guard), *hooks])
     finally:
-        learner.trainer.close()
-    run = GRPORun(result=result, learner=learner, before=before)
-    policy = learner.model
+        trainer.close()
+    policy = trainer.model
+    run = GRPORun(result=result, source=source, policy=policy, before=before)
     if held_rows and cfg.eval.after:
         from tempax.models.lora import merge_lora
 
@@ -180,7 +181,7 @@ def main(cfg: GRPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | Non
     return run
 
 
-def _log_evals(run_dir: str, cfg: GRPOConfig, stages: list[tuple[str, Any]], result: GRPOResult) -> None:
+def _log_evals(run_dir: str, cfg: GRPOConfig, stages: list[tuple[str, Any]], result: TrainResult) -> None:
     from tempax.train.metrics import MetricsWriter
 
     writer = MetricsWriter(run_dir, tensorboard=cfg.train.tensorboard)

@@ -1,0 +1,347 @@
+"""GRPO's rollouts as a batch source for `Trainer.fit` (the protocol: `tempax.train.sources`), and its hooks.
+
+    trainer = make_grpo_trainer(model, settings, cfg.train, prompt_len=96, trainable=lora_filter)
+    source = GRPOSource(tokenizer, PromptSampler(prompts), reward_fn, settings, prompt_len=96)
+    result = trainer.fit(source, hooks=grpo_hooks(source, settings))
+
+Each rollout, drawn lazily when `fit` asks for the next batch (so from the weights the previous step produced):
+  1. sample G completions for each of `train.batch_size` prompts with the current policy (`trainer.model`; the G
+     samples of a prompt share one prefill), score them, compute group advantages (`rollout.sample_rollout`).
+     With DAPO dynamic sampling, zero-spread groups are dropped and more prompts are sampled;
+  2. one fixed-shape row per prompt (`rollout.build_batch`), plus reference log-probs when beta > 0 (LoRA: the
+     same weights with the adapters switched off; full-weight: a frozen copy of the starting weights) and
+     recomputed old log-probs when `old_logprobs: recompute`;
+  3. the same batch is yielded `num_iterations` times (one optimizer step each).
+
+The knobs the collapse guard (`tempax.train.guards`) may change — sampling temperature, upper clip range, entropy
+coefficient — live in `knobs`, go into every batch as per-row values (the step is compiled once) and into
+`state()`.
+
+Resume (the boundary rule of `tempax.train.sources`): `state()` holds the prompt sampler's position and the
+rollout count (which seeds the sampler), and, between two passes over one rollout, the rollout's batch and the
+passes left, so a checkpoint or a stop at any step resumes into exactly the batches of the uninterrupted run.
+
+Metrics of a rollout's first pass (`batch_metrics`): rewards per function, zero-spread groups, advantages,
+completion lengths, duplicate completions, and the time split `perf/generation_s`, `perf/reward_s`,
+`perf/reference_s`, rollouts/s and generated tokens/s; `ThroughputSplit` adds the step's training time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tempax.algorithms.grpo.config import GRPOSettings
+from tempax.algorithms.grpo.learner import completion_logprobs, logprobs_no_grad, make_grpo_loss
+from tempax.algorithms.grpo.rollout import (
+    PromptSampler,
+    Rollout,
+    build_batch,
+    fill_with_spread,
+    rollout_metrics,
+    sample_rollout,
+)
+from tempax.errors import ConfigError
+from tempax.parallel.rules import use_mesh
+from tempax.train.config import TrainConfig
+from tempax.train.guards import CollapseGuard, CollapseGuardConfig
+from tempax.train.hooks import Hook, StepInfo
+from tempax.train.loop import Trainer
+from tempax.train.sources import decode_arrays, encode_arrays
+
+Batch = dict[str, np.ndarray]
+
+# The batch keys a no-grad forward pass reads.
+_FORWARD_KEYS = ("prompt_tokens", "prompt_segments", "completion_tokens", "completion_mask")
+
+
+def make_grpo_trainer(
+    model: nnx.Module,
+    settings: GRPOSettings,
+    train: TrainConfig,
+    *,
+    prompt_len: int,
+    trainable: Any = nnx.Param,
+    mesh: Any = None,
+    log: Callable[[str], None] | None = None,
+    checkpoint_meta: dict[str, Any] | None = None,
+    guard: CollapseGuardConfig | None = None,
+) -> Trainer:
+    """The `Trainer` of a GRPO run: `make_grpo_loss(settings)` on the shared step, with the memory plan sized
+    for a row of one prompt of `prompt_len` tokens plus its G completions of max_new_tokens. With a guard whose
+    action is `entropy_bonus`, the loss carries the (traced, initially `settings.entropy_coef`) bonus term."""
+    tokens_per_row = int(prompt_len) + settings.group_size * settings.max_new_tokens
+    bonus = guard is not None and guard.enabled and guard.action == "entropy_bonus"
+    return Trainer(
+        model, make_grpo_loss(settings, entropy_bonus=bonus), dataclasses.replace(train, seq_len=tokens_per_row),
+        trainable=trainable,
+        mesh=mesh, log=log, checkpoint_meta={"algorithm": "GRPO", **(checkpoint_meta or {})},
+    )
+
+
+class GRPOSource:
+    """Rollouts of the current policy, as fixed-shape GRPO batches (see the module docstring).
+
+    Args:
+      tokenizer: the policy's tokenizer.
+      sampler: where prompts come from (its position is part of `state()`).
+      reward_fn: a `tempax.rewards.CombinedReward` (never raises; failures are counted).
+      settings: the algorithm knobs.
+      prompt_len: Lp, the fixed (left-padded) prompt length of every batch; no prompt may be longer.
+      reference: full-weight training with beta > 0: the starting model, the frozen reference (copied here,
+        so build the source before the trainer takes the weights). LoRA runs use the base with the adapters
+        off and need none.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        sampler: PromptSampler,
+        reward_fn: Any,
+        settings: GRPOSettings,
+        *,
+        prompt_len: int,
+        reference: nnx.Module | None = None,
+    ):
+        self.tokenizer = tokenizer
+        self.sampler = sampler
+        self.reward_fn = reward_fn
+        self.settings = settings
+        self.prompt_len = int(prompt_len)
+        self._reference: tuple[Any, Any] | None = None
+        if reference is not None and settings.beta > 0:
+            graphdef, state = nnx.split(reference)
+            self._reference = (graphdef, jax.tree.map(jnp.copy, state))
+        self.trainer: Trainer | None = None
+        self.rollouts_done = 0
+        self.last_rollout: Rollout | None = None
+        self._batch: Batch | None = None
+        self._passes_left = 0
+        self._metrics: dict[str, float] = {}
+        # What the collapse guard may change mid-run (part of `state()`, written into every batch).
+        self.knobs: dict[str, float] = {"temperature": settings.temperature, "eps_high": settings.eps_high,
+                                        "entropy_coef": settings.entropy_coef}
+
+    # -- the protocol -----------------------------------------------------------------------------------------
+    def attach(self, trainer: Trainer) -> None:
+        """Keeps the trainer (the policy to sample from) and jits the no-grad forward passes over its state."""
+        if self.settings.beta > 0 and trainer.full_finetune and self._reference is None:
+            raise ConfigError(
+                "GRPO with full-weight training and grpo.beta > 0 needs the frozen reference: pass the starting "
+                "model as GRPOSource(..., reference=model), or set grpo.beta=0"
+            )
+        self.trainer = trainer
+        parts = trainer.parts
+
+        def policy(params: Any, rest: Any, batch: Batch, tau: jax.Array) -> jax.Array:
+            return completion_logprobs(parts.merge(params, rest), batch, temperature=tau)[0]
+
+        def adapters_off(params: Any, rest: Any, batch: Batch, tau: jax.Array) -> jax.Array:
+            from tempax.models.lora import disable_adapters
+
+            model = parts.merge(params, rest)
+            with disable_adapters(model):  # a static switch: the trace computes the base model
+                return completion_logprobs(model, batch, temperature=tau)[0]
+
+        self._policy_logprobs = jax.jit(policy)
+        self._base_logprobs = jax.jit(adapters_off)
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            if self._passes_left == 0:
+                self._next_rollout()
+            else:
+                self._metrics = {}  # rollout numbers belong to the rollout's first pass
+            self._passes_left -= 1
+            assert self._batch is not None
+            yield self._batch
+
+    def state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"sampler": self.sampler.state(), "rollouts": self.rollouts_done,
+                                 "knobs": dict(self.knobs)}
+        if self._passes_left > 0 and self._batch is not None:
+            state["pending"] = {"passes_left": self._passes_left, "batch": encode_arrays(self._batch)}
+        return state
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if state.get("sampler"):
+            self.sampler.restore(state["sampler"])
+        self.rollouts_done = int(state.get("rollouts", 0))
+        self.knobs.update({k: float(v) for k, v in state.get("knobs", {}).items()})
+        pending = state.get("pending")
+        self._batch = decode_arrays(pending["batch"]) if pending else None
+        self._passes_left = int(pending["passes_left"]) if pending else 0
+
+    def batch_metrics(self) -> dict[str, float]:
+        return self._metrics
+
+    # -- pieces -----------------------------------------------------------------------------------------------
+    def _attached(self) -> Trainer:
+        if self.trainer is None:
+            raise RuntimeError("GRPOSource.attach(trainer) must run first (Trainer.fit does it)")
+        return self.trainer
+
+    def _next_rollout(self) -> None:
+        t0 = time.perf_counter()
+        rollout = self.rollout()
+        batch, extra_s = self.make_batch(rollout)
+        self.last_rollout, self._batch, self._passes_left = rollout, batch, self.settings.num_iterations
+        self._metrics = {**rollout_metrics(rollout), **_perf(rollout, extra_s, time.perf_counter() - t0)}
+
+    def rollout(self) -> Rollout:
+        """One step's rollout of `train.batch_size` groups (with dynamic sampling, several rounds)."""
+        trainer, s = self._attached(), self.settings
+        num_prompts = trainer.config.batch_size
+        rounds: list[Rollout] = []
+        max_rounds = s.max_sampling_rounds if s.dynamic_sampling else 1
+        model = trainer.model
+        for r in range(max_rounds):
+            seed = (trainer.config.seed * 1_000_003 + self.rollouts_done * 101 + r) % (2**31 - 1)
+            rounds.append(sample_rollout(
+                model, self.tokenizer, self.sampler.next(num_prompts), self.reward_fn, group_size=s.group_size,
+                max_new_tokens=s.max_new_tokens, temperature=self.knobs["temperature"], top_p=s.top_p, seed=seed,
+                scale_rewards=s.scale_rewards, overlong_penalty_tokens=s.overlong_penalty_tokens,
+            ))
+            with_spread = sum(int((~ro.zero_spread).sum()) for ro in rounds)
+            if with_spread >= num_prompts:
+                break
+        self.rollouts_done += 1
+        return fill_with_spread(rounds, num_prompts) if s.dynamic_sampling else rounds[0]
+
+    def make_batch(self, rollout: Rollout) -> tuple[Batch, float]:
+        """(training batch, seconds spent on extra forward passes: reference and recomputed old log-probs)."""
+        s = self.settings
+        reuse = s.num_iterations > 1
+        batch = build_batch(rollout, prompt_len=self.prompt_len, pad_id=self.tokenizer.pad_id,
+                            with_old_logp=reuse and s.old_logprobs == "sampling")
+        p = rollout.num_prompts
+        batch.update({name: np.full((p,), value, np.float32) for name, value in self.knobs.items()})
+        t0 = time.perf_counter()
+        if reuse and s.old_logprobs == "recompute":
+            batch["old_logp"] = self.policy_logprobs(batch)
+        if s.beta > 0:
+            batch["ref_logp"] = self.reference_logprobs(batch)
+        return batch, time.perf_counter() - t0
+
+    def _chunked(self, fn: Callable[[dict[str, jax.Array]], jax.Array], batch: Batch) -> np.ndarray:
+        """fn over the batch micro-batch by micro-batch (bounded [rows, T, vocab] logits) -> [P, G, T]."""
+        trainer = self._attached()
+        p = batch["prompt_tokens"].shape[0]
+        step = trainer.micro_batch_size
+        out = []
+        with use_mesh(trainer.mesh):
+            for start in range(0, p, step):
+                part = trainer.put_batch({k: batch[k][start:start + step] for k in _FORWARD_KEYS})
+                out.append(np.asarray(fn(part)))
+        return np.concatenate(out, axis=0)
+
+    def reference_logprobs(self, batch: Batch) -> np.ndarray:
+        """log p_tau of the completions under the frozen reference (base with adapters off, or the copy)."""
+        trainer = self._attached()
+        tau = jnp.float32(self.knobs["temperature"])
+        if self._reference is not None:
+            graphdef, state = self._reference
+            return self._chunked(lambda b: logprobs_no_grad(graphdef, state, b, tau), batch)
+        params, rest = trainer.state.params, trainer.rest
+        return self._chunked(lambda b: self._base_logprobs(params, rest, b, tau), batch)
+
+    def policy_logprobs(self, batch: Batch) -> np.ndarray:
+        """log p_tau of the completions under the current policy (no gradient)."""
+        trainer = self._attached()
+        params, rest, tau = trainer.state.params, trainer.rest, jnp.float32(self.knobs["temperature"])
+        return self._chunked(lambda b: self._policy_logprobs(params, rest, b, tau), batch)
+
+    # -- what the collapse guard may change -------------------------------------------------------------------
+    def adjust(self, action: str, guard: CollapseGuardConfig) -> str:
+        """Applies a guard adjustment from the next rollout on; returns what changed."""
+        k = self.knobs
+        if action == "raise_temperature":
+            old, k["temperature"] = k["temperature"], min(k["temperature"] + guard.temperature_step,
+                                                          max(guard.max_temperature, k["temperature"]))
+            return f"sampling temperature {old:g} -> {k['temperature']:g}"
+        if action == "clip_higher":
+            old, k["eps_high"] = k["eps_high"], max(k["eps_high"], guard.clip_high)
+            return f"upper clip range epsilon_high {old:g} -> {k['eps_high']:g}"
+        if action == "entropy_bonus":
+            old, k["entropy_coef"] = k["entropy_coef"], max(k["entropy_coef"], guard.entropy_coef)
+            return f"entropy_coef {old:g} -> {k['entropy_coef']:g}"
+        raise ConfigError(f"GRPO cannot apply the guard action {action!r}")
+
+    def advice(self, guard: CollapseGuardConfig) -> str:
+        """The concrete remedies, with the run's current values."""
+        k, lr = self.knobs, (self.trainer.config.optimizer.learning_rate if self.trainer is not None else None)
+        return (f"raise grpo.temperature (now {k['temperature']:g}; try {k['temperature'] + guard.temperature_step:g}), "
+                f"set grpo.epsilon_high={max(guard.clip_high, k['eps_high']):g} (clip-higher; now {k['eps_high']:g}), "
+                f"set grpo.entropy_coef={guard.entropy_coef:g} (now {k['entropy_coef']:g})"
+                + (f", or lower train.optimizer.learning_rate (now {lr:g})" if lr is not None else "")
+                + "; guard.action=raise_temperature|clip_higher|entropy_bonus makes the guard apply one itself")
+
+
+def _perf(rollout: Rollout, extra_s: float, data_s: float) -> dict[str, float]:
+    gen_s = rollout.seconds.get("generation", 0.0)
+    completions = rollout.groups_sampled * rollout.group_size
+    return {
+        "perf/generation_s": gen_s,
+        "perf/reward_s": rollout.seconds.get("reward", 0.0),
+        "perf/reference_s": extra_s,
+        "perf/rollout_s": data_s,
+        "perf/rollouts_per_s": completions / max(gen_s, 1e-9),
+        "perf/generated_tokens_per_s": float(rollout.lengths.sum()) / max(gen_s, 1e-9),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- hooks
+
+
+class ThroughputSplit(Hook):
+    """Adds the step's time split to its record: `perf/train_s` (forward + backward + update), `perf/step_s`
+    (waiting for the batch + training) and `perf/generation_frac`. Due every step, so every step is timed (the
+    loop then waits for each step: the rollout of the next one needs its weights anyway)."""
+
+    def __init__(self) -> None:
+        super().__init__(every=1, at_end=True)
+
+    def __call__(self, info: StepInfo) -> None:
+        step_s = info.data_s + info.train_s
+        gen_s = info.metrics().get("perf/generation_s", 0.0)
+        info.add_metrics({"perf/train_s": info.train_s, "perf/step_s": step_s,
+                          "perf/generation_frac": gen_s / max(step_s, 1e-9)})
+
+
+class ShowCompletions(Hook):
+    """Prints the best-rewarded completion of the latest rollout every `every` steps."""
+
+    def __init__(self, source: GRPOSource, every: int):
+        super().__init__(every=every, at_end=False)
+        self.source = source
+
+    def __call__(self, info: StepInfo) -> None:
+        rollout = self.source.last_rollout
+        if rollout is None:
+            return
+        i = int(np.argmax(rollout.rewards.reshape(-1)))
+        p, j = divmod(i, rollout.group_size)
+        question = rollout.prompts[p].columns.get("question", "")
+        info.trainer.progress.write(
+            f"step {info.step} best completion (reward {rollout.rewards[p, j]:.2f}) for: {question}\n"
+            f"{rollout.texts[p][j]}"
+        )
+
+
+def grpo_hooks(source: GRPOSource, settings: GRPOSettings, guard: CollapseGuardConfig | None = None) -> list[Hook]:
+    """The hooks every GRPO run gets: the time split, the collapse guard (default thresholds, warn-only, unless
+    `guard` says otherwise), and sample completions when `show_completion_every`."""
+    guard = guard if guard is not None else CollapseGuardConfig()
+    hooks: list[Hook] = [ThroughputSplit()]
+    if guard.enabled:
+        hooks.append(CollapseGuard(guard, adjust=lambda action: source.adjust(action, guard),
+                                   advice=lambda: source.advice(guard)))
+    if settings.show_completion_every:
+        hooks.append(ShowCompletions(source, settings.show_completion_every))
+    return hooks
