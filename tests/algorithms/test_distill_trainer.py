@@ -250,7 +250,8 @@ def test_gkd_draws_on_policy_batches_with_probability_lambda_reproducibly():
 
 @pytest.mark.slow
 def test_on_policy_mode_trains_on_student_samples(tmp_path, teacher_dir, data_path):
-    """mode: on_policy with lambda = 1: every batch is the student's own samples (2 steps), scored by the teacher."""
+    """mode: on_policy with lambda = 1 on the one loop: `fit` attaches the source, every batch is the student's own
+    samples (2 steps) scored by the teacher, and the source's metrics join each step's record."""
     cfg = _config(tmp_path, teacher_dir, data_path, "gkd", **{
         "train.steps": 2, "train.eval_at_start": False, "train.log_every": 1, "train.seq_len": 64,
     })
@@ -260,3 +261,5 @@ def test_on_policy_mode_trains_on_student_samples(tmp_path, teacher_dir, data_pa
     raw["loss"]["kind"] = "jsd"
     result = main(from_dict(DistillConfig, raw), log=lambda _: None)
     assert len(result.losses) == 2 and all(np.isfinite(result.losses))
+    for _, record in result.history:
+        assert record["gkd/on_policy"] == 1.0 and 1 <= record["gkd/completion_len"] <= 8

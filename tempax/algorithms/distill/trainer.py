@@ -216,8 +216,6 @@ def main(cfg: DistillConfig, *, hooks: tuple = (), log: Callable[[str], None] | 
         loss_chunk_len=cfg.loss.chunk_len,
     )
     del pair  # the trainer holds its own copies
-    if isinstance(batches, GKDSource):
-        batches.attach(trainer)
     try:
         result = trainer.fit(batches, hooks=hooks, eval_batches=data.eval_loader)
     finally:
