@@ -4,6 +4,7 @@ sequence-level KD, the student/teacher set-up (pruned copy, vocabulary check, te
 from __future__ import annotations
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -263,3 +264,17 @@ def test_on_policy_mode_trains_on_student_samples(tmp_path, teacher_dir, data_pa
     assert len(result.losses) == 2 and all(np.isfinite(result.losses))
     for _, record in result.history:
         assert record["gkd/on_policy"] == 1.0 and 1 <= record["gkd/completion_len"] <= 8
+
+
+def test_validate_checks_the_teacher_and_student_sources(monkeypatch):
+    """`tempax validate` resolves both models of a distillation recipe (student.source=teacher is the copy)."""
+    from tempax.cli.validate import check_recipe
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.chdir(root)
+    command, cfg, _ = check_recipe("recipes/distill_smollm2.yaml")
+    assert command == "distill" and cfg.student.source == "teacher"
+    with pytest.raises(ConfigError, match="teacher.source: unknown model 'smolm2'"):
+        check_recipe("recipes/distill_smollm2.yaml", ["teacher.source=smolm2"])
+    with pytest.raises(ConfigError, match="student.source: unknown model"):
+        check_recipe("recipes/distill_smollm2.yaml", ["student.source=nope-7b"])
