@@ -307,3 +307,14 @@ def test_micro_batches_give_the_full_batch_step():
     assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-5)
     for key in p1:
         assert_allclose(p1[key], p2[key], atol=1e-6, err_msg=key)
+
+
+def test_lora_student_trains_only_its_adapters():
+    """With `lora:` the trainable arrays are the student's adapters; the student's base and the teacher are frozen."""
+    from tempax.algorithms.distill.models import student_lora_filter
+    from tempax.models.lora import LoraConfig, apply_lora
+
+    student = apply_lora(tiny_tempax_model(seed=0, num_layers=1), LoraConfig(rank=2), rngs=nnx.Rngs(0))
+    teacher = apply_lora(tiny_tempax_model(seed=1, num_layers=1), LoraConfig(rank=2), rngs=nnx.Rngs(1))
+    _, params = ModelParts.split(StudentTeacher(student, teacher), student_lora_filter())
+    assert params and all(k.startswith("student.") and ".lora_" in k for k in params)
