@@ -53,6 +53,11 @@ class StudentSpec(ModelSpec):
         "registered name, preset:<name>, a .gguf file, a Hugging Face folder or Hub id.",
         TEACHER_SOURCE,
     )
+    tokenizer: str | None = _help(
+        "Tokenizer to load a preset student with; null: the teacher's. The run always tokenises with the teacher's "
+        "tokenizer (the vocabularies must match).",
+        None,
+    )
     keep_layers: str | tuple[int, ...] = _help(
         "Layers of the source model the student keeps: all, 'every N' (0, N, 2N, ...), 'first N', 'last N' or a "
         "list of indices [0, 3, 6]. Embeddings, final norm and LM head are copied.",
