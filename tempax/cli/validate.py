@@ -62,18 +62,19 @@ def check_recipe(path: str, overrides: list[str] | None = None, command: str | N
         if looks_local:
             raise ConfigError(f"data.path: dataset file not found: {data_path} (relative to {os.getcwd()})")
         warnings.append(f"data.path {data_path!r} is not local; it will be read from the Hugging Face Hub")
-    model = getattr(cfg, "model", None)
-    for key in ("source", "tokenizer"):
-        source = getattr(model, key, None)
-        if isinstance(source, str):
-            from tempax.models.registry import resolve_source
+    for section in ("model", "teacher", "student"):  # distillation names two models
+        model = getattr(cfg, section, None)
+        for key in ("source", "tokenizer"):
+            source = getattr(model, key, None)
+            if isinstance(source, str) and not (section == "student" and source == "teacher"):
+                from tempax.models.registry import resolve_source
 
-            try:
-                resolved = resolve_source(source)
-            except TempaxError as e:
-                raise ConfigError(f"model.{key}: {e}") from None
-            if resolved.kind == "hub":
-                warnings.append(f"model.{key} {source!r} is a Hub repo; it needs network on first use")
+                try:
+                    resolved = resolve_source(source)
+                except TempaxError as e:
+                    raise ConfigError(f"{section}.{key}: {e}") from None
+                if resolved.kind == "hub":
+                    warnings.append(f"{section}.{key} {source!r} is a Hub repo; it needs network on first use")
     return command, cfg, warnings
 
 

@@ -222,6 +222,7 @@ class Trainer:
             frozen_bytes_per_param=(rest_bytes / frozen_count) if frozen_count and not self.full_finetune else None,
             mesh_shape=tuple(dict(self.mesh.shape).items()),
             loss_chunk_len=self._loss_chunk_len,
+            extra_frozen_bytes=0 if frozen_count else rest_bytes,  # e.g. a distillation teacher beside the model
         )
         inputs = mem.PlanInputs(**{**inputs.__dict__, **self._memory_extras})
         capacity = mem.device_capacity(self.mesh.devices.flat) if cfg.check_memory or cfg.auto_micro_batch else None

@@ -4,7 +4,8 @@ Per device, in bytes (P = all parameters, P_t = trainable ones, N = tokens of on
 a = bytes per activation element: 4 in fp32, 2 in bf16):
 
     weights       trainable P_t * 4 (float32 master) + frozen (P - P_t) * their storage bytes (4, 2, or ~0.56 for
-                  NF4 QLoRA), divided over the parameter-sharding axes (fsdp x tensor)
+                  NF4 QLoRA) + frozen arrays of other models (a distillation teacher), divided over the
+                  parameter-sharding axes (fsdp x tensor)
     compute copy  bf16 only: a 2-byte copy of the weights used by the matmuls
     gradients     P_t * 4, plus an accumulator of the same size with more than one micro-batch
     optimizer     Adam/AdamW: 2 moments, P_t * 8; SGD with momentum: P_t * 4
@@ -99,8 +100,10 @@ class PlanInputs:
     # The loss materialises logits for this many positions per row at a time; None: whole rows; 0: no vocabulary
     # logits at all (a reward model's scalar head).
     loss_chunk_len: int | None = None
-    held_bytes: int = 0  # models held beside the trained one, not trained (reward model, frozen reference)
+    held_bytes: int = 0  # models held beside the trained one and outside it (reward model, frozen reference)
     trunks: int = 1  # decoder stacks the loss runs forward and backward (2: a policy and a separate critic)
+    # Frozen arrays inside the trained module but outside `model`'s own parameters (a distillation teacher held next to the student), in bytes.
+    extra_frozen_bytes: int = 0
 
 
 def plan_memory(p: PlanInputs, capacity: int | None = None) -> MemoryPlan:
@@ -117,7 +120,7 @@ def plan_memory(p: PlanInputs, capacity: int | None = None) -> MemoryPlan:
     frozen_bytes = storage if p.frozen_bytes_per_param is None else p.frozen_bytes_per_param
     a = 2 if p.precision == "bf16" else 4
 
-    weights = (trainable * 4 + frozen * frozen_bytes) / shard
+    weights = (trainable * 4 + frozen * frozen_bytes + p.extra_frozen_bytes) / shard
     compute_copy = total_params * 2 / shard if p.precision == "bf16" else 0
     grads = trainable * 4 / shard * (2 if p.num_micro_batches > 1 else 1)
     if p.optimizer in ("adamw", "adam"):

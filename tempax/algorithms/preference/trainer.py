@@ -25,7 +25,7 @@ ORPO and SimPO need no reference; none is computed for them.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 import jax

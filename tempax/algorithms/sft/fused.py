@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _logits(h: jax.Array, w: jax.Array, vocab_major: bool) -> jax.Array:
+def head_logits(h: jax.Array, w: jax.Array, vocab_major: bool) -> jax.Array:
     """h [..., D] times the head: W [V, D] (vocab_major, a tied embedding) or [D, V]; float32 result."""
     dims = ((h.ndim - 1,), (1,) if vocab_major else (0,))
     return jax.lax.dot_general(h, w, (dims, ((), ())), preferred_element_type=jnp.float32)
@@ -42,7 +42,7 @@ def _logits(h: jax.Array, w: jax.Array, vocab_major: bool) -> jax.Array:
 
 def _chunk_stats(h, w, targets, vocab_major, softcap):
     """(z, capped tanh or None, lse, target logit, max) for one chunk; z is [B, C, V] float32."""
-    z = _logits(h, w, vocab_major)
+    z = head_logits(h, w, vocab_major)
     y = None
     if softcap is not None:
         y = jnp.tanh(z / softcap)
@@ -53,13 +53,13 @@ def _chunk_stats(h, w, targets, vocab_major, softcap):
     return z, y, lse, zt, m
 
 
-def _split(x: jax.Array, chunk: int) -> jax.Array:
+def split_chunks(x: jax.Array, chunk: int) -> jax.Array:
     """[B, T, ...] -> [T / chunk, B, chunk, ...]: scan over sequence chunks, the (sharded) batch axis kept."""
     b, t = x.shape[:2]
     return x.reshape(b, t // chunk, chunk, *x.shape[2:]).swapaxes(0, 1)
 
 
-def _unsplit(x: jax.Array) -> jax.Array:
+def unsplit_chunks(x: jax.Array) -> jax.Array:
     n, b, c = x.shape[:3]
     return x.swapaxes(0, 1).reshape(b, n * c, *x.shape[3:])
 
@@ -72,8 +72,8 @@ def _weighted_nll(h, w, targets, coef, chunk, vocab_major, softcap):
         _, _, lse, zt, m = _chunk_stats(hc, w, tc, vocab_major, softcap)
         return None, (lse - zt, (zt >= m).astype(jnp.float32))
 
-    _, (nll, hit) = jax.lax.scan(body, None, (_split(h, chunk), _split(targets, chunk)))
-    nll, hit = _unsplit(nll), _unsplit(hit)
+    _, (nll, hit) = jax.lax.scan(body, None, (split_chunks(h, chunk), split_chunks(targets, chunk)))
+    nll, hit = unsplit_chunks(nll), unsplit_chunks(hit)
     return jnp.sum(coef * nll), nll, hit
 
 
@@ -96,8 +96,8 @@ def _weighted_nll_fwd(h, w, targets, coef, chunk, vocab_major, softcap):
         return dw + dw_c, (lse - zt, (zt >= m).astype(jnp.float32), dh)
 
     dw0 = jnp.zeros(w.shape, jnp.float32)
-    dw, (nll, hit, dh) = jax.lax.scan(body, dw0, (_split(h, chunk), _split(targets, chunk), _split(coef, chunk)))
-    nll, hit, dh = _unsplit(nll), _unsplit(hit), _unsplit(dh)
+    dw, (nll, hit, dh) = jax.lax.scan(body, dw0, (split_chunks(h, chunk), split_chunks(targets, chunk), split_chunks(coef, chunk)))
+    nll, hit, dh = unsplit_chunks(nll), unsplit_chunks(hit), unsplit_chunks(dh)
     return (jnp.sum(coef * nll), nll, hit), (dh, dw.astype(w.dtype), nll, targets)
 
 

@@ -26,7 +26,7 @@ from flax import nnx
 from tempax.algorithms.common import ModelSpec, build_model
 from tempax.algorithms.sft.fused import fused_causal_lm_loss, lm_head_of
 from tempax.algorithms.sft.losses import SFT_NORMALIZATIONS, causal_lm_loss
-from tempax.algorithms.run import start_run
+from tempax.algorithms.run import Run, start_run
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
@@ -188,8 +188,11 @@ def read_data_rows(cfg: SFTConfig) -> list[Any]:
     return read_rows(cfg.data.path, split=cfg.data.split)
 
 
-def build_data(cfg: SFTConfig, tokenizer: Any, rows: list[Any] | None = None) -> SFTData:
-    """Rows -> examples -> a resumable loader of packed batches (and held-out batches when eval_fraction > 0)."""
+def build_data(
+    cfg: SFTConfig, tokenizer: Any, rows: list[Any] | None = None, eval_rows: list[Any] | None = None
+) -> SFTData:
+    """Rows -> examples -> a resumable loader of packed batches, and held-out batches: of `eval_rows` when given
+    (already split off by the caller), else of `data.eval_fraction` of the rows."""
     from tempax.data.formats import FormatOptions, tokenize_rows
     from tempax.data.loader import sft_loader
     from tempax.data.sources import holdout_split
@@ -198,11 +201,12 @@ def build_data(cfg: SFTConfig, tokenizer: Any, rows: list[Any] | None = None) ->
     rows = read_data_rows(cfg) if rows is None else rows
     if d.max_rows is not None:
         rows = rows[: d.max_rows]
+    if eval_rows is None:
+        eval_rows = []
+        if d.eval_fraction > 0:
+            rows, eval_rows = holdout_split(rows, d.eval_fraction, seed=t.seed)
     if d.text_fields:
-        rows = _text_rows(rows, d.text_fields)
-    eval_rows: list[Any] = []
-    if d.eval_fraction > 0:
-        rows, eval_rows = holdout_split(rows, d.eval_fraction, seed=t.seed)
+        rows, eval_rows = _text_rows(rows, d.text_fields), _text_rows(eval_rows, d.text_fields)
     options = FormatOptions(format=d.format, train_on=d.train_on, max_length=t.seq_len, overlong=d.overlong,
                             max_bad_fraction=d.max_bad_fraction)
     examples, report = tokenize_rows(rows, tokenizer, options, name=d.path)
@@ -226,6 +230,16 @@ def build_data(cfg: SFTConfig, tokenizer: Any, rows: list[Any] | None = None) ->
 # Entry point
 
 
+def write_run_files(run: Run, data: SFTData, tokenizer: Any) -> None:
+    """Reports the data and writes data_report.json and the tokenizer into the run dir (`start_run` wrote
+    config.yaml); shared with the distillation main, which reads its data the same way."""
+    run.say(data.report.summary())
+    for where, reason, detail in data.report.bad_rows[:5]:
+        run.say(f"  skipped {where}: {reason}" + (f" ({detail})" if detail else ""))
+    run.write_json("data_report.json", data.report.to_dict())
+    run.save_tokenizer(tokenizer)
+
+
 def main(
     cfg: SFTConfig,
     *,
@@ -245,11 +259,7 @@ def main(
     mesh = cfg.train.mesh.build()
     model, tokenizer, trainable = build_model(cfg, mesh, model=model, tokenizer=tokenizer)
     data = build_data(cfg, tokenizer, rows)
-    run.say(data.report.summary())
-    for where, reason, detail in data.report.bad_rows[:5]:
-        run.say(f"  skipped {where}: {reason}" + (f" ({detail})" if detail else ""))
-    run.write_json("data_report.json", data.report.to_dict())
-    run.save_tokenizer(tokenizer)
+    write_run_files(run, data, tokenizer)
     trainer = Trainer(
         model, make_sft_loss(cfg.loss.normalize, fused=cfg.loss.fused, chunk_len=cfg.loss.chunk_len), cfg.train,
         trainable=trainable, mesh=mesh, log=run.say,
