@@ -228,7 +228,9 @@ class RewardSpec:
         ("format", "correctness"),
     )
     weights: tuple[float, ...] | None = _help("One weight per function; null: all 1.", None)
-    timeout_s: float = _help("A reward call running longer gives 0 for its samples (and is counted).", 5.0)
+    timeout_s: float = _help(
+        "Deadline in seconds: the built-in rewards check each completion in a worker process, and one running "
+        "longer scores 0 alone (counted as reward/<name>_timeouts); other reward functions get it per call.", 5.0)
 
     def validate(self) -> None:
         if not self.functions:
