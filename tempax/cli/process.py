@@ -82,6 +82,9 @@ def setup_process() -> None:
             pass
 
 
-def settings_in_effect() -> dict[str, str]:
-    """The two settings as this process has them, for a benchmark to record beside its figures."""
-    return {"glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "xla_flags": os.environ.get("XLA_FLAGS", "")}
+def settings_in_effect() -> dict[str, object]:
+    """The settings as this process has them, and the CPU, for a benchmark to record beside its figures."""
+    from tempax.cli.host import cpu_info, cpu_line
+
+    return {"glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "cpu": cpu_line(), "cpu_flags": cpu_info()["flags"]}
