@@ -332,10 +332,15 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
     grpo_cfg = dataclasses.replace(grpo_cfg, eval=dataclasses.replace(grpo_cfg.eval, after=False))
     n_stages = 4 if baseline_cfg is not None else 3
     say(f"tempax demo: {cfg.model.source} on {cfg.task}; writing to {run_dir}")
+    train_rows, held_rows = load_task(grpo_cfg.task, eval_problems=grpo_cfg.eval.num_problems)
+    if baseline_cfg is not None and not any(r.get("target") for r in train_rows):
+        from tempax.errors import ConfigError
+
+        raise ConfigError(f"--compare trains SFT on the task's ideal completions; task {cfg.task} has none "
+                          "(use --task arithmetic, or drop --compare)")
     with watch("load"):
         model, tokenizer = cfg.model.build(seed=cfg.seed)
     say(f"  loaded the model in {watch.wall['load']:.0f} s")
-    train_rows, held_rows = load_task(grpo_cfg.task, eval_problems=grpo_cfg.eval.num_problems)
     evaluations: list[tuple[str, Any]] = []
     options = eval_options(grpo_cfg.eval, grpo_cfg.grpo.max_new_tokens, seed=cfg.seed)
 

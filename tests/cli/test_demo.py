@@ -130,3 +130,19 @@ def test_compare_demo_adds_the_equal_compute_baseline(tmp_path):
     paired = saved["comparison"]["answers"]
     assert paired["both"] + paired["only_a"] + paired["only_b"] + paired["neither"] == 4
     assert paired["low"] <= paired["difference"] <= paired["high"]
+
+
+def test_compare_needs_a_task_with_sft_targets(tmp_path):
+    """GSM8K rows carry no ideal completions, so there is nothing to continue SFT on: a clear error before the
+    model is loaded (the model source below does not exist)."""
+    from tempax.configlib import load_config
+
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    for split in ("train", "test"):
+        (data / f"{split}.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
+    cfg = load_config(DemoConfig, None, ["compare=true", "grpo.task.name=gsm8k", f"grpo.task.source={data}",
+                                         "grpo.eval.num_problems=1", f"run_dir={tmp_path / 'run'}",
+                                         "model.source=/nonexistent/model"])
+    with pytest.raises(ConfigError, match="--compare trains SFT on the task's ideal completions; task gsm8k"):
+        main(cfg, say=lambda text: None)
