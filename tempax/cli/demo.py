@@ -12,9 +12,18 @@ Stages 2 and 3 are `tempax.algorithms.sft.trainer.main` and `tempax.algorithms.g
 memory; `DemoConfig` embeds their two configs (`sft:`, `grpo:`), so any of their keys can be overridden
 (`tempax demo grpo.guard.action=stop`), and the flags are shortcuts for the common ones.
 
-It prints a table of format accuracy and answer accuracy for the three stages and writes, into the run dir it
+With `--compare` (`compare=true`) a fourth stage is the fair baseline: SFT continued from the same warm-start
+(fresh adapters on the merged warm-start, as GRPO's) on the next problems' ideal completions, stopped when it has
+used the wall time the GRPO stage's training took in this run (`WallClockBudget`: same machine, same load, so
+also about the same compute; the process CPU seconds of both are printed beside), evaluated on the same held-out
+problems. The table then adds GRPO minus that SFT with a paired interval.
+
+It prints a table of format accuracy and answer accuracy per stage, each with its 95% Wilson interval
+(`tempax.eval.metrics.wilson_interval`), and, with --compare, GRPO minus the equal-compute SFT with Newcombe's
+interval for paired proportions (`paired_difference_interval`: both are scored on the same problems, whose
+difficulty they share, so an interval for independent samples would be too wide). It writes, into the run dir it
 names, the GRPO metrics (metrics.jsonl, TensorBoard), the reward curves (reward_curve.png), the SFT metrics
-(sft/) and results.json with every number and a few completions.
+(sft/, baseline_sft/) and results.json with every number and a few completions.
 
 Why these defaults (see ../shared/notes/grpo-demo-calibration.md for what a CPU GRPO run of this model can
 learn, and the measurements below):
@@ -50,6 +59,7 @@ from tempax.algorithms.sft.trainer import DataSpec, SFTConfig
 from tempax.configlib import help_field
 from tempax.models.lora import LoraConfig
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
+from tempax.train.hooks import Hook, Stop
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -71,6 +81,18 @@ def demo_sft_config() -> SFTConfig:
         lora=_DEMO_LORA, data=DataSpec(path="<run_dir>/sft_examples.jsonl"),
         train=_demo_train(steps=6, batch_size=4, seq_len=256, optimizer=OptimizerConfig(
             learning_rate=1e-3, warmup_steps=1, schedule="cosine", min_lr_ratio=0.1)),
+    )
+
+
+def demo_baseline_config() -> SFTConfig:
+    """The equal-compute baseline of `--compare`: SFT continued from the warm-start (fresh LoRA adapters on the
+    merged warm-start model, as GRPO's) on the next problems' ideal completions, at a constant LoRA lr 5e-4 (the
+    middle of the warm-start's cosine), 4 packed 256-token rows a step, until the GRPO stage's wall time is spent.
+    `train.steps` is only an upper bound: the wall-time budget ends the run."""
+    return SFTConfig(
+        lora=_DEMO_LORA, data=DataSpec(path="<run_dir>/baseline_examples.jsonl"),
+        train=_demo_train(steps=1000, batch_size=4, seq_len=256, optimizer=OptimizerConfig(
+            learning_rate=5e-4, warmup_steps=1, schedule="constant")),
     )
 
 
@@ -103,6 +125,17 @@ class DemoConfig:
         "set by the demo).",
         default_factory=demo_grpo_config,
     )
+    compare: bool = _help(
+        "Also run the equal-compute baseline (`--compare`): after GRPO, SFT continued from the same warm-start "
+        "(`baseline`) for the wall time the GRPO stage's training took in this run (same machine, same load), "
+        "evaluated on the same held-out problems; the table adds it and GRPO minus it with a paired interval.",
+        False,
+    )
+    baseline: SFTConfig = _help(
+        "The equal-compute SFT of --compare (its data.path and run_dir are set by the demo; its train.steps is an "
+        "upper bound, the GRPO stage's wall time ends it).",
+        default_factory=demo_baseline_config,
+    )
     seed: int = _help("Seed of data generation, initialisation and sampling (both stages' train.seed).", 0)
     run_dir: str | None = _help("Where everything is written; null: runs/demo-<date>-<time>.", None)
     progress_bar: bool = _help("Show training progress bars.", True)
@@ -120,9 +153,13 @@ class DemoConfig:
 
         if self.grpo.eval.num_problems < 1:
             raise ConfigError(f"--eval-problems (grpo.eval.num_problems) must be >= 1, got {self.eval_problems}")
+        if self.compare and self.sft is None:
+            raise ConfigError("--compare continues the SFT warm-start for GRPO's wall time; it needs the warm-start "
+                              "(drop --sft-steps 0 / sft=null, or drop --compare)")
 
-    def stages(self, run_dir: str) -> tuple[SFTConfig | None, GRPOConfig]:
-        """The two algorithm configs with the demo's model, seed, run dirs and held-out evaluation filled in."""
+    def stages(self, run_dir: str) -> tuple[SFTConfig | None, GRPOConfig, SFTConfig | None]:
+        """The algorithm configs (warm-start SFT, GRPO, the --compare baseline SFT) with the demo's model, seed,
+        run dirs and held-out evaluation filled in."""
         def train(t: TrainConfig, name: str) -> TrainConfig:
             return dataclasses.replace(t, run_dir=os.path.join(run_dir, name), seed=self.seed,
                                        progress_bar=self.progress_bar)
@@ -138,7 +175,12 @@ class DemoConfig:
         if self.sft is not None:
             data = dataclasses.replace(self.sft.data, path=os.path.join(run_dir, "sft_examples.jsonl"))
             sft = dataclasses.replace(self.sft, model=self.model, data=data, train=train(self.sft.train, "sft"))
-        return sft, grpo
+        baseline = None
+        if self.compare:
+            b = self.baseline
+            data = dataclasses.replace(b.data, path=os.path.join(run_dir, "baseline_examples.jsonl"))
+            baseline = dataclasses.replace(b, model=self.model, data=data, train=train(b.train, "baseline_sft"))
+        return sft, grpo, baseline
 
 
 @dataclass
@@ -151,6 +193,7 @@ class DemoResult:
     files: dict[str, str]
     table: str
     stop_reason: str | None = None
+    budget: dict[str, Any] | None = None
 
 
 def _cpu_seconds() -> float:
@@ -171,18 +214,43 @@ def write_sft_examples(rows: list[dict[str, Any]], path: str, limit: int) -> int
 
 
 def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: SFTConfig,
-            say: Callable[[str], None]) -> Any:
-    """`sft.main` on the rows' targets with the in-memory model; returns the trained model, adapters merged."""
+            say: Callable[[str], None], *, hooks: tuple = (), label: str = "SFT") -> tuple[Any, int]:
+    """`sft.main` on the rows' targets with the in-memory model; (the trained model, adapters merged; steps run)."""
     from tempax.algorithms.sft.trainer import main as sft_main
     from tempax.models.lora import merge_lora
 
     # Packing puts ~2 problems in a row: write only what the steps can use (with room for the packer).
-    n = write_sft_examples(rows, cfg.data.path, cfg.train.steps * cfg.train.batch_size * 4)
-    result = sft_main(cfg, log=lambda text: None, model=model, tokenizer=tokenizer)
-    last = result.history[-1][1] if result.history else {}
-    say(f"  SFT: {n} examples, {cfg.train.steps} steps, final loss {last.get('loss', float('nan')):.3f}")
+    n = write_sft_examples(rows, cfg.data.path, sft_rows_used(cfg))
+    result = sft_main(cfg, hooks=hooks, log=lambda text: None, model=model, tokenizer=tokenizer)
+    step, last = result.history[-1] if result.history else (0, {})
+    say(f"  {label}: {n} examples, {step} steps, final loss {last.get('loss', float('nan')):.3f}"
+        + (f" ({result.stop_reason})" if result.stop_reason else ""))
     trained = result.extras["model"]
-    return merge_lora(trained) if cfg.lora is not None else trained
+    return (merge_lora(trained) if cfg.lora is not None else trained), step
+
+
+def sft_rows_used(cfg: SFTConfig) -> int:
+    """How many task rows `run_sft` offers the warm-start (the baseline continues on the rows after them)."""
+    return cfg.train.steps * cfg.train.batch_size * 4
+
+
+class WallClockBudget(Hook):
+    """Ends a run when its wall time reaches `seconds`, counted from this hook's creation (so building the
+    trainer and compiling count, as they do for the stage it is matched to). After each step it stops when
+    finishing one more step would overshoot the budget by more than this step falls short of it, i.e. when
+    elapsed + (last step's seconds) / 2 >= seconds."""
+
+    def __init__(self, seconds: float):
+        super().__init__(every=1, at_end=False)
+        self.seconds = seconds
+        self.started = self.last = time.perf_counter()
+
+    def __call__(self, info: Any) -> Stop | None:
+        now = time.perf_counter()
+        step_s, self.last = now - self.last, now
+        if now - self.started + step_s / 2 >= self.seconds:
+            return Stop(f"wall-time budget of {self.seconds:.0f} s spent")
+        return None
 
 
 def plot_rewards(grpo_dir: str, out_path: str) -> str:
@@ -237,16 +305,19 @@ def run_grpo(model: Any, tokenizer: Any, cfg: GRPOConfig, write: Callable[[str],
 
 
 def main(cfg: DemoConfig, *, say: Callable[[str], None] | None = None) -> DemoResult:
-    """Runs the three stages and prints the table (see the module docstring)."""
+    """Runs the stages and prints the table (see the module docstring)."""
     say = say or (lambda text: print(text, flush=True))
     watch = Stopwatch()
     run_dir = cfg.run_dir or os.path.join("runs", time.strftime("demo-%Y%m%d-%H%M%S"))
     os.makedirs(run_dir, exist_ok=True)
     with watch("total"):
-        evaluations, result, held, files = _stages(cfg, run_dir, watch, say)
-    table = _report(cfg, evaluations, result, held, files, watch, run_dir, say)
+        evaluations, result, held, files, budget = _stages(cfg, run_dir, watch, say)
+    table = _report(cfg, evaluations, result, held, files, watch, run_dir, say, budget)
     return DemoResult(evaluations=evaluations, seconds=watch.wall, run_dir=run_dir, files=files, table=table,
-                      stop_reason=result.stop_reason)
+                      stop_reason=result.stop_reason, budget=budget)
+
+
+GRPO_STAGE, BASELINE_STAGE = "after GRPO", "equal-compute SFT"
 
 
 def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str], None]):
@@ -254,41 +325,46 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
 
     from tempax.algorithms.grpo.trainer import eval_options, load_task
     from tempax.eval.evaluate import evaluate
+    from tempax.models.lora import merge_lora
 
-    sft_cfg, grpo_cfg = cfg.stages(run_dir)
+    sft_cfg, grpo_cfg, baseline_cfg = cfg.stages(run_dir)
+    # The demo evaluates every stage itself, so the GRPO stage's wall time is training alone.
+    grpo_cfg = dataclasses.replace(grpo_cfg, eval=dataclasses.replace(grpo_cfg.eval, after=False))
+    n_stages = 4 if baseline_cfg is not None else 3
     say(f"tempax demo: {cfg.model.source} on {cfg.task}; writing to {run_dir}")
+    train_rows, held_rows = load_task(grpo_cfg.task, eval_problems=grpo_cfg.eval.num_problems)
+    if baseline_cfg is not None and not any(r.get("target") for r in train_rows):
+        from tempax.errors import ConfigError
+
+        raise ConfigError(f"--compare trains SFT on the task's ideal completions; task {cfg.task} has none "
+                          "(use --task arithmetic, or drop --compare)")
     with watch("load"):
         model, tokenizer = cfg.model.build(seed=cfg.seed)
     say(f"  loaded the model in {watch.wall['load']:.0f} s")
-    train_rows, held_rows = load_task(grpo_cfg.task, eval_problems=grpo_cfg.eval.num_problems)
     evaluations: list[tuple[str, Any]] = []
-
-    def record(name: str, r: Any, seconds: float | None = None) -> None:
-        evaluations.append((name, r))
-        say(f"  {name}: format {r.format_accuracy:.1%}, answer {r.answer_accuracy:.1%} "
-            f"on {len(held_rows)} held-out problems" + (f" ({seconds:.0f} s)" if seconds is not None else ""))
-
     options = eval_options(grpo_cfg.eval, grpo_cfg.grpo.max_new_tokens, seed=cfg.seed)
 
     def run_eval(name: str, m: Any) -> None:
         with watch(f"eval {name}"):
             r = evaluate(m, tokenizer, held_rows, options)
-        record(name, r, watch.wall[f"eval {name}"])
+        evaluations.append((name, r))
+        say(f"  {name}: format {r.format_accuracy:.1%}, answer {r.answer_accuracy:.1%} "
+            f"on {len(held_rows)} held-out problems ({watch.wall[f'eval {name}']:.0f} s)")
 
-    say("[1/3] base model")
+    say(f"[1/{n_stages}] base model")
     run_eval("base model", model)
 
-    say("[2/3] SFT warm-start on the answer format")
+    say(f"[2/{n_stages}] SFT warm-start on the answer format")
     if sft_cfg is not None and any(r.get("target") for r in train_rows):
         with watch("sft"):
-            model = run_sft(model, tokenizer, train_rows, sft_cfg, say)
+            model, _ = run_sft(model, tokenizer, train_rows, sft_cfg, say)
         say(f"  trained in {watch.wall['sft']:.0f} s")
         run_eval("after SFT", model)
     else:
         say("  skipped (" + ("sft: null / --sft-steps 0" if sft_cfg is None else
                              f"task {cfg.task} has no SFT targets") + ")")
 
-    say("[3/3] GRPO with strict format + correctness rewards")
+    say(f"[3/{n_stages}] GRPO with strict format + correctness rewards")
     with watch("grpo"):
         run = run_grpo(model, tokenizer, grpo_cfg)
     result = run.result
@@ -296,27 +372,93 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
     zero = [v for _, v in result.series("groups/zero_spread_frac")]
     split = {k: round(sum(v for _, v in result.series(f"perf/{k}_s"))) for k in ("step", "generation", "train")}
     say(f"  {len(rewards)} steps in {split['step']} s (generation {split['generation']} s, training "
-        f"{split['train']} s; the stage with its evaluations {watch.wall['grpo']:.0f} s); reward {np.mean(rewards[:3]):.2f} -> "
+        f"{split['train']} s; the stage {watch.wall['grpo']:.0f} s); reward {np.mean(rewards[:3]):.2f} -> "
         f"{np.mean(rewards[-3:]):.2f} (mean of first / last 3 steps); groups without reward spread: {np.mean(zero):.0%}")
     if result.stop_reason:
         say(f"  stopped early: {result.stop_reason}")
-    if run.after is not None:
-        record("after GRPO", run.after)
+    run_eval(GRPO_STAGE, merge_lora(run.policy) if grpo_cfg.lora is not None else run.policy)
+    del run
+
+    budget = None
+    if baseline_cfg is not None:
+        budget = {"seconds": watch.wall["grpo"], "grpo_cpu_seconds": watch.cpu["grpo"]}
+        say(f"[4/{n_stages}] equal-compute baseline: SFT continued from the warm-start for GRPO's "
+            f"{budget['seconds']:.0f} s")
+        rest = train_rows[sft_rows_used(sft_cfg):] if sft_cfg is not None else train_rows
+        with watch("baseline sft"):
+            # `model` is still the warm-start: GRPO trained adapters on a copy sharing its (frozen) arrays.
+            baseline, steps = run_sft(model, tokenizer, rest, baseline_cfg, say,
+                                      hooks=(WallClockBudget(budget["seconds"]),), label="baseline SFT")
+        budget.update(baseline_seconds=watch.wall["baseline sft"], baseline_cpu_seconds=watch.cpu["baseline sft"],
+                      baseline_steps=steps, grpo_steps=len(rewards))
+        say(f"  trained in {watch.wall['baseline sft']:.0f} s (GRPO {budget['seconds']:.0f} s); process CPU "
+            f"{watch.cpu['baseline sft']:.0f} s (GRPO {watch.cpu['grpo']:.0f} s)")
+        run_eval(BASELINE_STAGE, baseline)
 
     files: dict[str, str] = {"metrics": os.path.join(grpo_cfg.train.run_dir, "metrics.jsonl")}
     try:
         files["reward_curve"] = plot_rewards(grpo_cfg.train.run_dir, os.path.join(run_dir, "reward_curve.png"))
     except Exception as e:  # a plotting problem must not hide the results
         say(f"  (could not draw the reward curve: {e})")
-    return evaluations, result, held_rows, files
+    return evaluations, result, held_rows, files, budget
+
+
+def _outcomes(r: Any, which: str) -> list[bool]:
+    """Per held-out problem, whether the (single, greedy) completion was in format / correct."""
+    return [bool(getattr(x, which)[0]) for x in r.greedy_records]
+
+
+def _percent(p: float) -> str:
+    return f"{100 * p:5.1f}"
+
+
+def interval_table(evaluations: list[tuple[str, Any]], seconds: dict[str, float] | None = None) -> str:
+    """One line per stage: format and answer accuracy of its greedy completions, each with its 95% Wilson
+    interval (`tempax.eval.metrics.wilson_interval`), and the stage's training seconds where given."""
+    from tempax.eval.evaluate import render_rows
+    from tempax.eval.metrics import wilson_interval
+
+    seconds = seconds or {}
+    header = ["stage", "format % [95% CI]", "answer % [95% CI]", "problems", "training s"]
+    lines = [header]
+    for name, r in evaluations:
+        row = [name]
+        for which in ("format_ok", "correct"):
+            flags = _outcomes(r, which)
+            lo, hi = wilson_interval(sum(flags), len(flags))
+            row.append(f"{_percent(sum(flags) / len(flags))} [{_percent(lo)}, {_percent(hi)}]")
+        row += [str(len(r.greedy_records)), f"{seconds[name]:.0f}" if name in seconds else "-"]
+        lines.append(row)
+    return render_rows(lines)
+
+
+def compare_lines(evaluations: list[tuple[str, Any]]) -> tuple[list[str], dict[str, Any]]:
+    """GRPO minus the equal-compute SFT, format and answers: the paired difference with Newcombe's interval
+    (`tempax.eval.metrics.paired_difference_interval`: both are evaluated on the same problems, so the pairs'
+    agreement narrows the interval). (printable lines, the numbers)."""
+    from tempax.eval.metrics import paired_difference_interval
+
+    by_name = dict(evaluations)
+    grpo, sft = by_name[GRPO_STAGE], by_name[BASELINE_STAGE]
+    lines, numbers = [], {}
+    for which, label in (("correct", "answers"), ("format_ok", "format")):
+        d = paired_difference_interval(_outcomes(grpo, which), _outcomes(sft, which))
+        numbers[label] = dataclasses.asdict(d)
+        lines.append(f"GRPO minus equal-compute SFT, {label}: {100 * d.difference:+.1f} points, 95% CI "
+                     f"[{100 * d.low:+.1f}, {100 * d.high:+.1f}] (paired, Newcombe; right in both {d.both}, GRPO "
+                     f"only {d.only_a}, SFT only {d.only_b}, neither {d.neither})")
+    return lines, numbers
 
 
 def _report(cfg: DemoConfig, evaluations: list[tuple[str, Any]], result: Any, held_rows: list[Any],
-            files: dict[str, str], watch: Stopwatch, run_dir: str, say: Callable[[str], None]) -> str:
+            files: dict[str, str], watch: Stopwatch, run_dir: str, say: Callable[[str], None],
+            budget: dict[str, Any] | None) -> str:
     from tempax.configlib import to_dict
-    from tempax.eval.evaluate import format_table
 
-    table = format_table(evaluations)
+    trained = {"after SFT": watch.wall.get("sft"), GRPO_STAGE: watch.wall.get("grpo"),
+               BASELINE_STAGE: watch.wall.get("baseline sft")}
+    table = interval_table(evaluations, {k: v for k, v in trained.items() if v is not None})
+    lines, numbers = compare_lines(evaluations) if budget is not None else ([], {})
     files["results"] = os.path.join(run_dir, "results.json")
     with open(files["results"], "w") as f:
         json.dump({
@@ -327,15 +469,23 @@ def _report(cfg: DemoConfig, evaluations: list[tuple[str, Any]], result: Any, he
             "load_average": os.getloadavg(),
             "grpo_history": result.history,
             "stop_reason": result.stop_reason,
+            "comparison": {"budget": budget, **numbers} if budget is not None else None,
             "examples": {name: [dataclasses.asdict(x) for x in r.greedy_records[:3]] for name, r in evaluations},
         }, f, indent=2, default=str)
     say("")
-    say(f"Held-out {cfg.task} problems ({len(held_rows)}, greedy decoding):")
+    say(f"Held-out {cfg.task} problems ({len(held_rows)}, greedy decoding; 95% Wilson intervals):")
     say(table)
+    for line in lines:
+        say(line)
+    if budget is not None:
+        say(f"Equal compute: the baseline SFT trained {budget['baseline_seconds']:.0f} s wall "
+            f"({budget['baseline_steps']} steps, {budget['baseline_cpu_seconds']:.0f} s process CPU) against GRPO's "
+            f"{budget['seconds']:.0f} s ({budget['grpo_steps']} steps, {budget['grpo_cpu_seconds']:.0f} s CPU), "
+            "both from the same warm-start, in this run.")
     say("")
     say(f"total {watch.wall['total']:.0f} s (process CPU time {watch.cpu['total']:.0f} s). Files: "
         + ", ".join(f"{k} {v}" for k, v in files.items()))
-    return table
+    return "\n".join([table, *lines])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -352,6 +502,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"held-out problems per evaluation (default {d.eval_problems}; = grpo.eval.num_problems)")
     parser.add_argument("--run-dir", default=None, help="output folder (default runs/demo-<date>-<time>)")
     parser.add_argument("--seed", type=int, default=None, help="seed (default 0)")
+    parser.add_argument("--compare", action="store_true", default=None,
+                        help="also train the equal-compute baseline: SFT continued from the warm-start for GRPO's "
+                             "wall time, on the same held-out problems (= compare=true)")
     parser.add_argument("--advantage", choices=("grpo", "dr_grpo", "rloo", "reinforce_pp"), default=None,
                         help="GRPO advantage estimator (default grpo; = grpo.grpo.advantage)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
@@ -367,7 +520,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     shortcuts: list[str] = []
     for flag, key in (("model", "model.source"), ("steps", "grpo.train.steps"), ("task", "grpo.task.name"),
                       ("eval_problems", "grpo.eval.num_problems"), ("run_dir", "run_dir"), ("seed", "seed"),
-                      ("advantage", "grpo.grpo.advantage")):
+                      ("advantage", "grpo.grpo.advantage"), ("compare", "compare")):
         value = getattr(args, flag, None)
         if value is not None:
             shortcuts.append(f"{key}={value}")

@@ -241,7 +241,12 @@ def format_table(results: Sequence[tuple[str, TaskEvaluation]]) -> str:
                 for k in ks]
         row += [f"{main.mean_completion_length:.0f}", str(main.num_problems)]
         lines.append(row)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return render_rows(lines)
+
+
+def render_rows(lines: Sequence[Sequence[str]]) -> str:
+    """Plain-text table: the first row is the header (underlined), the first column left-aligned, the rest right."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     out = []
     for n, line in enumerate(lines):
         out.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths))))

@@ -124,3 +124,84 @@ def summarize(
         mean_completion_length=mean(x for row in length_rows for x in row),
         pass_at_k={k: mean_pass_at_k(correct_rows, k) for k in ks},
     )
+
+
+Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile: two-sided 95% intervals
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval (Wilson 1927, "Probable inference, the law of succession, and statistical
+    inference", JASA 22:209) for a binomial proportion p from `successes` out of `n` trials:
+
+        p^ = k / n
+        centre = (p^ + z^2 / (2n)) / (1 + z^2 / n)
+        half   = z / (1 + z^2 / n) * sqrt(p^ (1 - p^) / n + z^2 / (4 n^2))
+        interval = [centre - half, centre + half]
+
+    Unlike the Wald interval p^ +- z sqrt(p^(1-p^)/n) it stays inside [0, 1] and does not collapse to a point at
+    k = 0 or k = n. z = 1.96 gives the two-sided 95% interval.
+    """
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval needs n >= 1 and 0 <= successes <= n, got successes={successes}, n={n}")
+    p = successes / n
+    z2 = z * z
+    denom = 1.0 + z2 / n
+    centre = (p + z2 / (2 * n)) / denom
+    half = z / denom * (p * (1.0 - p) / n + z2 / (4.0 * n * n)) ** 0.5
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """A - B on the same problems: the difference of the two proportions, its interval and the 2x2 counts
+    (both: solved by both; only_a / only_b: by one of them; neither)."""
+
+    difference: float
+    low: float
+    high: float
+    both: int
+    only_a: int
+    only_b: int
+    neither: int
+
+
+def paired_difference_interval(a: Sequence[object], b: Sequence[object], z: float = Z_95) -> PairedDifference:
+    """Interval for p_a - p_b when a[i] and b[i] are two models' outcomes on the same problem i: Newcombe's
+    hybrid score interval for paired proportions (Newcombe 1998, "Improved confidence intervals for the
+    difference between binomial proportions based on paired data", Stat. Med. 17:2635, method 10).
+
+    With the 2x2 counts e = both right, f = only a right, g = only b right, h = both wrong, n = e + f + g + h:
+
+        p_a = (e + f) / n,  p_b = (e + g) / n,  D = p_a - p_b = (f - g) / n
+        [l_a, u_a], [l_b, u_b] = Wilson intervals of p_a and p_b
+        phi = C / sqrt((e+f)(g+h)(e+g)(f+h)),  C = eh - fg - n/2 if eh - fg > n/2;  0 if 0 <= eh - fg <= n/2;
+              eh - fg if eh - fg < 0;  phi = 0 when the square root is 0
+        low  = D - sqrt((p_a - l_a)^2 - 2 phi (p_a - l_a)(u_b - p_b) + (u_b - p_b)^2)
+        high = D + sqrt((u_a - p_a)^2 - 2 phi (u_a - p_a)(p_b - l_b) + (p_b - l_b)^2)
+
+    Pairing matters: two models evaluated on the same problems agree on most of them (easy ones both solve, hard
+    ones both miss), the positive phi shrinks the interval, and only the f + g discordant problems carry
+    information about the difference. Treating the two runs as independent samples (Newcombe's interval for
+    independent proportions, phi = 0 above) would overstate the uncertainty.
+    """
+    if len(a) != len(b):
+        raise ValueError(f"paired outcomes need the same problems: {len(a)} vs {len(b)} outcomes")
+    if not a:
+        raise ValueError("paired_difference_interval of no problems is undefined")
+    pairs = [(bool(x), bool(y)) for x, y in zip(a, b)]
+    e = sum(x and y for x, y in pairs)
+    f = sum(x and not y for x, y in pairs)
+    g = sum(y and not x for x, y in pairs)
+    h = len(pairs) - e - f - g
+    n = len(pairs)
+    pa, pb = (e + f) / n, (e + g) / n
+    la, ua = wilson_interval(e + f, n, z)
+    lb, ub = wilson_interval(e + g, n, z)
+    cross = e * h - f * g
+    c = cross - n / 2 if cross > n / 2 else (0.0 if cross >= 0 else float(cross))
+    margins = (e + f) * (g + h) * (e + g) * (f + h)
+    phi = c / margins ** 0.5 if margins > 0 else 0.0
+    d = pa - pb
+    low = d - max(0.0, (pa - la) ** 2 - 2 * phi * (pa - la) * (ub - pb) + (ub - pb) ** 2) ** 0.5
+    high = d + max(0.0, (ua - pa) ** 2 - 2 * phi * (ua - pa) * (pb - lb) + (pb - lb) ** 2) ** 0.5
+    return PairedDifference(difference=d, low=low, high=high, both=e, only_a=f, only_b=g, neither=h)

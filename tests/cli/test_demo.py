@@ -15,6 +15,8 @@ from tempax.errors import ConfigError
 def test_demo_takes_no_arguments_and_maps_its_flags():
     """The flags are shortcuts for keys of the typed config (which embeds the SFT and GRPO configs); KEY=VALUE
     overrides reach any key of either."""
+    from tempax.configlib import load_config
+
     args = build_parser().parse_args(["demo"])
     cfg = config_from_args(args)
     assert cfg == DemoConfig()
@@ -30,8 +32,15 @@ def test_demo_takes_no_arguments_and_maps_its_flags():
     assert config_from_args(build_parser().parse_args(["demo", "--sft-steps", "3"])).sft.train.steps == 3
     gsm = config_from_args(build_parser().parse_args(["demo", "--task", "gsm8k"]))
     assert gsm.grpo.grpo.max_new_tokens == gsm.grpo.eval.max_new_tokens == 256
-    sft, grpo = cfg.stages("/tmp/x")
+    sft, grpo, baseline = cfg.stages("/tmp/x")
     assert sft is None and grpo.train.run_dir == "/tmp/x/grpo" and grpo.model.source == "preset:tiny-llama"
+    assert baseline is None and DemoConfig().compare is False
+    compare = config_from_args(build_parser().parse_args(["demo", "--compare", "--eval-problems", "200"]))
+    assert compare.compare is True and compare == load_config(DemoConfig, None, ["compare=true",
+                                                                                "grpo.eval.num_problems=200"])
+    _, _, baseline = compare.stages("/tmp/x")
+    assert baseline.train.run_dir == "/tmp/x/baseline_sft" and baseline.data.path == "/tmp/x/baseline_examples.jsonl"
+    assert baseline.lora == compare.sft.lora and baseline.train.seed == compare.seed
     rloo = config_from_args(build_parser().parse_args(["demo", "--advantage", "rloo"]))
     assert rloo.grpo.grpo.advantage == "rloo"
 
@@ -47,6 +56,8 @@ def test_demo_rejects_bad_values():
         load_config(DemoConfig, None, ["grpo.eval.num_problems=0"])
     with pytest.raises(ConfigError, match="advantage"):
         load_config(DemoConfig, None, ["grpo.grpo.advantage=ppo"])
+    with pytest.raises(ConfigError, match="--compare .*warm-start"):
+        load_config(DemoConfig, None, ["compare=true", "sft=null"])
 
 
 def test_eval_command_parses():
@@ -55,26 +66,34 @@ def test_eval_command_parses():
     assert args.task == "arithmetic" and args.samples == 4 and args.ks == "1,4"
 
 
-@pytest.mark.slow
-def test_short_demo_runs_end_to_end_on_a_tiny_model(tmp_path):
-    """Base -> SFT -> GRPO on a random-init tiny model (2 SFT steps, 2 GRPO steps, 4 problems): the table has
-    the three stages, and the run dir holds the reward curve, the GRPO metrics and results.json."""
+def tiny_demo_config(tmp_path, *, grpo_steps: int, train_problems: int, compare: bool = False) -> DemoConfig:
+    """The demo on a random-init tiny model: 2 SFT steps, `grpo_steps` GRPO steps of 2 samples x 4 tokens,
+    4 held-out problems."""
     from tempax.algorithms.common import ModelSpec
+    from tempax.configlib import from_dict
     from tests.kit.tokenizers import tiny_chat_tokenizer
 
     tok_dir = tmp_path / "tokenizer"
     tiny_chat_tokenizer().hf.save_pretrained(str(tok_dir))
     spec = ModelSpec(source="preset:tiny-llama", tokenizer=str(tok_dir),
                      overrides={"vocab_size": 400, "max_position_embeddings": 1024})
-    from tempax.configlib import from_dict
-
     lora = {"rank": 2, "alpha": 4.0}
-    cfg = from_dict(DemoConfig, {
-        "model": spec, "run_dir": str(tmp_path / "demo"), "progress_bar": False,
-        "sft": {"lora": lora, "train": {"steps": 2, "batch_size": 2, "seq_len": 512}},
-        "grpo": {"lora": lora, "task": {"num_train_problems": 16}, "grpo": {"group_size": 2, "max_new_tokens": 4},
-                 "eval": {"num_problems": 4, "max_new_tokens": 4}, "train": {"steps": 2}},
+    sft_train = {"batch_size": 2, "seq_len": 512}
+    return from_dict(DemoConfig, {
+        "model": spec, "run_dir": str(tmp_path / "demo"), "progress_bar": False, "compare": compare,
+        "sft": {"lora": lora, "train": {"steps": 2, **sft_train}},
+        "baseline": {"lora": lora, "train": sft_train},
+        "grpo": {"lora": lora, "task": {"num_train_problems": train_problems},
+                 "grpo": {"group_size": 2, "max_new_tokens": 4},
+                 "eval": {"num_problems": 4, "max_new_tokens": 4}, "train": {"steps": grpo_steps}},
     })
+
+
+@pytest.mark.slow
+def test_short_demo_runs_end_to_end_on_a_tiny_model(tmp_path):
+    """Base -> SFT -> GRPO on a random-init tiny model (2 SFT steps, 2 GRPO steps, 4 problems): the table has
+    the three stages, and the run dir holds the reward curve, the GRPO metrics and results.json."""
+    cfg = tiny_demo_config(tmp_path, grpo_steps=2, train_problems=16)
     lines: list[str] = []
     result = main(cfg, say=lines.append)
     assert [name for name, _ in result.evaluations] == ["base model", "after SFT", "after GRPO"]
@@ -87,3 +106,43 @@ def test_short_demo_runs_end_to_end_on_a_tiny_model(tmp_path):
     assert set(saved["stages"]) == {"base model", "after SFT", "after GRPO"}
     assert {"load", "sft", "grpo", "total"} <= set(saved["seconds"])
     assert any("Held-out" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_compare_demo_adds_the_equal_compute_baseline(tmp_path):
+    """--compare on a random-init tiny model: after GRPO, SFT continued from the warm-start until GRPO's wall
+    time is spent (the budget hook, not train.steps=1000, ends it), evaluated on the same problems; the table has
+    four stages with Wilson intervals and the paired GRPO-minus-SFT lines."""
+    cfg = tiny_demo_config(tmp_path, grpo_steps=3, train_problems=64, compare=True)
+    result = main(cfg, say=lambda text: None)
+    assert [name for name, _ in result.evaluations] == ["base model", "after SFT", "after GRPO",
+                                                        "equal-compute SFT"]
+    budget = result.budget
+    assert 1 <= budget["baseline_steps"] < 1000
+    # It stops at the first step whose midpoint passes the budget: within one step of GRPO's time.
+    step_s = budget["baseline_seconds"] / budget["baseline_steps"]
+    assert abs(budget["baseline_seconds"] - budget["seconds"]) <= step_s + 5.0
+    lines = result.table.splitlines()
+    assert "equal-compute SFT" in lines[5] and "[" in lines[5]
+    assert lines[6].startswith("GRPO minus equal-compute SFT, answers") and "95% CI" in lines[6]
+    with open(result.files["results"]) as f:
+        saved = json.load(f)
+    paired = saved["comparison"]["answers"]
+    assert paired["both"] + paired["only_a"] + paired["only_b"] + paired["neither"] == 4
+    assert paired["low"] <= paired["difference"] <= paired["high"]
+
+
+def test_compare_needs_a_task_with_sft_targets(tmp_path):
+    """GSM8K rows carry no ideal completions, so there is nothing to continue SFT on: a clear error before the
+    model is loaded (the model source below does not exist)."""
+    from tempax.configlib import load_config
+
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    for split in ("train", "test"):
+        (data / f"{split}.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
+    cfg = load_config(DemoConfig, None, ["compare=true", "grpo.task.name=gsm8k", f"grpo.task.source={data}",
+                                         "grpo.eval.num_problems=1", f"run_dir={tmp_path / 'run'}",
+                                         "model.source=/nonexistent/model"])
+    with pytest.raises(ConfigError, match="--compare trains SFT on the task's ideal completions; task gsm8k"):
+        main(cfg, say=lambda text: None)

@@ -88,3 +88,74 @@ def test_summarize() -> None:
         summarize([[1]], [[1]], [[5]], ks=(2,))
     with pytest.raises(ValueError, match="same"):
         summarize([[1, 1]], [[1]], [[5]])
+
+
+def test_wilson_interval_hand_values() -> None:
+    """Wilson: centre = (p + z^2/2n) / (1 + z^2/n), half = z / (1 + z^2/n) * sqrt(p(1-p)/n + z^2/4n^2), z = 1.96.
+
+    k=120, n=200: p = 0.6, z^2 = 3.8415, z^2/n = 0.019207, denominator 1.019207;
+      centre = (0.6 + 0.0096037) / 1.019207 = 0.598115
+      half = 1.923026 * sqrt(0.0012 + 0.00002401) = 1.923026 * 0.0349859 = 0.067279
+      -> [0.530836, 0.665394]
+    k=0, n=10: p = 0, z^2/n = 0.3841459, denominator 1.3841459; centre = 0.1920729 / 1.3841459 = 0.138767,
+      half = (1.959964 / 1.3841459) * sqrt(0 + z^2/400) = 1.416014 * 0.0979982 = 0.138766 -> [0, 0.277533]
+    k=81, n=263: Newcombe's (1998) worked example of the score interval: 0.2553 to 0.3662.
+    """
+    from tempax.eval.metrics import wilson_interval
+
+    assert wilson_interval(120, 200) == pytest.approx((0.530836, 0.665394), abs=2e-6)
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.277533), abs=2e-6)
+    assert wilson_interval(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
+    lo, hi = wilson_interval(10, 10)
+    assert hi == pytest.approx(1.0) and lo == pytest.approx(1 - 0.277533, abs=2e-6)  # symmetric in k <-> n - k
+    with pytest.raises(ValueError, match="successes"):
+        wilson_interval(3, 2)
+
+
+def test_paired_difference_interval_hand_values() -> None:
+    """Newcombe's paired interval (method 10) on 20 problems: both right e=8, only A f=2, only B g=1, neither h=9.
+
+    p_a = 10/20 = 0.5, p_b = 9/20 = 0.45, D = 0.05; z = 1.959964, z^2 = 3.841459, 1 + z^2/20 = 1.192073,
+    z / 1.192073 = 1.644164, z^2 / 4n^2 = 0.0024009.
+    Wilson(10, 20): centre 0.5, half = 1.644164 * sqrt(0.0125 + 0.0024009) = 0.200702 -> [0.299298, 0.700702]
+    Wilson(9, 20): centre = (0.45 + 0.096036) / 1.192073 = 0.458056, half = 1.644164 * sqrt(0.012375 + 0.0024009)
+      = 0.199858 -> [0.258198, 0.657915]; so p_a - l_a = u_a - p_a = 0.200702, u_b - p_b = 0.207915,
+      p_b - l_b = 0.191802.
+    eh - fg = 72 - 2 = 70 > n/2 = 10 -> C = 60; (e+f)(g+h)(e+g)(f+h) = 10*10*9*11 = 9900; phi = 60 / 99.4987
+      = 0.603023
+    low  = 0.05 - sqrt(0.040281 - 2*0.603023*0.200702*0.207915 + 0.043229) = 0.05 - sqrt(0.033183) = -0.132162
+    high = 0.05 + sqrt(0.040281 - 2*0.603023*0.200702*0.191802 + 0.036788) = 0.05 + sqrt(0.030642) = 0.225049
+    """
+    from tempax.eval.metrics import paired_difference_interval
+
+    a = [1] * 8 + [1] * 2 + [0] * 1 + [0] * 9
+    b = [1] * 8 + [0] * 2 + [1] * 1 + [0] * 9
+    d = paired_difference_interval(a, b)
+    assert (d.both, d.only_a, d.only_b, d.neither) == (8, 2, 1, 9)
+    assert d.difference == pytest.approx(0.05)
+    assert d.low == pytest.approx(-0.132162, abs=5e-6) and d.high == pytest.approx(0.225049, abs=5e-6)
+    # Swapping the two models mirrors the interval.
+    r = paired_difference_interval(b, a)
+    assert (r.difference, r.low, r.high) == pytest.approx((-d.difference, -d.high, -d.low))
+    # Identical outcomes, e = h = 10: C = 100 - 10 = 90, phi = 90 / sqrt(10^4) = 0.9, half-width
+    # sqrt(2 * 0.200702^2 * (1 - 0.9)) = 0.089757 (independent samples, phi = 0: 0.283836).
+    same = paired_difference_interval(a, a)
+    assert same.difference == 0 and (same.low, same.high) == pytest.approx((-0.089757, 0.089757), abs=5e-6)
+
+
+def test_paired_interval_is_narrower_than_independent_and_near_mcnemar_wald_for_large_n() -> None:
+    """On 2000 problems (e=800, f=200, g=100, h=900) the score interval is close to the Wald interval for paired
+    proportions, D +- 1.96 sqrt(f + g - (f - g)^2 / n) / n = 0.05 +- 1.96 * sqrt(300 - 5) / 2000 = 0.05 +- 0.016832,
+    and much narrower than treating the runs as independent (phi = 0): 0.05 +- about 0.031."""
+    from tempax.eval.metrics import paired_difference_interval, wilson_interval
+
+    a = [1] * 800 + [1] * 200 + [0] * 100 + [0] * 900
+    b = [1] * 800 + [0] * 200 + [1] * 100 + [0] * 900
+    d = paired_difference_interval(a, b)
+    assert d.low == pytest.approx(0.05 - 0.016832, abs=1.5e-3) and d.high == pytest.approx(0.05 + 0.016832, abs=1.5e-3)
+    la, ua = wilson_interval(1000, 2000)
+    lb, ub = wilson_interval(900, 2000)
+    independent_low = 0.05 - ((0.5 - la) ** 2 + (ub - 0.45) ** 2) ** 0.5
+    assert 0.05 - independent_low > 1.7 * (0.05 - d.low)
+    with pytest.raises(ValueError, match="same problems"):
+        paired_difference_interval([1, 0], [1])
