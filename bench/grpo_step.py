@@ -17,7 +17,8 @@ and its split into generation, reward, reference forward, and training (forward 
 median over the same steps. Also peak RSS and the 1-minute load average before and after (a load above the
 core count means the figure is pessimistic). Prints one JSON object per measurement.
 
-Peers on this machine kind (s/step, tiny / small): Tunix 1.5 / 14, TRL 2.9 / 14.6.
+The peer is TRL's GRPOTrainer on the same workload, run by `bench/peers.py --workload grpo_step` (and beside
+this bench, interleaved, by `bench/compare.py`); a ratio holds only for the CPU both ran on (the JSON's "cpu").
 """
 
 from __future__ import annotations
