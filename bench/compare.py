@@ -135,7 +135,7 @@ def build_table(records: Sequence[dict]) -> str:
         (tempax_figure, tempax_repeats), (peer_figure, peer_repeats) = _cell(tempax), _cell(peer)
         rows.append(f"| {workload_label} {unit} | {size} | {tempax_figure} | {tempax_repeats} | {peer_figure} "
                     f"({peer_label}) | {peer_repeats} | {ratio} | {rss} |")
-    return "\n".join([*header_lines(records), "", *rows, "", *library_lines(records)])
+    return "\n".join([*header_lines(records), "", *rows, "", *library_lines(records), *completion_lines(records)])
 
 
 def header_lines(records: Sequence[dict]) -> list[str]:
@@ -159,6 +159,20 @@ def library_lines(records: Sequence[dict]) -> list[str]:
     flags = sorted({r["xla_flags"] for r in records if r.get("side") == "tempax" and "xla_flags" in r})
     return [f"Peers: {'; '.join(peers) or 'none measured'}. tempax on JAX {', '.join(jax) or '?'}, XLA_FLAGS "
             f"{' / '.join(repr(f) for f in flags) or '?'}."]
+
+
+def completion_lines(records: Sequence[dict]) -> list[str]:
+    """grpo_step's work depends on how long the completions ran (the workload allows EOS on tempax's side; the
+    peer forces 64 tokens), so the table says each side's mean completion length."""
+    lines = []
+    for size in SIZES:
+        grpo = [r for r in records if r.get("workload") == "grpo_step" and r.get("size") == size]
+        means = {side: ", ".join(str(r["mean_completion_tokens"]) for r in grpo
+                                 if r.get("side") == side and "mean_completion_tokens" in r) or "?"
+                 for side in ("tempax", "peer")}
+        if means != {"tempax": "?", "peer": "?"}:
+            lines.append(f"grpo_step {size} mean completion tokens: tempax {means['tempax']}; peer {means['peer']}.")
+    return lines
 
 
 @contextlib.contextmanager

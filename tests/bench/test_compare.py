@@ -20,9 +20,10 @@ RECORDS = [
     rec("peer", "sft_full", "tiny", tokens_per_s=100.0, peak_rss_gib=1.5, library="transformers 5.24.0 + torch 2.13.0"),
     rec("tempax", "sft_full", "tiny", tokens_per_s=100.0, peak_rss_gib=2.5, jax="0.10.2", xla_flags="--a"),
     rec("peer", "sft_full", "tiny", tokens_per_s=100.0, peak_rss_gib=1.0, library="transformers 5.24.0 + torch 2.13.0"),
-    rec("tempax", "grpo_step", "tiny", s_per_step=5.0, peak_rss_mb=1536.0, utc="2026-12-01 10:30", load=3.0),
+    rec("tempax", "grpo_step", "tiny", s_per_step=5.0, peak_rss_mb=1536.0, mean_completion_tokens=63.5,
+        utc="2026-12-01 10:30", load=3.0),
     rec("peer", "grpo_step", "tiny", s_per_step=10.0, peak_rss_gib=1.0, trl="1.16.0", load=2.0,
-        library="transformers 5.24.0 + torch 2.13.0"),
+        mean_completion_tokens=64.0, library="transformers 5.24.0 + torch 2.13.0"),
     rec("tempax", "decode", "small", error="exit 1: Traceback (most recent call last):\n  ...\nRuntimeError: a | b\n"),
     rec("peer", "decode", "small", generated_tokens_per_s=84.6, peak_rss_gib=0.9, utc="2026-12-01 09:55"),
 ]
@@ -67,7 +68,8 @@ def test_rows_follow_workload_then_size_order_and_the_header_names_cpu_date_load
     assert lines[0] == f"CPU: {CPU}"
     assert lines[1] == "Date (UTC): 2026-12-01 09:55 to 2026-12-01 10:30"
     assert lines[2] == "1-min load average before each measurement: 1.00 to 3.00 (median 1.00)"
-    assert "transformers 5.24.0 + torch 2.13.0 + TRL 1.16.0" in lines[-1] and "JAX 0.10.2" in lines[-1]
+    assert "transformers 5.24.0 + torch 2.13.0 + TRL 1.16.0" in lines[-2] and "JAX 0.10.2" in lines[-2]
+    assert lines[-1] == "grpo_step tiny mean completion tokens: tempax 63.5; peer 64.0."
 
 
 def test_bf16_peer_cells_are_apart_from_float32_ones():
