@@ -55,7 +55,7 @@ def load_spec() -> dict:
         return json.load(f)
 
 
-def run_measurement(command: list[str], *, cwd: str = ROOT, timeout_s: float | None = None, **label) -> dict:
+def run_measurement(command: list[str], /, *, cwd: str = ROOT, timeout_s: float | None = None, **label) -> dict:
     """Run one measurement process and return its last JSON line (the measurement) with `label` added; a failure
     (non-zero exit, no JSON line, timeout) comes back as {**label, "error": the end of its stderr} instead, so
     a driver records it and carries on."""

@@ -102,3 +102,28 @@ def test_launcher_keeps_the_last_json_line_and_reports_failures():
     assert bad["side"] == "tempax" and bad["error"].startswith("exit 1:") and "broken input" in bad["error"]
     slow = run_measurement([sys.executable, "-c", "import time; time.sleep(5)"], timeout_s=0.5)
     assert slow["error"].startswith("timed out after 0.5 s")
+
+
+def test_driver_interleaves_sides_keeps_every_record_and_survives_a_failure(tmp_path, monkeypatch):
+    """Two cells x 2 repeats: tempax, peer, tempax, peer per cell; the failing peer cell is a record, not a crash."""
+    import bench.compare as compare
+
+    def fake(side):
+        def command(workload, size, dtype="float32"):
+            if side == "peer" and workload == "decode":
+                return [sys.executable, "-c", "raise SystemExit('no peer here')"]
+            return [sys.executable, "-c", f"print('{{\"{compare.METRICS[workload][0]}\": 2.0}}')"]
+        return command
+
+    monkeypatch.setattr(compare, "tempax_command", fake("tempax"))
+    monkeypatch.setattr(compare, "peer_command", fake("peer"))
+    out = tmp_path / "raw.jsonl"
+    records = compare.measure_all(["sft_full", "decode"], ["tiny"], repeats=2, out=str(out),
+                                  lock=str(tmp_path / "lock"))
+    assert [(r["workload"], r["side"], r["repeat"]) for r in records] == [
+        ("sft_full", "tempax", 0), ("sft_full", "peer", 0), ("sft_full", "tempax", 1), ("sft_full", "peer", 1),
+        ("decode", "tempax", 0), ("decode", "peer", 0), ("decode", "tempax", 1), ("decode", "peer", 1)]
+    assert [json.loads(line) for line in out.read_text().splitlines()] == records
+    table = build_table(records)
+    assert row(table, "| sft_full tokens/s | tiny")[6] == "1.00x"
+    assert row(table, "| decode generated tokens/s | tiny")[4] == "error: exit 1: no peer here (transformers generate)"
