@@ -105,7 +105,10 @@ def _rank(names: Sequence[str], name: str) -> int:
 
 def _cell(side: dict) -> tuple[str, str]:
     if side["median"] is None:
-        return ("error: " + "; ".join(side["errors"]) if side["errors"] else "not measured"), ""
+        if not side["errors"]:
+            return "not measured", ""
+        count = f" ({len(side['errors'])} failed)" if len(side["errors"]) > 1 else ""
+        return f"error{count}: " + "; ".join(dict.fromkeys(side["errors"])), ""
     repeats = ", ".join(_figure(f) for f in side["figures"])
     if side["errors"]:
         repeats += f" ({len(side['errors'])} failed: {side['errors'][0]})"

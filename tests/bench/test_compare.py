@@ -126,4 +126,5 @@ def test_driver_interleaves_sides_keeps_every_record_and_survives_a_failure(tmp_
     assert [json.loads(line) for line in out.read_text().splitlines()] == records
     table = build_table(records)
     assert row(table, "| sft_full tokens/s | tiny")[6] == "1.00x"
-    assert row(table, "| decode generated tokens/s | tiny")[4] == "error: exit 1: no peer here (transformers generate)"
+    assert row(table, "| decode generated tokens/s | tiny")[4] \
+        == "error (2 failed): exit 1: no peer here (transformers generate)"
