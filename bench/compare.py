@@ -1,0 +1,265 @@
+"""tempax against its peers on this machine: every shared workload, interleaved, and one ratio table.
+
+    python bench/compare.py                                   # 4 workloads x tiny, small; 2 repeats each side
+    python bench/compare.py --sizes tiny --workloads sft_full,decode --repeats 3 --out /tmp/cmp.jsonl
+    python bench/compare.py --lock /work/heavy.lock --out runs/cmp.jsonl   # hold a shared lock per pair
+    python bench/compare.py --dtype bf16 --workloads sft_full,sft_lora --sizes small
+    python bench/compare.py --table-from runs/cmp.jsonl       # the table again from kept records, no measuring
+
+For each (workload, size) cell it runs tempax's own one-measurement entry point (`bench/sft.py --one W S`,
+`bench/decode.py --one S`, `bench/grpo_step.py --one S`) and the peer's (`bench/peers.py --one W S`:
+transformers + PyTorch, peft for LoRA, TRL's GRPOTrainer for grpo_step), alternating tempax, peer, tempax,
+peer ... `--repeats` times, each measurement its own process and one at a time, as workloads.json's
+"measurement" asks. Interleaving puts both sides under the same background load; the table gives each side's
+median over its repeats and the repeats themselves, so the spread is visible.
+
+The ratio is oriented so that > 1 means tempax is faster: tempax / peer for throughputs (tokens/s), peer /
+tempax for grpo_step's seconds per step. Peak RSS is each process's ru_maxrss (the largest over the repeats).
+A measurement that fails is shown with its error in its cell; the run carries on.
+
+`--dtype bf16` (sft_full, sft_lora) runs the peer under CPU autocast to bfloat16 with float32 master weights
+(bench/peers.py --dtype bf16) and tempax with `bench/sft.py --precision bf16` (train.precision=bf16). A tempax
+checkout whose bench/sft.py has no --precision option shows that error in its cells, beside the peer figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import statistics
+import sys
+from collections.abc import Iterator, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from bench.peers import run_measurement  # noqa: E402  (after ROOT is importable when run as a script)
+
+# workload -> (the figure's key in both sides' JSON, its unit, whether a larger figure is faster, the peer)
+METRICS = {
+    "sft_full": ("tokens_per_s", "tokens/s", True, "PyTorch"),
+    "sft_lora": ("tokens_per_s", "tokens/s", True, "PyTorch + peft"),
+    "decode": ("generated_tokens_per_s", "generated tokens/s", True, "transformers generate"),
+    "grpo_step": ("s_per_step", "s/step", False, "TRL GRPOTrainer"),
+}
+SIZES = ("tiny", "small")
+
+
+def tempax_command(workload: str, size: str, dtype: str = "float32") -> list[str]:
+    """tempax's one-measurement entry point for a cell (each prints one JSON line)."""
+    if workload in ("sft_full", "sft_lora"):
+        precision = ["--precision", dtype] if dtype != "float32" else []
+        return [sys.executable, os.path.join(HERE, "sft.py"), "--one", workload, size, *precision]
+    return [sys.executable, os.path.join(HERE, f"{workload}.py"), "--one", size]
+
+
+def peer_command(workload: str, size: str, dtype: str = "float32") -> list[str]:
+    return [sys.executable, os.path.join(HERE, "peers.py"), "--one", workload, size, "--dtype", dtype]
+
+
+def peak_rss_gib(record: dict) -> float | None:
+    """Peak RSS in GiB from either spelling the benches use (peak_rss_gib, peak_rss_mb in MiB)."""
+    if "peak_rss_gib" in record:
+        return record["peak_rss_gib"]
+    if "peak_rss_mb" in record:
+        return record["peak_rss_mb"] / 1024
+    return None
+
+
+def first_error_line(error: str, width: int = 140) -> str:
+    """The line of an error text that says what went wrong (the last non-empty one), fit for a table cell."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    text = (lines[-1] if lines else "failed").replace("|", "\\|")
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def side_summary(records: Sequence[dict], key: str) -> dict:
+    """One side of one cell: its figures in run order, their median, the largest peak RSS, the errors."""
+    figures = [r[key] for r in records if "error" not in r and key in r]
+    errors = [first_error_line(r.get("error", f"no {key!r} in the record")) for r in records
+              if "error" in r or key not in r]
+    rss = [peak_rss_gib(r) for r in records if peak_rss_gib(r) is not None]
+    return {"figures": figures, "median": statistics.median(figures) if figures else None,
+            "peak_rss_gib": max(rss) if rss else None, "errors": errors}
+
+
+def speed_ratio(tempax: float, peer: float, higher_is_faster: bool) -> float:
+    """tempax's speed relative to the peer, > 1 when tempax is faster: tempax / peer for a throughput, peer /
+    tempax for a time. E.g. 120 vs 100 tokens/s -> 1.2; 5 vs 10 s/step -> 2.0."""
+    return tempax / peer if higher_is_faster else peer / tempax
+
+
+def _figure(x: float) -> str:
+    return f"{x:.3g}" if x < 10 else f"{x:.1f}"
+
+
+def _rank(names: Sequence[str], name: str) -> int:
+    return names.index(name) if name in names else len(names)
+
+
+def _cell(side: dict) -> tuple[str, str]:
+    if side["median"] is None:
+        if not side["errors"]:
+            return "not measured", ""
+        count = f" ({len(side['errors'])} failed)" if len(side["errors"]) > 1 else ""
+        return f"error{count}: " + "; ".join(dict.fromkeys(side["errors"])), ""
+    repeats = ", ".join(_figure(f) for f in side["figures"])
+    if side["errors"]:
+        repeats += f" ({len(side['errors'])} failed: {side['errors'][0]})"
+    return _figure(side["median"]), repeats
+
+
+def build_table(records: Sequence[dict]) -> str:
+    """The markdown ratio table of a compare run, a pure function of its records (the JSON lines kept by
+    --out): each carries its side ("tempax" / "peer"), workload, size, dtype, and the driver's
+    host_cpu, utc and load_average_before labels beside the bench's own fields."""
+    cells: dict[tuple[str, str, str], dict[str, list[dict]]] = {}
+    for r in records:
+        cell = cells.setdefault((r["workload"], r["size"], r.get("dtype", "float32")), {"tempax": [], "peer": []})
+        cell[r["side"]].append(r)
+    order = {w: i for i, w in enumerate(METRICS)}
+    rows = ["| workload | size | tempax | tempax repeats | peer | peer repeats | tempax vs peer (> 1: tempax faster) "
+            "| peak RSS GiB tempax / peer |", "|---|---|---|---|---|---|---|---|"]
+    for (workload, size, dtype) in sorted(cells, key=lambda c: (order.get(c[0], 99), _rank(SIZES, c[1]), c[2])):
+        sides = cells[workload, size, dtype]
+        key, unit, higher_is_faster, peer_name = METRICS[workload]
+        tempax, peer = side_summary(sides["tempax"], key), side_summary(sides["peer"], key)
+        ratio = ("" if tempax["median"] is None or peer["median"] is None else
+                 f"{speed_ratio(tempax['median'], peer['median'], higher_is_faster):.2f}x")
+        rss = " / ".join("?" if s["peak_rss_gib"] is None else f"{s['peak_rss_gib']:.2f}" for s in (tempax, peer))
+        peer_label = peer_name + (" bf16 autocast" if dtype != "float32" else "")
+        workload_label = workload + (f" {dtype}" if dtype != "float32" else "")
+        (tempax_figure, tempax_repeats), (peer_figure, peer_repeats) = _cell(tempax), _cell(peer)
+        rows.append(f"| {workload_label} {unit} | {size} | {tempax_figure} | {tempax_repeats} | {peer_figure} "
+                    f"({peer_label}) | {peer_repeats} | {ratio} | {rss} |")
+    return "\n".join([*header_lines(records), "", *rows, "", *library_lines(records), *completion_lines(records)])
+
+
+def header_lines(records: Sequence[dict]) -> list[str]:
+    """CPU, date and load average of the run, from the records' driver labels."""
+    cpus = sorted({r["host_cpu"] for r in records if "host_cpu" in r})
+    times = sorted(r["utc"] for r in records if "utc" in r)
+    loads = [r["load_average_before"][0] for r in records if "load_average_before" in r]
+    lines = [f"CPU: {'; '.join(cpus) or 'unknown'}"]
+    if times:
+        lines.append(f"Date (UTC): {times[0]} to {times[-1]}")
+    if loads:
+        lines.append(f"1-min load average before each measurement: {min(loads):.2f} to {max(loads):.2f} "
+                     f"(median {statistics.median(loads):.2f})")
+    return lines
+
+
+def library_lines(records: Sequence[dict]) -> list[str]:
+    peers = sorted({r["library"] + (f" + TRL {r['trl']}" if "trl" in r else "") for r in records
+                    if r.get("side") == "peer" and "library" in r})
+    jax = sorted({r["jax"] for r in records if r.get("side") == "tempax" and "jax" in r})
+    flags = sorted({r["xla_flags"] for r in records if r.get("side") == "tempax" and "xla_flags" in r})
+    return [f"Peers: {'; '.join(peers) or 'none measured'}. tempax on JAX {', '.join(jax) or '?'}, XLA_FLAGS "
+            f"{' / '.join(repr(f) for f in flags) or '?'}."]
+
+
+def completion_lines(records: Sequence[dict]) -> list[str]:
+    """grpo_step's work depends on how long the completions ran (the workload allows EOS on tempax's side; the
+    peer forces 64 tokens), so the table says each side's mean completion length."""
+    lines = []
+    for size in SIZES:
+        grpo = [r for r in records if r.get("workload") == "grpo_step" and r.get("size") == size]
+        means = {side: ", ".join(str(r["mean_completion_tokens"]) for r in grpo
+                                 if r.get("side") == side and "mean_completion_tokens" in r) or "?"
+                 for side in ("tempax", "peer")}
+        if means != {"tempax": "?", "peer": "?"}:
+            lines.append(f"grpo_step {size} mean completion tokens: tempax {means['tempax']}; peer {means['peer']}.")
+    return lines
+
+
+@contextlib.contextmanager
+def held(lock_path: str | None) -> Iterator[None]:
+    """Hold an exclusive flock on `lock_path` (the shared heavy-run lock), or nothing when it is None."""
+    if lock_path is None:
+        yield
+        return
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def measure_all(workloads: Sequence[str], sizes: Sequence[str], *, repeats: int, dtype: str = "float32",
+                out: str | None = None, lock: str | None = None, timeout_s: float | None = None) -> list[dict]:
+    """Run every cell, tempax and peer alternating, one process at a time; return (and keep in `out`) every
+    record. Each (tempax, peer) pair runs under one hold of `lock`, so the two are back to back."""
+    from tempax.cli.host import cpu_line
+
+    records: list[dict] = []
+    sink = open(out, "w") if out else None
+    plan = [(w, s, r) for w in workloads for s in sizes for r in range(repeats)]
+    try:
+        for n, (workload, size, repeat) in enumerate(plan, 1):
+            with held(lock):
+                for side, command in (("tempax", tempax_command(workload, size, dtype)),
+                                      ("peer", peer_command(workload, size, dtype))):
+                    label = {"side": side, "workload": workload, "size": size, "repeat": repeat,
+                             "dtype": dtype, "host_cpu": cpu_line(),
+                             "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+                             "load_average_before": [round(x, 2) for x in os.getloadavg()],
+                             "command": " ".join(command[1:])}
+                    record = run_measurement(command, timeout_s=timeout_s, **label)
+                    records.append(record)
+                    if sink:
+                        sink.write(json.dumps(record) + "\n")
+                        sink.flush()
+                    key = METRICS[workload][0]
+                    said = record.get(key, "error: " + first_error_line(record.get("error", "")))
+                    print(f"[{n}/{len(plan)}] {side} {workload} {size}: {said} ({record.get('wall_s')} s)",
+                          file=sys.stderr, flush=True)
+    finally:
+        if sink:
+            sink.close()
+    return records
+
+
+def _names(text: str, allowed: Sequence[str], what: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        raise SystemExit(f"--{what}: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(allowed)}")
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default=",".join(METRICS), help="comma-separated, from " + ", ".join(METRICS))
+    parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, from tiny, small")
+    parser.add_argument("--repeats", type=int, default=2, help="measurements per side per cell, interleaved")
+    parser.add_argument("--dtype", choices=("float32", "bf16"), default="float32",
+                        help="bf16 (sft_full, sft_lora): tempax --precision bf16, the peer under CPU autocast")
+    parser.add_argument("--out", help="write every raw JSON record here (JSON lines)")
+    parser.add_argument("--lock", help="a lock file (e.g. /work/heavy.lock) held for each tempax/peer pair")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds before one measurement is failed")
+    parser.add_argument("--table-from", metavar="FILE.jsonl", help="print the table of kept records; measure nothing")
+    args = parser.parse_args(argv)
+    if args.table_from:
+        with open(args.table_from) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    else:
+        workloads = _names(args.workloads, tuple(METRICS), "workloads")
+        if args.dtype != "float32" and not all(w.startswith("sft_") for w in workloads):
+            raise SystemExit("--dtype bf16 applies to sft_full and sft_lora only: pass --workloads sft_full,sft_lora")
+        if args.repeats < 1:
+            raise SystemExit("--repeats must be at least 1")
+        records = measure_all(workloads, _names(args.sizes, SIZES, "sizes"), repeats=args.repeats,
+                              dtype=args.dtype, out=args.out, lock=args.lock, timeout_s=args.timeout)
+    print(build_table(records), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

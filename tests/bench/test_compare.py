@@ -1,0 +1,130 @@
+"""bench/compare.py's ratio table from hand-made records, and the one launcher both bench drivers use."""
+
+import json
+import sys
+
+from bench.compare import build_table, first_error_line, main, peak_rss_gib, speed_ratio
+from bench.peers import last_json_line, run_measurement
+
+CPU = "AMD EPYC (AuthenticAMD), 2 cores, avx512f avx512_bf16"
+
+
+def rec(side, workload, size, utc="2026-12-01 10:00", load=1.0, **fields):
+    return {"side": side, "workload": workload, "size": size, "dtype": "float32", "host_cpu": CPU, "utc": utc,
+            "load_average_before": [load, load, load], **fields}
+
+
+RECORDS = [
+    # interleaved as the driver runs them: tempax, peer, tempax, peer
+    rec("tempax", "sft_full", "tiny", tokens_per_s=120.0, peak_rss_gib=2.0, jax="0.10.2", xla_flags="--a"),
+    rec("peer", "sft_full", "tiny", tokens_per_s=100.0, peak_rss_gib=1.5, library="transformers 5.24.0 + torch 2.13.0"),
+    rec("tempax", "sft_full", "tiny", tokens_per_s=100.0, peak_rss_gib=2.5, jax="0.10.2", xla_flags="--a"),
+    rec("peer", "sft_full", "tiny", tokens_per_s=100.0, peak_rss_gib=1.0, library="transformers 5.24.0 + torch 2.13.0"),
+    rec("tempax", "grpo_step", "tiny", s_per_step=5.0, peak_rss_mb=1536.0, mean_completion_tokens=63.5,
+        utc="2026-12-01 10:30", load=3.0),
+    rec("peer", "grpo_step", "tiny", s_per_step=10.0, peak_rss_gib=1.0, trl="1.16.0", load=2.0,
+        mean_completion_tokens=64.0, library="transformers 5.24.0 + torch 2.13.0"),
+    rec("tempax", "decode", "small", error="exit 1: Traceback (most recent call last):\n  ...\nRuntimeError: a | b\n"),
+    rec("peer", "decode", "small", generated_tokens_per_s=84.6, peak_rss_gib=0.9, utc="2026-12-01 09:55"),
+]
+
+
+def row(table, start):
+    (line,) = [line for line in table.splitlines() if line.startswith(start)]
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_ratio_is_above_one_when_tempax_is_faster():
+    """Throughput: 120 vs 100 tokens/s -> 120 / 100 = 1.2. Time: 5 vs 10 s/step -> 10 / 5 = 2.0."""
+    assert speed_ratio(120.0, 100.0, higher_is_faster=True) == 1.2
+    assert speed_ratio(5.0, 10.0, higher_is_faster=False) == 2.0
+
+
+def test_table_rows_from_hand_made_records():
+    """sft_full tiny: tempax repeats 120, 100 -> median 110; peer 100, 100 -> 100; ratio 110 / 100 = 1.10x;
+    peak RSS is the larger repeat: max(2.0, 2.5) = 2.50 and max(1.5, 1.0) = 1.50.
+    grpo_step tiny: 10 / 5 = 2.00x; tempax RSS 1536 MiB / 1024 = 1.50 GiB."""
+    table = build_table(RECORDS)
+    assert row(table, "| sft_full tokens/s | tiny") == [
+        "sft_full tokens/s", "tiny", "110.0", "120.0, 100.0", "100.0 (PyTorch)", "100.0, 100.0", "1.10x",
+        "2.50 / 1.50"]
+    assert row(table, "| grpo_step s/step | tiny") == [
+        "grpo_step s/step", "tiny", "5", "5", "10.0 (TRL GRPOTrainer)", "10.0", "2.00x", "1.50 / 1.00"]
+
+
+def test_a_failed_measurement_shows_its_error_and_no_ratio():
+    """The tempax decode record failed: its cell says the error's last line (the '|' escaped), no ratio."""
+    table = build_table(RECORDS)
+    assert "| error: RuntimeError: a \\| b |  | 84.6 (transformers generate) | 84.6 |  | ? / 0.90 |" in table
+
+
+def test_rows_follow_workload_then_size_order_and_the_header_names_cpu_date_load():
+    """Rows in METRICS order (sft_full, ..., decode, grpo_step); header: the CPU, first..last UTC stamp,
+    and the 1-min loads [1, 1, 1, 1, 3, 2, 1, 1]: min 1.00, max 3.00, median 1.00."""
+    table = build_table(RECORDS)
+    lines = table.splitlines()
+    starts = [line.split("|")[1].strip() for line in lines if line.startswith("| ") and "workload" not in line]
+    assert starts == ["sft_full tokens/s", "decode generated tokens/s", "grpo_step s/step"]
+    assert lines[0] == f"CPU: {CPU}"
+    assert lines[1] == "Date (UTC): 2026-12-01 09:55 to 2026-12-01 10:30"
+    assert lines[2] == "1-min load average before each measurement: 1.00 to 3.00 (median 1.00)"
+    assert "transformers 5.24.0 + torch 2.13.0 + TRL 1.16.0" in lines[-2] and "JAX 0.10.2" in lines[-2]
+    assert lines[-1] == "grpo_step tiny mean completion tokens: tempax 63.5; peer 64.0."
+
+
+def test_bf16_peer_cells_are_apart_from_float32_ones():
+    bf16 = [dict(r, dtype="bf16") for r in RECORDS[:4]]
+    table = build_table(RECORDS[:4] + bf16)
+    assert "100.0 (PyTorch) |" in table and "100.0 (PyTorch bf16 autocast) |" in table
+    assert row(table, "| sft_full bf16 tokens/s | tiny")[6] == "1.10x"
+
+
+def test_helpers():
+    assert peak_rss_gib({"peak_rss_mb": 512.0}) == 0.5 and peak_rss_gib({"peak_rss_gib": 7.2}) == 7.2
+    assert peak_rss_gib({}) is None
+    assert first_error_line("\n\nValueError: x\n\n") == "ValueError: x"
+    assert first_error_line("E" * 300, width=10) == "EEEEEEE..."
+
+
+def test_table_from_kept_records(tmp_path, capsys):
+    path = tmp_path / "cmp.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    assert main(["--table-from", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == build_table(RECORDS)
+
+
+def test_launcher_keeps_the_last_json_line_and_reports_failures():
+    """A library's own dict-like print ("{'loss': ...}") is skipped; a failing process becomes an error record."""
+    assert last_json_line('{"a": 1}\n{\'loss\': 2}\n') == {"a": 1}
+    ok = run_measurement([sys.executable, "-c", "print('{\"x\": 1}'); print(\"{'y': 2}\")"], side="peer")
+    assert ok["x"] == 1 and ok["side"] == "peer" and "error" not in ok
+    bad = run_measurement([sys.executable, "-c", "raise SystemExit('broken input')"], side="tempax")
+    assert bad["side"] == "tempax" and bad["error"].startswith("exit 1:") and "broken input" in bad["error"]
+    slow = run_measurement([sys.executable, "-c", "import time; time.sleep(5)"], timeout_s=0.5)
+    assert slow["error"].startswith("timed out after 0.5 s")
+
+
+def test_driver_interleaves_sides_keeps_every_record_and_survives_a_failure(tmp_path, monkeypatch):
+    """Two cells x 2 repeats: tempax, peer, tempax, peer per cell; the failing peer cell is a record, not a crash."""
+    import bench.compare as compare
+
+    def fake(side):
+        def command(workload, size, dtype="float32"):
+            if side == "peer" and workload == "decode":
+                return [sys.executable, "-c", "raise SystemExit('no peer here')"]
+            return [sys.executable, "-c", f"print('{{\"{compare.METRICS[workload][0]}\": 2.0}}')"]
+        return command
+
+    monkeypatch.setattr(compare, "tempax_command", fake("tempax"))
+    monkeypatch.setattr(compare, "peer_command", fake("peer"))
+    out = tmp_path / "raw.jsonl"
+    records = compare.measure_all(["sft_full", "decode"], ["tiny"], repeats=2, out=str(out),
+                                  lock=str(tmp_path / "lock"))
+    assert [(r["workload"], r["side"], r["repeat"]) for r in records] == [
+        ("sft_full", "tempax", 0), ("sft_full", "peer", 0), ("sft_full", "tempax", 1), ("sft_full", "peer", 1),
+        ("decode", "tempax", 0), ("decode", "peer", 0), ("decode", "tempax", 1), ("decode", "peer", 1)]
+    assert [json.loads(line) for line in out.read_text().splitlines()] == records
+    table = build_table(records)
+    assert row(table, "| sft_full tokens/s | tiny")[6] == "1.00x"
+    assert row(table, "| decode generated tokens/s | tiny")[4] \
+        == "error (2 failed): exit 1: no peer here (transformers generate)"
