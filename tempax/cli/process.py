@@ -1,5 +1,5 @@
-"""Process setup that has to happen before JAX starts: XLA:CPU's memory-minimising scheduler, and (opt-in)
-glibc's malloc on transparent huge pages.
+"""Process setup that has to happen before JAX starts: XLA:CPU's memory-minimising scheduler, the per-CPU choice
+of XLA:CPU's matrix-product library, and (opt-in) glibc's malloc on transparent huge pages.
 
 * Scheduler. XLA:CPU orders a step's operations for concurrency by default, which keeps far more activations
   alive at once: the bench-small `sft_full` step needs 5.70 GiB of XLA temporaries that way and 4.44 GiB with
@@ -17,8 +17,19 @@ glibc's malloc on transparent huge pages.
   cause, not measured), so it is opt-in, for full fine-tuning. glibc reads its tunables only when a process
   starts, so the command re-executes itself once with the tunable set.
 
-Opt out of both with `TEMPAX_REEXEC=0`; a `GLIBC_TUNABLES` naming `glibc.malloc.hugetlb` or an `XLA_FLAGS`
-naming the scheduler flag is left as the user set it.
+* Matrix-product library, per CPU (`cpu_xla_flags`). XLA:CPU's default float32 products (YNNPACK fusions in
+  jaxlib 0.10.2) were measured against the alternatives on the training step's own shapes
+  (`bench/matmul_shapes.py small`, forward / input-gradient / weight-gradient products of every projection and
+  the tied LM head at 2048 tokens, summed as one step runs them). AMD EPYC Zen 5 (2 cores, AVX-512 with
+  avx512_bf16, no AMX), 2026-12-01: default 4.00 s, `--xla_cpu_use_onednn=true` 4.04 s,
+  `--xla_cpu_experimental_ynn_fusion_type=` (YNNPACK off) 4.12 s, `--xla_cpu_experimental_xnn_fusion_type=dot`
+  4.00 s, `--xla_cpu_prefer_vector_width=512` 4.04 s (PyTorch 2.13's same products: 7.39 s); so nothing is added
+  there. On an Intel Xeon (AVX-512, AMX-BF16, 2 cores) issue #18 reports `--xla_cpu_use_onednn=true` taking
+  bench-small `sft_full` from 61.7 to 90.4 tokens/s at the same peak memory (7.19 GiB), so it is chosen on
+  Intel CPUs with AVX-512 (a figure from that report, not re-measured here: no Intel host was at hand).
+
+Opt out of all of them with `TEMPAX_REEXEC=0`; a `GLIBC_TUNABLES` naming `glibc.malloc.hugetlb` or an `XLA_FLAGS`
+naming one of these XLA flags is left as the user set it.
 """
 
 from __future__ import annotations
@@ -26,10 +37,15 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Mapping
+from typing import Any
+
+from tempax.cli.host import cpu_info, cpu_line
 
 HUGETLB_TUNABLE = "glibc.malloc.hugetlb=1"
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+ONEDNN_FLAG = "--xla_cpu_use_onednn=true"
 
 
 def _append(value: str, item: str, sep: str) -> str:
@@ -48,8 +64,17 @@ def huge_pages_available() -> bool:
         return False
 
 
-def tuned_env(env: dict[str, str]) -> dict[str, str]:
-    """`env` with the two settings added where they change something and the user has not chosen otherwise."""
+def cpu_xla_flags(cpu: Mapping[str, Any]) -> list[str]:
+    """The XLA:CPU flags chosen for `cpu` (a `tempax.cli.host.cpu_info()` record: vendor and flags): oneDNN's
+    products on Intel CPUs with AVX-512, nothing elsewhere (the measurements are in this module's docstring)."""
+    if cpu.get("vendor") == "GenuineIntel" and "avx512f" in cpu.get("flags", ()):
+        return [ONEDNN_FLAG]
+    return []
+
+
+def tuned_env(env: dict[str, str], cpu: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """`env` with the settings added where they change something and the user has not chosen otherwise; `cpu`
+    (default: this machine's `cpu_info()`) decides the per-CPU XLA flags."""
     if env.get("TEMPAX_REEXEC", "1") == "0":
         return dict(env)
     out = dict(env)
@@ -58,8 +83,11 @@ def tuned_env(env: dict[str, str]) -> dict[str, str]:
     if wanted and "glibc.malloc.hugetlb" not in tunables and huge_pages_available():
         out["GLIBC_TUNABLES"] = _append(tunables, HUGETLB_TUNABLE, ":")
     xla_flags = env.get("XLA_FLAGS", "")
-    if "xla_cpu_enable_concurrency_optimized_scheduler" not in xla_flags:
-        out["XLA_FLAGS"] = _append(xla_flags, SCHEDULER_FLAG, " ")
+    for flag in [SCHEDULER_FLAG, *cpu_xla_flags(cpu_info() if cpu is None else cpu)]:
+        if flag.partition("=")[0] not in xla_flags:  # the user named this flag: theirs wins, whatever its value
+            xla_flags = _append(xla_flags, flag, " ")
+    if xla_flags != env.get("XLA_FLAGS", ""):
+        out["XLA_FLAGS"] = xla_flags
     return out
 
 
@@ -84,7 +112,5 @@ def setup_process() -> None:
 
 def settings_in_effect() -> dict[str, object]:
     """The settings as this process has them, and the CPU, for a benchmark to record beside its figures."""
-    from tempax.cli.host import cpu_info, cpu_line
-
     return {"glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "cpu": cpu_line(), "cpu_flags": cpu_info()["flags"]}

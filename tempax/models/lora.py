@@ -48,7 +48,7 @@ import numpy as np
 from flax import nnx
 
 from tempax.errors import CheckpointError, ConfigError
-from tempax.models.decoder import Decoder, as_dtype
+from tempax.models.decoder import Decoder, as_dtype, matmul
 from tempax.models.quant import QUANT_KINDS, QuantizedLinear
 from tempax.models.weights import abstract_model
 from tempax.parallel.process import host_array, is_writer
@@ -176,8 +176,8 @@ class LoraLinear(nnx.Module):
         if not self.adapters_enabled:
             return jnp.zeros((*x.shape[:-1], self.lora_b.shape[-1]), self.dtype)
         h = x if self.dropout is None else self.dropout(x)
-        h = h.astype(self.dtype) @ self.lora_a[...].astype(self.dtype)
-        return (h @ self.lora_b[...].astype(self.dtype)) * jnp.asarray(self.scaling, self.dtype)
+        h = matmul(h.astype(self.dtype), self.lora_a[...].astype(self.dtype))
+        return matmul(h, self.lora_b[...].astype(self.dtype)) * jnp.asarray(self.scaling, self.dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         y = self.base_layer(x)

@@ -7,6 +7,8 @@ import pytest
 from tempax.cli import process
 
 FLAG = process.SCHEDULER_FLAG
+AMD = {"vendor": "AuthenticAMD", "flags": ["avx2", "fma", "avx512f", "avx512_bf16"]}
+INTEL_AMX = {"vendor": "GenuineIntel", "flags": ["avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"]}
 
 
 @pytest.fixture
@@ -16,6 +18,7 @@ def thp(tmp_path, monkeypatch):
     monkeypatch.setattr(process, "THP_SETTING", str(path))
     monkeypatch.setattr(process.sys, "platform", "linux")
     monkeypatch.setattr(process.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    monkeypatch.setattr(process, "cpu_info", lambda: AMD)  # a CPU that gets no per-CPU flag
     return path.write_text
 
 
@@ -29,6 +32,22 @@ def test_scheduler_by_default_huge_pages_when_asked(thp):
                              "TEMPAX_HUGE_PAGES": "1"})
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
     assert env["XLA_FLAGS"] == f"--xla_dump_to=/tmp/d {FLAG}"
+
+
+def test_per_cpu_flags():
+    """oneDNN's products on an AVX-512 Intel CPU only; the AMD EPYC measured gets none."""
+    assert process.cpu_xla_flags(INTEL_AMX) == [process.ONEDNN_FLAG]
+    assert process.cpu_xla_flags({"vendor": "GenuineIntel", "flags": ["avx2", "fma"]}) == []
+    assert process.cpu_xla_flags(AMD) == []
+    assert process.cpu_xla_flags({"vendor": "", "flags": []}) == []
+    assert process.tuned_env({}, cpu=INTEL_AMX) == {"XLA_FLAGS": f"{FLAG} {process.ONEDNN_FLAG}"}
+    assert process.tuned_env({}, cpu=AMD) == {"XLA_FLAGS": FLAG}
+    # the user's value of the flag wins, in either direction
+    mine = {"XLA_FLAGS": "--xla_cpu_use_onednn=false"}
+    assert process.tuned_env(mine, cpu=INTEL_AMX) == {"XLA_FLAGS": f"--xla_cpu_use_onednn=false {FLAG}"}
+    mine = {"XLA_FLAGS": "--xla_cpu_use_onednn=true"}
+    assert process.tuned_env(mine, cpu=AMD) == {"XLA_FLAGS": f"--xla_cpu_use_onednn=true {FLAG}"}
+    assert process.tuned_env({"TEMPAX_REEXEC": "0"}, cpu=INTEL_AMX) == {"TEMPAX_REEXEC": "0"}
 
 
 @pytest.mark.parametrize("mode", ["[always] madvise never\n", "always madvise [never]\n"])
@@ -66,5 +85,5 @@ def test_setup_runs_the_same_command_once_with_the_settings(huge_pages):
     out = subprocess.run([sys.executable, "-c", code, "a", "b=1"], env=env, capture_output=True, text=True,
                          check=True).stdout
     expected = process.tuned_env(env)
-    assert out.strip() == f"{expected.get('GLIBC_TUNABLES', '')!r} {FLAG!r} ['a', 'b=1']"
+    assert out.strip() == f"{expected.get('GLIBC_TUNABLES', '')!r} {expected['XLA_FLAGS']!r} ['a', 'b=1']"
     assert out.count("\n") == 1  # printed once: the re-executed process does not re-execute again

@@ -89,15 +89,16 @@ def _weighted_nll_fwd(h, w, targets, coef, chunk, vocab_major, softcap):
         # dL/dh = g W^T; dL/dW = h^T g (or g^T h for a [V, D] head), summed over batch and chunk positions.
         dh = jax.lax.dot_general(g, w, (((g.ndim - 1,), (0,) if vocab_major else (1,)), ((), ())),
                                  preferred_element_type=jnp.float32).astype(hc.dtype)
-        if vocab_major:
-            dw_c = jnp.einsum("bcv,bcd->vd", g, hc, preferred_element_type=jnp.float32)
-        else:
-            dw_c = jnp.einsum("bcd,bcv->dv", hc, g, preferred_element_type=jnp.float32)
-        return dw + dw_c, (lse - zt, (zt >= m).astype(jnp.float32), dh)
+        # The sum is kept as [D, V] for either head layout: h^T g reads g [.., V] in its own layout, where g^T h
+        # had XLA:CPU transpose every chunk's [C, V] g first (bench-tiny: 10 ms a chunk); a [V, D] head's
+        # gradient is transposed once, after the scan.
+        return dw + jnp.einsum("bcd,bcv->dv", hc, g, preferred_element_type=jnp.float32), (
+            lse - zt, (zt >= m).astype(jnp.float32), dh)
 
-    dw0 = jnp.zeros(w.shape, jnp.float32)
+    dw0 = jnp.zeros(w.shape[::-1] if vocab_major else w.shape, jnp.float32)
     dw, (nll, hit, dh) = jax.lax.scan(body, dw0, (split_chunks(h, chunk), split_chunks(targets, chunk), split_chunks(coef, chunk)))
     nll, hit, dh = unsplit_chunks(nll), unsplit_chunks(hit), unsplit_chunks(dh)
+    dw = dw.T if vocab_major else dw
     return (jnp.sum(coef * nll), nll, hit), (dh, dw.astype(w.dtype), nll, targets)
 
 
