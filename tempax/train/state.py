@@ -156,11 +156,11 @@ def set_compute_dtype(model: nnx.Module, dtype: str) -> None:
 
     NNX layers cast their weights and inputs to their `dtype` attribute when called, so bf16 compute over
     float32 master weights is this attribute on every Linear/Embed plus the decoder's config. Under bfloat16 each
-    `nnx.Linear` also takes `tempax.models.mixed`'s matmul (bf16 operands, float32 accumulation and weight
-    gradient, the layouts XLA:CPU runs at bf16 speed). Done once, before the model is split for training.
+    `nnx.Linear` computes through `tempax.models.decoder.projection_dot` with its kernel left float32 (bf16
+    operands, float32 accumulation and weight gradient, in the layouts XLA:CPU runs at bf16 speed). Done once,
+    before the model is split for training.
     """
-    from tempax.models.decoder import as_dtype
-    from tempax.models.mixed import COMPUTE_DTYPE, mixed_dot_general, promote_inputs
+    from tempax.models.decoder import BF16, as_dtype, keep_kernel_dtype, projection_dot
 
     target = as_dtype(dtype)
     for _, node in nnx.iter_graph(model):
@@ -168,9 +168,9 @@ def set_compute_dtype(model: nnx.Module, dtype: str) -> None:
             if getattr(node, "dtype", None) is not None:
                 node.dtype = target
                 custom = getattr(node, "dot_general_cls", None) is not None
-                if isinstance(node, nnx.Linear) and target == COMPUTE_DTYPE and not custom:
-                    node.dot_general = mixed_dot_general
-                    node.promote_dtype = promote_inputs
+                if isinstance(node, nnx.Linear) and jnp.dtype(target) == BF16 and not custom:
+                    node.dot_general = projection_dot
+                    node.promote_dtype = keep_kernel_dtype
         cfg = getattr(node, "config", None) if isinstance(node, nnx.Module) else None
         if cfg is not None and hasattr(cfg, "replace") and hasattr(cfg, "param_dtype"):
             node.config = cfg.replace(dtype=dtype)

@@ -11,8 +11,7 @@ from numpy.testing import assert_allclose
 
 from tempax.algorithms.sft.trainer import make_sft_loss
 from tempax.data.loader import sft_loader
-from tempax.models.decoder import Decoder
-from tempax.models.mixed import mixed_dot_general
+from tempax.models.decoder import Decoder, projection_dot
 from tempax.models.presets import PRESETS
 from tempax.train.config import CheckpointConfig, OptimizerConfig
 from tempax.train.loop import Trainer
@@ -43,9 +42,9 @@ def test_bf16_step_is_close_to_float32_with_float32_masters():
         err = np.linalg.norm(g16 - g32) / max(np.linalg.norm(g32), 1e-30)
         assert err < 3e-2, (key, err)
     assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(bf16.state.params))
-    # The trainer's view computes in bf16 through the mixed matmul; the caller's model is left as it was.
+    # The trainer's view computes in bf16 through projection_dot; the caller's model is left as it was.
     linears = [n for _, n in nnx.iter_graph(bf16.model) if isinstance(n, nnx.Linear)]
-    assert linears and all(n.dot_general is mixed_dot_general and n.dtype == jnp.bfloat16 for n in linears)
+    assert linears and all(n.dot_general is projection_dot and n.dtype == jnp.bfloat16 for n in linears)
 
 
 def test_bf16_training_lowers_the_loss_like_float32_with_float32_optimizer_state():
