@@ -59,14 +59,6 @@ def _row_major_transpose(x_mk: jax.Array) -> jax.Array:
     return jnp.flip(jnp.flip(x_mk.T, 1), 1)
 
 
-def weight_gradient(x: jax.Array, g: jax.Array) -> jax.Array:
-    """x^T g summed over every leading (token) axis: x [..., K], g [..., N] -> [K, N] float32 (a bf16 x makes it
-    a bf16 x bf16 product on XLA:CPU's bf16 kernels, its left operand row-major; see `projection_dot`)."""
-    if x.dtype == BF16:
-        return _f32_dot(_row_major_transpose(_rows(x)), _rows(g.astype(BF16)), 1, 0)
-    return _f32_dot(_rows(x), _rows(g), 0, 0)
-
-
 @partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _project(x: jax.Array, kernel: jax.Array, bf16: bool) -> jax.Array:
     return _project_fwd(x, kernel, bf16)[0]
@@ -85,11 +77,13 @@ def _project_bwd(bf16, residuals, g):
     if not bf16:
         x, kernel = residuals
         d_x = jax.lax.dot_general(g, kernel, (((g.ndim - 1,), (1,)), ((), ())))
-        return d_x, weight_gradient(x, g).astype(kernel.dtype)
+        d_kernel = jax.lax.dot_general(_rows(x), _rows(g), (((0,), (0,)), ((), ())))
+        return d_x, d_kernel
     xc, wc, x_like, kernel_like = residuals
     gc = g.astype(BF16)
     d_x = _f32_dot(gc, wc, gc.ndim - 1, 1).astype(x_like.dtype)
-    return d_x, weight_gradient(xc, gc).astype(kernel_like.dtype)
+    d_kernel = _f32_dot(_row_major_transpose(_rows(xc)), _rows(gc), 1, 0).astype(kernel_like.dtype)
+    return d_x, d_kernel
 
 
 _project.defvjp(_project_fwd, _project_bwd)

@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 from numpy.testing import assert_allclose
 
-from tempax.models.decoder import keep_kernel_dtype, matmul, projection_dot, weight_gradient
+from tempax.models.decoder import keep_kernel_dtype, matmul, projection_dot
 from tempax.train.state import set_compute_dtype
 
 BF16 = jnp.bfloat16
@@ -100,14 +100,3 @@ def test_set_compute_dtype_keeps_a_float32_kernel_and_its_float32_gradient():
     assert grads["kernel"][...].dtype == jnp.float32 and layer.kernel[...].dtype == jnp.float32
     # d sum(x W + b) / dW = x^T 1 = 2 for every entry (two rows of ones).
     assert_allclose(np.asarray(grads["kernel"][...]), np.full((4, 3), 2.0), rtol=0, atol=0)
-
-
-def test_weight_gradient_of_a_bf16_input_is_one_bf16_dot():
-    """The fused cross-entropy's head gradient h^T g over [B, C] tokens: for h = 1 and g = 0.5 everywhere over
-    B * C = 4 * 16 = 64 tokens, every entry is 64 * 0.5 = 32, and the product compiles to one bf16 x bf16 dot."""
-    h = jnp.ones((4, 16, 32), BF16)
-    g = jnp.full((4, 16, 48), 0.5, jnp.float32)
-    out = weight_gradient(h, g)
-    assert out.dtype == jnp.float32 and out.shape == (32, 48)
-    assert_allclose(np.asarray(out), np.full((32, 48), 32.0), rtol=0, atol=0)
-    assert _dot_operand_types(weight_gradient, h, g) == [("bf16", "bf16")]

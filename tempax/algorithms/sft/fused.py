@@ -33,8 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tempax.models.decoder import weight_gradient
-
 
 def head_logits(h: jax.Array, w: jax.Array, vocab_major: bool) -> jax.Array:
     """h [..., D] times the head: W [V, D] (vocab_major, a tied embedding) or [D, V]; float32 result."""
@@ -94,8 +92,7 @@ def _weighted_nll_fwd(h, w, targets, coef, chunk, vocab_major, softcap):
         # The sum is kept as [D, V] for either head layout: h^T g reads g [.., V] in its own layout, where g^T h
         # had XLA:CPU transpose every chunk's [C, V] g first (bench-tiny: 10 ms a chunk); a [V, D] head's
         # gradient is transposed once, after the scan.
-        # (`weight_gradient`: for bf16 h also the row-major h^T XLA:CPU's bf16 dot needs.)
-        return dw + weight_gradient(hc, g), (
+        return dw + jnp.einsum("bcd,bcv->dv", hc, g, preferred_element_type=jnp.float32), (
             lse - zt, (zt >= m).astype(jnp.float32), dh)
 
     dw0 = jnp.zeros(w.shape[::-1] if vocab_major else w.shape, jnp.float32)
