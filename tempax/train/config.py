@@ -145,8 +145,7 @@ class TrainConfig:
     seq_len: int = _help("Tokens per row.", 512)
     precision: Literal["fp32", "bf16"] = _help(
         "fp32: everything float32. bf16: bfloat16 activations and matmuls (bf16 operands, float32 accumulation "
-        "and weight gradients: decoder.projection_dot) with float32 master weights and optimizer state (2.0x "
-        "float32's sft_full tokens/s measured on an AVX512-BF16 CPU).",
+        "and weight gradients: decoder.projection_dot) with float32 master weights and optimizer state.",
         "fp32",
     )
     remat: Literal["none", "full", "dots"] | None = _help(
