@@ -56,7 +56,8 @@ def matmul_flops(n: int = 4096, repeats: int = 3) -> float:
     return 2 * n**3 / best
 
 
-def measure(workload: str, size: str, remat: str | None = None, memory_only: bool = False) -> dict:
+def measure(workload: str, size: str, remat: str | None = None, memory_only: bool = False,
+            precision: str = "fp32") -> dict:
     sys.path.insert(0, ROOT)
     import jax
     import numpy as np
@@ -108,7 +109,7 @@ def measure(workload: str, size: str, remat: str | None = None, memory_only: boo
         trainable = lora_filter
     train_cfg = TrainConfig(
         steps=total_steps, batch_size=batch, seq_len=seq, progress_bar=False, tensorboard=False,
-        run_dir="/tmp/tempax-bench-sft", mesh=MeshConfig(num_devices=1), remat=remat,
+        run_dir="/tmp/tempax-bench-sft", mesh=MeshConfig(num_devices=1), remat=remat, precision=precision,
         optimizer=OptimizerConfig(name="adamw", learning_rate=opt["learning_rate"], b1=opt["b1"], b2=opt["b2"],
                                   eps=opt["eps"], weight_decay=opt["weight_decay"], schedule="constant",
                                   decay_all=True, grad_clip_norm=opt["grad_clip"]),
@@ -144,6 +145,7 @@ def measure(workload: str, size: str, remat: str | None = None, memory_only: boo
     return {
         "library": "tempax",
         "remat": remat or "none",
+        "precision": precision,
         "workload": workload,
         "size": size,
         "tokens_per_s": round(tokens_per_s, 1),
@@ -174,11 +176,14 @@ def main() -> int:
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "SIZE"), help="measure once in this process")
     parser.add_argument("--remat", choices=("none", "dots", "full"), default=None,
                         help="activation recomputation (not part of the workload; default: none)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="train.precision (not part of the float32 workload; default: fp32)")
     parser.add_argument("--memory", nargs=2, metavar=("WORKLOAD", "SIZE"),
                         help="compile one step and print XLA's memory analysis of it (temporaries), no timing")
     args = parser.parse_args()
     if args.one or args.memory:
-        print(json.dumps(measure(*(args.one or args.memory), remat=args.remat, memory_only=bool(args.memory))),
+        print(json.dumps(measure(*(args.one or args.memory), remat=args.remat, memory_only=bool(args.memory),
+                                  precision=args.precision)),
               flush=True)
         return 0
     workloads = ("sft_full", "sft_lora") if args.workload == "all" else (args.workload,)
@@ -188,6 +193,7 @@ def main() -> int:
             for _ in range(args.repeats):
                 # One process per measurement, one at a time (workloads.json: "measurement").
                 remat = ["--remat", args.remat] if args.remat else []
+                remat += ["--precision", args.precision]
                 out = subprocess.run([sys.executable, __file__, "--one", workload, size, *remat], capture_output=True,
                                      text=True, cwd=ROOT)
                 lines = [l for l in out.stdout.splitlines() if l.startswith("{")]

@@ -38,20 +38,51 @@ def _init(names: tuple[str, ...], scale: float = 0.02) -> Any:
     return nnx.with_partitioning(nnx.initializers.normal(scale), names)
 
 
-@jax.custom_vjp
-def _project(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+BF16 = jnp.dtype(jnp.bfloat16)
 
 
-def _project_fwd(x, kernel):
-    return _project(x, kernel), (x, kernel)
+def _f32_dot(lhs: jax.Array, rhs: jax.Array, lhs_dim: int, rhs_dim: int) -> jax.Array:
+    return jax.lax.dot_general(lhs, rhs, (((lhs_dim,), (rhs_dim,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-def _project_bwd(residuals, g):
-    x, kernel = residuals
-    d_x = jax.lax.dot_general(g, kernel, (((g.ndim - 1,), (1,)), ((), ())))
-    rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
-    d_kernel = jax.lax.dot_general(rows(x), rows(g), (((0,), (0,)), ((), ())))
+def _rows(a: jax.Array) -> jax.Array:
+    return a.reshape(-1, a.shape[-1])
+
+
+def _row_major_transpose(x_mk: jax.Array) -> jax.Array:
+    """x^T [K, M] materialised row-major, for a bf16 weight gradient's left operand.
+
+    A plain `x.T` is folded into the dot (contracting axis major again: the float32-upcast path). Reversing an
+    axis twice is the identity, but XLA:CPU's bf16 dot check runs before the simplifier, so it sees a row-major
+    [K, M] operand; one transposing copy remains. tests/models/test_projection_bf16.py checks the compiled dots' types.
+    """
+    return jnp.flip(jnp.flip(x_mk.T, 1), 1)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _project(x: jax.Array, kernel: jax.Array, bf16: bool) -> jax.Array:
+    return _project_fwd(x, kernel, bf16)[0]
+
+
+def _project_fwd(x, kernel, bf16):
+    if not bf16:
+        return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ()))), (x, kernel)
+    xc, wc = x.astype(BF16), kernel.astype(BF16)  # the kernel's bf16 copy, made once and kept for the backward
+    # Zero-size arrays carry the primal dtypes into the backward pass (residuals must be arrays).
+    return _f32_dot(xc, wc, x.ndim - 1, 0).astype(x.dtype), (xc, wc, jnp.zeros((0,), x.dtype),
+                                                              jnp.zeros((0,), kernel.dtype))
+
+
+def _project_bwd(bf16, residuals, g):
+    if not bf16:
+        x, kernel = residuals
+        d_x = jax.lax.dot_general(g, kernel, (((g.ndim - 1,), (1,)), ((), ())))
+        d_kernel = jax.lax.dot_general(_rows(x), _rows(g), (((0,), (0,)), ((), ())))
+        return d_x, d_kernel
+    xc, wc, x_like, kernel_like = residuals
+    gc = g.astype(BF16)
+    d_x = _f32_dot(gc, wc, gc.ndim - 1, 1).astype(x_like.dtype)
+    d_kernel = _f32_dot(_row_major_transpose(_rows(xc)), _rows(gc), 1, 0).astype(kernel_like.dtype)
     return d_x, d_kernel
 
 
@@ -67,13 +98,34 @@ def projection_dot(lhs, rhs, dimension_numbers, precision=None, preferred_elemen
     `sft_full`, AMD EPYC Zen 5: 16 ms for each of the 60 gate/up ones a step, about 1 s of an 8 s step,
     `bench/profile_step.py`). Written this way XLA multiplies both operands in the layout they have. Other
     products (other dimension numbers, a requested output type or sharding) go to `lax.dot_general` unchanged.
+
+    A bfloat16 x (`train.precision=bf16`) makes all three products bf16 x bf16 with float32 accumulation: the
+    kernel (float32 master, left uncast by `keep_kernel_dtype`) is cast to bf16 once and that copy reused by the
+    backward; y and d x come out in x's dtype, d kernel in the kernel's (float32 for a float32 master). XLA:CPU
+    (jaxlib 0.10) runs a bf16 dot at bf16 speed only when it asks for a float32 result and its left operand's
+    contracting axis is the minor one; otherwise it upcasts both operands to float32 first. Bench-small shapes,
+    2048 tokens, AMD EPYC Zen 5 (avx512_bf16), GFLOP/s bf16->f32 / f32 / bf16->bf16: [2048, 576] x [576, 1536]
+    975 / 493 / 464, its input gradient 1001 / 442 / 419, its weight gradient contracting the token axis (dim 0,
+    autodiff's form) 431 / 446 / 435 but 930 with x^T row-major (`_row_major_transpose`); torch bf16 993 / 1015 /
+    976 on the same three (/work/notes/issue-18-bf16.md).
     """
     plain = (((lhs.ndim - 1,), (0,)), ((), ()))
-    if (dimension_numbers != plain or rhs.ndim != 2 or lhs.dtype != rhs.dtype or precision is not None
-            or preferred_element_type not in (None, lhs.dtype) or out_sharding is not None):
-        return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                                   preferred_element_type=preferred_element_type, out_sharding=out_sharding)
-    return _project(lhs, rhs)
+    bf16 = lhs.dtype == BF16 and jnp.issubdtype(rhs.dtype, jnp.floating)
+    if (dimension_numbers != plain or rhs.ndim != 2 or (lhs.dtype != rhs.dtype and not bf16)
+            or precision is not None or preferred_element_type not in (None, lhs.dtype) or out_sharding is not None):
+        return jax.lax.dot_general(lhs, rhs.astype(lhs.dtype) if bf16 else rhs, dimension_numbers,
+                                   precision=precision, preferred_element_type=preferred_element_type,
+                                   out_sharding=out_sharding)
+    return _project(lhs, rhs, bf16)
+
+
+def keep_kernel_dtype(arrays: tuple[Any, ...], *, dtype: Any = None, inexact: bool = True) -> tuple[Any, ...]:
+    """`nnx.Linear(promote_dtype=...)` for bf16 compute: casts the input (and bias) to `dtype` and leaves the
+    kernel in its float32 master dtype, so `projection_dot` returns the kernel's gradient in float32."""
+    del inexact
+    inputs, kernel, *rest = arrays
+    cast = lambda a: a if a is None or dtype is None else jnp.asarray(a, dtype)  # noqa: E731
+    return (cast(inputs), kernel, *(cast(a) for a in rest))
 
 
 def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:

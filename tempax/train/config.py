@@ -144,8 +144,8 @@ class TrainConfig:
     )
     seq_len: int = _help("Tokens per row.", 512)
     precision: Literal["fp32", "bf16"] = _help(
-        "fp32: everything float32. bf16: bfloat16 matmuls/activations with float32 master weights and "
-        "optimizer state.",
+        "fp32: everything float32. bf16: bfloat16 activations and matmuls (bf16 operands, float32 accumulation "
+        "and weight gradients: decoder.projection_dot) with float32 master weights and optimizer state.",
         "fp32",
     )
     remat: Literal["none", "full", "dots"] | None = _help(

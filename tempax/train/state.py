@@ -155,16 +155,22 @@ def set_compute_dtype(model: nnx.Module, dtype: str) -> None:
     """Makes every layer of `model` compute in `dtype` (weights keep their storage dtype).
 
     NNX layers cast their weights and inputs to their `dtype` attribute when called, so bf16 compute over
-    float32 master weights is this attribute on every Linear/Embed plus the decoder's config. Done once, before
-    the model is split for training.
+    float32 master weights is this attribute on every Linear/Embed plus the decoder's config. Under bfloat16 each
+    `nnx.Linear` computes through `tempax.models.decoder.projection_dot` with its kernel left float32 (bf16
+    operands, float32 accumulation and weight gradient, in the layouts XLA:CPU runs at bf16 speed). Done once,
+    before the model is split for training.
     """
-    from tempax.models.decoder import as_dtype
+    from tempax.models.decoder import BF16, as_dtype, keep_kernel_dtype, projection_dot
 
     target = as_dtype(dtype)
     for _, node in nnx.iter_graph(model):
         if isinstance(node, nnx.Module) and hasattr(node, "dtype") and not isinstance(node, nnx.Variable):
             if getattr(node, "dtype", None) is not None:
                 node.dtype = target
+                custom = getattr(node, "dot_general_cls", None) is not None
+                if isinstance(node, nnx.Linear) and jnp.dtype(target) == BF16 and not custom:
+                    node.dot_general = projection_dot
+                    node.promote_dtype = keep_kernel_dtype
         cfg = getattr(node, "config", None) if isinstance(node, nnx.Module) else None
         if cfg is not None and hasattr(cfg, "replace") and hasattr(cfg, "param_dtype"):
             node.config = cfg.replace(dtype=dtype)
