@@ -11,14 +11,16 @@ exactly 128 new tokens per row (EOS never stops a row: `ignore_eos`). One timed 
 out (prefill + decode loop + host copies + detokenisation with the workload's word-level tokenizer). The first
 call (compilation) is the warm-up; generated tokens/s = 8 * 128 / median(measured call time).
 
-Also reported: peak RSS of the process (ru_maxrss: model init, compilation and all runs), the 1-minute load
-average before and after (the machine is shared; a load above the core count means the figure is pessimistic),
-and the split between prefill and decode. Prints one JSON object per measurement.
+Also reported: peak RSS of the process (ru_maxrss: model init, compilation and all runs; measured the same way
+as `bench/peers.py`'s), the 1-minute load average before and after (the machine is shared; a load above the core
+count means the figure is pessimistic), and the split between prefill and decode. Prints one JSON object per
+measurement. The tokenizer folder is loaded as the `PreTrainedTokenizerFast` its tokenizer_config.json names:
+`AutoTokenizer`'s class lookup imports PyTorch (about 0.19 GiB of RSS), which tempax does not use.
 
 Roofline: with batch 8, every decode step reads all the weights once (float32: 4 bytes a parameter) and does
 only 2 FLOPs per weight per row, so on a CPU the step is bound by memory bandwidth, not matmul speed. The
-benchmark measures the read bandwidth in the same process (a jitted sum over a 1 GiB float32 array, best of 3)
-and reports `bandwidth_roofline_tokens_per_s` = batch / (weight bytes / bandwidth): what a decoder that did
+benchmark measures the read bandwidth (a jitted sum over a 1 GiB float32 array, best of 3) in a separate
+process after the timed calls, so that array is not counted in the peak RSS, and reports `bandwidth_roofline_tokens_per_s` = batch / (weight bytes / bandwidth): what a decoder that did
 nothing but stream its weights once a step would reach (KV-cache reads, prefill and sampling ignored).
 """
 
@@ -60,6 +62,13 @@ def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 3) -> float:
     return nbytes / best
 
 
+def read_bandwidth_elsewhere() -> float:
+    """`read_bandwidth()` measured in a child process (its 1 GiB array must not count in this one's peak RSS)."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--bandwidth"], check=True,
+                         capture_output=True, text=True).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["read_bandwidth_bytes_per_s"])
+
+
 def workload_prompts(spec: dict, vocab_size: int) -> list[list[int]]:
     """The decode workload's prompts: BOS + prompt_len - 1 ids from default_rng(seed + 1) in [4, vocab)."""
     import numpy as np
@@ -73,7 +82,7 @@ def workload_prompts(spec: dict, vocab_size: int) -> list[list[int]]:
 def measure(size: str, *, logprobs: bool = True) -> dict:
     sys.path.insert(0, ROOT)
     from flax import nnx
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
 
     from tempax.cli.process import settings_in_effect
     from tempax.generate import SamplingConfig, generate
@@ -92,7 +101,7 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
     batch, new = w["batch_size"], w["max_new_tokens"]
 
     prompts = workload_prompts(spec, cfg.vocab_size)
-    tokenizer = wrap(AutoTokenizer.from_pretrained(os.path.join(SHARED, "tokenizers", f"wordlevel_{cfg.vocab_size}")))
+    tokenizer = wrap(PreTrainedTokenizerFast.from_pretrained(os.path.join(SHARED, "tokenizers", f"wordlevel_{cfg.vocab_size}")))
     model = Decoder(cfg, rngs=nnx.Rngs(spec["init"]["seed"]))
     config = SamplingConfig(max_new_tokens=new, temperature=0.0, ignore_eos=True, logprobs=logprobs)
 
@@ -108,7 +117,8 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
             decode.append(result.stats.decode_s)
             compiles.append(result.stats.compiles)
     median = statistics.median(times)
-    bandwidth = read_bandwidth()
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    bandwidth = read_bandwidth_elsewhere()
     weight_bytes = 4 * cfg.num_params()
     return {
         "workload": "decode",
@@ -123,7 +133,7 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
         "read_bandwidth_gb_per_s": round(bandwidth / 1e9, 2),
         "bandwidth_roofline_tokens_per_s": round(batch * bandwidth / weight_bytes, 1),
         "fraction_of_bandwidth_roofline": round(batch * new / median / (batch * bandwidth / weight_bytes), 3),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": round(peak_rss / 1024, 1),
         "load_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         **settings_in_effect(),
     }
@@ -135,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="separate processes per size")
     parser.add_argument("--one", metavar="SIZE", help="measure SIZE in this process and print one JSON line")
     parser.add_argument("--no-logprobs", action="store_true", help="skip per-token log-probs (not the default)")
+    parser.add_argument("--bandwidth", action="store_true", help="print the measured read bandwidth and exit")
     args = parser.parse_args(argv)
+    if args.bandwidth:
+        print(json.dumps({"read_bandwidth_bytes_per_s": read_bandwidth()}), flush=True)
+        return 0
     if args.one:
         print(json.dumps(measure(args.one, logprobs=not args.no_logprobs)), flush=True)
         return 0
