@@ -89,9 +89,9 @@ def profile_decode(size: str, trace_dir: str, steps: int = 40) -> int:
     prompts = workload_prompts(spec, cfg.vocab_size)
     config = SamplingConfig(max_new_tokens=w["max_new_tokens"], temperature=0.0, ignore_eos=True)
     warm = DecodeRun(model, prompts, config, stop_ids=(), pad_id=0)
-    warm.advance()  # compiles, and leaves the decode-layout weights made
+    warm.advance()  # compiles
     run = DecodeRun(model, prompts, config, stop_ids=(), pad_id=0)
-    jax.block_until_ready(run._weights)
+    jax.block_until_ready(run._state)
     jax.profiler.start_trace(trace_dir)
     start = time.perf_counter()
     run.advance(steps)

@@ -5,7 +5,7 @@
 """
 
 from tempax.generate.config import SamplingConfig
-from tempax.generate.engine import DecodeRun, bucket_length, compile_counts, release_decode_weights
+from tempax.generate.engine import DecodeRun, bucket_length, compile_counts
 from tempax.generate.generation import GenerationResult, GenerationStats, generate, stream
 
 __all__ = [
@@ -16,6 +16,5 @@ __all__ = [
     "bucket_length",
     "compile_counts",
     "generate",
-    "release_decode_weights",
     "stream",
 ]

@@ -35,9 +35,9 @@ class SamplingConfig:
       ignore_eos: never stop on a token id (benchmarks that must generate exactly max_new_tokens).
       max_len: cap on prompt + completion length, below the model's context; None = the model's context.
       logprobs: compute per-token log-probabilities (two log-sum-exps over the vocabulary per step).
-      decode_layout: "auto" (on CPU), "on" or "off": decode from a copy of the projection weights laid out for
-        fast few-row products (`tempax.models.fast_decode`; ~2x faster decode steps on CPU, for one more copy of
-        the weights while a request runs). Never used for a quantized base.
+      decode_layout: "auto" (on CPU), "on" or "off": decode steps multiply a tied LM head with the embedding
+        table as the left operand (`tempax.models.fast_decode`), which XLA:CPU streams several times faster in
+        few-row products; same logits, no copy of any weight. tempax `Decoder`s only.
     """
 
     max_new_tokens: int = 256

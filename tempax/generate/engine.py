@@ -28,7 +28,6 @@ import collections
 import dataclasses
 import functools
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -42,7 +41,6 @@ from tempax.generate.config import SamplingConfig
 from tempax.generate.sampling import SamplerSpec, row_keys, row_uniforms, sample_from_logits
 from tempax.models.cache import KVCache
 from tempax.models.decoder import Decoder
-from tempax.models.fast_decode import DecodeWeights
 from tempax.parallel.process import host_array
 from tempax.parallel.rules import shard
 
@@ -113,12 +111,11 @@ def _merge(graphdef: Any, params: Any) -> Any:
     return model
 
 
-def _call_model(
-    model: Any, tokens: jax.Array, segment_ids: jax.Array | None, cache: KVCache, weights: DecodeWeights | None = None
-):
-    """Next-token logits [B, V] at the last position (a tempax Decoder skips the LM head elsewhere)."""
+def _call_model(model: Any, tokens: jax.Array, segment_ids: jax.Array | None, cache: KVCache, layout: bool = False):
+    """Next-token logits [B, V] at the last position (a tempax Decoder skips the LM head elsewhere); `layout`: the
+    Decoder's `decode_layout` (see `use_decode_layout`)."""
     if isinstance(model, Decoder):
-        logits, cache = model(tokens, segment_ids=segment_ids, cache=cache, last_only=True, decode_weights=weights)
+        logits, cache = model(tokens, segment_ids=segment_ids, cache=cache, last_only=True, decode_layout=layout)
     else:
         logits, cache = model(tokens, segment_ids=segment_ids, cache=cache)
     return logits[:, -1].astype(jnp.float32), cache
@@ -188,57 +185,23 @@ def _prefill(
     )
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _decode_weights(graphdef: Any, params: Any) -> DecodeWeights | None:
-    """The model's weights in decode layout (`tempax.models.fast_decode`), made once per request."""
-    _TRACES["decode_weights"] += 1
-    return _merge(graphdef, params).decode_weights()
-
-
-# The last DecodeWeights made and weak references to the arrays they came from. One entry: repeated requests on
-# the same weights (evaluation, chat, a benchmark, the rollouts of a LoRA policy whose base never changes) skip
-# the copy (~0.5 s for a 135M model on 2 cores), and at most one extra copy of the weights is ever held.
-_LAST_WEIGHTS: list[tuple[list[weakref.ref], DecodeWeights | None]] = []
-_BASE_WEIGHTS = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
-
-
-def release_decode_weights() -> None:
-    """Frees the decode-layout copy of the weights the engine keeps between requests."""
-    _LAST_WEIGHTS.clear()
-
-
-def decode_weights_for(graphdef: Any, params: Any) -> DecodeWeights | None:
-    """The model's base weights in decode layout, reused while they come from the very same (immutable) arrays."""
-    sources = jax.tree.leaves(params.filter(_BASE_WEIGHTS))
-    if _LAST_WEIGHTS:
-        refs, weights = _LAST_WEIGHTS[0]
-        if len(refs) == len(sources) and all(
-            r() is a and not a.is_deleted() for r, a in zip(refs, sources)
-        ):
-            return weights
-    _LAST_WEIGHTS.clear()  # drop the stale copy before making a new one
-    weights = _decode_weights(graphdef, params)
-    _LAST_WEIGHTS.append(([weakref.ref(a) for a in sources], weights))
-    return weights
-
-
 def use_decode_layout(model: Any, config: SamplingConfig) -> bool:
-    """Whether a request decodes from `DecodeWeights`: asked for, or "auto" on a CPU; tempax Decoders only."""
+    """Whether a request's decode steps use the Decoder's `decode_layout`: asked for, or "auto" on a CPU."""
     if config.decode_layout == "off" or not isinstance(model, Decoder):
         return False
     return config.decode_layout == "on" or jax.default_backend() == "cpu"
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "spec"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec", "layout"), donate_argnames=("state",))
 def _decode(
     graphdef: Any,
     params: Any,
-    weights: DecodeWeights | None,
     state: DecodeState,
     until: jax.Array,
     knobs: _Knobs,
     *,
     spec: SamplerSpec,
+    layout: bool,
 ) -> DecodeState:
     """Generates tokens step by step until `step == until` or every row is done."""
     _TRACES["decode"] += 1
@@ -249,7 +212,7 @@ def _decode(
         return (s.step < until) & ~jnp.all(s.done)
 
     def body(s: DecodeState) -> DecodeState:
-        logits, cache = _call_model(model, s.last_token[:, None], ones, s.cache, weights)
+        logits, cache = _call_model(model, s.last_token[:, None], ones, s.cache, layout)
         tok, lp, raw = _sample(logits, s.keys, s.step, knobs, spec)
         active = ~s.done
         tok = jnp.where(active, tok, knobs.pad_id)
@@ -378,11 +341,7 @@ class DecodeRun:
             sample_index.astype(np.int32), live, self._knobs, spec=self._spec, n=n,
             cache_len=prompt_len + completion_len, completion_len=completion_len,
         )
-        # Made after prefill (which multiplies whole prompts and gains nothing from it) so both copies of the
-        # weights are not alive while prefill's activations are.
-        self._weights = None
-        if use_decode_layout(model, config):
-            self._weights = decode_weights_for(self._graphdef, self._params)
+        self._layout = use_decode_layout(model, config)  # decode steps only: prefill multiplies whole prompts
         self._done_host = host_array(self._state.done)  # host reads go through host_array: arrays may span processes
         self.prefill_s = time.perf_counter() - start
         self.decode_s = 0.0
@@ -407,7 +366,8 @@ class DecodeRun:
         until = self.config.max_new_tokens if steps is None else min(self._step + steps, self.config.max_new_tokens)
         start = time.perf_counter()
         self._state = _decode(
-            self._graphdef, self._params, self._weights, self._state, jnp.int32(until), self._knobs, spec=self._spec
+            self._graphdef, self._params, self._state, jnp.int32(until), self._knobs, spec=self._spec,
+            layout=self._layout,
         )
         self._step, self._done_host = int(host_array(self._state.step)), host_array(self._state.done)
         self.decode_s += time.perf_counter() - start

@@ -22,7 +22,7 @@ from flax import nnx
 
 from tempax.models.cache import KVCache
 from tempax.models.config import ModelConfig, RopeConfig
-from tempax.models.fast_decode import DecodeWeights, LayerDecodeWeights, out_in_kernel, project, project_each, stacked
+from tempax.models.fast_decode import project
 from tempax.parallel.rules import shard
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -219,20 +219,11 @@ class Attention(nnx.Module):
         q_index: jax.Array,
         q_segments: jax.Array,
         kv: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None,
-        fast: LayerDecodeWeights | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """Attends x [B,T,D] to itself, or to the cache `kv` = (k, v, k_segments, write_at) when decoding.
-
-        `fast`: this layer's decode-layout weights (see `tempax.models.fast_decode`), used instead of the
-        modules' own projections.
-        """
+        """Attends x [B,T,D] to itself, or to the cache `kv` = (k, v, k_segments, write_at) when decoding."""
         b, t, _ = x.shape
         n, k, h = self.num_heads, self.num_kv_heads, self.head_dim
-        projections = [self.q_proj, self.k_proj, self.v_proj]
-        if fast is None:
-            q, key, val = (proj(x) for proj in projections)
-        else:
-            q, key, val = project_each(x, projections, fast.qkv, fast.qkv_bias, [n * h, k * h, k * h])
+        q, key, val = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, key, val = q.reshape(b, t, n, h), key.reshape(b, t, k, h), val.reshape(b, t, k, h)
         if self.q_norm is not None:
             q, key = self.q_norm(q), self.k_norm(key)
@@ -255,9 +246,7 @@ class Attention(nnx.Module):
             kv_heads_first=kv is not None,
         )
         out = out.reshape(b, t, n * h)
-        if fast is None:
-            return self.o_proj(out), new_kv
-        return project_each(out, [self.o_proj], fast.o, fast.o_bias, [fast.o.shape[0]])[0], new_kv
+        return self.o_proj(out), new_kv
 
 
 def attention(
@@ -354,16 +343,10 @@ class MLP(nnx.Module):
         self.down_proj = linear(m, d, ("mlp", "embed"))
         self.activation = cfg.activation
 
-    def __call__(self, x: jax.Array, fast: LayerDecodeWeights | None = None) -> jax.Array:
-        if fast is None:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        else:
-            m = fast.gate_up.shape[0] // 2
-            gate, up = project_each(x, [self.gate_proj, self.up_proj], fast.gate_up, fast.gate_up_bias, [m, m])
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate, up = self.gate_proj(x), self.up_proj(x)
         hidden = gated(gate, up, self.activation)
-        if fast is None:
-            return self.down_proj(hidden)
-        return project_each(hidden, [self.down_proj], fast.down, fast.down_bias, [fast.down.shape[0]])[0]
+        return self.down_proj(hidden)
 
 
 class DecoderLayer(nnx.Module):
@@ -382,14 +365,14 @@ class DecoderLayer(nnx.Module):
             self.post_feedforward_layernorm = None
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, q_index, q_segments, kv, fast: LayerDecodeWeights | None = None):
-        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, q_index, q_segments, kv, fast)
+    def __call__(self, x, positions, q_index, q_segments, kv):
+        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, q_index, q_segments, kv)
         if self.pre_feedforward_layernorm is not None:
             x = x + self.post_attention_layernorm(attn)
-            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), fast))
+            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
         else:
             x = x + attn
-            x = x + self.mlp(self.post_attention_layernorm(x), fast)
+            x = x + self.mlp(self.post_attention_layernorm(x))
         return shard(x, ("batch", "seq", "act_embed")), new_kv
 
 
@@ -429,7 +412,8 @@ class Decoder(nnx.Module):
       segment_ids: [B, T], 0 = padding, equal ids attend to each other causally; default all ones.
       cache: a `KVCache` to read and extend (decoding); None for a plain forward pass.
       last_only: return logits for the last position only ([B, 1, V]), as generation needs.
-      decode_weights: the model's own weights in decode layout (`decode_weights()`), for fast CPU decoding.
+      decode_layout: few-row products for CPU decoding: a tied LM head multiplies with the embedding table on the
+        left (`tempax.models.fast_decode`); same logits, no copy of any weight.
     Returns logits [B, T, V] in float32 and the updated cache (None without one).
     """
 
@@ -450,7 +434,6 @@ class Decoder(nnx.Module):
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         cache: KVCache | None = None,
-        decode_weights: DecodeWeights | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Final-norm hidden states [B, T, D] (what the LM head and a reward head read)."""
         cfg = self.config
@@ -474,8 +457,7 @@ class Decoder(nnx.Module):
             if cfg.remat != "none" and cache is None:
                 x, layer_kv = _remat_layer(layer, x, positions, q_index, segment_ids, cfg.remat)
             else:
-                fast = None if decode_weights is None else decode_weights.layers[i]
-                x, layer_kv = layer(x, positions, q_index, segment_ids, kv, fast)
+                x, layer_kv = layer(x, positions, q_index, segment_ids, kv)
             if layer_kv is not None:
                 new_k.append(layer_kv[0])
                 new_v.append(layer_kv[1])
@@ -489,10 +471,12 @@ class Decoder(nnx.Module):
             )
         return x, new_cache
 
-    def logits(self, hidden: jax.Array, decode_weights: DecodeWeights | None = None) -> jax.Array:
-        """LM head (tied or untied) and final soft-capping; float32 logits."""
-        if decode_weights is not None:
-            logits = project(hidden, decode_weights.head)
+    def logits(self, hidden: jax.Array, decode_layout: bool = False) -> jax.Array:
+        """LM head (tied or untied) and final soft-capping; float32 logits. `decode_layout`: see `Decoder`."""
+        if self.lm_head is None and decode_layout:
+            embed = self.embed_tokens  # the same dtype promotion as `embed.attend`
+            query, table = embed.promote_dtype((hidden, embed.embedding[...]), dtype=embed.dtype)
+            logits = project(query, table)
         elif self.lm_head is None:
             logits = self.embed_tokens.attend(hidden)
         else:
@@ -508,36 +492,14 @@ class Decoder(nnx.Module):
         segment_ids: jax.Array | None = None,
         cache: KVCache | None = None,
         last_only: bool = False,
-        decode_weights: DecodeWeights | None = None,
+        decode_layout: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:
-        hidden, cache = self.hidden_states(
-            tokens, positions=positions, segment_ids=segment_ids, cache=cache, decode_weights=decode_weights
-        )
+        hidden, cache = self.hidden_states(tokens, positions=positions, segment_ids=segment_ids, cache=cache)
         if last_only:
             # Generation needs only the next-token logits; skipping the LM head elsewhere saves a
             # [B, T, V] matmul in prefill (most of a small model's prefill FLOPs).
             hidden = hidden[:, -1:]
-        return self.logits(hidden, decode_weights), cache
-
-    def decode_weights(self) -> DecodeWeights | None:
-        """This model's base weights in decode layout (see `tempax.models.fast_decode`; adapters are applied on
-        top by the layers); None when some projection has no float kernel to give (a quantized base keeps its
-        own, smaller path)."""
-        dtype = as_dtype(self.config.dtype)
-        layers = []
-        for layer in self.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv, qkv_bias = stacked([attn.q_proj, attn.k_proj, attn.v_proj], dtype)
-            o, o_bias = stacked([attn.o_proj], dtype)
-            gate_up, gate_up_bias = stacked([mlp.gate_proj, mlp.up_proj], dtype)
-            down, down_bias = stacked([mlp.down_proj], dtype)
-            if any(w is None for w in (qkv, o, gate_up, down)):
-                return None
-            layers.append(LayerDecodeWeights(qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down, down_bias))
-        head = self.embed_tokens.embedding[...] if self.lm_head is None else out_in_kernel(self.lm_head)
-        if head is None:
-            return None
-        return DecodeWeights(layers=tuple(layers), head=head.astype(dtype))
+        return self.logits(hidden, decode_layout), cache
 
 
 def _remat_layer(layer: DecoderLayer, x, positions, q_index, segment_ids, policy_name: str):
