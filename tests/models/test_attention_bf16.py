@@ -74,3 +74,35 @@ def test_all_products_compile_to_bf16_dots():
         return jnp.sum(jnp.sin(out.astype(jnp.float32)) * c)
 
     assert any(d != ("bf16", "bf16") for d in _dot_operand_types(jax.grad(cache_layout_loss, (0, 1, 2)), q, k, v))
+
+
+def test_whole_gemma2_gradients_at_bf16_track_float32():
+    """The tiny Gemma 2 (logit soft-cap 50, sliding window 4 on layers 0 and 2, GQA 4/2) on the packed and padded
+    rows above: the loss at bf16 compute (attention through the custom VJP,
+    float32 master weights) is within 1% of float32's and every weight's gradient within 5% in relative L2 norm
+    (bf16 rounds activations to 8 significant bits; measured: loss 1.2e-4, gradients at most 2.4%)."""
+    from flax import nnx
+
+    from tempax.train.state import training_view
+    from tests.kit.models import random_ids, tiny_tempax_model
+
+    model = tiny_tempax_model("gemma2")
+    tokens = jnp.asarray(random_ids((B, T)))
+
+    def loss_and_grads(precision):
+        view = training_view(model, precision=precision)
+
+        def loss(m):
+            logits, _ = m(tokens, segment_ids=SEGMENTS)
+            logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+            picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+            return -jnp.sum(picked * (SEGMENTS[:, 1:] != 0)) / jnp.sum(SEGMENTS[:, 1:] != 0)
+
+        value, grads = nnx.jit(nnx.value_and_grad(loss))(view)
+        return float(value), jax.tree.leaves(nnx.to_pure_dict(grads))
+
+    (l32, g32), (l16, g16) = loss_and_grads("fp32"), loss_and_grads("bf16")
+    assert abs(l16 - l32) <= 1e-2 * abs(l32)
+    errs = [float(jnp.linalg.norm(got - ref) / jnp.linalg.norm(ref)) for ref, got in zip(g32, g16)]
+    assert all(got.dtype == jnp.float32 for got in g16)
+    assert max(errs) <= 5e-2, errs
