@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from tempax.models.attention_bf16 import bf16_attention
 from tempax.models.cache import KVCache
 from tempax.models.config import ModelConfig, RopeConfig
 from tempax.models.fast_decode import project
@@ -268,19 +269,23 @@ def attention(
     q is [B, T, N, H]; k and v are [B, S, K, H], or [B, K, S, H] with `kv_heads_first` (the KV cache's layout).
     A query at index i in segment s sees key j when j <= i, segment(j) == s != 0 and (window) i - j < window.
     Scores and softmax are in float32. Fully masked query rows (padding) get a uniform, finite distribution.
+    bfloat16 q, k, v [B, S, K, H] (`train.precision=bf16`) go to `bf16_attention`, whose products, forward and
+    backward, all run on XLA:CPU's bf16 kernels.
     """
     b, t, n, h = q_btnh.shape
     kh = k.shape[1] if kv_heads_first else k.shape[2]
     kv = "bksh" if kv_heads_first else "bskh"
     g = n // kh
-    q = q_btnh.reshape(b, t, kh, g, h)
-    scores = jnp.einsum(f"btkgh,{kv}->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-    scores = softcap(scores, logit_cap)
     visible = k_index[None, :] <= q_index[:, None]  # [T, S]
     if window is not None:
         visible &= (q_index[:, None] - k_index[None, :]) < window
     same = (q_segments[:, :, None] == k_segments[:, None, :]) & (k_segments[:, None, :] != 0)  # [B, T, S]
     mask = visible[None] & same
+    if not kv_heads_first and q_btnh.dtype == k.dtype == v.dtype == BF16:
+        return bf16_attention(q_btnh, k, v, mask, scale=scale, logit_cap=logit_cap)  # training at bf16
+    q = q_btnh.reshape(b, t, kh, g, h)
+    scores = jnp.einsum(f"btkgh,{kv}->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    scores = softcap(scores, logit_cap)
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     if t == 1 and kv_heads_first:

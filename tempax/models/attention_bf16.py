@@ -1,0 +1,125 @@
+"""Training attention for bfloat16 compute (`train.precision=bf16`) on XLA:CPU's bf16 matmul kernels.
+
+XLA:CPU (jaxlib 0.10) runs a bf16 dot at bf16 speed only when the dot asks for a float32 result and its left
+operand's contracting axis is the minor one (see `projection_dot` in `tempax.models.decoder`); otherwise it
+upcasts both operands to float32 first, which is slower than float32 throughout. Plain autodiff of
+`tempax.models.decoder.attention` at bf16 misses this on every product: p @ v asks for a bf16 result, and the
+backward mixes float32 cotangents with bf16 operands and contracts the query or key axis of the [T, S] arrays.
+
+`bf16_attention` computes the same function as a custom VJP. Heads go first ([B, K, G*T, H] for the queries of a
+kv group, [B, K, S, H] for keys and values), so that each of the six products contracts the left operand's minor
+axis with no copy of a [T, S] array:
+
+    scores  = q k^T        [GT, H] x [S, H]  -> [GT, S]   (contract H)
+    out     = p v          [GT, S] x [S, H]  -> [GT, H]   (contract S)
+    dp      = do v^T       [GT, H] x [S, H]  -> [GT, S]   (contract H)
+    dq      = ds k         [GT, S] x [S, H]  -> [GT, H]   (contract S)
+    dk^T    = q^T ds       [H, GT] x [GT, S] -> [H, S]    (contract GT)
+    dv^T    = do^T p       [H, GT] x [GT, S] -> [H, S]    (contract GT)
+
+Only the small [GT, H] / [S, H] arrays are transposed (q and do to [H, GT], dk and dv back), each materialised
+row-major (`_row_major`): XLA:CPU refuses a bf16 dot whose operand has a transpose's bitcast layout and upcasts
+it instead. dk and dv sit behind an optimization barrier, or XLA folds their transposes back into the dots by
+swapping the operands (ds then contracts its major axis, and the dot fails at run time as a bf16 `DotThunk`).
+Softmax and its gradient are in float32: ds = p * (dp - sum_s(p * dp)), the softmax's vector-Jacobian product,
+then the soft-cap's factor 1 - tanh^2 and the scale; p and ds are rounded to bf16 for the products, whose sums
+accumulate in float32. Residuals: q, k, v (bf16) and p (bf16, [GT, S]); soft-capped scores are recomputed.
+
+Bench-small shapes (B 8, T 256, 9 query / 3 kv heads of 64), one layer's forward + backward, AMD EPYC Zen 5
+(avx512_bf16), wall ms: 44.9 by autodiff of the einsum form at bf16, 24.4 here, 46.7 for the float32 path
+(/work/notes/issue-18-bf16attn.md).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+BF16 = jnp.dtype(jnp.bfloat16)
+
+
+def _bdot(lhs: jax.Array, rhs: jax.Array, lhs_dim: int, rhs_dim: int) -> jax.Array:
+    """Batched (over the leading B, K axes) bf16 x bf16 -> float32 product contracting lhs_dim with rhs_dim."""
+    return jax.lax.dot_general(lhs, rhs, (((lhs_dim,), (rhs_dim,)), ((0, 1), (0, 1))),
+                               preferred_element_type=jnp.float32)
+
+
+def _row_major(x: jax.Array) -> jax.Array:
+    """x materialised in row-major layout. XLA gives a transpose's result the layout that makes it a bitcast of
+    its input, and XLA:CPU's bf16 dot check (which runs before layout assignment) refuses an operand in such a
+    layout and upcasts the dot to float32. Reversing an axis twice is the identity, but the check runs before the
+    simplifier removes it, so it sees a row-major operand; one copy remains (of a [.., H]-sized array here)."""
+    return jnp.flip(jnp.flip(x, -1), -1)
+
+
+def _minor_transpose(x: jax.Array) -> jax.Array:
+    """x [B, K, M, H] as [B, K, H, M], row-major (a plain swapaxes would also be folded into the dot's dimension
+    numbers, putting the contracting axis major again)."""
+    return _row_major(x.swapaxes(2, 3))
+
+
+def _scores(q, k, scale, cap):
+    """float32 scores [B, K, GT, S] before masking, and tanh(raw / cap) when soft-capped (for the gradient)."""
+    raw = _bdot(q, k, 3, 3) * scale
+    if cap is None:
+        return raw, None
+    t = jnp.tanh(raw / cap)
+    return cap * t, t
+
+
+def _probs(q, k, mask, scale, cap, g):
+    b, kh, gt, s = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    scores, t = _scores(q, k, scale, cap)
+    scores = jnp.where(mask[:, None, None], scores.reshape(b, kh, g, gt // g, s), jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(scores, axis=-1).reshape(b, kh, gt, s), t
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _attend(q, k, v, mask, scale, cap, g):
+    """q [B, K, GT, H], k and v [B, K, S, H] (bf16), mask [B, T, S] -> out [B, K, GT, H] (bf16)."""
+    return _attend_fwd(q, k, v, mask, scale, cap, g)[0]
+
+
+def _attend_fwd(q, k, v, mask, scale, cap, g):
+    probs, _ = _probs(q, k, mask, scale, cap, g)
+    p = probs.astype(BF16)
+    return _bdot(p, v, 3, 2).astype(BF16), (q, k, v, mask, p)
+
+
+def _attend_bwd(scale, cap, g, residuals, d_out):
+    q, k, v, mask, p = residuals
+    b, kh, gt, s = p.shape
+    do = d_out.astype(BF16)
+    dp = _bdot(do, v, 3, 3)  # [B, K, GT, S]
+    p32 = p.astype(jnp.float32)
+    ds = p32 * (dp - jnp.sum(p32 * dp, axis=-1, keepdims=True))  # d scores, after masking
+    ds = jnp.where(mask[:, None, None], ds.reshape(b, kh, g, gt // g, s), 0.0).reshape(b, kh, gt, s)
+    if cap is not None:
+        _, t = _scores(q, k, scale, cap)  # recomputed: cheaper than keeping [GT, S] float32 per layer
+        ds = ds * (1.0 - t * t)
+    ds = (ds * scale).astype(BF16)
+    dq = _bdot(ds, k, 3, 2)  # [B, K, GT, H]
+    dk_t, dv_t = jax.lax.optimization_barrier((_bdot(_minor_transpose(q), ds, 3, 2),
+                                               _bdot(_minor_transpose(do), p, 3, 2)))  # [B, K, H, S]
+    dk, dv = dk_t.swapaxes(2, 3), dv_t.swapaxes(2, 3)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+def bf16_attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, mask_bts: jax.Array, *, scale: float,
+                   logit_cap: float | None) -> jax.Array:
+    """softmax(mask(softcap(q k^T * scale))) v for bf16 q [B, T, N, H], k and v [B, S, K, H] and a boolean
+    mask [B, T, S] (True = visible; a fully masked row gets a uniform distribution), with every product, forward
+    and backward, a bf16 x bf16 -> float32 dot in the form XLA:CPU runs on its bf16 kernels. Returns
+    [B, T, N, H] bf16."""
+    b, t, n, h = q_btnh.shape
+    kh = k_bskh.shape[2]
+    g = n // kh
+    q = q_btnh.reshape(b, t, kh, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, h)
+    k, v = _row_major(k_bskh.swapaxes(1, 2)), _row_major(v_bskh.swapaxes(1, 2))
+    out = _attend(q, k, v, mask_bts, scale, logit_cap, g)  # [B, K, G*T, H]
+    return out.reshape(b, kh, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
