@@ -2,6 +2,7 @@
 
     python bench/profile_step.py decode small          # 40 decode steps of the decode workload
     python bench/profile_step.py sft_full small        # the 4th training step of bench/sft.py's run
+    python bench/profile_step.py sft_full small --precision bf16   # the same at train.precision=bf16
 
 Runs the workload as `bench/decode.py` / `bench/sft.py` define it, with XLA's per-thunk trace on
 (`--xla_cpu_enable_xprof_traceme=true`, set here before JAX starts) and the optimized HLO dumped to a temporary
@@ -101,7 +102,7 @@ def profile_decode(size: str, trace_dir: str, steps: int = 40) -> int:
     return steps
 
 
-def profile_training(workload: str, size: str, trace_dir: str, traced_step: int = 4) -> int:
+def profile_training(workload: str, size: str, trace_dir: str, precision: str = "fp32", traced_step: int = 4) -> int:
     import jax
 
     import sft
@@ -123,7 +124,7 @@ def profile_training(workload: str, size: str, trace_dir: str, traced_step: int 
         return out
 
     loop.Trainer.train_step = traced
-    sft.measure(workload, size)
+    sft.measure(workload, size, precision=precision)
     return 1
 
 
@@ -132,6 +133,7 @@ def main() -> int:
     parser.add_argument("workload", choices=("decode", "sft_full", "sft_lora"))
     parser.add_argument("size", choices=("tiny", "small"))
     parser.add_argument("--top", type=int, default=15, help="rows per table")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="train.precision (training)")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="tempax-profile-")
     trace_dir, dump_dir = os.path.join(work, "trace"), os.path.join(work, "hlo")
@@ -141,7 +143,7 @@ def main() -> int:
     if args.workload == "decode":
         steps, module = profile_decode(args.size, trace_dir), "_decode"
     else:
-        steps, module = profile_training(args.workload, args.size, trace_dir), "step"
+        steps, module = profile_training(args.workload, args.size, trace_dir, args.precision), "step"
     summarize(trace_dir, dump_dir, module, steps, args.top)
     print(f"\ntrace and HLO: {work}")
     return 0
