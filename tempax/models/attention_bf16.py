@@ -25,9 +25,9 @@ Softmax and its gradient are in float32: ds = p * (dp - sum_s(p * dp)), the soft
 then the soft-cap's factor 1 - tanh^2 and the scale; p and ds are rounded to bf16 for the products, whose sums
 accumulate in float32. Residuals: q, k, v (bf16) and p (bf16, [GT, S]); soft-capped scores are recomputed.
 
-Bench-small shapes (B 8, T 256, 9 query / 3 kv heads of 64), one layer's forward + backward, AMD EPYC Zen 5
-(avx512_bf16), wall ms: 44.9 by autodiff of the einsum form at bf16, 24.4 here, 46.7 for the float32 path
-(/work/notes/issue-18-bf16attn.md).
+One layer's forward + backward at bench-small shapes (`python bench/attention.py`: B 8, T 256, 9 query / 3 kv
+heads of 64), AMD EPYC Zen 5 (avx512_bf16), best wall ms: 48.9 by autodiff of the einsum form at bf16 (the code
+before this module), 26.0 here, 43-46 for the float32 path.
 """
 
 from __future__ import annotations
