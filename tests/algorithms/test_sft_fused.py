@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.sft.fused import chunk_size
+from tempax.algorithms.sft.fused import chunk_size, fused_causal_lm_loss
 from tempax.algorithms.sft.trainer import make_sft_loss
 from tempax.models.decoder import Decoder
 from tempax.models.presets import PRESETS
@@ -49,3 +49,40 @@ def test_chunk_size_is_the_largest_divisor_not_above_the_request():
     assert chunk_size(255, 64) == 51  # 255 = 3 x 5 x 17
     assert chunk_size(97, 64) == 97  # a prime length: one whole chunk rather than 97 single positions
     assert chunk_size(16, None) == chunk_size(16, 16) == chunk_size(16, 99) == 16
+
+
+@pytest.mark.parametrize("vocab_major", [False, True], ids=["untied", "tied"])
+def test_float32_master_head_gets_its_gradient_in_float32(vocab_major):
+    """bf16 hidden states with a float32 master head (train.precision=bf16): the head's gradient is summed and
+    returned in float32, not rounded to bf16. Zero head, V = 3, one token with h = [1, 3], target 0, mask 1:
+    softmax is uniform, so g = (1/3 - onehot) = [-2/3, 1/3, 1/3], cast to bf16 for the products:
+    bf16(1/3) = 0.333984375, bf16(-2/3) = -0.66796875. dL/dW[d, v] = h_d g_v, so the row for h = 3 is
+    [-2.00390625, 1.001953125, 1.001953125]: exact in float32, while bf16 (8 significant bits) would round
+    1.001953125 = 1 + 2^-9 to 1.0."""
+    h = jnp.array([[[1.0, 3.0]]], jnp.bfloat16)
+    w = jnp.zeros((3, 2) if vocab_major else (2, 3), jnp.float32)
+    targets, mask = jnp.array([[0]]), jnp.array([[1]])
+
+    def loss(w):
+        return fused_causal_lm_loss(h, w, targets, mask, vocab_major=vocab_major)[0]
+
+    dw = jax.grad(loss)(w)
+    assert dw.dtype == jnp.float32
+    third, two_thirds = 0.333984375, -0.66796875
+    want = jnp.array([[two_thirds, third, third], [3 * two_thirds, 3 * third, 3 * third]])
+    assert_allclose(dw.T if vocab_major else dw, want, rtol=0, atol=0)
+    assert_allclose(loss(w), jnp.log(3.0), rtol=1e-6)
+
+
+def test_sft_loss_hands_the_fused_loss_the_float32_master_head():
+    """Under bf16 compute the SFT loss passes the stored float32 head (so its gradient is never rounded to bf16
+    on the way back through a cast); `lm_head_of` alone still gives the compute-dtype copy."""
+    from tempax.algorithms.sft.fused import lm_head_of
+    from tempax.train.state import training_view
+
+    cfg = PRESETS["tiny-qwen2"]
+    view = training_view(Decoder(cfg.replace(num_layers=1, layer_types=cfg.layer_types[:1]), rngs=nnx.Rngs(0)),
+                         precision="bf16")
+    assert lm_head_of(view)[0].dtype == jnp.bfloat16
+    head, vocab_major = lm_head_of(view, master=True)
+    assert head.dtype == jnp.float32 and vocab_major

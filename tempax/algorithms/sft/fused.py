@@ -18,6 +18,10 @@ dL/dW (the size of the head's own gradient) for the backward. Only one chunk's l
 count is the same as plain autodiff (no recomputation). Token accuracy uses argmax == target <=> z[y] >= max(z),
 free once the max is known (ties count as a hit; they have probability ~0 with real logits).
 
+The head may be a float32 master weight under bfloat16 hidden states (`train.precision=bf16`): it is cast to
+the hidden states' dtype once, every product is bf16 x bf16 with float32 accumulation, and dL/dW is summed in
+float32 and returned in the master's dtype (float32), never rounded to bf16 on the way.
+
 Gemma-2-style final soft-capping z = cap tanh(z' / cap) is applied inside, with dz'/dz = 1 - tanh^2.
 
 This is the same quantity as `tempax.algorithms.sft.losses.causal_lm_loss` (tested equal, value and gradients);
@@ -66,7 +70,10 @@ def unsplit_chunks(x: jax.Array) -> jax.Array:
 
 @partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _weighted_nll(h, w, targets, coef, chunk, vocab_major, softcap):
-    """(sum c_i nll_i, nll [B, T], hit [B, T]); only the first output is differentiable."""
+    """(sum c_i nll_i, nll [B, T], hit [B, T]); only the first output is differentiable. `w` may be a float32
+    master of a lower-precision `h` (module docstring)."""
+    w = w.astype(h.dtype)
+
     def body(_, xs):
         hc, tc = xs
         _, _, lse, zt, m = _chunk_stats(hc, w, tc, vocab_major, softcap)
@@ -77,7 +84,9 @@ def _weighted_nll(h, w, targets, coef, chunk, vocab_major, softcap):
     return jnp.sum(coef * nll), nll, hit
 
 
-def _weighted_nll_fwd(h, w, targets, coef, chunk, vocab_major, softcap):
+def _weighted_nll_fwd(h, w_master, targets, coef, chunk, vocab_major, softcap):
+    w = w_master.astype(h.dtype)  # the compute copy, made once for every chunk
+
     def body(dw, xs):
         hc, tc, cc = xs
         z, y, lse, zt, m = _chunk_stats(hc, w, tc, vocab_major, softcap)
@@ -99,7 +108,7 @@ def _weighted_nll_fwd(h, w, targets, coef, chunk, vocab_major, softcap):
     dw, (nll, hit, dh) = jax.lax.scan(body, dw0, (split_chunks(h, chunk), split_chunks(targets, chunk), split_chunks(coef, chunk)))
     nll, hit, dh = unsplit_chunks(nll), unsplit_chunks(hit), unsplit_chunks(dh)
     dw = dw.T if vocab_major else dw
-    return (jnp.sum(coef * nll), nll, hit), (dh, dw.astype(w.dtype), nll, targets)
+    return (jnp.sum(coef * nll), nll, hit), (dh, dw.astype(w_master.dtype), nll, targets)
 
 
 def _weighted_nll_bwd(chunk, vocab_major, softcap, residuals, cotangents):
@@ -137,7 +146,8 @@ def fused_causal_lm_loss(
 
     Args:
       hidden_btd: [batch, time, hidden] final-norm hidden states.
-      head: the LM head, [vocab, hidden] when `vocab_major` (a tied embedding table), else [hidden, vocab].
+      head: the LM head, [vocab, hidden] when `vocab_major` (a tied embedding table), else [hidden, vocab]; in
+        hidden's dtype or a float32 master of bf16 hidden states (gradient returned in float32).
       targets_bt, loss_mask_bt: [batch, time] next-token targets and 0/1 mask.
       normalize: "tokens" (mean over supervised tokens) or "sequences" (mean of per-row means).
       chunk_len: at most this many sequence positions per chunk (`chunk_size`); None: the whole sequence.
@@ -173,10 +183,11 @@ def fused_causal_lm_loss(
     return loss, metrics
 
 
-def lm_head_of(model: Any) -> tuple[jax.Array, bool]:
-    """(head weight in the model's compute dtype, vocab_major) of a tempax `Decoder`: the tied embedding table
-    [V, D] or the untied `lm_head` kernel [D, V]."""
+def lm_head_of(model: Any, *, master: bool = False) -> tuple[jax.Array, bool]:
+    """(head weight, vocab_major) of a tempax `Decoder`: the tied embedding table [V, D] or the untied `lm_head`
+    kernel [D, V], in the model's compute dtype, or with `master` in its stored dtype (for
+    `fused_causal_lm_loss`, which casts it itself and returns its gradient in that dtype)."""
     dtype = jnp.dtype(model.config.dtype)
-    if model.lm_head is None:
-        return model.embed_tokens.embedding[...].astype(dtype), True
-    return model.lm_head.kernel[...].astype(dtype), False
+    weight, vocab_major = ((model.embed_tokens.embedding[...], True) if model.lm_head is None
+                           else (model.lm_head.kernel[...], False))
+    return (weight if master else weight.astype(dtype)), vocab_major

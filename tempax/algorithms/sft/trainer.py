@@ -143,7 +143,7 @@ def make_sft_loss(
         kw = dict(positions=batch["positions"], segment_ids=batch["segment_ids"])
         if fused:
             hidden_btd, _ = model.hidden_states(batch["tokens"], **kw)
-            head, vocab_major = lm_head_of(model)
+            head, vocab_major = lm_head_of(model, master=True)
             loss, metrics = fused_causal_lm_loss(
                 hidden_btd, head, batch["targets"], batch["loss_mask"], vocab_major=vocab_major,
                 normalize=normalize, chunk_len=chunk_len, softcap=model.config.final_logit_softcap,
