@@ -14,8 +14,9 @@ call (compilation) is the warm-up; generated tokens/s = 8 * 128 / median(measure
 Also reported: peak RSS of the process (ru_maxrss: model init, compilation and all runs; measured the same way
 as `bench/peers.py`'s), the 1-minute load average before and after (the machine is shared; a load above the core
 count means the figure is pessimistic), and the split between prefill and decode. Prints one JSON object per
-measurement. The tokenizer folder is loaded as the `PreTrainedTokenizerFast` its tokenizer_config.json names:
-`AutoTokenizer`'s class lookup imports PyTorch (about 0.19 GiB of RSS), which tempax does not use.
+measurement. The tokenizer folder is loaded by `tempax.models.tokenizer.load_tokenizer`, as the
+`PreTrainedTokenizerFast` its tokenizer_config.json names, without `AutoTokenizer`'s class lookup, which imports
+PyTorch (about 0.19 GiB of RSS) that tempax does not use.
 
 Roofline: with batch 8, every decode step reads all the weights once (float32: 4 bytes a parameter) and does
 only 2 FLOPs per weight per row, so on a CPU the step is bound by memory bandwidth, not matmul speed. The
@@ -82,13 +83,12 @@ def workload_prompts(spec: dict, vocab_size: int) -> list[list[int]]:
 def measure(size: str, *, logprobs: bool = True) -> dict:
     sys.path.insert(0, ROOT)
     from flax import nnx
-    from transformers import PreTrainedTokenizerFast
 
     from tempax.cli.process import settings_in_effect
     from tempax.generate import SamplingConfig, generate
     from tempax.models.decoder import Decoder
     from tempax.models.presets import PRESETS
-    from tempax.models.tokenizer import wrap
+    from tempax.models.tokenizer import load_tokenizer
 
     load_before = os.getloadavg()[0]
     spec = load_spec()
@@ -101,7 +101,7 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
     batch, new = w["batch_size"], w["max_new_tokens"]
 
     prompts = workload_prompts(spec, cfg.vocab_size)
-    tokenizer = wrap(PreTrainedTokenizerFast.from_pretrained(os.path.join(SHARED, "tokenizers", f"wordlevel_{cfg.vocab_size}")))
+    tokenizer = load_tokenizer(os.path.join(SHARED, "tokenizers", f"wordlevel_{cfg.vocab_size}"))
     model = Decoder(cfg, rngs=nnx.Rngs(spec["init"]["seed"]))
     config = SamplingConfig(max_new_tokens=new, temperature=0.0, ignore_eos=True, logprobs=logprobs)
 

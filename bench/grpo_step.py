@@ -53,7 +53,6 @@ def measure(size: str) -> dict:
     import jax
     import numpy as np
     from flax import nnx
-    from transformers import AutoTokenizer
 
     from tempax.cli.process import settings_in_effect
     from tempax.algorithms.grpo.config import GRPOSettings
@@ -62,7 +61,7 @@ def measure(size: str) -> dict:
     from tempax.models.decoder import Decoder
     from tempax.models.lora import LoraConfig, apply_lora, lora_filter
     from tempax.models.presets import PRESETS
-    from tempax.models.tokenizer import wrap
+    from tempax.models.tokenizer import load_tokenizer
     from tempax.rewards import combine_rewards
     from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
     from tempax.train.guards import CollapseGuardConfig
@@ -80,7 +79,7 @@ def measure(size: str) -> dict:
     rng = np.random.default_rng(spec["data"]["seed"] + 2)
     ids = rng.integers(4, cfg.vocab_size, (total * num_prompts, prompt_len - 1))
     prompts = [Prompt(ids=(1, *row.tolist()), text="", columns={}) for row in ids]
-    tokenizer = wrap(AutoTokenizer.from_pretrained(os.path.join(SHARED, "tokenizers", f"wordlevel_{cfg.vocab_size}")))
+    tokenizer = load_tokenizer(os.path.join(SHARED, "tokenizers", f"wordlevel_{cfg.vocab_size}"))
     lc = spec["lora"]
     model = apply_lora(
         Decoder(cfg, rngs=nnx.Rngs(spec["init"]["seed"])),

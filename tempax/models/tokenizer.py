@@ -110,6 +110,35 @@ def wrap(hf: Any) -> Tokenizer:
     return Tokenizer(hf=hf, stop_ids=_stop_ids(hf))
 
 
+# tokenizer_class values that AutoTokenizer turns into the generic `tokenizers`-backed class itself.
+_GENERIC_FAST_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def _generic_fast_class(folder: str) -> Any:
+    """The generic fast tokenizer class when a local folder names it and has no model config, else None.
+
+    AutoTokenizer resolves such a folder to exactly that class, but its lookup imports the model-config
+    machinery, which imports PyTorch wherever PyTorch is installed (+0.19 GiB resident and ~0.7 s for nothing
+    tempax uses). With a config.json beside it, AutoTokenizer may pick a model-specific class instead, so that
+    case stays with AutoTokenizer.
+    """
+    config_path = os.path.join(folder, "tokenizer_config.json")
+    if not (os.path.isfile(config_path) and os.path.isfile(os.path.join(folder, "tokenizer.json"))):
+        return None
+    if os.path.exists(os.path.join(folder, "config.json")):
+        return None
+    try:
+        with open(config_path) as f:
+            named = json.load(f).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return None  # AutoTokenizer reports what is wrong with the file
+    if named not in _GENERIC_FAST_CLASSES:
+        return None
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast
+
+
 def load_tokenizer(source: str | os.PathLike, *, gguf_file: str | None = None) -> Tokenizer:
     """Loads a tokenizer from a local folder, a Hub repo id, or a GGUF file.
 
@@ -117,8 +146,6 @@ def load_tokenizer(source: str | os.PathLike, *, gguf_file: str | None = None) -
       source: a folder with tokenizer files, a Hub repo id, or a path to a `.gguf` file.
       gguf_file: when `source` is a folder or repo holding GGUF files, which one carries the tokenizer.
     """
-    from transformers import AutoTokenizer
-
     source = str(source)
     try:
         if source.endswith(".gguf"):
@@ -129,7 +156,11 @@ def load_tokenizer(source: str | os.PathLike, *, gguf_file: str | None = None) -
             from huggingface_hub import hf_hub_download
 
             hf = _gguf_tokenizer(hf_hub_download(source, gguf_file))
+        elif (named := _generic_fast_class(source)) is not None:
+            hf = named.from_pretrained(source)
         else:
+            from transformers import AutoTokenizer
+
             hf = AutoTokenizer.from_pretrained(source)
     except CheckpointError:
         raise
