@@ -236,6 +236,40 @@ def test_zero_spread_group_contributes_no_gradient(model):
     assert float(loss) == 0.0
 
 
+def test_logit_chunk_rows_is_the_largest_divisor_up_to_the_target():
+    from tempax.algorithms.grpo.learner import logit_chunk_rows
+
+    assert [logit_chunk_rows(n, 2) for n in (1, 2, 7, 8)] == [1, 2, 1, 2]
+    assert [logit_chunk_rows(n, 4) for n in (6, 9, 12, 3)] == [3, 3, 4, 3]
+
+
+def test_chunked_logprobs_equal_all_rows_at_once(model, monkeypatch):
+    """Log-probs and entropy, and the gradient of a loss using both, are the same whether the [rows, T, V]
+    logits are made one row at a time (recomputed in the backward) or all 4 rows at once."""
+    import tempax.algorithms.grpo.learner as learner
+
+    ro = hand_rollout([[1.0, 0.0], [2.0, 0.5]], _random_tokens((2, 2, 4), 3), np.ones((2, 2, 4), np.int32),
+                      [[5, 6, 7], [8, 9]])
+    batch = _batch_of(ro)
+
+    def run(rows: int):
+        monkeypatch.setattr(learner, "LOGIT_CHUNK_ROWS", rows)
+
+        def objective(m):
+            logp, ent = completion_logprobs(m, batch, temperature=0.7, with_entropy=True, entropy_gradient=True)
+            return jnp.sum(logp * jnp.arange(4.0)) + jnp.sum(ent), (logp, ent)
+
+        (_, (logp, ent)), grads = nnx.value_and_grad(objective, has_aux=True)(model)
+        return logp, ent, grads
+
+    one, whole = run(1), run(4)
+    np.testing.assert_allclose(np.asarray(one[0]), np.asarray(whole[0]), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(one[1]), np.asarray(whole[1]), rtol=1e-6, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(one[2]), jax.tree.leaves(whole[2])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(one[2])) > 0
+
+
 def test_loss_weight_makes_prompt_micro_batches_reproduce_the_full_batch(model):
     """The train step combines micro-batches as sum_i w_i L_i / sum_i w_i. Splitting 2 prompts into 2
     micro-batches of 1 must give the full-batch loss: with seq_mean_token_mean, w = non-empty completions

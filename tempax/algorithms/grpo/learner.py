@@ -68,14 +68,32 @@ def completion_logprobs(
       (logp [P, G, T] float32, entropy [P, G, T] or None); values at masked positions are meaningless.
     """
     p, g, t = batch["completion_tokens"].shape
-    comp_flat = batch["completion_tokens"].reshape(p * g, t)
-    logits_btv = model.logits(completion_hidden(model, batch))
-    logp = token_logprobs(logits_btv, comp_flat, temperature=temperature).reshape(p, g, t)
-    entropy = None
-    if with_entropy:
-        z = logits_btv if entropy_gradient else jax.lax.stop_gradient(logits_btv)
-        entropy = token_entropy(z, temperature=temperature).reshape(p, g, t)
-    return logp, entropy
+    hidden = completion_hidden(model, batch)  # [P * G, T, D]
+    rows = logit_chunk_rows(p * g)
+
+    @jax.checkpoint
+    def chunk(h_rtd: jax.Array, targets_rt: jax.Array) -> tuple[jax.Array, jax.Array]:
+        z = model.logits(h_rtd)
+        logp = token_logprobs(z, targets_rt, temperature=temperature)
+        if not with_entropy:
+            return logp, jnp.zeros_like(logp)
+        return logp, token_entropy(z if entropy_gradient else jax.lax.stop_gradient(z), temperature=temperature)
+
+    split = lambda x: x.reshape(p * g // rows, rows, *x.shape[1:])  # noqa: E731
+    logp, entropy = jax.lax.map(lambda xs: chunk(*xs), (split(hidden), split(batch["completion_tokens"].reshape(p * g, t))))
+    return logp.reshape(p, g, t), (entropy.reshape(p, g, t) if with_entropy else None)
+
+
+# Completion rows whose [rows, T, V] logits exist at once. All rows at once is 0.1-0.2 GB of float32 at V = 49k
+# (8 rows x 64-128 tokens), kept by autodiff for the backward beside a second array for its gradient; a chunk
+# under jax.checkpoint keeps only its hidden states and recomputes its logits in the backward (one more head
+# product, ~1% of a bench-small GRPO step).
+LOGIT_CHUNK_ROWS = 2
+
+
+def logit_chunk_rows(total_rows: int, target: int = LOGIT_CHUNK_ROWS) -> int:
+    """The largest divisor of `total_rows` that is at most `target` (a chunk size with no ragged tail)."""
+    return max(d for d in range(1, min(target, total_rows) + 1) if total_rows % d == 0)
 
 
 def make_grpo_loss(
