@@ -25,8 +25,6 @@ the same executable because the step limit is traced.
 from __future__ import annotations
 
 import collections
-import ctypes
-import ctypes.util
 import dataclasses
 import functools
 import time
@@ -43,6 +41,7 @@ from tempax.generate.config import SamplingConfig
 from tempax.generate.sampling import SamplerSpec, row_keys, row_uniforms, sample_from_logits
 from tempax.models.cache import KVCache
 from tempax.models.decoder import Decoder
+from tempax.parallel.host_memory import release_free_heap
 from tempax.parallel.process import host_array
 from tempax.parallel.rules import shard
 
@@ -52,31 +51,6 @@ _TRACES: collections.Counter[str] = collections.Counter()
 def compile_counts() -> dict[str, int]:
     """How many times the prefill and decode functions have been traced (each trace is one compilation)."""
     return dict(_TRACES)
-
-
-@functools.cache
-def _libc_malloc_trim() -> Any:
-    """glibc's `malloc_trim`, or None where the C library has none (musl, macOS)."""
-    try:
-        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim", None)
-    except OSError:
-        return None
-
-
-def release_free_heap() -> bool:
-    """Hands the memory glibc's malloc holds free back to the OS (`malloc_trim(0)`); False where there is no glibc.
-
-    XLA:CPU's buffers come from malloc, and glibc keeps freed blocks below its (adaptive) mmap threshold in the
-    heap instead of unmapping them, so what model construction and compilation freed stays resident and a request's
-    KV cache and buffers land on top of it. A request calls this before it allocates, and again after a call
-    that compiled. Measured on the bench-small decode workload (AMD EPYC Zen 5, 2 cores): 85 MiB
-    given back after the model's random init, 48 MiB after prefill's compilation; a call takes a few milliseconds.
-    """
-    trim = _libc_malloc_trim()
-    if trim is None:
-        return False
-    trim(0)
-    return True
 
 
 def bucket_length(n: int, minimum: int = 16) -> int:

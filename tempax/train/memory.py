@@ -27,8 +27,6 @@ limit before minutes of compilation: a smaller micro-batch, remat, LoRA, or QLoR
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 import os
 from dataclasses import dataclass, replace
@@ -268,32 +266,3 @@ def validate_micro_batch(batch_size: int, micro: int, data_parallel: int) -> Non
             f"(mesh data x fsdp = {data_parallel}); valid: {micro_batch_candidates(batch_size, data_parallel)}"
         )
 
-
-def release_free_heap() -> bool:
-    """Hands the C heap's free pages back to the OS (glibc `malloc_trim(0)`); False where there is no glibc.
-
-    XLA:CPU allocates a step's temporaries with malloc, and what it frees below glibc's mmap threshold (which
-    rises as large blocks are freed) stays in the process's resident set. Before a train step that means the
-    step's temporaries land on top of heap pages nobody uses: on the bench-small LoRA GRPO step (AMD EPYC Zen 5,
-    2026-12-01) the first step's compilation left 1.74 GiB of free heap resident, later rollouts ~0.05-0.13 GiB.
-    A loop that alternates programs (generation, reference pass, train step) calls this between them.
-    """
-    libc = _glibc()
-    if libc is None:
-        return False
-    libc.malloc_trim(0)
-    return True
-
-
-_LIBC: list[Any] = []
-
-
-def _glibc() -> Any:
-    if not _LIBC:
-        name = ctypes.util.find_library("c")
-        try:
-            lib = ctypes.CDLL(name) if name else None
-            _LIBC.append(lib if lib is not None and hasattr(lib, "malloc_trim") else None)
-        except OSError:
-            _LIBC.append(None)
-    return _LIBC[0]

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import platform
-import sys
-
 import pytest
 
 from tempax.models.config import ModelConfig
@@ -105,32 +101,3 @@ def test_trainer_reports_the_compiled_steps_memory_without_running_it(tmp_path):
     assert analysis.argument_size_in_bytes >= 3 * weight_bytes
     assert analysis.temp_size_in_bytes > 0
     assert trainer.step == 0
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
-def test_release_free_heap_returns_freed_heap_pages():
-    """64 MiB of 64 KiB malloc blocks, touched and freed while a later block pins the heap's top: free() keeps
-    those pages resident; release_free_heap (malloc_trim) gives back at least half of them."""
-    import ctypes
-
-    from tempax.train.memory import release_free_heap
-
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype = ctypes.c_void_p
-    libc.free.argtypes = [ctypes.c_void_p]
-    page = os.sysconf("SC_PAGE_SIZE")
-
-    def rss() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * page
-
-    blocks = [libc.malloc(64 * 1024) for _ in range(1024)]
-    for b in blocks:
-        ctypes.memset(b, 1, 64 * 1024)
-    pin = libc.malloc(1024)
-    for b in blocks:
-        libc.free(b)
-    before = rss()
-    assert release_free_heap()
-    assert before - rss() >= 32 * 2**20
-    libc.free(pin)

@@ -48,11 +48,11 @@ from tempax.algorithms.grpo.rollout import (
     sample_rollout,
 )
 from tempax.errors import ConfigError
+from tempax.parallel.host_memory import release_free_heap
 from tempax.parallel.process import host_array
 from tempax.parallel.rules import use_mesh
 from tempax.train.config import TrainConfig
 from tempax.train.guards import CollapseGuard, CollapseGuardConfig
-from tempax.train.memory import release_free_heap
 from tempax.train.hooks import Hook, StepInfo
 from tempax.train.loop import Trainer
 from tempax.train.sources import decode_arrays, encode_arrays
@@ -195,7 +195,7 @@ class GRPOSource:
         batch, extra_s = self.make_batch(rollout)
         self.last_rollout, self._batch, self._passes_left = rollout, batch, self.settings.num_iterations
         # Generation and the reference pass freed their temporaries; give those heap pages back before the
-        # train step's temporaries arrive on top of them (tempax.train.memory.release_free_heap).
+        # train step's temporaries arrive on top of them (tempax.parallel.host_memory.release_free_heap).
         release_free_heap()
         self._metrics = {**rollout_metrics(rollout), **_perf(rollout, extra_s, time.perf_counter() - t0)}
 

@@ -1,0 +1,38 @@
+"""The process's C heap: handing the pages glibc's malloc keeps free back to the OS.
+
+XLA:CPU allocates buffers (model construction, compilation, a step's temporaries) with malloc, and glibc keeps
+freed blocks below its mmap threshold (which rises as large blocks are freed) in the heap instead of unmapping
+them, so they stay in the resident set and the next program's buffers land on top of them. Loops that
+alternate programs (a generation request, a reference pass, a train step) call `release_free_heap` between
+them. Shared by generation and training, hence here at the bottom of the import order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+from typing import Any
+
+
+@functools.cache
+def _libc_malloc_trim() -> Any:
+    """glibc's `malloc_trim`, or None where the C library has none (musl, macOS)."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim", None)
+    except OSError:
+        return None
+
+
+def release_free_heap() -> bool:
+    """Hands the memory glibc's malloc holds free back to the OS (`malloc_trim(0)`); False where there is no glibc.
+
+    Measured (AMD EPYC Zen 5, 2 cores, 2026-12-01): on the bench-small decode workload 85 MiB given back after
+    the model's random init and 48 MiB after prefill's compilation; on the bench-small LoRA GRPO step the first
+    step's compilation left 1.74 GiB of free heap resident, later rollouts 0.05-0.13 GiB. A call takes a few ms.
+    """
+    trim = _libc_malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
