@@ -8,10 +8,12 @@ import sys
 
 import numpy as np
 import pytest
+from flax import nnx
 
 import tempax
 from tempax.errors import CheckpointError, ConfigError, TempaxError
 from tempax.models import registry
+from tempax.models.decoder import Decoder
 from tempax.models.hf_io import save_hf_checkpoint
 from tempax.models.presets import PRESETS
 from tempax.models.registry import load, load_model, load_tokenizer, resolve_source
@@ -118,6 +120,13 @@ def test_preset_is_random_init_with_dtypes_and_seed():
                               np.asarray(c.embed_tokens.embedding[...], np.float32))
     model, tokenizer = load("preset:tiny-llama")
     assert tokenizer is None and model.config == PRESETS["tiny-llama"]
+    # Built by compiled init programs (`init_decoder`, as the CLI builds presets), from the same random draws as an
+    # eager `Decoder(cfg, rngs=nnx.Rngs(seed))`: equal but for float32 rounding of the compiled scaling (<= 1 ulp).
+    compiled = dict(iter_hf_tensors(load_model("preset:tiny-gemma2", seed=3)))
+    eager = dict(iter_hf_tensors(Decoder(PRESETS["tiny-gemma2"], rngs=nnx.Rngs(3))))
+    assert compiled.keys() == eager.keys()
+    for name in eager:
+        np.testing.assert_array_max_ulp(compiled[name], eager[name], maxulp=1)
     with pytest.raises(ConfigError, match="no tokenizer"):
         load_tokenizer("preset:tiny-llama")
     with pytest.raises(ConfigError, match="unknown model preset 'tiny-lama'.*tiny-llama"):
