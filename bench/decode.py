@@ -11,6 +11,10 @@ exactly 128 new tokens per row (EOS never stops a row: `ignore_eos`). One timed 
 out (prefill + decode loop + host copies + detokenisation with the workload's word-level tokenizer). The first
 call (compilation) is the warm-up; generated tokens/s = 8 * 128 / median(measured call time).
 
+The model is built by `tempax.models.init.init_decoder`, as the `tempax` command builds a preset: the weights of
+`Decoder(cfg, rngs=nnx.Rngs(seed))` bit for bit, made by three small compiled programs instead of one eager random
+draw per weight (which left ~20-40 MiB more resident on bench-small).
+
 Also reported: peak RSS of the process (ru_maxrss: model init, compilation and all runs; measured the same way
 as `bench/peers.py`'s), the 1-minute load average before and after (the machine is shared; a load above the core
 count means the figure is pessimistic), and the split between prefill and decode. Prints one JSON object per
@@ -82,11 +86,9 @@ def workload_prompts(spec: dict, vocab_size: int) -> list[list[int]]:
 
 def measure(size: str, *, logprobs: bool = True) -> dict:
     sys.path.insert(0, ROOT)
-    from flax import nnx
-
     from tempax.cli.process import settings_in_effect
     from tempax.generate import SamplingConfig, generate
-    from tempax.models.decoder import Decoder
+    from tempax.models.init import init_decoder
     from tempax.models.presets import PRESETS
     from tempax.models.tokenizer import load_tokenizer
 
@@ -102,7 +104,7 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
 
     prompts = workload_prompts(spec, cfg.vocab_size)
     tokenizer = load_tokenizer(os.path.join(SHARED, "tokenizers", f"wordlevel_{cfg.vocab_size}"))
-    model = Decoder(cfg, rngs=nnx.Rngs(spec["init"]["seed"]))
+    model = init_decoder(cfg, spec["init"]["seed"])  # as `tempax` builds presets; Decoder(cfg, Rngs(seed))'s weights
     config = SamplingConfig(max_new_tokens=new, temperature=0.0, ignore_eos=True, logprobs=logprobs)
 
     times, prefill, decode, compiles = [], [], [], []

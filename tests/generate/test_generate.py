@@ -219,3 +219,35 @@ def test_a_decode_run_holds_no_copy_of_the_weights():
     own = {id(a) for a in jax.tree.leaves((run._state, run._knobs))}
     extra = [a for a in jax.live_arrays() if id(a) not in before and id(a) not in own]
     assert sum(a.nbytes for a in extra) < weight_bytes // 100, [a.shape for a in extra]
+
+
+def test_a_new_shape_compiles_prefill_and_decode_before_prefill_runs(monkeypatch, caplog):
+    """The first request of a shape compiles each program once, both before prefill executes (their transient
+    compile memory is then gone before the KV cache exists: the first call no longer peaks above the later
+    ones); the same request again compiles nothing. A model of its own (one layer) makes the shape new here."""
+    import logging
+    import re
+
+    from tempax.generate import engine
+
+    model = peaked_tiny_model(num_layers=1)
+    compiled = lambda: [m for r in caplog.records if (m := re.search(r"XLA compilation of jit\((_prefill|_decode)\)",
+                                                                     r.getMessage()))]
+    seen_at_prefill = []
+    prefill = engine._prefill
+
+    def watched(*args, **kwargs):
+        seen_at_prefill.append([m.group(1) for m in compiled()])
+        return prefill(*args, **kwargs)
+
+    watched.lower = prefill.lower
+    monkeypatch.setattr(engine, "_prefill", watched)
+    caplog.set_level(logging.WARNING)
+    with jax.log_compiles(True):
+        first = generate(model, None, PROMPTS, GREEDY)
+        assert [m.group(1) for m in compiled()] == ["_prefill", "_decode"]
+        caplog.clear()
+        again = generate(model, None, PROMPTS, GREEDY)
+    assert seen_at_prefill == [["_prefill", "_decode"], []]
+    assert compiled() == [] and again.stats.compiles == 0
+    assert_array_equal(first.token_ids, again.token_ids)

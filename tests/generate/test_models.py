@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import logging
+import re
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +45,7 @@ def test_generation_uses_adapters_without_merging(model, quantize_base):
     assert np.abs(result.logprobs[0] - base.logprobs[0]).max() > 1e-2
 
 
-def test_sharded_model_gives_the_unsharded_samples(model):
+def test_sharded_model_gives_the_unsharded_samples(model, caplog):
     """Parameters split over a (data 2, fsdp 2, tensor 2) mesh of 8 CPU devices, generation under `use_mesh`:
     same tokens and log-probs as on one device (2 prompts x 2 samples from one shared, sharded prefill)."""
     if jax.device_count() < 8:
@@ -55,7 +57,13 @@ def test_sharded_model_gives_the_unsharded_samples(model):
     assert len(kernel.sharding.device_set) == 8
     config = SAMPLED.replace(temperature=1.0, n=2)  # 2 prompts x 2 samples: 4 rows over data x fsdp = 4
     expected = generate(model, None, PROMPTS[:2], config)
-    with use_mesh(mesh):
+    caplog.set_level(logging.WARNING)
+    with use_mesh(mesh), jax.log_compiles(True):
         got = generate(sharded, None, PROMPTS[:2], config)
+    # compiled ahead from abstract values (engine.DecodeRun._compile_ahead), with the shardings the calls then
+    # bring: each program compiles exactly once
+    compiled = [m.group(1) for r in caplog.records
+                if (m := re.search(r"XLA compilation of jit\((_prefill|_decode)\)", r.getMessage()))]
+    assert compiled == ["_prefill", "_decode"]
     assert_array_equal(got.token_ids, expected.token_ids)
     assert_allclose(got.logprobs, expected.logprobs, atol=1e-4)
