@@ -12,6 +12,13 @@ scored by len(completion text) / 100, group advantages, reference log-probs from
 weights with the adapters off; beta = 0.04), the GRPO loss (epsilon 0.2, one pass) and one AdamW update (lr 1e-5,
 constant, no clipping) of the adapters. That is `Trainer.fit` over `tempax.algorithms.grpo.GRPOSource`, unchanged.
 
+Memory settings, printed in the JSON ("remat", "micro_batch_size"): tempax runs as recipes/grpo_gsm8k_smollm2.yaml
+does, train.remat=full (GRPO's default: each layer recomputed in the backward) and train.micro_batch_size=1 (one
+prompt group of 4 completions per forward/backward pass, gradients accumulated: the same update,
+tests/algorithms/test_grpo_learner.py). TRL's GRPOTrainer runs with its default gradient_checkpointing=True and
+the whole batch in one pass. Both are memory/compute trades of the same update; `--remat none
+--micro-batch-size 0` measures tempax without them.
+
 Reported: median wall time of a whole step over the measured steps (warm-up steps, with compilation, excluded),
 and its split into generation, reward, reference forward, and training (forward + backward + update), each a
 median over the same steps. Also peak RSS and the 1-minute load average before and after (a load above the
@@ -48,7 +55,7 @@ def length_reward(prompts, completions, **columns):
     return [len(c) / 100.0 for c in completions]
 
 
-def measure(size: str) -> dict:
+def measure(size: str, remat: str = "full", micro_batch_size: int | None = 1) -> dict:
     sys.path.insert(0, ROOT)
     import jax
     import numpy as np
@@ -97,7 +104,7 @@ def measure(size: str) -> dict:
                                   eps=opt["eps"], weight_decay=opt["weight_decay"], schedule="constant",
                                   decay_all=True, grad_clip_norm=opt["grad_clip"]),
         checkpoint=CheckpointConfig(save_at_end=False, resume=False), run_dir=tempfile.mkdtemp(prefix="tempax-grpo-"),
-        tensorboard=False, progress_bar=False, check_memory=False,
+        tensorboard=False, progress_bar=False, check_memory=False, remat=remat, micro_batch_size=micro_batch_size,
     )
     source = GRPOSource(tokenizer, PromptSampler(prompts, shuffle=False), combine_rewards({"length": length_reward}),
                         settings, prompt_len=prompt_len)
@@ -112,6 +119,10 @@ def measure(size: str) -> dict:
         "library": "tempax",
         "workload": "grpo_step",
         "size": size,
+        "remat": remat,
+        "micro_batch_size": micro_batch_size,
+        "memory_trade": "train.remat and train.micro_batch_size trade compute for memory in the same update, as TRL's "
+                        "gradient_checkpointing=True does",
         "s_per_step": round(med("perf/step_s"), 4),
         "step_s": [round(m["perf/step_s"], 4) for m in measured],
         "median_generation_s": round(med("perf/generation_s"), 4),
@@ -134,16 +145,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=("tiny", "small", "all"), default="all")
     parser.add_argument("--repeats", type=int, default=2, help="separate processes per size")
     parser.add_argument("--one", metavar="SIZE", help="measure SIZE in this process and print one JSON line")
+    parser.add_argument("--remat", choices=("none", "dots", "full"), default="full",
+                        help="train.remat: per-layer recomputation in the training pass")
+    parser.add_argument("--micro-batch-size", type=int, default=1,
+                        help="train.micro_batch_size: prompt groups per forward/backward pass (0: all at once)")
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(measure(args.one)), flush=True)
+        print(json.dumps(measure(args.one, remat=args.remat, micro_batch_size=args.micro_batch_size or None)), flush=True)
         return 0
     sizes = ("tiny", "small") if args.size == "all" else (args.size,)
     for size in sizes:
         for _ in range(args.repeats):
             # One process per measurement, one at a time (workloads.json: "measurement").
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", size], capture_output=True,
-                                 text=True, cwd=ROOT)
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", size, "--remat", args.remat,
+                                  "--micro-batch-size", str(args.micro_batch_size)], capture_output=True, text=True,
+                                 cwd=ROOT)
             lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
             if out.returncode or not lines:
                 print(json.dumps({"workload": "grpo_step", "size": size, "error": out.stderr[-2000:]}), flush=True)

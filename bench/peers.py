@@ -272,7 +272,9 @@ def measure_grpo_step(size: str, dtype: str = "float32") -> dict:
             "s_per_step": round(statistics.median(measured), 4), "step_s": [round(t, 4) for t in measured],
             "warmup_step_s": [round(t, 2) for t in timer.times[: steps["warmup"]]],
             "mean_completion_tokens": round(statistics.mean(log["completions/mean_length"] for log in logs), 1),
-            "kl_last": float(f"{logs[-1]['kl']:.4g}"), **common_fields(torch)}
+            "kl_last": float(f"{logs[-1]['kl']:.4g}"),
+            # GRPOConfig's default (activations recomputed in the backward); bench/grpo_step.py says what tempax ran.
+            "gradient_checkpointing": args.gradient_checkpointing, **common_fields(torch)}
 
 
 MEASURE = {"sft_full": lambda size, dtype: measure_sft("sft_full", size, dtype),

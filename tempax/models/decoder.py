@@ -463,8 +463,11 @@ class Decoder(nnx.Module):
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.k[i], cache.v[i], k_segments, offset)
-            if cfg.remat != "none" and cache is None:
-                x, layer_kv = _remat_layer(layer, x, positions, q_index, segment_ids, cfg.remat)
+            if cfg.remat != "none":
+                # Also with a cache: GRPO's and PPO's training pass runs the prompts into a cache and the
+                # completions against it. Without differentiation jax.checkpoint adds nothing: decoding under
+                # a remat config compiles to the same program (tests/models/test_remat.py).
+                x, layer_kv = _remat_layer(layer, x, positions, q_index, segment_ids, kv, cfg.remat)
             else:
                 x, layer_kv = layer(x, positions, q_index, segment_ids, kv)
             if layer_kv is not None:
@@ -511,14 +514,13 @@ class Decoder(nnx.Module):
         return self.logits(hidden, decode_layout), cache
 
 
-def _remat_layer(layer: DecoderLayer, x, positions, q_index, segment_ids, policy_name: str):
+def _remat_layer(layer: DecoderLayer, x, positions, q_index, segment_ids, kv, policy_name: str):
     graphdef, state = nnx.split(layer)
 
-    def run(state, x, positions, q_index, segment_ids):
-        return nnx.merge(graphdef, state)(x, positions, q_index, segment_ids, None)[0]
+    def run(state, x, positions, q_index, segment_ids, kv):
+        return nnx.merge(graphdef, state)(x, positions, q_index, segment_ids, kv)
 
-    out = jax.checkpoint(run, policy=_remat_policy(policy_name))(state, x, positions, q_index, segment_ids)
-    return out, None
+    return jax.checkpoint(run, policy=_remat_policy(policy_name))(state, x, positions, q_index, segment_ids, kv)
 
 
 def default_positions(segment_ids: jax.Array) -> jax.Array:

@@ -295,6 +295,38 @@ def test_loss_weight_makes_prompt_micro_batches_reproduce_the_full_batch(model):
         assert combined == pytest.approx(float(full[k][0]), rel=1e-5, abs=1e-7)
 
 
+def test_one_group_per_pass_with_remat_gives_the_unsplit_update(model, tmp_path):
+    """The memory-saving settings of bench/grpo_step.py (train.micro_batch_size=1: one prompt group per
+    forward/backward pass, each prompt still run once for its group; train.remat=full through the cached prompt
+    pass) must leave the optimizer step as it was: same loss, grad norm and SGD update (1e-5) as the whole
+    batch in one pass without remat. token_mean weights the groups by tokens, 7 and 5 here, not equally."""
+    mask = np.ones((2, 2, 4), np.int32)
+    mask[0, 1, 3] = 0
+    mask[1, 0, 1:] = 0
+    ro = hand_rollout([[1.0, 0.0], [0.5, 2.0]], _random_tokens((2, 2, 4), 5), mask, [[5, 6, 7], [8, 9]])
+    batch = {k: np.asarray(v) for k, v in _batch_of(ro).items()}
+    batch["ref_logp"] = np.full((2, 2, 4), -6.0, np.float32)
+    settings = GRPOSettings(beta=0.04, group_size=2, max_new_tokens=4, loss_aggregation="token_mean")
+
+    def one_step(**train_kw):
+        cfg = train_config(tmp_path, optimizer=OptimizerConfig(name="sgd", learning_rate=1.0, schedule="constant"),
+                           **train_kw)
+        trainer = make_grpo_trainer(model, settings, cfg, prompt_len=8, log=lambda s: None)
+        try:
+            before = {k: np.asarray(v) for k, v in trainer.state.params.items()}
+            metrics = jax.device_get(trainer.train_step(batch))
+            return metrics, {k: np.asarray(v) - before[k] for k, v in trainer.state.params.items()}
+        finally:
+            trainer.close()
+
+    (whole_m, whole), (split_m, split) = one_step(), one_step(micro_batch_size=1, remat="full")
+    for key in ("loss", "grad_norm", "kl"):
+        assert float(split_m[key]) == pytest.approx(float(whole_m[key]), rel=1e-5, abs=1e-7), key
+    for key in whole:
+        np.testing.assert_allclose(split[key], whole[key], rtol=1e-5, atol=1e-7, err_msg=key)
+    assert float(whole_m["grad_norm"]) > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_every_variant_gives_a_finite_loss_and_gradient(model, variant):

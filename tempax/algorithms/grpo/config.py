@@ -284,8 +284,9 @@ class GRPOConfig:
     )
     train: TrainConfig = _help(
         "The training loop. batch_size and micro_batch_size count prompts (x group_size completions each); "
-        "steps counts optimizer updates.",
-        default_factory=lambda: TrainConfig(steps=100, batch_size=4),
+        "steps counts optimizer updates. remat defaults to full (each layer's activations recomputed in the "
+        "backward, as TRL's gradient_checkpointing=True): none is faster and keeps every layer's activations.",
+        default_factory=lambda: TrainConfig(steps=100, batch_size=4, remat="full"),
     )
 
     def validate(self) -> None:

@@ -158,8 +158,9 @@ class PPOConfig:
     )
     train: TrainConfig = _help(
         "The training loop. batch_size and micro_batch_size count prompts per optimizer step (a mini-batch); "
-        "steps counts optimizer updates.",
-        default_factory=lambda: TrainConfig(steps=24, batch_size=8),
+        "steps counts optimizer updates. remat defaults to full (each layer's activations recomputed in the "
+        "backward, as TRL's gradient_checkpointing=True): none is faster and keeps every layer's activations.",
+        default_factory=lambda: TrainConfig(steps=24, batch_size=8, remat="full"),
     )
 
     def validate(self) -> None:
