@@ -17,7 +17,9 @@ of XLA:CPU's matrix-product library, and glibc's malloc on transparent huge page
   `train.precision=bf16` took 727k page faults and 1.1 s of kernel time a step without, 1.8k and 0.2 s with;
   tokens/s without -> with (`python bench/sft.py --one WORKLOAD small [--precision bf16]`, with and without
   `TEMPAX_HUGE_PAGES=1`, back to back, 15:45-16:25 UTC): sft_full bf16 522.4 -> 624.3 and 489.8 -> 601.6,
-  sft_lora bf16 593.3 -> 789.5, sft_lora fp32 362.1 -> 392.2, at the same peak RSS (5.01 / 3.76 / 6.03 GiB).
+  sft_lora bf16 593.3 -> 789.5, sft_full fp32 308.9 -> 362.1, sft_lora fp32 362.1 -> 392.2, at about the same
+  peak RSS (5.01 / 3.76 / 6.32 -> 6.37 / 6.03 GiB). PyTorch 2.13 does not gain from it (bf16 autocast, same
+  hour: sft_full 477.3 and 488.5 with, 504.5 and 524.9 without; sft_lora 572.4 with, 577.3 and 608.0 without).
   (An earlier float32 measurement, on much slower steps, had LoRA slower with huge pages: sft_lora small
   86.3 -> 78.9 tokens/s, grpo_step 14.8 -> 16.1 s, one run each.) Decoding and GRPO keep the opt-in (their
   peak memory is the constraint there). glibc reads its tunables only when a process starts, so the command
