@@ -313,5 +313,8 @@ if __name__ == "__main__":
     sys.path.insert(0, ROOT)  # this checkout's tempax, not an installed one
     from tempax.cli.process import setup_process
 
-    setup_process()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
+    # One SFT measurement runs under the malloc settings a tempax training job gets (bench/sft.py), so both
+    # libraries are measured alike; each measurement prints the GLIBC_TUNABLES it had.
+    one = sys.argv[sys.argv.index("--one") + 1:] if "--one" in sys.argv else []
+    setup_process(job="train" if one[:1] in (["sft_full"], ["sft_lora"]) else None)  # TEMPAX_REEXEC=0: without
     sys.exit(main())

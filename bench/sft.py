@@ -207,5 +207,5 @@ def main() -> int:
 if __name__ == "__main__":
     from tempax.cli.process import setup_process
 
-    setup_process()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
+    setup_process(job="train")  # as `tempax sft` does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())

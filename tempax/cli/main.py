@@ -50,6 +50,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Commands that only train (Trainer.fit): their processes get `setup_process(job="train")` (huge pages).
+TRAINING_COMMANDS = ("sft", "pretrain", "dpo", "kto", "reward-model", "distill")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tempax", description="Post-training for LLMs in JAX.", epilog=EXIT_STATUSES,
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `tempax` command itself, not a call from Python: set up the process first
         from tempax.cli.process import setup_process
 
-        setup_process()
+        setup_process(job="train" if sys.argv[1:2] and sys.argv[1] in TRAINING_COMMANDS else None)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

@@ -1,21 +1,29 @@
 """Process setup that has to happen before JAX starts: XLA:CPU's memory-minimising scheduler, the per-CPU choice
-of XLA:CPU's matrix-product library, and (opt-in) glibc's malloc on transparent huge pages.
+of XLA:CPU's matrix-product library, and glibc's malloc on transparent huge pages (training jobs; opt-in otherwise).
 
 * Scheduler. XLA:CPU orders a step's operations for concurrency by default, which keeps far more activations
   alive at once: the bench-small `sft_full` step needs 5.70 GiB of XLA temporaries that way and 4.44 GiB with
   `--xla_cpu_enable_concurrency_optimized_scheduler=false` (peak RSS 8.51 -> 7.15 GB), at the same speed on 2
   cores as far as run-to-run noise shows (sft_full small 66.3 -> 67.7 tokens/s; grpo_step small 14.3 and 15.1 s
   without, 14.8 s with; one run each). On by default.
-* Huge pages, opt-in with `TEMPAX_HUGE_PAGES=1`. XLA:CPU allocates a training step's activations (gigabytes)
-  afresh on every execution, and glibc serves such sizes with `mmap` and gives them back with `munmap` when the
-  step ends, so every step faults every page in again, 4 KiB at a time: measured on bench-small `sft_full` (2
-  cores), 10.8 million page faults and 61 s of kernel time in a 4-minute run, 30.9 s a step. With glibc's
-  `glibc.malloc.hugetlb=1` tunable malloc asks for transparent huge pages (`madvise(MADV_HUGEPAGE)`) on what it
-  maps, so the same memory faults in 2 MiB at a time: 0.66 million faults, 35 s of kernel time, 26.3 s a step.
-  But LoRA steps, whose temporaries are smaller, got slower with it: bench-small sft_lora 86.3 -> 78.9
-  tokens/s, grpo_step 14.8 -> 16.1 s (one run each; direct compaction on huge-page faults is a guess at the
-  cause, not measured), so it is opt-in, for full fine-tuning. glibc reads its tunables only when a process
-  starts, so the command re-executes itself once with the tunable set.
+* Huge pages, on by default for training jobs (`setup_process(job="train")`: the `tempax` training commands,
+  `bench/sft.py`, `bench/profile_step.py`, and `bench/peers.py` for its SFT workloads so PyTorch runs under the
+  same malloc), otherwise opt-in with `TEMPAX_HUGE_PAGES=1`; `TEMPAX_HUGE_PAGES=0` turns them off. XLA:CPU
+  allocates a training step's activations (gigabytes) afresh on every execution, and glibc serves such sizes
+  with `mmap` and gives them back with `munmap` when the step ends, so every step faults every page in again,
+  4 KiB at a time. With glibc's `glibc.malloc.hugetlb=1` tunable malloc asks for transparent huge pages
+  (`madvise(MADV_HUGEPAGE)`) on what it maps, so the same memory faults in 2 MiB at a time. Measured on AMD
+  EPYC (Zen 5, 2 cores, avx512_bf16, no AMX), 2026-12-01, quiet machine: bench-small `sft_full` at
+  `train.precision=bf16` took 727k page faults and 1.1 s of kernel time a step without, 1.8k and 0.2 s with;
+  tokens/s without -> with (`python bench/sft.py --one WORKLOAD small [--precision bf16]`, with and without
+  `TEMPAX_HUGE_PAGES=1`, back to back, 15:45-16:25 UTC): sft_full bf16 522.4 -> 624.3 and 489.8 -> 601.6,
+  sft_lora bf16 593.3 -> 789.5, sft_full fp32 308.9 -> 362.1, sft_lora fp32 362.1 -> 392.2, at about the same
+  peak RSS (5.01 / 3.76 / 6.32 -> 6.37 / 6.03 GiB). PyTorch 2.13 does not gain from it (bf16 autocast, same
+  hour: sft_full 477.3 and 488.5 with, 504.5 and 524.9 without; sft_lora 572.4 with, 577.3 and 608.0 without).
+  (An earlier float32 measurement, on much slower steps, had LoRA slower with huge pages: sft_lora small
+  86.3 -> 78.9 tokens/s, grpo_step 14.8 -> 16.1 s, one run each.) Decoding and GRPO keep the opt-in (their
+  peak memory is the constraint there). glibc reads its tunables only when a process starts, so the command
+  re-executes itself once with the tunable set.
 
 * Matrix-product library, per CPU (`cpu_xla_flags`). XLA:CPU's default float32 products (YNNPACK fusions in
   jaxlib 0.10.2) were measured against the alternatives on the training step's own shapes
@@ -72,14 +80,15 @@ def cpu_xla_flags(cpu: Mapping[str, Any]) -> list[str]:
     return []
 
 
-def tuned_env(env: dict[str, str], cpu: Mapping[str, Any] | None = None) -> dict[str, str]:
+def tuned_env(env: dict[str, str], cpu: Mapping[str, Any] | None = None, job: str | None = None) -> dict[str, str]:
     """`env` with the settings added where they change something and the user has not chosen otherwise; `cpu`
-    (default: this machine's `cpu_info()`) decides the per-CPU XLA flags."""
+    (default: this machine's `cpu_info()`) decides the per-CPU XLA flags; `job` "train" turns huge pages on
+    unless `TEMPAX_HUGE_PAGES=0` (any other job: only with `TEMPAX_HUGE_PAGES=1`)."""
     if env.get("TEMPAX_REEXEC", "1") == "0":
         return dict(env)
     out = dict(env)
     tunables = env.get("GLIBC_TUNABLES", "")
-    wanted = env.get("TEMPAX_HUGE_PAGES", "0") == "1"
+    wanted = env.get("TEMPAX_HUGE_PAGES", "1" if job == "train" else "0") == "1"
     if wanted and "glibc.malloc.hugetlb" not in tunables and huge_pages_available():
         out["GLIBC_TUNABLES"] = _append(tunables, HUGETLB_TUNABLE, ":")
     xla_flags = env.get("XLA_FLAGS", "")
@@ -91,13 +100,14 @@ def tuned_env(env: dict[str, str], cpu: Mapping[str, Any] | None = None) -> dict
     return out
 
 
-def setup_process() -> None:
-    """Apply `tuned_env` to this process. Call it first thing in a program's entry point, before JAX starts.
+def setup_process(job: str | None = None) -> None:
+    """Apply `tuned_env` to this process (`job`: "train" for a training process, see `tuned_env`). Call it first
+    thing in a program's entry point, before JAX starts.
 
     XLA reads its flags when JAX first starts a backend, so they are set in place; glibc reads its tunables only
     at process start, so when those change the process re-executes itself (this call then does not return).
     """
-    env = tuned_env(dict(os.environ))
+    env = tuned_env(dict(os.environ), job=job)
     if "XLA_FLAGS" in env:
         os.environ["XLA_FLAGS"] = env["XLA_FLAGS"]
     if env.get("GLIBC_TUNABLES") != os.environ.get("GLIBC_TUNABLES"):

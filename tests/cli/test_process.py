@@ -34,6 +34,24 @@ def test_scheduler_by_default_huge_pages_when_asked(thp):
     assert env["XLA_FLAGS"] == f"--xla_dump_to=/tmp/d {FLAG}"
 
 
+def test_training_jobs_get_huge_pages_unless_turned_off(thp):
+    thp("always [madvise] never\n")
+    huge = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", "XLA_FLAGS": FLAG}
+    assert process.tuned_env({}, job="train") == huge
+    assert process.tuned_env({"TEMPAX_HUGE_PAGES": "0"}, job="train") == {"TEMPAX_HUGE_PAGES": "0", "XLA_FLAGS": FLAG}
+    assert process.tuned_env({}, job=None) == {"XLA_FLAGS": FLAG}  # decoding, GRPO, ...: opt-in only
+    assert process.tuned_env({"TEMPAX_REEXEC": "0"}, job="train") == {"TEMPAX_REEXEC": "0"}
+    thp("[always] madvise never\n")  # nothing to ask for
+    assert process.tuned_env({}, job="train") == {"XLA_FLAGS": FLAG}
+
+
+def test_the_cli_names_its_training_commands():
+    from tempax.cli.main import COMMANDS, TRAINING_COMMANDS
+
+    assert set(TRAINING_COMMANDS) <= set(COMMANDS)
+    assert "sft" in TRAINING_COMMANDS and "generate" not in TRAINING_COMMANDS and "grpo" not in TRAINING_COMMANDS
+
+
 def test_per_cpu_flags():
     """oneDNN's products on an AVX-512 Intel CPU only; the AMD EPYC measured gets none."""
     assert process.cpu_xla_flags(INTEL_AMX) == [process.ONEDNN_FLAG]
