@@ -7,8 +7,8 @@ of XLA:CPU's matrix-product library, and glibc's malloc on transparent huge page
   cores as far as run-to-run noise shows (sft_full small 66.3 -> 67.7 tokens/s; grpo_step small 14.3 and 15.1 s
   without, 14.8 s with; one run each). On by default.
 * Huge pages, on by default for training jobs (`setup_process(job="train")`: the `tempax` training commands,
-  `bench/sft.py`, `bench/profile_step.py`, and `bench/peers.py` for its SFT workloads so PyTorch runs under the
-  same malloc), otherwise opt-in with `TEMPAX_HUGE_PAGES=1`; `TEMPAX_HUGE_PAGES=0` turns them off. XLA:CPU
+  `bench/sft.py`, `bench/profile_step.py`; not `bench/peers.py`: PyTorch is faster without, see below),
+  otherwise opt-in with `TEMPAX_HUGE_PAGES=1`; `TEMPAX_HUGE_PAGES=0` turns them off. XLA:CPU
   allocates a training step's activations (gigabytes) afresh on every execution, and glibc serves such sizes
   with `mmap` and gives them back with `munmap` when the step ends, so every step faults every page in again,
   4 KiB at a time. With glibc's `glibc.malloc.hugetlb=1` tunable malloc asks for transparent huge pages
