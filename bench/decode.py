@@ -11,8 +11,8 @@ exactly 128 new tokens per row (EOS never stops a row: `ignore_eos`). One timed 
 out (prefill + decode loop + host copies + detokenisation with the workload's word-level tokenizer). The first
 call (compilation) is the warm-up; generated tokens/s = 8 * 128 / median(measured call time).
 
-The model is built by `tempax.models.init.init_decoder`, as the `tempax` command builds a preset: the weights of
-`Decoder(cfg, rngs=nnx.Rngs(seed))` bit for bit, made by three small compiled programs instead of one eager random
+The model is built by `tempax.models.init.init_decoder`, as the `tempax` command builds a preset: the random draws of
+`Decoder(cfg, rngs=nnx.Rngs(seed))` (equal within 1 ulp), made by three small compiled programs instead of one eager random
 draw per weight (which left ~20-40 MiB more resident on bench-small).
 
 Also reported: peak RSS of the process (ru_maxrss: model init, compilation and all runs; measured the same way
@@ -104,7 +104,7 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
 
     prompts = workload_prompts(spec, cfg.vocab_size)
     tokenizer = load_tokenizer(os.path.join(SHARED, "tokenizers", f"wordlevel_{cfg.vocab_size}"))
-    model = init_decoder(cfg, spec["init"]["seed"])  # as `tempax` builds presets; Decoder(cfg, Rngs(seed))'s weights
+    model = init_decoder(cfg, spec["init"]["seed"])  # as `tempax` builds presets
     config = SamplingConfig(max_new_tokens=new, temperature=0.0, ignore_eos=True, logprobs=logprobs)
 
     times, prefill, decode, compiles = [], [], [], []

@@ -164,13 +164,6 @@ class LoraLinear(nnx.Module):
         """(alpha / r) * A @ B in float32: what merging adds to the kernel."""
         return self.scaling * (self.lora_a[...].astype(jnp.float32) @ self.lora_b[...].astype(jnp.float32))
 
-    def decode_kernel(self) -> jax.Array | None:
-        """The frozen base kernel [in, out] for the decode layout (`tempax.models.fast_decode`), which applies
-        `adapter` on top; None over a quantized base, whose point is not to exist in float."""
-        if isinstance(self.base_layer, QuantizedLinear):
-            return None
-        return self.base_layer.kernel[...]
-
     def adapter(self, x: jax.Array) -> jax.Array:
         """(alpha / r) * dropout(x) @ A @ B in the layer's dtype; zeros when adapters are disabled."""
         if not self.adapters_enabled:

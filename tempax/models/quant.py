@@ -168,10 +168,6 @@ class QuantizedLinear(nnx.Module):
         self.dtype = linear.dtype or kernel.dtype
         self.param_dtype = kernel.dtype
 
-    def decode_kernel(self) -> None:
-        """No float kernel for the decode layout (`tempax.models.fast_decode`): that copy would undo the 4 bits."""
-        return None
-
     def dequantized_kernel(self, dtype: Any = jnp.float32) -> jax.Array:
         """The kernel [in, out] the codes stand for."""
         return dequantize_blockwise(

@@ -265,4 +265,3 @@ def validate_micro_batch(batch_size: int, micro: int, data_parallel: int) -> Non
             f"micro_batch_size={micro} (or batch_size) must be a multiple of the data-parallel devices "
             f"(mesh data x fsdp = {data_parallel}); valid: {micro_batch_candidates(batch_size, data_parallel)}"
         )
-

@@ -30,7 +30,7 @@ Advantage estimators (`advantage`: grpo, dr_grpo, rloo, reinforce_pp) and the wa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from tempax.algorithms.grpo.losses import AGGREGATION_MODES
