@@ -63,7 +63,7 @@ def measure(size: str, remat: str = "full", micro_batch_size: int | None = 1) ->
 
     from tempax.cli.process import settings_in_effect
     from tempax.algorithms.grpo.config import GRPOSettings
-    from tempax.algorithms.grpo.rollout import Prompt, PromptSampler
+    from tempax.rl.rollout import Prompt, PromptSampler
     from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
     from tempax.models.decoder import Decoder
     from tempax.models.lora import LoraConfig, apply_lora, lora_filter

@@ -16,7 +16,7 @@ import re
 import pytest
 
 from tempax.cli.main import build_parser
-from tempax.cli.train_cmds import ALGORITHMS, resolve
+from tempax.algorithms.registry import ALGORITHMS, resolve
 from tempax.configlib import _all_keys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

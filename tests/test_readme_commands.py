@@ -18,7 +18,7 @@ import shlex
 import pytest
 
 from tempax.cli.main import build_parser, main
-from tempax.cli.train_cmds import ALGORITHMS
+from tempax.algorithms.registry import ALGORITHMS
 from tests.cli.test_train_cmds import trained, workspace  # noqa: F401  (fixtures: a tiny LoRA SFT run)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

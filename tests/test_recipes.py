@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tempax.cli.train_cmds import ALGORITHMS
+from tempax.algorithms.registry import ALGORITHMS
 from tempax.cli.validate import check_recipe, recipe_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -54,8 +54,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from tempax.algorithms.common import ModelSpec
-from tempax.algorithms.grpo.config import EvalSpec, GRPOConfig, GRPOSettings, RewardSpec, TaskSpec
-from tempax.algorithms.sft.trainer import DataSpec, SFTConfig
+from tempax.algorithms.grpo.config import EvalSpec, GRPOConfig, GRPOSettings, TaskSpec
+from tempax.rewards.registry import RewardSpec
+from tempax.algorithms.sft.trainer import SFTConfig
+from tempax.data.sft import DataSpec
 from tempax.configlib import help_field
 from tempax.models.lora import LoraConfig
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig

@@ -38,7 +38,8 @@ def recipe_command(path: str) -> str | None:
 
 def check_recipe(path: str, overrides: list[str] | None = None, command: str | None = None) -> tuple[str, Any, list[str]]:
     """(command, config, warnings). Raises `TempaxError` for problems that stop a run."""
-    from tempax.cli.train_cmds import ALGORITHMS, load
+    from tempax.algorithms.registry import ALGORITHMS
+    from tempax.cli.train_cmds import load
 
     if not os.path.isfile(path):
         raise ConfigError(f"recipe '{path}' does not exist")

@@ -364,7 +364,7 @@ def test_dpo_recipes_parse_and_say_how_to_run(path):
 def test_cli_prints_the_resolved_recipe(capsys):
     """`tempax dpo --config RECIPE --print-config key=value` shows the overrides in the resolved config."""
     from tempax.cli.main import main as cli
-    from tempax.cli.train_cmds import ALGORITHMS
+    from tempax.algorithms.registry import ALGORITHMS
 
     assert "dpo" in ALGORITHMS
     recipe = os.path.join(ROOT, "recipes", "dpo_smollm2_lora.yaml")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tempax.algorithms.grpo.losses import entropy_bonus
-from tempax.algorithms.grpo.rollout import duplicate_fraction
+from tempax.rl.rollout import duplicate_fraction
 
 # Two completions: entropies [1, 2, (masked 9)] and [3, (masked 9), (masked 9)].
 H = jnp.array([[1.0, 2.0, 9.0], [3.0, 9.0, 9.0]])
@@ -54,7 +54,7 @@ def test_the_grpo_loss_carries_the_bonus_with_its_gradient():
     from flax import nnx
 
     from tempax.algorithms.grpo.config import GRPOSettings
-    from tempax.algorithms.grpo.learner import make_grpo_loss
+    from tempax.algorithms.grpo.objective import make_grpo_loss
     from tests.kit.models import tiny_tempax_model
 
     model = tiny_tempax_model("llama", vocab_size=400, num_layers=2)

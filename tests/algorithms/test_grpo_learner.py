@@ -15,10 +15,11 @@ import pytest
 from flax import nnx
 
 from tempax.algorithms.grpo.config import GRPOConfig, GRPOSettings, VARIANTS
-from tempax.algorithms.grpo.learner import completion_logprobs, logprobs_no_grad, make_grpo_loss
+from tempax.algorithms.grpo.objective import make_grpo_loss
+from tempax.rl.logprobs import completion_logprobs, logprobs_no_grad
 from tempax.algorithms.grpo.losses import grpo_loss
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
-from tempax.algorithms.grpo.rollout import (
+from tempax.rl.rollout import (
     Prompt,
     PromptSampler,
     Rollout,
@@ -237,7 +238,7 @@ def test_zero_spread_group_contributes_no_gradient(model):
 
 
 def test_logit_chunk_rows_is_the_largest_divisor_up_to_the_target():
-    from tempax.algorithms.grpo.learner import logit_chunk_rows
+    from tempax.rl.logprobs import logit_chunk_rows
 
     assert [logit_chunk_rows(n, 2) for n in (1, 2, 7, 8)] == [1, 2, 1, 2]
     assert [logit_chunk_rows(n, 4) for n in (6, 9, 12, 3)] == [3, 3, 4, 3]
@@ -246,7 +247,7 @@ def test_logit_chunk_rows_is_the_largest_divisor_up_to_the_target():
 def test_chunked_logprobs_equal_all_rows_at_once(model, monkeypatch):
     """Log-probs and entropy, and the gradient of a loss using both, are the same whether the [rows, T, V]
     logits are made one row at a time (recomputed in the backward) or all 4 rows at once."""
-    import tempax.algorithms.grpo.learner as learner
+    import tempax.rl.logprobs as learner
 
     ro = hand_rollout([[1.0, 0.0], [2.0, 0.5]], _random_tokens((2, 2, 4), 3), np.ones((2, 2, 4), np.int32),
                       [[5, 6, 7], [8, 9]])

@@ -11,17 +11,8 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
-from tempax.algorithms.grpo import (
-    aggregate_token_loss,
-    clipped_surrogate,
-    clipped_value_loss,
-    dynamic_sampling_keep,
-    gae,
-    grpo_loss,
-    gspo_sequence_ratio,
-    kl_k3,
-    overlong_penalty,
-)
+from tempax.algorithms.grpo.losses import aggregate_token_loss, dynamic_sampling_keep, grpo_loss, gspo_sequence_ratio
+from tempax.rl.losses import clipped_surrogate, clipped_value_loss, gae, kl_k3, overlong_penalty
 from tempax.errors import ConfigError
 
 LN2 = math.log(2)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tempax.algorithms.grpo.config import GRPOSettings
-from tempax.algorithms.grpo.rollout import PromptSampler
+from tempax.rl.rollout import PromptSampler
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.rewards import combine_rewards
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig

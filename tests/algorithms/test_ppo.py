@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tempax.algorithms.grpo.rollout import PromptSampler, encode_prompts
+from tempax.rl.rollout import PromptSampler, encode_prompts
 from tempax.algorithms.ppo.config import PPOSettings
 from tempax.algorithms.ppo.model import ActorCritic, trainable_filter
 from tempax.algorithms.ppo.source import BATCH_KEYS, PPORollouts, make_ppo_loss
@@ -166,7 +166,7 @@ def test_resumed_run_matches_the_uninterrupted_one(tok, prompts, tmp_path):
 @pytest.fixture(scope="module")
 def reward_model_dir(tok, tmp_path_factory):
     """A tiny random reward model saved the way `tempax reward-model` saves one."""
-    from tempax.algorithms.preference.reward_model import RewardModel, save_reward_model
+    from tempax.models.reward_model import RewardModel, save_reward_model
 
     folder = str(tmp_path_factory.mktemp("rm") / "reward_model")
     rm = RewardModel(tiny_tempax_model("llama", vocab_size=400, num_layers=2, seed=3), rngs=nnx.Rngs(4))
@@ -179,9 +179,9 @@ def test_grpo_can_use_a_reward_model_as_a_reward_function(reward_model_dir, tok)
     above it, and given the prompt's chat messages (the `prompt_messages` column) rather than its rendered text."""
     import os
 
-    from tempax.algorithms.grpo.config import RewardSpec
-    from tempax.algorithms.grpo.trainer import build_rewards
-    from tempax.algorithms.preference.reward_model import RewardScorer
+    from tempax.rewards.registry import RewardSpec
+    from tempax.rewards.registry import build_rewards
+    from tempax.rewards.reward_model import RewardScorer
 
     scorer = RewardScorer.from_folder(reward_model_dir)
     messages = [{"role": "user", "content": "How do I bake bread?"}]
@@ -241,7 +241,7 @@ def test_main_trains_and_evaluates_against_a_reward_model(reward_model_dir, tok,
         rows = [json.loads(line) for line in f]
     assert [r["stage"] for r in rows] == ["before"] * 3 + ["after"] * 3
     assert rows[3]["response"] == run.after.texts[0] and rows[3]["prompt"][-1]["role"] == "user"
-    from tempax.algorithms.preference.reward_model import RewardScorer
+    from tempax.rewards.reward_model import RewardScorer
     from tempax.cli.score import score_rows
 
     rescored, _, _ = score_rows(RewardScorer.from_folder(reward_model_dir), [dict(r) for r in rows])

@@ -12,9 +12,7 @@ import pytest
 from tempax.algorithms.ppo.losses import (
     adaptive_kl_coef,
     approx_kl,
-    clipped_value_loss,
     explained_variance,
-    gae,
     kl_penalized_rewards,
     last_token_mask,
     missing_eos_penalty,
@@ -23,6 +21,7 @@ from tempax.algorithms.ppo.losses import (
     whiten,
 )
 from tempax.errors import ConfigError
+from tempax.rl.losses import clipped_value_loss, gae
 
 PAD = 99.0  # garbage at padding positions: it must never reach a valid token
 

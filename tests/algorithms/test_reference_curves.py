@@ -15,17 +15,22 @@ import numpy as np
 import pytest
 
 from tests import reference_curves as rc
+from tests.kit.compile_cache import persistent_compile_cache
 
 WRITE = os.environ.get("TEMPAX_WRITE_REFERENCE_CURVES") == "1"
 CROSS_CPU_RTOL, CROSS_CPU_ATOL = 1e-3, 1e-5
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Every reference run, in order (PPO needs the reward model the reward_model run saves)."""
+def runs(tmp_path_factory, request):
+    """Every reference run, in order (GRPO and PPO score with the reward model the reward_model run saves).
+
+    Compiled programs are kept in pytest's cache folder between sessions: compilation is most of these runs'
+    time, and a cached executable computes exactly what a fresh compile of the same program does."""
     workdir = str(tmp_path_factory.mktemp("curves"))
     configs = rc.raw_configs(workdir)
-    return {name: rc.run_one(name, workdir, configs) for name in rc.NAMES}
+    with persistent_compile_cache(request.config.cache.mkdir("reference-curves-xla")):
+        return {name: rc.run_one(name, workdir, configs) for name in rc.NAMES}
 
 
 @pytest.mark.parametrize("name", rc.NAMES)

@@ -14,16 +14,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tempax.algorithms.preference.reward_model import (
-    MARGIN,
-    RewardLoss,
-    RewardModel,
-    RewardScorer,
-    last_token_index,
-    load_reward_model,
-    reward_model_reward,
-    save_reward_model,
-)
+from tempax.algorithms.preference.reward_trainer import MARGIN, RewardLoss
+from tempax.models.reward_model import RewardModel, last_token_index, load_reward_model, save_reward_model
+from tempax.rewards.reward_model import RewardScorer, reward_model_reward
 from tempax.algorithms.preference.reward_trainer import RewardModelConfig, main, prepare
 from tempax.configlib import from_dict, load_config
 from tempax.data.packing import pad_examples
@@ -230,7 +223,7 @@ def test_reward_model_recipes_parse_and_say_how_to_run(path):
 def test_cli_prints_the_resolved_recipe(capsys):
     """`tempax reward-model --config RECIPE --print-config key=value` shows the override in the resolved config."""
     from tempax.cli.main import main as cli
-    from tempax.cli.train_cmds import ALGORITHMS
+    from tempax.algorithms.registry import ALGORITHMS
 
     assert "reward-model" in ALGORITHMS
     recipe = os.path.join(ROOT, "recipes", "reward_model_smollm2_lora.yaml")

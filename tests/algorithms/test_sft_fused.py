@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.sft.fused import chunk_size, fused_causal_lm_loss
+from tempax.models.fused_head import chunk_size, fused_causal_lm_loss
 from tempax.algorithms.sft.trainer import make_sft_loss
 from tempax.models.decoder import Decoder
 from tempax.models.presets import PRESETS
@@ -77,7 +77,7 @@ def test_float32_master_head_gets_its_gradient_in_float32(vocab_major):
 def test_sft_loss_hands_the_fused_loss_the_float32_master_head():
     """Under bf16 compute the SFT loss passes the stored float32 head (so its gradient is never rounded to bf16
     on the way back through a cast); `lm_head_of` alone still gives the compute-dtype copy."""
-    from tempax.algorithms.sft.fused import lm_head_of
+    from tempax.models.fused_head import lm_head_of
     from tempax.train.state import training_view
 
     cfg = PRESETS["tiny-qwen2"]

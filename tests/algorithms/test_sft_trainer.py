@@ -12,7 +12,9 @@ import pytest
 from flax import nnx
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.sft.trainer import DataSpec, LossSpec, ModelSpec, SFTConfig, main, make_sft_loss
+from tempax.algorithms.common import ModelSpec
+from tempax.algorithms.sft.trainer import LossSpec, SFTConfig, main, make_sft_loss
+from tempax.data.sft import DataSpec
 from tempax.configlib import from_dict
 from tempax.data.packing import collate_rows, plan_packing
 from tempax.errors import DataError

@@ -1,7 +1,7 @@
 """Reference training curves: a few steps of every algorithm on a tiny random model and tiny local data.
 
 `run_all(workdir)` trains SFT, DPO, KTO, a reward model, GRPO, PPO (against that reward model) and distillation
-through the same `tempax <command>` entry points a recipe uses (`tempax.cli.train_cmds.resolve`), and returns each
+through the same `tempax <command>` entry points a recipe uses (`tempax.algorithms.registry.resolve`), and returns each
 run's per-step losses and rewards. The stored curves (`<name>.json` beside this file, with the CPU model and the
 JAX version they were made with) are what `tests/algorithms/test_reference_curves.py` compares every later run
 with, so a change that claims to move code without changing behaviour can show it changed no trajectory.
@@ -162,7 +162,7 @@ def curves(history: list[tuple[int, dict[str, float]]]) -> dict[str, Any]:
 
 
 def run_one(name: str, workdir: str, configs: dict[str, tuple[str, dict[str, Any]]] | None = None) -> dict[str, Any]:
-    from tempax.cli.train_cmds import resolve
+    from tempax.algorithms.registry import resolve
     from tempax.configlib import from_dict
 
     configs = configs or raw_configs(workdir)

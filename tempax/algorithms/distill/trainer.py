@@ -8,7 +8,7 @@ The algorithm is two pieces, everything else is `tempax.train`:
     then `chunked_distillation_loss` (alpha T^2 D(p_T, p_S) + (1 - alpha) CE, chunk by chunk over positions).
     `pair` is a `StudentTeacher`; only the student's parameters are trainable, so the teacher is part of the
     frozen rest of the one jitted step.
-  * the batches: the SFT data layer (`tempax.algorithms.sft.trainer.build_data`) on the dataset's rows
+  * the batches: the SFT data layer (`tempax.data.sft.build_data`) on the dataset's rows
     (`mode: off_policy`), or on the teacher's own answers to the rows' prompts (`mode: sequence`, sequence-level
     KD, `tempax.algorithms.distill.sequence`), or a batch source mixing those rows with the student's own samples
     (`mode: on_policy`, GKD, `tempax.algorithms.distill.gkd`).
@@ -45,9 +45,9 @@ from tempax.algorithms.distill.models import (
 )
 from tempax.algorithms.distill.gkd import GKDSource, OnPolicySpec
 from tempax.algorithms.distill.sequence import SequenceKDSpec, answerable_prompts, teacher_generations, write_jsonl
-from tempax.algorithms.run import start_run
-from tempax.algorithms.sft.trainer import DataSpec, build_data, read_data_rows, write_run_files
+from tempax.algorithms.run import start_run, write_run_files
 from tempax.configlib import help_field
+from tempax.data.sft import DataSpec, build_data, read_data_rows
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
@@ -187,14 +187,15 @@ def main(cfg: DistillConfig, *, hooks: tuple = (), log: Callable[[str], None] | 
     of both models) and the data report."""
     run = start_run(cfg, log=log)
     say = run.say
-    rows = read_data_rows(cfg)  # a wrong path fails here, before any model is loaded
+    rows = read_data_rows(cfg.data)  # a wrong path fails here, before any model is loaded
     mesh = cfg.train.mesh.build()
     pair, tokenizer, trainable = build_models(cfg, mesh)
     say(describe_sizes(pair))
     rows, eval_rows = split_rows(cfg, rows)
     if cfg.mode == "sequence":
         rows = sequence_rows(cfg, pair.teacher, tokenizer, rows, say)
-    data = build_data(cfg, tokenizer, rows, eval_rows)
+    data = build_data(cfg.data, tokenizer, batch_size=cfg.train.batch_size, seq_len=cfg.train.seq_len,
+                      seed=cfg.train.seed, rows=rows, eval_rows=eval_rows)
     write_run_files(run, data, tokenizer)
     batches: Any = data.train
     if cfg.mode == "on_policy":

@@ -1,46 +1,30 @@
-"""Group-relative policy optimisation (GRPO, Dr. GRPO, DAPO, GSPO) and PPO building blocks.
+"""Group-relative policy optimisation (GRPO, Dr. GRPO, DAPO, GSPO) on the shared RL layer (`tempax.rl`).
 
-    advantages.py  pure math: advantage estimators (GRPO, Dr. GRPO, RLOO, REINFORCE++), multi-reward combination
-    losses.py      pure math: clipped surrogate, GSPO ratio, k3 KL, aggregation, grpo_loss, GAE
+    losses.py      pure math: grpo_loss, token aggregation, GSPO's sequence ratio, dynamic sampling, entropy bonus
     config.py      GRPOConfig (recipe) and GRPOSettings (the algorithm knobs and variants)
-    rollout.py     prompts -> groups of completions -> rewards -> advantages -> a fixed-shape batch
-    learner.py     the loss function for the shared train step (log-probs of the sampled completions)
+    objective.py   the loss function for the shared train step (log-probs of the sampled completions)
     source.py      rollouts of the current policy as a batch source for Trainer.fit (GRPOSource) and its hooks
     trainer.py     main(GRPOConfig): `tempax grpo --config RECIPE.yaml`
 
-The learner, source, config and trainer names are imported lazily (they pull in the training core and the generator).
+Rollouts, advantage estimators, completion log-probs, the clipped surrogate and the KL estimator are shared with
+PPO and live in `tempax.rl`. The config, objective, source and trainer names are imported lazily (they pull in
+the training core and the generator).
 """
 
-from tempax.algorithms.grpo.advantages import (
-    ADVANTAGE_ESTIMATORS,
-    REWARD_COMBINATIONS,
-    batch_normalize,
-    combine_and_estimate,
-    estimate_advantages,
-    group_advantages,
-    reinforce_pp_advantages,
-    rloo_advantages,
-)
 from tempax.algorithms.grpo.losses import (
     AGGREGATION_MODES,
     IMPORTANCE_LEVELS,
     aggregate_token_loss,
-    clipped_surrogate,
-    clipped_value_loss,
     dynamic_sampling_keep,
-    gae,
+    entropy_bonus,
     grpo_loss,
     gspo_sequence_ratio,
-    kl_k3,
-    overlong_penalty,
 )
 
 _LAZY = {
     "GRPOConfig": "config", "GRPOSettings": "config", "VARIANTS": "config",
-    "completion_logprobs": "learner", "make_grpo_loss": "learner",
+    "make_grpo_loss": "objective",
     "GRPOSource": "source", "make_grpo_trainer": "source", "grpo_hooks": "source",
-    "PromptSampler": "rollout", "Rollout": "rollout", "build_batch": "rollout", "encode_prompts": "rollout",
-    "sample_rollout": "rollout",
     "main": "trainer",
 }
 
@@ -54,24 +38,12 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS",
-    "REWARD_COMBINATIONS",
-    "batch_normalize",
-    "combine_and_estimate",
-    "estimate_advantages",
-    "reinforce_pp_advantages",
-    "rloo_advantages",
     "AGGREGATION_MODES",
     "IMPORTANCE_LEVELS",
     "aggregate_token_loss",
-    "clipped_surrogate",
-    "clipped_value_loss",
     "dynamic_sampling_keep",
-    "gae",
+    "entropy_bonus",
     "grpo_loss",
-    "group_advantages",
     "gspo_sequence_ratio",
-    "kl_k3",
-    "overlong_penalty",
     *_LAZY,
 ]

@@ -38,6 +38,7 @@ from tempax.algorithms.common import ModelSpec
 from tempax.data.tasks.arithmetic import ArithmeticConfig
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
+from tempax.rewards.registry import RewardSpec
 from tempax.train.config import TrainConfig
 from tempax.train.guards import CollapseGuardConfig
 from tempax.configlib import help_field
@@ -89,7 +90,7 @@ class GRPOSettings:
         "token: per-token ratio (GRPO/DAPO); sequence: GSPO's length-normalised sequence ratio.", "token"
     )
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = _help(
-        "Advantage estimator (tempax/algorithms/grpo/advantages.py): grpo ((r - group mean) / group std), dr_grpo "
+        "Advantage estimator (tempax/rl/advantages.py): grpo ((r - group mean) / group std), dr_grpo "
         "(r - group mean), rloo (leave-one-out baseline: mean of the other samples), reinforce_pp (group-centred, "
         "scaled by one std over the batch). rloo / dr_grpo / reinforce_pp do not blow up groups whose rewards "
         "barely differ (noisy rubric or reward-model scores), which grpo's per-group std does.",
@@ -214,31 +215,6 @@ class TaskSpec:
             raise ConfigError(f"task.max_train_rows must be >= 1 or null, got {self.max_train_rows}")
         if self.num_train_problems < 1:
             raise ConfigError(f"task.num_train_problems must be >= 1, got {self.num_train_problems}")
-
-
-@dataclass(frozen=True)
-class RewardSpec:
-    """Reward functions, summed with weights. Names: format, correctness, length (bench), or module:function."""
-
-    functions: tuple[str, ...] = _help(
-        "Reward functions: 'format' (strict <reasoning>/<answer> form, partial credit per tag), 'correctness' "
-        "(the <answer> equals the reference), 'length' (characters / 100, for benchmarks), 'model:RUN_DIR' (the "
-        "score of a trained reward model: a `tempax reward-model` run dir or its reward_model folder) or an "
-        "importable 'package.module:function' taking (prompts, completions, **columns).",
-        ("format", "correctness"),
-    )
-    weights: tuple[float, ...] | None = _help("One weight per function; null: all 1.", None)
-    timeout_s: float = _help(
-        "Deadline in seconds: the built-in rewards check each completion in a worker process, and one running "
-        "longer scores 0 alone (counted as reward/<name>_timeouts); other reward functions get it per call.", 5.0)
-
-    def validate(self) -> None:
-        if not self.functions:
-            raise ConfigError("rewards.functions is empty; name at least one, e.g. [format, correctness]")
-        if self.weights is not None and len(self.weights) != len(self.functions):
-            raise ConfigError(
-                f"rewards.weights has {len(self.weights)} entries for {len(self.functions)} functions"
-            )
 
 
 @dataclass(frozen=True)

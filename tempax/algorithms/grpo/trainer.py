@@ -11,82 +11,26 @@ the adapters (PEFT layout) into `train.run_dir`.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 
 from tempax.algorithms.common import build_model
-from tempax.algorithms.grpo.config import EvalSpec, GRPOConfig, RewardSpec, TaskSpec
-from tempax.algorithms.grpo.rollout import PromptSampler, encode_prompts, round_up
+from tempax.algorithms.grpo.config import EvalSpec, GRPOConfig, TaskSpec
+from tempax.rewards.registry import build_rewards
+from tempax.rl.rollout import PromptSampler, encode_prompts, round_up
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.algorithms.run import start_run
 from tempax.train.loop import TrainResult
 from tempax.errors import ConfigError
 
-__all__ = ["GRPOConfig", "GRPORun", "build_rewards", "load_task", "main", "PLOT_METRICS"]
+__all__ = ["GRPOConfig", "GRPORun", "load_task", "main", "PLOT_METRICS"]
 
 # The curves worth plotting (`tempax plot RUN_DIR --metrics ...`; the demo draws them).
 PLOT_METRICS = (
     "reward/total_mean", "reward/correctness_mean", "reward/format_mean", "groups/zero_spread_frac", "entropy",
     "kl", "completion/length_mean", "clip_frac", "perf/step_s",
 )
-
-
-def length_reward(prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
-    """Characters / 100: the benchmark's trivial reward (bench/grpo_step.py); not a training objective."""
-    del prompts, columns
-    return [len(c) / 100.0 for c in completions]
-
-
-def _builtin_rewards() -> dict[str, Callable[..., Any]]:
-    from tempax.rewards import answer_correctness_reward, format_reward
-
-    return {"format": format_reward, "correctness": answer_correctness_reward, "length": length_reward}
-
-
-REWARD_MODEL_PREFIX = "model:"
-
-
-def reward_model_function(path: str) -> Any:
-    """The `RewardScorer` of a saved reward model: its folder, or the `tempax reward-model` run dir holding it."""
-    import os
-
-    from tempax.algorithms.preference.reward_model import is_reward_model_folder, reward_model_reward
-
-    inner = os.path.join(path, "reward_model")
-    return reward_model_reward(inner if not is_reward_model_folder(path) and os.path.isdir(inner) else path)
-
-
-def build_rewards(spec: RewardSpec) -> Any:
-    """A `CombinedReward` of the named functions (built-in names, 'model:RUN_DIR' for a trained reward model's
-    score, or 'package.module:function')."""
-    from tempax.rewards import combine_rewards
-
-    from tempax.rewards import safe_reward
-
-    builtins = _builtin_rewards()
-    named: dict[str, Callable[..., Any]] = {}
-    for name in spec.functions:
-        if name in builtins:
-            named[name] = builtins[name]
-            continue
-        if name.startswith(REWARD_MODEL_PREFIX):
-            # No timeout: the first call of each padded length compiles the reward model.
-            named["reward_model"] = safe_reward(reward_model_function(name[len(REWARD_MODEL_PREFIX):]),
-                                                name="reward_model", timeout_s=None)
-            continue
-        if ":" not in name:
-            raise ConfigError(
-                f"rewards.functions: unknown reward {name!r}; use one of {sorted(builtins)} or 'package.module:function'"
-            )
-        module_name, fn_name = name.split(":", 1)
-        try:
-            fn = getattr(importlib.import_module(module_name), fn_name)
-        except (ImportError, AttributeError) as e:
-            raise ConfigError(f"rewards.functions: cannot import {name!r} ({e})") from None
-        named[fn_name.removesuffix("_reward") or fn_name] = fn
-    return combine_rewards(named, spec.weights, timeout_s=spec.timeout_s)
 
 
 def load_task(spec: TaskSpec, *, eval_problems: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

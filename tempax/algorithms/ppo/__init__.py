@@ -13,9 +13,7 @@ Only the math is imported eagerly; the rest pulls in the training core and the g
 from tempax.algorithms.ppo.losses import (
     adaptive_kl_coef,
     approx_kl,
-    clipped_value_loss,
     explained_variance,
-    gae,
     kl_penalized_rewards,
     last_token_mask,
     missing_eos_penalty,
@@ -40,6 +38,6 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "adaptive_kl_coef", "approx_kl", "clipped_value_loss", "explained_variance", "gae", "kl_penalized_rewards",
+    "adaptive_kl_coef", "approx_kl", "explained_variance", "kl_penalized_rewards",
     "last_token_mask", "missing_eos_penalty", "ppo_loss", "ppo_policy_loss", "whiten", *_LAZY,
 ]

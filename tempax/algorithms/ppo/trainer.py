@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from tempax.algorithms.common import build_model
-from tempax.algorithms.grpo.rollout import Prompt, PromptSampler, build_batch, encode_prompts, round_up
+from tempax.rl.rollout import Prompt, PromptSampler, build_batch, encode_prompts, round_up
 from tempax.algorithms.ppo.config import PPOConfig, PPOEvalSpec
 from tempax.algorithms.ppo.model import ActorCritic, critic_from_reward_model, trainable_filter
 from tempax.algorithms.ppo.source import PPORollouts, make_ppo_loss
@@ -43,7 +43,7 @@ def reward_model_folder(path: str) -> str:
     Raises:
       ConfigError: neither holds a saved reward model.
     """
-    from tempax.algorithms.preference.reward_model import is_reward_model_folder
+    from tempax.models.reward_model import is_reward_model_folder
 
     for candidate in (path, os.path.join(path, "reward_model")):
         if is_reward_model_folder(candidate):
@@ -56,8 +56,7 @@ def reward_model_folder(path: str) -> str:
 
 def build_reward(cfg: PPOConfig) -> Any:
     """The `CombinedReward`: the reward model's score (`reward_model`) plus `ppo.reward_functions`."""
-    from tempax.algorithms.grpo.config import RewardSpec
-    from tempax.algorithms.grpo.trainer import REWARD_MODEL_PREFIX, build_rewards
+    from tempax.rewards.registry import REWARD_MODEL_PREFIX, RewardSpec, build_rewards
 
     folder = reward_model_folder(cfg.reward_model)
     spec = RewardSpec(functions=(REWARD_MODEL_PREFIX + folder, *cfg.ppo.reward_functions))
@@ -203,7 +202,7 @@ def build_actor_critic(cfg: PPOConfig, mesh: Any = None) -> tuple[ActorCritic, A
 
 def ppo_hooks(source: PPORollouts, guard: CollapseGuardConfig) -> list[Any]:
     """The hooks every PPO run gets: the time split of each step and the collapse guard (warn or stop)."""
-    from tempax.algorithms.grpo.source import ThroughputSplit
+    from tempax.rl.throughput import ThroughputSplit
     from tempax.train.guards import CollapseGuard
 
     hooks: list[Any] = [ThroughputSplit()]

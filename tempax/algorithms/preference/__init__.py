@@ -3,11 +3,11 @@
   losses          pure losses of log-probs / rewards (`preference_loss`, `bradley_terry_loss`, ...)
   batches         stacked [2B, T] batches -> per-sequence log-probs, per-pair losses; reference log-probs and
                   margins stored with the pairs
-  reward_model    `RewardModel` (decoder + scalar head), `RewardLoss`, save/load, `RewardScorer` (a reward function)
   data            the `data:` recipe section of preference runs and its reports
   trainer         `DPOConfig`, `DPOLoss`, `main` — `tempax dpo`
   kto             `KTOConfig`, `KTOLoss`, `main` — `tempax kto`
-  reward_trainer  `RewardModelConfig`, `main` — `tempax reward-model`
+  reward_trainer  `RewardModelConfig`, `RewardLoss`, `main` — `tempax reward-model` (the model itself:
+                  `tempax.models.reward_model`; as a reward function: `tempax.rewards.reward_model`)
 
 The trainers are not imported here (they pull in the training core); import them from their modules.
 """

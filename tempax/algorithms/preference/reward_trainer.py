@@ -3,23 +3,26 @@
     cfg = load_config(RewardModelConfig, "recipes/reward_model_smollm2_lora.yaml")
     result = main(cfg)          # prints held-out preference accuracy before and after, saves the reward model
 
-  * `RewardLoss` (in `reward_model.py`) — `loss_fn(model, batch)`: one forward pass over a stacked [2B, T]
+  * `RewardLoss` — `loss_fn(model, batch)`: one forward pass over a stacked [2B, T]
     batch gives r(chosen) and r(rejected) at each row's last token; L = -log sigmoid(r_c - r_r - m).
   * the batches: the same preference pairs as DPO (`tempax.data.preference`), plus an optional per-pair
     `margin` read from a row field (`reward.margin_field`).
 
 With LoRA/QLoRA the adapters and the head are trained (the head is always fully trainable: it starts random);
 with full fine-tuning everything is. At the end the model is saved to `<run_dir>/reward_model` (adapters merged)
-for `tempax score`, `load_reward_model` and `RewardScorer` (a reward function for PPO / best-of-n).
+for `tempax score`, `tempax.models.reward_model.load_reward_model` and `tempax.rewards.reward_model.RewardScorer`
+(a reward function for GRPO, PPO and best-of-n).
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -28,6 +31,9 @@ from tempax.algorithms.preference.batches import (
     annotated_pair_loader,
     check_micro_batching,
     pair_batches,
+    pair_mask,
+    per_pair_mean,
+    split_pairs,
 )
 from tempax.algorithms.preference.data import (
     PreferenceDataSpec,
@@ -36,17 +42,49 @@ from tempax.algorithms.preference.data import (
     pairs_per_batch,
     report_data,
 )
-from tempax.algorithms.preference.reward_model import MARGIN, RewardLoss, RewardModel, save_reward_model
 from tempax.algorithms.common import ModelSpec, build_model
+from tempax.algorithms.preference.losses import bradley_terry_loss
 from tempax.algorithms.run import start_run
 from tempax.errors import DataError
 from tempax.models.lora import LoraConfig
+from tempax.models.reward_model import RewardModel, reward_scores, save_reward_model
 from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
 from tempax.configlib import help_field
 
 
 _help = help_field  # one documented-field helper for every config (tempax.configlib)
+
+
+# The batch key of an optional per-pair Bradley-Terry margin ([2B], equal on a pair's two rows).
+MARGIN = "margin"
+
+
+
+
+@dataclass(frozen=True)
+class RewardLoss:
+    """`loss_fn(model, batch) -> (loss, metrics)` of reward-model training on stacked preference batches.
+
+        L = mean over real pairs of -log sigmoid(r_c - r_r - m)
+
+    m is `margin` (a constant) plus, when the batch carries it, the per-pair `margin` key (e.g. how strongly
+    the rater preferred the chosen response; Touvron et al. 2023, Llama 2). Metrics: loss, chosen_reward,
+    rejected_reward, reward_margin, accuracy (r_c > r_r), loss_weight (real pairs).
+    """
+
+    margin: float = 0.0
+
+    def __call__(self, model: RewardModel, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+        rc, rr = split_pairs(reward_scores(model, batch))
+        m = jnp.full(rc.shape, self.margin, jnp.float32)
+        if MARGIN in batch:
+            m = m + split_pairs(batch[MARGIN])[0]
+        return per_pair_mean(
+            lambda chosen, rejected, margin: bradley_terry_loss(chosen, rejected, margin=margin),
+            {"chosen": rc, "rejected": rr, "margin": m},
+            pair_mask(batch),
+        )
 
 
 @dataclass(frozen=True)

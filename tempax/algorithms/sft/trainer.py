@@ -9,7 +9,7 @@ The algorithm is two pieces, everything else is `tempax.train`:
     batch's `targets` where `loss_mask` is 1, attention restricted to each packed example by `segment_ids`.
     It reports `loss_weight` = supervised tokens (or sequences), so gradient accumulation reproduces the
     full-batch token mean exactly.
-  * `build_data(cfg, tokenizer)`: rows -> tokenised examples (chat template, assistant-only loss mask, bad rows
+  * `tempax.data.sft.build_data`: rows -> tokenised examples (chat template, assistant-only loss mask, bad rows
     skipped and reported) -> a resumable loader of packed [batch_size, seq_len] batches.
 
 Continued pre-training is the same with plain-text rows (`format: text`, every token trained): `PretrainConfig`.
@@ -24,11 +24,12 @@ import jax
 from flax import nnx
 
 from tempax.algorithms.common import ModelSpec, build_model
-from tempax.algorithms.sft.fused import fused_causal_lm_loss, lm_head_of
+from tempax.algorithms.run import start_run, write_run_files
 from tempax.algorithms.sft.losses import SFT_NORMALIZATIONS, causal_lm_loss
-from tempax.algorithms.run import Run, start_run
 from tempax.configlib import help_field
+from tempax.data.sft import DataSpec, build_data, read_data_rows
 from tempax.errors import ConfigError
+from tempax.models.fused_head import fused_causal_lm_loss, lm_head_of
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
@@ -39,41 +40,6 @@ _help = help_field  # one documented-field helper for every config (tempax.confi
 
 # --------------------------------------------------------------------------------------------------------------
 # Config
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """Training rows and how they become batches."""
-
-    path: str = _help(
-        "Dataset: a .jsonl/.json/.parquet file, a folder, or a Hub dataset id.", "../shared/data/hh-rlhf-sft/train.jsonl"
-    )
-    split: str | None = _help("Split of a folder or Hub dataset.", None)
-    format: Literal["auto", "messages", "prompt_completion", "text"] = _help(
-        "Row format: auto-detect, chat messages, prompt/completion, or plain text.", "auto"
-    )
-    train_on: Literal["assistant", "last_assistant", "all"] = _help(
-        "Tokens that carry loss: every assistant turn, only the last, or all tokens.", "assistant"
-    )
-    text_fields: tuple[str, ...] = _help(
-        "Plain-text rows: join these row fields with a newline into the text (e.g. [question, answer]); empty: "
-        "the row's `text` field.",
-        (),
-    )
-    overlong: Literal["truncate", "drop", "split"] = _help(
-        "Examples longer than train.seq_len: truncate, drop, or split into chunks (text).", "truncate"
-    )
-    max_bad_fraction: float = _help("Fail when more than this fraction of rows is malformed.", 0.1)
-    max_rows: int | None = _help("Use only the first N rows (quick runs); null: all.", None)
-    eval_fraction: float = _help("Hold out this fraction of rows for evaluation (0: no evaluation).", 0.0)
-    packing: bool = _help("Pack several examples into each row (segment ids keep them apart).", True)
-    shuffle: bool = _help("Shuffle the examples (seeded by train.seed; a new order every epoch).", True)
-
-    def validate(self) -> None:
-        if not 0.0 <= self.eval_fraction < 1.0:
-            raise ConfigError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
-        if self.max_rows is not None and self.max_rows < 1:
-            raise ConfigError(f"max_rows must be >= 1 or null, got {self.max_rows}")
 
 
 @dataclass(frozen=True)
@@ -158,86 +124,8 @@ def make_sft_loss(
     return loss_fn
 
 
-def _text_rows(rows: list[Any], fields: tuple[str, ...]) -> list[Any]:
-    """Rows with `fields` joined into a `text` field (rows missing a field are left for the report to flag)."""
-    from tempax.data.sources import Row
-
-    out = []
-    for row in rows:
-        data = row.data
-        if data is not None and all(isinstance(data.get(f), str) for f in fields):
-            data = {"text": "\n".join(data[f] for f in fields)}
-        out.append(Row(data=data, source=row.source, index=row.index, error=row.error))
-    return out
-
-
-@dataclass
-class SFTData:
-    """The loaders and the data report of a run."""
-
-    train: Any
-    eval_examples: list[Any]
-    report: Any
-    eval_loader: Callable[[], Any] | None
-
-
-def read_data_rows(cfg: SFTConfig) -> list[Any]:
-    """The dataset's rows (raises `DataError` naming the path when it does not exist)."""
-    from tempax.data.sources import read_rows
-
-    return read_rows(cfg.data.path, split=cfg.data.split)
-
-
-def build_data(
-    cfg: SFTConfig, tokenizer: Any, rows: list[Any] | None = None, eval_rows: list[Any] | None = None
-) -> SFTData:
-    """Rows -> examples -> a resumable loader of packed batches, and held-out batches: of `eval_rows` when given
-    (already split off by the caller), else of `data.eval_fraction` of the rows."""
-    from tempax.data.formats import FormatOptions, tokenize_rows
-    from tempax.data.loader import sft_loader
-    from tempax.data.sources import holdout_split
-
-    d, t = cfg.data, cfg.train
-    rows = read_data_rows(cfg) if rows is None else rows
-    if d.max_rows is not None:
-        rows = rows[: d.max_rows]
-    if eval_rows is None:
-        eval_rows = []
-        if d.eval_fraction > 0:
-            rows, eval_rows = holdout_split(rows, d.eval_fraction, seed=t.seed)
-    if d.text_fields:
-        rows, eval_rows = _text_rows(rows, d.text_fields), _text_rows(eval_rows, d.text_fields)
-    options = FormatOptions(format=d.format, train_on=d.train_on, max_length=t.seq_len, overlong=d.overlong,
-                            max_bad_fraction=d.max_bad_fraction)
-    examples, report = tokenize_rows(rows, tokenizer, options, name=d.path)
-    pad = tokenizer.pad_id
-    train = sft_loader(examples, batch_size=t.batch_size, seq_len=t.seq_len, pad_id=pad, packing=d.packing,
-                       seed=t.seed, shuffle=d.shuffle)
-    eval_examples: list[Any] = []
-    eval_loader: Callable[[], Any] | None = None
-    if eval_rows:
-        eval_examples, _ = tokenize_rows(eval_rows, tokenizer, options, name=f"{d.path} (held out)", check=False)
-        if eval_examples:
-            def held_out() -> Any:  # a fresh single pass over the held-out rows, in order, for each evaluation
-                return sft_loader(eval_examples, batch_size=t.batch_size, seq_len=t.seq_len, pad_id=pad,
-                                  packing=d.packing, shuffle=False, num_epochs=1, drop_remainder=False)
-
-            eval_loader = held_out
-    return SFTData(train=train, eval_examples=eval_examples, report=report, eval_loader=eval_loader)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Entry point
-
-
-def write_run_files(run: Run, data: SFTData, tokenizer: Any) -> None:
-    """Reports the data and writes data_report.json and the tokenizer into the run dir (`start_run` wrote
-    config.yaml); shared with the distillation main, which reads its data the same way."""
-    run.say(data.report.summary())
-    for where, reason, detail in data.report.bad_rows[:5]:
-        run.say(f"  skipped {where}: {reason}" + (f" ({detail})" if detail else ""))
-    run.write_json("data_report.json", data.report.to_dict())
-    run.save_tokenizer(tokenizer)
 
 
 def main(
@@ -255,10 +143,11 @@ def main(
     `result.extras` holds `data_report` and `model` (the trained model).
     """
     run = start_run(cfg, log=log)
-    rows = read_data_rows(cfg)  # a wrong path fails here, before any model is loaded
+    rows = read_data_rows(cfg.data)  # a wrong path fails here, before any model is loaded
     mesh = cfg.train.mesh.build()
     model, tokenizer, trainable = build_model(cfg, mesh, model=model, tokenizer=tokenizer)
-    data = build_data(cfg, tokenizer, rows)
+    data = build_data(cfg.data, tokenizer, batch_size=cfg.train.batch_size, seq_len=cfg.train.seq_len,
+                      seed=cfg.train.seed, rows=rows)
     write_run_files(run, data, tokenizer)
     trainer = Trainer(
         model, make_sft_loss(cfg.loss.normalize, fused=cfg.loss.fused, chunk_len=cfg.loss.chunk_len), cfg.train,

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
-from tempax.algorithms.grpo import (
+from tempax.rl.advantages import (
     batch_normalize,
     combine_and_estimate,
     estimate_advantages,

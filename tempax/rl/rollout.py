@@ -13,7 +13,7 @@ and its G completions,
     ref_logp           [P, G, T]    float32, reference log p_tau (added by the batch source when beta > 0)
 
 so the training forward can run each prompt once and share its keys/values among the G completions
-(`tempax.algorithms.grpo.learner.completion_logprobs`), like the sampler's shared prefill; and gradient
+(`tempax.rl.logprobs.completion_logprobs`), like the sampler's shared prefill; and gradient
 accumulation, which splits the batch by rows, never splits a group.
 """
 
@@ -27,8 +27,8 @@ from typing import Any, Callable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from tempax.algorithms.grpo.advantages import combine_and_estimate
-from tempax.algorithms.grpo.losses import overlong_penalty
+from tempax.rl.advantages import combine_and_estimate
+from tempax.rl.losses import overlong_penalty
 from tempax.errors import DataError
 from tempax.generate import SamplingConfig, generate
 
