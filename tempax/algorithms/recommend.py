@@ -310,9 +310,8 @@ def write_recipe(rec: Recommendation, path: str) -> str:
     builds as the command's config first. Returns the path."""
     cls, _ = resolve(rec.command)
     from_dict(cls, rec.recipe)  # every value typed and checked before anything is written
-    text = dump_yaml(rec.recipe)
+    text = dump_yaml(rec.recipe, command=rec.command)
     where = profile_path(rec)
-    # The run command comes right after the title: `tempax validate` reads the first command named in the comment.
     head = [f"# {rec.method} on {where}, chosen by the recommend command from what the data holds.",
             f"# Run:  tempax {rec.command} --config {path}"]
     head += [f"# Why: {r}" for r in rec.reasons]

@@ -1,6 +1,6 @@
 """`tempax sft|pretrain|dpo|kto|reward-model|grpo|ppo|distill --config RECIPE.yaml key=value ...`: train from a recipe.
 
-Each training command is one row of `tempax.algorithms.registry.ALGORITHMS`. This file only parses arguments:
+Each training command is an `Algorithm` record of `tempax.algorithms.registry`. This file only parses arguments:
 the YAML recipe, then `a.b=value` overrides on top (typed and checked by `tempax.configlib`), then calls `main`.
 """
 
@@ -22,15 +22,15 @@ def load(command: str, config: str | None, overrides: list[str]) -> Any:
     from tempax.configlib import load_config
 
     cls, _ = resolve(command)
-    return load_config(cls, config, overrides)
+    return load_config(cls, config, overrides, command=command)
 
 
 def recipes_for(command: str) -> list[str]:
-    """The shipped recipes whose opening comment runs `command` (relative paths, sorted)."""
+    """The shipped recipes whose `command:` key is `command` (relative paths, sorted)."""
     import glob
     import os
 
-    from tempax.cli.validate import recipe_command
+    from tempax.configlib import recipe_command
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     paths = sorted(glob.glob(os.path.join(root, "recipes", "**", "*.yaml"), recursive=True))
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         from tempax.configlib import dump_yaml
 
-        sys.stdout.write(dump_yaml(cfg))
+        sys.stdout.write(dump_yaml(cfg, command=command))
         return 0
     _, main = resolve(command)
     from tempax.train.run_identity import clean_failed_start

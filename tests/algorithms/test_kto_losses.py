@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.preference import kto_loss
+from tempax.algorithms.preference.losses import kto_loss
 
 POLICY = jnp.array([-1.0, -2.0])
 REF = jnp.array([-1.5, -1.5])

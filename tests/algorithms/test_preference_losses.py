@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.preference import (
+from tempax.algorithms.preference.losses import (
     PREFERENCE_LOSS_NAMES,
     bradley_terry_loss,
     dpo_loss,

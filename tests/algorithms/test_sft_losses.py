@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.sft import causal_lm_loss
+from tempax.algorithms.sft.losses import causal_lm_loss
 from tempax.errors import ConfigError
 
 LN2, LN4 = math.log(2), math.log(4)

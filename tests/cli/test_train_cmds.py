@@ -36,6 +36,7 @@ def workspace(tmp_path_factory):
     recipe.write_text(
         f"""# A tiny LoRA SFT run for the CLI tests.
 # Run: tempax sft --config {recipe}
+command: sft
 model:
   source: preset:tiny-llama
   tokenizer: {tok}

@@ -7,43 +7,14 @@
     trainer.py     main(GRPOConfig): `tempax grpo --config RECIPE.yaml`
 
 Rollouts, advantage estimators, completion log-probs, the clipped surrogate and the KL estimator are shared with
-PPO and live in `tempax.rl`. The config, objective, source and trainer names are imported lazily (they pull in
-the training core and the generator).
+PPO and live in `tempax.rl`. Nothing heavy is imported here (the registry reads `ALGORITHMS`); import the
+pieces from their modules.
 """
 
-from tempax.algorithms.grpo.losses import (
-    AGGREGATION_MODES,
-    IMPORTANCE_LEVELS,
-    aggregate_token_loss,
-    dynamic_sampling_keep,
-    entropy_bonus,
-    grpo_loss,
-    gspo_sequence_ratio,
+from tempax.algorithms.registry import Algorithm
+
+ALGORITHMS = (
+    Algorithm("grpo", "GRPO / DAPO / GSPO with verifiable rewards from a recipe",
+              config="tempax.algorithms.grpo.config:GRPOConfig", main="tempax.algorithms.grpo.trainer:main",
+              on_policy=True),
 )
-
-_LAZY = {
-    "GRPOConfig": "config", "GRPOSettings": "config", "VARIANTS": "config",
-    "make_grpo_loss": "objective",
-    "GRPOSource": "source", "make_grpo_trainer": "source", "grpo_hooks": "source",
-    "main": "trainer",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"tempax.algorithms.grpo.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'tempax.algorithms.grpo' has no attribute {name!r}")
-
-
-__all__ = [
-    "AGGREGATION_MODES",
-    "IMPORTANCE_LEVELS",
-    "aggregate_token_loss",
-    "dynamic_sampling_keep",
-    "entropy_bonus",
-    "grpo_loss",
-    "gspo_sequence_ratio",
-    *_LAZY,
-]

@@ -9,31 +9,18 @@
   reward_trainer  `RewardModelConfig`, `RewardLoss`, `main` — `tempax reward-model` (the model itself:
                   `tempax.models.reward_model`; as a reward function: `tempax.rewards.reward_model`)
 
-The trainers are not imported here (they pull in the training core); import them from their modules.
+Nothing heavy is imported here (the registry reads `ALGORITHMS`); import the pieces from their modules.
 """
 
-from tempax.algorithms.preference.losses import (
-    PREFERENCE_LOSS_NAMES,
-    bradley_terry_loss,
-    dpo_loss,
-    hinge_loss,
-    ipo_loss,
-    kto_loss,
-    orpo_loss,
-    preference_loss,
-    preference_loss_needs_reference,
-    simpo_loss,
-)
+from tempax.algorithms.registry import Algorithm
 
-__all__ = [
-    "PREFERENCE_LOSS_NAMES",
-    "bradley_terry_loss",
-    "dpo_loss",
-    "hinge_loss",
-    "ipo_loss",
-    "kto_loss",
-    "orpo_loss",
-    "preference_loss",
-    "preference_loss_needs_reference",
-    "simpo_loss",
-]
+ALGORITHMS = (
+    Algorithm("dpo", "preference tuning (DPO, IPO, hinge, ORPO, SimPO) from a recipe",
+              config="tempax.algorithms.preference.trainer:DPOConfig",
+              main="tempax.algorithms.preference.trainer:main"),
+    Algorithm("kto", "KTO on unpaired desirable / undesirable feedback from a recipe",
+              config="tempax.algorithms.preference.kto:KTOConfig", main="tempax.algorithms.preference.kto:main"),
+    Algorithm("reward-model", "train a Bradley-Terry reward model from a recipe",
+              config="tempax.algorithms.preference.reward_trainer:RewardModelConfig",
+              main="tempax.algorithms.preference.reward_trainer:main"),
+)
