@@ -23,7 +23,7 @@ from tempax.algorithms.distill.models import (
     student_filter,
 )
 from tempax.algorithms.distill.sequence import SequenceKDSpec, prompt_turns, teacher_generations
-from tempax.algorithms.distill.trainer import DistillConfig, main
+from tempax.algorithms.distill.main import DistillConfig, main
 from tempax.configlib import from_dict, to_dict
 from tempax.data.sources import as_rows
 from tempax.errors import ConfigError
@@ -283,7 +283,7 @@ def test_validate_checks_the_teacher_and_student_sources(monkeypatch):
 def test_micro_batches_give_the_full_batch_step():
     """One step on 4 ragged rows as one pass vs 2 micro-batches of 2: the token-weighted accumulation (loss_weight
     = supervised tokens) gives the same loss, KD metrics, gradient norm and updated student weights."""
-    from tempax.algorithms.distill.trainer import DistillLossSpec, make_distill_loss
+    from tempax.algorithms.distill.main import DistillLossSpec, make_distill_loss
     from tempax.train.loop import Trainer
     from tests.train.helpers import host, random_batch, tiny_train_config
     from tempax.train.config import OptimizerConfig

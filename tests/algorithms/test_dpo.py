@@ -26,7 +26,7 @@ from tempax.algorithms.preference.batches import (
     pair_preference_loss,
 )
 from tempax.algorithms.preference.losses import dpo_loss
-from tempax.algorithms.preference.trainer import DPOConfig, DPOLoss, DPOSpec, main, prepare
+from tempax.algorithms.preference.dpo import DPOConfig, DPOLoss, DPOSpec, main, prepare
 from tempax.configlib import from_dict, load_config
 from tempax.data.packing import pad_examples
 from tempax.data.preference import PreferenceOptions, collate_pairs, tokenize_preference_rows

@@ -469,7 +469,7 @@ def test_grpo_recipes_parse():
 @pytest.mark.slow
 def test_main_trains_and_evaluates_a_tiny_model(tok, tmp_path):
     """`main` end to end on a random-init tiny model: before/after evaluation, metrics, eval.json, adapters."""
-    from tempax.algorithms.grpo.trainer import main
+    from tempax.algorithms.grpo.main import main
     from tempax.configlib import from_dict
 
     tok_dir = tmp_path / "tokenizer"

@@ -205,7 +205,7 @@ def test_main_trains_and_evaluates_against_a_reward_model(reward_model_dir, tok,
     import os
 
     from tempax.algorithms.ppo.config import PPOConfig
-    from tempax.algorithms.ppo.trainer import main
+    from tempax.algorithms.ppo.main import main
     from tempax.configlib import from_dict
     from tempax.train.metrics import read_metrics
 

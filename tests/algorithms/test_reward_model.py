@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tempax.algorithms.preference.reward_trainer import MARGIN, RewardLoss
+from tempax.algorithms.preference.reward import MARGIN, RewardLoss
 from tempax.models.reward_model import RewardModel, last_token_index, load_reward_model, save_reward_model
 from tempax.rewards.reward_model import RewardScorer, reward_model_reward
-from tempax.algorithms.preference.reward_trainer import RewardModelConfig, main, prepare
+from tempax.algorithms.preference.reward import RewardModelConfig, main, prepare
 from tempax.configlib import from_dict, load_config
 from tempax.data.packing import pad_examples
 from tempax.data.preference import PreferenceOptions, collate_pairs, tokenize_preference_rows

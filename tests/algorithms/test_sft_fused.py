@@ -9,7 +9,7 @@ from flax import nnx
 from numpy.testing import assert_allclose
 
 from tempax.models.fused_head import chunk_size, fused_causal_lm_loss
-from tempax.algorithms.sft.trainer import make_sft_loss
+from tempax.algorithms.sft.main import make_sft_loss
 from tempax.models.decoder import Decoder
 from tempax.models.presets import PRESETS
 from tests.train.helpers import random_batch

@@ -13,7 +13,7 @@ from flax import nnx
 from numpy.testing import assert_allclose
 
 from tempax.algorithms.common import ModelSpec
-from tempax.algorithms.sft.trainer import LossSpec, SFTConfig, main, make_sft_loss
+from tempax.algorithms.sft.main import LossSpec, SFTConfig, main, make_sft_loss
 from tempax.data.sft import DataSpec
 from tempax.configlib import from_dict
 from tempax.data.packing import collate_rows, plan_packing

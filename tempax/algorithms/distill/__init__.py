@@ -5,7 +5,7 @@ sequence-level KD and on-policy GKD, from a frozen teacher into a student that m
     models.py    the student/teacher pair, the pruned student, teacher storage
     sequence.py  teacher generations for sequence-level KD
     gkd.py       the on-policy (GKD) batch source
-    trainer.py   DistillConfig and main: `tempax distill --config RECIPE.yaml`
+    main.py      DistillConfig and main: `tempax distill --config RECIPE.yaml`
 
 Nothing heavy is imported here (the registry reads `ALGORITHMS`).
 """
@@ -14,6 +14,6 @@ from tempax.algorithms.registry import Algorithm
 
 ALGORITHMS = (
     Algorithm("distill", "knowledge distillation of a teacher into a (layer-pruned) student from a recipe",
-              config="tempax.algorithms.distill.trainer:DistillConfig",
-              main="tempax.algorithms.distill.trainer:main"),
+              config="tempax.algorithms.distill.main:DistillConfig",
+              main="tempax.algorithms.distill.main:main"),
 )

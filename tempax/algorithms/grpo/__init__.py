@@ -4,7 +4,7 @@
     config.py      GRPOConfig (recipe) and GRPOSettings (the algorithm knobs and variants)
     objective.py   the loss function for the shared train step (log-probs of the sampled completions)
     source.py      rollouts of the current policy as a batch source for Trainer.fit (GRPOSource) and its hooks
-    trainer.py     main(GRPOConfig): `tempax grpo --config RECIPE.yaml`
+    main.py        main(GRPOConfig): `tempax grpo --config RECIPE.yaml`
 
 Rollouts, advantage estimators, completion log-probs, the clipped surrogate and the KL estimator are shared with
 PPO and live in `tempax.rl`. Nothing heavy is imported here (the registry reads `ALGORITHMS`); import the
@@ -15,6 +15,6 @@ from tempax.algorithms.registry import Algorithm
 
 ALGORITHMS = (
     Algorithm("grpo", "GRPO / DAPO / GSPO with verifiable rewards from a recipe",
-              config="tempax.algorithms.grpo.config:GRPOConfig", main="tempax.algorithms.grpo.trainer:main",
+              config="tempax.algorithms.grpo.config:GRPOConfig", main="tempax.algorithms.grpo.main:main",
               on_policy=True),
 )

@@ -6,7 +6,7 @@
     model.py    ActorCritic: the policy plus a value head on its trunk, or a critic from the reward model
     config.py   PPOConfig (recipe) and PPOSettings (the algorithm knobs)
     source.py   PPORollouts (the batch source: rollouts -> mini-batches) and make_ppo_loss (the step's loss)
-    trainer.py  main(PPOConfig): `tempax ppo --config RECIPE.yaml`
+    main.py     main(PPOConfig): `tempax ppo --config RECIPE.yaml`
 
 Nothing heavy is imported here (the registry reads `ALGORITHMS`); import the pieces from their modules.
 """
@@ -15,6 +15,6 @@ from tempax.algorithms.registry import Algorithm
 
 ALGORITHMS = (
     Algorithm("ppo", "RLHF with PPO against a trained reward model from a recipe",
-              config="tempax.algorithms.ppo.config:PPOConfig", main="tempax.algorithms.ppo.trainer:main",
+              config="tempax.algorithms.ppo.config:PPOConfig", main="tempax.algorithms.ppo.main:main",
               on_policy=True),
 )

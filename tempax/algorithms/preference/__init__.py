@@ -4,9 +4,9 @@
   batches         stacked [2B, T] batches -> per-sequence log-probs, per-pair losses; reference log-probs and
                   margins stored with the pairs
   data            the `data:` recipe section of preference runs and its reports
-  trainer         `DPOConfig`, `DPOLoss`, `main` — `tempax dpo`
+  dpo             `DPOConfig`, `DPOLoss`, `main` — `tempax dpo`
   kto             `KTOConfig`, `KTOLoss`, `main` — `tempax kto`
-  reward_trainer  `RewardModelConfig`, `RewardLoss`, `main` — `tempax reward-model` (the model itself:
+  reward          `RewardModelConfig`, `RewardLoss`, `main` — `tempax reward-model` (the model itself:
                   `tempax.models.reward_model`; as a reward function: `tempax.rewards.reward_model`)
 
 Nothing heavy is imported here (the registry reads `ALGORITHMS`); import the pieces from their modules.
@@ -16,11 +16,11 @@ from tempax.algorithms.registry import Algorithm
 
 ALGORITHMS = (
     Algorithm("dpo", "preference tuning (DPO, IPO, hinge, ORPO, SimPO) from a recipe",
-              config="tempax.algorithms.preference.trainer:DPOConfig",
-              main="tempax.algorithms.preference.trainer:main"),
+              config="tempax.algorithms.preference.dpo:DPOConfig",
+              main="tempax.algorithms.preference.dpo:main"),
     Algorithm("kto", "KTO on unpaired desirable / undesirable feedback from a recipe",
               config="tempax.algorithms.preference.kto:KTOConfig", main="tempax.algorithms.preference.kto:main"),
     Algorithm("reward-model", "train a Bradley-Terry reward model from a recipe",
-              config="tempax.algorithms.preference.reward_trainer:RewardModelConfig",
-              main="tempax.algorithms.preference.reward_trainer:main"),
+              config="tempax.algorithms.preference.reward:RewardModelConfig",
+              main="tempax.algorithms.preference.reward:main"),
 )

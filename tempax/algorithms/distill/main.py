@@ -53,23 +53,21 @@ from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
 
-_help = help_field
-
 
 @dataclass(frozen=True)
 class DistillLossSpec:
     """The distillation loss L = alpha T^2 D(p_T, p_S) + (1 - alpha) CE (`tempax.algorithms.distill.losses`)."""
 
-    kind: Literal["forward_kl", "reverse_kl", "jsd"] = _help(
+    kind: Literal["forward_kl", "reverse_kl", "jsd"] = help_field(
         "Divergence D: forward_kl KL(teacher||student) (Hinton), reverse_kl KL(student||teacher) (MiniLLM), jsd "
         "generalised Jensen-Shannon with jsd_beta (GKD).",
         "forward_kl",
     )
-    temperature: float = _help("Softmax temperature T of both models in D; the KD term is scaled by T^2.", 1.0)
-    alpha: float = _help("Weight of the KD term; 1 - alpha weights the label cross-entropy (0: plain SFT).", 0.5)
-    jsd_beta: float = _help("jsd: the teacher's weight in the mixture M = beta p_T + (1 - beta) p_S.", 0.5)
-    top_k: int = _help("Renormalise the teacher over its k most likely tokens (0: its whole distribution).", 0)
-    chunk_len: int | None = _help(
+    temperature: float = help_field("Softmax temperature T of both models in D; the KD term is scaled by T^2.", 1.0)
+    alpha: float = help_field("Weight of the KD term; 1 - alpha weights the label cross-entropy (0: plain SFT).", 0.5)
+    jsd_beta: float = help_field("jsd: the teacher's weight in the mixture M = beta p_T + (1 - beta) p_S.", 0.5)
+    top_k: int = help_field("Renormalise the teacher over its k most likely tokens (0: its whole distribution).", 0)
+    chunk_len: int | None = help_field(
         "Sequence positions per chunk of logits (both models' [B, chunk, V] at a time); null: whole rows.", 64
     )
 
@@ -83,24 +81,24 @@ class DistillLossSpec:
 class DistillConfig:
     """Knowledge distillation of a teacher into a student (logit KD, sequence-level KD, on-policy GKD)."""
 
-    teacher: TeacherSpec = _help("The frozen teacher.", default_factory=TeacherSpec)
-    student: StudentSpec = _help(
+    teacher: TeacherSpec = help_field("The frozen teacher.", default_factory=TeacherSpec)
+    student: StudentSpec = help_field(
         "The student (default: every third layer of the teacher).",
         default_factory=lambda: StudentSpec(keep_layers="every 3"),
     )
-    lora: LoraConfig | None = _help("LoRA adapters on the student; null: train all the student's weights.", None)
-    mode: Literal["off_policy", "sequence", "on_policy"] = _help(
+    lora: LoraConfig | None = help_field("LoRA adapters on the student; null: train all the student's weights.", None)
+    mode: Literal["off_policy", "sequence", "on_policy"] = help_field(
         "off_policy: KD on the dataset's rows; sequence: the teacher answers the rows' prompts first and the "
         "student trains on those answers (sequence-level KD, settings under `sequence`); on_policy: GKD, a "
         "fraction on_policy.lmbda of the batches are the student's own samples scored by the teacher.",
         "off_policy",
     )
-    data: DataSpec = _help("The data (chat, prompt/completion or text rows, as for SFT).", default_factory=DataSpec)
-    loss: DistillLossSpec = _help("The distillation loss.", default_factory=DistillLossSpec)
-    sequence: SequenceKDSpec = _help("Teacher generations for mode: sequence.", default_factory=SequenceKDSpec)
-    on_policy: OnPolicySpec = _help("Student samples for mode: on_policy (GKD).", default_factory=OnPolicySpec)
-    train: TrainConfig = _help("The training loop.", default_factory=TrainConfig)
-    save_student: bool = _help("Write the trained student as a Hugging Face folder to <run_dir>/student.", True)
+    data: DataSpec = help_field("The data (chat, prompt/completion or text rows, as for SFT).", default_factory=DataSpec)
+    loss: DistillLossSpec = help_field("The distillation loss.", default_factory=DistillLossSpec)
+    sequence: SequenceKDSpec = help_field("Teacher generations for mode: sequence.", default_factory=SequenceKDSpec)
+    on_policy: OnPolicySpec = help_field("Student samples for mode: on_policy (GKD).", default_factory=OnPolicySpec)
+    train: TrainConfig = help_field("The training loop.", default_factory=TrainConfig)
+    save_student: bool = help_field("Write the trained student as a Hugging Face folder to <run_dir>/student.", True)
 
 
 def make_distill_loss(spec: DistillLossSpec) -> Callable[[StudentTeacher, dict[str, jax.Array]], tuple[jax.Array, dict]]:

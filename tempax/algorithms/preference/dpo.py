@@ -64,12 +64,9 @@ from tempax.configlib import help_field
 ReferenceMode = Literal["auto", "adapters_off", "precomputed", "frozen_copy"]
 
 
-_help = help_field  # one documented-field helper for every config (tempax.configlib)
-
-
 def reference_field() -> Any:
     """The documented `reference` field of DPO and KTO specs (one definition for both)."""
-    return _help(
+    return help_field(
         "Reference log-probs: auto (adapters_off with LoRA, precomputed otherwise), adapters_off (LoRA: the base "
         "with adapters disabled), precomputed (one pass before training, stored with the data), frozen_copy "
         "(a second frozen model; doubles weight memory).",
@@ -78,7 +75,7 @@ def reference_field() -> Any:
 
 
 def reference_batch_size_field() -> Any:
-    return _help(
+    return help_field(
         "Pairs per forward pass when precomputing reference log-probs; null: half of train.batch_size.", None
     )
 
@@ -105,18 +102,18 @@ def resolve_reference(reference: str, *, needs_reference: bool, has_adapters: bo
 class DPOSpec:
     """The preference loss and its reference model."""
 
-    loss: Literal["sigmoid", "ipo", "hinge", "orpo", "simpo"] = _help(
+    loss: Literal["sigmoid", "ipo", "hinge", "orpo", "simpo"] = help_field(
         "sigmoid (DPO), ipo, hinge (SLiC-style), orpo (no reference) or simpo (length-normalised, no reference).",
         "sigmoid",
     )
-    beta: float = _help(
+    beta: float = help_field(
         "sigmoid/ipo/hinge: KL strength (typically 0.1; IPO's tau). simpo: reward scale (paper: 2.0-10.0).", 0.1
     )
-    label_smoothing: float = _help(
+    label_smoothing: float = help_field(
         "sigmoid/simpo: assumed probability that a label is flipped (cDPO), in [0, 0.5); 0 = off.", 0.0
     )
-    gamma: float = _help("simpo: target reward margin (paper: 0.3-1.6).", 0.5)
-    orpo_lambda: float = _help("orpo: weight of the odds-ratio term added to the chosen NLL (paper: 0.1-1).", 0.1)
+    gamma: float = help_field("simpo: target reward margin (paper: 0.3-1.6).", 0.5)
+    orpo_lambda: float = help_field("orpo: weight of the odds-ratio term added to the chosen NLL (paper: 0.1-1).", 0.1)
     reference: ReferenceMode = reference_field()
     reference_batch_size: int | None = reference_batch_size_field()
 
@@ -158,14 +155,14 @@ class DPOSpec:
 class DPOConfig:
     """Preference tuning (DPO, IPO, hinge, ORPO, SimPO) with full weights, LoRA or QLoRA."""
 
-    model: ModelSpec = _help("The policy model (also the reference, see dpo.reference).", default_factory=ModelSpec)
-    lora: LoraConfig | None = _help("LoRA/QLoRA adapters; null: full fine-tuning.", None)
-    data: PreferenceDataSpec = _help("Preference pairs.", default_factory=PreferenceDataSpec)
-    dpo: DPOSpec = _help("The preference loss.", default_factory=DPOSpec)
-    train: TrainConfig = _help(
+    model: ModelSpec = help_field("The policy model (also the reference, see dpo.reference).", default_factory=ModelSpec)
+    lora: LoraConfig | None = help_field("LoRA/QLoRA adapters; null: full fine-tuning.", None)
+    data: PreferenceDataSpec = help_field("Preference pairs.", default_factory=PreferenceDataSpec)
+    dpo: DPOSpec = help_field("The preference loss.", default_factory=DPOSpec)
+    train: TrainConfig = help_field(
         "The training loop; batch_size and micro_batch_size count rows, two per pair.", default_factory=TrainConfig
     )
-    eval_before: bool = _help("Evaluate the held-out pairs before the first step and print a before/after table.",
+    eval_before: bool = help_field("Evaluate the held-out pairs before the first step and print a before/after table.",
                               True)
 
     def validate(self) -> None:
@@ -224,8 +221,8 @@ class DPOLoss:
 
 
 @dataclass
-class DPORun:
-    """Everything `main` trains with (built by `prepare`, so tests can inspect a run without training it).
+class PreferenceRun:
+    """Everything a DPO or KTO `main` trains with (built by `prepare`, so tests can inspect a run without training it).
 
     Attributes:
       trainer: the `Trainer` (holds the one model: trainable params + frozen rest).
@@ -264,7 +261,7 @@ def prepare_run(
     reference_batch_size: int | None,
     meta: dict[str, Any],
     log: Callable[[str], None] | None = None,
-) -> DPORun:
+) -> PreferenceRun:
     """Builds model, data, reference log-probs and the `Trainer` of a stacked-batch preference run (DPO family or
     KTO; no training step yet).
 
@@ -329,10 +326,10 @@ def prepare_run(
     del model  # the trainer holds the weights now
     # The trainer may have picked the micro-batch itself (auto_micro_batch); pairs must still stay whole.
     check_micro_batching(pairs, trainer.num_micro_batches)
-    return DPORun(trainer, loss_fn, mode, loader, eval_batches, data, tokenizer, reference_model)
+    return PreferenceRun(trainer, loss_fn, mode, loader, eval_batches, data, tokenizer, reference_model)
 
 
-def prepare(cfg: DPOConfig, *, log: Callable[[str], None] | None = None) -> DPORun:
+def prepare(cfg: DPOConfig, *, log: Callable[[str], None] | None = None) -> PreferenceRun:
     """Builds model, data, reference log-probs and the `Trainer` of a DPO run (no training step yet)."""
     return prepare_run(
         cfg,
@@ -358,7 +355,7 @@ def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
 
 
 def fit_and_compare(
-    cfg: Any, prepare_fn: Callable[..., DPORun], *, hooks: tuple, log: Callable[[str], None] | None, what: str,
+    cfg: Any, prepare_fn: Callable[..., PreferenceRun], *, hooks: tuple, log: Callable[[str], None] | None, what: str,
     extra: dict[str, Any],
 ) -> TrainResult:
     """The run of every pair-scored preference method (DPO family, KTO): `start_run` (run dir, config.yaml, the

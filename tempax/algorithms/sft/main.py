@@ -35,9 +35,6 @@ from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
 
 
-_help = help_field  # one documented-field helper for every config (tempax.configlib)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Config
 
@@ -46,15 +43,15 @@ _help = help_field  # one documented-field helper for every config (tempax.confi
 class LossSpec:
     """The SFT loss."""
 
-    normalize: Literal["tokens", "sequences"] = _help(
+    normalize: Literal["tokens", "sequences"] = help_field(
         "tokens: mean over every supervised token; sequences: mean of per-example means.", "tokens"
     )
-    fused: bool = _help(
+    fused: bool = help_field(
         "Compute the LM head and cross-entropy together with the gradient formed in the forward pass (no [B, T, V] "
         "logits kept for the backward); false: plain logits + causal_lm_loss.",
         True,
     )
-    chunk_len: int | None = _help(
+    chunk_len: int | None = help_field(
         "With fused: sequence positions per chunk of logits (the largest divisor of the sequence length not above "
         "it is used); null: whole sequences. Chunks keep the [B, T, V] temporaries small, which was faster on CPU.",
         64,
@@ -69,18 +66,18 @@ class LossSpec:
 class SFTConfig:
     """Supervised fine-tuning (full, LoRA, QLoRA)."""
 
-    model: ModelSpec = _help("The model.", default_factory=ModelSpec)
-    lora: LoraConfig | None = _help("LoRA/QLoRA adapters; null: full fine-tuning.", None)
-    data: DataSpec = _help("The data.", default_factory=DataSpec)
-    loss: LossSpec = _help("The loss.", default_factory=LossSpec)
-    train: TrainConfig = _help("The training loop.", default_factory=TrainConfig)
+    model: ModelSpec = help_field("The model.", default_factory=ModelSpec)
+    lora: LoraConfig | None = help_field("LoRA/QLoRA adapters; null: full fine-tuning.", None)
+    data: DataSpec = help_field("The data.", default_factory=DataSpec)
+    loss: LossSpec = help_field("The loss.", default_factory=LossSpec)
+    train: TrainConfig = help_field("The training loop.", default_factory=TrainConfig)
 
 
 @dataclass(frozen=True)
 class PretrainConfig(SFTConfig):
     """Continued pre-training on plain text: every token is trained."""
 
-    data: DataSpec = _help(
+    data: DataSpec = help_field(
         "The data (plain text).",
         default_factory=lambda: DataSpec(path="../shared/data/gsm8k/train.jsonl", format="text", train_on="all",
                                          text_fields=("question", "answer"), overlong="split"),

@@ -53,9 +53,6 @@ from tempax.train.loop import Trainer, TrainResult
 from tempax.configlib import help_field
 
 
-_help = help_field  # one documented-field helper for every config (tempax.configlib)
-
-
 # The batch key of an optional per-pair Bradley-Terry margin ([2B], equal on a pair's two rows).
 MARGIN = "margin"
 
@@ -88,30 +85,30 @@ class RewardLoss:
 
 
 @dataclass(frozen=True)
-class RewardSpec:
+class RewardTrainingSpec:
     """The Bradley-Terry loss and where the trained reward model goes."""
 
-    margin: float = _help("Constant margin m in -log sigmoid(r_c - r_r - m); 0 = plain Bradley-Terry.", 0.0)
-    margin_field: str | None = _help(
+    margin: float = help_field("Constant margin m in -log sigmoid(r_c - r_r - m); 0 = plain Bradley-Terry.", 0.0)
+    margin_field: str | None = help_field(
         "Row field holding a per-pair margin added to `margin` (e.g. a rating gap, as in Llama 2); null: none.", None
     )
-    head_init_std: float | None = _help("Std of the head's initial weights; null: 1/sqrt(hidden + 1).", None)
-    save_dir: str | None = _help("Where to save the trained reward model; null: <run_dir>/reward_model.", None)
-    save: bool = _help("Save the reward model at the end (merged adapters, head, tokenizer).", True)
+    head_init_std: float | None = help_field("Std of the head's initial weights; null: 1/sqrt(hidden + 1).", None)
+    save_dir: str | None = help_field("Where to save the trained reward model; null: <run_dir>/reward_model.", None)
+    save: bool = help_field("Save the reward model at the end (merged adapters, head, tokenizer).", True)
 
 
 @dataclass(frozen=True)
 class RewardModelConfig:
     """Bradley-Terry reward-model training with full weights, LoRA or QLoRA."""
 
-    model: ModelSpec = _help("The backbone the scalar head sits on.", default_factory=ModelSpec)
-    lora: LoraConfig | None = _help("LoRA/QLoRA adapters on the backbone; null: full fine-tuning.", None)
-    data: PreferenceDataSpec = _help("Preference pairs.", default_factory=PreferenceDataSpec)
-    reward: RewardSpec = _help("The loss and saving.", default_factory=RewardSpec)
-    train: TrainConfig = _help(
+    model: ModelSpec = help_field("The backbone the scalar head sits on.", default_factory=ModelSpec)
+    lora: LoraConfig | None = help_field("LoRA/QLoRA adapters on the backbone; null: full fine-tuning.", None)
+    data: PreferenceDataSpec = help_field("Preference pairs.", default_factory=PreferenceDataSpec)
+    reward: RewardTrainingSpec = help_field("The loss and saving.", default_factory=RewardTrainingSpec)
+    train: TrainConfig = help_field(
         "The training loop; batch_size and micro_batch_size count rows, two per pair.", default_factory=TrainConfig
     )
-    eval_before: bool = _help("Evaluate the held-out pairs before the first step and print a before/after table.",
+    eval_before: bool = help_field("Evaluate the held-out pairs before the first step and print a before/after table.",
                               True)
 
     def validate(self) -> None:
@@ -219,4 +216,4 @@ def main(cfg: RewardModelConfig, *, hooks: tuple = (), log: Callable[[str], None
     return result
 
 
-__all__ = ["RewardModelConfig", "RewardRun", "RewardSpec", "main", "prepare", "save_trained"]
+__all__ = ["RewardModelConfig", "RewardRun", "RewardTrainingSpec", "main", "prepare", "save_trained"]
