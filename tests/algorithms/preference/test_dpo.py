@@ -37,7 +37,7 @@ from tempax.train.step import make_train_step
 from tests.kit.models import tiny_tempax_model
 from tests.kit.tokenizers import tiny_chat_tokenizer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SEQ = 48
 # A one-layer model compiles fast; the synthetic preference needs no depth.
 SMALL = {"vocab_size": 400, "num_layers": 1, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1,

@@ -270,7 +270,7 @@ def test_validate_checks_the_teacher_and_student_sources(monkeypatch):
     """`tempax validate` resolves both models of a distillation recipe (student.source=teacher is the copy)."""
     from tempax.cli.validate import check_recipe
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     monkeypatch.chdir(root)
     command, cfg, _ = check_recipe("recipes/distill_smollm2.yaml")
     assert command == "distill" and cfg.student.source == "teacher"

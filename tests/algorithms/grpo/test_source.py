@@ -20,7 +20,7 @@ from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, T
 from tempax.train.hooks import Stop, every
 from tempax.train.metrics import read_metrics
 from tempax.train.sources import decode_arrays, encode_arrays
-from tests.algorithms.test_grpo_learner import model, prompts, tok  # noqa: F401 - the shared tiny fixtures
+from tests.algorithms.grpo.test_objective import model, prompts, tok  # noqa: F401 - the shared tiny fixtures
 from tests.kit.compile_cache import persistent_compile_cache
 
 SETTINGS = GRPOSettings(group_size=2, max_new_tokens=4, temperature=1.0, beta=0.0, num_iterations=2)

@@ -23,11 +23,11 @@ from tempax.data.packing import pad_examples
 from tempax.data.preference import PreferenceOptions, collate_pairs, tokenize_preference_rows
 from tempax.errors import CheckpointError
 from tempax.rewards import combine_rewards
-from tests.algorithms.test_dpo import SEQ, SMALL, synthetic_rows, write_jsonl
+from tests.algorithms.preference.test_dpo import SEQ, SMALL, synthetic_rows, write_jsonl
 from tests.kit.models import tiny_tempax_model
 from tests.kit.tokenizers import tiny_chat_tokenizer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @pytest.fixture(scope="module")

@@ -20,11 +20,11 @@ from tempax.data.preference import PreferenceOptions
 from tempax.data.unpaired import tokenize_unpaired_rows
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig, apply_lora
-from tests.algorithms.test_dpo import SEQ, SMALL, synthetic_rows, with_changes, write_jsonl
+from tests.algorithms.preference.test_dpo import SEQ, SMALL, synthetic_rows, with_changes, write_jsonl
 from tests.kit.models import tiny_tempax_model
 from tests.kit.tokenizers import tiny_chat_tokenizer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def unpaired_rows(n: int, seed: int) -> list[dict]:

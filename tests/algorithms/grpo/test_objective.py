@@ -35,7 +35,7 @@ from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, T
 from tests.kit.models import tiny_tempax_model
 from tests.kit.tokenizers import tiny_chat_tokenizer
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 QUESTIONS = ["The quick brown fox", "How do I bake bread?", "Paris", "Numbers 0123"]
 
 
@@ -347,7 +347,7 @@ def test_every_variant_gives_a_finite_loss_and_gradient(model, variant):
 
 
 def fit_grpo(model, tok, prompts, reward, settings, cfg, *, reference=None, source=None):
-    """`Trainer.fit` over a `GRPOSource` (the tiny end-to-end and resume runs are in test_grpo_source.py)."""
+    """`Trainer.fit` over a `GRPOSource` (the tiny end-to-end and resume runs are in test_source.py)."""
     source = source or GRPOSource(tok, PromptSampler(prompts, seed=0), reward, settings, prompt_len=24,
                                   reference=reference)
     trainer = make_grpo_trainer(model, settings, cfg, prompt_len=24, log=lambda s: None)

@@ -17,7 +17,7 @@ from tempax.rl.rollout import PromptSampler
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.rewards import combine_rewards
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
-from tests.algorithms.test_grpo_learner import e_fraction, model, prompts, tok  # noqa: F401 - shared fixtures
+from tests.algorithms.grpo.test_objective import e_fraction, model, prompts, tok  # noqa: F401 - shared fixtures
 from tests.kit.compile_cache import persistent_compile_cache
 
 STEPS = 10
