@@ -80,8 +80,7 @@ def score_rows(
     jobs: list[tuple[dict[str, Any], str, int]] = []  # (row data, kind, index of its first sequence)
     for row in rows:
         if row.data is None:
-            report.skip(row.where, "invalid_json" if (row.error or "").startswith("invalid JSON") else "not_an_object",
-                        row.error or "")
+            report.skip(row.where, row.reason, row.error or "")
             continue
         data = row.data
         try:
