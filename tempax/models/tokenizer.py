@@ -99,8 +99,11 @@ def _stop_ids(hf: Any) -> tuple[int, ...]:
     elif isinstance(eos, (list, tuple)):
         ids.extend(int(i) for i in eos)
     vocab = hf.get_vocab()
+    # A token the tokenizer pads with (and that is not its eos) fills the end of rows; it is not a model's reply
+    # ending, even when it is spelled like one (`<|endoftext|>` as the pad of a trained tokenizer).
+    pad = hf.pad_token_id if hf.pad_token_id not in ids else None
     for name in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>"):
-        if name in vocab:
+        if name in vocab and vocab[name] != pad:
             ids.append(int(vocab[name]))
     return tuple(dict.fromkeys(ids))
 
