@@ -185,5 +185,4 @@ def main(
         run.files["adapters"] = save_adapters(policy, run.path("adapters"), base_model_name_or_path=cfg.model.source)
     if result.stop_reason:
         say(f"stopped early: {result.stop_reason}")
-    say(f"done: run dir {run.run_dir} (curves: tempax plot {run.run_dir} --metrics {','.join(PLOT_METRICS[:4])})")
     return grpo_run
