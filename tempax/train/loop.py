@@ -32,7 +32,7 @@ from tempax.errors import TempaxError
 from tempax.parallel.process import global_batch, host_tree, is_writer
 from tempax.parallel.rules import batch_sharding, use_mesh
 from tempax.train import memory as mem
-from tempax.train.checkpoint import Checkpointer
+from tempax.train.checkpoint import Checkpointer, unfinished_saves
 from tempax.train.config import TrainConfig
 from tempax.train.hooks import CheckpointHook, EvalHook, Hook, LoggingHook, StepInfo, Stop, StopTraining
 from tempax.train.metrics import MetricsWriter, ProgressBar
@@ -349,11 +349,16 @@ class Trainer:
         ckpt_dir = os.path.join(self.run_dir, "checkpoints")
         if not (os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir)):
             return 0
+        unfinished = unfinished_saves(ckpt_dir)  # read first: opening the checkpointer deletes them
+        dropped = f"an unfinished save of step {', '.join(map(str, unfinished))} (the run stopped while writing it)"
         data_state = self.restore()
         if data_state is None:
+            if unfinished:
+                self._say(f"{ckpt_dir} holds only {dropped}; starting again from step 0")
             return 0
         restore_source(batches, data_state)
-        self._say(f"resumed from {self._last_checkpoint} (step {self.step})")
+        self._say(f"resumed from {self._last_checkpoint} (step {self.step})"
+                  + (f"; dropped {dropped}" if unfinished else ""))
         return self.step
 
     def fit(
