@@ -120,6 +120,23 @@ def test_export_merges_adapters_into_a_hf_checkpoint(trained, tmp_path):
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(tmp_path / "adapters"))
 
 
+def test_export_writes_every_file_with_the_same_permissions(trained, tmp_path):
+    """Under umask 022 every exported file is 0644: the weights were 0600 (safetensors' private temporary file)
+    beside 0644 config and tokenizer files, unreadable to anyone serving the folder."""
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        assert main(["export", str(trained), str(tmp_path / "hf")]) == 0
+        assert main(["export", str(trained), str(tmp_path / "adapters"), "--adapters"]) == 0
+    finally:
+        os.umask(old)
+    modes = {f"{d}/{name}": oct(stat.S_IMODE(os.stat(tmp_path / d / name).st_mode))
+             for d in ("hf", "adapters") for name in os.listdir(tmp_path / d)}
+    assert "hf/model.safetensors" in modes and "adapters/adapter_model.safetensors" in modes
+    assert set(modes.values()) == {"0o644"}, modes
+
+
 def test_pretrain_command_on_text_fields(workspace, tmp_path):
     _, recipe, text = workspace
     run = tmp_path / "pt"

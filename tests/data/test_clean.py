@@ -359,3 +359,19 @@ def test_clean_skips_a_line_that_is_not_utf8(tmp_path):
     (example,) = report.examples["malformed"]
     assert example["where"] == f"{src}:6"
     assert example["text"].startswith("invalid UTF-8: invalid continuation byte at byte 0xe9")
+
+
+def test_shipped_configs_write_inside_the_repository():
+    """The commands that open a recipe or an example config (and the values in it) name relative paths only: an
+    absolute path would send a new user's output somewhere outside their clone (a `/path/to/` placeholder for an
+    input model is not a path)."""
+    import glob
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = glob.glob(os.path.join(root, "examples", "*.yaml")) + glob.glob(os.path.join(root, "recipes", "**",
+                                                                                          "*.yaml"), recursive=True)
+    assert any(p.endswith("clean_sft.yaml") for p in paths)
+    absolute = [f"{os.path.relpath(p, root)}: {m.group(0)}" for p in paths for m in
+                re.finditer(r"(?<![\w.~/:-])/(?!path/to/)[A-Za-z]\S*", open(p).read())]
+    assert absolute == [], absolute
