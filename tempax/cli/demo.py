@@ -346,7 +346,7 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
 
     def run_eval(name: str, m: Any) -> None:
         with watch(f"eval {name}"):
-            r = evaluate(m, tokenizer, held_rows, options)
+            r = evaluate(m, tokenizer, held_rows, options, label=f"eval {name}")
         evaluations.append((name, r))
         say(f"  {name}: format {r.format_accuracy:.1%}, answer {r.answer_accuracy:.1%} "
             f"on {len(held_rows)} held-out problems ({watch.wall[f'eval {name}']:.0f} s)")

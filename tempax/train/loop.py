@@ -29,6 +29,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from tempax.errors import TempaxError
+from tempax.progress import work_bar
 from tempax.parallel.process import global_batch, host_tree, is_writer
 from tempax.parallel.rules import batch_sharding, use_mesh
 from tempax.train import memory as mem
@@ -309,14 +310,20 @@ class Trainer:
         )
 
     def evaluate(self, batches: Iterable[dict[str, Any]], *, max_batches: int = 0) -> dict[str, float]:
-        """Loss-function metrics averaged over `batches` (weighted by their `loss_weight`)."""
+        """Loss-function metrics averaged over `batches` (weighted by their `loss_weight`), under a labelled
+        progress bar (the training bar stands still meanwhile: an evaluation at the end can take minutes)."""
         results = []
-        with use_mesh(self.mesh):
+        size = len(batches) if hasattr(batches, "__len__") else None
+        total = min(size, max_batches) if size is not None and max_batches else (size or max_batches or None)
+        shown = None if self.config.progress_bar and is_writer() else False
+        with use_mesh(self.mesh), work_bar(total, f"held-out eval at step {self.step}", unit="batch",
+                                           enabled=shown) as bar:
             for i, batch in enumerate(batches):
                 if max_batches and i >= max_batches:
                     break
                 out = self._eval(self.state.params, self.rest, self.put_batch(batch))
                 results.append({k: float(v) for k, v in host_tree(out).items()})
+                bar.update(1)
         return average_eval_metrics(results)
 
     def restore(self, step: int | None = None) -> dict[str, Any] | None:
