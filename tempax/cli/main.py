@@ -89,9 +89,10 @@ def _takes_name(fn) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `tempax` command itself, not a call from Python: set up the process first
-        from tempax.cli.process import setup_process
+        from tempax.cli.process import quiet_unless_first_process, setup_process
 
         setup_process(job="train" if sys.argv[1:2] and sys.argv[1] in TRAINING_COMMANDS else None)
+        quiet_unless_first_process()
     command_line = sys.argv[1:] if argv is None else argv
     parser = build_parser(command_line)
     args = parser.parse_args(command_line)
@@ -105,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = mod.run(args)
     except TempaxError as e:
+        from tempax.cli.process import error_stream
+
         status = getattr(e, "exit_status", 2)  # RunStopped: 128 + the signal, not an error
-        print(f"tempax {args.command}: {'error: ' if status == 2 else ''}{e}", file=sys.stderr)
+        print(f"tempax {args.command}: {'error: ' if status == 2 else ''}{e}", file=error_stream())
         return status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

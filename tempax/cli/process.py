@@ -124,3 +124,48 @@ def settings_in_effect() -> dict[str, object]:
     """The settings as this process has them, and the CPU, for a benchmark to record beside its figures."""
     return {"glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "cpu": cpu_line(), "cpu_flags": cpu_info()["flags"]}
+
+
+# Set by `tempax launch` for each process it starts: its index (0 prints as a single process would).
+LAUNCH_RANK_ENV = "TEMPAX_LAUNCH_RANK"
+
+
+def launch_rank() -> int:
+    """This process's index under `tempax launch` (0 outside it)."""
+    value = os.environ.get(LAUNCH_RANK_ENV, "")
+    return int(value) if value.isdigit() else 0
+
+
+def error_stream() -> Any:
+    """Where a command's error message goes: stderr, or under `tempax launch` the stream that still reaches it."""
+    return _KEPT_STDERR or sys.stderr
+
+
+_KEPT_STDERR: Any = None
+
+
+def quiet_unless_first_process() -> None:
+    """Under `tempax launch`, every process runs the same code and would print every message once each; process 0
+    prints as usual, and the others print only their warnings, errors and tracebacks (which can differ between
+    processes). Their ordinary output (stdout and plain stderr prints) is dropped, and the launcher prefixes what
+    remains with the process's rank."""
+    global _KEPT_STDERR
+    if launch_rank() == 0 or _KEPT_STDERR is not None:
+        return
+    import logging
+    import traceback
+    import warnings
+
+    kept = _KEPT_STDERR = sys.stderr
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115
+
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        kept.write(warnings.formatwarning(message, category, filename, lineno, line))
+        kept.flush()
+
+    warnings.showwarning = show
+    handler = logging.StreamHandler(kept)
+    handler.setLevel(logging.WARNING)
+    logging.getLogger().addHandler(handler)
+    sys.excepthook = lambda kind, value, tb: traceback.print_exception(kind, value, tb, file=kept)
