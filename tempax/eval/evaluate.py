@@ -61,7 +61,8 @@ class EvalOptions:
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.greedy and not self.num_samples:
-            raise ConfigError("nothing to evaluate: enable greedy or set num_samples > 0")
+            raise ConfigError("nothing to evaluate: enable eval.greedy or set eval.num_samples > 0 (tempax eval: drop "
+                              "--no-greedy or pass --samples)")
         if self.num_samples and any(k < 1 or k > self.num_samples for k in self.ks):
             raise ConfigError(f"pass@k needs 1 <= k <= num_samples={self.num_samples}; got ks={self.ks}")
         if self.num_samples and not self.temperature > 0:

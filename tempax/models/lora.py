@@ -246,7 +246,7 @@ def apply_lora(model: Decoder, cfg: LoraConfig, *, rngs: nnx.Rngs) -> Decoder:
         # the same dropout masks.
         raise ConfigError(
             f"lora.dropout={cfg.dropout} with model remat={model.config.remat!r} would repeat the same dropout "
-            "masks every step; set lora.dropout to 0 or remat to 'none'"
+            "masks every step; set lora.dropout to 0 or train.remat to 'none'"
         )
     targets = set(target_paths(model, cfg))
     model = nnx.clone(model) if cfg.quantize_base is None else quantize_base(model, cfg.quantize_base, cfg.block_size)
