@@ -375,3 +375,12 @@ def test_shipped_configs_write_inside_the_repository():
     absolute = [f"{os.path.relpath(p, root)}: {m.group(0)}" for p in paths for m in
                 re.finditer(r"(?<![\w.~/:-])/(?!path/to/)[A-Za-z]\S*", open(p).read())]
     assert absolute == [], absolute
+
+
+def test_cleaning_a_file_counts_its_rows_under_a_labelled_bar(tmp_path, capsys, monkeypatch):
+    import tempax.progress
+
+    monkeypatch.setattr(tempax.progress, "on_terminal", lambda: True)
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"text": f"row number {i} is a plain sentence"} for i in range(3)])
+    clean_file(src, None)
+    assert "cleaning in.jsonl: 0row [" in capsys.readouterr().err
