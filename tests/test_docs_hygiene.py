@@ -36,6 +36,8 @@ RULES: dict[str, re.Pattern] = {
         r"|\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? \d{1,2},? (19|20)\d\d\b"
         r"|\b\d{1,2} (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* (19|20)\d\d\b"
         r"|\b(on|of|from|since|until|before|after) (0?[1-9]|1[0-2])-([0-2]\d|3[01])\b"
+        r"|\b(today|yesterday|tonight|this (morning|afternoon|evening))('s)?\b",
+        re.I,
     ),
     "a time of day": re.compile(
         r"\b([01]?\d|2[0-3]):[0-5]\d(:[0-5]\d)?\s*(UTC|GMT|CET|CEST|PST|PDT|EST|EDT)\b"
@@ -144,6 +146,7 @@ def test_the_scan_sees_the_project():
 @pytest.mark.parametrize("text, rule", [
     ("measured on 2031-04-05, quiet machine", "a calendar date"),
     ("the run of 11-30 was slower", "a calendar date"),
+    ("`sum` (today's default)", "a calendar date"),
     ("started 10:19:32 UTC, 453 s in all", "a time of day"),
     ("back to back, 15:45-16:25", "a time of day"),
     ("code = commit a53dc03", "a commit hash"),
@@ -158,10 +161,18 @@ def test_each_rule_catches_its_case(text, rule):
     assert RULES[rule].search(text)
 
 
+def test_a_relative_link_between_pages_stays_inside():
+    """docs/measurements/x.md -> ../figures/a.png is docs/figures/a.png; README.md -> ../notes/a.md is outside."""
+    link = "![curve](../figures/a.png)"
+    assert inside_repo("docs/measurements/x.md", link, re.search(r"\.\./", link))
+    assert not inside_repo("README.md", "see ../notes/a.md", re.search(r"\.\./", "see ../notes/a.md"))
+
+
 @pytest.mark.parametrize("text", [
     "batch[8:10] and logps[10:18]", "Newcombe 1998, method 10", "steps 9-12, 0.25 -> 0.75", "1.959963984540054",
     "../shared/data/gsm8k/train.jsonl", "../shared/bench/workloads.json", "`~/.cache/tempax`", "runs/cmp.jsonl",
-    "the Hub branch (never networked in tests)", "keep the session going", "8.270144462585449e-07", "4111111111111111", "0x1f",
+    "the Hub branch (never networked in tests)", "keep the session going", "8.270144462585449e-07",
+    "4111111111111111", "0x1f",
 ])
 def test_project_prose_passes(text):
     assert not [rule for rule, pattern in RULES.items() if pattern.search(text)]
@@ -190,10 +201,21 @@ def test_readme_is_a_front_page():
     assert len(readme().splitlines()) <= 200
 
 
-def test_readme_links_resolve():
-    """Every repository path the README names exists (docs/performance.md is written by a bench run)."""
-    text = readme()
-    names = set(re.findall(r"\((docs/[^)\s]+)\)", text)) | set(re.findall(r"`((?:docs|recipes|bench|scripts)/[^`\s]+)`", text))
-    missing = [n for n in sorted(names) if not os.path.exists(os.path.join(ROOT, n.split("#")[0]))
-               and n != "docs/performance.md"]
-    assert not missing, f"README names files that do not exist: {missing}"
+PLACEHOLDER = re.compile(r"<|\bNAME\b|(^|/)x/|test_y")  # `bench/NAME.py`, `recipes/<algo>_<model>.yaml`, ...
+
+
+def test_paths_the_docs_name_exist():
+    """Every repository path that the README or a docs page names in backticks or a link exists, so a moved
+    module cannot leave a stale pointer (docs/performance.md is written by `python bench/compare.py`)."""
+    pages = ["README.md"] + [p for p in scanned_files() if p.startswith("docs/") and p.endswith(".md")]
+    missing = []
+    for page in pages:
+        text = open(os.path.join(ROOT, page), encoding="utf-8").read()
+        names = set(re.findall(r"\]\(((?:docs|\.\./)[^)\s#]+)", text))
+        names |= set(re.findall(r"`((?:tempax|tests|bench|scripts|recipes|docs|examples)/[^`\s]*)`", text))
+        for name in sorted(names):
+            target = os.path.normpath(os.path.join(os.path.dirname(page), name)) if name.startswith("..") else name
+            if not PLACEHOLDER.search(name) and target != "docs/performance.md" and not os.path.exists(
+                    os.path.join(ROOT, target)):
+                missing.append(f"{page}: {name}")
+    assert not missing, "the docs name files that do not exist:\n" + "\n".join(missing)

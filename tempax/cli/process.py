@@ -55,7 +55,7 @@ def huge_pages_available() -> bool:
 
 def cpu_xla_flags(cpu: Mapping[str, Any]) -> list[str]:
     """The XLA:CPU flags chosen for `cpu` (a `tempax.cli.host.cpu_info()` record: vendor and flags): oneDNN's
-    products on Intel CPUs with AVX-512, nothing elsewhere (the measurements are in this module's docstring)."""
+    products on Intel CPUs with AVX-512, nothing elsewhere (measured: `docs/measurements/performance-history.md`)."""
     if cpu.get("vendor") == "GenuineIntel" and "avx512f" in cpu.get("flags", ()):
         return [ONEDNN_FLAG]
     return []
