@@ -15,10 +15,11 @@ of XLA:CPU's matrix-product library, and glibc's malloc on transparent huge page
   with the tunable set.
 * Matrix-product library, per CPU (`cpu_xla_flags`). XLA:CPU's default float32 products are kept where no
   alternative is faster on the training step's own shapes (`bench/matmul_shapes.py`); on Intel CPUs with AVX-512
-  `--xla_cpu_use_onednn=true` is added, the one flag measured faster there.
+  `--xla_cpu_use_onednn=true` is added, the one flag measured faster there. Figures of all three:
+  `docs/measurements/performance-history.md`.
 
 Opt out of all of them with `TEMPAX_REEXEC=0`; a `GLIBC_TUNABLES` naming `glibc.malloc.hugetlb` or an `XLA_FLAGS`
-naming one of these XLA flags is left as the user set it. Figures: `docs/measurements/performance-history.md`.
+naming one of these XLA flags is left as the user set it.
 """
 
 from __future__ import annotations
