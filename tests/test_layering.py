@@ -2,13 +2,14 @@
 
     cli -> algorithms -> rl -> {train, generate, rewards, data, eval} -> models -> parallel
 
-with `errors` and `configlib` (and `tempax/__init__`'s lazy loaders) underneath as the foundation every layer
-may use. Each package may import only what `MAY_IMPORT` lists for it: no upward arrow, no sideways arrow other
-than the ones stated there (the RL layer samples with `generate` and trains with `train`; evaluation generates
-and scores with `rewards`). Function-local imports (and `if TYPE_CHECKING:` ones) count like module-level ones. Inside `algorithms`, an
-algorithm package (`algorithms/<name>/`) imports no other algorithm package; the shared modules beside them
-(`common`, `run`, `registry`, `recommend`) import none. Imports that run when a module is imported (module
-level, not under `if TYPE_CHECKING:`) form no cycle.
+with the top-level helpers `errors`, `configlib` and `progress` (and `tempax/__init__`'s lazy loaders)
+underneath as the foundation every layer may use. Each package may import only what `MAY_IMPORT` lists for it:
+no upward arrow, no sideways arrow other than the ones stated there (the RL layer samples with `generate`, trains
+with `train` and scores with `rewards`; evaluation generates and scores). Function-local imports (and
+`if TYPE_CHECKING:` ones) count like module-level ones. Inside `algorithms`, an algorithm package
+(`algorithms/<name>/`) imports no other algorithm package; the shared modules beside them (`common`, `run`,
+`registry`, `recommend`) import none. Imports that run when a module is imported (module level, not under
+`if TYPE_CHECKING:`) form no cycle.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 from collections import defaultdict
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tempax")
-FOUNDATION = {"errors", "configlib"}
+FOUNDATION = {"errors", "configlib", "progress"}
 MIDDLE = {"train", "generate", "rewards", "data", "eval"}
 LOWER = {"models", "parallel"}
 MAY_IMPORT: dict[str, set[str]] = {
@@ -33,6 +34,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "models": {"parallel"},
     "parallel": set(),
     "configlib": {"errors"},
+    "progress": set(),  # progress bars: tqdm and the standard library only
     "errors": set(),
     "__init__": {"models"},  # `tempax.load` and friends, imported on first use
 }
