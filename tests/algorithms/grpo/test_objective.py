@@ -68,7 +68,7 @@ def always_raises(prompts, completions, **columns):
 
 def hand_rollout(rewards: list[list[float]], tokens: np.ndarray, mask: np.ndarray, prompt_ids: list[list[int]]) -> Rollout:
     """A rollout built by hand (no sampling), advantages from the real group normalisation."""
-    from tempax.algorithms.grpo.losses import group_advantages
+    from tempax.rl.advantages import group_advantages
 
     r = np.asarray(rewards, np.float32)
     p, g = r.shape
