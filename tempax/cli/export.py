@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 
@@ -169,7 +170,12 @@ def export(source: str, out: str, *, step: int | None = None, dtype: str | None 
         model = merge_lora(model)
     card = model_card.gather(source=source, run_dir=run_dir, export_command=command)
     if gguf:
-        from tempax.models.gguf_export import save_gguf
+        from tempax.models.gguf_export import check_exportable, save_gguf
+
+        check_exportable(model.config)  # before the notes below: a refused model is the one thing to say
+        if tokenizer is None:
+            print(f"tempax export: {source} has no tokenizer, so the GGUF carries none and llama.cpp will not run it; "
+                  "export a run or a model with a tokenizer", file=sys.stderr)
 
         pre = _source_gguf_pre(_tokenizer_source(run_dir, source), tokenizer)
         return save_gguf(model, out, tokenizer=tokenizer, quant=quant or "f16", pre=pre,
