@@ -98,42 +98,6 @@ def is_run_dir(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.yaml"))
 
 
-def _source_gguf_pre(source: str | None, tokenizer: Any) -> str | None:
-    """The `tokenizer.ggml.pre` of the GGUF file the tokenizer came from, when its vocabulary is the one exported.
-
-    The split rule llama.cpp names there (e.g. "smollm") may tokenize like a more generic one tempax recognises,
-    so the source file's own name is kept rather than re-derived.
-    """
-    if not source or tokenizer is None:
-        return None
-    from tempax.models.registry import resolve_source
-
-    try:
-        resolved = resolve_source(source)
-    except Exception:  # noqa: BLE001 - not a local GGUF: the name is derived from the tokenizer instead
-        return None
-    if resolved.kind != "gguf":
-        return None
-    from tempax.models.gguf_io import read_gguf_header
-
-    meta = read_gguf_header(resolved.location).metadata
-    tokens = meta.get("tokenizer.ggml.tokens")
-    vocab = getattr(tokenizer, "hf", tokenizer).get_vocab()
-    if tokens is None or len(vocab) != len(tokens) or any(vocab.get(t) != i for i, t in enumerate(tokens)):
-        return None
-    return meta.get("tokenizer.ggml.pre")
-
-
-def _tokenizer_source(run_dir: str | None, source: str) -> str:
-    if run_dir is None:
-        return source
-    import yaml
-
-    with open(os.path.join(run_dir, "config.yaml")) as f:
-        model = (yaml.safe_load(f) or {}).get("model") or {}
-    return str(model.get("tokenizer") or model.get("source") or "")
-
-
 def export(source: str, out: str, *, step: int | None = None, dtype: str | None = None, adapters_only: bool = False,
            gguf: bool = False, quant: str | None = None, command: str | None = None) -> str:
     """Writes OUT (see the module docstring); returns its path."""
@@ -177,9 +141,7 @@ def export(source: str, out: str, *, step: int | None = None, dtype: str | None 
             print(f"tempax export: {source} has no tokenizer, so the GGUF carries none and llama.cpp will not run it; "
                   "export a run or a model with a tokenizer", file=sys.stderr)
 
-        pre = _source_gguf_pre(_tokenizer_source(run_dir, source), tokenizer)
-        return save_gguf(model, out, tokenizer=tokenizer, quant=quant or "f16", pre=pre,
-                         metadata=model_card.gguf_metadata(card))
+        return save_gguf(model, out, tokenizer=tokenizer, quant=quant or "f16", metadata=model_card.gguf_metadata(card))
     from tempax.models.hf_io import save_hf_checkpoint
 
     save_hf_checkpoint(model, out, tokenizer=tokenizer, dtype=dtype)

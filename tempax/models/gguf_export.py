@@ -152,14 +152,14 @@ def _flatten(step: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 def _byte_level_pre(pre: dict[str, Any] | None) -> str:
     """llama.cpp's `tokenizer.ggml.pre` name for a byte-level vocabulary's split rule."""
-    from tempax.models.gguf_tokenizer import SPLIT_PATTERNS
+    from tempax.models.gguf_tokenizer import DIGITS_THEN_GPT2, SPLIT_PATTERNS
 
     steps = _flatten(pre)
     kinds = [s.get("type") for s in steps]
     if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
         return "gpt-2"
     if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits") and steps[1].get("use_regex", True):
-        return "smollm"  # SmolLM's split: every digit alone, then GPT-2's pattern
+        return DIGITS_THEN_GPT2[0]
     if kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
         pattern = (steps[0].get("pattern") or {}).get("Regex")
         names = [name for name, p in SPLIT_PATTERNS.items() if p == pattern]

@@ -145,7 +145,8 @@ def _assert_same_tokenizer(original, rebuilt):
 
 
 def _byte_level_with_split(pattern_name: str):
-    """The tiny byte-level tokenizer with one of the named split patterns in front (as Llama 3 / Qwen 2 ship)."""
+    """The tiny byte-level tokenizer with one of the named splits in front, as Llama 3 / Qwen 2 / SmolLM ship them
+    (SmolLM: every digit alone, then GPT-2's pattern)."""
     import copy
 
     from tokenizers import Regex, pre_tokenizers
@@ -153,14 +154,17 @@ def _byte_level_with_split(pattern_name: str):
     from tempax.models.gguf_tokenizer import SPLIT_PATTERNS
 
     hf = copy.deepcopy(tiny_chat_tokenizer().hf)
-    hf.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_PATTERNS[pattern_name]), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    if pattern_name == "smollm":
+        first, byte_level = pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(
+            add_prefix_space=False, use_regex=True)
+    else:
+        first = pre_tokenizers.Split(Regex(SPLIT_PATTERNS[pattern_name]), behavior="isolated")
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    hf.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([first, byte_level])
     return hf
 
 
-@pytest.mark.parametrize("split", ["gpt-2", "llama-bpe", "qwen2"])
+@pytest.mark.parametrize("split", ["gpt-2", "llama-bpe", "qwen2", "smollm"])
 def test_byte_level_tokenizer_round_trips(split):
     hf = tiny_chat_tokenizer().hf if split == "gpt-2" else _byte_level_with_split(split)
     meta = tokenizer_metadata(hf, vocab_size=len(hf) + 3)
