@@ -38,7 +38,7 @@ TOOLS_AFTER: dict[str, tuple[str, str]] = {
     "eval": ("evaluate", "accuracy, format accuracy and pass@k of a model on a task"),
     "validate": ("validate", "check a recipe: parse it, build its config, report problems"),
     "plot": ("plot", "draw a run's metric curves to PNG"),
-    "export": ("export", "merge adapters and export a Hugging Face checkpoint"),
+    "export": ("export", "export a run or model: Hugging Face folder or llama.cpp GGUF, with a model card"),
     "data": ("data", "clean (dedup, filters, PII, decontamination) or measure (tokens, lengths) a dataset"),
     "tokenizer": ("tokenizer", "train a byte-level BPE tokenizer, or add tokens to a model's tokenizer"),
     "recommend": ("recommend", "which method (pre-training, SFT, DPO, GRPO; full/LoRA/QLoRA) suits the data, as a recipe"),
