@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model-info": ("model_info", "family, shapes, parameter count and weight memory of a model"),
     "generate": ("generate", "sample completions for prompts"),
     "chat": ("chat", "interactive chat with streamed tokens"),
+    "serve": ("serve", "an OpenAI-compatible HTTP endpoint (chat and completions, streaming, batched requests)"),
     "sft": ("train_cmds", "supervised fine-tuning (full, LoRA, QLoRA) from a recipe"),
     "pretrain": ("train_cmds", "continued pre-training on plain text from a recipe"),
     "dpo": ("train_cmds", "preference tuning (DPO, IPO, hinge, ORPO, SimPO) from a recipe"),
