@@ -319,7 +319,10 @@ class DecodeRun:
       prompt_configs: one config per prompt, for a batch of separate requests: each prompt's temperature, top_p,
         min_p, seed and max_new_tokens apply to its rows, and each prompt draws its random stream as prompt 0 of
         its own request, so its samples do not depend on what it was batched with. `config` then gives what the
-        batch shares: n, top_k, logprobs, decode_layout, and a max_new_tokens at least every prompt's.
+        batch shares: n, top_k, logprobs, decode_layout, and a max_new_tokens at least every prompt's. A sampled
+        row with top_p 1 in a run where another row's top_p is below 1 (and top_k is 0) draws from the vocabulary
+        in sorted order: the same distribution, but not the stream it draws alone (`tempax serve` batches them
+        apart).
     """
 
     def __init__(

@@ -53,6 +53,17 @@ class _Row:
     finished: bool = False
 
 
+def _shared_key(job: Job) -> tuple[int, int, bool | None]:
+    """What the rows of one batch must agree on: n, top_k, and whether sampling walks the vocabulary in sorted
+    order (top-p without top-k; a sample's token depends on that order). None: greedy, which joins either."""
+    c = job.request.sampling
+    return c.n, c.top_k, None if c.greedy else (c.top_p < 1.0 and c.top_k == 0)
+
+
+def _joins(key: tuple[int, int, bool | None], batch_key: tuple[int, int, bool | None]) -> bool:
+    return key[:2] == batch_key[:2] and (key[2] is None or batch_key[2] is None or key[2] == batch_key[2])
+
+
 class Batcher:
     """Runs requests on `model` in batches from a worker thread; `submit` is safe from any thread.
 
@@ -113,13 +124,14 @@ class Batcher:
                                              type="internal_error"))
 
     def _take_batch(self) -> list[Job]:
-        shares = lambda job: (job.request.sampling.n, job.request.sampling.top_k)
-        key = shares(self._waiting[0])
+        key = _shared_key(self._waiting[0])
         batch, rest, rows = [], [], 0
         for job in self._waiting:
-            if shares(job) == key and rows + job.rows <= self.max_rows:
+            own = _shared_key(job)
+            if _joins(own, key) and rows + job.rows <= self.max_rows:
                 batch.append(job)
                 rows += job.rows
+                key = key if key[2] is not None else own  # the first sampled request fixes the order
             else:
                 rest.append(job)
         self._waiting = rest
