@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from tempax.algorithms.sft.trainer import make_sft_loss
+from tempax.algorithms.sft.main import make_sft_loss
 from tempax.configlib import from_dict, parse_overrides
 from tempax.errors import ConfigError
 from tempax.train import loop as loop_module
