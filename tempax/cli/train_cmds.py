@@ -107,10 +107,12 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(dump_yaml(cfg))
         return 0
     _, main = resolve(command)
+    from tempax.algorithms.run import hold_run
     from tempax.train.run_identity import clean_failed_start
 
     with clean_failed_start(cfg.train.run_dir):  # a start that fails before training leaves no run dir behind
-        reason = stop_reason(main(cfg))
+        with hold_run(cfg):  # one run per run dir, taken before anything is loaded
+            reason = stop_reason(main(cfg))
     if reason is not None:
         print(f"tempax {command}: stopped early: {reason}", file=sys.stderr)
         return STOPPED_EXIT_STATUS
