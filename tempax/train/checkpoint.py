@@ -395,10 +395,10 @@ class Checkpointer:
         newest = self.newest_intact()
         kept = (f"checkpoint step {newest} is the newest intact one" if newest is not None
                 else "there is no earlier checkpoint")
+        failed = describe_write_failure(f"checkpoint step {step} was not saved", error, directory=self.directory,
+                                        needed=needed)
         raise CheckpointSaveFailed(
-            describe_write_failure(f"checkpoint step {step} was not saved", error, directory=self.directory,
-                                   needed=needed)
-            + f". Nothing of step {step} was kept and {kept}. Free some space (or raise the limit), then run the same "
+            failed + f". Nothing of step {step} was kept and {kept}. Free some space (or raise the limit), then run the same "
             "command again to resume; train.checkpoint.on_save_error=retry keeps training and tries again at the "
             "next checkpoint.",
             step, newest,
