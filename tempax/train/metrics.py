@@ -156,7 +156,8 @@ class MetricsWriter:
             except OSError:
                 pass
             raise StorageError(
-                describe_write_failure(f"{METRICS_FILE} record", e, directory=self.run_dir, needed=len(line))
+                describe_write_failure(f"{METRICS_FILE} record", e, directory=self.run_dir, needed=len(line),
+                                       file=self.path)
                 + ". The records written so far are intact; free some space and run the same command again to "
                 "resume from the newest checkpoint."
             ) from None

@@ -66,11 +66,12 @@ def failed_file_and_reason(error: BaseException) -> tuple[str | None, str]:
     return path, (first[0][:200] if first else type(error).__name__)
 
 
-def describe_write_failure(what: str, error: BaseException, *, directory: str, needed: int | None = None) -> str:
-    """One line: what failed to be written, the file and reason, space needed vs free, the file-size limit when
-    one is set, and what to do."""
+def describe_write_failure(what: str, error: BaseException, *, directory: str, needed: int | None = None,
+                           file: str | None = None) -> str:
+    """One line: what failed to be written, the file (the error's, else `file`, else `directory`) and reason, space
+    needed vs free, and the file-size limit when one is set."""
     path, reason = failed_file_and_reason(error)
-    parts = [f"{what}: writing {path or directory} failed: {reason}"]
+    parts = [f"{what}: writing {path or file or directory} failed: {reason}"]
     free = free_bytes(directory)
     space = []
     if needed is not None:
@@ -112,7 +113,7 @@ def write_atomic(path: str, data: str | bytes, *, what: str | None = None) -> No
             pass
         directory = os.path.dirname(os.path.abspath(path))
         raise StorageError(
-            describe_write_failure(what or os.path.basename(path), e, directory=directory,
+            describe_write_failure(what or os.path.basename(path), e, directory=directory, file=path,
                                    needed=len(data.encode() if isinstance(data, str) else data))
             + ". The previous version of the file is unchanged; free some space and run the same command again."
         ) from None
