@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import re
 import types
 import typing
@@ -117,6 +118,14 @@ def _show(value: Any) -> str:
 
 def _key(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
+
+
+_NOT_FINITE_WORDS = ("nan", "inf", "infinity")
+
+
+def _not_finite(path: str, value: Any) -> ConfigError:
+    return ConfigError(f"config key '{path}': {value!r} is not a finite number; numeric settings must be finite "
+                       "(e.g. 1e-4)")
 
 
 def _wrong(path: str, tp: Any, value: Any, hint: str = "") -> ConfigError:
@@ -254,6 +263,8 @@ def _coerce(value: Any, tp: Any, path: str, root: tuple[type, str]) -> Any:
     """Check `value` against the annotation `tp`, converting where the conversion is lossless."""
     if tp is Any:
         return value
+    if isinstance(value, float) and not math.isfinite(value):  # YAML's .nan / .inf would fail only once training
+        raise _not_finite(path, value)
     if tp is type(None):
         if value is None:
             return None
@@ -313,6 +324,8 @@ def _coerce(value: Any, tp: Any, path: str, root: tuple[type, str]) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and value.strip().lower().lstrip("+-.") in _NOT_FINITE_WORDS:
+            raise _not_finite(path, value)
         raise _wrong(path, tp, value)
     if tp is str:
         if isinstance(value, str):

@@ -224,3 +224,24 @@ def test_describe_lists_every_dotted_key():
     assert "lora.targets: tuple[str, ...] = [q_proj, v_proj]" in text
     assert "max_grad_norm: float | None = 1.0" in text
     assert "precision: one of 'float32', 'bfloat16' = float32" in text
+
+
+@pytest.mark.parametrize("raw", [".nan", ".inf", "-.inf", "nan", "inf", "'-Infinity'"])
+def test_a_number_that_is_not_finite_is_refused_at_parse_time(raw, tmp_path):
+    """YAML's .nan parses to a float and would compile and fail at step 2; the words nan / inf in a float field
+    must read as the same problem, not as "expected float, got 'nan' (str)"."""
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, None, ["model=m", f"optimizer.learning_rate={raw}"])
+    assert str(e.value).startswith("config key 'optimizer.learning_rate': ")
+    assert str(e.value).endswith(" is not a finite number; numeric settings must be finite (e.g. 1e-4)")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: m\noptimizer:\n  learning_rate: {raw}\n")
+    with pytest.raises(ConfigError, match="'optimizer.learning_rate': .* is not a finite number"):
+        load_config(TrainConfig, recipe)
+
+
+def test_the_real_sft_config_refuses_nan_learning_rate():
+    from tempax.cli.train_cmds import resolve
+
+    with pytest.raises(ConfigError, match=r"^config key 'train.optimizer.learning_rate': nan is not a finite number"):
+        load_config(resolve("sft")[0], None, ["train.optimizer.learning_rate=.nan"])

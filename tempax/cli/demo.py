@@ -25,8 +25,8 @@ difficulty they share, so an interval for independent samples would be too wide)
 names, the GRPO metrics (metrics.jsonl, TensorBoard), the reward curves (reward_curve.png), the SFT metrics
 (sft/, baseline_sft/) and results.json with every number and a few completions.
 
-Why these defaults (see ../shared/notes/grpo-demo-calibration.md for what a CPU GRPO run of this model can
-learn, and the measurements below):
+Why these defaults (what a CPU GRPO run of this model can learn, and the timings of these defaults:
+`docs/measurements/demo-calibration.md`):
   * the format reward is strict (anchored, each tag once, in order), so copying the instructions earns little;
   * prompts are short, and the G samples of a prompt share one prefill, in sampling *and* in the training
     forward (the prompt is run once per group), since prompt tokens dominated CPU RL compute;
@@ -35,11 +35,6 @@ learn, and the measurements below):
     enough that GRPO groups disagree, so RL has signal (watch groups/zero_spread_frac and entropy). Eight steps
     give 100% format and ~47% answers, and then GRPO has little left to show in ten steps;
   * many small GRPO steps (2 prompts x 8 completions, 48 new tokens) rather than few large ones.
-Measured on the idle 2-core CPU with these defaults (`tempax demo`, 2026-11-29): loading 12 s; a greedy
-evaluation of 48 problems 49-58 s; the SFT stage 110 s (6 steps, the first ~45 s of it compiling); GRPO 280 s
-for 10 steps (the first 97 s with compilation, then 18-22 s a step: generation ~12 s, training ~16 s); in all
-9 min 38 s. Base 0% / 0%, after SFT 64.6% format / 33.3% answers, after GRPO 100% / 41.7% on 48 held-out
-problems, training reward 0.49 -> 0.98 (mean of the first / last three steps).
 """
 
 from __future__ import annotations
@@ -346,7 +341,7 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
 
     def run_eval(name: str, m: Any) -> None:
         with watch(f"eval {name}"):
-            r = evaluate(m, tokenizer, held_rows, options)
+            r = evaluate(m, tokenizer, held_rows, options, label=f"eval {name}")
         evaluations.append((name, r))
         say(f"  {name}: format {r.format_accuracy:.1%}, answer {r.answer_accuracy:.1%} "
             f"on {len(held_rows)} held-out problems ({watch.wall[f'eval {name}']:.0f} s)")

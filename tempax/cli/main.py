@@ -58,16 +58,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
 TRAINING_COMMANDS = ("sft", "pretrain", "dpo", "kto", "reward-model", "distill")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The `tempax` parser. Given the command line `argv`, only the command it names gets its options (and only
+    its module is imported): `tempax --help` lists the commands from `COMMANDS` alone, without importing JAX.
+    Without `argv` every command is complete (tests and the message checks walk all of them)."""
     parser = argparse.ArgumentParser(
         prog="tempax", description="Post-training for LLMs in JAX.", epilog=EXIT_STATUSES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=EXIT_STATUSES,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.set_defaults(_module=module, _command=name)
+        if chosen is not None and name != chosen:
+            continue  # not the command being run: its name and help line are all the top-level help needs
         try:
             mod = importlib.import_module(f"tempax.cli.{module}")
         except ModuleNotFoundError as e:
@@ -87,11 +93,13 @@ def _takes_name(fn) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `tempax` command itself, not a call from Python: set up the process first
-        from tempax.cli.process import setup_process
+        from tempax.cli.process import quiet_unless_first_process, setup_process
 
         setup_process(job="train" if sys.argv[1:2] and sys.argv[1] in TRAINING_COMMANDS else None)
-    parser = build_parser()
-    args = parser.parse_args(argv)
+        quiet_unless_first_process()
+    command_line = sys.argv[1:] if argv is None else argv
+    parser = build_parser(command_line)
+    args = parser.parse_args(command_line)
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
@@ -102,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = mod.run(args)
     except TempaxError as e:
+        from tempax.cli.process import error_stream
+
         status = getattr(e, "exit_status", 2)  # RunStopped: 128 + the signal, not an error
-        print(f"tempax {args.command}: {'error: ' if status in (2, 4) else ''}{e}", file=sys.stderr)
+        print(f"tempax {args.command}: {'error: ' if status in (2, 4) else ''}{e}", file=error_stream())
         return status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -64,7 +64,9 @@ def recipes_for(command: str) -> list[str]:
 def defaults_summary(cfg: Any) -> str:
     """One line of what a config trains: model, full or LoRA, steps x batch x seq_len, data, run dir."""
     t = cfg.train
-    parts = [f"model {cfg.model.source}", "full fine-tuning" if getattr(cfg, "lora", None) is None else "LoRA",
+    model = (f"model {cfg.model.source}" if hasattr(cfg, "model")  # distillation: a teacher and a student
+             else f"teacher {cfg.teacher.source}, student {cfg.student.source}")
+    parts = [model, "full fine-tuning" if getattr(cfg, "lora", None) is None else "LoRA",
              f"{t.steps} steps of {t.batch_size} x {t.seq_len} tokens"]
     data = getattr(getattr(cfg, "data", None), "path", None) or getattr(getattr(cfg, "task", None), "name", None)
     if data:
@@ -112,11 +114,30 @@ def run(args: argparse.Namespace) -> int:
 
     with clean_failed_start(cfg.train.run_dir):  # a start that fails before training leaves no run dir behind
         with hold_run(cfg):  # one run per run dir, taken before anything is loaded
-            reason = stop_reason(main(cfg))
+            outcome = main(cfg)
+    from tempax.parallel.process import is_writer
+
+    if is_writer():
+        print(done_line(cfg, getattr(outcome, "result", outcome)), file=sys.stderr)
+    reason = stop_reason(outcome)
     if reason is not None:
         print(f"tempax {command}: stopped early: {reason}", file=sys.stderr)
         return STOPPED_EXIT_STATUS
     return 0
+
+
+def done_line(cfg: Any, result: Any) -> str:
+    """The last line of every training command, the same for all: the step reached, its loss, the run dir."""
+    run_dir, history = cfg.train.run_dir, getattr(result, "history", None) or []
+    if history:
+        step, metrics = history[-1]
+        loss = metrics.get("loss")
+        head = f"done: step {step}" + (f", loss {loss:.4f}" if loss is not None else "")
+    elif getattr(result, "resumed_from", 0) >= cfg.train.steps:
+        head = f"done: nothing to train, the run was at step {result.resumed_from} of {cfg.train.steps} already"
+    else:
+        head = f"done: step {cfg.train.steps}"
+    return f"{head}; run dir {run_dir} (curves: tempax plot {run_dir})"
 
 
 def stop_reason(result: Any) -> str | None:

@@ -46,6 +46,7 @@ from tempax.configlib import help_field, to_dict
 from tempax.data.kinds import content_strings, map_content, mixed_kinds_error, row_kind
 from tempax.data.sources import Row, iter_rows
 from tempax.errors import ConfigError, DataError
+from tempax.progress import work_bar
 
 _help = help_field
 
@@ -530,6 +531,14 @@ def _check(report: CleanReport, cfg: CleanConfig) -> None:
         )
 
 
+def _counted(rows: Iterable[Row], desc: str) -> Iterator[Row]:
+    """`rows` under a bar counting them (a streamed file's length is not known ahead, so a rate and no ETA)."""
+    with work_bar(None, desc, unit="row") as bar:
+        for row in rows:
+            yield row
+            bar.update(1)
+
+
 def _open_out(path: str, gz: bool):
     return gzip.open(path, "wt", encoding="utf-8") if gz else open(path, "w", encoding="utf-8")
 
@@ -546,7 +555,7 @@ def clean_file(
     """
     start = time.perf_counter()
     report = CleanReport(input=input_path, output=output_path, config=to_dict(cfg))
-    rows = iter_rows(input_path, split=split)
+    rows = _counted(iter_rows(input_path, split=split), f"cleaning {os.path.basename(input_path)}")
     tmp = None
     try:
         if output_path is None:

@@ -160,7 +160,10 @@ def gguf_tokenizer(metadata: Mapping[str, Any], *, source: str = "the GGUF file"
       source: how errors name the file.
     """
     from tokenizers import AddedToken
-    from transformers import PreTrainedTokenizerFast
+
+    from tempax.models.tokenizer import import_transformers
+
+    PreTrainedTokenizerFast = import_transformers().PreTrainedTokenizerFast
 
     kind = _field(metadata, "ggml.model")
     tokens = _field(metadata, "ggml.tokens")

@@ -205,13 +205,20 @@ class TrainConfig:
         if opt.learning_rate == 0:
             out.append("train.optimizer.learning_rate=0: no trainable weight will change; the run only measures "
                        "the loss")
-        warmup = opt.warmup_steps or int(opt.warmup_ratio * self.steps)
-        if warmup >= self.steps:
-            peak = opt.learning_rate * self.steps / warmup if warmup else opt.learning_rate
+        # As `optim.warmup_steps_of`; step s (from 0) of the warm-up uses peak * (s + 1) / warmup.
+        warmup = opt.warmup_steps or int(round(opt.warmup_ratio * self.steps))
+        fix = "lower train.optimizer.warmup_steps or raise train.steps"
+        if warmup > self.steps:
+            last = opt.learning_rate * self.steps / warmup
             out.append(
-                f"train.optimizer.warmup_steps={warmup} is not shorter than train.steps={self.steps}: the learning "
-                f"rate never reaches its peak {opt.learning_rate:g} (the last step uses {peak:.3g}); lower "
-                "train.optimizer.warmup_steps or raise train.steps"
+                f"train.optimizer.warmup_steps={warmup} is longer than train.steps={self.steps}: the learning rate "
+                f"never reaches its peak {opt.learning_rate:g} (the last step uses {last:.3g}); {fix}"
+            )
+        elif warmup == self.steps and warmup > 1:
+            out.append(
+                f"train.optimizer.warmup_steps={warmup} equals train.steps={self.steps}: the whole run is warm-up, "
+                f"so the learning rate reaches its peak {opt.learning_rate:g} only at the last step and never "
+                f"decays; {fix}"
             )
         return out
 

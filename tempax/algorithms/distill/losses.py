@@ -62,7 +62,7 @@ def check_distill_args(kind: str, temperature: float, alpha: float, jsd_beta: fl
     if top_k and kind == "reverse_kl":
         raise ConfigError(
             "reverse_kl with a top-k teacher is infinite wherever the student puts mass outside the teacher's top k; "
-            "use kind=forward_kl or kind=jsd with top_k, or top_k=0"
+            "use loss.kind=forward_kl or loss.kind=jsd with loss.top_k, or loss.top_k=0"
         )
 
 

@@ -219,10 +219,6 @@ def main(cfg: DistillConfig, *, hooks: tuple = (), log: Callable[[str], None] | 
         result.extras["student_dir"] = save_student(trainer.model.student, tokenizer,
                                                     os.path.join(cfg.train.run_dir, "student"))
         say(f"student written to {result.extras['student_dir']}")
-    if result.history:
-        last = result.history[-1][1]
-        say(f"done: step {result.history[-1][0]}, loss {last.get('loss', float('nan')):.4f}, "
-            f"kd {last.get('kd_loss', float('nan')):.4f}, agreement {last.get('agreement', float('nan')):.3f}")
     result.extras["sizes"] = sizes
     result.extras["data_report"] = data.report
     return result

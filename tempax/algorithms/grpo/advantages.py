@@ -21,7 +21,7 @@ Which to use (all plug into the same clipped objective; `GRPOSettings.advantage`
                                               std over the whole batch. Keeps dr_grpo's immunity to small-spread
                                               groups while holding the overall scale at 1 whatever the reward's.
 
-Several reward functions (`combine_and_estimate`): `sum` (today's default) adds them with their weights and runs
+Several reward functions (`combine_and_estimate`): `sum` (the default) adds them with their weights and runs
 the estimator on the total; `normalize_each` (GDPO, Liu et al. 2026) runs the estimator on each reward within
 its group *before* the weighted sum, then normalises the sum over the batch. With a sum, different mixtures of
 the parts collapse onto the same totals (format 1 + correctness 0 ties format 0 + correctness 1) and a reward with

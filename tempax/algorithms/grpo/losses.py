@@ -290,7 +290,7 @@ def grpo_loss(
     if importance not in IMPORTANCE_LEVELS:
         raise ConfigError(f"unknown importance ratio level {importance!r}; choose one of {IMPORTANCE_LEVELS}")
     if beta != 0 and ref_logp is None:
-        raise ValueError(f"grpo_loss with beta={beta} needs ref_logp (pass beta=0 to train without a reference)")
+        raise ValueError(f"grpo_loss with beta={beta} needs ref_logp (set grpo.beta=0 to train without a reference)")
     logp = jnp.asarray(logp, jnp.float32)
     old_logp = jax.lax.stop_gradient(logp) if old_logp is None else jnp.asarray(old_logp, jnp.float32)
     bool_mask = mask.astype(bool)

@@ -157,7 +157,8 @@ def main(
     options = eval_options(cfg.eval, cfg.grpo.max_new_tokens, seed=cfg.train.seed)
     before = after = None
     if held_rows and cfg.eval.before:
-        before = evaluate(model, tokenizer, held_rows, options)  # before the (zero-initialised) adapters go on
+        # Before the (zero-initialised) adapters go on.
+        before = evaluate(model, tokenizer, held_rows, options, label="eval before")
         say(f"before training: {before.summary_line()}")
     model, tokenizer, trainable = build_model(cfg, mesh, model=model, tokenizer=tokenizer)
     source = GRPOSource(tokenizer, PromptSampler(prompts, seed=cfg.train.seed), reward_fn, cfg.grpo,
@@ -172,7 +173,8 @@ def main(
         from tempax.models.lora import merge_lora
 
         # Adapters folded in: the same function, without the extra adapter matmuls per generated token.
-        after = evaluate(merge_lora(policy) if cfg.lora is not None else policy, tokenizer, held_rows, options)
+        after = evaluate(merge_lora(policy) if cfg.lora is not None else policy, tokenizer, held_rows, options,
+                         label="eval after")
         grpo_run.after = after
         say(f"after training: {after.summary_line()}")
     stages = [(name, r) for name, r in (("before", before), ("after", after)) if r is not None]
@@ -185,5 +187,4 @@ def main(
         run.files["adapters"] = save_adapters(policy, run.path("adapters"), base_model_name_or_path=cfg.model.source)
     if result.stop_reason:
         say(f"stopped early: {result.stop_reason}")
-    say(f"done: run dir {run.run_dir} (curves: tempax plot {run.run_dir} --metrics {','.join(PLOT_METRICS[:4])})")
     return grpo_run

@@ -268,7 +268,6 @@ def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
                                               base_model_name_or_path=cfg.model.source)
     if run.result.stop_reason:
         say(f"stopped early: {run.result.stop_reason}")
-    say(f"done: run dir {run_dir}")
     return run
 
 

@@ -145,7 +145,7 @@ class UnpairedDataSpec(PreferenceDataSpec):
             raise ConfigError(
                 "data.eval_fraction carves held-out preference pairs out of the training rows, but with "
                 "data.convert_pairs=false they are unpaired; set data.eval_path to a file of preference pairs "
-                "or eval_fraction=0"
+                "or data.eval_fraction=0"
             )
 
 

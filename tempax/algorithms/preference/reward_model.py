@@ -145,9 +145,7 @@ def save_reward_model(
         self-contained.
       extra: more fields for reward_model.json (e.g. `max_length`, the length it was trained at).
     """
-    from safetensors.numpy import save_file
-
-    from tempax.models.hf_io import save_hf_checkpoint
+    from tempax.models.hf_io import save_hf_checkpoint, save_safetensors
     from tempax.models.lora import LoraLinear, merge_lora
     from tempax.models.quant import QuantizedLinear
 
@@ -157,7 +155,7 @@ def save_reward_model(
     os.makedirs(folder, exist_ok=True)
     save_hf_checkpoint(backbone, folder, tokenizer=tokenizer)
     kernel = np.asarray(jax.device_get(model.score.kernel[...]), np.float32)  # [D, 1]
-    save_file({"score.weight": np.ascontiguousarray(kernel.T)}, os.path.join(folder, HEAD_FILE))
+    save_safetensors({"score.weight": np.ascontiguousarray(kernel.T)}, os.path.join(folder, HEAD_FILE))
     meta = {"format": FORMAT, "version": FORMAT_VERSION, "pooling": "last_token", "hidden_size": kernel.shape[0]}
     meta.update(extra or {})
     with open(os.path.join(folder, META_FILE), "w") as f:

@@ -268,11 +268,5 @@ def main(
     )
     del model  # the trainer holds its own copies; do not keep a second set of weights alive during training
     result = run.train(trainer, data.train, hooks=hooks, eval_batches=data.eval_loader)
-    if result.history:
-        last = result.history[-1][1]
-        run.say(f"done: step {result.history[-1][0]}, loss {last.get('loss', float('nan')):.4f}; run dir {run.run_dir}")
-    else:
-        run.say(f"done: nothing to train, the run was at step {result.resumed_from} of {cfg.train.steps} already; "
-                f"run dir {run.run_dir}")
     result.extras.update(data_report=data.report, model=trainer.model)
     return result
