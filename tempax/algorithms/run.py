@@ -168,8 +168,8 @@ def hold_run(cfg: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        if is_writer():
-            release_run_dir(cfg.train.run_dir)
+        if is_writer():  # the outermost holder: also what a `start_run` that failed before `train` still held
+            release_run_dir(cfg.train.run_dir, every=True)
 
 
 def brief(metrics: dict[str, float]) -> str:

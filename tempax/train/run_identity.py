@@ -249,13 +249,13 @@ def acquire_run_dir(run_dir: str) -> None:
     _held[key] = [f, 1]
 
 
-def release_run_dir(run_dir: str) -> None:
-    """Gives back one `acquire_run_dir` of this process; the last one unlocks."""
+def release_run_dir(run_dir: str, *, every: bool = False) -> None:
+    """Gives back one `acquire_run_dir` of this process (all of them with `every`); the last one unlocks."""
     key = os.path.realpath(run_dir)
     held = _held.get(key)
     if held is None:
         return
-    held[1] -= 1
+    held[1] = 0 if every else held[1] - 1
     if held[1] == 0:
         del _held[key]
         held[0].close()  # closing the descriptor drops the flock
