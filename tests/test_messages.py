@@ -16,7 +16,7 @@ import re
 import pytest
 
 from tempax.cli.main import build_parser
-from tempax.cli.train_cmds import ALGORITHMS, resolve
+from tempax.algorithms.registry import algorithms, resolve
 from tempax.configlib import _all_keys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,7 +29,7 @@ def _config_keys() -> set[str]:
     from tempax.cli.demo import DemoConfig
 
     keys: set[str] = set()
-    for cls in [resolve(command)[0] for command in ALGORITHMS] + [DemoConfig]:
+    for cls in [resolve(command)[0] for command in algorithms()] + [DemoConfig]:
         for key in _all_keys(cls):
             parts = key.split(".")
             keys.update(".".join(parts[: i + 1]) for i in range(len(parts)))  # sections count too

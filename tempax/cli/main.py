@@ -14,6 +14,7 @@ import argparse
 import importlib
 import sys
 
+from tempax.algorithms import registry
 from tempax.errors import TempaxError
 
 EXIT_STATUSES = """exit status:
@@ -28,25 +29,20 @@ EXIT_STATUSES = """exit status:
        Ctrl-C stops at once, without saving); other commands stop at once
   143  SIGTERM (preemption, SLURM, Kubernetes): the same as a first Ctrl-C; run the command again to resume"""
 
-# command name -> (module under tempax.cli, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
+# command name -> (module under tempax.cli, one-line help); the training commands come from the algorithm
+# registry (`tempax.algorithms.registry`, listed without importing JAX or any algorithm) and run in train_cmds.
+TOOLS_BEFORE: dict[str, tuple[str, str]] = {
     "demo": ("demo", "the main job: SFT warm-start + GRPO on verifiable arithmetic, with a before/after table"),
     "model-info": ("model_info", "family, shapes, parameter count and weight memory of a model"),
     "generate": ("generate", "sample completions for prompts"),
     "chat": ("chat", "interactive chat with streamed tokens"),
-    "sft": ("train_cmds", "supervised fine-tuning (full, LoRA, QLoRA) from a recipe"),
-    "pretrain": ("train_cmds", "continued pre-training on plain text from a recipe"),
-    "dpo": ("train_cmds", "preference tuning (DPO, IPO, hinge, ORPO, SimPO) from a recipe"),
-    "kto": ("train_cmds", "KTO on unpaired desirable / undesirable feedback from a recipe"),
-    "reward-model": ("train_cmds", "train a Bradley-Terry reward model from a recipe"),
-    "grpo": ("train_cmds", "GRPO / DAPO / GSPO with verifiable rewards from a recipe"),
-    "ppo": ("train_cmds", "RLHF with PPO against a trained reward model from a recipe"),
-    "distill": ("train_cmds", "knowledge distillation of a teacher into a (layer-pruned) student from a recipe"),
+}
+TOOLS_AFTER: dict[str, tuple[str, str]] = {
     "score": ("score", "rate (prompt, response) pairs with a reward model"),
     "eval": ("evaluate", "accuracy, format accuracy and pass@k of a model on a task"),
     "validate": ("validate", "check a recipe: parse it, build its config, report problems"),
     "plot": ("plot", "draw a run's metric curves to PNG"),
-    "export": ("export", "merge adapters and export a Hugging Face checkpoint"),
+    "export": ("export", "export a run or model: Hugging Face folder or llama.cpp GGUF, with a model card"),
     "data": ("data", "clean (dedup, filters, PII, decontamination) or measure (tokens, lengths) a dataset"),
     "tokenizer": ("tokenizer", "train a byte-level BPE tokenizer, or add tokens to a model's tokenizer"),
     "recommend": ("recommend", "which method (pre-training, SFT, DPO, GRPO; full/LoRA/QLoRA) suits the data, as a recipe"),
@@ -54,13 +50,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-# Commands that only train (Trainer.fit): their processes get `setup_process(job="train")` (huge pages).
-TRAINING_COMMANDS = ("sft", "pretrain", "dpo", "kto", "reward-model", "distill")
+def commands() -> dict[str, tuple[str, str]]:
+    """Every command: name -> (module under tempax.cli, one-line help)."""
+    training = {name: ("train_cmds", a.help) for name, a in registry.algorithms().items()}
+    return {**TOOLS_BEFORE, **training, **TOOLS_AFTER}
+
+
+def training_commands() -> tuple[str, ...]:
+    """Commands that only train (Trainer.fit, no generation): their processes get `setup_process(job="train")`
+    (huge pages)."""
+    return tuple(name for name, a in registry.algorithms().items() if not a.on_policy)
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The `tempax` parser. Given the command line `argv`, only the command it names gets its options (and only
-    its module is imported): `tempax --help` lists the commands from `COMMANDS` alone, without importing JAX.
+    its module is imported): `tempax --help` lists the commands from `commands()` alone, without importing JAX.
     Without `argv` every command is complete (tests and the message checks walk all of them)."""
     parser = argparse.ArgumentParser(
         prog="tempax", description="Post-training for LLMs in JAX.", epilog=EXIT_STATUSES,
@@ -68,7 +72,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
-    for name, (module, help_text) in COMMANDS.items():
+    for name, (module, help_text) in commands().items():
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=EXIT_STATUSES,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.set_defaults(_module=module, _command=name)
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `tempax` command itself, not a call from Python: set up the process first
         from tempax.cli.process import quiet_unless_first_process, setup_process
 
-        setup_process(job="train" if sys.argv[1:2] and sys.argv[1] in TRAINING_COMMANDS else None)
+        setup_process(job="train" if sys.argv[1:2] and sys.argv[1] in training_commands() else None)
         quiet_unless_first_process()
     command_line = sys.argv[1:] if argv is None else argv
     parser = build_parser(command_line)

@@ -130,7 +130,7 @@ def score_rows(
 
 
 def run(args: argparse.Namespace) -> int:
-    from tempax.algorithms.preference.reward_model import RewardScorer
+    from tempax.rewards.reward_model import RewardScorer
 
     if len(args.prompt) != len(args.response):
         raise ConfigError(f"got {len(args.prompt)} --prompt and {len(args.response)} --response; pass them in pairs")

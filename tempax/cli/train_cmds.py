@@ -1,44 +1,20 @@
 """`tempax sft|pretrain|dpo|kto|reward-model|grpo|ppo|distill --config RECIPE.yaml key=value ...`: train from a recipe.
 
-Each training command is one row of `ALGORITHMS`: the command name -> (module, config class, main function).
-An algorithm plugs in by adding its row; its module exposes a frozen config dataclass (with a `train:
-TrainConfig` field) and `main(config)`. This file only parses arguments: the YAML recipe, then `a.b=value`
-overrides on top (typed and checked by `tempax.configlib`), then calls `main`.
+Each training command is an `Algorithm` record of `tempax.algorithms.registry`. This file only parses arguments:
+the YAML recipe, then `a.b=value` overrides on top (typed and checked by `tempax.configlib`), then calls `main`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from typing import Any, Callable
+from typing import Any
+
+from tempax.algorithms.registry import resolve
 
 # Exit status of a run that a hook stopped before train.steps (`tempax.train.hooks.Stop`; the reason is in
 # <run_dir>/metrics.jsonl as `stop_reason` and in <run_dir>/summary.json; a checkpoint of that step is saved).
 STOPPED_EXIT_STATUS = 3
-
-# command -> (module, config class name, main function name). Modules are imported only when the command runs.
-ALGORITHMS: dict[str, tuple[str, str, str]] = {
-    "sft": ("tempax.algorithms.sft.trainer", "SFTConfig", "main"),
-    "pretrain": ("tempax.algorithms.sft.trainer", "PretrainConfig", "main"),
-    "dpo": ("tempax.algorithms.preference.trainer", "DPOConfig", "main"),
-    "kto": ("tempax.algorithms.preference.kto", "KTOConfig", "main"),
-    "reward-model": ("tempax.algorithms.preference.reward_trainer", "RewardModelConfig", "main"),
-    "grpo": ("tempax.algorithms.grpo.trainer", "GRPOConfig", "main"),
-    "ppo": ("tempax.algorithms.ppo.trainer", "PPOConfig", "main"),
-    "distill": ("tempax.algorithms.distill.trainer", "DistillConfig", "main"),
-}
-
-
-def resolve(command: str) -> tuple[type, Callable[[Any], Any]]:
-    """(config class, main function) of a training command."""
-    from tempax.errors import ConfigError
-
-    if command not in ALGORITHMS:
-        raise ConfigError(f"'{command}' is not a training command here; available: {', '.join(sorted(ALGORITHMS))}")
-    module_name, cls_name, main_name = ALGORITHMS[command]
-    module = importlib.import_module(module_name)
-    return getattr(module, cls_name), getattr(module, main_name)
 
 
 def load(command: str, config: str | None, overrides: list[str]) -> Any:
@@ -46,15 +22,15 @@ def load(command: str, config: str | None, overrides: list[str]) -> Any:
     from tempax.configlib import load_config
 
     cls, _ = resolve(command)
-    return load_config(cls, config, overrides)
+    return load_config(cls, config, overrides, command=command)
 
 
 def recipes_for(command: str) -> list[str]:
-    """The shipped recipes whose opening comment runs `command` (relative paths, sorted)."""
+    """The shipped recipes whose `command:` key is `command` (relative paths, sorted)."""
     import glob
     import os
 
-    from tempax.cli.validate import recipe_command
+    from tempax.configlib import recipe_command
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     paths = sorted(glob.glob(os.path.join(root, "recipes", "**", "*.yaml"), recursive=True))
@@ -106,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         from tempax.configlib import dump_yaml
 
-        sys.stdout.write(dump_yaml(cfg))
+        sys.stdout.write(dump_yaml(cfg, command=command))
         return 0
     _, main = resolve(command)
     from tempax.algorithms.run import hold_run

@@ -198,7 +198,7 @@ def cache_root() -> str:
 
 
 # Bumped when the way a GGUF tokenizer is built changes, so entries written by older code are not reused.
-_CACHE_VERSION = "2"
+_CACHE_VERSION = "3"
 
 
 def gguf_tokenizer_cache_dir(path: str | os.PathLike) -> str:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tempax.algorithms.preference.reward_model import RewardModel, RewardScorer, load_reward_model, save_reward_model
+from tempax.models.reward_model import RewardModel, load_reward_model, save_reward_model
+from tempax.rewards.reward_model import RewardScorer
 from tempax.cli.main import main as cli
 from tempax.cli.score import score_rows
 from tests.kit.models import tiny_tempax_model

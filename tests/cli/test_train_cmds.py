@@ -36,6 +36,7 @@ def workspace(tmp_path_factory):
     recipe.write_text(
         f"""# A tiny LoRA SFT run for the CLI tests.
 # Run: tempax sft --config {recipe}
+command: sft
 model:
   source: preset:tiny-llama
   tokenizer: {tok}
@@ -183,7 +184,7 @@ def test_every_training_command_ends_with_the_same_done_line(workspace, monkeypa
 @pytest.mark.slow  # about 100 s on 2 cores: two real runs with their held-out evaluations
 def test_dpo_and_kto_commands_end_with_the_done_line(tmp_path, capsys):
     """Two real steps of `tempax dpo` and `tempax kto` on a one-layer model print the line as their last."""
-    from tests.algorithms.test_dpo import SEQ, SMALL, synthetic_rows, write_jsonl
+    from tests.algorithms.preference.test_dpo import SEQ, SMALL, synthetic_rows, write_jsonl
 
     tiny_chat_tokenizer().hf.save_pretrained(tmp_path / "tok")
     pairs = write_jsonl(str(tmp_path / "pairs.jsonl"), synthetic_rows(16, seed=0))

@@ -111,7 +111,7 @@ def test_continued_pretraining_with_new_tokens(extended, tmp_path):
     full fine-tuning steps of the 2-layer model)."""
     import json
 
-    from tempax.algorithms.sft.trainer import PretrainConfig, main
+    from tempax.algorithms.sft.main import PretrainConfig, main
     from tempax.configlib import from_dict
 
     _, ext, _ = extended

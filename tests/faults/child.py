@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from tempax.algorithms.sft.trainer import make_sft_loss
+from tempax.algorithms.sft.main import make_sft_loss
 from tempax.data.loader import sft_loader
 from tempax.errors import TempaxError
 from tempax.train import checkpoint as checkpoint_module

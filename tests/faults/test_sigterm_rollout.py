@@ -9,13 +9,13 @@ import signal
 
 import pytest
 
-from tempax.algorithms.grpo.rollout import PromptSampler
+from tempax.rl.rollout import PromptSampler
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.rewards import combine_rewards
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
 from tempax.train.preemption import RunStopped
-from tests.algorithms.test_grpo_learner import model, prompts, tok  # noqa: F401 - the shared tiny fixtures
-from tests.algorithms.test_grpo_source import SETTINGS, char_count
+from tests.algorithms.grpo.test_objective import model, prompts, tok  # noqa: F401 - the shared tiny fixtures
+from tests.algorithms.grpo.test_source import SETTINGS, char_count
 from tests.kit.compile_cache import persistent_compile_cache
 
 

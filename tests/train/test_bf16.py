@@ -9,7 +9,7 @@ import numpy as np
 from flax import nnx
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.sft.trainer import make_sft_loss
+from tempax.algorithms.sft.main import make_sft_loss
 from tempax.data.loader import sft_loader
 from tempax.models.decoder import Decoder, projection_dot
 from tempax.models.presets import PRESETS

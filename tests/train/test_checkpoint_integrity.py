@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.sft.trainer import make_sft_loss
+from tempax.algorithms.sft.main import make_sft_loss
 from tempax.data.loader import sft_loader
 from tempax.errors import CheckpointError
 from tempax.train.checkpoint import CheckpointMismatch, Checkpointer, DamagedCheckpoint, describe_storage_error

@@ -43,7 +43,7 @@ def test_seq_len_beyond_the_models_positions_is_refused():
 def test_trainer_says_the_warnings_and_refuses_long_rows(capsys):
     from flax import nnx
 
-    from tempax.algorithms.sft.trainer import make_sft_loss
+    from tempax.algorithms.sft.main import make_sft_loss
     from tempax.models.decoder import Decoder
     from tempax.models.presets import get_preset
     from tempax.train.loop import Trainer

@@ -8,7 +8,7 @@ import os
 import numpy as np
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.sft.trainer import make_sft_loss
+from tempax.algorithms.sft.main import make_sft_loss
 from tempax.data.loader import sft_loader
 from tempax.train.config import CheckpointConfig, OptimizerConfig
 from tempax.train.hooks import Hook, every
