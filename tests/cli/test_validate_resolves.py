@@ -18,6 +18,7 @@ from tests.kit.tokenizers import tiny_chat_tokenizer
 def _grpo_recipe(tmp_path, rewards):
     recipe = tmp_path / "grpo.yaml"
     recipe.write_text(f"""# Run: tempax grpo --config {recipe}
+command: grpo
 model: {{source: "preset:tiny-llama"}}
 task: {{name: arithmetic}}
 rewards: {{functions: {json.dumps(rewards)}}}
@@ -44,6 +45,7 @@ def _sft_recipe(tmp_path, rows, tokenizer, run_dir=None):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     recipe = tmp_path / "sft.yaml"
     recipe.write_text(f"""# Run: tempax sft --config {recipe}
+command: sft
 model: {{source: "preset:tiny-llama", tokenizer: {tokenizer}}}
 data: {{path: {data}}}
 train: {{run_dir: {run_dir or tmp_path / "run"}, steps: 2}}
