@@ -1,6 +1,7 @@
 """The package's import layering, read from the source with `ast` (nothing is imported):
 
     cli -> algorithms -> rl -> {train, generate, rewards, data, eval} -> models -> parallel
+    cli -> serve -> generate
 
 with the top-level helpers `errors`, `configlib` and `progress` (and `tempax/__init__`'s lazy loaders)
 underneath as the foundation every layer may use. Each package may import only what `MAY_IMPORT` lists for it:
@@ -23,7 +24,8 @@ FOUNDATION = {"errors", "configlib", "progress"}
 MIDDLE = {"train", "generate", "rewards", "data", "eval"}
 LOWER = {"models", "parallel"}
 MAY_IMPORT: dict[str, set[str]] = {
-    "cli": {"algorithms", "rl", *MIDDLE, *LOWER},
+    "cli": {"algorithms", "rl", "serve", *MIDDLE, *LOWER},
+    "serve": {"generate", *LOWER},  # the HTTP server and its batcher, on the generation engine
     "algorithms": {"rl", *MIDDLE, *LOWER},
     "rl": {"train", "generate", "rewards", "data", *LOWER},
     "eval": {"generate", "rewards", "data", *LOWER},

@@ -38,10 +38,10 @@ def test_truncate_after_keeps_steps_up_to_the_checkpoint(tmp_path):
 
 
 def test_nothing_is_written_before_the_first_record(tmp_path):
-    writer = MetricsWriter(str(tmp_path / "run"), tensorboard=True, resume_step=0)
+    writer = MetricsWriter(str(tmp_path / "run"), report_to=("tensorboard",), resume_step=0)
     writer.close()
     assert not (tmp_path / "run").exists()
-    writer = MetricsWriter(str(tmp_path / "run"), tensorboard=True, resume_step=0)
+    writer = MetricsWriter(str(tmp_path / "run"), report_to=("tensorboard",), resume_step=0)
     writer.write(1, {"loss": 1.5})
     writer.event(1, "stopped", reason="SIGTERM")
     writer.close()
@@ -69,7 +69,7 @@ def test_a_torn_last_line_is_removed_before_the_next_record(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "lo')
     said = []
-    writer = MetricsWriter(str(tmp_path), tensorboard=False, say=said.append)
+    writer = MetricsWriter(str(tmp_path), report_to=(), say=said.append)
     writer.write(2, {"loss": 2.25})
     writer.close()
     lines = path.read_text().splitlines()
@@ -88,7 +88,7 @@ def test_a_failed_metrics_write_leaves_no_partial_line(tmp_path):
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "from tempax.train.metrics import MetricsWriter\n"
         "from tempax.train.storage import StorageError\n"
-        f"w = MetricsWriter({str(tmp_path)!r}, tensorboard=False)\n"
+        f"w = MetricsWriter({str(tmp_path)!r}, report_to=())\n"
         "w.write(1, {'loss': 1.0})\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (60, resource.RLIM_INFINITY))\n"
         "try:\n    w.write(2, {'loss': 0.5, 'grad_norm': 0.25})\n"
