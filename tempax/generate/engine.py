@@ -18,6 +18,10 @@ of arrays), never as constants, so a LoRA/QLoRA-wrapped model, a sharded model o
 reuse the executable compiled for their structure. Anything with the `Decoder` call signature
 `model(tokens, segment_ids=..., cache=...) -> (logits, cache)` and a `.config` works.
 
+Multi-turn rollouts continue a run (`DecodeRun.continue_with`): after a turn, each row's new tokens (a tool
+result and the next assistant header) are prefilled into the same cache, so a turn costs its new tokens, not a
+re-prefill of the conversation; `reserve` sizes the cache for the later turns.
+
 The decode loop runs entirely on device: no host round-trip per token. Callers that need to look at tokens
 while decoding (stop strings, streaming chat) advance it in chunks (`DecodeRun.advance(steps)`), which reuses
 the same executable because the step limit is traced.
@@ -182,6 +186,12 @@ def _prefill(
     if n > 1:
         logits = jnp.repeat(logits, n, axis=0)
         cache = _shard_cache(cache.repeat(n))
+    return _first_token_state(cache, logits, keys, live, knobs, spec, completion_len)
+
+
+def _first_token_state(cache, logits, keys, live, knobs: _Knobs, spec: SamplerSpec, completion_len: int) -> DecodeState:
+    """The state after sampling a turn's token 0 from `logits` [B, V]: fresh completion buffers; rows not `live`
+    are born done."""
     first, lp, raw = _sample(logits, keys, jnp.int32(0), knobs, spec)
     rows = first.shape[0]
     first = jnp.where(live, first, knobs.pad_id)
@@ -260,6 +270,32 @@ def _check_prompt_configs(config: SamplingConfig, prompt_configs: Sequence[Sampl
             )
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
+def _extend(
+    graphdef: Any,
+    params: Any,
+    state: DecodeState,
+    cache_segments: jax.Array,
+    next_position: jax.Array,
+    tokens: jax.Array,
+    segment_ids: jax.Array,
+    live: jax.Array,
+    turn: jax.Array,
+    knobs: _Knobs,
+    *,
+    spec: SamplerSpec,
+) -> DecodeState:
+    """Starts the next turn of every row: prefills only the new tokens [B, T] (left-padded) into the existing
+    cache, whose slots past each row's kept tokens `cache_segments` has already masked out, at positions from
+    `next_position`; samples the turn's token 0 from a stream folded with `turn`. Rows not `live` are born done."""
+    _TRACES["extend"] += 1
+    model = _merge(graphdef, params)
+    cache = _shard_cache(dataclasses.replace(state.cache, segment_ids=cache_segments, next_position=next_position))
+    logits, cache = _call_model(model, tokens, segment_ids, cache)
+    keys = jax.vmap(lambda k: jax.random.fold_in(k, turn))(state.keys)
+    return _first_token_state(cache, logits, keys, live, knobs, spec, state.tokens.shape[1])
+
+
 def model_context(model: Any, config: SamplingConfig) -> int:
     limit = int(model.config.max_position_embeddings)
     return limit if config.max_len is None else min(limit, int(config.max_len))
@@ -330,6 +366,8 @@ class DecodeRun:
         row with top_p 1 in a run where another row's top_p is below 1 (and top_k is 0) draws from the vocabulary
         in sorted order: the same distribution, but not the stream it draws alone (`tempax serve` batches them
         apart).
+      reserve: cache slots kept free for later turns (`continue_with`): the new tokens of every turn after the
+        first, padded, plus max_new_tokens per turn. 0 for single-turn requests.
     """
 
     def __init__(
@@ -343,6 +381,7 @@ class DecodeRun:
         prompt_offset: int = 0,
         sample_offset: int = 0,
         prompt_configs: Sequence[SamplingConfig] | None = None,
+        reserve: int = 0,
     ):
         _check_prompt_configs(config, prompt_configs, len(prompt_ids))
         check_prompts(prompt_ids, config, model_context(model, config), int(model.config.vocab_size), prompt_configs)
@@ -399,7 +438,8 @@ class DecodeRun:
         self._layout = use_decode_layout(model, config)  # decode steps only: prefill multiplies whole prompts
         args = (self._graphdef, self._params, tokens, segments, seeds,
                 prompt_index.astype(np.int32), sample_index.astype(np.int32), live, self._knobs)
-        kwargs = dict(spec=self._spec, n=n, cache_len=prompt_len + completion_len, completion_len=completion_len)
+        cache_len = prompt_len + completion_len + (bucket_length(reserve) if reserve else 0)
+        kwargs = dict(spec=self._spec, n=n, cache_len=cache_len, completion_len=completion_len)
         self._compile_ahead(args, kwargs)
         self._state = _prefill(*args, **kwargs)
         self._done_host = host_array(self._state.done)  # host reads go through host_array: arrays may span processes
@@ -407,6 +447,13 @@ class DecodeRun:
         self.prefill_s = time.perf_counter() - start
         self.decode_s = 0.0
         self._step = 1
+        # Multi-turn bookkeeping: the cache slot where this turn's completion starts, each row's real tokens in
+        # the cache (= its next rotary position), the turn number, and the real tokens prefilled so far.
+        self._turn_start = prompt_len
+        self._context = np.zeros(len(live), np.int64)
+        self._context[: self.rows] = np.repeat([len(p) for p in prompt_ids], n)
+        self.turn = 0
+        self.prefilled_tokens = sum(len(p) for p in prompt_ids)
 
     @property
     def rows(self) -> int:
@@ -433,6 +480,62 @@ class DecodeRun:
         self._step, self._done_host = int(host_array(self._state.step)), host_array(self._state.done)
         self._release_after_compiling()
         self.decode_s += time.perf_counter() - start
+
+    def continue_with(self, new_ids: Sequence[Sequence[int] | None]) -> None:
+        """Starts the next turn: row r's conversation goes on with `new_ids[r]` (e.g. a rendered tool result and
+        the next assistant header) after what it generated this turn; None ends the row (it stays finished).
+
+        Only new tokens are prefilled, into the existing cache: this turn's last generated token (its stop token,
+        which the decode loop samples but never feeds back) followed by `new_ids[r]`. Cache slots a row wrote
+        after that token (padding fed while other rows were still decoding) are masked out, and positions go on
+        from the row's real length, so the next turn sees exactly prompt + completion + new tokens, as a fresh
+        prefill of the whole conversation would. The completion buffers restart for the new turn.
+        """
+        if len(new_ids) != self.rows:
+            raise GenerationError(f"continue_with got {len(new_ids)} rows of new tokens for {self.rows} rows")
+        lengths = host_array(self._state.lengths)
+        cache = self._state.cache
+        written = int(host_array(cache.length))  # prefill's slots, then one per decode step
+        segments = np.array(host_array(cache.segment_ids))
+        rows_all = segments.shape[0]
+        inputs: list[list[int]] = []
+        live = np.zeros(rows_all, bool)
+        for r in range(rows_all):
+            ids = new_ids[r] if r < self.rows else None
+            if ids is None or lengths[r] == 0:
+                inputs.append([self.pad_id])  # one real token, so the row attends to something; born done
+                continue
+            live[r] = True
+            keep_until = self._turn_start + int(lengths[r]) - 1
+            segments[r, keep_until:written] = 0
+            self._context[r] += int(lengths[r]) - 1
+            last = int(host_array(self._state.tokens)[r, int(lengths[r]) - 1])
+            inputs.append([last, *(int(t) for t in ids)])
+        width = bucket_length(max(len(x) for x in inputs))
+        if written + width + bucket_length(self.config.max_new_tokens) > cache.max_len:
+            raise GenerationError(
+                f"the next turn needs {width} new cache slots plus max_new_tokens={self.config.max_new_tokens}, "
+                f"but {cache.max_len - written} are free; pass a larger reserve for later turns"
+            )
+        tokens = np.full((rows_all, width), self.pad_id, np.int32)
+        new_segments = np.zeros((rows_all, width), np.int32)
+        for r, ids in enumerate(inputs):
+            tokens[r, width - len(ids):] = ids
+            new_segments[r, width - len(ids):] = 1
+        next_position = self._context.astype(np.int32)
+        start = time.perf_counter()
+        self.turn += 1
+        self._state = _extend(
+            self._graphdef, self._params, self._state, segments, next_position, tokens, new_segments, live,
+            jnp.int32(self.turn), self._knobs, spec=self._spec,
+        )
+        self._context[live] += np.array([len(ids) for ids, ok in zip(inputs, live) if ok], np.int64)
+        self.prefilled_tokens += sum(len(ids) for ids, ok in zip(inputs, live) if ok)
+        self._turn_start = written + width
+        self._step = 1
+        self._done_host = host_array(self._state.done)
+        self._release_after_compiling()
+        self.prefill_s += time.perf_counter() - start
 
     def _compile_ahead(self, prefill_args: tuple, prefill_kwargs: dict) -> None:
         """Compiles a new request shape's prefill and decode programs before either runs (decode from the
