@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reward-model": ("train_cmds", "train a Bradley-Terry reward model from a recipe"),
     "grpo": ("train_cmds", "GRPO / DAPO / GSPO with verifiable rewards from a recipe"),
     "ppo": ("train_cmds", "RLHF with PPO against a trained reward model from a recipe"),
+    "rft": ("train_cmds", "rejection-sampling fine-tuning (RFT / STaR / ReST-EM) with a checker from a recipe"),
     "distill": ("train_cmds", "knowledge distillation of a teacher into a (layer-pruned) student from a recipe"),
     "score": ("score", "rate (prompt, response) pairs with a reward model"),
     "eval": ("evaluate", "accuracy, format accuracy and pass@k of a model on a task"),

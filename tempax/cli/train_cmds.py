@@ -1,4 +1,4 @@
-"""`tempax sft|pretrain|dpo|kto|reward-model|grpo|ppo|distill --config RECIPE.yaml key=value ...`: train from a recipe.
+"""`tempax sft|pretrain|dpo|kto|reward-model|grpo|ppo|rft|distill --config RECIPE.yaml key=value ...`: train from a recipe.
 
 Each training command is one row of `ALGORITHMS`: the command name -> (module, config class, main function).
 An algorithm plugs in by adding its row; its module exposes a frozen config dataclass (with a `train:
@@ -26,6 +26,7 @@ ALGORITHMS: dict[str, tuple[str, str, str]] = {
     "reward-model": ("tempax.algorithms.preference.reward_trainer", "RewardModelConfig", "main"),
     "grpo": ("tempax.algorithms.grpo.trainer", "GRPOConfig", "main"),
     "ppo": ("tempax.algorithms.ppo.trainer", "PPOConfig", "main"),
+    "rft": ("tempax.algorithms.rft.trainer", "RFTConfig", "main"),
     "distill": ("tempax.algorithms.distill.trainer", "DistillConfig", "main"),
 }
 
