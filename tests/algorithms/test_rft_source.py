@@ -93,3 +93,25 @@ def test_a_checker_that_accepts_nothing_stops_with_a_clear_message(model, tok, p
                            threshold=2.0, max_empty_rounds=2)
     with pytest.raises(NothingAccepted, match="rft.threshold=2"):
         run(model, tok, prompts, tmp_path / "nothing", steps=2, settings=settings)
+
+
+def test_the_fused_loss_is_the_weighted_sft_loss(model):
+    """`make_rft_loss` (fused head + cross-entropy, weighted mask) equals `weighted_sft_loss` on the model's
+    plain logits, for a packed row of two examples weighing 0.5 and 2.0; its loss_weight is sum(w * m) =
+    0.5 * 2 + 2.0 * 3 = 7 (the examples train 2 and 3 target positions)."""
+    import jax.numpy as jnp
+
+    from tempax.algorithms.rft.losses import weighted_sft_loss
+    from tempax.algorithms.rft.source import pack_round
+    from tempax.data.formats import Example
+    from tempax.models.logprobs import token_logprobs
+
+    examples = [(Example(np.array([5, 6, 7, 8], np.int32), np.array([0, 0, 1, 1], bool)), 0.5),
+                (Example(np.array([9, 10, 11, 12, 13], np.int32), np.array([0, 0, 1, 1, 1], bool)), 2.0)]
+    (batch,) = pack_round(examples, batch_size=1, seq_len=12, pad_id=0, epochs=1, seed=0)
+    jb = {k: jnp.asarray(v) for k, v in batch.items()}
+    loss, metrics = make_rft_loss(chunk_len=None)(model, jb)
+    logits, _ = model(jb["tokens"], positions=jb["positions"], segment_ids=jb["segment_ids"])
+    expected, m = weighted_sft_loss(token_logprobs(logits, jb["targets"]), jb["loss_mask"], jb["weights"])
+    assert float(metrics["loss_weight"]) == pytest.approx(7.0) == float(m["loss_weight"])
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
