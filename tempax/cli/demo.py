@@ -29,7 +29,8 @@ It prints a table of format accuracy and answer accuracy per stage, each with it
 paired proportions (`paired_difference_interval`: both are scored on the same problems, whose
 difficulty they share, so an interval for independent samples would be too wide). It writes, into the run dir it
 names, the GRPO metrics (metrics.jsonl, TensorBoard), the reward curves (reward_curve.png), the other stages' metrics
-(sft/, scarce_sft/, rft/, baseline_sft/) and results.json with every number and a few completions.
+(sft/, scarce_sft/, rft/, baseline_sft/), outcomes.jsonl (each stage's per-problem verdicts, written as soon as
+the stage is evaluated) and results.json with every number and a few completions.
 
 Why these defaults (see ../shared/notes/grpo-demo-calibration.md for what a CPU GRPO run of this model can
 learn, and the measurements below):
@@ -439,6 +440,15 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
         evaluations.append((name, r))
         say(f"  {name}: format {r.format_accuracy:.1%}, answer {r.answer_accuracy:.1%} "
             f"on {len(held_rows)} held-out problems ({watch.wall[f'eval {name}']:.0f} s)")
+        # Each stage's per-problem outcomes as soon as they exist: a run stopped before the end (a long --compare
+        # on a busy machine) still has what the paired intervals need for the stages it finished.
+        with open(os.path.join(run_dir, "outcomes.jsonl"), "a") as f:
+            f.write(json.dumps({"stage": name, "format_ok": _outcomes(r, "format_ok"),
+                                "correct": _outcomes(r, "correct"), "eval_seconds": watch.wall[f"eval {name}"],
+                                "trained_seconds": {k: watch.wall[k] for k in ("sft", "grpo", *_WATCH.values())
+                                                    if k in watch.wall},
+                                "trained_cpu_seconds": {k: watch.cpu[k] for k in ("sft", "grpo", *_WATCH.values())
+                                                        if k in watch.cpu}}) + "\n")
 
     say(f"[1/{n_stages}] base model")
     if cfg.evaluate_base:

@@ -147,6 +147,10 @@ def test_compare_demo_runs_the_scarce_demonstration_comparison(tmp_path):
     assert any(line.startswith(f"{RFT_STAGE} minus {SCARCE_STAGE}, answers") for line in lines)
     with open(result.files["results"]) as f:
         saved = json.load(f)
+    with open(os.path.join(cfg.run_dir, "outcomes.jsonl")) as f:
+        written = [json.loads(line) for line in f]
+    assert [w["stage"] for w in written] == [name for name, _ in result.evaluations]
+    assert all(len(w["correct"]) == 4 for w in written)
     paired = saved["comparison"][f"{RFT_STAGE} minus {SCARCE_STAGE}"]["answers"]
     assert paired["both"] + paired["only_a"] + paired["only_b"] + paired["neither"] == 4
     assert paired["low"] <= paired["difference"] <= paired["high"]
