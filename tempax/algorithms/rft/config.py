@@ -2,6 +2,7 @@
 
 A recipe is an `RFTConfig`:
 
+    command: rft
     model:   {source: smollm2-135m-instruct}
     lora:    {rank: 16, alpha: 32}
     task:    {name: arithmetic}
@@ -20,13 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-# Until the shared RL layer exists, the task, reward and evaluation specs are GRPO's (the same checker and task).
 from tempax.algorithms.common import ModelSpec
-from tempax.algorithms.grpo.config import EvalSpec, RewardSpec, TaskSpec
 from tempax.algorithms.rft.selection import WEIGHTINGS
 from tempax.configlib import help_field
+from tempax.data.tasks.spec import TaskSpec
 from tempax.errors import ConfigError
+from tempax.eval.spec import EvalSpec
 from tempax.models.lora import LoraConfig
+from tempax.rewards.registry import RewardSpec
 from tempax.train.config import TrainConfig
 
 

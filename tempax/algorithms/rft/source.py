@@ -8,7 +8,7 @@ Each round, drawn lazily when `fit` asks for a batch and the previous round's ba
 weights the last step produced):
   1. sample k completions for each of `problems_per_round` problems with the current policy (`trainer.model`;
      the k samples of a problem share one prefill), score them with the checker's reward functions
-     (`tempax.algorithms.grpo.rollout.sample_rollout`, the rollout machinery GRPO uses);
+     (`tempax.rl.rollout.sample_rollout`, the rollout machinery GRPO uses);
   2. keep the accepted, distinct, capped completions and weigh them (`selection.select_completions`,
      `selection.completion_weights`);
   3. turn each kept completion into an SFT example, prompt + completion tokens exactly as sampled (no
@@ -37,13 +37,12 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-# Until the shared RL layer exists, the rollout machinery is GRPO's (sampling with a shared prefill + scoring).
-from tempax.algorithms.grpo.rollout import PromptSampler, Rollout, concat_rollouts, sample_rollout
 from tempax.algorithms.rft.config import RFTSettings
 from tempax.algorithms.rft.selection import Selection, completion_weights, select_completions
 from tempax.data.formats import Example
 from tempax.data.packing import collate_rows, plan_packing
 from tempax.errors import TempaxError
+from tempax.rl.rollout import PromptSampler, Rollout, concat_rollouts, sample_rollout
 from tempax.train.sources import decode_arrays, encode_arrays
 
 Batch = dict[str, np.ndarray]
