@@ -97,11 +97,11 @@ def infer_algorithm(raw: dict[str, Any]) -> str | None:
     (others reject a key or add one). Commands that share a shape (sft and pretrain differ in defaults only) are
     told apart by how many of the run's values are the class's own defaults. None when no class fits.
     """
-    from tempax.cli.train_cmds import ALGORITHMS, resolve
+    from tempax.algorithms.registry import algorithms, resolve
     from tempax.configlib import from_dict, to_dict
 
     scored = []
-    for command in ALGORITHMS:
+    for command in algorithms():
         cls, _ = resolve(command)
         try:
             if to_dict(from_dict(cls, raw)) != raw:
