@@ -490,16 +490,22 @@ def load_config(
             malformed, or `from_dict` fails.
     """
     data: dict[str, Any] = {}
+    named = None
     if yaml_path is not None:
         data = dict(read_recipe(yaml_path))
         named = data.pop(COMMAND_KEY, None)
-        if named is not None and command is not None and named != command:
-            raise ConfigError(
-                f"'{yaml_path}' is a recipe for `tempax {named}` (its {COMMAND_KEY}: key), not `tempax {command}`; "
-                f"run: tempax {named} --config {yaml_path}"
-            )
     data = _deep_merge(data, parse_overrides(overrides, cls))
-    return from_dict(cls, data)
+    if named is None or command is None or named == command:
+        return from_dict(cls, data)
+    # A recipe written for another command is used when its settings fit this command's config too (an SFT
+    # recipe is a valid continued pre-training recipe); otherwise the recipe's own command is the likely intent.
+    try:
+        return from_dict(cls, data)
+    except ConfigError as e:
+        raise ConfigError(
+            f"'{yaml_path}' is a recipe for `tempax {named}` (its {COMMAND_KEY}: key), not `tempax {command}` "
+            f"({e}); run: tempax {named} --config {yaml_path}"
+        ) from None
 
 
 def to_dict(cfg: Any) -> Any:

@@ -217,15 +217,18 @@ def test_round_trip_through_yaml(tmp_path):
 
 def test_a_recipes_command_key_is_checked_and_left_out_of_the_config(tmp_path):
     """`command: sft` names the recipe's command: `recipe_command` reads it, `load_config` accepts it for that
-    command (or when none is asked for) without passing it to the config, refuses it for another, and
-    `dump_yaml(cfg, command=...)` writes it first so the printed recipe loads back to the same config."""
+    command (or when none is asked for) without passing it to the config, refuses it for another command whose
+    config it does not fit (naming the recipe's own command), accepts it for one whose config it fits (an SFT
+    recipe for continued pre-training), and `dump_yaml(cfg, command=...)` writes it first so the printed recipe
+    loads back to the same config."""
     recipe = tmp_path / "r.yaml"
     recipe.write_text("# a recipe\ncommand: sft\nmodel: m\nlora: {rank: 4}\n")
     assert recipe_command(recipe) == "sft"
     assert load_config(TrainConfig, recipe, [], command="sft") == load_config(TrainConfig, recipe, []) == \
         TrainConfig(model="m", lora=LoraConfig(rank=4))
     with pytest.raises(ConfigError, match=r"is a recipe for `tempax sft` \(its command: key\), not `tempax dpo`"):
-        load_config(TrainConfig, recipe, [], command="dpo")
+        load_config(PresetConfig, recipe, [], command="dpo")  # `lora` is no key of PresetConfig
+    assert load_config(TrainConfig, recipe, [], command="pretrain") == TrainConfig(model="m", lora=LoraConfig(rank=4))
     printed = tmp_path / "printed.yaml"
     printed.write_text(dump_yaml(load_config(TrainConfig, recipe, []), command="sft"))
     assert printed.read_text().startswith("command: sft\n")

@@ -70,7 +70,7 @@ def unregister(command: str) -> None:
 
 
 # How `tempax --help` orders the packaged commands (a user's usual path); other packages follow by name.
-LISTING_ORDER = ("sft", "preference", "grpo", "ppo", "distill")
+LISTING_ORDER = ("sft", "preference", "grpo", "rft", "ppo", "distill")
 
 
 def _packaged() -> dict[str, Algorithm]:

@@ -16,6 +16,11 @@ config is checked against the saved config.yaml before that is replaced (`tempax
 that change the trajectory are refused unless `train.allow_config_change=true`, and every accepted one is
 recorded with its step in config_changes.jsonl).
 
+`start_run` takes the run dir's lock (`tempax.train.run_identity.hold_run_dir`: one run per run dir; a second
+process gets one line naming the holder and exits 2 before anything is loaded) and `train` gives it back when the
+trainer is closed; `hold_run(cfg)` holds it around a whole command (the CLI's), so it covers the reports after
+training too. In a multi-process run process 0 takes it and the others wait for process 0 at a barrier.
+
 Across processes (`tempax launch`, clusters) `start_run` first joins the run (`train.mesh.join()`, before
 anything starts JAX's backend), and every file here is written by process 0 alone (`is_writer`); the other
 processes run the same code and compute the same values, so paths and tables are the same everywhere.
@@ -23,16 +28,19 @@ processes run the same code and compute the same values, so paths and tables are
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from tempax.data.sft import SFTData
-from tempax.parallel.process import is_writer
+from tempax.parallel.process import is_writer, sync
 from tempax.train.loop import Trainer, TrainResult
-from tempax.train.run_identity import CONFIG_FILE, save_run_config
+from tempax.train.run_identity import CONFIG_FILE, acquire_run_dir, release_run_dir, save_run_config
+from tempax.train.storage import write_atomic
+
 EVAL_SUMMARY_FILE = "eval_summary.json"
 
 # Held-out metrics shown first in a before/after table (others the loss reports follow, sorted).
@@ -52,6 +60,13 @@ class Run:
     run_dir: str
     say: Callable[[str], None]
     files: dict[str, str] = field(default_factory=dict)
+    locked: bool = False  # this Run holds one count of the run dir's lock (given back by `close`)
+
+    def close(self) -> None:
+        """Gives back the run dir's lock taken by `start_run` (idempotent)."""
+        if self.locked:
+            self.locked = False
+            release_run_dir(self.run_dir)
 
     def path(self, name: str) -> str:
         return os.path.join(self.run_dir, name)
@@ -59,8 +74,7 @@ class Run:
     def write_json(self, name: str, data: Any) -> str:
         path = self.path(name)
         if is_writer():
-            with open(path, "w") as f:
-                json.dump(data, f, indent=2, default=str)
+            write_atomic(path, json.dumps(data, indent=2, default=str))
         self.files[name.rsplit(".", 1)[0]] = path
         return path
 
@@ -89,6 +103,7 @@ class Run:
             result = trainer.fit(batches, hooks=hooks, eval_batches=eval_batches)
         finally:
             trainer.close()
+            self.close()
         after = result.eval_history[-1][1] if result.eval_history else None
         result.extras.update(eval_before=before, eval_after=after)
         return result
@@ -137,10 +152,36 @@ def start_run(cfg: Any, *, log: Callable[[str], None] | None = None) -> Run:
     where the run's messages go (default stderr)."""
     cfg.train.mesh.join()  # a multi-process run is joined before anything can start JAX's backend
     run = Run(cfg, cfg.train.run_dir, log or stderr_logger)
-    if is_writer():  # process 0 checks a resume's config and writes config.yaml
-        save_run_config(run.run_dir, cfg, say=run.say)
+    _lock(run.run_dir)
+    run.locked = is_writer()
+    try:
+        if is_writer():  # process 0 checks a resume's config and writes config.yaml
+            save_run_config(run.run_dir, cfg, say=run.say)
+    except BaseException:
+        run.close()
+        raise
     run.files["config"] = run.path(CONFIG_FILE)
     return run
+
+
+def _lock(run_dir: str) -> None:
+    """Process 0 takes the run dir's lock; the others wait for it at a barrier (a failure there ends process 0,
+    and with it the run)."""
+    if is_writer():
+        acquire_run_dir(run_dir)
+    sync("tempax-run-dir-lock")
+
+
+@contextlib.contextmanager
+def hold_run(cfg: Any) -> Iterator[None]:
+    """The run dir's lock around a whole command (joins a multi-process run first; see the module docstring)."""
+    cfg.train.mesh.join()
+    _lock(cfg.train.run_dir)
+    try:
+        yield
+    finally:
+        if is_writer():  # the outermost holder: also what a `start_run` that failed before `train` still held
+            release_run_dir(cfg.train.run_dir, every=True)
 
 
 def brief(metrics: dict[str, float]) -> str:

@@ -12,18 +12,25 @@ Stages 2 and 3 are `tempax.algorithms.sft.main.main` and `tempax.algorithms.grpo
 memory; `DemoConfig` embeds their two configs (`sft:`, `grpo:`), so any of their keys can be overridden
 (`tempax demo grpo.guard.action=stop`), and the flags are shortcuts for the common ones.
 
-With `--compare` (`compare=true`) a fourth stage is the fair baseline: SFT continued from the same warm-start
-(fresh adapters on the merged warm-start, as GRPO's) on the next problems' ideal completions, stopped when it has
-used the wall time the GRPO stage's training took in this run (`WallClockBudget`: same machine, same load, so
-also about the same compute; the process CPU seconds of both are printed beside), evaluated on the same held-out
-problems. The table then adds GRPO minus that SFT with a paired interval.
+With `--compare` (`compare=true`) the demo measures what RL adds where demonstrations are scarce: a fixed set of
+N worked solutions (`demonstrations`, the ideal completions of the first N training problems) is all the SFT data
+there is, and the warm-start trains on them. After it, the same wall time (the GRPO stage's training time in this
+run, `WallClockBudget`: same machine, same load; the process CPU seconds of each are printed beside) goes to each
+of, every one from the same warm-start with fresh LoRA adapters:
+  (a) SFT continued on the same N (more epochs: what a user without more data would do; `scarce_sft`);
+  (b) GRPO (`grpo`) on unlimited problems, with the checker (strict format + correctness rewards);
+  (c) rejection-sampling fine-tuning (`rft`, `tempax.algorithms.rft`) on unlimited problems, same checker;
+and, as a labelled reference row, SFT on fresh worked solutions of the next problems (`baseline`: unlimited
+demonstrations, the one setting in which RL is not needed). All are evaluated on the same held-out problems, and
+the table adds (b) - (a) and (c) - (a) with paired intervals.
 
 It prints a table of format accuracy and answer accuracy per stage, each with its 95% Wilson interval
-(`tempax.eval.metrics.wilson_interval`), and, with --compare, GRPO minus the equal-compute SFT with Newcombe's
-interval for paired proportions (`paired_difference_interval`: both are scored on the same problems, whose
+(`tempax.eval.metrics.wilson_interval`), and, with --compare, the paired differences with Newcombe's interval for
+paired proportions (`paired_difference_interval`: both are scored on the same problems, whose
 difficulty they share, so an interval for independent samples would be too wide). It writes, into the run dir it
-names, the GRPO metrics (metrics.jsonl, TensorBoard), the reward curves (reward_curve.png), the SFT metrics
-(sft/, baseline_sft/) and results.json with every number and a few completions.
+names, the GRPO metrics (metrics.jsonl, TensorBoard), the reward curves (reward_curve.png), the other stages' metrics
+(sft/, scarce_sft/, rft/, baseline_sft/), outcomes.jsonl (each stage's per-problem verdicts, written as soon as
+the stage is evaluated) and results.json with every number and a few completions.
 
 Why these defaults (what a CPU GRPO run of this model can learn, and the timings of these defaults:
 `docs/measurements/demo-calibration.md`):
@@ -49,10 +56,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from tempax.algorithms.common import ModelSpec
-from tempax.algorithms.grpo.config import EvalSpec, GRPOConfig, GRPOSettings, TaskSpec
-from tempax.rewards.registry import RewardSpec
+from tempax.algorithms.grpo.config import GRPOConfig, GRPOSettings
+from tempax.algorithms.rft.config import RFTConfig, RFTSettings
 from tempax.algorithms.sft.main import SFTConfig
 from tempax.data.sft import DataSpec
+from tempax.data.tasks.spec import TaskSpec
+from tempax.eval.spec import EvalSpec
+from tempax.rewards.registry import RewardSpec
 from tempax.configlib import help_field
 from tempax.models.lora import LoraConfig
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
@@ -79,12 +89,35 @@ def demo_sft_config() -> SFTConfig:
 
 
 def demo_baseline_config() -> SFTConfig:
-    """The equal-compute baseline of `--compare`: SFT continued from the warm-start (fresh LoRA adapters on the
-    merged warm-start model, as GRPO's) on the next problems' ideal completions, at a constant LoRA lr 5e-4 (the
+    """The reference row of `--compare`: SFT continued from the warm-start (fresh LoRA adapters on the merged
+    warm-start model, as GRPO's) on fresh ideal completions of the problems after the N demonstrations, at a constant LoRA lr 5e-4 (the
     middle of the warm-start's cosine), 4 packed 256-token rows a step, until the GRPO stage's wall time is spent.
     `train.steps` is only an upper bound: the wall-time budget ends the run."""
     return SFTConfig(
         lora=_DEMO_LORA, data=DataSpec(path="<run_dir>/baseline_examples.jsonl"),
+        train=_demo_train(steps=1000, batch_size=4, seq_len=256, optimizer=OptimizerConfig(
+            learning_rate=5e-4, warmup_steps=1, schedule="constant")),
+    )
+
+
+def demo_scarce_sft_config() -> SFTConfig:
+    """(a) of `--compare`: SFT continued from the warm-start on the same N worked solutions (epoch after epoch),
+    with the baseline's settings (constant LoRA lr 5e-4, 4 packed 256-token rows a step) until the budget is
+    spent; `train.steps` is only an upper bound."""
+    return dataclasses.replace(demo_baseline_config(), data=DataSpec(path="<run_dir>/scarce_examples.jsonl"))
+
+
+def demo_rft_config() -> RFTConfig:
+    """(c) of `--compare`: rejection-sampling fine-tuning from the warm-start: rounds of 8 problems x 8 samples
+    (48 new tokens, temperature 1), kept when strict format and answer are right (format + correctness >= 2),
+    distinct, at most 4 per problem, fine-tuned at the baseline SFT's lr (constant 5e-4, 4 packed 256-token rows a
+    step) until the budget is spent; `train.steps` is only an upper bound."""
+    return RFTConfig(
+        lora=_DEMO_LORA, task=TaskSpec(name="arithmetic", num_train_problems=2000),
+        rewards=RewardSpec(functions=("format", "correctness")),
+        rft=RFTSettings(samples_per_problem=8, problems_per_round=8, sampling_batch=8, max_new_tokens=48,
+                        temperature=1.0, threshold=2.0, max_per_problem=4),
+        eval=EvalSpec(num_problems=0, before=False, after=False),
         train=_demo_train(steps=1000, batch_size=4, seq_len=256, optimizer=OptimizerConfig(
             learning_rate=5e-4, warmup_steps=1, schedule="constant")),
     )
@@ -120,16 +153,32 @@ class DemoConfig:
         default_factory=demo_grpo_config,
     )
     compare: bool = help_field(
-        "Also run the equal-compute baseline (`--compare`): after GRPO, SFT continued from the same warm-start "
-        "(`baseline`) for the wall time the GRPO stage's training took in this run (same machine, same load), "
-        "evaluated on the same held-out problems; the table adds it and GRPO minus it with a paired interval.",
+        "The scarce-demonstration comparison (`--compare`, module docstring): after a warm-start on `demonstrations` "
+        "worked solutions, the wall time the GRPO stage's training took in this run goes to each of (a) SFT on the "
+        "same N, (b) GRPO, (c) RFT and the reference SFT on fresh solutions; the table adds (b) - (a) and (c) - (a) "
+        "with paired intervals.",
         False,
     )
+    demonstrations: int = help_field(
+        "--compare: N, the worked solutions (ideal completions of the first N training problems) that are all the "
+        "SFT data there is: the warm-start trains on them and (a) repeats them.", 64)
+    scarce_sft: SFTConfig = help_field(
+        "(a) of --compare: SFT continued on the same N worked solutions (its data.path and run_dir are set by the "
+        "demo; its train.steps is an upper bound, the GRPO stage's wall time ends it).",
+        default_factory=demo_scarce_sft_config,
+    )
+    rft: RFTConfig = help_field(
+        "(c) of --compare: rejection-sampling fine-tuning with the GRPO stage's task and checker (its task, "
+        "rewards, model and run_dir are set by the demo; train.steps is an upper bound, the budget ends it).",
+        default_factory=demo_rft_config,
+    )
     baseline: SFTConfig = help_field(
-        "The equal-compute SFT of --compare (its data.path and run_dir are set by the demo; its train.steps is an "
-        "upper bound, the GRPO stage's wall time ends it).",
+        "The reference row of --compare: SFT on fresh worked solutions of the problems after the first N "
+        "(unlimited demonstrations; its data.path and run_dir are set by the demo; its train.steps is an upper "
+        "bound, the GRPO stage's wall time ends it).",
         default_factory=demo_baseline_config,
     )
+    evaluate_base: bool = help_field("Evaluate the base model first (it does not know the answer format).", True)
     seed: int = help_field("Seed of data generation, initialisation and sampling (both stages' train.seed).", 0)
     run_dir: str | None = help_field("Where everything is written; null: runs/demo-<date>-<time>.", None)
     progress_bar: bool = help_field("Show training progress bars.", True)
@@ -150,6 +199,8 @@ class DemoConfig:
         if self.compare and self.sft is None:
             raise ConfigError("--compare continues the SFT warm-start for GRPO's wall time; it needs the warm-start "
                               "(drop --sft-steps 0 / sft=null, or drop --compare)")
+        if self.demonstrations < 1:
+            raise ConfigError(f"demonstrations must be >= 1, got {self.demonstrations}")
 
     def stages(self, run_dir: str) -> tuple[SFTConfig | None, GRPOConfig, SFTConfig | None]:
         """The algorithm configs (warm-start SFT, GRPO, the --compare baseline SFT) with the demo's model, seed,
@@ -175,6 +226,21 @@ class DemoConfig:
             data = dataclasses.replace(b.data, path=os.path.join(run_dir, "baseline_examples.jsonl"))
             baseline = dataclasses.replace(b, model=self.model, data=data, train=train(b.train, "baseline_sft"))
         return sft, grpo, baseline
+
+    def compare_stages(self, run_dir: str) -> tuple[SFTConfig, RFTConfig]:
+        """(a) and (c) of --compare, with the demo's model, seed and run dirs, and (c) with GRPO's task and checker."""
+        a = self.scarce_sft
+        a = dataclasses.replace(
+            a, model=self.model, data=dataclasses.replace(a.data, path=os.path.join(run_dir, "scarce_examples.jsonl")),
+            train=dataclasses.replace(a.train, run_dir=os.path.join(run_dir, "scarce_sft"), seed=self.seed,
+                                      progress_bar=self.progress_bar))
+        c = self.rft
+        c = dataclasses.replace(
+            c, model=self.model, task=dataclasses.replace(self.grpo.task, seed=self.seed), rewards=self.grpo.rewards,
+            eval=dataclasses.replace(c.eval, num_problems=0, before=False, after=False),
+            train=dataclasses.replace(c.train, run_dir=os.path.join(run_dir, "rft"), seed=self.seed,
+                                      progress_bar=self.progress_bar))
+        return a, c
 
 
 @dataclass
@@ -208,13 +274,15 @@ def write_sft_examples(rows: list[dict[str, Any]], path: str, limit: int) -> int
 
 
 def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: SFTConfig,
-            say: Callable[[str], None], *, hooks: tuple = (), label: str = "SFT") -> tuple[Any, int]:
-    """`sft.main` on the rows' targets with the in-memory model; (the trained model, adapters merged; steps run)."""
+            say: Callable[[str], None], *, hooks: tuple = (), label: str = "SFT",
+            limit: int | None = None) -> tuple[Any, int]:
+    """`sft.main` on the targets of the first `limit` rows (default: what the steps can use, `sft_rows_used`) with
+    the in-memory model; (the trained model, adapters merged; steps run)."""
     from tempax.algorithms.sft.main import main as sft_main
     from tempax.models.lora import merge_lora
 
     # Packing puts ~2 problems in a row: write only what the steps can use (with room for the packer).
-    n = write_sft_examples(rows, cfg.data.path, sft_rows_used(cfg))
+    n = write_sft_examples(rows, cfg.data.path, sft_rows_used(cfg) if limit is None else limit)
     result = sft_main(cfg, hooks=hooks, log=lambda text: None, model=model, tokenizer=tokenizer)
     step, last = result.history[-1] if result.history else (0, {})
     say(f"  {label}: {n} examples, {step} steps, final loss {last.get('loss', float('nan')):.3f}"
@@ -298,6 +366,24 @@ def run_grpo(model: Any, tokenizer: Any, cfg: GRPOConfig, write: Callable[[str],
                      model=model, tokenizer=tokenizer)
 
 
+def run_rft(model: Any, tokenizer: Any, cfg: RFTConfig, say: Callable[[str], None], *, hooks: tuple = ()) -> tuple[Any, Any]:
+    """`rft.main` on the in-memory model; (the trained model, adapters merged; its TrainResult)."""
+    from tempax.algorithms.rft.main import main as rft_main
+    from tempax.models.lora import merge_lora
+
+    run = rft_main(cfg, hooks=hooks, log=lambda text: None, model=model, tokenizer=tokenizer)
+    result = run.result
+    steps = result.history[-1][0] if result.history else 0
+    rewards = [v for _, v in result.series("reward/total_mean")]
+    accept = [v for _, v in result.series("rft/accept_rate")]
+    kept = sum(v for _, v in result.series("rft/kept"))
+    if rewards:
+        say(f"  RFT: {len(rewards)} rounds, {steps} steps, {kept:.0f} kept completions; sampled reward "
+            f"{rewards[0]:.2f} -> {rewards[-1]:.2f}, accept rate {accept[0]:.0%} -> {accept[-1]:.0%} (first / last "
+            "round)" + (f" ({result.stop_reason})" if result.stop_reason else ""))
+    return (merge_lora(run.policy) if cfg.lora is not None else run.policy), result
+
+
 def main(cfg: DemoConfig, *, say: Callable[[str], None] | None = None) -> DemoResult:
     """Runs the stages and prints the table (see the module docstring)."""
     say = say or (lambda text: print(text, flush=True))
@@ -311,23 +397,30 @@ def main(cfg: DemoConfig, *, say: Callable[[str], None] | None = None) -> DemoRe
                       stop_reason=result.stop_reason, budget=budget)
 
 
-GRPO_STAGE, BASELINE_STAGE = "after GRPO", "equal-compute SFT"
+GRPO_STAGE = "after GRPO"
+# The --compare rows (scarce demonstrations): (a), (b), (c) and the reference.
+SCARCE_STAGE, COMPARE_GRPO_STAGE, RFT_STAGE, REFERENCE_STAGE = (
+    "(a) SFT again on the N", "(b) GRPO", "(c) RFT", "ref: SFT on fresh demos")
+# Stopwatch name of each budgeted stage.
+_WATCH = {SCARCE_STAGE: "scarce sft", RFT_STAGE: "rft", REFERENCE_STAGE: "baseline sft"}
 
 
 def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str], None]):
     import numpy as np
 
-    from tempax.algorithms.grpo.main import eval_options, load_task
+    from tempax.data.tasks.spec import load_task
+    from tempax.eval.spec import eval_options
     from tempax.eval.evaluate import evaluate
     from tempax.models.lora import merge_lora
 
     sft_cfg, grpo_cfg, baseline_cfg = cfg.stages(run_dir)
     # The demo evaluates every stage itself, so the GRPO stage's wall time is training alone.
     grpo_cfg = dataclasses.replace(grpo_cfg, eval=dataclasses.replace(grpo_cfg.eval, after=False))
-    n_stages = 4 if baseline_cfg is not None else 3
+    compare = baseline_cfg is not None
+    n_stages = 6 if compare else 3
     say(f"tempax demo: {cfg.model.source} on {cfg.task}; writing to {run_dir}")
     train_rows, held_rows = load_task(grpo_cfg.task, eval_problems=grpo_cfg.eval.num_problems)
-    if baseline_cfg is not None and not any(r.get("target") for r in train_rows):
+    if compare and not any(r.get("target") for r in train_rows):
         from tempax.errors import ConfigError
 
         raise ConfigError(f"--compare trains SFT on the task's ideal completions; task {cfg.task} has none "
@@ -344,21 +437,35 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
         evaluations.append((name, r))
         say(f"  {name}: format {r.format_accuracy:.1%}, answer {r.answer_accuracy:.1%} "
             f"on {len(held_rows)} held-out problems ({watch.wall[f'eval {name}']:.0f} s)")
+        # Each stage's per-problem outcomes as soon as they exist: a run stopped before the end (a long --compare
+        # on a busy machine) still has what the paired intervals need for the stages it finished.
+        with open(os.path.join(run_dir, "outcomes.jsonl"), "a") as f:
+            f.write(json.dumps({"stage": name, "format_ok": _outcomes(r, "format_ok"),
+                                "correct": _outcomes(r, "correct"), "eval_seconds": watch.wall[f"eval {name}"],
+                                "trained_seconds": {k: watch.wall[k] for k in ("sft", "grpo", *_WATCH.values())
+                                                    if k in watch.wall},
+                                "trained_cpu_seconds": {k: watch.cpu[k] for k in ("sft", "grpo", *_WATCH.values())
+                                                        if k in watch.cpu}}) + "\n")
 
     say(f"[1/{n_stages}] base model")
-    run_eval("base model", model)
+    if cfg.evaluate_base:
+        run_eval("base model", model)
+    else:
+        say("  not evaluated (evaluate_base=false)")
 
-    say(f"[2/{n_stages}] SFT warm-start on the answer format")
+    n_demos = cfg.demonstrations if compare else None
+    say(f"[2/{n_stages}] SFT warm-start on the answer format"
+        + (f" ({n_demos} worked solutions: all the demonstrations there are)" if compare else ""))
     if sft_cfg is not None and any(r.get("target") for r in train_rows):
         with watch("sft"):
-            model, _ = run_sft(model, tokenizer, train_rows, sft_cfg, say)
+            model, _ = run_sft(model, tokenizer, train_rows, sft_cfg, say, limit=n_demos)
         say(f"  trained in {watch.wall['sft']:.0f} s")
         run_eval("after SFT", model)
     else:
         say("  skipped (" + ("sft: null / --sft-steps 0" if sft_cfg is None else
                              f"task {cfg.task} has no SFT targets") + ")")
 
-    say(f"[3/{n_stages}] GRPO with strict format + correctness rewards")
+    say(f"[3/{n_stages}] {'(b) ' if compare else ''}GRPO with strict format + correctness rewards")
     with watch("grpo"):
         run = run_grpo(model, tokenizer, grpo_cfg)
     result = run.result
@@ -370,24 +477,43 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
         f"{np.mean(rewards[-3:]):.2f} (mean of first / last 3 steps); groups without reward spread: {np.mean(zero):.0%}")
     if result.stop_reason:
         say(f"  stopped early: {result.stop_reason}")
-    run_eval(GRPO_STAGE, merge_lora(run.policy) if grpo_cfg.lora is not None else run.policy)
+    run_eval(COMPARE_GRPO_STAGE if compare else GRPO_STAGE,
+             merge_lora(run.policy) if grpo_cfg.lora is not None else run.policy)
     del run
 
     budget = None
-    if baseline_cfg is not None:
-        budget = {"seconds": watch.wall["grpo"], "grpo_cpu_seconds": watch.cpu["grpo"]}
-        say(f"[4/{n_stages}] equal-compute baseline: SFT continued from the warm-start for GRPO's "
-            f"{budget['seconds']:.0f} s")
-        rest = train_rows[sft_rows_used(sft_cfg):] if sft_cfg is not None else train_rows
-        with watch("baseline sft"):
-            # `model` is still the warm-start: GRPO trained adapters on a copy sharing its (frozen) arrays.
-            baseline, steps = run_sft(model, tokenizer, rest, baseline_cfg, say,
-                                      hooks=(WallClockBudget(budget["seconds"]),), label="baseline SFT")
-        budget.update(baseline_seconds=watch.wall["baseline sft"], baseline_cpu_seconds=watch.cpu["baseline sft"],
-                      baseline_steps=steps, grpo_steps=len(rewards))
-        say(f"  trained in {watch.wall['baseline sft']:.0f} s (GRPO {budget['seconds']:.0f} s); process CPU "
-            f"{watch.cpu['baseline sft']:.0f} s (GRPO {watch.cpu['grpo']:.0f} s)")
-        run_eval(BASELINE_STAGE, baseline)
+    if compare:
+        scarce_cfg, rft_cfg = cfg.compare_stages(run_dir)
+        budget = {"seconds": watch.wall["grpo"], "grpo_cpu_seconds": watch.cpu["grpo"], "grpo_steps": len(rewards),
+                  "demonstrations": n_demos, "stages": {}}
+        seconds = budget["seconds"]
+
+        def budgeted(name: str, train: Callable[[WallClockBudget], tuple[Any, int]]) -> None:
+            # `model` is still the warm-start: each stage trains adapters on a copy sharing its (frozen) arrays.
+            with watch(_WATCH[name]):
+                trained, steps = train(WallClockBudget(seconds))
+            budget["stages"][name] = {"seconds": watch.wall[_WATCH[name]], "cpu_seconds": watch.cpu[_WATCH[name]],
+                                      "steps": steps}
+            say(f"  trained in {watch.wall[_WATCH[name]]:.0f} s (GRPO {seconds:.0f} s); process CPU "
+                f"{watch.cpu[_WATCH[name]]:.0f} s (GRPO {watch.cpu['grpo']:.0f} s)")
+            run_eval(name, trained)
+
+        say(f"[4/{n_stages}] (a) SFT continued on the same {n_demos} worked solutions for GRPO's {seconds:.0f} s")
+        budgeted(SCARCE_STAGE, lambda hook: run_sft(model, tokenizer, train_rows, scarce_cfg, say, hooks=(hook,),
+                                                    label="SFT on the same demonstrations", limit=n_demos))
+
+        def train_rft(hook: WallClockBudget) -> tuple[Any, int]:
+            trained, rft_result = run_rft(model, tokenizer, rft_cfg, say, hooks=(hook,))
+            budget["rft"] = {k: [v for _, v in rft_result.series(k)] for k in
+                             ("reward/total_mean", "rft/accept_rate", "rft/kept", "rft/round_steps")}
+            return trained, (rft_result.history[-1][0] if rft_result.history else 0)
+
+        say(f"[5/{n_stages}] (c) RFT with the same checker for GRPO's {seconds:.0f} s")
+        budgeted(RFT_STAGE, train_rft)
+        say(f"[6/{n_stages}] reference: SFT on fresh worked solutions (unlimited demonstrations) for GRPO's "
+            f"{seconds:.0f} s")
+        budgeted(REFERENCE_STAGE, lambda hook: run_sft(model, tokenizer, train_rows[n_demos:], baseline_cfg, say,
+                                                       hooks=(hook,), label="SFT on fresh demonstrations"))
 
     files: dict[str, str] = {"metrics": os.path.join(grpo_cfg.train.run_dir, "metrics.jsonl")}
     try:
@@ -426,21 +552,31 @@ def interval_table(evaluations: list[tuple[str, Any]], seconds: dict[str, float]
     return render_rows(lines)
 
 
-def compare_lines(evaluations: list[tuple[str, Any]]) -> tuple[list[str], dict[str, Any]]:
-    """GRPO minus the equal-compute SFT, format and answers: the paired difference with Newcombe's interval
-    (`tempax.eval.metrics.paired_difference_interval`: both are evaluated on the same problems, so the pairs'
-    agreement narrows the interval). (printable lines, the numbers)."""
+# The paired differences --compare reports: (b) - (a), (c) - (a), and each against the reference row.
+COMPARISONS = ((COMPARE_GRPO_STAGE, SCARCE_STAGE), (RFT_STAGE, SCARCE_STAGE), (COMPARE_GRPO_STAGE, REFERENCE_STAGE),
+               (RFT_STAGE, REFERENCE_STAGE))
+
+
+def compare_lines(evaluations: list[tuple[str, Any]],
+                  pairs: tuple[tuple[str, str], ...] = COMPARISONS) -> tuple[list[str], dict[str, Any]]:
+    """Each pair's difference (first minus second), answers and format: the paired difference with Newcombe's
+    interval (`tempax.eval.metrics.paired_difference_interval`: both are evaluated on the same problems, so the
+    pairs' agreement narrows the interval). (printable lines, the numbers by "A minus B" and answers / format)."""
     from tempax.eval.metrics import paired_difference_interval
 
     by_name = dict(evaluations)
-    grpo, sft = by_name[GRPO_STAGE], by_name[BASELINE_STAGE]
     lines, numbers = [], {}
-    for which, label in (("correct", "answers"), ("format_ok", "format")):
-        d = paired_difference_interval(_outcomes(grpo, which), _outcomes(sft, which))
-        numbers[label] = dataclasses.asdict(d)
-        lines.append(f"GRPO minus equal-compute SFT, {label}: {100 * d.difference:+.1f} points, 95% CI "
-                     f"[{100 * d.low:+.1f}, {100 * d.high:+.1f}] (paired, Newcombe; right in both {d.both}, GRPO "
-                     f"only {d.only_a}, SFT only {d.only_b}, neither {d.neither})")
+    for a, b in pairs:
+        if a not in by_name or b not in by_name:
+            continue
+        key = f"{a} minus {b}"
+        numbers[key] = {}
+        for which, label in (("correct", "answers"), ("format_ok", "format")):
+            d = paired_difference_interval(_outcomes(by_name[a], which), _outcomes(by_name[b], which))
+            numbers[key][label] = dataclasses.asdict(d)
+            lines.append(f"{key}, {label}: {100 * d.difference:+.1f} points, 95% CI [{100 * d.low:+.1f}, "
+                         f"{100 * d.high:+.1f}] (paired, Newcombe; right in both {d.both}, first only {d.only_a}, "
+                         f"second only {d.only_b}, neither {d.neither})")
     return lines, numbers
 
 
@@ -450,7 +586,7 @@ def _report(cfg: DemoConfig, evaluations: list[tuple[str, Any]], result: Any, he
     from tempax.configlib import to_dict
 
     trained = {"after SFT": watch.wall.get("sft"), GRPO_STAGE: watch.wall.get("grpo"),
-               BASELINE_STAGE: watch.wall.get("baseline sft")}
+               COMPARE_GRPO_STAGE: watch.wall.get("grpo"), **{k: watch.wall.get(v) for k, v in _WATCH.items()}}
     table = interval_table(evaluations, {k: v for k, v in trained.items() if v is not None})
     lines, numbers = compare_lines(evaluations) if budget is not None else ([], {})
     files["results"] = os.path.join(run_dir, "results.json")
@@ -472,10 +608,12 @@ def _report(cfg: DemoConfig, evaluations: list[tuple[str, Any]], result: Any, he
     for line in lines:
         say(line)
     if budget is not None:
-        say(f"Equal compute: the baseline SFT trained {budget['baseline_seconds']:.0f} s wall "
-            f"({budget['baseline_steps']} steps, {budget['baseline_cpu_seconds']:.0f} s process CPU) against GRPO's "
-            f"{budget['seconds']:.0f} s ({budget['grpo_steps']} steps, {budget['grpo_cpu_seconds']:.0f} s CPU), "
-            "both from the same warm-start, in this run.")
+        say(f"Scarce demonstrations: the warm-start and (a) had {budget['demonstrations']} worked solutions; (b) "
+            f"and (c) unlimited problems with the checker; the reference row unlimited worked solutions.")
+        say(f"Equal wall time: GRPO trained {budget['seconds']:.0f} s ({budget['grpo_steps']} steps, "
+            f"{budget['grpo_cpu_seconds']:.0f} s process CPU); "
+            + "; ".join(f"{name} {v['seconds']:.0f} s ({v['steps']} steps, {v['cpu_seconds']:.0f} s CPU)"
+                        for name, v in budget["stages"].items()) + ", all from the same warm-start, in this run.")
     say("")
     say(f"total {watch.wall['total']:.0f} s (process CPU time {watch.cpu['total']:.0f} s). Files: "
         + ", ".join(f"{k} {v}" for k, v in files.items()))
@@ -497,8 +635,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", default=None, help="output folder (default runs/demo-<date>-<time>)")
     parser.add_argument("--seed", type=int, default=None, help="seed (default 0)")
     parser.add_argument("--compare", action="store_true", default=None,
-                        help="also train the equal-compute baseline: SFT continued from the warm-start for GRPO's "
-                             "wall time, on the same held-out problems (= compare=true)")
+                        help="the scarce-demonstration comparison: after a warm-start on N worked solutions, GRPO's "
+                             "wall time each for (a) SFT on the same N, (b) GRPO, (c) RFT and SFT on fresh "
+                             "solutions (reference), on the same held-out problems (= compare=true)")
+    parser.add_argument("--demonstrations", type=int, default=None,
+                        help=f"--compare: the N worked solutions (default {d.demonstrations}; = demonstrations)")
     parser.add_argument("--advantage", choices=("grpo", "dr_grpo", "rloo", "reinforce_pp"), default=None,
                         help="GRPO advantage estimator (default grpo; = grpo.grpo.advantage)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
@@ -514,7 +655,8 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     shortcuts: list[str] = []
     for flag, key in (("model", "model.source"), ("steps", "grpo.train.steps"), ("task", "grpo.task.name"),
                       ("eval_problems", "grpo.eval.num_problems"), ("run_dir", "run_dir"), ("seed", "seed"),
-                      ("advantage", "grpo.grpo.advantage"), ("compare", "compare")):
+                      ("advantage", "grpo.grpo.advantage"), ("compare", "compare"),
+                      ("demonstrations", "demonstrations")):
         value = getattr(args, flag, None)
         if value is not None:
             shortcuts.append(f"{key}={value}")

@@ -64,7 +64,7 @@ def load_trained_model(run_dir: str, step: int | None = None) -> tuple[Any, Any,
     try:
         meta = checkpointer.read_meta(step)
         _check_keys(meta, params, ckpt_dir)
-        restored = checkpointer.restore_params(abstract, step)
+        restored = checkpointer.restore_params(abstract, step, say=lambda text: print(text, file=sys.stderr))
     except DamagedCheckpoint as e:
         candidates = checkpointer.intact_steps({"params": abstract, "meta": {}}, read_params=abstract)
         intact = [s for s in candidates if s != e.step]

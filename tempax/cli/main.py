@@ -3,7 +3,8 @@
 Every command lives in its own module under `tempax.cli` exposing `add_arguments(parser)` and `run(args)`;
 modules are imported only when their command runs, so `tempax --help` stays fast. User-caused problems
 (`TempaxError`) print one clear message and exit with status 2 instead of a traceback; a training run that a
-hook stopped early exits with status 3, one stopped by SIGTERM or Ctrl-C (after saving a checkpoint) with 143 or
+hook stopped early exits with status 3, one whose checkpoint or metrics could not be written (a full disk) with 4,
+one stopped by SIGTERM or Ctrl-C (after saving a checkpoint) with 143 or
 130 (`EXIT_STATUSES`, shown by `tempax --help`).
 """
 
@@ -21,6 +22,9 @@ EXIT_STATUSES = """exit status:
   2    a problem with the input (bad recipe, missing file, model too big...): the message says what to fix
   3    a training hook stopped the run early (e.g. the entropy-collapse guard); the reason is printed and
        written to RUN_DIR/metrics.jsonl and RUN_DIR/summary.json, and a checkpoint of that step is saved
+  4    a run's file could not be written (disk full, file-size limit, I/O error): the message names the file,
+       the space needed and free; nothing was half-written and the newest intact checkpoint is where the same
+       command resumes (train.checkpoint.on_save_error=retry keeps training past a failed checkpoint)
   130  Ctrl-C: a training run finishes its step, saves a checkpoint of it and records the reason (a second
        Ctrl-C stops at once, without saving); other commands stop at once
   143  SIGTERM (preemption, SLURM, Kubernetes): the same as a first Ctrl-C; run the command again to resume"""
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         from tempax.cli.process import error_stream
 
         status = getattr(e, "exit_status", 2)  # RunStopped: 128 + the signal, not an error
-        print(f"tempax {args.command}: {'error: ' if status == 2 else ''}{e}", file=error_stream())
+        print(f"tempax {args.command}: {'error: ' if status in (2, 4) else ''}{e}", file=error_stream())
         return status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -85,10 +85,12 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(dump_yaml(cfg, command=command))
         return 0
     _, main = resolve(command)
+    from tempax.algorithms.run import hold_run
     from tempax.train.run_identity import clean_failed_start
 
     with clean_failed_start(cfg.train.run_dir):  # a start that fails before training leaves no run dir behind
-        outcome = main(cfg)
+        with hold_run(cfg):  # one run per run dir, taken before anything is loaded
+            outcome = main(cfg)
     from tempax.parallel.process import is_writer
 
     if is_writer():

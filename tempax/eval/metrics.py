@@ -205,3 +205,22 @@ def paired_difference_interval(a: Sequence[object], b: Sequence[object], z: floa
     low = d - max(0.0, (pa - la) ** 2 - 2 * phi * (pa - la) * (ub - pb) + (ub - pb) ** 2) ** 0.5
     high = d + max(0.0, (ua - pa) ** 2 - 2 * phi * (ua - pa) * (pb - lb) + (pb - lb) ** 2) ** 0.5
     return PairedDifference(difference=d, low=low, high=high, both=e, only_a=f, only_b=g, neither=h)
+
+
+def difference_interval(successes_a: int, n_a: int, successes_b: int, n_b: int,
+                        z: float = Z_95) -> tuple[float, float, float]:
+    """(p_a - p_b, low, high) for two independent proportions: Newcombe's hybrid score interval (Newcombe 1998,
+    "Interval estimation for the difference between independent proportions", Stat. Med. 17:873, method 10):
+
+        D = p_a - p_b,   [l_a, u_a], [l_b, u_b] = Wilson intervals
+        low  = D - sqrt((p_a - l_a)^2 + (u_b - p_b)^2)
+        high = D + sqrt((u_a - p_a)^2 + (p_b - l_b)^2)
+
+    When both proportions come from the same problems and the per-problem outcomes are known, the paired interval
+    (`paired_difference_interval`) is narrower; this one needs only the counts, so it is conservative there.
+    """
+    pa, pb = successes_a / n_a, successes_b / n_b
+    la, ua = wilson_interval(successes_a, n_a, z)
+    lb, ub = wilson_interval(successes_b, n_b, z)
+    d = pa - pb
+    return d, d - ((pa - la) ** 2 + (ub - pb) ** 2) ** 0.5, d + ((ua - pa) ** 2 + (pb - lb) ** 2) ** 0.5

@@ -14,24 +14,41 @@ renames it when complete, so a killed run never leaves a half-written checkpoint
 Only the last `keep` checkpoints stay. Saving is asynchronous when `async_save` is on: arrays are copied to the
 host before `save` returns (the next step may donate them), and files are written in the background.
 
-Integrity: once Orbax has finished a checkpoint, the size of each of its files is recorded in
-`<step>/tempax_files.json` (OCDBT keeps no checksums, so a truncated data file is otherwise found only by
-TensorStore, mid-read). Before anything is read, `verify(step)` checks the folder with Orbax's own records (the step
+Integrity: once Orbax has finished a checkpoint, the size and the CRC-32 of each of its files are recorded in
+`<step>/tempax_files.json` (Orbax 0.12's OCDBT stores keep no content checksums: a truncated data file is found only
+by TensorStore mid-read, and a flipped byte that keeps the size not at all). The record is computed in a background
+thread from the finished files (zlib's CRC-32 runs at well over a GB/s and releases the GIL), so saving is not slowed;
+`wait()` waits for it. Before anything is read, `verify(step)` checks the folder with Orbax's own records (the step
 is finalized, `_CHECKPOINT_METADATA` and every item's metadata file parse, the saved array shapes and keys match the
-model about to receive them) and against that size record. A failure while reading the arrays (a truncated or
-missing data file: TensorStore's OUT_OF_RANGE / NOT_FOUND) becomes a `DamagedCheckpoint` naming the file.
+model about to receive them) and against that record: every file present, of its size, with its checksum. A
+checkpoint without checksums (an older tempax's, or one whose record the kill came before) is read in full before it
+is trusted, with one line saying so, and its record is then written. A failure while reading the arrays (a truncated
+or missing data file: TensorStore's OUT_OF_RANGE / NOT_FOUND) becomes a `DamagedCheckpoint` naming the file.
 `restore_newest_intact` walks the steps newest first, says in one line which step it skipped and why, moves that
 folder to `<run_dir>/damaged_checkpoints/` (so the run can write that step again) and restores the newest intact
 one. A checkpoint of another shape is not damage: it raises `CheckpointMismatch` with the way out, before
 TensorStore is asked for a single byte.
+
+A save that fails (a full disk, a file-size limit, an I/O error; in Orbax's background threads or in `save`
+itself) commits nothing: Orbax renames a step's folder into place only when every file is written, so the previous
+checkpoint stays the newest intact one, and the half-written temporary folder is removed here to give the space
+back. The failure becomes one `CheckpointSaveFailed` (exit status 4) saying which file, why, how much the save
+needed and how much was free, and what to do; Orbax's own error logs and tracebacks of that failure (its threads,
+asyncio's "Task exception was never retrieved" and "Event loop is closed") are kept from the console.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import glob
 import json
+import logging
 import os
 import re
 import shutil
+import sys
+import zlib
 from typing import Any, Callable
 
 import jax
@@ -41,12 +58,14 @@ import orbax.checkpoint as ocp
 from tempax.errors import CheckpointError
 from tempax.parallel.process import is_writer
 from tempax.train.state import TrainState
+from tempax.train.storage import StorageError, describe_write_failure, write_atomic
 
 ITEMS = ("params", "opt_state", "train", "data", "meta")
 ARRAY_ITEMS = ("params", "opt_state", "train")  # StandardSave: `_METADATA` + an OCDBT store
 JSON_ITEMS = ("data", "meta")  # JsonSave: one `metadata` file
 DAMAGED_DIR = "damaged_checkpoints"
-FILES_RECORD = "tempax_files.json"  # {"files": {relative path: size in bytes}} of a finished checkpoint
+FILES_RECORD = "tempax_files.json"  # {"files": {relative path: size}, "crc32": {relative path: CRC-32}}
+_READ_BLOCK = 8 << 20  # checksums read files in blocks of this many bytes
 
 
 class DamagedCheckpoint(CheckpointError):
@@ -62,6 +81,58 @@ class DamagedCheckpoint(CheckpointError):
 
 class CheckpointMismatch(CheckpointError):
     """An intact checkpoint written for another model, trainable set or optimizer."""
+
+
+class CheckpointSaveFailed(StorageError):
+    """A checkpoint could not be written (disk full, file-size limit, I/O error); nothing of it was kept.
+
+    Attributes: step (the one not saved), newest (the newest intact checkpoint's step, or None); exit status 4.
+    """
+
+    def __init__(self, message: str, step: int, newest: int | None):
+        self.step, self.newest = step, newest
+        super().__init__(message)
+
+
+def file_crc32(path: str) -> int:
+    """CRC-32 (zlib) of a whole file, read in blocks."""
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(_READ_BLOCK):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+class _OrbaxFailureFilter(logging.Filter):
+    """Drops Orbax's error logs (with their tracebacks) and asyncio's reports of Orbax tasks: a failed save is
+    reported once, by `CheckpointSaveFailed`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and "orbax" in record.pathname.replace(os.sep, "/").split("/"):
+            return False
+        return not (record.name == "asyncio" and "orbax" in record.getMessage())
+
+
+_quiet = False
+
+
+def _quiet_orbax_failures() -> None:
+    """Installs `_OrbaxFailureFilter` and an unraisable-exception hook that drops asyncio's "Event loop is closed"
+    from Orbax's finished event loops (once per process)."""
+    global _quiet
+    if _quiet:
+        return
+    _quiet = True
+    for name in ("absl", "asyncio"):
+        logging.getLogger(name).addFilter(_OrbaxFailureFilter())
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value):
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
 
 
 def describe_storage_error(error: BaseException) -> tuple[str | None, str]:
@@ -112,13 +183,24 @@ class Checkpointer:
 
     def __init__(self, directory: str | os.PathLike, *, keep: int = 2, async_save: bool = True):
         self.directory = os.path.abspath(os.fspath(directory))
-        options = ocp.CheckpointManagerOptions(
+        self._options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save, save_interval_steps=1,
             cleanup_tmp_directories=True,  # a run killed mid-write leaves a temporary folder; drop it on restart
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        _quiet_orbax_failures()
+        self._manager = self._open_manager()
         self._started: set[int] = set()  # steps whose (possibly still running) save was started by this object
-        self._unrecorded: set[int] = set()  # started steps whose file sizes are not yet in FILES_RECORD
+        self._unrecorded: set[int] = set()  # started steps whose file record is not yet written
+        self._pending: tuple[int, int] | None = None  # (step, bytes) of the save Orbax may still be writing
+        self._recorder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tempax-record")
+        self._recording: list[concurrent.futures.Future] = []
+
+    def _open_manager(self) -> ocp.CheckpointManager:
+        try:
+            return ocp.CheckpointManager(self.directory, options=self._options, item_names=ITEMS)
+        except OSError as e:
+            raise StorageError(describe_write_failure("the checkpoint folder", e, directory=self.directory)
+                               + "; free some space or point train.run_dir at a writable folder") from None
 
     # -- queries ----------------------------------------------------------------------------------------------
     def latest_step(self) -> int | None:
@@ -165,12 +247,22 @@ class Checkpointer:
                 raise DamagedCheckpoint(step, path or os.path.join(item_dir, "_METADATA"), reason) from None
             _compare_shapes(step, folder, item, saved, target[item])
 
+    def has_checksums(self, step: int) -> bool:
+        """True when checkpoint `step` has a file record with content checksums (see the module docstring)."""
+        record = os.path.join(self.path(step), FILES_RECORD)
+        try:
+            return bool(_read_json(record).get("crc32"))
+        except (OSError, ValueError, AttributeError):
+            return False
+
     def _check_sizes(self, step: int, folder: str, items: tuple[str, ...]) -> None:
-        record = os.path.join(folder, FILES_RECORD)
-        if not os.path.isfile(record):
-            return  # written by an older tempax, or killed between Orbax's finish and the record: Orbax's checks only
-        self._check_json(step, record)
-        for rel, size in sorted(_read_json(record).get("files", {}).items()):
+        record_path = os.path.join(folder, FILES_RECORD)
+        if not os.path.isfile(record_path):
+            return  # an older tempax's, or killed before the record: Orbax's checks, then a full read (restore)
+        self._check_json(step, record_path)
+        record = _read_json(record_path)
+        crcs = record.get("crc32", {})
+        for rel, size in sorted(record.get("files", {}).items()):
             if os.sep in rel and rel.split(os.sep, 1)[0] not in items:
                 continue
             path = os.path.join(folder, rel)
@@ -181,9 +273,17 @@ class Checkpointer:
                 raise DamagedCheckpoint(step, path, f"is truncated: {now} bytes on disk, {size} when saved")
             if now != size:
                 raise DamagedCheckpoint(step, path, f"changed size since it was saved ({size} -> {now} bytes)")
+            if rel in crcs:
+                try:
+                    crc = file_crc32(path)
+                except OSError as e:
+                    raise DamagedCheckpoint(step, path, f"cannot be read ({e.strerror})") from None
+                if crc != crcs[rel]:
+                    raise DamagedCheckpoint(step, path, f"changed content since it was saved (CRC-32 {crcs[rel]:08x} "
+                                                        f"when saved, {crc:08x} now; same size)")
 
     def _record_finished(self) -> None:
-        """Writes FILES_RECORD for each step this object saved whose background write has finished."""
+        """Starts writing FILES_RECORD (in the background) for each step this object saved that Orbax finished."""
         from etils import epath
 
         if not is_writer():  # every process wrote its shards; process 0 records the finished folder
@@ -193,17 +293,32 @@ class Checkpointer:
             folder = self.path(step)
             if not os.path.isdir(folder) or not ocp.path.step.is_checkpoint_finalized(epath.Path(folder)):
                 continue
-            files = {}
+            self._unrecorded.discard(step)
+            self._recording.append(self._recorder.submit(self._write_record, step))
+
+    def _write_record(self, step: int) -> None:
+        """Sizes and CRC-32s of every file of finished checkpoint `step`, written atomically. A folder Orbax deletes
+        meanwhile (`keep`) gets no record; a failed write leaves none (the step is then read in full on resume)."""
+        folder = self.path(step)
+        files, crcs = {}, {}
+        try:
             for root, _, names in os.walk(folder):
                 for name in names:
                     full = os.path.join(root, name)
-                    files[os.path.relpath(full, folder)] = os.path.getsize(full)
-            files.pop(FILES_RECORD, None)
-            tmp = os.path.join(folder, FILES_RECORD + ".tmp")
-            with open(tmp, "w") as f:
-                json.dump({"files": files}, f, indent=0, sort_keys=True)
-            os.replace(tmp, os.path.join(folder, FILES_RECORD))  # never a half-written record
-            self._unrecorded.discard(step)
+                    rel = os.path.relpath(full, folder)
+                    if rel in (FILES_RECORD, FILES_RECORD + ".tmp"):
+                        continue
+                    files[rel], crcs[rel] = os.path.getsize(full), file_crc32(full)
+            if os.path.isdir(folder):
+                write_atomic(os.path.join(folder, FILES_RECORD),
+                             json.dumps({"files": files, "crc32": crcs}, indent=0, sort_keys=True))
+        except (OSError, StorageError):
+            return
+
+    def _wait_records(self) -> None:
+        for future in self._recording:
+            future.result()
+        self._recording.clear()
 
     def _check_json(self, step: int, path: str) -> None:
         if not os.path.isfile(path):
@@ -212,6 +327,16 @@ class Checkpointer:
             _read_json(path)
         except (OSError, ValueError) as e:
             raise DamagedCheckpoint(step, path, f"does not parse as JSON ({e})") from None
+
+    def newest_intact(self) -> int | None:
+        """The newest step that passes `verify` (checksums included; no arrays decoded), or None."""
+        for step in sorted(self.all_steps(), reverse=True):
+            try:
+                self.verify(step)
+            except CheckpointError:
+                continue
+            return step
+        return None
 
     def intact_steps(self, target: dict[str, Any] | None = None, *, read_params: Any = None) -> list[int]:
         """Steps (newest first) that pass `verify`; with `read_params` (abstract params) also whose params read."""
@@ -242,13 +367,52 @@ class Checkpointer:
             data=ocp.args.JsonSave(data_state or {}),
             meta=ocp.args.JsonSave(meta or {}),
         )
-        self._manager.wait_until_finished()  # Orbax waits for the previous save anyway; then its files are final
-        self._record_finished()
-        self._manager.save(step, args=args, force=True)
+        self._finish_pending()  # Orbax waits for the previous save anyway; then its files are final
+        needed = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(
+            (state.params, state.opt_state, state.step, state.rng, state.bad_step)))
+        self._pending = (step, needed)
+        try:
+            self._manager.save(step, args=args, force=True)
+        except Exception as e:  # noqa: BLE001 - a synchronous save (or the start of an async one) failed
+            self._save_failed(e)
         self._started.add(step)
         self._unrecorded.add(step)
-        self._record_finished()  # a synchronous save is final already
+        if not self._options.enable_async_checkpointing:
+            self._finish_pending()  # a synchronous save is final already
         return step
+
+    def _finish_pending(self) -> None:
+        """Waits for Orbax's background write; its failure becomes `CheckpointSaveFailed`. Then records files."""
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - whatever Orbax's threads raised while writing
+            self._save_failed(e)
+        self._pending = None
+        self._record_finished()
+
+    def _save_failed(self, error: BaseException) -> None:
+        """Drops what the failed save wrote, opens a fresh Orbax manager and raises `CheckpointSaveFailed`."""
+        step, needed = self._pending or (-1, None)
+        self._pending = None
+        with contextlib.suppress(Exception):
+            self._manager.close()
+        for leftover in glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")):
+            shutil.rmtree(leftover, ignore_errors=True)
+        self._started.discard(step)
+        self._unrecorded.discard(step)
+        self._manager = self._open_manager()
+        self._wait_records()
+        newest = self.newest_intact()
+        kept = (f"checkpoint step {newest} is the newest intact one" if newest is not None
+                else "there is no earlier checkpoint")
+        failed = describe_write_failure(f"checkpoint step {step} was not saved", error, directory=self.directory,
+                                        needed=needed)
+        raise CheckpointSaveFailed(
+            failed + f". Nothing of step {step} was kept and {kept}. Free some space (or raise the limit), then run the same "
+            "command again to resume; train.checkpoint.on_save_error=retry keeps training and tries again at the "
+            "next checkpoint.",
+            step, newest,
+        ) from None
 
     def restore(self, target: TrainState, step: int | None = None) -> tuple[TrainState, dict[str, Any], dict[str, Any]]:
         """Restores checkpoint `step` (default: latest) into arrays shaped and sharded like `target`.
@@ -282,12 +446,18 @@ class Checkpointer:
         )
         return state, dict(out["data"] or {}), dict(out["meta"] or {})
 
-    def restore_params(self, abstract_params: dict[str, Any], step: int | None = None) -> dict[str, Any]:
-        """Only the trainable arrays of a checkpoint (for export and evaluation)."""
+    def restore_params(self, abstract_params: dict[str, Any], step: int | None = None, *,
+                       say: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Only the trainable arrays of a checkpoint (for export and evaluation). A checkpoint without checksums is
+        read in full before it is trusted, after one line to `say`."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint found in {self.directory}")
         abstract = jax.tree.map(_abstract, abstract_params)
+        if not self.has_checksums(step):
+            if say is not None:
+                say(_no_checksums_line(step))
+            self._read_every_file(step, items=("params", "meta"))
         self.verify(step, {"params": abstract}, items=("params", "meta"))
         out = self._read(step, ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
         return dict(out["params"])
@@ -322,7 +492,13 @@ class Checkpointer:
         damaged: list[DamagedCheckpoint] = []
         for step in sorted(self.all_steps(), reverse=True):
             try:
+                unchecked = not self.has_checksums(step)
+                if unchecked:
+                    say(_no_checksums_line(step))
+                    self._read_every_file(step)
                 state, data_state, meta = self.restore(target, step)
+                if unchecked and is_writer():
+                    self._write_record(step)  # verified by the full read: trusted from now on
             except DamagedCheckpoint as e:
                 moved = self.set_aside(step)
                 say(f"skipping checkpoint step {step}: {e.path} {e.reason} (moved to {moved})")
@@ -335,6 +511,21 @@ class Checkpointer:
                 + ". Start over with a new train.run_dir, or train.checkpoint.resume=false."
             )
         return None
+
+    def _read_every_file(self, step: int, items: tuple[str, ...] = ITEMS) -> None:
+        """Reads every file of checkpoint `step` (of `items`) to its end, an I/O error being damage; the restore
+        after it decodes every array, so a truncated or unreadable file is found before the state is used."""
+        folder = self.path(step)
+        for root, _, names in os.walk(folder):
+            rel = os.path.relpath(root, folder)
+            if rel != "." and rel.split(os.sep, 1)[0] not in items:
+                continue
+            for name in names:
+                path = os.path.join(root, name)
+                try:
+                    file_crc32(path)
+                except OSError as e:
+                    raise DamagedCheckpoint(step, path, f"cannot be read ({e.strerror})") from None
 
     def set_aside(self, step: int) -> str:
         """Moves checkpoint `step` to `<run_dir>/damaged_checkpoints/<step>[.N]`; returns the new path."""
@@ -349,13 +540,23 @@ class Checkpointer:
         return dest
 
     def wait(self) -> None:
-        """Blocks until background writes are finished."""
-        self._manager.wait_until_finished()
-        self._record_finished()
+        """Blocks until background writes (Orbax's and the file records) are finished; raises
+        `CheckpointSaveFailed` when Orbax's failed."""
+        self._finish_pending()
+        self._wait_records()
 
     def close(self) -> None:
-        self.wait()
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            with contextlib.suppress(Exception):
+                self._manager.close()
+            self._recorder.shutdown(wait=True)
+
+
+def _no_checksums_line(step: int) -> str:
+    return (f"checkpoint step {step} has no content checksums (an older tempax wrote it, or the run stopped before "
+            "its record was written): reading it in full to verify it before it is trusted")
 
 
 def _compare_shapes(step: int, folder: str, item: str, saved: dict[str, Any], wanted: dict[str, Any]) -> None:

@@ -118,6 +118,12 @@ class CheckpointConfig:
     save_at_end: bool = help_field("Save after the last step.", True)
     async_save: bool = help_field("Write in a background thread while training continues.", True)
     resume: bool = help_field("Continue from the latest checkpoint in run_dir when there is one.", True)
+    on_save_error: Literal["stop", "retry"] = help_field(
+        "When a checkpoint cannot be written (disk full, I/O error): stop (exit status 4; the previous checkpoint "
+        "stays the newest intact one) or retry (say so in one line, keep training and try again at the next "
+        "checkpoint; a failed final checkpoint still stops with status 4).",
+        "stop",
+    )
 
     def validate(self) -> None:
         if self.every < 0:

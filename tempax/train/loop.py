@@ -34,7 +34,7 @@ from tempax.progress import work_bar
 from tempax.parallel.process import global_batch, host_tree, is_writer
 from tempax.parallel.rules import batch_sharding, use_mesh
 from tempax.train import memory as mem
-from tempax.train.checkpoint import Checkpointer, unfinished_saves
+from tempax.train.checkpoint import Checkpointer, CheckpointSaveFailed, unfinished_saves
 from tempax.train.config import TrainConfig
 from tempax.train.hooks import CheckpointHook, EvalHook, Hook, LoggingHook, StepInfo, Stop, StopTraining
 from tempax.train.metrics import MetricsWriter, ProgressBar
@@ -47,6 +47,7 @@ from tempax.train.state import (
     state_shardings,
     training_view,
 )
+from tempax.train.storage import write_atomic
 from tempax.train.sources import attach_source, batch_metrics, restore_source, source_state
 from tempax.train.step import LossFn, average_eval_metrics, make_eval_step, make_train_step
 
@@ -284,7 +285,15 @@ class Trainer:
             self.checkpointer = self._open_checkpointer()
         meta = {"trainable": "full" if self.full_finetune else "adapters", "keys": list(self.trainable_keys),
                 **self.checkpoint_meta}
-        step = self.checkpointer.save(self.state, data_state=data_state, meta=meta)
+        try:
+            step = self.checkpointer.save(self.state, data_state=data_state, meta=meta)
+        except CheckpointSaveFailed as e:
+            if self.config.checkpoint.on_save_error != "retry":
+                raise
+            self._say(f"warning: {e} (train.checkpoint.on_save_error=retry: training goes on)")
+            if e.step != self.step:  # an earlier step's background write failed; this step's save is still due
+                return self.save_checkpoint(data_state)
+            return self._last_checkpoint  # this step's own save failed: the next interval tries again
         self._last_checkpoint = self.checkpointer.path(step)
         return self._last_checkpoint
 
@@ -413,6 +422,7 @@ class Trainer:
         step = resumed_from
         stop_reason: str | None = None
         signals = GracefulStop(say=self.progress.write)
+        failure: BaseException | None = None
         try:
             with use_mesh(self.mesh), signals:
                 for hook in all_hooks:
@@ -449,14 +459,22 @@ class Trainer:
                     if stop_reason is not None:
                         self._stop_at(step, stop_reason, info)
                 self.check_finite()
+        except BaseException as e:
+            failure = e
+            raise
         finally:
             for hook in all_hooks:
                 hook.end(self)
             self.progress.close()
-            if self.checkpointer is not None:
-                self.checkpointer.wait()
             if self.writer is not None:
                 self.writer.close()
+            if self.checkpointer is not None:
+                try:
+                    self.checkpointer.wait()  # the last save's background write, and its failure
+                except CheckpointSaveFailed as e:
+                    if failure is None:
+                        raise
+                    self._say(str(e))  # the error already on its way out is the one the user gets
         eval_history = [h for hook in eval_hooks for h in hook.history]
         result = TrainResult(
             state=self.state, history=list(self._history), eval_history=eval_history,
@@ -504,8 +522,7 @@ class Trainer:
         summary = {"step": step, "steps": self.config.steps, "resumed_from": result.resumed_from,
                    "stop_reason": result.stop_reason, "last_checkpoint": result.last_checkpoint}
         if is_writer():
-            with open(os.path.join(self.run_dir, SUMMARY_FILE), "w") as f:
-                json.dump(summary, f, indent=2)
+            write_atomic(os.path.join(self.run_dir, SUMMARY_FILE), json.dumps(summary, indent=2))
 
     def close(self) -> None:
         if self.checkpointer is not None:

@@ -8,6 +8,10 @@ evaluation results as {"step": 10, "eval/loss": 2.5, ...}, and events as {"step"
 drops the rows of steps after the checkpoint it resumed from (they are about to be run again), and TensorBoard is
 told to purge its events from that step on. Nothing is created until the first record is written, so a run that
 fails before its first step leaves no empty metrics file, event files or tracker run behind.
+
+The file is append-only and never holds a torn line: each record is one `write` of a whole line to a file opened
+with O_APPEND; a write that fails (a full disk) is cut back to the last whole line and raises `StorageError`; and
+a last line cut short anyway (the machine lost power mid-write) is removed before the next record is appended.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import time
 from typing import Any, Callable, Iterable, Sequence
 
+from tempax.train.storage import StorageError, describe_write_failure, write_atomic
 from tempax.train.trackers import Tracker, finite_scalars, open_trackers
 
 METRICS_FILE = "metrics.jsonl"
@@ -58,11 +63,33 @@ def truncate_after(path: str, step: int) -> int:
             kept.append(line if line.endswith("\n") else line + "\n")
     if len(kept) == len(lines):
         return 0
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
+    write_atomic(path, "".join(kept), what=METRICS_FILE)
     return len(lines) - len(kept)
+
+
+def repair_torn_tail(path: str) -> int:
+    """Cuts a last line without its newline (a write cut short) off `path`; returns the bytes removed."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        keep, pos = 0, size
+        while pos > 0:  # back to the last newline, a block at a time
+            start = max(0, pos - 65536)
+            f.seek(start)
+            block = f.read(pos - start)
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            pos = start
+        f.truncate(keep)
+        return size - keep
 
 
 class MetricsWriter:
@@ -89,7 +116,7 @@ class MetricsWriter:
         self._say = say
         self._config = config
         self._run_name = run_name
-        self._file = None
+        self._fd: int | None = None
         self._trackers: list[Tracker] = []
 
     def _open(self) -> None:
@@ -100,33 +127,57 @@ class MetricsWriter:
                 rows = "row" if self.dropped == 1 else "rows"
                 self._say(f"{METRICS_FILE}: dropped {self.dropped} {rows} of steps after {self.resume_step} "
                           "(they are run again from the checkpoint)")
-        self._file = open(self.path, "a", buffering=1)
+        torn = repair_torn_tail(self.path)
+        if torn and self._say is not None:
+            self._say(f"{METRICS_FILE}: removed a last line cut short by an earlier run ({torn} bytes)")
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise StorageError(describe_write_failure(METRICS_FILE, e, directory=self.run_dir)) from None
         self._trackers = open_trackers(self.report_to, self.run_dir, config=self._config, run_name=self._run_name,
                                        resume_step=self.resume_step)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
-        if self._file is None:
+        if self._fd is None:
             self._open()
         record = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}, "time": round(time.time(), 3)}
-        self._file.write(json.dumps(record) + "\n")
+        self._append((json.dumps(record) + "\n").encode())
         numbers = finite_scalars(metrics)
         if numbers:
             for tracker in self._trackers:
                 tracker.log(int(step), numbers)
+
+    def _append(self, line: bytes) -> None:
+        """One whole line, or (on a failed write) none of it: the file is cut back to where it was."""
+        start = os.fstat(self._fd).st_size
+        try:
+            done = 0
+            while done < len(line):
+                done += os.write(self._fd, line[done:])
+        except OSError as e:
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass
+            raise StorageError(
+                describe_write_failure(f"{METRICS_FILE} record", e, directory=self.run_dir, needed=len(line),
+                                       file=self.path)
+                + ". The records written so far are intact; free some space and run the same command again to "
+                "resume from the newest checkpoint."
+            ) from None
 
     def event(self, step: int, event: str, **fields: Any) -> None:
         """An event record (no metric values), e.g. `event(7, "stopped", reason="SIGTERM")`."""
         self.write(step, {"event": event, **fields})
 
     def flush(self) -> None:
-        if self._file is not None:
-            self._file.flush()
-        for tracker in self._trackers:
+        for tracker in self._trackers:  # metrics.jsonl is unbuffered: every record is in the file once written
             tracker.flush()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         for tracker in self._trackers:
             tracker.close()
         self._trackers = []

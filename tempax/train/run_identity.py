@@ -12,26 +12,38 @@ two kinds:
   sets `train.allow_config_change=true`.
 
 Either way nothing is silent: each accepted difference is appended to `<run_dir>/config_changes.jsonl` with the
-step it takes effect after, before `config.yaml` is replaced by the config now in effect.
+step it takes effect after, before `config.yaml` is replaced by the config now in effect. Both files are written
+through a temporary file and a rename (`tempax.train.storage.write_atomic`), so a full disk never leaves either
+half-written.
 
     changes = check_resume(saved_dict, to_dict(cfg), step=3, allow=cfg.train.allow_config_change)
     record_changes(run_dir, changes, step=3)
+
+One run per run dir: `hold_run_dir(run_dir)` takes an exclusive OS lock (`fcntl.flock`) on `<run_dir>/.tempax-run.lock`
+for the life of the run. The kernel drops it when the process ends, however it ends (kill -9 included), so a lock
+is never stale; a second process on the same run dir gets `RunDirBusy` naming the holder's PID and host at once,
+before anything is loaded. Within one process the lock is re-entrant (a command and the `start_run` inside it
+share it). Reading a run dir (`tempax export`, `tempax eval`, `tempax plot`) takes no lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from tempax.errors import ConfigError
+from tempax.train.storage import write_atomic
 
 CONFIG_FILE = "config.yaml"
 CHANGES_FILE = "config_changes.jsonl"
+LOCK_FILE = ".tempax-run.lock"  # holds "pid host" of the process running the run dir, under an flock
 
 # Dotted keys (or prefixes ending in ".") whose change leaves every optimizer step's result as it was (held-out
 # evaluation settings among them; data.eval_fraction is not: it moves rows between the splits).
@@ -144,8 +156,10 @@ def record_changes(run_dir: str, changes: list[Change], *, step: int) -> str | N
         "changes": [{"key": c.key, "old": None if c.old is _ABSENT else c.old,
                      "new": None if c.new is _ABSENT else c.new, "trajectory": c.trajectory} for c in changes],
     }
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    before = open(path).read() if os.path.isfile(path) else ""
+    if before and not before.endswith("\n"):
+        before = before[: before.rfind("\n") + 1]  # a line cut short by an older tempax's interrupted append
+    write_atomic(path, before + json.dumps(record) + "\n")
     return path
 
 
@@ -176,12 +190,85 @@ def save_run_config(run_dir: str, cfg: Any, *, say: Any = None) -> list[Change]:
         for line in describe_changes(changes, step=steps[-1], new=new):
             (say or print)(line)
         record_changes(run_dir, changes, step=steps[-1])
-    os.makedirs(run_dir, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(dump_yaml(cfg))
-    os.replace(tmp, path)
+    make_run_dir(run_dir)
+    write_atomic(path, dump_yaml(cfg))
     return changes
+
+
+class RunDirBusy(ConfigError):
+    """Another process is running in this run dir (it holds the run lock)."""
+
+
+def make_run_dir(run_dir: str) -> None:
+    """Creates `run_dir` (and its parents); a path that exists but is not a folder is one clear `ConfigError`."""
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise ConfigError(f"train.run_dir={run_dir} is an existing file, not a folder; set train.run_dir to a "
+                          "folder (a new one starts a new run)")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"train.run_dir={run_dir} cannot be created: {e.strerror}; set train.run_dir to a folder "
+                          "you can write") from None
+
+
+_held: dict[str, list[Any]] = {}  # real path of a run dir -> [open lock file, depth] for the locks this process holds
+
+
+def _holder(path: str) -> str:
+    try:
+        with open(path) as f:
+            pid, _, host = f.read().strip().partition(" ")
+    except OSError:
+        return "another process"
+    return f"process {pid} on {host}" if pid else "another process"
+
+
+def acquire_run_dir(run_dir: str) -> None:
+    """Takes the run lock of `run_dir` for this process (creating the folder), or raises `RunDirBusy` at once.
+
+    Re-entrant: a second call in the same process only counts; each needs its `release_run_dir`."""
+    make_run_dir(run_dir)
+    key = os.path.realpath(run_dir)
+    if key in _held:
+        _held[key][1] += 1
+        return
+    path = os.path.join(run_dir, LOCK_FILE)
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise RunDirBusy(
+            f"{run_dir} is in use by {_holder(path)}, which is training in it; wait for it to finish (or stop it), "
+            "or set train.run_dir to another folder"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()} {socket.gethostname()}\n")
+    f.flush()
+    _held[key] = [f, 1]
+
+
+def release_run_dir(run_dir: str, *, every: bool = False) -> None:
+    """Gives back one `acquire_run_dir` of this process (all of them with `every`); the last one unlocks."""
+    key = os.path.realpath(run_dir)
+    held = _held.get(key)
+    if held is None:
+        return
+    held[1] = 0 if every else held[1] - 1
+    if held[1] == 0:
+        del _held[key]
+        held[0].close()  # closing the descriptor drops the flock
+
+
+@contextlib.contextmanager
+def hold_run_dir(run_dir: str) -> Iterator[None]:
+    """The run lock of `run_dir` while the block runs (see the module docstring)."""
+    acquire_run_dir(run_dir)
+    try:
+        yield
+    finally:
+        release_run_dir(run_dir)
 
 
 def _has_training_record(run_dir: str) -> bool:
@@ -208,6 +295,8 @@ def clean_failed_start(run_dir: str) -> Iterator[None]:
         records[name] = open(path, "rb").read() if os.path.isfile(path) else None
     try:
         yield
+    except RunDirBusy:
+        raise  # the run dir belongs to another process: touch nothing of it
     except BaseException:
         import jax  # here, not at the top: this module is imported by the command line before JAX is needed
 
@@ -226,6 +315,5 @@ def clean_failed_start(run_dir: str) -> Iterator[None]:
                     if os.path.isfile(path):
                         os.remove(path)
                 else:
-                    with open(path, "wb") as f:
-                        f.write(content)
+                    write_atomic(path, content)
         raise

@@ -78,12 +78,12 @@ def toy():
 
 def test_every_packaged_record_resolves_to_a_config_and_a_main():
     known = registry.algorithms()
-    assert {"sft", "pretrain", "dpo", "kto", "reward-model", "grpo", "ppo", "distill"} <= set(known)
+    assert {"sft", "pretrain", "dpo", "kto", "reward-model", "grpo", "ppo", "rft", "distill"} <= set(known)
     for command, algorithm in known.items():
         cls, main_fn = registry.resolve(command)
         assert dataclasses.is_dataclass(cls) and "train" in {f.name for f in dataclasses.fields(cls)}, command
         assert callable(main_fn) and algorithm.help, command
-    assert {c for c, a in known.items() if a.on_policy} == {"grpo", "ppo"}
+    assert {c for c, a in known.items() if a.on_policy} == {"grpo", "ppo", "rft"}
 
 
 def test_an_unknown_command_names_the_known_ones():

@@ -41,6 +41,11 @@ def test_demo_takes_no_arguments_and_maps_its_flags():
     _, _, baseline = compare.stages("/tmp/x")
     assert baseline.train.run_dir == "/tmp/x/baseline_sft" and baseline.data.path == "/tmp/x/baseline_examples.jsonl"
     assert baseline.lora == compare.sft.lora and baseline.train.seed == compare.seed
+    scarce, rft = compare.compare_stages("/tmp/x")
+    assert scarce.data.path == "/tmp/x/scarce_examples.jsonl" and rft.train.run_dir == "/tmp/x/rft"
+    assert rft.task == compare.grpo.task and rft.rewards == compare.grpo.rewards and rft.eval.num_problems == 0
+    n = config_from_args(build_parser().parse_args(["demo", "--compare", "--demonstrations", "96"]))
+    assert n.demonstrations == 96 and DemoConfig().demonstrations == 64
     rloo = config_from_args(build_parser().parse_args(["demo", "--advantage", "rloo"]))
     assert rloo.grpo.grpo.advantage == "rloo"
 
@@ -82,7 +87,11 @@ def tiny_demo_config(tmp_path, *, grpo_steps: int, train_problems: int, compare:
     return from_dict(DemoConfig, {
         "model": spec, "run_dir": str(tmp_path / "demo"), "progress_bar": False, "compare": compare,
         "sft": {"lora": lora, "train": {"steps": 2, **sft_train}},
-        "baseline": {"lora": lora, "train": sft_train},
+        "baseline": {"lora": lora, "train": sft_train}, "scarce_sft": {"lora": lora, "train": sft_train},
+        "demonstrations": 8,
+        # A random-init model passes no real checker: accept everything, so RFT has rounds to train on.
+        "rft": {"lora": lora, "rft": {"samples_per_problem": 2, "problems_per_round": 2, "max_new_tokens": 4,
+                                      "threshold": 0.0, "keep_truncated": True}, "train": sft_train},
         "grpo": {"lora": lora, "task": {"num_train_problems": train_problems},
                  "grpo": {"group_size": 2, "max_new_tokens": 4},
                  "eval": {"num_problems": 4, "max_new_tokens": 4}, "train": {"steps": grpo_steps}},
@@ -109,25 +118,40 @@ def test_short_demo_runs_end_to_end_on_a_tiny_model(tmp_path):
 
 
 @pytest.mark.slow
-def test_compare_demo_adds_the_equal_compute_baseline(tmp_path):
-    """--compare on a random-init tiny model: after GRPO, SFT continued from the warm-start until GRPO's wall
-    time is spent (the budget hook, not train.steps=1000, ends it), evaluated on the same problems; the table has
-    four stages with Wilson intervals and the paired GRPO-minus-SFT lines."""
+def test_compare_demo_runs_the_scarce_demonstration_comparison(tmp_path):
+    """--compare on a random-init tiny model: a warm-start on the 8 demonstrations, GRPO, then (a) SFT on the same
+    8, (c) RFT and the reference SFT on fresh solutions, each until GRPO's wall time is spent (the budget hook, not
+    train.steps=1000, ends them), all evaluated on the same problems; the table has six stages with Wilson
+    intervals and the paired (b) - (a), (c) - (a) lines."""
+    from tempax.cli.demo import COMPARE_GRPO_STAGE, REFERENCE_STAGE, RFT_STAGE, SCARCE_STAGE
+
     cfg = tiny_demo_config(tmp_path, grpo_steps=3, train_problems=64, compare=True)
     result = main(cfg, say=lambda text: None)
-    assert [name for name, _ in result.evaluations] == ["base model", "after SFT", "after GRPO",
-                                                        "equal-compute SFT"]
+    assert [name for name, _ in result.evaluations] == ["base model", "after SFT", COMPARE_GRPO_STAGE, SCARCE_STAGE,
+                                                        RFT_STAGE, REFERENCE_STAGE]
     budget = result.budget
-    assert 1 <= budget["baseline_steps"] < 1000
-    # It stops at the first step whose midpoint passes the budget: within one step of GRPO's time.
-    step_s = budget["baseline_seconds"] / budget["baseline_steps"]
-    assert abs(budget["baseline_seconds"] - budget["seconds"]) <= step_s + 5.0
+    for name in (SCARCE_STAGE, RFT_STAGE, REFERENCE_STAGE):
+        stage = budget["stages"][name]
+        assert 1 <= stage["steps"] < 1000, name
+        # It stops at the first step whose midpoint passes the budget: within one step (an RFT step may carry
+        # a round's sampling) of GRPO's time.
+        step_s = stage["seconds"] / stage["steps"]
+        assert abs(stage["seconds"] - budget["seconds"]) <= step_s + 5.0, name
+    with open(os.path.join(cfg.run_dir, "sft_examples.jsonl")) as f:
+        assert sum(1 for _ in f) == 8  # the warm-start saw only the N demonstrations
+    with open(os.path.join(cfg.run_dir, "scarce_examples.jsonl")) as f:
+        assert sum(1 for _ in f) == 8  # and (a) the same N
     lines = result.table.splitlines()
-    assert "equal-compute SFT" in lines[5] and "[" in lines[5]
-    assert lines[6].startswith("GRPO minus equal-compute SFT, answers") and "95% CI" in lines[6]
+    assert RFT_STAGE in lines[6] and "[" in lines[6]
+    assert lines[8].startswith(f"{COMPARE_GRPO_STAGE} minus {SCARCE_STAGE}, answers") and "95% CI" in lines[8]
+    assert any(line.startswith(f"{RFT_STAGE} minus {SCARCE_STAGE}, answers") for line in lines)
     with open(result.files["results"]) as f:
         saved = json.load(f)
-    paired = saved["comparison"]["answers"]
+    with open(os.path.join(cfg.run_dir, "outcomes.jsonl")) as f:
+        written = [json.loads(line) for line in f]
+    assert [w["stage"] for w in written] == [name for name, _ in result.evaluations]
+    assert all(len(w["correct"]) == 4 for w in written)
+    paired = saved["comparison"][f"{RFT_STAGE} minus {SCARCE_STAGE}"]["answers"]
     assert paired["both"] + paired["only_a"] + paired["only_b"] + paired["neither"] == 4
     assert paired["low"] <= paired["difference"] <= paired["high"]
 

@@ -159,3 +159,14 @@ def test_paired_interval_is_narrower_than_independent_and_near_mcnemar_wald_for_
     assert 0.05 - independent_low > 1.7 * (0.05 - d.low)
     with pytest.raises(ValueError, match="same problems"):
         paired_difference_interval([1, 0], [1])
+
+
+def test_difference_interval_reproduces_newcombes_published_examples():
+    """Newcombe (1998, Stat. Med. 17:873), Table II, method 10: 56/70 - 48/80 = 0.2000 with 95% interval
+    [0.0524, 0.3339], and 5/56 - 0/29 = 0.0893 with [-0.0381, 0.1926] (the paper's figures, to 4 decimals)."""
+    from tempax.eval.metrics import difference_interval
+
+    d, low, high = difference_interval(56, 70, 48, 80)
+    assert (round(d, 4), round(low, 4), round(high, 4)) == (0.2, 0.0524, 0.3339)
+    d, low, high = difference_interval(5, 56, 0, 29)
+    assert (round(d, 4), round(low, 4), round(high, 4)) == (0.0893, -0.0381, 0.1926)

@@ -59,3 +59,45 @@ def test_progress_bar_shows_the_step_it_just_logged(capfd):
     last = capfd.readouterr().err.rsplit("\r", 1)[-1]
     assert "1/10" in last and "loss=1.2345" in last, last
     bar.close()
+
+
+def test_a_torn_last_line_is_removed_before_the_next_record(tmp_path):
+    """A line cut short (the machine died mid-write) would glue the next record onto it; the writer cuts it off
+    first, says so, and every line is whole JSON afterwards."""
+    from tempax.train.metrics import MetricsWriter
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "lo')
+    said = []
+    writer = MetricsWriter(str(tmp_path), report_to=(), say=said.append)
+    writer.write(2, {"loss": 2.25})
+    writer.close()
+    lines = path.read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+    assert said == ["metrics.jsonl: removed a last line cut short by an earlier run (15 bytes)"]  # len('{"step": 2, "lo')
+
+
+def test_a_failed_metrics_write_leaves_no_partial_line(tmp_path):
+    """A real EFBIG in a child process (RLIMIT_FSIZE below the next line's end, SIGXFSZ ignored): one line naming the
+    file and the limit, and the file ends with its last whole record."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "from tempax.train.metrics import MetricsWriter\n"
+        "from tempax.train.storage import StorageError\n"
+        f"w = MetricsWriter({str(tmp_path)!r}, report_to=())\n"
+        "w.write(1, {'loss': 1.0})\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (60, resource.RLIM_INFINITY))\n"
+        "try:\n    w.write(2, {'loss': 0.5, 'grad_norm': 0.25})\n"
+        "except StorageError as e:\n    print(e)\n    sys.exit(e.exit_status)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 4, out.stderr
+    assert "metrics.jsonl record: writing" in out.stdout and "File too large (errno 27)" in out.stdout
+    assert "at most 60 bytes (ulimit -f)" in out.stdout and "Traceback" not in out.stderr
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True)
+    assert len(lines) == 1 and json.loads(lines[0])["step"] == 1 and lines[0].endswith("\n")

@@ -35,7 +35,8 @@ from typing import Any, Literal
 
 from tempax.algorithms.grpo.losses import AGGREGATION_MODES
 from tempax.algorithms.common import ModelSpec
-from tempax.data.tasks.arithmetic import ArithmeticConfig
+from tempax.data.tasks.spec import TaskSpec
+from tempax.eval.spec import EvalSpec
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
 from tempax.rewards.registry import RewardSpec
@@ -184,57 +185,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
                  overlong_penalty_tokens=64),
     "gspo": dict(importance_sampling="sequence", epsilon=3e-4, epsilon_high=4e-4, loss_aggregation="seq_mean_token_mean"),
 }
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """Where the prompts and reference answers come from."""
-
-    name: Literal["gsm8k", "arithmetic"] = help_field(
-        "gsm8k (grade-school math, answer after '####') or arithmetic (generated one/two-step word problems).",
-        "gsm8k",
-    )
-    source: str | None = help_field(
-        "gsm8k: a folder with train.jsonl/test.jsonl, a jsonl file or a Hub id; null: ../shared/data/gsm8k, "
-        "else openai/gsm8k.",
-        None,
-    )
-    train_split: str = help_field("Split the prompts are drawn from.", "train")
-    eval_split: str = help_field("Held-out split for evaluation.", "test")
-    max_train_rows: int | None = help_field("Use only the first N training problems (null: all).", None)
-    num_train_problems: int = help_field("arithmetic: how many training problems to generate.", 2000)
-    arithmetic: ArithmeticConfig = help_field("arithmetic: difficulty of the generated problems.",
-                                         default_factory=ArithmeticConfig)
-    seed: int = help_field("arithmetic: generation seed (train and held-out splits are disjoint for any seed).", 0)
-
-    def validate(self) -> None:
-        if self.max_train_rows is not None and self.max_train_rows < 1:
-            raise ConfigError(f"task.max_train_rows must be >= 1 or null, got {self.max_train_rows}")
-        if self.num_train_problems < 1:
-            raise ConfigError(f"task.num_train_problems must be >= 1, got {self.num_train_problems}")
-
-
-@dataclass(frozen=True)
-class EvalSpec:
-    """Generation-based evaluation on the held-out split, before and after training."""
-
-    num_problems: int = help_field("Held-out problems to evaluate (0: no evaluation).", 200)
-    before: bool = help_field("Evaluate the starting model.", True)
-    after: bool = help_field("Evaluate the trained model.", True)
-    max_new_tokens: int | None = help_field("Generation budget; null: grpo.max_new_tokens.", None)
-    greedy: bool = help_field("Greedy decoding: answer and format accuracy of the most likely completion.", True)
-    num_samples: int = help_field("Sampled completions per problem for pass@k (0: none).", 0)
-    temperature: float = help_field("Temperature of the sampled completions.", 1.0)
-    ks: tuple[int, ...] = help_field("k values of pass@k (each <= num_samples).", (1,))
-    batch_size: int = help_field("Prompts per generation call.", 64)
-
-    def validate(self) -> None:
-        if self.num_problems < 0 or self.num_samples < 0:
-            raise ConfigError("eval.num_problems and eval.num_samples must be >= 0")
-        if self.num_samples and any(k < 1 or k > self.num_samples for k in self.ks):
-            raise ConfigError(f"eval.ks={self.ks} must lie in 1..num_samples={self.num_samples}")
-        if self.batch_size < 1:
-            raise ConfigError(f"eval.batch_size must be >= 1, got {self.batch_size}")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ from typing import Any, Callable
 
 
 from tempax.algorithms.common import build_model
-from tempax.algorithms.grpo.config import EvalSpec, GRPOConfig, TaskSpec
+from tempax.algorithms.grpo.config import GRPOConfig
+from tempax.data.tasks.spec import load_task
+from tempax.eval.spec import eval_options
 from tempax.rewards.registry import build_rewards
 from tempax.rl.rollout import PromptSampler, encode_prompts, round_up
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
@@ -31,32 +33,6 @@ PLOT_METRICS = (
     "reward/total_mean", "reward/correctness_mean", "reward/format_mean", "groups/zero_spread_frac", "entropy",
     "kl", "completion/length_mean", "clip_frac", "perf/step_s",
 )
-
-
-def load_task(spec: TaskSpec, *, eval_problems: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(training rows, held-out rows) of the task."""
-    from tempax.data.tasks import generate_arithmetic, load_gsm8k
-
-    if spec.name == "arithmetic":
-        train = generate_arithmetic(spec.num_train_problems, split="train", seed=spec.seed, config=spec.arithmetic)
-        held = generate_arithmetic(eval_problems, split="test", seed=spec.seed, config=spec.arithmetic) \
-            if eval_problems else []
-    else:
-        train = list(load_gsm8k(spec.train_split, spec.source, limit=spec.max_train_rows))
-        held = list(load_gsm8k(spec.eval_split, spec.source, limit=eval_problems)) if eval_problems else []
-    if spec.max_train_rows is not None:
-        train = train[: spec.max_train_rows]
-    return train, held
-
-
-def eval_options(spec: EvalSpec, default_max_new_tokens: int, seed: int = 0) -> Any:
-    from tempax.eval.evaluate import EvalOptions
-
-    return EvalOptions(
-        max_new_tokens=spec.max_new_tokens or default_max_new_tokens, greedy=spec.greedy,
-        num_samples=spec.num_samples, temperature=spec.temperature, ks=spec.ks if spec.num_samples else (1,),
-        batch_size=spec.batch_size, seed=seed,
-    )
 
 
 @dataclass

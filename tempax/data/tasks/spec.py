@@ -1,0 +1,54 @@
+"""Which task a verifiable-reward run trains and evaluates on (`TaskSpec`), and its rows (`load_task`): shared by
+the algorithms that sample answers to problems and check them (GRPO, RFT) and by the demo."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tempax.configlib import help_field
+from tempax.data.tasks.arithmetic import ArithmeticConfig, generate_arithmetic
+from tempax.data.tasks.gsm8k import load_gsm8k
+from tempax.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Where the prompts and reference answers come from."""
+
+    name: Literal["gsm8k", "arithmetic"] = help_field(
+        "gsm8k (grade-school math, answer after '####') or arithmetic (generated one/two-step word problems).",
+        "gsm8k",
+    )
+    source: str | None = help_field(
+        "gsm8k: a folder with train.jsonl/test.jsonl, a jsonl file or a Hub id; null: ../shared/data/gsm8k, "
+        "else openai/gsm8k.",
+        None,
+    )
+    train_split: str = help_field("Split the prompts are drawn from.", "train")
+    eval_split: str = help_field("Held-out split for evaluation.", "test")
+    max_train_rows: int | None = help_field("Use only the first N training problems (null: all).", None)
+    num_train_problems: int = help_field("arithmetic: how many training problems to generate.", 2000)
+    arithmetic: ArithmeticConfig = help_field("arithmetic: difficulty of the generated problems.",
+                                         default_factory=ArithmeticConfig)
+    seed: int = help_field("arithmetic: generation seed (train and held-out splits are disjoint for any seed).", 0)
+
+    def validate(self) -> None:
+        if self.max_train_rows is not None and self.max_train_rows < 1:
+            raise ConfigError(f"task.max_train_rows must be >= 1 or null, got {self.max_train_rows}")
+        if self.num_train_problems < 1:
+            raise ConfigError(f"task.num_train_problems must be >= 1, got {self.num_train_problems}")
+
+
+def load_task(spec: TaskSpec, *, eval_problems: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training rows, held-out rows) of the task."""
+    if spec.name == "arithmetic":
+        train = generate_arithmetic(spec.num_train_problems, split="train", seed=spec.seed, config=spec.arithmetic)
+        held = generate_arithmetic(eval_problems, split="test", seed=spec.seed, config=spec.arithmetic) \
+            if eval_problems else []
+    else:
+        train = list(load_gsm8k(spec.train_split, spec.source, limit=spec.max_train_rows))
+        held = list(load_gsm8k(spec.eval_split, spec.source, limit=eval_problems)) if eval_problems else []
+    if spec.max_train_rows is not None:
+        train = train[: spec.max_train_rows]
+    return train, held
