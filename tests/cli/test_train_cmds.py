@@ -139,9 +139,7 @@ def test_export_writes_every_file_with_the_same_permissions(trained, tmp_path):
 
 
 def test_pretrain_command_on_text_fields(workspace, tmp_path):
-    _, sft_recipe, text = workspace
-    recipe = tmp_path / "pretrain.yaml"  # a recipe names the command that runs it
-    recipe.write_text(sft_recipe.read_text().replace("command: sft", "command: pretrain"))
+    _, recipe, text = workspace  # an SFT recipe (command: sft) whose settings fit continued pre-training too
     run = tmp_path / "pt"
     assert main(["pretrain", "--config", str(recipe), f"data.path={text}", "data.text_fields=[question, answer]",
                  "data.format=text", "data.train_on=all", f"train.run_dir={run}", "train.steps=2", "lora=null",
