@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from tempax.errors import TempaxError
@@ -83,8 +84,9 @@ def _takes_name(fn) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `tempax` command itself, not a call from Python: set up the process first
-        from tempax.cli.process import setup_process
+        from tempax.cli.process import compilation_cache_env, setup_process
 
+        os.environ.update(compilation_cache_env(os.environ))  # before JAX starts: it reads these once
         setup_process(job="train" if sys.argv[1:2] and sys.argv[1] in TRAINING_COMMANDS else None)
     parser = build_parser()
     args = parser.parse_args(argv)
