@@ -6,6 +6,10 @@
     python bench/compare.py --dtype bf16 --workloads sft_full,sft_lora --sizes small
     python bench/compare.py --table-from runs/cmp.jsonl       # the table again from kept records, no measuring
 
+A measuring run appends its table to `docs/performance.md` (`--page`; `--page ''` writes nothing) under a
+heading that names the CPU class (`tempax.cli.host.cpu_class`: AVX-512 + AMX, AVX-512, AVX2), the CPU, the flags
+and the date, so the page keeps one history per CPU class; the newest section of a class is its current figure.
+
 For each (workload, size) cell it runs tempax's own one-measurement entry point (`bench/sft.py --one W S`,
 `bench/decode.py --one S`, `bench/grpo_step.py --one S`) and the peer's (`bench/peers.py --one W S`:
 transformers + PyTorch, peft for LoRA, TRL's GRPOTrainer for grpo_step), alternating tempax, peer, tempax,
@@ -226,6 +230,26 @@ def measure_all(workloads: Sequence[str], sizes: Sequence[str], *, repeats: int,
     return records
 
 
+def run_heading(records: Sequence[dict], cpu_class: str) -> str:
+    """The page heading of one run: its CPU class and its first measurement's date (UTC)."""
+    times = sorted(r["utc"] for r in records if "utc" in r)
+    return f"## {cpu_class}: {times[0] if times else 'undated'}"
+
+
+def append_run(page: str, table: str, heading: str, command: str) -> None:
+    """Appends one run (heading, the command that repeats it, the table) to the page, creating the page with its
+    introduction when it does not exist yet."""
+    new = not os.path.exists(page)
+    with open(page, "a", encoding="utf-8") as f:
+        if new:
+            f.write("# Performance against the peers, per CPU class\n\nWritten by `bench/compare.py`: each run "
+                    "appends a section (CPU class, date, CPU and flags, the ratio table). A ratio belongs to its "
+                    "CPU: read the newest section of your class. Figures for AVX2 taken on an AVX-512 host with "
+                    "`--xla_cpu_max_isa=AVX2` and `ATEN_CPU_CAPABILITY=avx2` imitate the instruction set only, "
+                    "not an AVX2 CPU's execution units; such a run says so in its XLA_FLAGS line.\n")
+        f.write(f"\n{heading}\n\n`{command}`\n\n{table}\n")
+
+
 def _names(text: str, allowed: Sequence[str], what: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in allowed]
@@ -245,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lock", help="a lock file (e.g. /work/heavy.lock) held for each tempax/peer pair")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before one measurement is failed")
     parser.add_argument("--table-from", metavar="FILE.jsonl", help="print the table of kept records; measure nothing")
+    parser.add_argument("--page", default=os.path.join(ROOT, "docs", "performance.md"),
+                        help="the docs page a measuring run appends its table to ('' = none)")
     args = parser.parse_args(argv)
     if args.table_from:
         with open(args.table_from) as f:
@@ -257,7 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit("--repeats must be at least 1")
         records = measure_all(workloads, _names(args.sizes, SIZES, "sizes"), repeats=args.repeats,
                               dtype=args.dtype, out=args.out, lock=args.lock, timeout_s=args.timeout)
-    print(build_table(records), flush=True)
+    table = build_table(records)
+    print(table, flush=True)
+    if args.page and not args.table_from:
+        from tempax.cli.host import cpu_class, cpu_info
+
+        command = "python bench/compare.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        append_run(args.page, table, run_heading(records, cpu_class(cpu_info())), command.strip())
     return 0
 
 

@@ -54,6 +54,15 @@ def cpu_info() -> dict[str, str | int | list[str]]:
     return info
 
 
+def cpu_class(info: dict) -> str:
+    """The class of a `cpu_info()` record that decides XLA:CPU's and PyTorch's kernels: "AVX-512 + AMX",
+    "AVX-512", "AVX2" or "older than AVX2" (speed ratios are reported per class)."""
+    flags = set(info.get("flags", ()))
+    if "avx512f" in flags:
+        return "AVX-512 + AMX" if "amx_tile" in flags else "AVX-512"
+    return "AVX2" if "avx2" in flags else "older than AVX2"
+
+
 def cpu_line() -> str:
     """One line naming the CPU for a benchmark table, e.g. "AMD EPYC, 2 cores, avx512f avx512_bf16"."""
     info = cpu_info()
