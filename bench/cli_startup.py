@@ -143,11 +143,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = build_table(records)
     print(table)
     if args.page:
-        from bench.compare import append_run
+        from bench.compare import append_run, repeatable_command
 
-        command = "python bench/cli_startup.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = repeatable_command("bench/cli_startup.py", argv if argv is not None else sys.argv[1:])
         append_run(args.page, f"CPU: {cpu_line()}\n\n{table}", f"## {cpu_class(cpu_info())}: {started}, start-up "
-                   "of tempax commands (bench/cli_startup.py)", command.strip())
+                   "of tempax commands (bench/cli_startup.py)", command)
     return 0
 
 

@@ -236,6 +236,20 @@ def run_heading(records: Sequence[dict], cpu_class: str) -> str:
     return f"## {cpu_class}: {times[0] if times else 'undated'}"
 
 
+def repeatable_command(script: str, argv: Sequence[str],
+                       local: Sequence[str] = ("--out", "--lock", "--page")) -> str:
+    """The command line that repeats a run, without the options that only name this machine's files."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in local:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in local)):
+            kept.append(arg)
+    return " ".join(["python", script, *kept])
+
+
 def append_run(page: str, table: str, heading: str, command: str) -> None:
     """Appends one run (heading, the command that repeats it, the table) to the page, creating the page with its
     introduction when it does not exist yet."""
@@ -288,8 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.page and not args.table_from:
         from tempax.cli.host import cpu_class, cpu_info
 
-        command = "python bench/compare.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        append_run(args.page, table, run_heading(records, cpu_class(cpu_info())), command.strip())
+        command = repeatable_command("bench/compare.py", argv if argv is not None else sys.argv[1:])
+        append_run(args.page, table, run_heading(records, cpu_class(cpu_info())), command)
     return 0
 
 

@@ -144,7 +144,8 @@ def test_a_measuring_run_appends_its_table_to_the_page_under_its_cpu_class(tmp_p
     assert text.startswith("# Performance against the peers, per CPU class") and text.count("# Performance") == 1
     sections = text.split("\n## ")[1:]
     assert [s.splitlines()[0] for s in sections] == ["AVX2: 2026-12-01 09:55"] * 2
-    assert "`python bench/compare.py --sizes tiny --page" in sections[0] and "--sizes small" in sections[1]
+    assert "`python bench/compare.py --sizes tiny`" in sections[0]
+    assert "`python bench/compare.py --sizes small`" in sections[1]
     assert build_table(RECORDS) in sections[0]
     kept = tmp_path / "kept.jsonl"
     kept.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
@@ -159,3 +160,10 @@ def test_cpu_classes():
     assert cpu_class({"flags": ["avx2", "fma", "avx512f", "avx512_bf16"]}) == "AVX-512"
     assert cpu_class({"flags": ["avx2", "fma"]}) == "AVX2"
     assert cpu_class({"flags": []}) == "older than AVX2"
+
+
+def test_the_recorded_command_leaves_out_this_machines_files():
+    from bench.compare import repeatable_command
+
+    argv = ["--sizes", "tiny", "--out", "/tmp/x.jsonl", "--lock=/tmp/l", "--page", "p.md", "--repeats", "1"]
+    assert repeatable_command("bench/compare.py", argv) == "python bench/compare.py --sizes tiny --repeats 1"

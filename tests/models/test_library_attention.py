@@ -28,7 +28,8 @@ def test_same_result_as_tempax_attention_with_packing_padding_and_windows(window
 
 
 def test_a_model_trains_the_same_with_either_attention():
-    """The tiny Llama with attention_impl='xla': the logits within 1e-5 of 'tempax', the gradient of their sum within 1e-4."""
+    """The tiny Llama with attention_impl='xla': the logits within 1e-5 of 'tempax', the gradient of their sum
+    within 1e-4."""
     tokens = jnp.asarray(np.arange(24).reshape(2, 12) % 50 + 3, jnp.int32)
 
     def logits_and_grad(model):
