@@ -256,8 +256,8 @@ def append_run(page: str, table: str, heading: str, command: str) -> None:
     new = not os.path.exists(page)
     with open(page, "a", encoding="utf-8") as f:
         if new:
-            f.write("# Performance against the peers, per CPU class\n\nWritten by `bench/compare.py`: each run "
-                    "appends a section (CPU class, date, CPU and flags, the ratio table). A ratio belongs to its "
+            f.write("# Performance against the peers, per CPU class\n\nWritten by `bench/compare.py` (and "
+                    "`bench/cli_startup.py`): each run appends a section (CPU class, date, CPU and flags, the table). A ratio belongs to its "
                     "CPU: read the newest section of your class. Figures for AVX2 taken on an AVX-512 host with "
                     "`--xla_cpu_max_isa=AVX2` and `ATEN_CPU_CAPABILITY=avx2` imitate the instruction set only, "
                     "not an AVX2 CPU's execution units; such a run says so in its XLA_FLAGS line.\n")
