@@ -34,6 +34,7 @@ import datetime
 import fcntl
 import json
 import os
+import re
 import statistics
 import sys
 from collections.abc import Iterator, Sequence
@@ -230,6 +231,16 @@ def measure_all(workloads: Sequence[str], sizes: Sequence[str], *, repeats: int,
     return records
 
 
+def imitated_class(real_class: str, xla_flags: str, aten_capability: str | None) -> str:
+    """The class a run stands for: the real one, or, with `--xla_cpu_max_isa=ISA` in XLA_FLAGS (and PyTorch's
+    ATEN_CPU_CAPABILITY), "ISA imitated on <real class>": the instruction set only, not that CPU's units."""
+    m = re.search(r"--xla_cpu_max_isa=(\S+)", xla_flags)
+    if not m:
+        return real_class
+    torch = f", ATEN_CPU_CAPABILITY={aten_capability}" if aten_capability else ", PyTorch not limited"
+    return f"{m.group(1).upper()} imitated on {real_class} (--xla_cpu_max_isa={m.group(1)}{torch})"
+
+
 def run_heading(records: Sequence[dict], cpu_class: str) -> str:
     """The page heading of one run: its CPU class and its first measurement's date (UTC)."""
     times = sorted(r["utc"] for r in records if "utc" in r)
@@ -303,7 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tempax.cli.host import cpu_class, cpu_info
 
         command = repeatable_command("bench/compare.py", argv if argv is not None else sys.argv[1:])
-        append_run(args.page, table, run_heading(records, cpu_class(cpu_info())), command)
+        label = imitated_class(cpu_class(cpu_info()), os.environ.get("XLA_FLAGS", ""),
+                               os.environ.get("ATEN_CPU_CAPABILITY"))
+        append_run(args.page, table, run_heading(records, label), command)
     return 0
 
 

@@ -167,3 +167,12 @@ def test_the_recorded_command_leaves_out_this_machines_files():
 
     argv = ["--sizes", "tiny", "--out", "/tmp/x.jsonl", "--lock=/tmp/l", "--page", "p.md", "--repeats", "1"]
     assert repeatable_command("bench/compare.py", argv) == "python bench/compare.py --sizes tiny --repeats 1"
+
+
+def test_an_imitated_instruction_set_is_named_in_the_heading():
+    from bench.compare import imitated_class
+
+    assert imitated_class("AVX-512", "--xla_foo=1", None) == "AVX-512"
+    assert imitated_class("AVX-512", "--a --xla_cpu_max_isa=AVX2", "avx2") \
+        == "AVX2 imitated on AVX-512 (--xla_cpu_max_isa=AVX2, ATEN_CPU_CAPABILITY=avx2)"
+    assert imitated_class("AVX-512", "--xla_cpu_max_isa=avx2", None).endswith("PyTorch not limited)")
