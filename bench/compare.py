@@ -1,8 +1,8 @@
 """tempax against its peers on this machine: every shared workload, interleaved, and one ratio table.
 
     python bench/compare.py                                   # 4 workloads x tiny, small; 2 repeats each side
-    python bench/compare.py --sizes tiny --workloads sft_full,decode --repeats 3 --out /tmp/cmp.jsonl
-    python bench/compare.py --lock /work/heavy.lock --out runs/cmp.jsonl   # hold a shared lock per pair
+    python bench/compare.py --sizes tiny --workloads sft_full,decode --repeats 3 --out runs/cmp.jsonl
+    python bench/compare.py --lock LOCK_FILE --out runs/cmp.jsonl   # hold a lock file for each tempax/peer pair
     python bench/compare.py --dtype bf16 --workloads sft_full,sft_lora --sizes small
     python bench/compare.py --table-from runs/cmp.jsonl       # the table again from kept records, no measuring
 
@@ -291,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bf16"), default="float32",
                         help="bf16 (sft_full, sft_lora): tempax --precision bf16, the peer under CPU autocast")
     parser.add_argument("--out", help="write every raw JSON record here (JSON lines)")
-    parser.add_argument("--lock", help="a lock file (e.g. /work/heavy.lock) held for each tempax/peer pair")
+    parser.add_argument("--lock", help="a lock file held for each tempax/peer pair (other jobs that take it wait)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before one measurement is failed")
     parser.add_argument("--table-from", metavar="FILE.jsonl", help="print the table of kept records; measure nothing")
     parser.add_argument("--page", default=os.path.join(ROOT, "docs", "performance.md"),

@@ -86,7 +86,7 @@ def run(mode: str, args: argparse.Namespace, attention: str = "tempax", remat: s
     import numpy as np
     from flax import nnx
 
-    from tempax.algorithms.sft.trainer import make_sft_loss
+    from tempax.algorithms.sft.main import make_sft_loss
     from tempax.models.init import init_decoder
     from tempax.models.lora import LoraConfig, apply_lora, lora_filter
     from tempax.models.presets import get_preset

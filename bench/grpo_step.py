@@ -15,7 +15,7 @@ constant, no clipping) of the adapters. That is `Trainer.fit` over `tempax.algor
 Memory settings, printed in the JSON ("remat", "micro_batch_size"): tempax runs as recipes/grpo_gsm8k_smollm2.yaml
 does, train.remat=full (GRPO's default: each layer recomputed in the backward) and train.micro_batch_size=1 (one
 prompt group of 4 completions per forward/backward pass, gradients accumulated: the same update,
-tests/algorithms/test_grpo_learner.py). TRL's GRPOTrainer runs with its default gradient_checkpointing=True and
+tests/algorithms/grpo/test_objective.py). TRL's GRPOTrainer runs with its default gradient_checkpointing=True and
 the whole batch in one pass. Both are memory/compute trades of the same update; `--remat none
 --micro-batch-size 0` measures tempax without them.
 
@@ -63,7 +63,7 @@ def measure(size: str, remat: str = "full", micro_batch_size: int | None = 1) ->
 
     from tempax.cli.process import settings_in_effect
     from tempax.algorithms.grpo.config import GRPOSettings
-    from tempax.algorithms.grpo.rollout import Prompt, PromptSampler
+    from tempax.rl.rollout import Prompt, PromptSampler
     from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
     from tempax.models.decoder import Decoder
     from tempax.models.lora import LoraConfig, apply_lora, lora_filter

@@ -313,8 +313,8 @@ if __name__ == "__main__":
     sys.path.insert(0, ROOT)  # this checkout's tempax, not an installed one
     from tempax.cli.process import setup_process
 
-    # No huge-page malloc for the peers, though tempax's training jobs get it: PyTorch 2.13 was slower with it on
-    # this CPU (bf16 autocast sft_full small 477.3 / 488.5 tokens/s with, 504.5 / 524.9 without; AMD EPYC Zen 5,
-    # 2026-12-01), so each library runs at its own better setting. Each line prints the GLIBC_TUNABLES it had.
+    # No huge-page malloc for the peers, though tempax's training jobs get it: PyTorch 2.13 was slower with it
+    # (docs/measurements/performance-history.md), so each library runs at its own better setting. Each line
+    # prints the GLIBC_TUNABLES it had.
     setup_process()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())

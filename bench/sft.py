@@ -65,7 +65,7 @@ def measure(workload: str, size: str, remat: str | None = None, memory_only: boo
     from flax import nnx
 
     from tempax.cli.process import settings_in_effect
-    from tempax.algorithms.sft.trainer import LossSpec, make_sft_loss
+    from tempax.algorithms.sft.main import LossSpec, make_sft_loss
     from tempax.models.presets import PRESETS
     from tempax.parallel import make_mesh
     from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig

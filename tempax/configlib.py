@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import re
 import types
 import typing
@@ -117,6 +118,14 @@ def _show(value: Any) -> str:
 
 def _key(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
+
+
+_NOT_FINITE_WORDS = ("nan", "inf", "infinity")
+
+
+def _not_finite(path: str, value: Any) -> ConfigError:
+    return ConfigError(f"config key '{path}': {value!r} is not a finite number; numeric settings must be finite "
+                       "(e.g. 1e-4)")
 
 
 def _wrong(path: str, tp: Any, value: Any, hint: str = "") -> ConfigError:
@@ -254,6 +263,8 @@ def _coerce(value: Any, tp: Any, path: str, root: tuple[type, str]) -> Any:
     """Check `value` against the annotation `tp`, converting where the conversion is lossless."""
     if tp is Any:
         return value
+    if isinstance(value, float) and not math.isfinite(value):  # YAML's .nan / .inf would fail only once training
+        raise _not_finite(path, value)
     if tp is type(None):
         if value is None:
             return None
@@ -313,6 +324,8 @@ def _coerce(value: Any, tp: Any, path: str, root: tuple[type, str]) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and value.strip().lower().lstrip("+-.") in _NOT_FINITE_WORDS:
+            raise _not_finite(path, value)
         raise _wrong(path, tp, value)
     if tp is str:
         if isinstance(value, str):
@@ -428,30 +441,63 @@ def _set_dotted(out: dict[str, Any], key: str, value: Any, item: str) -> None:
     node[parts[-1]] = value
 
 
-def load_config(cls: type[T], yaml_path: str | Path | None, overrides: Sequence[str] = ()) -> T:
-    """Read `yaml_path` (optional), apply `a.b.c=value` overrides on top, and build `cls`.
+# The top-level recipe key naming the command that runs it (`command: sft`). It belongs to the recipe, not to
+# the config: `load_config` checks it against the command asked for and leaves it out of the config.
+COMMAND_KEY = "command"
 
-    The YAML's top level maps straight onto the fields of `cls`; an empty file means all defaults.
+
+def read_recipe(yaml_path: str | Path) -> dict[str, Any]:
+    """The top-level mapping of a YAML recipe (`command:` included).
 
     Raises:
-        ConfigError: the file is missing or is not valid YAML, an override is malformed, or `from_dict` fails.
+        ConfigError: the file is missing, is not valid YAML, or does not hold a mapping.
+    """
+    path = Path(yaml_path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist; pass the path of a YAML recipe")
+    try:
+        loaded = _yaml_load(path.read_text())
+    except yaml.YAMLError as exc:
+        where = ""
+        if getattr(exc, "problem_mark", None) is not None:
+            where = f" at line {exc.problem_mark.line + 1}"
+        problem = getattr(exc, "problem", exc)
+        raise ConfigError(f"config file '{path}' is not valid YAML{where}: {problem}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values, got {_show(loaded)}")
+    return loaded or {}
+
+
+def recipe_command(yaml_path: str | Path) -> str | None:
+    """The command a recipe names in its `command:` key, or None (no key, or not a readable recipe)."""
+    try:
+        named = read_recipe(yaml_path).get(COMMAND_KEY)
+    except ConfigError:
+        return None
+    return named if isinstance(named, str) else None
+
+
+def load_config(
+    cls: type[T], yaml_path: str | Path | None, overrides: Sequence[str] = (), *, command: str | None = None
+) -> T:
+    """Read `yaml_path` (optional), apply `a.b.c=value` overrides on top, and build `cls`.
+
+    The YAML's top level maps straight onto the fields of `cls`, except the recipe's `command:` key, which is
+    checked against `command` (when given) and not passed on; an empty file means all defaults.
+
+    Raises:
+        ConfigError: the file is missing or is not valid YAML, it is a recipe for another command, an override is
+            malformed, or `from_dict` fails.
     """
     data: dict[str, Any] = {}
     if yaml_path is not None:
-        path = Path(yaml_path)
-        if not path.is_file():
-            raise ConfigError(f"config file '{path}' does not exist; pass the path of a YAML recipe")
-        try:
-            loaded = _yaml_load(path.read_text())
-        except yaml.YAMLError as exc:
-            where = ""
-            if getattr(exc, "problem_mark", None) is not None:
-                where = f" at line {exc.problem_mark.line + 1}"
-            problem = getattr(exc, "problem", exc)
-            raise ConfigError(f"config file '{path}' is not valid YAML{where}: {problem}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file '{path}' must hold a mapping of keys to values, got {_show(loaded)}")
-        data = loaded or {}
+        data = dict(read_recipe(yaml_path))
+        named = data.pop(COMMAND_KEY, None)
+        if named is not None and command is not None and named != command:
+            raise ConfigError(
+                f"'{yaml_path}' is a recipe for `tempax {named}` (its {COMMAND_KEY}: key), not `tempax {command}`; "
+                f"run: tempax {named} --config {yaml_path}"
+            )
     data = _deep_merge(data, parse_overrides(overrides, cls))
     return from_dict(cls, data)
 
@@ -471,9 +517,13 @@ def to_dict(cfg: Any) -> Any:
     return cfg
 
 
-def dump_yaml(cfg: Any) -> str:
-    """The config as YAML text that `load_config` reads back to an equal config."""
-    return yaml.dump(to_dict(cfg), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+def dump_yaml(cfg: Any, *, command: str | None = None) -> str:
+    """The config as YAML text that `load_config` reads back to an equal config; with `command`, a recipe that
+    names it in its first key."""
+    data = to_dict(cfg)
+    if command is not None:
+        data = {COMMAND_KEY: command, **data}
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Literal, Optional
 
 import pytest
 
-from tempax.configlib import describe, dump_yaml, from_dict, load_config, parse_overrides, to_dict
+from tempax.configlib import describe, dump_yaml, from_dict, load_config, parse_overrides, recipe_command, to_dict
 from tempax.errors import ConfigError, TempaxError
 
 
@@ -215,6 +215,26 @@ def test_round_trip_through_yaml(tmp_path):
     assert load_config(TrainConfig, path, []) == cfg
 
 
+def test_a_recipes_command_key_is_checked_and_left_out_of_the_config(tmp_path):
+    """`command: sft` names the recipe's command: `recipe_command` reads it, `load_config` accepts it for that
+    command (or when none is asked for) without passing it to the config, refuses it for another, and
+    `dump_yaml(cfg, command=...)` writes it first so the printed recipe loads back to the same config."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("# a recipe\ncommand: sft\nmodel: m\nlora: {rank: 4}\n")
+    assert recipe_command(recipe) == "sft"
+    assert load_config(TrainConfig, recipe, [], command="sft") == load_config(TrainConfig, recipe, []) == \
+        TrainConfig(model="m", lora=LoraConfig(rank=4))
+    with pytest.raises(ConfigError, match=r"is a recipe for `tempax sft` \(its command: key\), not `tempax dpo`"):
+        load_config(TrainConfig, recipe, [], command="dpo")
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(dump_yaml(load_config(TrainConfig, recipe, []), command="sft"))
+    assert printed.read_text().startswith("command: sft\n")
+    assert load_config(TrainConfig, printed, [], command="sft") == TrainConfig(model="m", lora=LoraConfig(rank=4))
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("model: m\n")
+    assert recipe_command(plain) is None and recipe_command(tmp_path / "missing.yaml") is None
+
+
 def test_describe_lists_every_dotted_key():
     text = describe(TrainConfig)
     assert "model: str (required)\n    Model id or path." in text
@@ -224,3 +244,24 @@ def test_describe_lists_every_dotted_key():
     assert "lora.targets: tuple[str, ...] = [q_proj, v_proj]" in text
     assert "max_grad_norm: float | None = 1.0" in text
     assert "precision: one of 'float32', 'bfloat16' = float32" in text
+
+
+@pytest.mark.parametrize("raw", [".nan", ".inf", "-.inf", "nan", "inf", "'-Infinity'"])
+def test_a_number_that_is_not_finite_is_refused_at_parse_time(raw, tmp_path):
+    """YAML's .nan parses to a float and would compile and fail at step 2; the words nan / inf in a float field
+    must read as the same problem, not as "expected float, got 'nan' (str)"."""
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, None, ["model=m", f"optimizer.learning_rate={raw}"])
+    assert str(e.value).startswith("config key 'optimizer.learning_rate': ")
+    assert str(e.value).endswith(" is not a finite number; numeric settings must be finite (e.g. 1e-4)")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: m\noptimizer:\n  learning_rate: {raw}\n")
+    with pytest.raises(ConfigError, match="'optimizer.learning_rate': .* is not a finite number"):
+        load_config(TrainConfig, recipe)
+
+
+def test_the_real_sft_config_refuses_nan_learning_rate():
+    from tempax.algorithms.registry import resolve
+
+    with pytest.raises(ConfigError, match=r"^config key 'train.optimizer.learning_rate': nan is not a finite number"):
+        load_config(resolve("sft")[0], None, ["train.optimizer.learning_rate=.nan"])

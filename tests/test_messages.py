@@ -16,7 +16,7 @@ import re
 import pytest
 
 from tempax.cli.main import build_parser
-from tempax.cli.train_cmds import ALGORITHMS, resolve
+from tempax.algorithms.registry import algorithms, resolve
 from tempax.configlib import _all_keys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,7 +29,7 @@ def _config_keys() -> set[str]:
     from tempax.cli.demo import DemoConfig
 
     keys: set[str] = set()
-    for cls in [resolve(command)[0] for command in ALGORITHMS] + [DemoConfig]:
+    for cls in [resolve(command)[0] for command in algorithms()] + [DemoConfig]:
         for key in _all_keys(cls):
             parts = key.split(".")
             keys.update(".".join(parts[: i + 1]) for i in range(len(parts)))  # sections count too
@@ -121,3 +121,42 @@ def test_the_checks_catch_a_bad_suggestion(text):
     missing = [k for k in suggested_keys("data." + text.split()[-1], sections) if k not in keys]
     missing += [f for f in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text) if f not in flags]
     assert missing
+
+
+# A suggestion: a verb that asks for a change, then a key ("raise max_bad_fraction", "set num_samples > 0"), or
+# "or key=value". The lookaheads let one verb's match overlap the next ("fix the file or raise max_rows").
+SUGGESTION = re.compile(
+    r"(?=\b(?:raise|lower|set|increase|reduce|decrease|loosen|shorten|pass|use|drop|enable|disable)\s+`?"
+    r"([a-z][a-z0-9_]*)\b(?!\.?[a-z_(]))|(?=\bor\s+([a-z][a-z0-9_]*)=)"
+)
+# `tempax data clean` reads its own config (tempax.data.clean.CleanConfig), whose keys start at its top level.
+CLEAN_FILES = ("tempax/data/clean.py", "tempax/cli/data.py")
+
+
+def bare_suggestions(text: str, leaves: set[str]) -> list[str]:
+    """Keys a message asks the user to change by their last part only (`max_bad_fraction`), not in full."""
+    return [w for m in SUGGESTION.finditer(text) for w in m.groups() if w in leaves]
+
+
+def _leaves(keys: set[str]) -> set[str]:
+    """Last parts of nested keys that are not keys on their own."""
+    return {k.rsplit(".", 1)[1] for k in keys if "." in k} - {k for k in keys if "." not in k}
+
+
+def test_every_suggested_key_is_named_with_its_full_dotted_path():
+    from tempax.data.clean import CleanConfig
+
+    leaves = _leaves(_config_keys())
+    clean_top = {k for k in _all_keys(CleanConfig) if "." not in k}
+    bad = [f"{f}:{line}: {word}" for f, line, text in message_templates()
+           for word in bare_suggestions(text, leaves - (clean_top if f in CLEAN_FILES else set()))]
+    assert not bad, "messages suggest a key by its last part only; write it in full (data.max_bad_fraction):\n" + \
+        "\n".join(bad)
+
+
+def test_the_full_path_check_catches_a_bare_key():
+    leaves = _leaves(_config_keys())
+    assert bare_suggestions("fix the rows or raise max_bad_fraction.", leaves) == ["max_bad_fraction"]
+    assert bare_suggestions("use kind=jsd, or top_k=0", leaves) == ["kind", "top_k"]
+    assert bare_suggestions("fix the rows or raise data.max_bad_fraction, or set train.seq_len=64", leaves) == []
+    assert bare_suggestions("pass the path of a recipe", leaves) == []

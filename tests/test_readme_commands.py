@@ -18,7 +18,7 @@ import shlex
 import pytest
 
 from tempax.cli.main import build_parser, main
-from tempax.cli.train_cmds import ALGORITHMS
+from tempax.algorithms.registry import algorithms
 from tests.cli.test_train_cmds import trained, workspace  # noqa: F401  (fixtures: a tiny LoRA SFT run)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,7 +76,7 @@ def test_the_commands_are_found():
 def test_command_parses_and_builds(command, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     argv = argv_of(command, SOURCE="smollm2-135m-instruct", RUN_DIR="runs/x", OUT_DIR="out")
-    if argv[0] in ALGORITHMS:
+    if argv[0] in algorithms():
         from tempax.cli.train_cmds import load
 
         args = build_parser().parse_args(argv)

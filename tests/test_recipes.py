@@ -1,4 +1,5 @@
-"""Every shipped recipe parses, builds its config and optimizer, names existing data, and says how to run it."""
+"""Every shipped recipe parses, builds its config and optimizer, names existing data, names its command in its
+`command:` key, and says how to run it in its opening comment."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import os
 
 import pytest
 
-from tempax.cli.train_cmds import ALGORITHMS
-from tempax.cli.validate import check_recipe, recipe_command
+from tempax.algorithms.registry import algorithms
+from tempax.cli.validate import check_recipe
+from tempax.configlib import recipe_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = sorted(glob.glob(os.path.join(ROOT, "recipes", "**", "*.yaml"), recursive=True))
@@ -27,9 +29,9 @@ def test_recipe_parses_and_builds(path, monkeypatch):
         head = f.readline()
     assert head.startswith("#"), f"{rel} must open with a comment saying what it does"
     command = recipe_command(path)
-    assert command is not None, f"{rel}: its opening comment must give the command, e.g. tempax sft --config {rel}"
+    assert command is not None, f"{rel}: name the command that runs it in a top-level key, e.g. `command: sft`"
     with open(path) as f:
-        assert f"--config {rel}" in f.read(), f"{rel}: the run command must name the recipe's own path"
-    assert command in ALGORITHMS, f"{rel}: `tempax {command}` is not a training command"
+        assert f"tempax {command} --config {rel}" in f.read(), f"{rel}: its comment must give the command that runs it"
+    assert command in algorithms(), f"{rel}: `tempax {command}` is not a training command"
     _, cfg, _ = check_recipe(rel)
     assert cfg.train.steps >= 1

@@ -14,22 +14,20 @@ from flax import nnx
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
 
-_help = help_field
-
 
 @dataclass(frozen=True)
 class ModelSpec:
     """Which model to train and its tokenizer."""
 
-    source: str = _help(
+    source: str = help_field(
         "Registered name (smollm2-135m-instruct), preset:<name> (random init), a .gguf file, a Hugging Face "
         "folder or a Hub repo id.",
         "smollm2-135m-instruct",
     )
-    tokenizer: str | None = _help(
+    tokenizer: str | None = help_field(
         "Tokenizer source (same kinds as `source`); null: the model's own. Required for preset: sources.", None
     )
-    overrides: dict[str, Any] = _help(
+    overrides: dict[str, Any] = help_field(
         "ModelConfig fields to change on a preset: source (e.g. {vocab_size: 49152}).", default_factory=dict
     )
 

@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from tempax.algorithms.registry import resolve
 from tempax.configlib import dump_yaml, from_dict
 from tempax.data.stats import DataProfile
 from tempax.models.config import ModelConfig
@@ -307,13 +308,10 @@ def _has_split(folder: str, split: str) -> bool:
 def write_recipe(rec: Recommendation, path: str) -> str:
     """Writes the recipe with an opening comment (what it does, why, the command that runs it); checks that it
     builds as the command's config first. Returns the path."""
-    from tempax.cli.train_cmds import resolve
-
     cls, _ = resolve(rec.command)
     from_dict(cls, rec.recipe)  # every value typed and checked before anything is written
-    text = dump_yaml(rec.recipe)
+    text = dump_yaml(rec.recipe, command=rec.command)
     where = profile_path(rec)
-    # The run command comes right after the title: `tempax validate` reads the first command named in the comment.
     head = [f"# {rec.method} on {where}, chosen by the recommend command from what the data holds.",
             f"# Run:  tempax {rec.command} --config {path}"]
     head += [f"# Why: {r}" for r in rec.reasons]

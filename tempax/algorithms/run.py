@@ -29,6 +29,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from tempax.data.sft import SFTData
 from tempax.parallel.process import is_writer
 from tempax.train.loop import Trainer, TrainResult
 from tempax.train.run_identity import CONFIG_FILE, save_run_config
@@ -117,6 +118,16 @@ class Run:
                 writer.write(steps.get(name, 0), r.metrics("eval/"))
         finally:
             writer.close()
+
+
+def write_run_files(run: Run, data: SFTData, tokenizer: Any) -> None:
+    """Reports the data and writes data_report.json and the tokenizer into the run dir (`start_run` wrote
+    config.yaml): SFT's and distillation's mains, which read their data the same way (`tempax.data.sft`)."""
+    run.say(data.report.summary())
+    for where, reason, detail in data.report.bad_rows[:5]:
+        run.say(f"  skipped {where}: {reason}" + (f" ({detail})" if detail else ""))
+    run.write_json("data_report.json", data.report.to_dict())
+    run.save_tokenizer(tokenizer)
 
 
 def start_run(cfg: Any, *, log: Callable[[str], None] | None = None) -> Run:

@@ -1,7 +1,8 @@
 """`tempax chat SOURCE`: an interactive conversation, tokens printed as they are generated.
 
 Each turn renders the whole conversation with the model's chat template and streams the reply. Type `/reset`
-to start over, `/exit` (or end the input) to quit.
+to start over, `/exit` (or end the input) to quit. Ctrl-C during a reply stops that reply and keeps the
+conversation (what was said so far stays in it), as ollama and llama-cli do; Ctrl-C at the prompt quits.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ def chat_loop(model, tokenizer, config, *, system: str | None, chunk: int, inp: 
         ids = tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=True)
         out.write("assistant> ")
         reply = []
+        # A different seed per turn so that repeated questions do not get identical samples.
+        pieces = stream(model, tokenizer, ids, config.replace(seed=config.seed + turn), chunk_size=chunk)
         try:
-            # A different seed per turn so that repeated questions do not get identical samples.
-            for piece in stream(model, tokenizer, ids, config.replace(seed=config.seed + turn), chunk_size=chunk):
+            for piece in pieces:
                 reply.append(piece)
                 out.write(piece)
                 out.flush()
@@ -58,6 +60,13 @@ def chat_loop(model, tokenizer, config, *, system: str | None, chunk: int, inp: 
             history.pop()
             out.write(f"\n(error: {e} Type /reset to start a new conversation.)\n")
             continue
+        except KeyboardInterrupt:  # stop this reply only; the part already shown stays in the conversation
+            pieces.close()
+            out.write("\n(reply stopped; Ctrl-C at the prompt or /exit quits)")
+            if not reply:
+                history.pop()
+                out.write("\n")
+                continue
         out.write("\n")
         history.append({"role": "assistant", "content": "".join(reply)})
         turn += 1

@@ -8,7 +8,7 @@ Three stages on generated arithmetic word problems ("Sam has 23 marbles and find
   3. GRPO with fresh LoRA adapters on top (the SFT model is the reference), rewarded by a strict format check
      plus answer correctness, then evaluated.
 
-Stages 2 and 3 are `tempax.algorithms.sft.trainer.main` and `tempax.algorithms.grpo.trainer.main` on the model in
+Stages 2 and 3 are `tempax.algorithms.sft.main.main` and `tempax.algorithms.grpo.main.main` on the model in
 memory; `DemoConfig` embeds their two configs (`sft:`, `grpo:`), so any of their keys can be overridden
 (`tempax demo grpo.guard.action=stop`), and the flags are shortcuts for the common ones.
 
@@ -25,8 +25,8 @@ difficulty they share, so an interval for independent samples would be too wide)
 names, the GRPO metrics (metrics.jsonl, TensorBoard), the reward curves (reward_curve.png), the SFT metrics
 (sft/, baseline_sft/) and results.json with every number and a few completions.
 
-Why these defaults (see ../shared/notes/grpo-demo-calibration.md for what a CPU GRPO run of this model can
-learn, and the measurements below):
+Why these defaults (what a CPU GRPO run of this model can learn, and the timings of these defaults:
+`docs/measurements/demo-calibration.md`):
   * the format reward is strict (anchored, each tag once, in order), so copying the instructions earns little;
   * prompts are short, and the G samples of a prompt share one prefill, in sampling *and* in the training
     forward (the prompt is run once per group), since prompt tokens dominated CPU RL compute;
@@ -35,11 +35,6 @@ learn, and the measurements below):
     enough that GRPO groups disagree, so RL has signal (watch groups/zero_spread_frac and entropy). Eight steps
     give 100% format and ~47% answers, and then GRPO has little left to show in ten steps;
   * many small GRPO steps (2 prompts x 8 completions, 48 new tokens) rather than few large ones.
-Measured on the idle 2-core CPU with these defaults (`tempax demo`, 2026-11-29): loading 12 s; a greedy
-evaluation of 48 problems 49-58 s; the SFT stage 110 s (6 steps, the first ~45 s of it compiling); GRPO 280 s
-for 10 steps (the first 97 s with compilation, then 18-22 s a step: generation ~12 s, training ~16 s); in all
-9 min 38 s. Base 0% / 0%, after SFT 64.6% format / 33.3% answers, after GRPO 100% / 41.7% on 48 held-out
-problems, training reward 0.49 -> 0.98 (mean of the first / last three steps).
 """
 
 from __future__ import annotations
@@ -54,17 +49,16 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from tempax.algorithms.common import ModelSpec
-from tempax.algorithms.grpo.config import EvalSpec, GRPOConfig, GRPOSettings, RewardSpec, TaskSpec
-from tempax.algorithms.sft.trainer import DataSpec, SFTConfig
+from tempax.algorithms.grpo.config import EvalSpec, GRPOConfig, GRPOSettings, TaskSpec
+from tempax.rewards.registry import RewardSpec
+from tempax.algorithms.sft.main import SFTConfig
+from tempax.data.sft import DataSpec
 from tempax.configlib import help_field
 from tempax.models.lora import LoraConfig
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
 from tempax.train.hooks import Hook, Stop
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-
-
-_help = help_field  # one documented-field helper for every config (tempax.configlib)
 
 _DEMO_LORA = LoraConfig(rank=16, alpha=32.0)
 
@@ -113,32 +107,32 @@ class DemoConfig:
     """The demo: the model, the held-out evaluation, and the two algorithm configs it runs (`sft.main`, then
     `grpo.main` on the SFT model). Any key is an override: `tempax demo grpo.train.optimizer.learning_rate=1e-4`."""
 
-    model: ModelSpec = _help("The model to post-train (both stages).",
+    model: ModelSpec = help_field("The model to post-train (both stages).",
                              default_factory=lambda: ModelSpec(source=DEFAULT_MODEL))
-    sft: SFTConfig | None = _help(
+    sft: SFTConfig | None = help_field(
         "Stage 2, the SFT warm-start on the task's ideal completions (its data.path and run_dir are set by the "
         "demo); null skips it (as --sft-steps 0 does, and a task without SFT targets).",
         default_factory=demo_sft_config,
     )
-    grpo: GRPOConfig = _help(
+    grpo: GRPOConfig = help_field(
         "Stage 3, GRPO (its task and eval.num_problems are the held-out problems of every stage; its run_dir is "
         "set by the demo).",
         default_factory=demo_grpo_config,
     )
-    compare: bool = _help(
+    compare: bool = help_field(
         "Also run the equal-compute baseline (`--compare`): after GRPO, SFT continued from the same warm-start "
         "(`baseline`) for the wall time the GRPO stage's training took in this run (same machine, same load), "
         "evaluated on the same held-out problems; the table adds it and GRPO minus it with a paired interval.",
         False,
     )
-    baseline: SFTConfig = _help(
+    baseline: SFTConfig = help_field(
         "The equal-compute SFT of --compare (its data.path and run_dir are set by the demo; its train.steps is an "
         "upper bound, the GRPO stage's wall time ends it).",
         default_factory=demo_baseline_config,
     )
-    seed: int = _help("Seed of data generation, initialisation and sampling (both stages' train.seed).", 0)
-    run_dir: str | None = _help("Where everything is written; null: runs/demo-<date>-<time>.", None)
-    progress_bar: bool = _help("Show training progress bars.", True)
+    seed: int = help_field("Seed of data generation, initialisation and sampling (both stages' train.seed).", 0)
+    run_dir: str | None = help_field("Where everything is written; null: runs/demo-<date>-<time>.", None)
+    progress_bar: bool = help_field("Show training progress bars.", True)
 
     @property
     def task(self) -> str:
@@ -216,7 +210,7 @@ def write_sft_examples(rows: list[dict[str, Any]], path: str, limit: int) -> int
 def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: SFTConfig,
             say: Callable[[str], None], *, hooks: tuple = (), label: str = "SFT") -> tuple[Any, int]:
     """`sft.main` on the rows' targets with the in-memory model; (the trained model, adapters merged; steps run)."""
-    from tempax.algorithms.sft.trainer import main as sft_main
+    from tempax.algorithms.sft.main import main as sft_main
     from tempax.models.lora import merge_lora
 
     # Packing puts ~2 problems in a row: write only what the steps can use (with room for the packer).
@@ -287,7 +281,7 @@ class Stopwatch:
 
 def run_grpo(model: Any, tokenizer: Any, cfg: GRPOConfig, write: Callable[[str], None] | None = None) -> Any:
     """`grpo.main` on the in-memory model (the reference), with a progress line every ~1/6 of the steps."""
-    from tempax.algorithms.grpo.trainer import main as grpo_main
+    from tempax.algorithms.grpo.main import main as grpo_main
     from tempax.train.hooks import every
 
     steps = cfg.train.steps
@@ -323,7 +317,7 @@ GRPO_STAGE, BASELINE_STAGE = "after GRPO", "equal-compute SFT"
 def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str], None]):
     import numpy as np
 
-    from tempax.algorithms.grpo.trainer import eval_options, load_task
+    from tempax.algorithms.grpo.main import eval_options, load_task
     from tempax.eval.evaluate import evaluate
     from tempax.models.lora import merge_lora
 
@@ -346,7 +340,7 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
 
     def run_eval(name: str, m: Any) -> None:
         with watch(f"eval {name}"):
-            r = evaluate(m, tokenizer, held_rows, options)
+            r = evaluate(m, tokenizer, held_rows, options, label=f"eval {name}")
         evaluations.append((name, r))
         say(f"  {name}: format {r.format_accuracy:.1%}, answer {r.answer_accuracy:.1%} "
             f"on {len(held_rows)} held-out problems ({watch.wall[f'eval {name}']:.0f} s)")

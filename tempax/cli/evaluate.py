@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=("gsm8k", "arithmetic"), default="gsm8k", help="the task (default gsm8k)")
     parser.add_argument("--source", help="gsm8k: a folder, jsonl file or Hub id (default ../shared/data/gsm8k)")
     parser.add_argument("--split", default="test", help="split to evaluate (default test)")
-    parser.add_argument("--num-problems", type=int, default=200, help="problems to evaluate (default 200)")
+    parser.add_argument("--num-problems", "--limit", type=int, default=200, dest="num_problems",
+                        help="problems to evaluate, the first N of the split (default 200)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="generation budget (default 256)")
     parser.add_argument("--no-greedy", action="store_true", help="skip the greedy evaluation")
     parser.add_argument("--samples", type=int, default=0, help="sampled completions per problem for pass@k")
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
         model = merge_lora(load_adapters(model, args.adapters))
     rows = load_rows(args.task, args.split, args.num_problems, args.source, args.seed)
-    result = evaluate(model, tokenizer, rows, options)
+    result = evaluate(model, tokenizer, rows, options, label=f"eval {args.task}")
     stages = []
     if result.greedy is not None:
         stages.append(("greedy", dataclasses.replace(result, sampled=None)))

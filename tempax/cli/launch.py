@@ -25,8 +25,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from typing import Any
 
+from tempax.cli.process import LAUNCH_RANK_ENV
 from tempax.errors import ConfigError
 from tempax.parallel.mesh import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
@@ -47,6 +50,7 @@ def process_env(base: dict[str, str], *, coordinator: str, nproc: int, index: in
     env[ENV_COORDINATOR] = coordinator
     env[ENV_NUM_PROCESSES] = str(nproc)
     env[ENV_PROCESS_ID] = str(index)
+    env[LAUNCH_RANK_ENV] = str(index)
     env.setdefault("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
     if devices_per_process is not None:
         flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(DEVICE_COUNT_FLAG)]
@@ -69,11 +73,18 @@ def launch(command: list[str], *, nproc: int, devices_per_process: int | None = 
         raise ConfigError(f"tempax launch: --nproc must be >= 1, got {nproc}")
     argv = command_argv(command)
     coordinator = f"127.0.0.1:{port or free_port()}"
-    procs = [
-        subprocess.Popen(argv, env=process_env(dict(os.environ), coordinator=coordinator, nproc=nproc, index=i,
-                                               devices_per_process=devices_per_process))
-        for i in range(nproc)
-    ]
+    # Process 0 writes to the launcher's own stdout and stderr. The others' stdout repeats it and is dropped;
+    # their stderr (a `tempax` command keeps only warnings and errors there) comes through with their rank.
+    procs, relays = [], []
+    for i in range(nproc):
+        env = process_env(dict(os.environ), coordinator=coordinator, nproc=nproc, index=i,
+                          devices_per_process=devices_per_process)
+        if i == 0:
+            procs.append(subprocess.Popen(argv, env=env))
+            continue
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        relays.append(threading.Thread(target=_relay, args=(procs[-1].stderr, f"[process {i}] "), daemon=True))
+        relays[-1].start()
     deadline = None if timeout is None else time.monotonic() + timeout
     status = 0
     try:
@@ -85,7 +96,7 @@ def launch(command: list[str], *, nproc: int, devices_per_process: int | None = 
                 print(f"tempax launch: a process exited with status {status}; stopping the others", file=sys.stderr)
                 break
             if all(c == 0 for c in codes):
-                return 0
+                break
             if deadline is not None and time.monotonic() > deadline:
                 print(f"tempax launch: still running after {timeout:g} s; stopping", file=sys.stderr)
                 status = 124
@@ -93,8 +104,17 @@ def launch(command: list[str], *, nproc: int, devices_per_process: int | None = 
             time.sleep(0.2)
     except KeyboardInterrupt:
         status = 130
-    _stop(procs, grace)
+    _stop(procs, grace)  # nothing left to stop when every process finished
+    for relay in relays:
+        relay.join(timeout=5)  # the last lines of each process
     return status
+
+
+def _relay(stream: Any, prefix: str) -> None:
+    """Copies a process's stderr to ours line by line, each line behind `prefix`."""
+    for line in iter(stream.readline, b""):
+        sys.stderr.write(prefix + line.decode("utf-8", "replace"))
+        sys.stderr.flush()
 
 
 def _stop(procs: list[subprocess.Popen], grace: float) -> None:

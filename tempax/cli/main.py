@@ -14,6 +14,7 @@ import importlib
 import os
 import sys
 
+from tempax.algorithms import registry
 from tempax.errors import TempaxError
 
 EXIT_STATUSES = """exit status:
@@ -25,25 +26,20 @@ EXIT_STATUSES = """exit status:
        Ctrl-C stops at once, without saving); other commands stop at once
   143  SIGTERM (preemption, SLURM, Kubernetes): the same as a first Ctrl-C; run the command again to resume"""
 
-# command name -> (module under tempax.cli, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
+# command name -> (module under tempax.cli, one-line help); the training commands come from the algorithm
+# registry (`tempax.algorithms.registry`, listed without importing JAX or any algorithm) and run in train_cmds.
+TOOLS_BEFORE: dict[str, tuple[str, str]] = {
     "demo": ("demo", "the main job: SFT warm-start + GRPO on verifiable arithmetic, with a before/after table"),
     "model-info": ("model_info", "family, shapes, parameter count and weight memory of a model"),
     "generate": ("generate", "sample completions for prompts"),
     "chat": ("chat", "interactive chat with streamed tokens"),
-    "sft": ("train_cmds", "supervised fine-tuning (full, LoRA, QLoRA) from a recipe"),
-    "pretrain": ("train_cmds", "continued pre-training on plain text from a recipe"),
-    "dpo": ("train_cmds", "preference tuning (DPO, IPO, hinge, ORPO, SimPO) from a recipe"),
-    "kto": ("train_cmds", "KTO on unpaired desirable / undesirable feedback from a recipe"),
-    "reward-model": ("train_cmds", "train a Bradley-Terry reward model from a recipe"),
-    "grpo": ("train_cmds", "GRPO / DAPO / GSPO with verifiable rewards from a recipe"),
-    "ppo": ("train_cmds", "RLHF with PPO against a trained reward model from a recipe"),
-    "distill": ("train_cmds", "knowledge distillation of a teacher into a (layer-pruned) student from a recipe"),
+}
+TOOLS_AFTER: dict[str, tuple[str, str]] = {
     "score": ("score", "rate (prompt, response) pairs with a reward model"),
     "eval": ("evaluate", "accuracy, format accuracy and pass@k of a model on a task"),
     "validate": ("validate", "check a recipe: parse it, build its config, report problems"),
     "plot": ("plot", "draw a run's metric curves to PNG"),
-    "export": ("export", "merge adapters and export a Hugging Face checkpoint"),
+    "export": ("export", "export a run or model: Hugging Face folder or llama.cpp GGUF, with a model card"),
     "data": ("data", "clean (dedup, filters, PII, decontamination) or measure (tokens, lengths) a dataset"),
     "tokenizer": ("tokenizer", "train a byte-level BPE tokenizer, or add tokens to a model's tokenizer"),
     "recommend": ("recommend", "which method (pre-training, SFT, DPO, GRPO; full/LoRA/QLoRA) suits the data, as a recipe"),
@@ -51,20 +47,34 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-# Commands that only train (Trainer.fit): their processes get `setup_process(job="train")` (huge pages).
-TRAINING_COMMANDS = ("sft", "pretrain", "dpo", "kto", "reward-model", "distill")
+def commands() -> dict[str, tuple[str, str]]:
+    """Every command: name -> (module under tempax.cli, one-line help)."""
+    training = {name: ("train_cmds", a.help) for name, a in registry.algorithms().items()}
+    return {**TOOLS_BEFORE, **training, **TOOLS_AFTER}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def training_commands() -> tuple[str, ...]:
+    """Commands that only train (Trainer.fit, no generation): their processes get `setup_process(job="train")`
+    (huge pages)."""
+    return tuple(name for name, a in registry.algorithms().items() if not a.on_policy)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The `tempax` parser. Given the command line `argv`, only the command it names gets its options (and only
+    its module is imported): `tempax --help` lists the commands from `commands()` alone, without importing JAX.
+    Without `argv` every command is complete (tests and the message checks walk all of them)."""
     parser = argparse.ArgumentParser(
         prog="tempax", description="Post-training for LLMs in JAX.", epilog=EXIT_STATUSES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_text) in COMMANDS.items():
+    chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
+    for name, (module, help_text) in commands().items():
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=EXIT_STATUSES,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.set_defaults(_module=module, _command=name)
+        if chosen is not None and name != chosen:
+            continue  # not the command being run: its name and help line are all the top-level help needs
         try:
             mod = importlib.import_module(f"tempax.cli.{module}")
         except ModuleNotFoundError as e:
@@ -84,12 +94,14 @@ def _takes_name(fn) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `tempax` command itself, not a call from Python: set up the process first
-        from tempax.cli.process import compilation_cache_env, setup_process
+        from tempax.cli.process import compilation_cache_env, quiet_unless_first_process, setup_process
 
         os.environ.update(compilation_cache_env(os.environ))  # before JAX starts: it reads these once
-        setup_process(job="train" if sys.argv[1:2] and sys.argv[1] in TRAINING_COMMANDS else None)
-    parser = build_parser()
-    args = parser.parse_args(argv)
+        setup_process(job="train" if sys.argv[1:2] and sys.argv[1] in training_commands() else None)
+        quiet_unless_first_process()
+    command_line = sys.argv[1:] if argv is None else argv
+    parser = build_parser(command_line)
+    args = parser.parse_args(command_line)
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
@@ -100,8 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = mod.run(args)
     except TempaxError as e:
+        from tempax.cli.process import error_stream
+
         status = getattr(e, "exit_status", 2)  # RunStopped: 128 + the signal, not an error
-        print(f"tempax {args.command}: {'error: ' if status == 2 else ''}{e}", file=sys.stderr)
+        print(f"tempax {args.command}: {'error: ' if status == 2 else ''}{e}", file=error_stream())
         return status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

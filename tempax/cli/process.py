@@ -1,40 +1,22 @@
 """Process setup that has to happen before JAX starts: XLA:CPU's memory-minimising scheduler, the per-CPU choice
 of XLA:CPU's matrix-product library, and glibc's malloc on transparent huge pages (training jobs; opt-in otherwise).
 
-* Scheduler. XLA:CPU orders a step's operations for concurrency by default, which keeps far more activations
-  alive at once: the bench-small `sft_full` step needs 5.70 GiB of XLA temporaries that way and 4.44 GiB with
-  `--xla_cpu_enable_concurrency_optimized_scheduler=false` (peak RSS 8.51 -> 7.15 GB), at the same speed on 2
-  cores as far as run-to-run noise shows (sft_full small 66.3 -> 67.7 tokens/s; grpo_step small 14.3 and 15.1 s
-  without, 14.8 s with; one run each). On by default.
+* Scheduler, on by default. XLA:CPU orders a step's operations for concurrency, which keeps far more activations
+  alive at once; `--xla_cpu_enable_concurrency_optimized_scheduler=false` orders them to minimise live memory,
+  which lowers a training step's peak without a measurable loss of speed on a few cores.
 * Huge pages, on by default for training jobs (`setup_process(job="train")`: the `tempax` training commands,
-  `bench/sft.py`, `bench/profile_step.py`; not `bench/peers.py`: PyTorch is faster without, see below),
-  otherwise opt-in with `TEMPAX_HUGE_PAGES=1`; `TEMPAX_HUGE_PAGES=0` turns them off. XLA:CPU
-  allocates a training step's activations (gigabytes) afresh on every execution, and glibc serves such sizes
-  with `mmap` and gives them back with `munmap` when the step ends, so every step faults every page in again,
-  4 KiB at a time. With glibc's `glibc.malloc.hugetlb=1` tunable malloc asks for transparent huge pages
-  (`madvise(MADV_HUGEPAGE)`) on what it maps, so the same memory faults in 2 MiB at a time. Measured on AMD
-  EPYC (Zen 5, 2 cores, avx512_bf16, no AMX), 2026-12-01, quiet machine: bench-small `sft_full` at
-  `train.precision=bf16` took 727k page faults and 1.1 s of kernel time a step without, 1.8k and 0.2 s with;
-  tokens/s without -> with (`python bench/sft.py --one WORKLOAD small [--precision bf16]`, with and without
-  `TEMPAX_HUGE_PAGES=1`, back to back, 15:45-16:25 UTC): sft_full bf16 522.4 -> 624.3 and 489.8 -> 601.6,
-  sft_lora bf16 593.3 -> 789.5, sft_full fp32 308.9 -> 362.1, sft_lora fp32 362.1 -> 392.2, at about the same
-  peak RSS (5.01 / 3.76 / 6.32 -> 6.37 / 6.03 GiB). PyTorch 2.13 does not gain from it (bf16 autocast, same
-  hour: sft_full 477.3 and 488.5 with, 504.5 and 524.9 without; sft_lora 572.4 with, 577.3 and 608.0 without).
-  (An earlier float32 measurement, on much slower steps, had LoRA slower with huge pages: sft_lora small
-  86.3 -> 78.9 tokens/s, grpo_step 14.8 -> 16.1 s, one run each.) Decoding and GRPO keep the opt-in (their
-  peak memory is the constraint there). glibc reads its tunables only when a process starts, so the command
-  re-executes itself once with the tunable set.
-
-* Matrix-product library, per CPU (`cpu_xla_flags`). XLA:CPU's default float32 products (YNNPACK fusions in
-  jaxlib 0.10.2) were measured against the alternatives on the training step's own shapes
-  (`bench/matmul_shapes.py small`, forward / input-gradient / weight-gradient products of every projection and
-  the tied LM head at 2048 tokens, summed as one step runs them). AMD EPYC Zen 5 (2 cores, AVX-512 with
-  avx512_bf16, no AMX), 2026-12-01: default 4.00 s, `--xla_cpu_use_onednn=true` 4.04 s,
-  `--xla_cpu_experimental_ynn_fusion_type=` (YNNPACK off) 4.12 s, `--xla_cpu_experimental_xnn_fusion_type=dot`
-  4.00 s, `--xla_cpu_prefer_vector_width=512` 4.04 s (PyTorch 2.13's same products: 7.39 s); so nothing is added
-  there. On an Intel Xeon (AVX-512, AMX-BF16, 2 cores) issue #18 reports `--xla_cpu_use_onednn=true` taking
-  bench-small `sft_full` from 61.7 to 90.4 tokens/s at the same peak memory (7.19 GiB), so it is chosen on
-  Intel CPUs with AVX-512 (a figure from that report, not re-measured here: no Intel host was at hand).
+  `bench/sft.py`, `bench/profile_step.py`; not `bench/peers.py`, where PyTorch is faster without), otherwise
+  opt-in with `TEMPAX_HUGE_PAGES=1`; `TEMPAX_HUGE_PAGES=0` turns them off. XLA:CPU allocates a training step's
+  activations (gigabytes) afresh on every execution, and glibc serves such sizes with `mmap` and gives them back
+  with `munmap` when the step ends, so every step faults every page in again, 4 KiB at a time. With glibc's
+  `glibc.malloc.hugetlb=1` tunable malloc asks for transparent huge pages (`madvise(MADV_HUGEPAGE)`) on what it
+  maps, so the same memory faults in 2 MiB at a time. Decoding and GRPO keep the opt-in (their peak memory is the
+  constraint there). glibc reads its tunables only when a process starts, so the command re-executes itself once
+  with the tunable set.
+* Matrix-product library, per CPU (`cpu_xla_flags`). XLA:CPU's default float32 products are kept where no
+  alternative is faster on the training step's own shapes (`bench/matmul_shapes.py`); on Intel CPUs with AVX-512
+  `--xla_cpu_use_onednn=true` is added, the one flag measured faster there. Figures of all three:
+  `docs/measurements/performance-history.md`.
 
 * Persistent compilation cache, on for the `tempax` command (`compilation_cache_env`): JAX writes every compiled
   program to `$TEMPAX_CACHE/xla/<CPU fingerprint>` and a later run with the same program, shapes, jaxlib and XLA
@@ -83,7 +65,7 @@ def huge_pages_available() -> bool:
 
 def cpu_xla_flags(cpu: Mapping[str, Any]) -> list[str]:
     """The XLA:CPU flags chosen for `cpu` (a `tempax.cli.host.cpu_info()` record: vendor and flags): oneDNN's
-    products on Intel CPUs with AVX-512, nothing elsewhere (the measurements are in this module's docstring)."""
+    products on Intel CPUs with AVX-512, nothing elsewhere (measured: `docs/measurements/performance-history.md`)."""
     if cpu.get("vendor") == "GenuineIntel" and "avx512f" in cpu.get("flags", ()):
         return [ONEDNN_FLAG]
     return []
@@ -148,3 +130,48 @@ def settings_in_effect() -> dict[str, object]:
     """The settings as this process has them, and the CPU, for a benchmark to record beside its figures."""
     return {"glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "cpu": cpu_line(), "cpu_flags": cpu_info()["flags"]}
+
+
+# Set by `tempax launch` for each process it starts: its index (0 prints as a single process would).
+LAUNCH_RANK_ENV = "TEMPAX_LAUNCH_RANK"
+
+
+def launch_rank() -> int:
+    """This process's index under `tempax launch` (0 outside it)."""
+    value = os.environ.get(LAUNCH_RANK_ENV, "")
+    return int(value) if value.isdigit() else 0
+
+
+def error_stream() -> Any:
+    """Where a command's error message goes: stderr, or under `tempax launch` the stream that still reaches it."""
+    return _KEPT_STDERR or sys.stderr
+
+
+_KEPT_STDERR: Any = None
+
+
+def quiet_unless_first_process() -> None:
+    """Under `tempax launch`, every process runs the same code and would print every message once each; process 0
+    prints as usual, and the others print only their warnings, errors and tracebacks (which can differ between
+    processes). Their ordinary output (stdout and plain stderr prints) is dropped, and the launcher prefixes what
+    remains with the process's rank."""
+    global _KEPT_STDERR
+    if launch_rank() == 0 or _KEPT_STDERR is not None:
+        return
+    import logging
+    import traceback
+    import warnings
+
+    kept = _KEPT_STDERR = sys.stderr
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115
+
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        kept.write(warnings.formatwarning(message, category, filename, lineno, line))
+        kept.flush()
+
+    warnings.showwarning = show
+    handler = logging.StreamHandler(kept)
+    handler.setLevel(logging.WARNING)
+    logging.getLogger().addHandler(handler)
+    sys.excepthook = lambda kind, value, tb: traceback.print_exception(kind, value, tb, file=kept)

@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--response", action="append", default=[], help="a response to --prompt (repeatable)")
     parser.add_argument("--input", help="a dataset file of {prompt, response} or {prompt, chosen, rejected} rows")
     parser.add_argument("--split", help="split of a dataset folder or Hub id given to --input")
+    parser.add_argument("--limit", type=int, default=None, metavar="N",
+                        help="score only the first N rows of --input (a quick look at a large file)")
     parser.add_argument("--output", help="write one JSON object per scored row here (JSON Lines)")
     parser.add_argument("--batch-size", type=int, default=8, help="rows per forward pass")
     parser.add_argument("--max-length", type=int, default=None,
@@ -61,13 +63,15 @@ def _parse_single(data: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def score_rows(
-    scorer: Any, rows: list[Any], *, name: str = "<input>"
+    scorer: Any, rows: list[Any], *, name: str = "<input>", progress: bool | None = False
 ) -> tuple[list[dict[str, Any]], Any, dict[str, float]]:
     """Scores dataset rows; returns (output records, DataReport, summary).
 
     A row with `chosen` and `rejected` is a preference pair (both sides scored, `chosen_score` /
     `rejected_score`); otherwise it needs `prompt` and `response` (or `completion`) and gets `score`.
+    `progress` is `tempax.progress.work_bar`'s `enabled` for the bar over the scored sequences.
     """
+    from tempax.progress import work_bar
     from tempax.data.formats import RowError
     from tempax.data.preference import parse_preference_row
     from tempax.data.report import DataReport
@@ -80,8 +84,7 @@ def score_rows(
     jobs: list[tuple[dict[str, Any], str, int]] = []  # (row data, kind, index of its first sequence)
     for row in rows:
         if row.data is None:
-            report.skip(row.where, "invalid_json" if (row.error or "").startswith("invalid JSON") else "not_an_object",
-                        row.error or "")
+            report.skip(row.where, row.reason, row.error or "")
             continue
         data = row.data
         try:
@@ -97,7 +100,12 @@ def score_rows(
             report.skip(row.where, e.reason, e.detail)
             continue
         report.kept += 1
-    scores = scorer.score_ids(seqs) if seqs else []
+    scores: list[float] = []
+    step = max(int(getattr(scorer, "batch_size", 1)), 1)  # one forward pass at a time, so the bar moves
+    with work_bar(len(seqs), f"scoring {os.path.basename(name)}", unit="seq", enabled=progress) as bar:
+        for start in range(0, len(seqs), step):
+            scores += scorer.score_ids(seqs[start:start + step])
+            bar.update(len(seqs[start:start + step]))
     records: list[dict[str, Any]] = []
     singles: list[float] = []
     margins: list[float] = []
@@ -122,7 +130,7 @@ def score_rows(
 
 
 def run(args: argparse.Namespace) -> int:
-    from tempax.algorithms.preference.reward_model import RewardScorer
+    from tempax.rewards.reward_model import RewardScorer
 
     if len(args.prompt) != len(args.response):
         raise ConfigError(f"got {len(args.prompt)} --prompt and {len(args.response)} --response; pass them in pairs")
@@ -130,17 +138,27 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("nothing to score: pass --prompt TEXT --response TEXT, or --input FILE")
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
     scorer = RewardScorer.from_folder(args.model, max_length=args.max_length, batch_size=args.batch_size,
                                       chat=not args.raw)
 
     rows: list[Any] = [{"prompt": p, "response": r} for p, r in zip(args.prompt, args.response)]
     name = "command line"
     if args.input:
-        from tempax.data.sources import as_rows, read_rows
+        from itertools import islice
 
-        rows = as_rows(rows, source="command line") + read_rows(args.input, split=args.split)
+        from tempax.data.sources import as_rows, iter_rows, read_rows
+
+        if args.limit is None:
+            read = read_rows(args.input, split=args.split)
+        else:  # streamed: the rest of a large file is never read
+            read = list(islice(iter_rows(args.input, split=args.split), args.limit))
+            print(f"tempax score: scoring the first {len(read)} rows of {args.input} (--limit {args.limit})",
+                  file=sys.stderr)
+        rows = as_rows(rows, source="command line") + read
         name = args.input
-    records, report, summary = score_rows(scorer, rows, name=name)
+    records, report, summary = score_rows(scorer, rows, name=name, progress=None)
     if report.num_skipped:
         print(report.summary(), file=sys.stderr)
         for where, reason, detail in report.bad_rows[:5]:

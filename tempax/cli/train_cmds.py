@@ -1,44 +1,20 @@
 """`tempax sft|pretrain|dpo|kto|reward-model|grpo|ppo|distill --config RECIPE.yaml key=value ...`: train from a recipe.
 
-Each training command is one row of `ALGORITHMS`: the command name -> (module, config class, main function).
-An algorithm plugs in by adding its row; its module exposes a frozen config dataclass (with a `train:
-TrainConfig` field) and `main(config)`. This file only parses arguments: the YAML recipe, then `a.b=value`
-overrides on top (typed and checked by `tempax.configlib`), then calls `main`.
+Each training command is an `Algorithm` record of `tempax.algorithms.registry`. This file only parses arguments:
+the YAML recipe, then `a.b=value` overrides on top (typed and checked by `tempax.configlib`), then calls `main`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from typing import Any, Callable
+from typing import Any
+
+from tempax.algorithms.registry import resolve
 
 # Exit status of a run that a hook stopped before train.steps (`tempax.train.hooks.Stop`; the reason is in
 # <run_dir>/metrics.jsonl as `stop_reason` and in <run_dir>/summary.json; a checkpoint of that step is saved).
 STOPPED_EXIT_STATUS = 3
-
-# command -> (module, config class name, main function name). Modules are imported only when the command runs.
-ALGORITHMS: dict[str, tuple[str, str, str]] = {
-    "sft": ("tempax.algorithms.sft.trainer", "SFTConfig", "main"),
-    "pretrain": ("tempax.algorithms.sft.trainer", "PretrainConfig", "main"),
-    "dpo": ("tempax.algorithms.preference.trainer", "DPOConfig", "main"),
-    "kto": ("tempax.algorithms.preference.kto", "KTOConfig", "main"),
-    "reward-model": ("tempax.algorithms.preference.reward_trainer", "RewardModelConfig", "main"),
-    "grpo": ("tempax.algorithms.grpo.trainer", "GRPOConfig", "main"),
-    "ppo": ("tempax.algorithms.ppo.trainer", "PPOConfig", "main"),
-    "distill": ("tempax.algorithms.distill.trainer", "DistillConfig", "main"),
-}
-
-
-def resolve(command: str) -> tuple[type, Callable[[Any], Any]]:
-    """(config class, main function) of a training command."""
-    from tempax.errors import ConfigError
-
-    if command not in ALGORITHMS:
-        raise ConfigError(f"'{command}' is not a training command here; available: {', '.join(sorted(ALGORITHMS))}")
-    module_name, cls_name, main_name = ALGORITHMS[command]
-    module = importlib.import_module(module_name)
-    return getattr(module, cls_name), getattr(module, main_name)
 
 
 def load(command: str, config: str | None, overrides: list[str]) -> Any:
@@ -46,15 +22,15 @@ def load(command: str, config: str | None, overrides: list[str]) -> Any:
     from tempax.configlib import load_config
 
     cls, _ = resolve(command)
-    return load_config(cls, config, overrides)
+    return load_config(cls, config, overrides, command=command)
 
 
 def recipes_for(command: str) -> list[str]:
-    """The shipped recipes whose opening comment runs `command` (relative paths, sorted)."""
+    """The shipped recipes whose `command:` key is `command` (relative paths, sorted)."""
     import glob
     import os
 
-    from tempax.cli.validate import recipe_command
+    from tempax.configlib import recipe_command
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     paths = sorted(glob.glob(os.path.join(root, "recipes", "**", "*.yaml"), recursive=True))
@@ -64,7 +40,9 @@ def recipes_for(command: str) -> list[str]:
 def defaults_summary(cfg: Any) -> str:
     """One line of what a config trains: model, full or LoRA, steps x batch x seq_len, data, run dir."""
     t = cfg.train
-    parts = [f"model {cfg.model.source}", "full fine-tuning" if getattr(cfg, "lora", None) is None else "LoRA",
+    model = (f"model {cfg.model.source}" if hasattr(cfg, "model")  # distillation: a teacher and a student
+             else f"teacher {cfg.teacher.source}, student {cfg.student.source}")
+    parts = [model, "full fine-tuning" if getattr(cfg, "lora", None) is None else "LoRA",
              f"{t.steps} steps of {t.batch_size} x {t.seq_len} tokens"]
     data = getattr(getattr(cfg, "data", None), "path", None) or getattr(getattr(cfg, "task", None), "name", None)
     if data:
@@ -104,17 +82,36 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         from tempax.configlib import dump_yaml
 
-        sys.stdout.write(dump_yaml(cfg))
+        sys.stdout.write(dump_yaml(cfg, command=command))
         return 0
     _, main = resolve(command)
     from tempax.train.run_identity import clean_failed_start
 
     with clean_failed_start(cfg.train.run_dir):  # a start that fails before training leaves no run dir behind
-        reason = stop_reason(main(cfg))
+        outcome = main(cfg)
+    from tempax.parallel.process import is_writer
+
+    if is_writer():
+        print(done_line(cfg, getattr(outcome, "result", outcome)), file=sys.stderr)
+    reason = stop_reason(outcome)
     if reason is not None:
         print(f"tempax {command}: stopped early: {reason}", file=sys.stderr)
         return STOPPED_EXIT_STATUS
     return 0
+
+
+def done_line(cfg: Any, result: Any) -> str:
+    """The last line of every training command, the same for all: the step reached, its loss, the run dir."""
+    run_dir, history = cfg.train.run_dir, getattr(result, "history", None) or []
+    if history:
+        step, metrics = history[-1]
+        loss = metrics.get("loss")
+        head = f"done: step {step}" + (f", loss {loss:.4f}" if loss is not None else "")
+    elif getattr(result, "resumed_from", 0) >= cfg.train.steps:
+        head = f"done: nothing to train, the run was at step {result.resumed_from} of {cfg.train.steps} already"
+    else:
+        head = f"done: step {cfg.train.steps}"
+    return f"{head}; run dir {run_dir} (curves: tempax plot {run_dir})"
 
 
 def stop_reason(result: Any) -> str | None:

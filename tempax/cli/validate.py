@@ -1,6 +1,6 @@
 """`tempax validate RECIPE [key=value ...]`: parse a recipe, build its config and report problems, training nothing.
 
-The training command is read from the recipe's opening comment (`# Run: tempax sft --config ...`), or given with
+The training command is read from the recipe's `command:` key (`tempax.configlib.recipe_command`), or given with
 `--command`. Checks: the YAML parses; every key exists and has the right type (unknown keys name their nearest
 neighbours); cross-field rules; the optimizer builds; the dataset path exists; the model source resolves (nothing
 is downloaded or loaded).
@@ -10,43 +10,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from typing import Any
 
+from tempax.algorithms.registry import algorithms
+from tempax.cli.train_cmds import load
+from tempax.configlib import COMMAND_KEY, recipe_command
 from tempax.errors import ConfigError, TempaxError
-
-_COMMAND = re.compile(r"\btempax\s+([a-z][\w-]*)\b")
-
-
-def recipe_command(path: str) -> str | None:
-    """The command named in the recipe's leading comment block (`tempax sft ...`), or None."""
-    from tempax.cli.main import COMMANDS
-
-    try:
-        with open(path) as f:
-            for line in f:
-                stripped = line.strip()
-                if stripped and not stripped.startswith("#"):
-                    break
-                for match in _COMMAND.finditer(stripped):
-                    if match.group(1) in COMMANDS and match.group(1) != "validate":
-                        return match.group(1)
-    except OSError:
-        return None
-    return None
 
 
 def check_recipe(path: str, overrides: list[str] | None = None, command: str | None = None) -> tuple[str, Any, list[str]]:
     """(command, config, warnings). Raises `TempaxError` for problems that stop a run."""
-    from tempax.cli.train_cmds import ALGORITHMS, load
-
     if not os.path.isfile(path):
         raise ConfigError(f"recipe '{path}' does not exist")
     command = command or recipe_command(path)
     if command is None:
         raise ConfigError(
-            f"{path}: cannot tell which command runs this recipe; start it with a comment like "
-            f"'# Run: tempax sft --config {path}' or pass --command ({', '.join(sorted(ALGORITHMS))})"
+            f"{path}: cannot tell which command runs this recipe; name it in a top-level key like "
+            f"'{COMMAND_KEY}: sft' or pass --command ({', '.join(sorted(algorithms()))})"
         )
     cfg = load(command, path, list(overrides or []))
     warnings: list[str] = []
@@ -83,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides to check along with it")
     # dest must not be "command": the top-level parser keeps the sub-command's name there.
     parser.add_argument("--command", dest="recipe_command",
-                        help="training command of the recipe (default: read from its comment)")
+                        help=f"training command of the recipe (default: its `{COMMAND_KEY}:` key)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -46,8 +46,7 @@ from tempax.configlib import help_field, to_dict
 from tempax.data.kinds import content_strings, map_content, mixed_kinds_error, row_kind
 from tempax.data.sources import Row, iter_rows
 from tempax.errors import ConfigError, DataError
-
-_help = help_field
+from tempax.progress import work_bar
 
 # --------------------------------------------------------------------------------------------------------------
 # Pure text functions (each tested in tests/data/test_clean.py)
@@ -196,10 +195,10 @@ def text_hash(text: str) -> bytes:
 class NormalizeConfig:
     """Unicode and whitespace normalisation of every content string."""
 
-    unicode_form: Literal["NFC", "NFKC", "none"] = _help(
+    unicode_form: Literal["NFC", "NFKC", "none"] = help_field(
         "Unicode normal form: NFC (compose accents, keeps ligatures and full-width forms), NFKC (also folds "
         "compatibility characters, e.g. full-width digits), none.", "NFC")
-    whitespace: bool = _help(
+    whitespace: bool = help_field(
         "CRLF -> LF, runs of spaces/tabs -> one space, trailing spaces off, 3+ newlines -> 2, ends stripped.", True)
 
 
@@ -207,16 +206,16 @@ class NormalizeConfig:
 class FilterConfig:
     """Quality filters on the row's text (its content strings joined by newlines)."""
 
-    drop_empty_turns: bool = _help("Drop rows with a content string (a turn) that is empty after normalising.", True)
-    min_chars: int = _help("Drop rows with fewer characters.", 1)
-    max_chars: int | None = _help("Drop rows with more characters; null: no limit.", None)
-    min_words: int = _help("Drop rows with fewer words.", 1)
-    max_words: int | None = _help("Drop rows with more words; null: no limit.", None)
-    min_alpha_fraction: float = _help("Drop rows whose share of letters among non-space characters is lower.", 0.25)
-    max_bad_char_fraction: float = _help(
+    drop_empty_turns: bool = help_field("Drop rows with a content string (a turn) that is empty after normalising.", True)
+    min_chars: int = help_field("Drop rows with fewer characters.", 1)
+    max_chars: int | None = help_field("Drop rows with more characters; null: no limit.", None)
+    min_words: int = help_field("Drop rows with fewer words.", 1)
+    max_words: int | None = help_field("Drop rows with more words; null: no limit.", None)
+    min_alpha_fraction: float = help_field("Drop rows whose share of letters among non-space characters is lower.", 0.25)
+    max_bad_char_fraction: float = help_field(
         "Drop rows whose share of control characters and U+FFFD (decoding errors) is higher.", 0.001)
-    repetition_ngram: int = _help("Word n-gram size of the repetition filter.", 3)
-    max_repeated_ngram_fraction: float = _help(
+    repetition_ngram: int = help_field("Word n-gram size of the repetition filter.", 3)
+    max_repeated_ngram_fraction: float = help_field(
         "Drop rows whose share of repeated word n-grams (1 - distinct/total) is higher; 1: off.", 0.5)
 
     def validate(self) -> None:
@@ -231,8 +230,8 @@ class FilterConfig:
 class PIIConfig:
     """Optional scrubbing of personal data (rows are kept; matches are replaced and counted)."""
 
-    enabled: bool = _help("Replace matches with <EMAIL>, <PHONE>, <IP>, <CARD>.", False)
-    kinds: tuple[Literal["email", "phone", "ip", "card"], ...] = _help(
+    enabled: bool = help_field("Replace matches with <EMAIL>, <PHONE>, <IP>, <CARD>.", False)
+    kinds: tuple[Literal["email", "phone", "ip", "card"], ...] = help_field(
         "Which kinds to scrub.", ("email", "phone", "ip", "card"))
 
 
@@ -240,11 +239,11 @@ class PIIConfig:
 class DecontaminateConfig:
     """Drop training rows that share word n-grams with evaluation sets, so held-out figures stay honest."""
 
-    eval_sets: tuple[str, ...] = _help(
+    eval_sets: tuple[str, ...] = help_field(
         "Evaluation datasets (files or folders the data layer reads), e.g. [../shared/data/gsm8k/test.jsonl]; "
         "empty: no decontamination.", ())
-    ngram: int = _help("Word n-gram size (13 as in GPT-3's contamination study; 8 is stricter).", 13)
-    min_overlaps: int = _help("Drop a row sharing at least this many distinct n-grams with the evaluation sets.", 1)
+    ngram: int = help_field("Word n-gram size (13 as in GPT-3's contamination study; 8 is stricter).", 13)
+    min_overlaps: int = help_field("Drop a row sharing at least this many distinct n-grams with the evaluation sets.", 1)
 
     def validate(self) -> None:
         if self.ngram < 1 or self.min_overlaps < 1:
@@ -255,12 +254,12 @@ class DecontaminateConfig:
 class NearDedupConfig:
     """Near-duplicate removal with MinHash LSH (datasketch)."""
 
-    enabled: bool = _help("Remove rows whose text is a near copy of an earlier kept row.", True)
-    threshold: float = _help("Jaccard similarity of word shingles at which two rows count as near duplicates.", 0.7)
-    shingle_size: int = _help("Words per shingle.", 5)
-    num_perm: int = _help("MinHash permutations (more: a sharper estimate, more memory per row).", 128)
-    seed: int = _help("MinHash seed.", 1)
-    false_negative_weight: float = _help(
+    enabled: bool = help_field("Remove rows whose text is a near copy of an earlier kept row.", True)
+    threshold: float = help_field("Jaccard similarity of word shingles at which two rows count as near duplicates.", 0.7)
+    shingle_size: int = help_field("Words per shingle.", 5)
+    num_perm: int = help_field("MinHash permutations (more: a sharper estimate, more memory per row).", 128)
+    seed: int = help_field("MinHash seed.", 1)
+    false_negative_weight: float = help_field(
         "How the LSH bands are chosen: the weight of missing a near duplicate against that of a false candidate "
         "(datasketch's weights). Above 0.5 favours recall; false candidates are then removed by comparing the "
         "MinHash signatures against the threshold.", 0.8)
@@ -278,16 +277,16 @@ class NearDedupConfig:
 class CleanConfig:
     """`tempax data clean`: every step and threshold (see tempax/data/clean.py)."""
 
-    normalize: NormalizeConfig = _help("Unicode and whitespace normalisation.", default_factory=NormalizeConfig)
-    filters: FilterConfig = _help("Length, character-class, repetition and empty-turn filters.",
+    normalize: NormalizeConfig = help_field("Unicode and whitespace normalisation.", default_factory=NormalizeConfig)
+    filters: FilterConfig = help_field("Length, character-class, repetition and empty-turn filters.",
                                   default_factory=FilterConfig)
-    pii: PIIConfig = _help("PII scrubbing.", default_factory=PIIConfig)
-    decontaminate: DecontaminateConfig = _help("Decontamination against evaluation sets.",
+    pii: PIIConfig = help_field("PII scrubbing.", default_factory=PIIConfig)
+    decontaminate: DecontaminateConfig = help_field("Decontamination against evaluation sets.",
                                                default_factory=DecontaminateConfig)
-    exact_dedup: bool = _help("Remove rows whose normalised text equals an earlier kept row's.", True)
-    near_dedup: NearDedupConfig = _help("Near-duplicate removal.", default_factory=NearDedupConfig)
-    max_bad_fraction: float = _help("Fail when more than this fraction of rows is malformed.", 0.1)
-    examples_per_reason: int = _help("Rows quoted in the report for each drop reason.", 3)
+    exact_dedup: bool = help_field("Remove rows whose normalised text equals an earlier kept row's.", True)
+    near_dedup: NearDedupConfig = help_field("Near-duplicate removal.", default_factory=NearDedupConfig)
+    max_bad_fraction: float = help_field("Fail when more than this fraction of rows is malformed.", 0.1)
+    examples_per_reason: int = help_field("Rows quoted in the report for each drop reason.", 3)
 
 
 # Which setting to loosen for each drop reason (named in the report and in the empty-result error).
@@ -530,6 +529,14 @@ def _check(report: CleanReport, cfg: CleanConfig) -> None:
         )
 
 
+def _counted(rows: Iterable[Row], desc: str) -> Iterator[Row]:
+    """`rows` under a bar counting them (a streamed file's length is not known ahead, so a rate and no ETA)."""
+    with work_bar(None, desc, unit="row") as bar:
+        for row in rows:
+            yield row
+            bar.update(1)
+
+
 def _open_out(path: str, gz: bool):
     return gzip.open(path, "wt", encoding="utf-8") if gz else open(path, "w", encoding="utf-8")
 
@@ -546,7 +553,7 @@ def clean_file(
     """
     start = time.perf_counter()
     report = CleanReport(input=input_path, output=output_path, config=to_dict(cfg))
-    rows = iter_rows(input_path, split=split)
+    rows = _counted(iter_rows(input_path, split=split), f"cleaning {os.path.basename(input_path)}")
     tmp = None
     try:
         if output_path is None:

@@ -21,7 +21,7 @@ span. Trailing template text after the last stop token of a span (ChatML's "\\n"
 trained: the model must learn to emit `<|im_end|>`, not what the template prints after it. Templates that are
 not prefix-stable (e.g. ones that rewrite earlier turns) fall back to locating the reply text itself.
 
-Bad rows are skipped and counted in the `DataReport` by reason: invalid_json, not_an_object, unknown_format,
+Bad rows are skipped and counted in the `DataReport` by reason: invalid_utf8, invalid_json, not_an_object, unknown_format,
 missing_field, wrong_type, empty_content, no_assistant_turn, template_error (the template raised),
 template_mismatch (a reply could not be found in the rendering). Length outcomes: truncated "too_long" / "split";
 dropped "too_long" (overlong="drop"), "no_target_after_truncation", "no_target".
@@ -413,8 +413,7 @@ def tokenize_rows(
     rendered: list[Rendered] = []
     for row in rows:
         if row.data is None:
-            reason = "invalid_json" if (row.error or "").startswith("invalid JSON") else "not_an_object"
-            report.skip(row.where, reason, row.error or "")
+            report.skip(row.where, row.reason, row.error or "")
             continue
         try:
             r = render_row(row.data, tokenizer, options)

@@ -251,8 +251,7 @@ def tokenize_preference_rows(
     rendered, sources = [], []
     for row in rows:
         if row.data is None:
-            reason = "invalid_json" if (row.error or "").startswith("invalid JSON") else "not_an_object"
-            report.skip(row.where, reason, row.error or "")
+            report.skip(row.where, row.reason, row.error or "")
             continue
         try:
             msgs = parse_preference_row(row.data)

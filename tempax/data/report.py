@@ -24,6 +24,12 @@ from tempax.errors import DataError
 # How many bad rows a report keeps verbatim; the counters hold the full tallies.
 _MAX_EXAMPLES = 20
 
+# The config key that changes the outcome of each length-related drop reason, for the "no usable rows" message.
+DROP_FIXES = {
+    "too_long": "raise train.seq_len, or set data.overlong=truncate to keep the start of long rows",
+    "no_target_after_truncation": "cutting the rows to train.seq_len left no trained token; raise train.seq_len",
+}
+
 
 @dataclass
 class DataReport:
@@ -79,23 +85,29 @@ class DataReport:
     def note(self, reason: str) -> None:
         self.notes[reason] += 1
 
-    def check(self, max_bad_fraction: float = 0.1) -> None:
-        """Raises `DataError` when too many rows were malformed or when nothing was kept.
+    def check(self, max_bad_fraction: float = 0.1, key: str = "data.max_bad_fraction") -> None:
+        """Raises `DataError` when too many rows were malformed, when the data holds no rows, or when nothing was kept.
 
         Args:
           max_bad_fraction: the largest tolerated fraction of skipped (malformed) rows, in [0, 1].
+          key: the config key that sets it, named in the message as the thing to raise.
         """
         if self.total and self.bad_fraction > max_bad_fraction:
             raise DataError(
                 f"{self.name}: {self.num_skipped} of {self.total} rows are malformed "
-                f"({self.bad_fraction:.1%} > max_bad_fraction={max_bad_fraction}). "
+                f"({self.bad_fraction:.1%} > {key}={max_bad_fraction}). "
                 f"By reason: {dict(self.skipped)}. First bad rows: {self._first_bad()}. "
-                "Fix the rows or raise max_bad_fraction."
+                f"Fix the rows or raise {key}."
             )
+        if self.total == 0:
+            raise DataError(f"{self.name} is empty: it holds no rows. Pass a dataset with at least one row.")
         if self.kept == 0:
+            top = self.dropped.most_common(1)
+            fix = DROP_FIXES.get(top[0][0]) if top and top[0][1] >= self.num_skipped else None
             raise DataError(
                 f"{self.name}: no usable rows out of {self.total} (skipped {dict(self.skipped)}, "
                 f"dropped {dict(self.dropped)}). First bad rows: {self._first_bad()}."
+                + (f" Most were dropped as {top[0][0]}: {fix}." if fix else "")
             )
 
     def _first_bad(self, n: int = 5) -> str:

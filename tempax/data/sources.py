@@ -2,6 +2,8 @@
 
 Every row keeps where it came from (file and 1-based line or item number) so a malformed row can be named in an
 error message. Reading never interprets the row: turning rows into tokens is `formats.py` / `preference.py`.
+JSON Lines are decoded line by line, so one line that is not UTF-8 is one bad row (`invalid_utf8`, file:line),
+counted against `data.max_bad_fraction` like a line of bad JSON, rather than a refusal of the whole file.
 
 Supported sources, tried in this order:
   * a local file: `.jsonl` (one object per line), `.json` (a list of objects; JSON Lines is accepted too),
@@ -35,7 +37,7 @@ class Row:
       data: the parsed object, or None when the line could not be parsed (see `error`).
       source: the file, folder or Hub id the row was read from.
       index: 1-based line number for JSON Lines, 1-based item/row number otherwise.
-      error: why the row could not be parsed (bad JSON, not an object); None for a good row.
+      error: why the row could not be parsed (not UTF-8, bad JSON, not an object); None for a good row.
     """
 
     data: dict[str, Any] | None
@@ -46,6 +48,17 @@ class Row:
     @property
     def where(self) -> str:
         return f"{self.source}:{self.index}"
+
+    @property
+    def reason(self) -> str:
+        """The data report's name for why the row could not be parsed: invalid_utf8, invalid_json, not_an_object."""
+        for prefix, reason in _ERROR_REASONS:
+            if (self.error or "").startswith(prefix):
+                return reason
+        return "not_an_object"
+
+
+_ERROR_REASONS = (("invalid UTF-8", "invalid_utf8"), ("invalid JSON", "invalid_json"))
 
 
 def as_rows(items: Iterable[dict[str, Any] | Row], *, source: str = "<memory>") -> list[Row]:
@@ -127,17 +140,24 @@ def _read_file(path: str) -> list[Row]:
         return _read_parquet(path)
     opener = gzip.open if gz else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError, EOFError) as e:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as e:
         raise DataError(f"cannot read {path}: {e}") from e
     if base.endswith(".json"):
         try:
-            obj = json.loads(text)
+            obj = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            rows = _parse_jsonl(raw, path)
+            if any(row.data is not None for row in rows):  # JSON Lines under a .json name: skip the bad lines
+                return rows
+            line = raw.count(b"\n", 0, e.start) + 1
+            raise DataError(f"{path}:{line} is not UTF-8 ({e.reason} at byte 0x{raw[e.start]:02x}); re-export the "
+                            "file as UTF-8 JSON.") from e
         except json.JSONDecodeError as e:
             if "Extra data" in str(e):
                 # Many datasets ship JSON Lines under a .json name.
-                return _parse_jsonl(text, path)
+                return _parse_jsonl(raw, path)
             raise DataError(f"{path} is not valid JSON: {e}") from e
         if not isinstance(obj, list):
             raise DataError(f"{path}: expected a JSON list of objects, got a {type(obj).__name__}")
@@ -148,18 +168,25 @@ def _read_file(path: str) -> list[Row]:
             for i, o in enumerate(obj, start=1)
         ]
     if base.endswith(".jsonl"):
-        return _parse_jsonl(text, path)
+        return _parse_jsonl(raw, path)
     raise DataError(
         f"{path}: unknown data file type; use .jsonl, .json or .parquet (optionally .gz for the JSON kinds)."
     )
 
 
-def _parse_jsonl(text: str, path: str) -> list[Row]:
-    return list(_iter_jsonl(io.StringIO(text), path))
+def _parse_jsonl(raw: bytes, path: str) -> list[Row]:
+    return list(_iter_jsonl(io.BytesIO(raw), path))
 
 
-def _iter_jsonl(lines: Iterable[str], path: str) -> Iterator[Row]:
-    for lineno, line in enumerate(lines, start=1):
+def _iter_jsonl(lines: Iterable[bytes], path: str) -> Iterator[Row]:
+    """One row per line of raw bytes; a line that is not UTF-8 becomes a bad row instead of ending the file."""
+    for lineno, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield Row(data=None, source=path, index=lineno,
+                      error=f"invalid UTF-8: {e.reason} at byte 0x{raw[e.start]:02x}, column {e.start + 1}")
+            continue
         if not line.strip():
             continue
         try:
@@ -190,9 +217,9 @@ def iter_rows(path: str | os.PathLike, *, split: str | None = None) -> Iterator[
     if base.endswith(".jsonl"):
         opener = gzip.open if gz else open
         try:
-            with opener(expanded, "rt", encoding="utf-8") as f:
+            with opener(expanded, "rb") as f:
                 yield from _iter_jsonl(f, expanded)
-        except (OSError, UnicodeDecodeError, EOFError) as e:
+        except (OSError, EOFError) as e:
             raise DataError(
                 f"cannot read {path}: {e}. It must be UTF-8 JSON Lines (one object per line)"
                 + (", gzip-compressed" if gz else "") + "; re-export it or pass the right file."
@@ -245,8 +272,8 @@ def _read_folder(folder: str, split: str | None) -> list[Row]:
         if len(data_files) == 1:
             return _read_file(os.path.join(folder, data_files[0]))
         raise DataError(
-            f"{folder} holds {len(data_files)} data files ({', '.join(data_files) or 'none'}); pass split=... "
-            "or the path of one file."
+            f"{folder} holds {len(data_files)} data files ({', '.join(data_files) or 'none'}); pass data.split=... "
+            "(--split on the command line) or the path of one file."
         )
     matches = [n for n in data_files if _strip_gz(n)[0].rsplit(".", 1)[0] == split]
     if len(matches) != 1:
@@ -269,11 +296,11 @@ def _read_saved_dataset(folder: str, split: str | None) -> list[Row]:
         if split is None and len(splits) == 1:
             split = splits[0]
         if split not in ds:
-            raise DataError(f"{folder}: split {split!r} not found; it has {splits}. Pass split=one of them.")
+            raise DataError(f"{folder}: split {split!r} not found; it has {splits}. Pass data.split= (--split on the command line) one of them.")
         ds, source = ds[split], f"{folder}[{split}]"
     else:
         if split is not None:
-            raise DataError(f"{folder} holds a single dataset without splits; drop split={split!r}.")
+            raise DataError(f"{folder} holds a single dataset without splits; drop data.split={split!r} (--split on the command line).")
         source = folder
     return [Row(data=dict(o), source=source, index=i) for i, o in enumerate(ds, start=1)]
 

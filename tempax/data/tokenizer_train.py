@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from tempax.data.kinds import content_strings, row_kind
 from tempax.data.sources import iter_rows
 from tempax.errors import ConfigError, DataError
-from tempax.models.tokenizer import Tokenizer, wrap
+from tempax.models.tokenizer import Tokenizer, import_transformers, wrap
 
 # SmolLM2-style ChatML without a default system prompt.
 CHATML_TEMPLATE = (
@@ -69,7 +69,8 @@ def train_bpe(
     """
     from tokenizers import Tokenizer as RustTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast = import_transformers().PreTrainedTokenizerFast
 
     if len(special_tokens) < 3:
         raise ConfigError(f"special_tokens needs at least pad, bos and eos (3 tokens), got {list(special_tokens)}")

@@ -17,7 +17,7 @@ the pair-length policy of `tempax.data.preference.fit_pair` applies unchanged (o
 tokens from the left on both sides; counted as truncated "prompt_left" / "response_right", or dropped with
 overlong="drop").
 
-Counted outcomes (`DataReport`): skipped — invalid_json, not_an_object, missing_field, wrong_type, empty_content,
+Counted outcomes (`DataReport`): skipped — invalid_utf8, invalid_json, not_an_object, missing_field, wrong_type, empty_content,
 empty_response, template_error and the preference-row reasons; dropped — identical, too_long,
 no_target_after_truncation. `kept` counts rows that gave at least one example.
 """
@@ -151,8 +151,7 @@ def tokenize_unpaired_rows(
     rendered = []
     for row in rows:
         if row.data is None:
-            reason = "invalid_json" if (row.error or "").startswith("invalid JSON") else "not_an_object"
-            report.skip(row.where, reason, row.error or "")
+            report.skip(row.where, row.reason, row.error or "")
             continue
         try:
             items = split_preference_row(row.data) if convert_pairs else [parse_unpaired_row(row.data)]

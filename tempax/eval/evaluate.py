@@ -27,6 +27,8 @@ from typing import Any, Sequence
 from tempax.errors import ConfigError, DataError
 from tempax.eval.metrics import EvalSummary, summarize
 from tempax.generate import SamplingConfig, generate
+from tempax.parallel.process import is_writer
+from tempax.progress import work_bar
 from tempax.rewards.correctness import CHECK_TIMEOUT_S, check_completions
 
 
@@ -59,7 +61,8 @@ class EvalOptions:
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.greedy and not self.num_samples:
-            raise ConfigError("nothing to evaluate: enable greedy or set num_samples > 0")
+            raise ConfigError("nothing to evaluate: enable eval.greedy or set eval.num_samples > 0 (tempax eval: drop "
+                              "--no-greedy or pass --samples)")
         if self.num_samples and any(k < 1 or k > self.num_samples for k in self.ks):
             raise ConfigError(f"pass@k needs 1 <= k <= num_samples={self.num_samples}; got ks={self.ks}")
         if self.num_samples and not self.temperature > 0:
@@ -179,26 +182,29 @@ def _prompt_ids(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> list[list[int
 
 def _run(
     model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], ids: list[list[int]], config: SamplingConfig,
-    batch_size: int, ks: Sequence[int], timeout_s: float | None,
+    batch_size: int, ks: Sequence[int], timeout_s: float | None, desc: str,
 ) -> tuple[EvalSummary, list[Scored]]:
     records: list[Scored] = []
-    for start in range(0, len(rows), batch_size):
-        chunk = ids[start:start + batch_size]
-        # prompt_offset keeps each problem's random stream independent of the batching.
-        result = generate(model, tokenizer, chunk, config, prompt_offset=start)
-        for i, texts in enumerate(result.grouped()):
-            row = rows[start + i]
-            fmt, correct, timed_out = score_completions(texts, row["answer"], timeout_s=timeout_s)
-            lengths = [int(x) for x in result.lengths[i * result.n:(i + 1) * result.n]]
-            records.append(Scored(str(row.get("question", "")), str(row["answer"]), list(texts), fmt, correct,
-                                  lengths, timed_out))
+    with work_bar(len(rows), desc, unit="problem", enabled=None if is_writer() else False) as bar:
+        for start in range(0, len(rows), batch_size):
+            chunk = ids[start:start + batch_size]
+            # prompt_offset keeps each problem's random stream independent of the batching.
+            result = generate(model, tokenizer, chunk, config, prompt_offset=start)
+            for i, texts in enumerate(result.grouped()):
+                row = rows[start + i]
+                fmt, correct, timed_out = score_completions(texts, row["answer"], timeout_s=timeout_s)
+                lengths = [int(x) for x in result.lengths[i * result.n:(i + 1) * result.n]]
+                records.append(Scored(str(row.get("question", "")), str(row["answer"]), list(texts), fmt, correct,
+                                      lengths, timed_out))
+            bar.update(len(chunk))
     summary = summarize([r.format_ok for r in records], [r.correct for r in records], [r.lengths for r in records],
                         ks=ks)
     return summary, records
 
 
 def evaluate(
-    model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], options: EvalOptions = EvalOptions()
+    model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], options: EvalOptions = EvalOptions(), *,
+    label: str = "eval",
 ) -> TaskEvaluation:
     """Generates completions for every row and scores them (see the module docstring).
 
@@ -207,6 +213,7 @@ def evaluate(
       tokenizer: its tokenizer (chat template, stop tokens).
       rows: task rows with `prompt_messages` and `answer` (and optionally `question`, kept in the records).
       options: what to evaluate.
+      label: what the progress bar calls this evaluation ("eval after", "eval gsm8k"); its mode follows.
     """
     if not rows:
         raise DataError("no evaluation problems given")
@@ -218,14 +225,14 @@ def evaluate(
     if options.greedy:
         config = SamplingConfig(max_new_tokens=options.max_new_tokens, temperature=0.0, n=1, logprobs=False)
         greedy, greedy_records = _run(model, tokenizer, rows, ids, config, options.batch_size, (1,),
-                                      options.check_timeout_s)
+                                      options.check_timeout_s, f"{label} greedy")
     if options.num_samples:
         config = SamplingConfig(
             max_new_tokens=options.max_new_tokens, temperature=options.temperature, top_p=options.top_p,
             n=options.num_samples, seed=options.seed, logprobs=False,
         )
         sampled, sampled_records = _run(model, tokenizer, rows, ids, config, options.batch_size, options.ks,
-                                        options.check_timeout_s)
+                                        options.check_timeout_s, f"{label} sampled x{options.num_samples}")
     return TaskEvaluation(greedy, sampled, greedy_records, sampled_records, time.perf_counter() - t0)
 
 

@@ -251,11 +251,18 @@ def check_prompts(prompt_ids: Sequence[Sequence[int]], config: SamplingConfig, c
                 f"prompt {i} holds token id {bad[0]}, outside the model's vocabulary [0, {vocab}): was it "
                 "tokenised with another model's tokenizer?"
             )
+        wider = " (or raise max_len)" if config.max_len else ""
+        if len(ids) >= context:  # not even one new token fits: a smaller generation budget cannot help
+            raise GenerationError(
+                f"prompt {i} has {len(ids)} tokens but the context holds {context}, so no token can follow it. "
+                f"Shorten the prompt to fewer than {context} tokens{wider}."
+            )
         if len(ids) + config.max_new_tokens > context:
             raise GenerationError(
                 f"prompt {i} has {len(ids)} tokens; with max_new_tokens={config.max_new_tokens} it needs "
                 f"{len(ids) + config.max_new_tokens} positions but the context holds {context}. Shorten the "
-                "prompt or lower max_new_tokens" + (" (or raise max_len)" if config.max_len else "") + "."
+                f"prompt or generate at most {context - len(ids)} new tokens (--max-new-tokens, or max_new_tokens "
+                f"in the recipe){wider}."
             )
 
 

@@ -25,9 +25,8 @@ Softmax and its gradient are in float32: ds = p * (dp - sum_s(p * dp)), the soft
 then the soft-cap's factor 1 - tanh^2 and the scale; p and ds are rounded to bf16 for the products, whose sums
 accumulate in float32. Residuals: q, k, v (bf16) and p (bf16, [GT, S]); soft-capped scores are recomputed.
 
-One layer's forward + backward at bench-small shapes (`python bench/attention.py`: B 8, T 256, 9 query / 3 kv
-heads of 64), AMD EPYC Zen 5 (avx512_bf16), best wall ms: 48.9 by autodiff of the einsum form at bf16 (the code
-before this module), 26.0 here, 43-46 for the float32 path.
+Autodiff of the einsum form at bf16 runs about half as fast as this on a CPU with AVX512-BF16, and no faster
+than the float32 path (`python bench/attention.py`; figures in `docs/measurements/performance-history.md`).
 """
 
 from __future__ import annotations

@@ -99,20 +99,17 @@ def projection_dot(lhs, rhs, dimension_numbers, precision=None, preferred_elemen
     x^T g over all tokens at once, [in, tokens] x [tokens, out].
 
     Plain autodiff of the same product builds that gradient transposed, as (g^T x)^T, and XLA:CPU then copies
-    every [tokens, out] g into [out, tokens] first; those transposing copies ran at about 1 GB/s (bench-small
-    `sft_full`, AMD EPYC Zen 5: 16 ms for each of the 60 gate/up ones a step, about 1 s of an 8 s step,
-    `bench/profile_step.py`). Written this way XLA multiplies both operands in the layout they have. Other
+    every [tokens, out] g into [out, tokens] first, at about 1 GB/s: a large share of a training step
+    (`bench/profile_step.py`). Written this way XLA multiplies both operands in the layout they have. Other
     products (other dimension numbers, a requested output type or sharding) go to `lax.dot_general` unchanged.
 
     A bfloat16 x (`train.precision=bf16`) makes all three products bf16 x bf16 with float32 accumulation: the
     kernel (float32 master, left uncast by `keep_kernel_dtype`) is cast to bf16 once and that copy reused by the
     backward; y and d x come out in x's dtype, d kernel in the kernel's (float32 for a float32 master). XLA:CPU
     (jaxlib 0.10) runs a bf16 dot at bf16 speed only when it asks for a float32 result and its left operand's
-    contracting axis is the minor one; otherwise it upcasts both operands to float32 first. Bench-small shapes,
-    2048 tokens, AMD EPYC Zen 5 (avx512_bf16), GFLOP/s bf16->f32 / f32 / bf16->bf16: [2048, 576] x [576, 1536]
-    975 / 493 / 464, its input gradient 1001 / 442 / 419, its weight gradient contracting the token axis (dim 0,
-    autodiff's form) 431 / 446 / 435 but 930 with x^T row-major (`row_major_transpose`); torch bf16 993 / 1015 /
-    976 on the same three (/work/notes/issue-18-bf16.md).
+    contracting axis is the minor one; otherwise it upcasts both operands to float32 first, so the weight
+    gradient contracts a row-major x^T (`row_major_transpose`) rather than autodiff's token axis. GFLOP/s of
+    each form: `python bench/bf16_matmul.py`, recorded in `docs/measurements/performance-history.md`.
     """
     plain = (((lhs.ndim - 1,), (0,)), ((), ()))
     bf16 = lhs.dtype == BF16 and jnp.issubdtype(rhs.dtype, jnp.floating)

@@ -7,7 +7,8 @@ algorithm), `tokens`, `token_type` (1 normal, 2 unknown, 3 control, 4 user-defin
 
 * `gpt2` (SmolLM2, Qwen, Llama 3): byte-level BPE. Tokens are spelled in GPT-2's byte alphabet (each byte mapped
   to one printable character), the merges are listed in the file, and text is split by a regular expression
-  before merging: GPT-2's own by default, Llama 3's or Qwen 2's when `pre` names one of them.
+  before merging: GPT-2's own by default, Llama 3's or Qwen 2's when `pre` names one of them, and for SmolLM's
+  ("smollm") every digit alone first.
 * `llama` (Llama 1/2, Mistral, Gemma): SentencePiece BPE. Spaces become U+2581 ("▁"), characters outside the
   vocabulary fall back to `<0xNN>` byte tokens, and the file lists no merges: the merge order is the score order
   (SentencePiece merges the adjacent pair whose joined piece scores highest). Gemma's scores do not follow its
@@ -48,6 +49,8 @@ SPLIT_PATTERNS = {
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx", "falcon3"), _LLAMA3_PATTERN),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2_PATTERN),
 }
+# SmolLM's split: every digit on its own, then GPT-2's pattern (llama.cpp's "smollm" pre-tokenizer).
+DIGITS_THEN_GPT2 = ("smollm",)
 _GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
 
 
@@ -106,8 +109,14 @@ def _byte_level_backend(metadata: Mapping[str, Any], tokens: list[str]) -> tuple
         pairs = merges_from_scores(vocab_tokens, {t: -i for i, t in enumerate(vocab_tokens)})
     backend = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, continuing_subword_prefix="",
                                    end_of_word_suffix=""))
-    pattern = SPLIT_PATTERNS.get(_field(metadata, "ggml.pre"))
-    if pattern is None:
+    pre = _field(metadata, "ggml.pre")
+    pattern = SPLIT_PATTERNS.get(pre)
+    if pre in DIGITS_THEN_GPT2:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+    elif pattern is None:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
         backend.pre_tokenizer = pre_tokenizers.Sequence([
@@ -160,7 +169,10 @@ def gguf_tokenizer(metadata: Mapping[str, Any], *, source: str = "the GGUF file"
       source: how errors name the file.
     """
     from tokenizers import AddedToken
-    from transformers import PreTrainedTokenizerFast
+
+    from tempax.models.tokenizer import import_transformers
+
+    PreTrainedTokenizerFast = import_transformers().PreTrainedTokenizerFast
 
     kind = _field(metadata, "ggml.model")
     tokens = _field(metadata, "ggml.tokens")

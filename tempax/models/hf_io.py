@@ -143,6 +143,23 @@ def _progress_bar(total_bytes: int, desc: str, enabled: bool) -> Any:
     return tqdm(total=total_bytes, unit="B", unit_scale=True, desc=desc, leave=False)
 
 
+def save_safetensors(tensors: dict[str, np.ndarray], path: str, metadata: dict[str, str] | None = None) -> None:
+    """`safetensors.numpy.save_file`, then the permissions of any file this process creates (0644 under the usual
+    umask 022): safetensors writes through a private temporary file and keeps its 0600, so a shared or served
+    checkpoint folder would hold weights no one else can read beside readable config and tokenizer files."""
+    from safetensors.numpy import save_file
+
+    save_file(tensors, path, metadata=metadata)
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """The process's umask (`os.umask` can only be read by setting it, so it is set back at once)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
 def save_hf_checkpoint(
     model: Decoder,
     folder: str,
@@ -152,8 +169,6 @@ def save_hf_checkpoint(
     dtype: str | None = None,
 ) -> str:
     """Writes model.safetensors (sharded with an index past `max_shard_bytes`), config.json and tokenizer files."""
-    from safetensors.numpy import save_file
-
     os.makedirs(folder, exist_ok=True)
     cfg = model.config
     out_dtype = np.float32
@@ -171,12 +186,12 @@ def save_hf_checkpoint(
         shards[-1][name] = array
         size += array.nbytes
     if len(shards) == 1:
-        save_file(shards[0], os.path.join(folder, SAFETENSORS_SINGLE), metadata={"format": "pt"})
+        save_safetensors(shards[0], os.path.join(folder, SAFETENSORS_SINGLE), metadata={"format": "pt"})
     else:
         weight_map = {}
         for i, shard in enumerate(shards):
             fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, os.path.join(folder, fname), metadata={"format": "pt"})
+            save_safetensors(shard, os.path.join(folder, fname), metadata={"format": "pt"})
             weight_map.update({k: fname for k in shard})
         with open(os.path.join(folder, SAFETENSORS_INDEX), "w") as f:
             json.dump({"metadata": {"total_size": sum(a.nbytes for s in shards for a in s.values())},

@@ -246,7 +246,7 @@ def apply_lora(model: Decoder, cfg: LoraConfig, *, rngs: nnx.Rngs) -> Decoder:
         # the same dropout masks.
         raise ConfigError(
             f"lora.dropout={cfg.dropout} with model remat={model.config.remat!r} would repeat the same dropout "
-            "masks every step; set lora.dropout to 0 or remat to 'none'"
+            "masks every step; set lora.dropout to 0 or train.remat to 'none'"
         )
     targets = set(target_paths(model, cfg))
     model = nnx.clone(model) if cfg.quantize_base is None else quantize_base(model, cfg.quantize_base, cfg.block_size)
@@ -352,7 +352,7 @@ def save_adapters(model: Decoder, folder: str, *, base_model_name_or_path: str |
     In a multi-process run every process must call it (the adapters are gathered from all of them); process 0
     writes the files.
     """
-    from safetensors.numpy import save_file
+    from tempax.models.hf_io import save_safetensors
 
     layers = list(lora_layers(model))
     if not layers:
@@ -370,7 +370,7 @@ def save_adapters(model: Decoder, folder: str, *, base_model_name_or_path: str |
     if not is_writer():
         return folder
     os.makedirs(folder, exist_ok=True)
-    save_file(tensors, os.path.join(folder, ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    save_safetensors(tensors, os.path.join(folder, ADAPTER_WEIGHTS), metadata={"format": "pt"})
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

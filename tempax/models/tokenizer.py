@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -20,6 +21,26 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from tempax.errors import CheckpointError
+
+
+class _NoPyTorchNotice(logging.Filter):
+    """Drops transformers' "PyTorch was not found. Models won't be available..." notice, printed when it is
+    imported without PyTorch: tempax uses only its tokenizers, which need none, so every command in the plain
+    environment would print it for nothing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("PyTorch was not found")
+
+
+def import_transformers() -> Any:
+    """The `transformers` module, imported without its PyTorch notice (the filter sits on its root logger, which
+    the notice is logged on; every other message of it still shows)."""
+    logger = logging.getLogger("transformers")
+    if not any(isinstance(f, _NoPyTorchNotice) for f in logger.filters):
+        logger.addFilter(_NoPyTorchNotice())
+    import transformers as module
+
+    return module
 
 
 @dataclass
@@ -99,8 +120,11 @@ def _stop_ids(hf: Any) -> tuple[int, ...]:
     elif isinstance(eos, (list, tuple)):
         ids.extend(int(i) for i in eos)
     vocab = hf.get_vocab()
+    # A token the tokenizer pads with (and that is not its eos) fills the end of rows; it is not a model's reply
+    # ending, even when it is spelled like one (`<|endoftext|>` as the pad of a trained tokenizer).
+    pad = hf.pad_token_id if hf.pad_token_id not in ids else None
     for name in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>"):
-        if name in vocab:
+        if name in vocab and vocab[name] != pad:
             ids.append(int(vocab[name]))
     return tuple(dict.fromkeys(ids))
 
@@ -134,9 +158,7 @@ def _generic_fast_class(folder: str) -> Any:
         return None  # AutoTokenizer reports what is wrong with the file
     if named not in _GENERIC_FAST_CLASSES:
         return None
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast
+    return import_transformers().PreTrainedTokenizerFast
 
 
 def load_tokenizer(source: str | os.PathLike, *, gguf_file: str | None = None) -> Tokenizer:
@@ -159,9 +181,7 @@ def load_tokenizer(source: str | os.PathLike, *, gguf_file: str | None = None) -
         elif (named := _generic_fast_class(source)) is not None:
             hf = named.from_pretrained(source)
         else:
-            from transformers import AutoTokenizer
-
-            hf = AutoTokenizer.from_pretrained(source)
+            hf = import_transformers().AutoTokenizer.from_pretrained(source)
     except CheckpointError:
         raise
     except (OSError, ValueError) as e:
@@ -178,7 +198,7 @@ def cache_root() -> str:
 
 
 # Bumped when the way a GGUF tokenizer is built changes, so entries written by older code are not reused.
-_CACHE_VERSION = "2"
+_CACHE_VERSION = "3"
 
 
 def gguf_tokenizer_cache_dir(path: str | os.PathLike) -> str:
@@ -201,11 +221,9 @@ def _save_flags(hf: Any, folder: str) -> None:
 
 
 def _load_cached(folder: str) -> Any:
-    from transformers import PreTrainedTokenizerFast
-
     with open(os.path.join(folder, _FLAGS_FILE)) as f:
         flags = json.load(f)
-    return PreTrainedTokenizerFast.from_pretrained(folder, **flags)
+    return import_transformers().PreTrainedTokenizerFast.from_pretrained(folder, **flags)
 
 
 def _gguf_tokenizer(source: str) -> Any:

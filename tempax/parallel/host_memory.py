@@ -27,9 +27,9 @@ def _libc_malloc_trim() -> Any:
 def release_free_heap() -> bool:
     """Hands the memory glibc's malloc holds free back to the OS (`malloc_trim(0)`); False where there is no glibc.
 
-    Measured (AMD EPYC Zen 5, 2 cores, 2026-12-01): on the bench-small decode workload 85 MiB given back after
-    the model's random init and 48 MiB after prefill's compilation; on the bench-small LoRA GRPO step the first
-    step's compilation left 1.74 GiB of free heap resident, later rollouts 0.05-0.13 GiB. A call takes a few ms.
+    Worth its few milliseconds after a model's init, a compilation or a rollout's batch: glibc otherwise keeps
+    that freed heap resident (up to gigabytes after a GRPO step's first compilation;
+    `docs/measurements/memory.md`).
     """
     trim = _libc_malloc_trim()
     if trim is None:

@@ -9,7 +9,7 @@ The format a policy is asked to produce (and that the SFT warm-start targets) is
     ...final answer...
     </answer>
 
-Why strict: in a measured GRPO run (docs: /work/shared/notes/grpo-demo-calibration.md) a loose, search-anywhere
+Why strict: in a measured GRPO run (`docs/measurements/demo-calibration.md`) a loose, search-anywhere
 format check was gamed within 8 steps by copying the system prompt's placeholder text and by nesting tags. So the
 full reward needs the whole completion (modulo surrounding whitespace) to be this form: anchored at both ends,
 each of the four tags exactly once (counted case-insensitively, so `<Answer>` cannot hide a second tag), in order,

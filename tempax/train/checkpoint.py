@@ -88,6 +88,16 @@ def describe_storage_error(error: BaseException) -> tuple[str | None, str]:
     return path, f"cannot be read ({tail[:200] or type(error).__name__})"
 
 
+def unfinished_saves(directory: str) -> list[int]:
+    """Steps whose save never finished (the process died while writing): Orbax writes `<step>` under a temporary
+    name and renames it when done, and the next `Checkpointer` on the folder deletes what is left."""
+    if not os.path.isdir(directory):
+        return []
+    names = [n.split(ocp.path.atomicity_types.TMP_DIR_SUFFIX)[0] for n in os.listdir(directory)
+             if ocp.path.atomicity_types.TMP_DIR_SUFFIX in n]
+    return sorted(int(n) for n in names if n.isdigit())
+
+
 def _read_json(path: str) -> Any:
     with open(path) as f:
         return json.load(f)

@@ -18,31 +18,28 @@ if TYPE_CHECKING:
     from jax.sharding import Mesh
 
 
-_help = help_field  # one documented-field helper for every config (tempax.configlib)
-
-
 @dataclass(frozen=True)
 class OptimizerConfig:
     """The optimizer and its learning-rate schedule (AdamW with warm-up then cosine decay by default)."""
 
-    name: Literal["adamw", "adam", "sgd"] = _help("Optimizer: adamw (decoupled weight decay), adam or sgd.", "adamw")
-    learning_rate: float = _help("Peak learning rate (reached at the end of warm-up).", 1e-5)
-    schedule: Literal["constant", "cosine", "linear"] = _help(
+    name: Literal["adamw", "adam", "sgd"] = help_field("Optimizer: adamw (decoupled weight decay), adam or sgd.", "adamw")
+    learning_rate: float = help_field("Peak learning rate (reached at the end of warm-up).", 1e-5)
+    schedule: Literal["constant", "cosine", "linear"] = help_field(
         "Decay after warm-up: constant, cosine (to min_lr_ratio * peak) or linear (to min_lr_ratio * peak).",
         "cosine",
     )
-    warmup_steps: int = _help("Linear warm-up steps from 0 to the peak; takes precedence over warmup_ratio.", 0)
-    warmup_ratio: float = _help("Warm-up as a fraction of total steps (used when warmup_steps is 0).", 0.0)
-    min_lr_ratio: float = _help("Final learning rate of cosine/linear decay as a fraction of the peak.", 0.0)
-    b1: float = _help("Adam beta1.", 0.9)
-    b2: float = _help("Adam beta2.", 0.999)
-    eps: float = _help("Adam epsilon.", 1e-8)
-    weight_decay: float = _help("Decoupled weight decay (adamw) or L2 (sgd).", 0.01)
-    decay_all: bool = _help(
+    warmup_steps: int = help_field("Linear warm-up steps from 0 to the peak; takes precedence over warmup_ratio.", 0)
+    warmup_ratio: float = help_field("Warm-up as a fraction of total steps (used when warmup_steps is 0).", 0.0)
+    min_lr_ratio: float = help_field("Final learning rate of cosine/linear decay as a fraction of the peak.", 0.0)
+    b1: float = help_field("Adam beta1.", 0.9)
+    b2: float = help_field("Adam beta2.", 0.999)
+    eps: float = help_field("Adam epsilon.", 1e-8)
+    weight_decay: float = help_field("Decoupled weight decay (adamw) or L2 (sgd).", 0.01)
+    decay_all: bool = help_field(
         "Apply weight decay to every parameter; false skips vectors (norm weights, biases) as is customary.", False
     )
-    momentum: float = _help("SGD momentum.", 0.0)
-    grad_clip_norm: float | None = _help("Clip the global gradient norm to this value; null disables.", 1.0)
+    momentum: float = help_field("SGD momentum.", 0.0)
+    grad_clip_norm: float | None = help_field("Clip the global gradient norm to this value; null disables.", 1.0)
 
     def validate(self) -> None:
         if self.learning_rate < 0:
@@ -72,20 +69,20 @@ class OptimizerConfig:
 class MeshConfig:
     """Device mesh ('data', 'fsdp', 'tensor') and multi-host start-up. -1 on one axis means "the rest"."""
 
-    data: int = _help("Pure data-parallel axis size (-1: the devices the other axes leave).", -1)
-    fsdp: int = _help("Data-parallel axis whose parameters and optimizer state are split (FSDP / ZeRO-3).", 1)
-    tensor: int = _help("Tensor-parallel axis size (splits heads, MLP and vocabulary).", 1)
-    num_devices: int | None = _help("Use only the first N devices (null: all).", None)
-    coordinator_address: str | None = _help("Multi-host: host:port of process 0 (null: single host).", None)
-    num_processes: int | None = _help("Multi-host: number of processes.", None)
-    process_id: int | None = _help("Multi-host: this process's index.", None)
-    cluster: bool = _help(
+    data: int = help_field("Pure data-parallel axis size (-1: the devices the other axes leave).", -1)
+    fsdp: int = help_field("Data-parallel axis whose parameters and optimizer state are split (FSDP / ZeRO-3).", 1)
+    tensor: int = help_field("Tensor-parallel axis size (splits heads, MLP and vocabulary).", 1)
+    num_devices: int | None = help_field("Use only the first N devices (null: all).", None)
+    coordinator_address: str | None = help_field("Multi-host: host:port of process 0 (null: single host).", None)
+    num_processes: int | None = help_field("Multi-host: number of processes.", None)
+    process_id: int | None = help_field("Multi-host: this process's index.", None)
+    cluster: bool = help_field(
         "Multi-host: let JAX discover the coordinator, process count and index from the cluster (SLURM, Open MPI, "
         "Kubernetes, Cloud TPU). `tempax launch` and the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / "
         "JAX_PROCESS_ID environment need no flag.",
         False,
     )
-    init_timeout_s: int = _help("Multi-host: seconds to wait for every process to join before failing.", 300)
+    init_timeout_s: int = help_field("Multi-host: seconds to wait for every process to join before failing.", 300)
 
     def join(self) -> bool:
         """Joins the multi-process run when one is configured (these fields, `tempax launch`'s environment, or
@@ -115,11 +112,11 @@ class MeshConfig:
 class CheckpointConfig:
     """Orbax checkpoints in `<run_dir>/checkpoints/<step>/`."""
 
-    every: int = _help("Save every N steps (0: only at the end).", 0)
-    keep: int = _help("Keep the last N checkpoints (older ones are deleted).", 2)
-    save_at_end: bool = _help("Save after the last step.", True)
-    async_save: bool = _help("Write in a background thread while training continues.", True)
-    resume: bool = _help("Continue from the latest checkpoint in run_dir when there is one.", True)
+    every: int = help_field("Save every N steps (0: only at the end).", 0)
+    keep: int = help_field("Keep the last N checkpoints (older ones are deleted).", 2)
+    save_at_end: bool = help_field("Save after the last step.", True)
+    async_save: bool = help_field("Write in a background thread while training continues.", True)
+    resume: bool = help_field("Continue from the latest checkpoint in run_dir when there is one.", True)
 
     def validate(self) -> None:
         if self.every < 0:
@@ -132,43 +129,43 @@ class CheckpointConfig:
 class TrainConfig:
     """The training loop, shared by every algorithm (SFT, pre-training, DPO, reward models, GRPO...)."""
 
-    steps: int = _help("Optimizer steps to run (total, counting steps of a resumed run).", 100)
-    batch_size: int = _help("Global batch size in rows (sequences) per optimizer step, across all devices.", 8)
-    micro_batch_size: int | None = _help(
+    steps: int = help_field("Optimizer steps to run (total, counting steps of a resumed run).", 100)
+    batch_size: int = help_field("Global batch size in rows (sequences) per optimizer step, across all devices.", 8)
+    micro_batch_size: int | None = help_field(
         "Rows per forward/backward pass; gradients of batch_size / micro_batch_size passes are accumulated. "
         "null: the whole batch at once.",
         None,
     )
-    auto_micro_batch: bool = _help(
+    auto_micro_batch: bool = help_field(
         "Pick the largest micro-batch that the memory plan says fits (overrides micro_batch_size).", False
     )
-    seq_len: int = _help("Tokens per row.", 512)
-    precision: Literal["fp32", "bf16"] = _help(
+    seq_len: int = help_field("Tokens per row.", 512)
+    precision: Literal["fp32", "bf16"] = help_field(
         "fp32: everything float32. bf16: bfloat16 activations and matmuls (bf16 operands, float32 accumulation "
         "and weight gradients: decoder.projection_dot) with float32 master weights and optimizer state.",
         "fp32",
     )
-    remat: Literal["none", "full", "dots"] | None = _help(
+    remat: Literal["none", "full", "dots"] | None = help_field(
         "Per-layer activation recomputation: none, full (save only layer inputs) or dots (save matmul outputs); "
         "null keeps the model's setting.",
         None,
     )
-    optimizer: OptimizerConfig = _help("Optimizer and schedule.", default_factory=OptimizerConfig)
-    mesh: MeshConfig = _help("Device mesh.", default_factory=MeshConfig)
-    checkpoint: CheckpointConfig = _help("Checkpointing.", default_factory=CheckpointConfig)
-    log_every: int = _help("Log metrics (progress bar, metrics.jsonl, TensorBoard) every N steps.", 1)
-    eval_every: int = _help("Evaluate on the held-out batches every N steps (0: only at the end, if any).", 0)
-    eval_batches: int = _help("Held-out batches per evaluation (0: all of them).", 0)
-    eval_at_start: bool = _help(
+    optimizer: OptimizerConfig = help_field("Optimizer and schedule.", default_factory=OptimizerConfig)
+    mesh: MeshConfig = help_field("Device mesh.", default_factory=MeshConfig)
+    checkpoint: CheckpointConfig = help_field("Checkpointing.", default_factory=CheckpointConfig)
+    log_every: int = help_field("Log metrics (progress bar, metrics.jsonl, TensorBoard) every N steps.", 1)
+    eval_every: int = help_field("Evaluate on the held-out batches every N steps (0: only at the end, if any).", 0)
+    eval_batches: int = help_field("Held-out batches per evaluation (0: all of them).", 0)
+    eval_at_start: bool = help_field(
         "Also evaluate before the first step (the 'before' of a before/after comparison; TRL's eval_on_start).",
         False,
     )
-    seed: int = _help("Seed of parameter init, data order and the step RNG.", 0)
-    run_dir: str = _help("Where metrics, TensorBoard events, checkpoints and the resolved config go.", "runs/run")
-    tensorboard: bool = _help("Write TensorBoard event files to <run_dir>/tb.", True)
-    progress_bar: bool = _help("Show a progress bar on the console.", True)
-    check_memory: bool = _help("Estimate peak memory before compiling and stop early when it cannot fit.", True)
-    allow_config_change: bool = _help(
+    seed: int = help_field("Seed of parameter init, data order and the step RNG.", 0)
+    run_dir: str = help_field("Where metrics, TensorBoard events, checkpoints and the resolved config go.", "runs/run")
+    tensorboard: bool = help_field("Write TensorBoard event files to <run_dir>/tb.", True)
+    progress_bar: bool = help_field("Show a progress bar on the console.", True)
+    check_memory: bool = help_field("Estimate peak memory before compiling and stop early when it cannot fit.", True)
+    allow_config_change: bool = help_field(
         "Resume a run dir whose config.yaml differs in a way that changes the trajectory (optimizer, data, model, "
         "seq_len, batch...); the change is recorded with its step in <run_dir>/config_changes.jsonl. false: such a "
         "resume stops with the list of differences.",
@@ -199,13 +196,20 @@ class TrainConfig:
         if opt.learning_rate == 0:
             out.append("train.optimizer.learning_rate=0: no trainable weight will change; the run only measures "
                        "the loss")
-        warmup = opt.warmup_steps or int(opt.warmup_ratio * self.steps)
-        if warmup >= self.steps:
-            peak = opt.learning_rate * self.steps / warmup if warmup else opt.learning_rate
+        # As `optim.warmup_steps_of`; step s (from 0) of the warm-up uses peak * (s + 1) / warmup.
+        warmup = opt.warmup_steps or int(round(opt.warmup_ratio * self.steps))
+        fix = "lower train.optimizer.warmup_steps or raise train.steps"
+        if warmup > self.steps:
+            last = opt.learning_rate * self.steps / warmup
             out.append(
-                f"train.optimizer.warmup_steps={warmup} is not shorter than train.steps={self.steps}: the learning "
-                f"rate never reaches its peak {opt.learning_rate:g} (the last step uses {peak:.3g}); lower "
-                "train.optimizer.warmup_steps or raise train.steps"
+                f"train.optimizer.warmup_steps={warmup} is longer than train.steps={self.steps}: the learning rate "
+                f"never reaches its peak {opt.learning_rate:g} (the last step uses {last:.3g}); {fix}"
+            )
+        elif warmup == self.steps and warmup > 1:
+            out.append(
+                f"train.optimizer.warmup_steps={warmup} equals train.steps={self.steps}: the whole run is warm-up, "
+                f"so the learning rate reaches its peak {opt.learning_rate:g} only at the last step and never "
+                f"decays; {fix}"
             )
         return out
 

@@ -33,8 +33,6 @@ from tempax.train.hooks import Hook, StepInfo, Stop
 if TYPE_CHECKING:
     from tempax.train.loop import Trainer
 
-_help = help_field
-
 GUARD_ACTIONS = ("warn", "stop", "raise_temperature", "clip_higher", "entropy_bonus")
 ADJUSTMENTS = GUARD_ACTIONS[2:]
 
@@ -47,34 +45,34 @@ ENTROPY, ZERO_SPREAD, DUPLICATES, LENGTH = (
 class CollapseGuardConfig:
     """Entropy-collapse guard: thresholds and what to do when one is crossed (see tempax.train.guards)."""
 
-    enabled: bool = _help("Watch for collapse at all.", True)
-    action: Literal["warn", "stop", "raise_temperature", "clip_higher", "entropy_bonus"] = _help(
+    enabled: bool = help_field("Watch for collapse at all.", True)
+    action: Literal["warn", "stop", "raise_temperature", "clip_higher", "entropy_bonus"] = help_field(
         "On collapse: warn (message + guard/* metrics), stop (checkpoint, exit status 3), raise_temperature, "
         "clip_higher (epsilon_high up to clip_high) or entropy_bonus (entropy_coef up to entropy_coef).",
         "warn",
     )
-    baseline_steps: int = _help("Entropy and length falls are measured against their mean over these first steps.", 3)
-    window: int = _help("Each signal is its mean over the last N steps (one noisy step does not fire).", 2)
-    max_entropy_drop: float = _help(
+    baseline_steps: int = help_field("Entropy and length falls are measured against their mean over these first steps.", 3)
+    window: int = help_field("Each signal is its mean over the last N steps (one noisy step does not fire).", 2)
+    max_entropy_drop: float = help_field(
         "Fire when mean entropy is more than this fraction below its baseline (0.75: under a quarter of it); "
         "1: off.",
         0.75,
     )
-    min_entropy: float = _help("Fire when mean entropy (nats per token) is below this; 0: off.", 0.0)
-    max_zero_spread_frac: float = _help(
+    min_entropy: float = help_field("Fire when mean entropy (nats per token) is below this; 0: off.", 0.0)
+    max_zero_spread_frac: float = help_field(
         "Fire when more than this fraction of groups had one reward for all completions; 1: off.", 0.9
     )
-    max_duplicate_frac: float = _help(
+    max_duplicate_frac: float = help_field(
         "Fire when more than this fraction of completions repeat an earlier one of their group; 1: off.", 0.9
     )
-    max_length_drop: float = _help(
+    max_length_drop: float = help_field(
         "Fire when mean completion length is more than this fraction below its baseline; 1: off.", 0.75
     )
-    cooldown_steps: int = _help("Steps after firing before the guard fires again.", 5)
-    temperature_step: float = _help("raise_temperature: add this to the sampling temperature each time.", 0.3)
-    max_temperature: float = _help("raise_temperature: never above this.", 1.5)
-    clip_high: float = _help("clip_higher: the upper clip range (DAPO: 0.28).", 0.28)
-    entropy_coef: float = _help("entropy_bonus: the entropy coefficient it switches on.", 0.01)
+    cooldown_steps: int = help_field("Steps after firing before the guard fires again.", 5)
+    temperature_step: float = help_field("raise_temperature: add this to the sampling temperature each time.", 0.3)
+    max_temperature: float = help_field("raise_temperature: never above this.", 1.5)
+    clip_high: float = help_field("clip_higher: the upper clip range (DAPO: 0.28).", 0.28)
+    entropy_coef: float = help_field("entropy_bonus: the entropy coefficient it switches on.", 0.01)
 
     def validate(self) -> None:
         if self.action not in GUARD_ACTIONS:

@@ -29,10 +29,11 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from tempax.errors import TempaxError
+from tempax.progress import work_bar
 from tempax.parallel.process import global_batch, host_tree, is_writer
 from tempax.parallel.rules import batch_sharding, use_mesh
 from tempax.train import memory as mem
-from tempax.train.checkpoint import Checkpointer
+from tempax.train.checkpoint import Checkpointer, unfinished_saves
 from tempax.train.config import TrainConfig
 from tempax.train.hooks import CheckpointHook, EvalHook, Hook, LoggingHook, StepInfo, Stop, StopTraining
 from tempax.train.metrics import MetricsWriter, ProgressBar
@@ -309,14 +310,20 @@ class Trainer:
         )
 
     def evaluate(self, batches: Iterable[dict[str, Any]], *, max_batches: int = 0) -> dict[str, float]:
-        """Loss-function metrics averaged over `batches` (weighted by their `loss_weight`)."""
+        """Loss-function metrics averaged over `batches` (weighted by their `loss_weight`), under a labelled
+        progress bar (the training bar stands still meanwhile: an evaluation at the end can take minutes)."""
         results = []
-        with use_mesh(self.mesh):
+        size = len(batches) if hasattr(batches, "__len__") else None
+        total = min(size, max_batches) if size is not None and max_batches else (size or max_batches or None)
+        shown = None if self.config.progress_bar and is_writer() else False
+        with use_mesh(self.mesh), work_bar(total, f"held-out eval at step {self.step}", unit="batch",
+                                           enabled=shown) as bar:
             for i, batch in enumerate(batches):
                 if max_batches and i >= max_batches:
                     break
                 out = self._eval(self.state.params, self.rest, self.put_batch(batch))
                 results.append({k: float(v) for k, v in host_tree(out).items()})
+                bar.update(1)
         return average_eval_metrics(results)
 
     def restore(self, step: int | None = None) -> dict[str, Any] | None:
@@ -349,11 +356,16 @@ class Trainer:
         ckpt_dir = os.path.join(self.run_dir, "checkpoints")
         if not (os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir)):
             return 0
+        unfinished = unfinished_saves(ckpt_dir)  # read first: opening the checkpointer deletes them
+        dropped = f"an unfinished save of step {', '.join(map(str, unfinished))} (the run stopped while writing it)"
         data_state = self.restore()
         if data_state is None:
+            if unfinished:
+                self._say(f"{ckpt_dir} holds only {dropped}; starting again from step 0")
             return 0
         restore_source(batches, data_state)
-        self._say(f"resumed from {self._last_checkpoint} (step {self.step})")
+        self._say(f"resumed from {self._last_checkpoint} (step {self.step})"
+                  + (f"; dropped {dropped}" if unfinished else ""))
         return self.step
 
     def fit(

@@ -114,3 +114,93 @@ def test_chat_streams_replies_with_the_template(checkpoint, capsys, monkeypatch)
         config = SamplingConfig(max_new_tokens=8, temperature=0.7, seed=3 + turn)
         assert reply == generate(model, tok, [ids], config).texts[0]
         history.append({"role": "assistant", "content": reply})
+
+
+_CHAT_DRIVER = """
+import sys, time
+import tempax.generate
+from tempax.cli import chat, generate
+from tempax.cli.main import main
+
+real_stream, real_config = tempax.generate.stream, generate.sampling_config
+def slow_stream(*args, **kwargs):  # the tiny model is fast: 50 ms a piece leaves time for a Ctrl-C mid-reply
+    for piece in real_stream(*args, **kwargs):
+        time.sleep(0.05)
+        yield piece
+tempax.generate.stream = slow_stream
+chat.sampling_config = lambda args: real_config(args).replace(ignore_eos=True)  # every reply runs its full length
+sys.exit(main(["chat", sys.argv[1], "--max-new-tokens", "200", "--chunk", "1", "--temperature", "0"]))
+"""
+
+
+@pytest.mark.slow  # about 60 s on 2 cores: a second interpreter loads JAX and compiles the decoder
+def test_ctrl_c_during_a_reply_stops_it_and_keeps_the_conversation(checkpoint, tmp_path):
+    """A real SIGINT to `tempax chat` a few pieces into a 200-token reply of the tiny model: the reply stops, the
+    session asks for the next turn, answers it, and ends normally at /exit."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen([sys.executable, "-c", _CHAT_DRIVER, checkpoint], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root,
+                            env={**os.environ, "PYTHONPATH": root, "PYTHONUNBUFFERED": "1"})
+    seen = b""
+
+    def read_until(marker: bytes, deadline: float) -> None:
+        nonlocal seen
+        while marker not in seen:
+            assert time.monotonic() < deadline, seen
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                seen += os.read(proc.stdout.fileno(), 4096)
+
+    try:
+        read_until(b"you> ", time.monotonic() + 120)
+        proc.stdin.write(b"hello\n")
+        proc.stdin.flush()
+        read_until(b"assistant> ", time.monotonic() + 120)
+        start = len(seen)
+        deadline = time.monotonic() + 60
+        while len(seen) - start < 3:  # a few pieces of the reply are out: it is under way
+            assert time.monotonic() < deadline, seen
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                seen += os.read(proc.stdout.fileno(), 4096)
+        proc.send_signal(signal.SIGINT)
+        read_until(b"(reply stopped; Ctrl-C at the prompt or /exit quits)\nyou> ", time.monotonic() + 60)
+        proc.stdin.write(b"and then?\n/exit\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    seen += out
+    assert proc.returncode == 0, err.decode()
+    assert seen.count(b"assistant> ") == 2 and b"interrupted" not in err
+
+
+def test_ctrl_c_in_a_reply_keeps_the_part_said_in_the_conversation(monkeypatch):
+    """The stream is interrupted after "Hel" + "lo": the session says the reply stopped, the next turn's prompt
+    holds the user turn and the partial reply "Hello", and the session goes on to /exit."""
+    from tempax.cli.chat import chat_loop
+    from tests.kit.tokenizers import tiny_chat_tokenizer as tokenizer_factory
+
+    rendered = []
+
+    def fake_stream(model, tokenizer, ids, config, chunk_size):
+        rendered.append(tokenizer.decode(ids, skip_special_tokens=False))
+        yield "Hel"
+        yield "lo"
+        if len(rendered) == 1:
+            raise KeyboardInterrupt
+        yield "!"
+
+    monkeypatch.setattr("tempax.generate.stream", fake_stream)
+    out = io.StringIO()
+    chat_loop(None, tokenizer_factory(), SamplingConfig(max_new_tokens=4), system=None, chunk=1,
+              inp=io.StringIO("hi\nmore\n/exit\n"), out=out)
+    assert out.getvalue() == ("you> assistant> Hello\n(reply stopped; Ctrl-C at the prompt or /exit quits)\n"
+                              "you> assistant> Hello!\nyou> ")
+    assert "<|im_start|>assistant\nHello<|im_end|>" in rendered[1] and "more" in rendered[1]

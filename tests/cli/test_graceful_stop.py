@@ -75,7 +75,7 @@ def test_first_ctrl_c_in_fit_stops_after_the_step_with_a_checkpoint(tmp_path):
     raises RunStopped (exit status 130); the signal handlers are back to Python's afterwards."""
     import numpy as np
 
-    from tempax.algorithms.sft.trainer import make_sft_loss
+    from tempax.algorithms.sft.main import make_sft_loss
     from tempax.train.hooks import every
     from tempax.train.loop import Trainer
     from tempax.train.metrics import read_metrics

@@ -38,3 +38,33 @@ def test_all_processes_succeeding_is_status_0_and_the_command_is_registered():
     assert launch([sys.executable, "-c", "pass"], nproc=2) == 0
     args = build_parser().parse_args(["launch", "--nproc", "2", "--", "tempax", "sft", "--config", "r.yaml"])
     assert args.cmd[-4:] == ["tempax", "sft", "--config", "r.yaml"] and args.nproc == 2
+
+
+def test_process_0_prints_and_the_others_only_warn_behind_their_rank(capfd):
+    """Two processes each print an info line to stdout and stderr and raise one warning, as a `tempax` command
+    does: the info lines appear once (process 0's), the warning twice, process 1's behind its rank."""
+    script = ("import sys, warnings\n"
+              "from tempax.cli.process import quiet_unless_first_process\n"
+              "quiet_unless_first_process()\n"
+              "print('a table on stdout')\n"
+              "print('resumed from step 3', file=sys.stderr)\n"
+              "warnings.warn('careful with that axe')\n")
+    capfd.readouterr()
+    assert launch([sys.executable, "-c", script], nproc=2) == 0
+    out, err = capfd.readouterr()
+    assert out.count("a table on stdout") == 1 and err.count("resumed from step 3") == 1
+    warned = [line for line in err.splitlines() if "UserWarning: careful with that axe" in line]
+    assert len(warned) == 2 and sum(line.startswith("[process 1] ") for line in warned) == 1, err
+    assert not any(line.startswith("[process 1] ") for line in err.splitlines() if "resumed" in line)
+
+
+def test_a_tempax_command_under_launch_prints_once(capfd, tmp_path):
+    """`tempax validate` run by 2 processes: its report once; an error in both, process 1's behind its rank."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("# nothing\n# Run: tempax sft --config r.yaml\ntrain: {stpes: 2}\n")
+    capfd.readouterr()
+    launch(["tempax", "validate", str(recipe)], nproc=2, grace=5.0)
+    _, err = capfd.readouterr()
+    errors = [line for line in err.splitlines() if "unknown key 'train.stpes'" in line]
+    assert 1 <= len(errors) <= 2 and not errors[0].startswith("[process")
+    assert all(line.startswith("[process 1] tempax validate: error:") for line in errors[1:]), err

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tempax.algorithms.preference.reward_model import RewardModel, RewardScorer, load_reward_model, save_reward_model
+from tempax.models.reward_model import RewardModel, load_reward_model, save_reward_model
+from tempax.rewards.reward_model import RewardScorer
 from tempax.cli.main import main as cli
 from tempax.cli.score import score_rows
 from tests.kit.models import tiny_tempax_model
@@ -92,3 +93,20 @@ def test_user_mistakes_exit_2_with_a_message(rm_folder, capsys, argv, message):
 def test_a_folder_that_is_not_a_reward_model(tmp_path, capsys):
     assert cli(["score", str(tmp_path), "--prompt", "a", "--response", "b"]) == 2
     assert "not a tempax reward model" in capsys.readouterr().err
+
+
+def test_limit_scores_the_first_rows_under_a_labelled_bar(rm_folder, tmp_path, capsys, monkeypatch):
+    """--limit 3 of 10 rows: three scores, one line saying so, and (on a terminal) a bar naming the file."""
+    import tempax.progress
+
+    monkeypatch.setattr(tempax.progress, "on_terminal", lambda: True)
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"Q{i}?", "response": f"A{i}."}) + "\n" for i in range(10)))
+    assert cli(["score", rm_folder, "--input", str(path), "--limit", "3", "--batch-size", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.strip().splitlines()) == 3
+    assert f"tempax score: scoring the first 3 rows of {path} (--limit 3)" in err
+    assert "scoring pairs.jsonl:   0%|" in err and "0/3 [" in err  # tqdm: the label, the total, then an ETA
+    assert json.loads(err.strip().splitlines()[-1])["num_scored"] == 3
+    assert cli(["score", rm_folder, "--input", str(path), "--limit", "0"]) == 2
+    assert "--limit must be >= 1, got 0" in capsys.readouterr().err

@@ -36,6 +36,7 @@ def workspace(tmp_path_factory):
     recipe.write_text(
         f"""# A tiny LoRA SFT run for the CLI tests.
 # Run: tempax sft --config {recipe}
+command: sft
 model:
   source: preset:tiny-llama
   tokenizer: {tok}
@@ -120,6 +121,23 @@ def test_export_merges_adapters_into_a_hf_checkpoint(trained, tmp_path):
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(tmp_path / "adapters"))
 
 
+def test_export_writes_every_file_with_the_same_permissions(trained, tmp_path):
+    """Under umask 022 every exported file is 0644: the weights were 0600 (safetensors' private temporary file)
+    beside 0644 config and tokenizer files, unreadable to anyone serving the folder."""
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        assert main(["export", str(trained), str(tmp_path / "hf")]) == 0
+        assert main(["export", str(trained), str(tmp_path / "adapters"), "--adapters"]) == 0
+    finally:
+        os.umask(old)
+    modes = {f"{d}/{name}": oct(stat.S_IMODE(os.stat(tmp_path / d / name).st_mode))
+             for d in ("hf", "adapters") for name in os.listdir(tmp_path / d)}
+    assert "hf/model.safetensors" in modes and "adapters/adapter_model.safetensors" in modes
+    assert set(modes.values()) == {"0o644"}, modes
+
+
 def test_pretrain_command_on_text_fields(workspace, tmp_path):
     _, recipe, text = workspace
     run = tmp_path / "pt"
@@ -142,3 +160,42 @@ def test_a_run_stopped_by_a_hook_exits_with_status_3(workspace, monkeypatch, cap
     assert main(["sft", "--config", str(recipe)]) == train_cmds.STOPPED_EXIT_STATUS == 3
     assert "stopped early: why" in capsys.readouterr().err
     assert "3    a training hook stopped the run early" in EXIT_STATUSES
+
+
+@pytest.mark.parametrize("command", ["sft", "pretrain", "dpo", "kto", "reward-model", "grpo", "ppo", "distill"])
+def test_every_training_command_ends_with_the_same_done_line(workspace, monkeypatch, capsys, command, tmp_path):
+    """Whatever the algorithm's `main` returns (its `TrainResult`, or a run holding one as `.result`), the
+    command's last line says the step, its loss and where the run went."""
+    from types import SimpleNamespace
+
+    from tempax.cli import train_cmds
+    from tempax.train.loop import TrainResult
+
+    cls, _ = train_cmds.resolve(command)
+    result = TrainResult(None, history=[(4, {"loss": 0.5})])
+    outcome = SimpleNamespace(result=result) if command in ("grpo", "ppo") else result
+    monkeypatch.setattr(train_cmds, "resolve", lambda name: (cls, lambda cfg: outcome))
+    run_dir = tmp_path / "run"
+    assert main([command, f"train.run_dir={run_dir}", "train.steps=4"]) == 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"done: step 4, loss 0.5000; run dir {run_dir} (curves: tempax plot {run_dir})"
+
+
+@pytest.mark.slow  # about 100 s on 2 cores: two real runs with their held-out evaluations
+def test_dpo_and_kto_commands_end_with_the_done_line(tmp_path, capsys):
+    """Two real steps of `tempax dpo` and `tempax kto` on a one-layer model print the line as their last."""
+    from tests.algorithms.preference.test_dpo import SEQ, SMALL, synthetic_rows, write_jsonl
+
+    tiny_chat_tokenizer().hf.save_pretrained(tmp_path / "tok")
+    pairs = write_jsonl(str(tmp_path / "pairs.jsonl"), synthetic_rows(16, seed=0))
+    overrides = ", ".join(f"{k}: {v}" for k, v in SMALL.items())
+    for command in ("dpo", "kto"):
+        run_dir = tmp_path / command
+        assert main([command, "model.source=preset:tiny-llama", f"model.tokenizer={tmp_path / 'tok'}",
+                     f"model.overrides={{{overrides}}}", f"data.path={pairs}", f"data.eval_path={pairs}", "train.steps=2", "train.batch_size=4",
+                     f"train.seq_len={SEQ}", f"train.run_dir={run_dir}", "train.progress_bar=false",
+                     "train.tensorboard=false", "train.mesh.num_devices=1", "train.checkpoint.save_at_end=false",
+                     "eval_before=false"]) == 0
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith("done: step 2, loss ") and last.endswith(f"; run dir {run_dir} (curves: tempax plot "
+                                                                       f"{run_dir})")

@@ -166,3 +166,18 @@ def test_model_info_and_generate_without_torch(no_torch_env):
     ids = rows[0]["token_ids"]
     assert 1 <= len(ids) <= 4 and rows[0]["text"].strip()
     assert os.listdir(os.path.join(no_torch_env["TEMPAX_CACHE"], "tokenizers"))  # built here, then cached
+    assert "PyTorch was not found" not in info.stderr + gen.stderr
+
+
+def test_no_pytorch_notice_from_transformers(no_torch_env, tmp_path):
+    """transformers says "PyTorch was not found..." when it is imported without torch; tempax uses only its
+    tokenizers, so no command passes that notice on (here `tempax tokenizer train`, which builds a transformers
+    tokenizer and saves it)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a small corpus of words to merge, words to merge\n" * 20)
+    done = _run(no_torch_env, "-m", "tempax.cli.main", "tokenizer", "train", str(corpus), "--vocab-size", "300",
+                "--out", str(tmp_path / "tok"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["stop_ids"] == [2]
+    assert "PyTorch was not found" not in done.stderr, done.stderr
+    assert done.stderr.strip() == "", done.stderr

@@ -269,9 +269,11 @@ def test_mixed_format_file_is_a_clear_error(tmp_path):
 
 
 def test_unreadable_file_is_a_clear_error(tmp_path):
+    """A binary line is a malformed row at its line; 1 of 2 rows = 50% > max_bad_fraction=0.1 refuses the file."""
     bad = tmp_path / "binary.jsonl"
     bad.write_bytes(b'{"text": "ok"}\n\xff\xfe\x00garbage\n')
-    with pytest.raises(DataError, match=r"cannot read .*binary.jsonl.*UTF-8 JSON Lines"):
+    with pytest.raises(DataError, match=r"1 of 2 rows are malformed .*binary.jsonl:2: invalid UTF-8: invalid start "
+                                        r"byte at byte 0xff, column 1.* raise max_bad_fraction"):
         clean_file(str(bad), None)
     with pytest.raises(DataError, match="not found"):
         clean_file(str(tmp_path / "missing.jsonl"), None)
@@ -345,3 +347,40 @@ def test_parquet_rows_stream_in_batches(tmp_path):
     streamed = list(iter_rows(path))
     assert [(r.data, r.index) for r in streamed] == [(r.data, r.index) for r in read_rows(path)]
     assert streamed[-1].index == 2500
+
+
+def test_clean_skips_a_line_that_is_not_utf8(tmp_path):
+    """One line of 20 holds the byte 0xe9: cleaning skips it as malformed, names its line, keeps the other 19."""
+    src = tmp_path / "in.jsonl"
+    lines = [json.dumps({"text": f"row number {i} is a plain sentence of text"}).encode() for i in range(19)]
+    src.write_bytes(b"\n".join(lines[:5] + [b'{"text": "caf\xe9"}'] + lines[5:]) + b"\n")
+    report = clean_file(str(src), str(tmp_path / "out.jsonl"))
+    assert (report.total, report.kept, report.skipped["malformed"]) == (20, 19, 1)
+    (example,) = report.examples["malformed"]
+    assert example["where"] == f"{src}:6"
+    assert example["text"].startswith("invalid UTF-8: invalid continuation byte at byte 0xe9")
+
+
+def test_shipped_configs_write_inside_the_repository():
+    """The commands that open a recipe or an example config (and the values in it) name relative paths only: an
+    absolute path would send a new user's output somewhere outside their clone (a `/path/to/` placeholder for an
+    input model is not a path)."""
+    import glob
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = glob.glob(os.path.join(root, "examples", "*.yaml")) + glob.glob(os.path.join(root, "recipes", "**",
+                                                                                          "*.yaml"), recursive=True)
+    assert any(p.endswith("clean_sft.yaml") for p in paths)
+    absolute = [f"{os.path.relpath(p, root)}: {m.group(0)}" for p in paths for m in
+                re.finditer(r"(?<![\w.~/:-])/(?!path/to/)[A-Za-z]\S*", open(p).read())]
+    assert absolute == [], absolute
+
+
+def test_cleaning_a_file_counts_its_rows_under_a_labelled_bar(tmp_path, capsys, monkeypatch):
+    import tempax.progress
+
+    monkeypatch.setattr(tempax.progress, "on_terminal", lambda: True)
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"text": f"row number {i} is a plain sentence"} for i in range(3)])
+    clean_file(src, None)
+    assert "cleaning in.jsonl: 0row [" in capsys.readouterr().err

@@ -234,3 +234,37 @@ def test_assistant_mask_on_the_real_smollm2_template():
         ends = np.flatnonzero(np.diff(np.r_[ex.loss_mask.astype(int), 0]) == -1)
         assert all(ex.tokens[j] == im_end for j in ends)
     assert isinstance(examples[0], Example)
+
+
+def test_a_bad_utf8_line_counts_against_max_bad_fraction(tok, tmp_path):
+    """1 undecodable line of 2 = 50% > 10%: refused, naming the reason, the line and the full key to raise;
+    1 of 20 = 5% passes with the line skipped."""
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(DataError) as e:
+        load_examples(path, tok)
+    message = str(e.value)
+    assert "1 of 2 rows are malformed (50.0% > data.max_bad_fraction=0.1)" in message
+    assert f"{path}:2: invalid_utf8 (invalid UTF-8: invalid continuation byte at byte 0xe9" in message
+    assert message.endswith("Fix the rows or raise data.max_bad_fraction.")
+    path.write_bytes(b'{"text": "fine"}\n' * 19 + b'{"text": "caf\xe9"}\n')
+    _, rep = load_examples(path, tok)
+    assert (rep.kept, rep.skipped) == (19, {"invalid_utf8": 1})
+
+
+def test_an_empty_file_says_it_is_empty(tok, tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    with pytest.raises(DataError) as e:
+        load_examples(path, tok)
+    assert str(e.value) == f"{path} is empty: it holds no rows. Pass a dataset with at least one row."
+
+
+def test_nothing_left_after_truncation_names_train_seq_len(tok):
+    """A chat row cut to 2 tokens keeps only prompt tokens: no trained target, and the message says which key
+    cut it."""
+    with pytest.raises(DataError) as e:
+        tokenize_rows([{"messages": CHAT}], tok, FormatOptions(max_length=2))
+    assert "dropped {'no_target_after_truncation': 1}" in str(e.value)
+    assert str(e.value).endswith("Most were dropped as no_target_after_truncation: cutting the rows to "
+                                 "train.seq_len left no trained token; raise train.seq_len.")

@@ -84,7 +84,7 @@ def test_folder_of_split_files(tmp_path):
     _write(tmp_path / "train.jsonl", '{"a": 1}\n')
     _write(tmp_path / "test.jsonl", '{"a": 2}\n{"a": 3}\n')
     assert len(read_rows(tmp_path, split="test")) == 2
-    with pytest.raises(DataError, match="pass split"):
+    with pytest.raises(DataError, match=r"pass data.split=\.\.\. \(--split on the command line\)"):
         read_rows(tmp_path)
     with pytest.raises(DataError, match="split 'dev'"):
         read_rows(tmp_path, split="dev")
@@ -161,3 +161,27 @@ def test_real_shared_files():
     assert len(read_rows(HH_DIR, split="train")) == 1807
     test = read_rows(os.path.join(HH_DIR, "test.jsonl.gz"))
     assert len(test) == 500 and set(test[0].data) == {"chosen", "rejected"}
+
+
+def test_a_line_that_is_not_utf8_is_one_bad_row_named_by_line(tmp_path):
+    """Line 2 holds the Latin-1 byte 0xe9 ("é" in Latin-1): that line alone is a bad row, `invalid_utf8` at
+    file:2, and the lines around it are read, gzipped or not, streamed or whole."""
+    raw = b'{"text": "one"}\n{"text": "caf\xe9"}\n{"text": "three"}\n'
+    plain, gz = tmp_path / "d.jsonl", tmp_path / "d.jsonl.gz"
+    plain.write_bytes(raw)
+    gz.write_bytes(gzip.compress(raw))
+    from tempax.data.sources import iter_rows
+
+    for rows in (read_rows(plain), list(iter_rows(plain)), read_rows(gz), list(iter_rows(gz))):
+        assert [r.data for r in rows] == [{"text": "one"}, None, {"text": "three"}]
+        bad = rows[1]
+        assert (bad.index, bad.reason) == (2, "invalid_utf8")
+        assert bad.error == "invalid UTF-8: invalid continuation byte at byte 0xe9, column 14"
+    assert read_rows(tmp_path / "d.jsonl")[1].where == f"{plain}:2"
+
+
+def test_a_json_list_that_is_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_bytes(b'[\n{"text": "a"},\n{"text": "\xff"}\n]\n')
+    with pytest.raises(DataError, match=r"d\.json:3 is not UTF-8 \(invalid start byte at byte 0xff\)"):
+        read_rows(path)

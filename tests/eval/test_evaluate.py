@@ -139,3 +139,24 @@ def test_real_generation_on_the_tiny_model():
     assert result.greedy.num_problems == 3 and result.sampled.num_samples == 6
     assert result.greedy.answer_accuracy == 0.0
     assert 1 <= result.greedy.mean_completion_length <= 4
+
+
+def test_each_mode_runs_under_a_bar_naming_it(monkeypatch, capsys):
+    """3 problems, greedy then 2 samples each: two bars, labelled with the evaluation and its mode, counting
+    the 3 problems (the wait on a 2-core machine is minutes)."""
+    import tempax.progress
+
+    monkeypatch.setattr(tempax.progress, "on_terminal", lambda: True)
+    monkeypatch.setattr(ev, "generate", FakeGenerate([GOOD] * 3, [[GOOD, WRONG]] * 3))
+    evaluate(None, tiny_chat_tokenizer(), rows(3), EvalOptions(max_new_tokens=8, num_samples=2, ks=(1, 2)),
+             label="eval after")
+    err = capsys.readouterr().err
+    assert "eval after greedy:   0%|" in err and "eval after sampled x2:   0%|" in err and "0/3 [" in err
+
+
+def test_eval_command_takes_limit():
+    from tempax.cli.main import build_parser
+
+    args = build_parser(["eval"]).parse_args(["eval", "smollm2-135m-instruct", "--limit", "7"])
+    assert args.num_problems == 7
+    assert "--limit" in build_parser(["eval"])._subparsers._group_actions[0].choices["eval"].format_help()

@@ -251,3 +251,15 @@ def test_a_new_shape_compiles_prefill_and_decode_before_prefill_runs(monkeypatch
     assert seen_at_prefill == [["_prefill", "_decode"], []]
     assert compiled() == [] and again.stats.compiles == 0
     assert_array_equal(first.token_ids, again.token_ids)
+
+
+def test_a_prompt_as_long_as_the_context_is_told_to_shorten_not_to_generate_less(model):
+    """A 20-token prompt in a 20-position context leaves no room for even one new token, so fewer new tokens
+    cannot help; a 15-token one leaves 20 - 15 = 5."""
+    with pytest.raises(GenerationError) as e:
+        generate(model, None, [[3] * 20], SamplingConfig(max_new_tokens=8, max_len=20))
+    assert str(e.value) == ("prompt 0 has 20 tokens but the context holds 20, so no token can follow it. Shorten "
+                            "the prompt to fewer than 20 tokens (or raise max_len).")
+    with pytest.raises(GenerationError) as e:
+        generate(model, None, [[3] * 15], SamplingConfig(max_new_tokens=8, max_len=20))
+    assert "Shorten the prompt or generate at most 5 new tokens (--max-new-tokens" in str(e.value)

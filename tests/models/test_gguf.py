@@ -4,7 +4,8 @@ The files are written here with `gguf.GGUFWriter` the way llama.cpp's `convert_h
 q/k rows permuted for the llama architecture, Gemma norm weights stored as w + 1, Llama 3 rope scaling as a
 `rope_freqs` tensor of per-frequency divisors, 2-D weights quantised with `gguf.quants.quantize`, norms in F32,
 and no `output.weight` for tied embeddings. The writer below is written from that description, independently of
-`tempax.models.gguf_io`.
+`tempax.models.gguf_io` (tensor names and shape keys are `tempax.models.gguf_export`'s, which tests/models/test_gguf_export.py
+checks against transformers' reader).
 """
 
 from __future__ import annotations
@@ -29,33 +30,11 @@ from tempax.models.gguf_io import (
     unpermute_qk,
 )
 from tempax.models.config import RopeConfig
+from tempax.models.gguf_export import _add_hyperparameters, hf_to_gguf_name
 from tempax.models.weights import iter_hf_tensors
 from tests.kit.models import TINY_FAMILIES, random_ids, tiny_tempax_model
 
 Q = gguf.GGMLQuantizationType
-
-_LAYER_NAMES = {
-    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "pre_feedforward_layernorm": "ffn_norm",
-    "post_feedforward_layernorm": "post_ffw_norm",
-}
-
-
-def _gguf_name(hf_name: str, post_norms: bool) -> str:
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-    if hf_name in top:
-        return top[hf_name]
-    _, _, i, rest = hf_name.split(".", 3)
-    module, kind = rest.rsplit(".", 1)
-    if module == "post_attention_layernorm":
-        part = "post_attention_norm" if post_norms else "ffn_norm"
-    else:
-        part = _LAYER_NAMES[module]
-    return f"blk.{i}.{part}.{kind}"
-
 
 def _llamacpp_rope_factors(rope: RopeConfig, head_dim: int) -> np.ndarray:
     """llama.cpp's converter loop for Llama 3 rope: one divisor per base frequency."""
@@ -83,29 +62,7 @@ def write_gguf(path: str, model, *, qtype: str = "F32", tokenizer=None, pre: str
     cfg = model.config
     arch = cfg.family
     w = gguf.GGUFWriter(path, arch)
-    w.add_block_count(cfg.num_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(cfg.rope.theta)
-    if cfg.rope.scaling == "linear":
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(cfg.rope.factor)
-    if cfg.rope_local is not None:
-        w.add_rope_freq_base_swa(cfg.rope_local.theta)
-    if cfg.layer_types:
-        w.add_sliding_window(cfg.sliding_window)
-        if arch == "gemma3":
-            w.add_sliding_window_pattern(cfg.layer_types.index("full") + 1)
-    if cfg.attn_logit_softcap:
-        w.add_attn_logit_softcapping(cfg.attn_logit_softcap)
-    if cfg.final_logit_softcap:
-        w.add_final_logit_softcapping(cfg.final_logit_softcap)
+    _add_hyperparameters(w, cfg)  # the exporter's shape keys; the attention scale llama.cpp ignores is added here
     if cfg.query_pre_attn_scalar:
         w.add_attention_scale(cfg.query_pre_attn_scalar ** -0.5)
     if isinstance(tokenizer, dict):
@@ -122,7 +79,7 @@ def write_gguf(path: str, model, *, qtype: str = "F32", tokenizer=None, pre: str
             array = permute_qk(array, cfg.num_kv_heads)
         if arch.startswith("gemma") and hf_name.endswith("norm.weight"):
             array = array + 1.0
-        name = _gguf_name(hf_name, cfg.post_norms)
+        name = hf_to_gguf_name(hf_name, cfg)
         if array.ndim == 2 and qtype != "F32":
             w.add_tensor(name, gguf.quants.quantize(array, Q[qtype]), raw_dtype=Q[qtype])
         else:

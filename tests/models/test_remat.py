@@ -26,7 +26,7 @@ def _model(remat: str):
 
 
 def _cached_objective(model, prompt, completion):
-    """A prompt pass into a cache, then the completion against it (as `grpo.learner.completion_hidden`)."""
+    """A prompt pass into a cache, then the completion against it (as `tempax.rl.logprobs.completion_hidden`)."""
     cache = KVCache.init(model.config, prompt.shape[0], PROMPT + COMPLETION)
     hidden_p, cache = model.hidden_states(prompt, cache=cache)
     hidden_c, _ = model.hidden_states(completion, cache=cache)

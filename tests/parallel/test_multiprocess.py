@@ -22,7 +22,7 @@ import pytest
 import yaml
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.sft.trainer import SFTConfig, main
+from tempax.algorithms.sft.main import SFTConfig, main
 from tempax.configlib import from_dict
 from tempax.train.metrics import read_metrics
 from tests.kit.tokenizers import tiny_chat_tokenizer
@@ -132,8 +132,8 @@ def test_sft_fsdp_over_two_processes_equals_one_process_and_resumes_after_a_kill
 def test_dpo_over_two_processes_equals_one_process(files, tmp_path):
     """Two DPO steps (full fine-tuning, reference log-probs precomputed by the sharded model before training,
     read back through `host_array`) with FSDP over 2 + 2 devices: losses equal the one-process run."""
-    from tempax.algorithms.preference.trainer import DPOConfig
-    from tempax.algorithms.preference.trainer import main as dpo_main
+    from tempax.algorithms.preference.dpo import DPOConfig
+    from tempax.algorithms.preference.dpo import main as dpo_main
 
     with open(files / "pairs.jsonl", "w") as f:
         for i in range(16):
@@ -158,7 +158,7 @@ def test_tiny_grpo_over_two_processes_equals_one_process(files, tmp_path):
     sharded over 2 + 2 devices: the same completions and log-probs as one process (entropy, KL, completion
     lengths and rewards of each step equal to rtol 1e-5), and process 0 alone wrote the adapters."""
     from tempax.algorithms.grpo.config import GRPOConfig
-    from tempax.algorithms.grpo.trainer import main as grpo_main
+    from tempax.algorithms.grpo.main import main as grpo_main
 
     def raw(run_dir):
         base = _sft_raw(files, run_dir, steps=2, batch_size=4, check_memory=False)

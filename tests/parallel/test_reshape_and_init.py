@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.sft.trainer import make_sft_loss
+from tempax.algorithms.sft.main import make_sft_loss
 from tempax.models import init as model_init
 from tempax.models.decoder import Decoder
 from tempax.models.init import init_decoder

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.sft.trainer import make_sft_loss
+from tempax.algorithms.sft.main import make_sft_loss
 from tempax.data.loader import sft_loader
 from tempax.errors import CheckpointError
 from tempax.train.checkpoint import CheckpointMismatch, Checkpointer, DamagedCheckpoint, describe_storage_error
@@ -151,3 +151,30 @@ def test_verify_reads_no_arrays_and_reports_changed_sizes(tmp_path):
     with pytest.raises(DamagedCheckpoint, match=r"meta/metadata changed size since it was saved"):
         ckpt.verify(4)
     assert ckpt.intact_steps() == [3, 2]
+
+
+def _leave_unfinished(run_dir, step):
+    """What a kill -9 during the save of `step` leaves: the folder under Orbax's temporary name, never renamed."""
+    folder = os.path.join(run_dir, "checkpoints", str(step))
+    os.rename(folder, folder + ".orbax-checkpoint-tmp-1700000000")
+
+
+def test_a_resume_that_finds_only_an_unfinished_save_says_it_starts_over(tmp_path):
+    """Only step 2's save was under way when the run died: the restart begins at step 0 and says why."""
+    _crashed_run(str(tmp_path))
+    for step in (3, 4):
+        Checkpointer(str(tmp_path / "checkpoints")).set_aside(step)
+    _leave_unfinished(str(tmp_path), 2)
+    result, said = _resume(str(tmp_path))
+    assert result.resumed_from == 0 and [s for s, _ in result.history] == [1, 2, 3, 4, 5, 6]
+    assert f"{tmp_path / 'checkpoints'} holds only an unfinished save of step 2 (the run stopped while writing " \
+           "it); starting again from step 0" in said
+
+
+def test_a_resume_past_an_unfinished_save_names_the_dropped_step(tmp_path):
+    _crashed_run(str(tmp_path))
+    _leave_unfinished(str(tmp_path), 4)
+    result, said = _resume(str(tmp_path))
+    assert result.resumed_from == 3
+    assert (f"resumed from {tmp_path / 'checkpoints' / '3'} (step 3); dropped an unfinished save of step 4 (the run "
+            "stopped while writing it)") in said

@@ -17,8 +17,18 @@ def test_zero_learning_rate_and_a_warmup_longer_than_the_run_are_said():
     long = TrainConfig(steps=10, optimizer=OptimizerConfig(learning_rate=1e-4, warmup_steps=20))
     (warning,) = long.warnings()
     # Linear warm-up over 20 steps: the last of 10 steps uses 1e-4 * 10 / 20 = 5e-5.
-    assert "warmup_steps=20 is not shorter than train.steps=10" in warning and "uses 5e-05" in warning
+    assert "warmup_steps=20 is longer than train.steps=10" in warning and "uses 5e-05" in warning
     assert TrainConfig(steps=10, optimizer=OptimizerConfig(warmup_ratio=0.5)).warnings() == []
+
+
+def test_a_warmup_as_long_as_the_run_does_not_claim_the_peak_is_missed():
+    """warmup_steps = steps = 4: step s uses 5e-4 * (s + 1) / 4, so the last step (s = 3) uses exactly the peak
+    5e-4; the warning must not say it is never reached, only that the whole run is warm-up."""
+    (warning,) = TrainConfig(steps=4, optimizer=OptimizerConfig(learning_rate=5e-4, warmup_steps=4)).warnings()
+    assert warning == ("train.optimizer.warmup_steps=4 equals train.steps=4: the whole run is warm-up, so the "
+                       "learning rate reaches its peak 0.0005 only at the last step and never decays; lower "
+                       "train.optimizer.warmup_steps or raise train.steps")
+    assert "never reaches" not in warning
 
 
 def test_seq_len_beyond_the_models_positions_is_refused():
@@ -33,7 +43,7 @@ def test_seq_len_beyond_the_models_positions_is_refused():
 def test_trainer_says_the_warnings_and_refuses_long_rows(capsys):
     from flax import nnx
 
-    from tempax.algorithms.sft.trainer import make_sft_loss
+    from tempax.algorithms.sft.main import make_sft_loss
     from tempax.models.decoder import Decoder
     from tempax.models.presets import get_preset
     from tempax.train.loop import Trainer

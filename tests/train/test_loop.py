@@ -8,7 +8,7 @@ import os
 import numpy as np
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.sft.trainer import make_sft_loss
+from tempax.algorithms.sft.main import make_sft_loss
 from tempax.data.loader import sft_loader
 from tempax.train.config import CheckpointConfig, OptimizerConfig
 from tempax.train.hooks import Hook, every
@@ -178,3 +178,18 @@ def test_request_stop_from_outside_the_hooks(tmp_path):
     trainer.close()
     assert result.stop_reason == "asked to stop" and [s for s, _ in result.history] == [1, 2, 3]
     assert result.last_checkpoint.endswith(os.path.join("checkpoints", "3"))
+
+
+def test_the_final_evaluation_shows_a_labelled_bar(tmp_path, capsys, monkeypatch):
+    """After step 3 the training bar is full while the held-out batches run: a bar of its own says what the wait
+    is (held-out eval at step 3) and counts its 2 batches."""
+    import tempax.progress
+
+    monkeypatch.setattr(tempax.progress, "on_terminal", lambda: True)
+    cfg = tiny_train_config(tmp_path, steps=3, batch_size=4, seq_len=16, progress_bar=True)
+    trainer = Trainer(TableLM(np.zeros((VOCAB, VOCAB))), make_sft_loss(), cfg)
+    batches = [next(iter(_loader())), next(iter(_loader()))]
+    trainer.fit(_loader(), eval_batches=lambda: batches)
+    trainer.close()
+    err = capsys.readouterr().err
+    assert "held-out eval at step 3:   0%|" in err and "0/2 [" in err

@@ -71,7 +71,7 @@ def test_nothing_fits_says_so():
 def test_trainer_plans_with_the_remat_setting_it_applies(tmp_path):
     """`train.remat` overrides the model's setting; the printed plan must describe that run, not the model's, and
     the trainer applies it (and bf16 compute) to its own view: the caller's model object keeps its config."""
-    from tempax.algorithms.sft.trainer import make_sft_loss
+    from tempax.algorithms.sft.main import make_sft_loss
     from tempax.train.loop import Trainer
     from tests.kit.models import tiny_tempax_model
     from tests.train.helpers import tiny_train_config
@@ -89,7 +89,7 @@ def test_trainer_plans_with_the_remat_setting_it_applies(tmp_path):
 def test_trainer_reports_the_compiled_steps_memory_without_running_it(tmp_path):
     """`step_memory` is XLA's account of the compiled step: its arguments hold at least the float32 weights and
     AdamW's two moments, and computing it leaves the step count alone."""
-    from tempax.algorithms.sft.trainer import make_sft_loss
+    from tempax.algorithms.sft.main import make_sft_loss
     from tempax.train.loop import Trainer
     from tests.kit.models import tiny_tempax_model
     from tests.train.helpers import random_batch, tiny_train_config

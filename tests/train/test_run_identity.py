@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tempax.algorithms.sft.trainer import SFTConfig
+from tempax.algorithms.sft.main import SFTConfig
 from tempax.configlib import from_dict, read_yaml, to_dict
 from tempax.errors import ConfigError
 from tempax.train.run_identity import Change, check_resume, config_changes, flatten, save_run_config

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.sft.trainer import make_sft_loss
+from tempax.algorithms.sft.main import make_sft_loss
 from tempax.models.decoder import Decoder
 from tempax.models.presets import PRESETS
 from tempax.train.config import MeshConfig, OptimizerConfig

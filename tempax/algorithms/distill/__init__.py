@@ -1,11 +1,19 @@
-"""Knowledge distillation: logit KD (forward/reverse KL, generalised JSD at temperature T, top-k teacher) and
-sequence-level KD, from a frozen teacher into a student that may be a layer-pruned copy of it.
+"""Knowledge distillation: logit KD (forward/reverse KL, generalised JSD at temperature T, top-k teacher),
+sequence-level KD and on-policy GKD, from a frozen teacher into a student that may be a layer-pruned copy of it.
 
-    from tempax.algorithms.distill import DistillConfig, main
+    losses.py    pure math: `distillation_loss`, `chunked_distillation_loss`, `token_divergence`
+    models.py    the student/teacher pair, the pruned student, teacher storage
+    sequence.py  teacher generations for sequence-level KD
+    gkd.py       the on-policy (GKD) batch source
+    main.py      DistillConfig and main: `tempax distill --config RECIPE.yaml`
+
+Nothing heavy is imported here (the registry reads `ALGORITHMS`).
 """
 
-from tempax.algorithms.distill.losses import chunked_distillation_loss, distillation_loss, token_divergence
-from tempax.algorithms.distill.trainer import DistillConfig, main, make_distill_loss
+from tempax.algorithms.registry import Algorithm
 
-__all__ = ["DistillConfig", "chunked_distillation_loss", "distillation_loss", "main", "make_distill_loss",
-           "token_divergence"]
+ALGORITHMS = (
+    Algorithm("distill", "knowledge distillation of a teacher into a (layer-pruned) student from a recipe",
+              config="tempax.algorithms.distill.main:DistillConfig",
+              main="tempax.algorithms.distill.main:main"),
+)

@@ -28,17 +28,15 @@ import numpy as np
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
 
-_help = help_field
-
 
 @dataclass(frozen=True)
 class OnPolicySpec:
     """On-policy GKD batches (`mode: on_policy`)."""
 
-    lmbda: float = _help("Probability that a batch is the student's own samples (GKD's lambda); else off-policy.",
+    lmbda: float = help_field("Probability that a batch is the student's own samples (GKD's lambda); else off-policy.",
                          0.5)
-    max_new_tokens: int = _help("Most tokens the student samples per prompt.", 64)
-    temperature: float = _help("Student sampling temperature (GKD: 1).", 1.0)
+    max_new_tokens: int = help_field("Most tokens the student samples per prompt.", 64)
+    temperature: float = help_field("Student sampling temperature (GKD: 1).", 1.0)
 
     def validate(self) -> None:
         if not 0.0 <= self.lmbda <= 1.0:

@@ -27,8 +27,6 @@ from tempax.algorithms.common import ModelSpec
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
 
-_help = help_field
-
 TEACHER_SOURCE = "teacher"
 
 
@@ -36,29 +34,29 @@ TEACHER_SOURCE = "teacher"
 class TeacherSpec(ModelSpec):
     """The frozen teacher and how its weights are stored."""
 
-    storage: Literal["fp32", "bf16", "nf4", "int8"] = _help(
+    storage: Literal["fp32", "bf16", "nf4", "int8"] = help_field(
         "Teacher weight storage: fp32 as loaded; bf16 (half the bytes, bf16 matmuls); nf4 or int8 blockwise-"
         "quantized attention/MLP projections (QLoRA's frozen base).",
         "fp32",
     )
-    block_size: int = _help("With storage nf4/int8: weights per quantization block (QLoRA: 64).", 64)
+    block_size: int = help_field("With storage nf4/int8: weights per quantization block (QLoRA: 64).", 64)
 
 
 @dataclass(frozen=True)
 class StudentSpec(ModelSpec):
     """The student: `teacher` (a copy of the teacher), a preset or any model source; optionally layer-pruned."""
 
-    source: str = _help(
+    source: str = help_field(
         "`teacher` (a copy of the teacher's weights, cut by keep_layers), or a model source like model.source: a "
         "registered name, preset:<name>, a .gguf file, a Hugging Face folder or Hub id.",
         TEACHER_SOURCE,
     )
-    tokenizer: str | None = _help(
+    tokenizer: str | None = help_field(
         "Tokenizer to load a preset student with; null: the teacher's. The run always tokenises with the teacher's "
         "tokenizer (the vocabularies must match).",
         None,
     )
-    keep_layers: str | tuple[int, ...] = _help(
+    keep_layers: str | tuple[int, ...] = help_field(
         "Layers of the source model the student keeps: all, 'every N' (0, N, 2N, ...), 'first N', 'last N' or a "
         "list of indices [0, 3, 6]. Embeddings, final norm and LM head are copied.",
         "all",

@@ -21,19 +21,17 @@ from typing import Any, Callable, Sequence
 from tempax.configlib import help_field
 from tempax.errors import ConfigError, DataError
 
-_help = help_field
-
 
 @dataclass(frozen=True)
 class SequenceKDSpec:
     """Teacher generations for sequence-level KD (`mode: sequence`)."""
 
-    max_prompts: int | None = _help("Answer at most this many training prompts (the first N rows); null: all.", 256)
-    max_new_tokens: int = _help("Most tokens per teacher reply.", 128)
-    temperature: float = _help("Teacher sampling temperature; 0: greedy (Kim & Rush's mode approximation).", 0.0)
-    batch_size: int = _help("Prompts per generation call.", 16)
-    output: str | None = _help("Where the generated SFT jsonl goes; null: <run_dir>/teacher_generations.jsonl.", None)
-    reuse: bool = _help("Reuse the output file when it already exists (e.g. a second run on the same prompts).", True)
+    max_prompts: int | None = help_field("Answer at most this many training prompts (the first N rows); null: all.", 256)
+    max_new_tokens: int = help_field("Most tokens per teacher reply.", 128)
+    temperature: float = help_field("Teacher sampling temperature; 0: greedy (Kim & Rush's mode approximation).", 0.0)
+    batch_size: int = help_field("Prompts per generation call.", 16)
+    output: str | None = help_field("Where the generated SFT jsonl goes; null: <run_dir>/teacher_generations.jsonl.", None)
+    reuse: bool = help_field("Reuse the output file when it already exists (e.g. a second run on the same prompts).", True)
 
     def validate(self) -> None:
         if self.max_prompts is not None and self.max_prompts < 1:

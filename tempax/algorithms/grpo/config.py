@@ -38,99 +38,97 @@ from tempax.algorithms.common import ModelSpec
 from tempax.data.tasks.arithmetic import ArithmeticConfig
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
+from tempax.rewards.registry import RewardSpec
 from tempax.train.config import TrainConfig
 from tempax.train.guards import CollapseGuardConfig
 from tempax.configlib import help_field
-
-
-_help = help_field  # one documented-field helper for every config (tempax.configlib)
 
 
 @dataclass(frozen=True)
 class GRPOSettings:
     """The algorithm: sampling, advantages, the clipped objective and the variants."""
 
-    group_size: int = _help("Completions sampled per prompt (G); they share one prefill of the prompt.", 8)
-    num_iterations: int = _help(
+    group_size: int = help_field("Completions sampled per prompt (G); they share one prefill of the prompt.", 8)
+    num_iterations: int = help_field(
         "Optimizer passes over each batch of rollouts (mu). 1 is on-policy (the ratio is exactly 1); more "
         "passes reuse the samples and make the clip matter.",
         1,
     )
-    max_new_tokens: int = _help("Most tokens per completion; longer ones are cut (and counted as truncated).", 256)
-    max_prompt_len: int = _help(
+    max_new_tokens: int = help_field("Most tokens per completion; longer ones are cut (and counted as truncated).", 256)
+    max_prompt_len: int = help_field(
         "Prompts longer than this (in tokens, chat template included) are dropped from the task and counted.", 512
     )
-    temperature: float = _help(
+    temperature: float = help_field(
         "Sampling temperature (> 0). Log-probs in the loss use the same temperature, so the policy being "
         "optimised is the one that sampled.",
         1.0,
     )
-    top_p: float = _help(
+    top_p: float = help_field(
         "Nucleus sampling; 1.0 (off) keeps the sampler equal to the trained distribution. Anything else makes "
         "the rollouts slightly off-policy.",
         1.0,
     )
-    beta: float = _help(
+    beta: float = help_field(
         "Weight of the k3 KL penalty to the frozen reference. 0 skips the reference forward pass entirely. With "
         "LoRA the reference is the base model with the adapters switched off; with full-weight training a "
         "frozen copy of the starting weights.",
         0.04,
     )
-    epsilon: float = _help("Lower clip range: the ratio is clipped at 1 - epsilon.", 0.2)
-    epsilon_high: float | None = _help(
+    epsilon: float = help_field("Lower clip range: the ratio is clipped at 1 - epsilon.", 0.2)
+    epsilon_high: float | None = help_field(
         "Upper clip range (1 + epsilon_high); null = epsilon. DAPO's clip-higher uses 0.28.", None
     )
-    loss_aggregation: Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"] = _help(
+    loss_aggregation: Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"] = help_field(
         "seq_mean_token_mean (GRPO: each completion weighs the same), token_mean (DAPO: each token weighs "
         "the same), seq_mean_token_sum_norm (Dr. GRPO: token sums over max_new_tokens, no length bias).",
         "seq_mean_token_mean",
     )
-    importance_sampling: Literal["token", "sequence"] = _help(
+    importance_sampling: Literal["token", "sequence"] = help_field(
         "token: per-token ratio (GRPO/DAPO); sequence: GSPO's length-normalised sequence ratio.", "token"
     )
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = _help(
-        "Advantage estimator (tempax/algorithms/grpo/advantages.py): grpo ((r - group mean) / group std), dr_grpo "
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = help_field(
+        "Advantage estimator (tempax/rl/advantages.py): grpo ((r - group mean) / group std), dr_grpo "
         "(r - group mean), rloo (leave-one-out baseline: mean of the other samples), reinforce_pp (group-centred, "
         "scaled by one std over the batch). rloo / dr_grpo / reinforce_pp do not blow up groups whose rewards "
         "barely differ (noisy rubric or reward-model scores), which grpo's per-group std does.",
         "grpo",
     )
-    scale_rewards: bool = _help(
+    scale_rewards: bool = help_field(
         "With advantage: grpo, divide group-centred rewards by the group std; false = Dr. GRPO (same as "
         "advantage: dr_grpo).",
         True,
     )
-    reward_combination: Literal["sum", "normalize_each"] = _help(
+    reward_combination: Literal["sum", "normalize_each"] = help_field(
         "Several reward functions: sum (weighted sum, then the advantage estimator) or normalize_each (GDPO: the "
         "estimator on each reward within its group, then the weighted sum, normalised over the batch). Per-reward "
         "values are logged either way (reward/<name>).",
         "sum",
     )
-    dynamic_sampling: bool = _help(
+    dynamic_sampling: bool = help_field(
         "DAPO dynamic sampling: drop groups whose rewards are all equal and sample more prompts to fill the "
         "batch (up to max_sampling_rounds rollouts per step; a batch still short is filled with dropped groups, "
         "which carry zero advantage).",
         False,
     )
-    max_sampling_rounds: int = _help("Rollout rounds per step allowed by dynamic sampling.", 3)
-    overlong_penalty_tokens: int = _help(
+    max_sampling_rounds: int = help_field("Rollout rounds per step allowed by dynamic sampling.", 3)
+    overlong_penalty_tokens: int = help_field(
         "DAPO soft overlong penalty: the last N tokens of the max_new_tokens budget ramp a penalty from 0 to -1 "
         "(added to the reward as `overlong`); 0 disables it.",
         0,
     )
-    old_logprobs: Literal["sampling", "recompute"] = _help(
+    old_logprobs: Literal["sampling", "recompute"] = help_field(
         "Old-policy log-probs for num_iterations > 1: the sampler's (free; equal to the training forward up to "
         "float rounding when both run in the same precision) or a recomputed forward pass (use it when the "
         "sampler runs in a lower precision than training).",
         "sampling",
     )
-    log_entropy: bool = _help("Report the policy's token entropy (one extra softmax pass over the vocabulary).", True)
-    entropy_coef: float = _help(
+    log_entropy: bool = help_field("Report the policy's token entropy (one extra softmax pass over the vocabulary).", True)
+    entropy_coef: float = help_field(
         "Entropy bonus: the loss subtracts coef x the policy's token entropy (aggregated like the loss), which "
         "keeps the policy exploring; 0: off. The collapse guard's entropy_bonus action switches it on mid-run.",
         0.0,
     )
-    show_completion_every: int = _help("Print one sampled completion with its reward every N steps (0: never).", 0)
+    show_completion_every: int = help_field("Print one sampled completion with its reward every N steps (0: never).", 0)
 
     def validate(self) -> None:
         if self.group_size < 2:
@@ -192,22 +190,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
 class TaskSpec:
     """Where the prompts and reference answers come from."""
 
-    name: Literal["gsm8k", "arithmetic"] = _help(
+    name: Literal["gsm8k", "arithmetic"] = help_field(
         "gsm8k (grade-school math, answer after '####') or arithmetic (generated one/two-step word problems).",
         "gsm8k",
     )
-    source: str | None = _help(
+    source: str | None = help_field(
         "gsm8k: a folder with train.jsonl/test.jsonl, a jsonl file or a Hub id; null: ../shared/data/gsm8k, "
         "else openai/gsm8k.",
         None,
     )
-    train_split: str = _help("Split the prompts are drawn from.", "train")
-    eval_split: str = _help("Held-out split for evaluation.", "test")
-    max_train_rows: int | None = _help("Use only the first N training problems (null: all).", None)
-    num_train_problems: int = _help("arithmetic: how many training problems to generate.", 2000)
-    arithmetic: ArithmeticConfig = _help("arithmetic: difficulty of the generated problems.",
+    train_split: str = help_field("Split the prompts are drawn from.", "train")
+    eval_split: str = help_field("Held-out split for evaluation.", "test")
+    max_train_rows: int | None = help_field("Use only the first N training problems (null: all).", None)
+    num_train_problems: int = help_field("arithmetic: how many training problems to generate.", 2000)
+    arithmetic: ArithmeticConfig = help_field("arithmetic: difficulty of the generated problems.",
                                          default_factory=ArithmeticConfig)
-    seed: int = _help("arithmetic: generation seed (train and held-out splits are disjoint for any seed).", 0)
+    seed: int = help_field("arithmetic: generation seed (train and held-out splits are disjoint for any seed).", 0)
 
     def validate(self) -> None:
         if self.max_train_rows is not None and self.max_train_rows < 1:
@@ -217,43 +215,18 @@ class TaskSpec:
 
 
 @dataclass(frozen=True)
-class RewardSpec:
-    """Reward functions, summed with weights. Names: format, correctness, length (bench), or module:function."""
-
-    functions: tuple[str, ...] = _help(
-        "Reward functions: 'format' (strict <reasoning>/<answer> form, partial credit per tag), 'correctness' "
-        "(the <answer> equals the reference), 'length' (characters / 100, for benchmarks), 'model:RUN_DIR' (the "
-        "score of a trained reward model: a `tempax reward-model` run dir or its reward_model folder) or an "
-        "importable 'package.module:function' taking (prompts, completions, **columns).",
-        ("format", "correctness"),
-    )
-    weights: tuple[float, ...] | None = _help("One weight per function; null: all 1.", None)
-    timeout_s: float = _help(
-        "Deadline in seconds: the built-in rewards check each completion in a worker process, and one running "
-        "longer scores 0 alone (counted as reward/<name>_timeouts); other reward functions get it per call.", 5.0)
-
-    def validate(self) -> None:
-        if not self.functions:
-            raise ConfigError("rewards.functions is empty; name at least one, e.g. [format, correctness]")
-        if self.weights is not None and len(self.weights) != len(self.functions):
-            raise ConfigError(
-                f"rewards.weights has {len(self.weights)} entries for {len(self.functions)} functions"
-            )
-
-
-@dataclass(frozen=True)
 class EvalSpec:
     """Generation-based evaluation on the held-out split, before and after training."""
 
-    num_problems: int = _help("Held-out problems to evaluate (0: no evaluation).", 200)
-    before: bool = _help("Evaluate the starting model.", True)
-    after: bool = _help("Evaluate the trained model.", True)
-    max_new_tokens: int | None = _help("Generation budget; null: grpo.max_new_tokens.", None)
-    greedy: bool = _help("Greedy decoding: answer and format accuracy of the most likely completion.", True)
-    num_samples: int = _help("Sampled completions per problem for pass@k (0: none).", 0)
-    temperature: float = _help("Temperature of the sampled completions.", 1.0)
-    ks: tuple[int, ...] = _help("k values of pass@k (each <= num_samples).", (1,))
-    batch_size: int = _help("Prompts per generation call.", 64)
+    num_problems: int = help_field("Held-out problems to evaluate (0: no evaluation).", 200)
+    before: bool = help_field("Evaluate the starting model.", True)
+    after: bool = help_field("Evaluate the trained model.", True)
+    max_new_tokens: int | None = help_field("Generation budget; null: grpo.max_new_tokens.", None)
+    greedy: bool = help_field("Greedy decoding: answer and format accuracy of the most likely completion.", True)
+    num_samples: int = help_field("Sampled completions per problem for pass@k (0: none).", 0)
+    temperature: float = help_field("Temperature of the sampled completions.", 1.0)
+    ks: tuple[int, ...] = help_field("k values of pass@k (each <= num_samples).", (1,))
+    batch_size: int = help_field("Prompts per generation call.", 64)
 
     def validate(self) -> None:
         if self.num_problems < 0 or self.num_samples < 0:
@@ -268,21 +241,21 @@ class EvalSpec:
 class GRPOConfig:
     """GRPO (and Dr. GRPO, DAPO, GSPO) with verifiable rewards: full-weight, LoRA or QLoRA."""
 
-    model: ModelSpec = _help("The policy's starting model.", default_factory=ModelSpec)
-    lora: LoraConfig | None = _help(
+    model: ModelSpec = help_field("The policy's starting model.", default_factory=ModelSpec)
+    lora: LoraConfig | None = help_field(
         "LoRA/QLoRA adapters (the reference is then the base with adapters off); null: full-weight training.",
         default_factory=lambda: LoraConfig(rank=16, alpha=32.0),
     )
-    task: TaskSpec = _help("Prompts and reference answers.", default_factory=TaskSpec)
-    rewards: RewardSpec = _help("Reward functions.", default_factory=RewardSpec)
-    grpo: GRPOSettings = _help("The algorithm.", default_factory=GRPOSettings)
-    eval: EvalSpec = _help("Evaluation before and after training.", default_factory=EvalSpec)
-    guard: CollapseGuardConfig = _help(
+    task: TaskSpec = help_field("Prompts and reference answers.", default_factory=TaskSpec)
+    rewards: RewardSpec = help_field("Reward functions.", default_factory=RewardSpec)
+    grpo: GRPOSettings = help_field("The algorithm.", default_factory=GRPOSettings)
+    eval: EvalSpec = help_field("Evaluation before and after training.", default_factory=EvalSpec)
+    guard: CollapseGuardConfig = help_field(
         "Entropy-collapse guard (on, warn-only by default): thresholds on entropy, zero-spread groups, duplicate "
         "completions and completion length, and the action when one is crossed.",
         default_factory=CollapseGuardConfig,
     )
-    train: TrainConfig = _help(
+    train: TrainConfig = help_field(
         "The training loop. batch_size and micro_batch_size count prompts (x group_size completions each); "
         "steps counts optimizer updates. remat defaults to full (each layer's activations recomputed in the "
         "backward, as TRL's gradient_checkpointing=True): none is faster and keeps every layer's activations.",

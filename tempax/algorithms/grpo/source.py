@@ -38,19 +38,14 @@ import numpy as np
 from flax import nnx
 
 from tempax.algorithms.grpo.config import GRPOSettings
-from tempax.algorithms.grpo.learner import completion_logprobs, logprobs_no_grad, make_grpo_loss
-from tempax.algorithms.grpo.rollout import (
-    PromptSampler,
-    Rollout,
-    build_batch,
-    fill_with_spread,
-    rollout_metrics,
-    sample_rollout,
-)
+from tempax.algorithms.grpo.objective import make_grpo_loss
+from tempax.rl.logprobs import completion_logprobs, logprobs_no_grad
+from tempax.rl.rollout import PromptSampler, Rollout, build_batch, fill_with_spread, rollout_metrics, sample_rollout
 from tempax.errors import ConfigError
 from tempax.parallel.host_memory import release_free_heap
 from tempax.parallel.process import host_array
 from tempax.parallel.rules import use_mesh
+from tempax.rl.throughput import ThroughputSplit
 from tempax.train.config import TrainConfig
 from tempax.train.guards import CollapseGuard, CollapseGuardConfig
 from tempax.train.hooks import Hook, StepInfo
@@ -309,21 +304,6 @@ def _perf(rollout: Rollout, extra_s: float, data_s: float) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------------- hooks
-
-
-class ThroughputSplit(Hook):
-    """Adds the step's time split to its record: `perf/train_s` (forward + backward + update), `perf/step_s`
-    (waiting for the batch + training) and `perf/generation_frac`. Due every step, so every step is timed (the
-    loop then waits for each step: the rollout of the next one needs its weights anyway)."""
-
-    def __init__(self) -> None:
-        super().__init__(every=1, at_end=True)
-
-    def __call__(self, info: StepInfo) -> None:
-        step_s = info.data_s + info.train_s
-        gen_s = info.metrics().get("perf/generation_s", 0.0)
-        info.add_metrics({"perf/train_s": info.train_s, "perf/step_s": step_s,
-                          "perf/generation_frac": gen_s / max(step_s, 1e-9)})
 
 
 class ShowCompletions(Hook):

@@ -1,45 +1,20 @@
 """RLHF with PPO (Schulman et al. 2017; Ziegler et al. 2019) on the shared training loop.
 
-    losses.py   pure math: KL-penalised per-token rewards, missing-EOS penalty, adaptive KL controller, GAE,
-                whitening, clipped policy and value losses, approx-KL, explained variance
+    losses.py   pure math: KL-penalised per-token rewards, missing-EOS penalty, adaptive KL controller,
+                whitening, the clipped policy loss, approx-KL, explained variance (GAE and the value loss:
+                `tempax.rl.losses`)
     model.py    ActorCritic: the policy plus a value head on its trunk, or a critic from the reward model
     config.py   PPOConfig (recipe) and PPOSettings (the algorithm knobs)
     source.py   PPORollouts (the batch source: rollouts -> mini-batches) and make_ppo_loss (the step's loss)
-    trainer.py  main(PPOConfig): `tempax ppo --config RECIPE.yaml`
+    main.py     main(PPOConfig): `tempax ppo --config RECIPE.yaml`
 
-Only the math is imported eagerly; the rest pulls in the training core and the generator.
+Nothing heavy is imported here (the registry reads `ALGORITHMS`); import the pieces from their modules.
 """
 
-from tempax.algorithms.ppo.losses import (
-    adaptive_kl_coef,
-    approx_kl,
-    clipped_value_loss,
-    explained_variance,
-    gae,
-    kl_penalized_rewards,
-    last_token_mask,
-    missing_eos_penalty,
-    ppo_loss,
-    ppo_policy_loss,
-    whiten,
+from tempax.algorithms.registry import Algorithm
+
+ALGORITHMS = (
+    Algorithm("ppo", "RLHF with PPO against a trained reward model from a recipe",
+              config="tempax.algorithms.ppo.config:PPOConfig", main="tempax.algorithms.ppo.main:main",
+              on_policy=True),
 )
-
-_LAZY = {
-    "PPOConfig": "config", "PPOSettings": "config", "ActorCritic": "model", "policy_and_values": "model",
-    "trainable_filter": "model", "PPORollouts": "source", "make_ppo_loss": "source", "main": "trainer",
-    "evaluate_policy": "trainer",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"tempax.algorithms.ppo.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'tempax.algorithms.ppo' has no attribute {name!r}")
-
-
-__all__ = [
-    "adaptive_kl_coef", "approx_kl", "clipped_value_loss", "explained_variance", "gae", "kl_penalized_rewards",
-    "last_token_mask", "missing_eos_penalty", "ppo_loss", "ppo_policy_loss", "whiten", *_LAZY,
-]

@@ -28,48 +28,46 @@ from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
 from tempax.train.guards import CollapseGuardConfig
 
-_help = help_field
-
 
 @dataclass(frozen=True)
 class PPOSettings:
     """The algorithm: sampling, reward shaping, GAE, the clipped losses and the value function."""
 
-    value: Literal["head", "critic"] = _help(
+    value: Literal["head", "critic"] = help_field(
         "head: a scalar value head on the policy's own trunk (one forward pass gives log-probs and values; "
         "cheapest). critic: a separate decoder initialised from the reward model's folder (backbone and score "
         "head), trained beside the policy (LoRA too when lora is set); twice the forward/backward work.",
         "head",
     )
-    samples_per_prompt: int = _help("Completions per prompt; they share one prefill.", 1)
-    max_new_tokens: int = _help("Most tokens per completion.", 64)
-    max_prompt_len: int = _help("Prompts longer than this (tokens, chat template included) are dropped.", 256)
-    temperature: float = _help("Sampling temperature (> 0); log-probs in the loss use the same one.", 1.0)
-    top_p: float = _help("Nucleus sampling; 1.0 keeps the sampler equal to the trained distribution.", 1.0)
-    kl_coef: float = _help("beta: the per-token k1 KL penalty log pi - log ref folded into the rewards.", 0.05)
-    kl_target: float | None = _help(
+    samples_per_prompt: int = help_field("Completions per prompt; they share one prefill.", 1)
+    max_new_tokens: int = help_field("Most tokens per completion.", 64)
+    max_prompt_len: int = help_field("Prompts longer than this (tokens, chat template included) are dropped.", 256)
+    temperature: float = help_field("Sampling temperature (> 0); log-probs in the loss use the same one.", 1.0)
+    top_p: float = help_field("Nucleus sampling; 1.0 keeps the sampler equal to the trained distribution.", 1.0)
+    kl_coef: float = help_field("beta: the per-token k1 KL penalty log pi - log ref folded into the rewards.", 0.05)
+    kl_target: float | None = help_field(
         "Adaptive KL (Ziegler et al. 2019): target KL in nats per completion; null keeps kl_coef fixed.", None
     )
-    kl_horizon: float = _help("Adaptive KL horizon, in completions.", 10_000.0)
-    missing_eos_penalty: float = _help(
+    kl_horizon: float = help_field("Adaptive KL horizon, in completions.", 10_000.0)
+    missing_eos_penalty: float = help_field(
         "Subtracted from the score of completions cut at max_new_tokens without a stop token (0: off).", 0.0
     )
-    gamma: float = _help("GAE discount over completion tokens.", 1.0)
-    lam: float = _help("GAE lambda.", 0.95)
-    whiten_advantages: bool = _help("Whiten advantages over the rollout's valid tokens.", True)
-    clip_range: float = _help("eps: the policy ratio is clipped to [1 - eps, 1 + eps].", 0.2)
-    value_clip_range: float = _help("c: values may move at most c from their rollout-time values per update.", 0.2)
-    vf_coef: float = _help("Weight of the value loss in the total loss.", 0.1)
-    epochs: int = _help("Passes over each rollout (PPO epochs).", 2)
-    mini_batches: int = _help("Mini-batches (optimizer steps) per pass; the rollout has batch_size x this prompts.",
+    gamma: float = help_field("GAE discount over completion tokens.", 1.0)
+    lam: float = help_field("GAE lambda.", 0.95)
+    whiten_advantages: bool = help_field("Whiten advantages over the rollout's valid tokens.", True)
+    clip_range: float = help_field("eps: the policy ratio is clipped to [1 - eps, 1 + eps].", 0.2)
+    value_clip_range: float = help_field("c: values may move at most c from their rollout-time values per update.", 0.2)
+    vf_coef: float = help_field("Weight of the value loss in the total loss.", 0.1)
+    epochs: int = help_field("Passes over each rollout (PPO epochs).", 2)
+    mini_batches: int = help_field("Mini-batches (optimizer steps) per pass; the rollout has batch_size x this prompts.",
                               2)
-    log_entropy: bool = _help("Report the policy's token entropy (one extra softmax pass).", True)
-    reward_functions: tuple[str, ...] = _help(
+    log_entropy: bool = help_field("Report the policy's token entropy (one extra softmax pass).", True)
+    reward_functions: tuple[str, ...] = help_field(
         "Extra reward functions added to the reward model's score (names as in GRPO's rewards.functions: "
         "format, correctness, length, or package.module:function).",
         (),
     )
-    reward_batch_size: int = _help("Rows per reward-model forward pass.", 8)
+    reward_batch_size: int = help_field("Rows per reward-model forward pass.", 8)
 
     def validate(self) -> None:
         if self.samples_per_prompt < 1 or self.epochs < 1 or self.mini_batches < 1:
@@ -96,15 +94,15 @@ class PPOSettings:
 class PromptSpec:
     """Where the prompts come from: the shared prompt of preference pairs (HH-RLHF dialogues) or chat rows."""
 
-    path: str = _help(
+    path: str = help_field(
         "Training prompts: preference pairs (HH-RLHF dialogues, {prompt, chosen, rejected}) or rows with "
         "`prompt_messages`; .jsonl/.json/.parquet (gzip ok), a folder or a Hub id.",
         "../shared/data/hh-rlhf/train.jsonl.gz",
     )
-    eval_path: str | None = _help("Held-out prompts (same kinds); null: no evaluation.",
+    eval_path: str | None = help_field("Held-out prompts (same kinds); null: no evaluation.",
                                   "../shared/data/hh-rlhf/test.jsonl.gz")
-    max_rows: int | None = _help("Use only the first N training rows; null: all.", None)
-    num_eval: int = _help("Held-out prompts to evaluate before and after (0: none).", 64)
+    max_rows: int | None = help_field("Use only the first N training rows; null: all.", None)
+    num_eval: int = help_field("Held-out prompts to evaluate before and after (0: none).", 64)
 
     def validate(self) -> None:
         if self.max_rows is not None and self.max_rows < 1:
@@ -117,16 +115,16 @@ class PromptSpec:
 class PPOEvalSpec:
     """Held-out evaluation: one sampled response per prompt, scored by the reward model, KL to the reference."""
 
-    before: bool = _help("Evaluate the starting policy.", True)
-    after: bool = _help("Evaluate the trained policy.", True)
-    temperature: float = _help(
+    before: bool = help_field("Evaluate the starting policy.", True)
+    after: bool = help_field("Evaluate the trained policy.", True)
+    temperature: float = help_field(
         "Sampling temperature (> 0) of the evaluated responses; the KL to the reference is measured on them, "
         "which greedy responses would not allow.",
         1.0,
     )
-    batch_size: int = _help("Prompts per generation call.", 32)
-    show: int = _help("Before/after responses printed side by side (and written to eval.json).", 3)
-    seed: int = _help("Sampling seed (the same for before and after).", 1234)
+    batch_size: int = help_field("Prompts per generation call.", 32)
+    show: int = help_field("Before/after responses printed side by side (and written to eval.json).", 3)
+    seed: int = help_field("Sampling seed (the same for before and after).", 1234)
 
     def validate(self) -> None:
         if not self.temperature > 0:
@@ -139,24 +137,24 @@ class PPOEvalSpec:
 class PPOConfig:
     """RLHF with PPO: a policy (full, LoRA or QLoRA) and a value function against a trained reward model."""
 
-    model: ModelSpec = _help("The policy's starting model (also the reference).", default_factory=ModelSpec)
-    lora: LoraConfig | None = _help(
+    model: ModelSpec = help_field("The policy's starting model (also the reference).", default_factory=ModelSpec)
+    lora: LoraConfig | None = help_field(
         "LoRA/QLoRA adapters (the reference is then the base with adapters off); null: full-weight training.",
         default_factory=lambda: LoraConfig(rank=16, alpha=32.0),
     )
-    reward_model: str = _help(
+    reward_model: str = help_field(
         "The reward model: a `tempax reward-model` run dir or the reward_model folder inside it.",
         "runs/reward_model_smollm2_lora",
     )
-    prompts: PromptSpec = _help("Training and held-out prompts.", default_factory=PromptSpec)
-    ppo: PPOSettings = _help("The algorithm.", default_factory=PPOSettings)
-    eval: PPOEvalSpec = _help("Held-out evaluation before and after.", default_factory=PPOEvalSpec)
-    guard: CollapseGuardConfig = _help(
+    prompts: PromptSpec = help_field("Training and held-out prompts.", default_factory=PromptSpec)
+    ppo: PPOSettings = help_field("The algorithm.", default_factory=PPOSettings)
+    eval: PPOEvalSpec = help_field("Held-out evaluation before and after.", default_factory=PPOEvalSpec)
+    guard: CollapseGuardConfig = help_field(
         "Entropy-collapse guard (tempax.train.guards): watches the policy's entropy and the completion length; "
         "PPO supports action warn (default) or stop.",
         default_factory=CollapseGuardConfig,
     )
-    train: TrainConfig = _help(
+    train: TrainConfig = help_field(
         "The training loop. batch_size and micro_batch_size count prompts per optimizer step (a mini-batch); "
         "steps counts optimizer updates. remat defaults to full (each layer's activations recomputed in the "
         "backward, as TRL's gradient_checkpointing=True): none is faster and keeps every layer's activations.",

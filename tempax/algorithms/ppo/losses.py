@@ -12,8 +12,8 @@ on a completion's own tokens (a contiguous run from position 0) and 0 on padding
 scalar per completion (the reward model's, plus any other reward functions). Every function takes the mask and
 never lets a padding position reach a valid one.
 
-`gae` and `clipped_value_loss` live in `tempax.algorithms.grpo.losses` (written there as PPO building blocks
-before PPO existed) and are re-exported here; they are not duplicated.
+`gae`, `clipped_value_loss`, the clipped surrogate and the k3 KL estimator are shared with GRPO and live in
+`tempax.rl.losses`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tempax.algorithms.grpo.losses import clipped_surrogate, clipped_value_loss, gae, kl_k3
 from tempax.errors import ConfigError
 from tempax.models.logprobs import masked_mean
+from tempax.rl.losses import clipped_surrogate, clipped_value_loss, kl_k3
 
 __all__ = [
-    "adaptive_kl_coef", "approx_kl", "clipped_value_loss", "explained_variance", "gae", "kl_penalized_rewards",
+    "adaptive_kl_coef", "approx_kl", "explained_variance", "kl_penalized_rewards",
     "last_token_mask", "missing_eos_penalty", "ppo_loss", "ppo_policy_loss", "whiten",
 ]
 

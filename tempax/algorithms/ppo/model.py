@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tempax.algorithms.grpo.learner import completion_hidden
+from tempax.rl.logprobs import completion_hidden
 from tempax.models.logprobs import token_entropy, token_logprobs
 
 VALUE_HEAD = "value_head"
@@ -99,7 +99,7 @@ def policy_and_values(
 
 def critic_from_reward_model(folder: str) -> tuple[nnx.Module, nnx.Linear]:
     """(critic decoder, value head) from a saved reward model: its backbone and its `score` head."""
-    from tempax.algorithms.preference.reward_model import load_reward_model
+    from tempax.models.reward_model import load_reward_model
 
     reward_model, _ = load_reward_model(folder, with_tokenizer=False)
     return reward_model.backbone, reward_model.score

@@ -9,7 +9,7 @@ The source yields fixed-shape mini-batches. When the previous rollout's mini-bat
 one with the trainer's current weights:
 
   1. sample `samples_per_prompt` completions for each of batch_size x mini_batches prompts (the shared
-     generation engine; `tempax.algorithms.grpo.rollout.sample_rollout`, which also scores them with the reward
+     generation engine; `tempax.rl.rollout.sample_rollout`, which also scores them with the reward
      functions: the reward model, plus any others);
   2. one no-grad forward pass of the policy and value function: log pi_old and V_old of every completion token;
      one of the reference (LoRA: the same weights with the adapters off; full weights: a frozen copy);
@@ -40,13 +40,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tempax.algorithms.grpo.learner import completion_logprobs, logprobs_no_grad
-from tempax.algorithms.grpo.rollout import Prompt, PromptSampler, Rollout, build_batch, sample_rollout
+from tempax.rl.logprobs import completion_logprobs, logprobs_no_grad
+from tempax.rl.rollout import Prompt, PromptSampler, Rollout, build_batch, sample_rollout
 from tempax.algorithms.ppo.config import PPOSettings
 from tempax.algorithms.ppo.losses import (
     adaptive_kl_coef,
     explained_variance,
-    gae,
     kl_penalized_rewards,
     missing_eos_penalty,
     ppo_loss,
@@ -56,6 +55,7 @@ from tempax.algorithms.ppo.model import ActorCritic, policy_and_values
 from tempax.errors import ConfigError
 from tempax.models.logprobs import masked_mean
 from tempax.parallel.rules import use_mesh
+from tempax.rl.losses import gae
 from tempax.train.sources import decode_arrays, encode_arrays
 
 Batch = dict[str, Any]

@@ -3,37 +3,24 @@
   losses          pure losses of log-probs / rewards (`preference_loss`, `bradley_terry_loss`, ...)
   batches         stacked [2B, T] batches -> per-sequence log-probs, per-pair losses; reference log-probs and
                   margins stored with the pairs
-  reward_model    `RewardModel` (decoder + scalar head), `RewardLoss`, save/load, `RewardScorer` (a reward function)
   data            the `data:` recipe section of preference runs and its reports
-  trainer         `DPOConfig`, `DPOLoss`, `main` — `tempax dpo`
+  dpo             `DPOConfig`, `DPOLoss`, `main` — `tempax dpo`
   kto             `KTOConfig`, `KTOLoss`, `main` — `tempax kto`
-  reward_trainer  `RewardModelConfig`, `main` — `tempax reward-model`
+  reward          `RewardModelConfig`, `RewardLoss`, `main` — `tempax reward-model` (the model itself:
+                  `tempax.models.reward_model`; as a reward function: `tempax.rewards.reward_model`)
 
-The trainers are not imported here (they pull in the training core); import them from their modules.
+Nothing heavy is imported here (the registry reads `ALGORITHMS`); import the pieces from their modules.
 """
 
-from tempax.algorithms.preference.losses import (
-    PREFERENCE_LOSS_NAMES,
-    bradley_terry_loss,
-    dpo_loss,
-    hinge_loss,
-    ipo_loss,
-    kto_loss,
-    orpo_loss,
-    preference_loss,
-    preference_loss_needs_reference,
-    simpo_loss,
-)
+from tempax.algorithms.registry import Algorithm
 
-__all__ = [
-    "PREFERENCE_LOSS_NAMES",
-    "bradley_terry_loss",
-    "dpo_loss",
-    "hinge_loss",
-    "ipo_loss",
-    "kto_loss",
-    "orpo_loss",
-    "preference_loss",
-    "preference_loss_needs_reference",
-    "simpo_loss",
-]
+ALGORITHMS = (
+    Algorithm("dpo", "preference tuning (DPO, IPO, hinge, ORPO, SimPO) from a recipe",
+              config="tempax.algorithms.preference.dpo:DPOConfig",
+              main="tempax.algorithms.preference.dpo:main"),
+    Algorithm("kto", "KTO on unpaired desirable / undesirable feedback from a recipe",
+              config="tempax.algorithms.preference.kto:KTOConfig", main="tempax.algorithms.preference.kto:main"),
+    Algorithm("reward-model", "train a Bradley-Terry reward model from a recipe",
+              config="tempax.algorithms.preference.reward:RewardModelConfig",
+              main="tempax.algorithms.preference.reward:main"),
+)

@@ -20,32 +20,29 @@ from tempax.configlib import help_field
 from tempax.parallel.process import is_writer
 
 
-_help = help_field  # one documented-field helper for every config (tempax.configlib)
-
-
 @dataclass(frozen=True)
 class PreferenceDataSpec:
     """Preference pairs for training and a held-out split for evaluation."""
 
-    path: str = _help(
+    path: str = help_field(
         "Training pairs: a .jsonl/.json/.parquet file (gzip ok), a folder, or a Hub dataset id. Rows: "
         "{prompt, chosen, rejected} as text or messages, {chosen, rejected} conversations, or HH-RLHF dialogues.",
         "../shared/data/hh-rlhf/train.jsonl.gz",
     )
-    split: str | None = _help("Split of a folder or Hub dataset.", None)
-    eval_path: str | None = _help(
+    split: str | None = help_field("Split of a folder or Hub dataset.", None)
+    eval_path: str | None = help_field(
         "Held-out pairs (same kinds as `path`); null: carve `eval_fraction` out of the training rows.",
         "../shared/data/hh-rlhf/test.jsonl.gz",
     )
-    eval_split: str | None = _help("Split of `eval_path` when it is a folder or Hub dataset.", None)
-    eval_fraction: float = _help("Without eval_path: hold out this fraction of training rows (0: no evaluation).", 0.0)
-    max_rows: int | None = _help("Use only the first N training rows (quick runs); null: all.", None)
-    max_eval_rows: int | None = _help("Use only the first N held-out rows; null: all.", None)
-    overlong: Literal["truncate", "drop"] = _help(
+    eval_split: str | None = help_field("Split of `eval_path` when it is a folder or Hub dataset.", None)
+    eval_fraction: float = help_field("Without eval_path: hold out this fraction of training rows (0: no evaluation).", 0.0)
+    max_rows: int | None = help_field("Use only the first N training rows (quick runs); null: all.", None)
+    max_eval_rows: int | None = help_field("Use only the first N held-out rows; null: all.", None)
+    overlong: Literal["truncate", "drop"] = help_field(
         "Pairs longer than train.seq_len: truncate (prompt from the left, then responses) or drop.", "truncate"
     )
-    max_bad_fraction: float = _help("Fail when more than this fraction of training rows is malformed.", 0.1)
-    shuffle: bool = _help("Shuffle pairs (seeded by train.seed; a new order every epoch).", True)
+    max_bad_fraction: float = help_field("Fail when more than this fraction of training rows is malformed.", 0.1)
+    shuffle: bool = help_field("Shuffle pairs (seeded by train.seed; a new order every epoch).", True)
 
     def validate(self) -> None:
         if not 0.0 <= self.eval_fraction < 1.0:
@@ -131,7 +128,7 @@ def build_preference_data(spec: PreferenceDataSpec, tokenizer: Any, *, seq_len: 
 class UnpairedDataSpec(PreferenceDataSpec):
     """Unpaired feedback for KTO (or preference pairs split into it) and held-out preference pairs."""
 
-    convert_pairs: bool = _help(
+    convert_pairs: bool = help_field(
         "true: `path` holds preference pairs (like dpo's data), each split into a desirable row (prompt, chosen) "
         "and an undesirable row (prompt, rejected); false: rows are unpaired {prompt, completion, label: "
         "true|false}, text or messages. Held-out rows (eval_path, eval_fraction) are preference pairs either way: "
@@ -145,7 +142,7 @@ class UnpairedDataSpec(PreferenceDataSpec):
             raise ConfigError(
                 "data.eval_fraction carves held-out preference pairs out of the training rows, but with "
                 "data.convert_pairs=false they are unpaired; set data.eval_path to a file of preference pairs "
-                "or eval_fraction=0"
+                "or data.eval_fraction=0"
             )
 
 

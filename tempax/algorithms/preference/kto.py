@@ -38,9 +38,9 @@ from tempax.algorithms.preference.batches import (
 )
 from tempax.algorithms.preference.data import UnpairedDataSpec, build_unpaired_data, pairs_per_batch
 from tempax.algorithms.preference.losses import kto_loss
-from tempax.algorithms.preference.trainer import (
+from tempax.algorithms.preference.dpo import (
     DPOLoss,
-    DPORun,
+    PreferenceRun,
     ReferenceMode,
     fit_and_compare,
     prepare_run,
@@ -55,8 +55,6 @@ from tempax.models.lora import LoraConfig, disable_adapters
 from tempax.train.config import TrainConfig
 from tempax.train.loop import TrainResult
 
-_help = help_field
-
 # The batch key holding each row's label ([2B]: 1.0 desirable, 0.0 undesirable; the mismatched row repeats it).
 DESIRABLE = "desirable"
 
@@ -65,11 +63,11 @@ DESIRABLE = "desirable"
 class KTOSpec:
     """The KTO loss and its reference model."""
 
-    beta: float = _help("Strength of the implicit KL penalty (the paper's beta, typically 0.1).", 0.1)
-    desirable_weight: float = _help(
+    beta: float = help_field("Strength of the implicit KL penalty (the paper's beta, typically 0.1).", 0.1)
+    desirable_weight: float = help_field(
         "lambda_D, weight of desirable rows; the paper keeps lambda_D n_D / (lambda_U n_U) in [1, 4/3].", 1.0
     )
-    undesirable_weight: float = _help("lambda_U, weight of undesirable rows.", 1.0)
+    undesirable_weight: float = help_field("lambda_U, weight of undesirable rows.", 1.0)
     reference: ReferenceMode = reference_field()
     reference_batch_size: int | None = reference_batch_size_field()
 
@@ -91,17 +89,17 @@ class KTOSpec:
 class KTOConfig:
     """KTO on unpaired feedback with full weights, LoRA or QLoRA."""
 
-    model: ModelSpec = _help("The policy model (also the reference, see kto.reference).", default_factory=ModelSpec)
-    lora: LoraConfig | None = _help("LoRA/QLoRA adapters; null: full fine-tuning.", None)
-    data: UnpairedDataSpec = _help("Unpaired rows (or pairs to split) and held-out pairs.",
+    model: ModelSpec = help_field("The policy model (also the reference, see kto.reference).", default_factory=ModelSpec)
+    lora: LoraConfig | None = help_field("LoRA/QLoRA adapters; null: full fine-tuning.", None)
+    data: UnpairedDataSpec = help_field("Unpaired rows (or pairs to split) and held-out pairs.",
                                    default_factory=UnpairedDataSpec)
-    kto: KTOSpec = _help("The KTO loss.", default_factory=KTOSpec)
-    train: TrainConfig = _help(
+    kto: KTOSpec = help_field("The KTO loss.", default_factory=KTOSpec)
+    train: TrainConfig = help_field(
         "The training loop; batch_size and micro_batch_size count rows, two per example (its completion and a "
         "mismatched one).",
         default_factory=TrainConfig,
     )
-    eval_before: bool = _help("Evaluate the held-out pairs before the first step and print a before/after table.",
+    eval_before: bool = help_field("Evaluate the held-out pairs before the first step and print a before/after table.",
                               True)
 
     def validate(self) -> None:
@@ -151,7 +149,7 @@ def kto_items(examples: list[Any]) -> list[AnnotatedPair]:
     ]
 
 
-def prepare(cfg: KTOConfig, *, log: Callable[[str], None] | None = None) -> DPORun:
+def prepare(cfg: KTOConfig, *, log: Callable[[str], None] | None = None) -> PreferenceRun:
     """Builds model, data, reference log-probs and the `Trainer` of a KTO run (no training step yet)."""
     spec = cfg.kto
 
@@ -180,7 +178,7 @@ def main(cfg: KTOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     eval_summary.json). Training metrics: `losses.kto_loss`'s (desirable / undesirable rewards, `kl`, ...);
     `eval/*`: the held-out pairs' (accuracy, reward_margin, ...). `result.extras` as `tempax dpo`'s.
     """
-    def prepare_and_count(cfg: KTOConfig, *, log: Callable[[str], None]) -> DPORun:
+    def prepare_and_count(cfg: KTOConfig, *, log: Callable[[str], None]) -> PreferenceRun:
         run = prepare(cfg, log=log)
         n_d = sum(ex.desirable for ex in run.data.train)
         n_u = len(run.data.train) - n_d

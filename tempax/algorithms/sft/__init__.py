@@ -1,5 +1,16 @@
-"""Supervised fine-tuning: next-token cross-entropy (distillation: `tempax.algorithms.distill`)."""
+"""Supervised fine-tuning and continued pre-training: next-token cross-entropy on the shared training core.
 
-from tempax.algorithms.sft.losses import causal_lm_loss
+    losses.py   pure math: `causal_lm_loss` (the fused, chunked form is `tempax.models.fused_head`)
+    main.py     SFTConfig / PretrainConfig and main: `tempax sft|pretrain --config RECIPE.yaml`
 
-__all__ = ["causal_lm_loss"]
+Distillation is `tempax.algorithms.distill`. Nothing heavy is imported here (the registry reads `ALGORITHMS`).
+"""
+
+from tempax.algorithms.registry import Algorithm
+
+ALGORITHMS = (
+    Algorithm("sft", "supervised fine-tuning (full, LoRA, QLoRA) from a recipe",
+              config="tempax.algorithms.sft.main:SFTConfig", main="tempax.algorithms.sft.main:main"),
+    Algorithm("pretrain", "continued pre-training on plain text from a recipe",
+              config="tempax.algorithms.sft.main:PretrainConfig", main="tempax.algorithms.sft.main:main"),
+)

@@ -154,7 +154,7 @@ def generate_arithmetic(
         if misses > MAX_CONSECUTIVE_MISSES:
             raise ConfigError(
                 f"arithmetic: found only {len(rows)} distinct {split} problems of {n} requested; "
-                "raise max_operand/max_factor or max_steps"
+                "raise task.arithmetic.max_operand / task.arithmetic.max_factor or task.arithmetic.max_steps"
             )
         problem = _draw_problem(rng, config)
         if problem is None:

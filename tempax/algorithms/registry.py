@@ -1,0 +1,109 @@
+"""The training commands, one `Algorithm` record each.
+
+Every algorithm package under `tempax/algorithms/` exports `ALGORITHMS`, a tuple of the records of the commands
+it provides (most have one; `sft` also gives `pretrain`, `preference` gives `dpo`, `kto` and `reward-model`).
+The records name their config class and `main` as strings, and the packages' `__init__` modules import nothing
+heavy, so listing the commands (`tempax --help`) imports neither JAX nor an algorithm's modules; `resolve`
+imports them when a command runs. `register` adds a record from elsewhere (a plugin or a test).
+
+`tempax <command>` (`tempax.cli.train_cmds`), `tempax --help` (`tempax.cli.main`), `tempax validate`, the
+recommend command and docs/adding-an-algorithm.md read this registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tempax.errors import ConfigError
+
+PACKAGE = "tempax.algorithms"
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One training command.
+
+    Attributes:
+      command: the `tempax <command>` name, also the `command:` key of its recipes.
+      help: one line for `tempax --help`.
+      config: "module:Class" of its frozen config dataclass (with a `train: TrainConfig` field).
+      main: "module:function" of `main(config, *, hooks=(), log=None)`, which trains and returns the result.
+      on_policy: it generates from the policy while training (GRPO, PPO); off-policy commands only train, and
+        their processes are set up for training alone (`tempax.cli.process.setup_process(job="train")`).
+    """
+
+    command: str
+    help: str
+    config: str
+    main: str
+    on_policy: bool = False
+
+    def config_class(self) -> type:
+        return _load(self.config, f"{self.command}'s config")
+
+    def main_function(self) -> Callable[..., Any]:
+        return _load(self.main, f"{self.command}'s main")
+
+
+def _load(ref: str, what: str) -> Any:
+    module_name, _, name = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"{what} {ref!r} cannot be imported ({e})") from None
+
+
+_REGISTERED: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    """Adds (or replaces) a command from outside `tempax.algorithms` (a plugin or a test)."""
+    _REGISTERED[algorithm.command] = algorithm
+    return algorithm
+
+
+def unregister(command: str) -> None:
+    _REGISTERED.pop(command, None)
+
+
+# How `tempax --help` orders the packaged commands (a user's usual path); other packages follow by name.
+LISTING_ORDER = ("sft", "preference", "grpo", "ppo", "distill")
+
+
+def _packaged() -> dict[str, Algorithm]:
+    found: dict[str, Algorithm] = {}
+    package = importlib.import_module(PACKAGE)
+    rank = {name: i for i, name in enumerate(LISTING_ORDER)}
+    infos = sorted(pkgutil.iter_modules(package.__path__), key=lambda i: (rank.get(i.name, len(rank)), i.name))
+    for info in infos:
+        if info.ispkg:
+            for algorithm in getattr(importlib.import_module(f"{PACKAGE}.{info.name}"), "ALGORITHMS", ()):
+                found[algorithm.command] = algorithm
+    return found
+
+
+_PACKAGED: dict[str, Algorithm] | None = None
+
+
+def algorithms() -> dict[str, Algorithm]:
+    """command -> record of every training command: the packaged ones, then the registered ones."""
+    global _PACKAGED
+    if _PACKAGED is None:
+        _PACKAGED = _packaged()
+    return {**_PACKAGED, **_REGISTERED}
+
+
+def get(command: str) -> Algorithm:
+    known = algorithms()
+    if command not in known:
+        raise ConfigError(f"'{command}' is not a training command here; available: {', '.join(sorted(known))}")
+    return known[command]
+
+
+def resolve(command: str) -> tuple[type, Callable[..., Any]]:
+    """(config class, main function) of a training command."""
+    algorithm = get(command)
+    return algorithm.config_class(), algorithm.main_function()

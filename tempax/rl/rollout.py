@@ -1,0 +1,389 @@
+"""Rollouts: prompts -> groups of sampled completions -> rewards -> group advantages -> a fixed-shape batch.
+
+A rollout holds P prompts with G completions each, in arrays shaped [P, G, ...] (the generator's rows
+i * G + j reshaped). The training batch keeps that grouping: one batch row per *prompt*, holding the prompt once
+and its G completions,
+
+    prompt_tokens      [P, Lp]      int32, left-padded to the fixed prompt length Lp (pad id, segment 0)
+    prompt_segments    [P, Lp]      int32, 1 on prompt tokens, 0 on padding
+    completion_tokens  [P, G, T]    int32, T = max_new_tokens, pad id after each completion's end
+    completion_mask    [P, G, T]    float32, 1 on generated tokens (the stop token included)
+    advantages         [P, G]       float32, group-relative advantages
+    old_logp           [P, G, T]    float32, sampling-time log p_tau of each token (only when needed)
+    ref_logp           [P, G, T]    float32, reference log p_tau (added by the batch source when beta > 0)
+
+so the training forward can run each prompt once and share its keys/values among the G completions
+(`tempax.rl.logprobs.completion_logprobs`), like the sampler's shared prefill; and gradient
+accumulation, which splits the batch by rows, never splits a group.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from tempax.rl.advantages import combine_and_estimate
+from tempax.rl.losses import overlong_penalty
+from tempax.errors import DataError
+from tempax.generate import SamplingConfig, generate
+
+# Row keys that are not reward columns (`prompt_messages` is one: a reward model scores the messages).
+_NOT_COLUMNS: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One encoded task prompt.
+
+    Attributes:
+      ids: token ids of the chat prompt (template and generation prompt included).
+      text: the rendered prompt text (what reward functions receive as `prompts`).
+      columns: the row's other fields (answer, question, ...), passed to reward functions as dataset columns.
+    """
+
+    ids: tuple[int, ...]
+    text: str
+    columns: dict[str, Any]
+
+
+def encode_prompts(tokenizer: Any, rows: Sequence[dict[str, Any]], *, max_prompt_len: int) -> tuple[list[Prompt], int]:
+    """Chat-template each row's `prompt_messages` (with the generation prompt); returns (prompts, dropped).
+
+    Rows whose prompt is longer than `max_prompt_len` tokens are dropped and counted.
+    """
+    prompts, dropped = [], 0
+    for row in rows:
+        if "prompt_messages" not in row:
+            raise DataError(f"task row has no 'prompt_messages' (keys: {sorted(row)}); rows come from tempax.data.tasks")
+        text = tokenizer.apply_chat_template(row["prompt_messages"], add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) > max_prompt_len:
+            dropped += 1
+            continue
+        columns = {k: v for k, v in row.items() if k not in _NOT_COLUMNS}
+        prompts.append(Prompt(ids=tuple(ids), text=text, columns=columns))
+    return prompts, dropped
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class PromptSampler:
+    """Draws batches of prompts in shuffled epochs; its position can be saved and restored (resume).
+
+    Epoch e visits every prompt once in the order `random.Random(f"{seed}:{e}")` shuffles them to.
+    """
+
+    def __init__(self, prompts: Sequence[Prompt], *, seed: int = 0, shuffle: bool = True):
+        if not prompts:
+            raise DataError("no training prompts left (all were dropped or the task is empty)")
+        self.prompts = list(prompts)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.index = 0
+        self._order = self._order_of(0)
+
+    def _order_of(self, epoch: int) -> list[int]:
+        order = list(range(len(self.prompts)))
+        if self.shuffle:
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def next(self, n: int) -> list[Prompt]:
+        out = []
+        while len(out) < n:
+            if self.index >= len(self._order):
+                self.epoch += 1
+                self.index = 0
+                self._order = self._order_of(self.epoch)
+            out.append(self.prompts[self._order[self.index]])
+            self.index += 1
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self._order = self._order_of(self.epoch)
+
+
+@dataclass
+class Rollout:
+    """P prompts x G completions with their rewards and advantages (host arrays).
+
+    Attributes:
+      prompts: the P prompts.
+      completion_tokens: [P, G, T] int32, pad id after each completion's end.
+      completion_mask: [P, G, T] int32, 1 on generated tokens.
+      logprobs: [P, G, T] float32 sampling-time log p_tau (0 outside the mask).
+      lengths: [P, G] int32 completion lengths in tokens.
+      truncated: [P, G] bool, cut by max_new_tokens rather than ended by a stop token.
+      texts: [P][G] completion texts.
+      rewards: [P, G] float32 total (weighted) rewards.
+      reward_parts: name -> [P, G] unweighted rewards of each function (and `overlong` when enabled).
+      reward_failures: name -> samples that got 0 because the function failed.
+      advantages: [P, G] float32.
+      zero_spread: [P] bool, the group's rewards are all equal (its advantages are 0).
+      seconds: name -> wall time of the stages that produced it (generation, reward).
+      groups_sampled: groups generated to make this rollout (> P with dynamic sampling).
+      zero_spread_sampled: of those, groups with zero reward spread.
+    """
+
+    prompts: list[Prompt]
+    completion_tokens: np.ndarray
+    completion_mask: np.ndarray
+    logprobs: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    texts: list[list[str]]
+    rewards: np.ndarray
+    reward_parts: dict[str, np.ndarray]
+    reward_failures: dict[str, int]
+    advantages: np.ndarray
+    zero_spread: np.ndarray
+    seconds: dict[str, float] = field(default_factory=dict)
+    groups_sampled: int = 0
+    zero_spread_sampled: int = 0
+
+    @property
+    def num_prompts(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def group_size(self) -> int:
+        return int(self.completion_tokens.shape[1])
+
+    def select(self, groups: Sequence[int]) -> "Rollout":
+        """The rollout restricted to the given groups (in that order)."""
+        idx = np.asarray(list(groups), dtype=np.int64)
+        return Rollout(
+            prompts=[self.prompts[i] for i in idx],
+            completion_tokens=self.completion_tokens[idx], completion_mask=self.completion_mask[idx],
+            logprobs=self.logprobs[idx], lengths=self.lengths[idx], truncated=self.truncated[idx],
+            texts=[self.texts[i] for i in idx], rewards=self.rewards[idx],
+            reward_parts={k: v[idx] for k, v in self.reward_parts.items()},
+            reward_failures=dict(self.reward_failures), advantages=self.advantages[idx],
+            zero_spread=self.zero_spread[idx], seconds=dict(self.seconds),
+            groups_sampled=self.groups_sampled, zero_spread_sampled=self.zero_spread_sampled,
+        )
+
+
+def concat_rollouts(parts: Sequence[Rollout]) -> Rollout:
+    """Groups of several rollouts in one (stage times, failure counts and group counts are summed)."""
+    first = parts[0]
+    cat = lambda name: np.concatenate([getattr(p, name) for p in parts], axis=0)  # noqa: E731
+    seconds: dict[str, float] = {}
+    failures: dict[str, int] = {}
+    for p in parts:
+        for k, v in p.seconds.items():
+            seconds[k] = seconds.get(k, 0.0) + v
+        for k, v in p.reward_failures.items():
+            failures[k] = failures.get(k, 0) + v
+    return Rollout(
+        prompts=[q for p in parts for q in p.prompts],
+        completion_tokens=cat("completion_tokens"), completion_mask=cat("completion_mask"), logprobs=cat("logprobs"),
+        lengths=cat("lengths"), truncated=cat("truncated"), texts=[t for p in parts for t in p.texts],
+        rewards=cat("rewards"), reward_parts={k: np.concatenate([p.reward_parts[k] for p in parts]) for k in
+                                              first.reward_parts},
+        reward_failures=failures, advantages=cat("advantages"), zero_spread=cat("zero_spread"), seconds=seconds,
+        groups_sampled=sum(p.groups_sampled for p in parts),
+        zero_spread_sampled=sum(p.zero_spread_sampled for p in parts),
+    )
+
+
+RewardCall = Callable[..., Any]  # a tempax.rewards.CombinedReward
+
+
+def score(
+    reward_fn: RewardCall,
+    prompts: Sequence[Prompt],
+    texts: list[list[str]],
+    lengths: np.ndarray,
+    *,
+    max_new_tokens: int,
+    overlong_penalty_tokens: int = 0,
+) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, int]]:
+    """Rewards [P, G] of grouped completion texts: (total, per-function parts, failures per function).
+
+    Every completion is scored with its prompt's text and columns (one reward call for the whole rollout). The
+    DAPO overlong penalty (`overlong_penalty`, in tokens) is added to the total as the part `overlong`.
+    """
+    p, g = lengths.shape
+    flat_prompts = [prompts[i].text for i in range(p) for _ in range(g)]
+    flat_texts = [t for group in texts for t in group]
+    keys = sorted({k for q in prompts for k in q.columns})
+    columns = {k: [prompts[i].columns.get(k) for i in range(p) for _ in range(g)] for k in keys}
+    breakdown = reward_fn(flat_prompts, flat_texts, **columns)
+    total = np.asarray(breakdown.total, np.float32).reshape(p, g)
+    parts = {k: np.asarray(v, np.float32).reshape(p, g) for k, v in breakdown.per_function.items()}
+    if overlong_penalty_tokens:
+        penalty = np.asarray(
+            overlong_penalty(jnp.asarray(lengths.reshape(-1)), max_len=max_new_tokens, cache_len=overlong_penalty_tokens)
+        ).reshape(p, g)
+        parts["overlong"] = penalty.astype(np.float32)
+        total = total + penalty
+    return total, parts, dict(breakdown.failed_samples)
+
+
+def sample_rollout(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Prompt],
+    reward_fn: RewardCall,
+    *,
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    seed: int = 0,
+    advantage: str = "grpo",
+    reward_combination: str = "sum",
+    reward_weights: dict[str, float] | None = None,
+    overlong_penalty_tokens: int = 0,
+) -> Rollout:
+    """Samples `group_size` completions per prompt (one shared prefill each), scores them, computes advantages.
+
+    Args:
+      model: the current policy.
+      tokenizer: its tokenizer (stop tokens, decoding).
+      prompts: the P prompts.
+      reward_fn: a `tempax.rewards.CombinedReward` (returns a `RewardBreakdown`; never raises).
+      group_size: G.
+      max_new_tokens: T.
+      temperature, top_p: sampling knobs.
+      seed: base of the random streams (use a different one per rollout).
+      advantage: the estimator, `advantages.ADVANTAGE_ESTIMATORS` (grpo, dr_grpo, rloo, reinforce_pp).
+      reward_combination: 'sum' (the estimator on the weighted total) or 'normalize_each' (on each reward part,
+        then weighted and batch-normalised; `advantages.combine_and_estimate`).
+      reward_weights: part name -> weight for normalize_each (missing names, e.g. `overlong`, weigh 1).
+      overlong_penalty_tokens: DAPO's soft overlong zone (0: off).
+    """
+    config = SamplingConfig(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, n=group_size, seed=seed, logprobs=True,
+    )
+    t0 = time.perf_counter()
+    result = generate(model, tokenizer, [list(q.ids) for q in prompts], config)
+    t1 = time.perf_counter()
+    p, g, t = len(prompts), group_size, max_new_tokens
+    shape3 = (p, g, t)
+    tokens = result.token_ids.reshape(shape3)
+    mask = result.mask.reshape(shape3)
+    lengths = result.lengths.reshape(p, g)
+    truncated = np.asarray([r == "length" for r in result.finish_reasons]).reshape(p, g)
+    texts = result.grouped()
+    total, parts, failures = score(
+        reward_fn, prompts, texts, lengths, max_new_tokens=max_new_tokens,
+        overlong_penalty_tokens=overlong_penalty_tokens,
+    )
+    t2 = time.perf_counter()
+    if reward_combination == "sum":
+        arrays, weights = [total.reshape(-1)], [1.0]
+    else:
+        names = sorted(parts)
+        arrays = [parts[k].reshape(-1) for k in names]
+        weights = [(reward_weights or {}).get(k, 1.0) for k in names]
+    adv, zero = combine_and_estimate(arrays, weights, g, estimator=advantage, combination=reward_combination)
+    zero_spread = np.asarray(zero).reshape(p, g)[:, 0]
+    return Rollout(
+        prompts=list(prompts), completion_tokens=tokens.astype(np.int32), completion_mask=mask.astype(np.int32),
+        logprobs=result.logprobs.reshape(shape3).astype(np.float32), lengths=lengths.astype(np.int32),
+        truncated=truncated, texts=texts, rewards=total, reward_parts=parts, reward_failures=failures,
+        advantages=np.asarray(adv, np.float32).reshape(p, g), zero_spread=zero_spread,
+        seconds={"generation": t1 - t0, "reward": t2 - t1}, groups_sampled=p,
+        zero_spread_sampled=int(zero_spread.sum()),
+    )
+
+
+def fill_with_spread(rounds: Sequence[Rollout], num_prompts: int) -> Rollout:
+    """DAPO dynamic sampling: the first `num_prompts` groups with reward spread across `rounds`, in order.
+
+    A batch that is still short is completed with zero-spread groups (zero advantage: no policy-gradient
+    signal, so they only keep the batch shape fixed).
+    """
+    merged = concat_rollouts(rounds)
+    spread = [i for i in range(merged.num_prompts) if not merged.zero_spread[i]]
+    flat = [i for i in range(merged.num_prompts) if merged.zero_spread[i]]
+    chosen = (spread + flat)[:num_prompts]
+    out = merged.select(chosen)
+    return out
+
+
+def build_batch(rollout: Rollout, *, prompt_len: int, pad_id: int, with_old_logp: bool) -> dict[str, np.ndarray]:
+    """The fixed-shape training batch of a rollout (layout in the module docstring).
+
+    Args:
+      rollout: P groups.
+      prompt_len: Lp, the fixed (left-padded) prompt length; every prompt must fit.
+      pad_id: the padding token.
+      with_old_logp: include the sampling-time log-probs as `old_logp` (needed when a batch is trained on more
+        than once; a single on-policy pass uses the current log-probs with a stopped gradient instead).
+    """
+    p = rollout.num_prompts
+    prompt_tokens = np.full((p, prompt_len), pad_id, np.int32)
+    prompt_segments = np.zeros((p, prompt_len), np.int32)
+    for i, q in enumerate(rollout.prompts):
+        n = len(q.ids)
+        if n > prompt_len:
+            raise ValueError(f"prompt {i} has {n} tokens, more than the batch's prompt length {prompt_len}")
+        prompt_tokens[i, prompt_len - n:] = q.ids
+        prompt_segments[i, prompt_len - n:] = 1
+    batch = {
+        "prompt_tokens": prompt_tokens,
+        "prompt_segments": prompt_segments,
+        "completion_tokens": rollout.completion_tokens.astype(np.int32),
+        "completion_mask": rollout.completion_mask.astype(np.float32),
+        "advantages": rollout.advantages.astype(np.float32),
+    }
+    if with_old_logp:
+        batch["old_logp"] = rollout.logprobs.astype(np.float32)
+    return batch
+
+
+def _stats(prefix: str, x: np.ndarray) -> dict[str, float]:
+    x = np.asarray(x, np.float64).reshape(-1)
+    return {f"{prefix}_mean": float(x.mean()), f"{prefix}_std": float(x.std())}
+
+
+def rollout_metrics(rollout: Rollout) -> dict[str, float]:
+    """Per-step rollout metrics: rewards (per function), zero-spread groups, advantages, completion lengths.
+
+    `groups/zero_spread_frac` is measured over every group sampled for the step (before dynamic sampling dropped
+    any), since it says how much of the sampling produced no learning signal.
+    """
+    m: dict[str, float] = {}
+    m.update(_stats("reward/total", rollout.rewards))
+    for name, values in rollout.reward_parts.items():
+        m.update(_stats(f"reward/{name}", values))
+        m[f"reward/{name}_failures"] = float(rollout.reward_failures.get(name, 0))
+    sampled = max(rollout.groups_sampled, 1)
+    m["groups/zero_spread_frac"] = rollout.zero_spread_sampled / sampled
+    m["groups/sampled"] = float(rollout.groups_sampled)
+    m["groups/zero_spread_in_batch"] = float(rollout.zero_spread.sum())
+    adv = rollout.advantages.reshape(-1)
+    m["advantage/mean"] = float(adv.mean())
+    m["advantage/std"] = float(adv.std())
+    m["advantage/abs_mean"] = float(np.abs(adv).mean())
+    m["advantage/max"] = float(adv.max())
+    m["advantage/min"] = float(adv.min())
+    lengths = rollout.lengths.reshape(-1)
+    m["completion/length_mean"] = float(lengths.mean())
+    m["completion/length_max"] = float(lengths.max())
+    m["completion/truncated_frac"] = float(rollout.truncated.mean())
+    m["completion/duplicate_frac"] = duplicate_fraction(rollout.completion_tokens)
+    return m
+
+
+def duplicate_fraction(completion_tokens: np.ndarray) -> float:
+    """Fraction of completions [P, G, T] that repeat an earlier completion of their group token for token (pad
+    after the end included): G - distinct completions, summed over groups, over P * G. A sign of collapse."""
+    p, g = completion_tokens.shape[:2]
+    repeats = sum(g - len(np.unique(group.reshape(g, -1), axis=0)) for group in completion_tokens)
+    return repeats / max(p * g, 1)

@@ -1,0 +1,43 @@
+"""The `tempax` entry point: `tempax --help` lists the commands without importing any command module or JAX."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Runs `tempax --help` in a fresh interpreter and prints the modules it imported, one a line.
+_PROBE = """
+import sys
+from tempax.cli.main import main
+try:
+    main({argv!r})
+except SystemExit:
+    pass
+print("\\n".join(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+def _imported_by(argv: list[str]) -> tuple[str, set[str]]:
+    done = subprocess.run([sys.executable, "-c", _PROBE.format(argv=argv)], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout, set(done.stderr.split())
+
+
+def test_top_level_help_imports_no_command_module_and_no_jax():
+    help_text, modules = _imported_by(["--help"])
+    assert "sft" in help_text and "supervised fine-tuning" in help_text and "launch" in help_text
+    commands = sorted(m for m in modules if m.startswith("tempax.cli.") and m not in (
+        "tempax.cli.main", "tempax.cli.process", "tempax.cli.host"))
+    assert commands == [], f"tempax --help imported command modules {commands}"
+    assert "jax" not in modules and "flax" not in modules
+
+
+def test_a_command_help_imports_only_that_command():
+    help_text, modules = _imported_by(["model-info", "--help"])
+    assert "usage: tempax model-info" in help_text
+    assert "tempax.cli.model_info" in modules
+    assert not {"tempax.cli.train_cmds", "tempax.cli.demo", "tempax.cli.chat"} & modules

@@ -1,0 +1,129 @@
+"""The fused head + cross-entropy equals `causal_lm_loss` on the model's logits: values, metrics and gradients."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+from numpy.testing import assert_allclose
+
+from tempax.models.fused_head import chunk_size, fused_causal_lm_loss
+from tempax.algorithms.sft.main import make_sft_loss
+from tempax.models.decoder import Decoder
+from tempax.models.presets import PRESETS
+from tests.train.helpers import random_batch
+
+
+@pytest.mark.parametrize(
+    "family, normalize, chunk_len",
+    [("llama", "tokens", None), ("qwen2", "tokens", 4), ("gemma2", "sequences", 8), ("qwen3", "tokens", 6)],
+    ids=["untied-whole", "tied-chunked", "softcap-sequences", "chunk-not-a-divisor"],
+)
+def test_fused_loss_matches_plain_loss(family, normalize, chunk_len):
+    """tiny-llama has an untied head, tiny-qwen2 a tied one, tiny-gemma2 a final soft-cap (30)."""
+    cfg = PRESETS[f"tiny-{family}"]
+    cfg = cfg.replace(num_layers=1, layer_types=cfg.layer_types[:1])
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    batch = {k: jnp.asarray(v) for k, v in random_batch(3, 16, seed=2).items()}
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def run(loss_fn):
+        def f(p):
+            return loss_fn(nnx.merge(graphdef, p, rest), batch)
+        (loss, metrics), grads = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
+        return loss, metrics, grads
+
+    plain = run(make_sft_loss(normalize))
+    fused = run(make_sft_loss(normalize, fused=True, chunk_len=chunk_len))
+    assert_allclose(fused[0], plain[0], rtol=1e-5)
+    for key in ("nll_sum", "num_tokens", "num_sequences", "token_accuracy", "per_example_loss", "loss_weight"):
+        assert_allclose(fused[1][key], plain[1][key], rtol=1e-5, atol=1e-6, err_msg=key)
+    for (path, g_fused), g_plain in zip(jax.tree_util.tree_leaves_with_path(fused[2]), jax.tree.leaves(plain[2])):
+        assert_allclose(g_fused, g_plain, atol=2e-6, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
+
+
+def test_chunk_size_is_the_largest_divisor_not_above_the_request():
+    assert chunk_size(256, 64) == 64
+    assert chunk_size(16, 6) == 4  # 16 = 4 x 4; 5 and 6 do not divide it
+    assert chunk_size(255, 64) == 51  # 255 = 3 x 5 x 17
+    assert chunk_size(97, 64) == 97  # a prime length: one whole chunk rather than 97 single positions
+    assert chunk_size(16, None) == chunk_size(16, 16) == chunk_size(16, 99) == 16
+
+
+@pytest.mark.parametrize("vocab_major", [False, True], ids=["untied", "tied"])
+def test_float32_master_head_gets_its_gradient_in_float32(vocab_major):
+    """bf16 hidden states with a float32 master head (train.precision=bf16): the head's gradient is summed and
+    returned in float32, not rounded to bf16. Zero head, V = 3, one token with h = [1, 3], target 0, mask 1:
+    softmax is uniform, so g = (1/3 - onehot) = [-2/3, 1/3, 1/3], cast to bf16 for the products:
+    bf16(1/3) = 0.333984375, bf16(-2/3) = -0.66796875. dL/dW[d, v] = h_d g_v, so the row for h = 3 is
+    [-2.00390625, 1.001953125, 1.001953125]: exact in float32, while bf16 (8 significant bits) would round
+    1.001953125 = 1 + 2^-9 to 1.0."""
+    h = jnp.array([[[1.0, 3.0]]], jnp.bfloat16)
+    w = jnp.zeros((3, 2) if vocab_major else (2, 3), jnp.float32)
+    targets, mask = jnp.array([[0]]), jnp.array([[1]])
+
+    def loss(w):
+        return fused_causal_lm_loss(h, w, targets, mask, vocab_major=vocab_major)[0]
+
+    dw = jax.grad(loss)(w)
+    assert dw.dtype == jnp.float32
+    third, two_thirds = 0.333984375, -0.66796875
+    want = jnp.array([[two_thirds, third, third], [3 * two_thirds, 3 * third, 3 * third]])
+    assert_allclose(dw.T if vocab_major else dw, want, rtol=0, atol=0)
+    assert_allclose(loss(w), jnp.log(3.0), rtol=1e-6)
+
+
+def test_sft_loss_hands_the_fused_loss_the_float32_master_head():
+    """Under bf16 compute the SFT loss passes the stored float32 head (so its gradient is never rounded to bf16
+    on the way back through a cast); `lm_head_of` alone still gives the compute-dtype copy."""
+    from tempax.models.fused_head import lm_head_of
+    from tempax.train.state import training_view
+
+    cfg = PRESETS["tiny-qwen2"]
+    view = training_view(Decoder(cfg.replace(num_layers=1, layer_types=cfg.layer_types[:1]), rngs=nnx.Rngs(0)),
+                         precision="bf16")
+    assert lm_head_of(view)[0].dtype == jnp.bfloat16
+    head, vocab_major = lm_head_of(view, master=True)
+    assert head.dtype == jnp.float32 and vocab_major
+
+
+def _tied_case(v=64, d=16, b=2, t=12):
+    kh, kw, kt = jax.random.split(jax.random.key(3), 3)
+    h = jax.random.normal(kh, (b, t, d), jnp.float32)
+    w = 0.5 * jax.random.normal(kw, (v, d), jnp.float32)
+    targets = jax.random.randint(kt, (b, t), 0, v)
+    mask = jnp.ones((b, t), jnp.int32).at[1, -3:].set(0)
+    return h, w, targets, mask
+
+
+@pytest.mark.parametrize("softcap", [None, 5.0], ids=["plain", "softcap"])
+def test_bf16_tied_head_tracks_float32(softcap):
+    """bf16 hidden states with a float32 tied [V, D] head, 3 chunks: loss within 1e-2 relative and both
+    gradients within 2% relative L2 of the float32 computation (bf16 products, float32 sums)."""
+    h, w, targets, mask = _tied_case()
+
+    def loss(h, w):
+        return fused_causal_lm_loss(h, w, targets, mask, vocab_major=True, chunk_len=4, softcap=softcap)[0]
+
+    grad = jax.jit(jax.value_and_grad(loss, (0, 1)))
+    ref, (dh_ref, dw_ref) = grad(h, w)
+    got, (dh, dw) = grad(h.astype(jnp.bfloat16), w)
+    assert dh.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
+    assert_allclose(got, ref, rtol=1e-2)
+    for g, r in ((dh.astype(jnp.float32), dh_ref), (dw, dw_ref)):
+        assert float(jnp.linalg.norm(g - r) / jnp.linalg.norm(r)) < 0.02
+
+
+def test_bf16_tied_head_gradient_is_made_in_the_embeddings_layout():
+    """The bf16 tied head's gradient is summed as [V, D], so nothing after the chunk loop transposes a
+    [V, D]-shaped array (the optimizer's fusions on the embedding read it row-major)."""
+    h, w, targets, mask = _tied_case()
+
+    def update(h, w):
+        dw = jax.grad(lambda w: fused_causal_lm_loss(h, w, targets, mask, vocab_major=True, chunk_len=4)[0])(w)
+        return w - 0.1 * dw
+
+    hlo = jax.jit(update).lower(h.astype(jnp.bfloat16), w).compile().as_text()
+    assert "transpose" in jax.jit(update).lower(h, w).compile().as_text()  # float32: [D, V] sum, transposed once
+    assert not [line for line in hlo.splitlines() if "f32[64,16]" in line and "transpose(" in line]

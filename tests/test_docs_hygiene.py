@@ -1,0 +1,221 @@
+"""Code and docs speak of the project only, and the README stays a short front page.
+
+Prose (every Markdown page, the comments of YAML and shell files, the comments and docstrings of Python files)
+must not carry calendar dates, times of day, commit hashes, talk of who worked on what and where, or paths
+outside the repository: a reader of a clone has none of them, and a figure is only reproducible from the command
+and the CPU named beside it. Measured figures live in `docs/` pages; a docstring states the rule and the reason.
+
+URLs are removed before the checks (a paper's or a project's address may hold anything). The data sets and the
+shared benchmark workloads sit in a `shared` folder beside the clone (`docs/CONTRIBUTING.md`), so
+`../shared/data/...` and `../shared/bench/...` are the project's own inputs and allowed; the tokenizer cache's
+documented default under the home folder is allowed too. Python string literals that are not docstrings are
+code (a test's fixture path, a bench's run folder) and are checked only for paths outside the repository that
+name a person's machine.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import re
+import tokenize
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCANNED_DIRS = ("tempax", "bench", "scripts", "tests", "docs", "recipes", "examples", ".ci")
+SCANNED_TOP_FILES = ("README.md", "pyproject.toml")
+
+URL = re.compile(r"https?://\S+")
+
+RULES: dict[str, re.Pattern] = {
+    "a calendar date": re.compile(
+        r"\b(19|20)\d\d-(0[1-9]|1[0-2])-([0-2]\d|3[01])\b"
+        r"|\b(19|20)\d\d/(0[1-9]|1[0-2])/([0-2]\d|3[01])\b"
+        r"|\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? \d{1,2},? (19|20)\d\d\b"
+        r"|\b\d{1,2} (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* (19|20)\d\d\b"
+        r"|\b(on|of|from|since|until|before|after) (0?[1-9]|1[0-2])-([0-2]\d|3[01])\b"
+        r"|\b(today|yesterday|tonight|this (morning|afternoon|evening))('s)?\b",
+        re.I,
+    ),
+    "a time of day": re.compile(
+        r"\b([01]?\d|2[0-3]):[0-5]\d(:[0-5]\d)?\s*(UTC|GMT|CET|CEST|PST|PDT|EST|EDT)\b"
+        r"|\b([01]\d|2[0-3]):[0-5]\d\s*-\s*([01]\d|2[0-3]):[0-5]\d\b"
+        r"|\b(at|from|until|started|since) ([01]?\d|2[0-3]):[0-5]\d\b"
+    ),
+    # Hex of 7-40 characters with a letter and a digit; not the mantissa of a float such as 8.270144462585449e-07.
+    "a commit hash": re.compile(r"(?<![\w.])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b(?![-+]\d)"),
+    "who worked on what (engineers, sessions, branches)": re.compile(
+        r"\bengineers?('s?)?\b|\b(this|that|each|other|one|previous|last) sessions?('s)?\b|\bsessions'"
+        r"|\b(this|that|the|a|my|our|your|each|other|git|feature|merged?) branch('s|es)?\b"
+        r"|\bmain (at )?commit\b|\bthe lead\b",
+        re.I,
+    ),
+    "a path outside the repository": re.compile(
+        r"(?<![\w.])/(work|home|Users|root|mnt|scratch)/"
+        r"|(?<![\w.])/tmp\b"
+        r"|\.\./(?!shared/(data|bench)\b)[\w.-]+/"
+        r"|~/(?!\.cache/tempax\b)"
+    ),
+}
+
+# A path in a Python string that is code (not a docstring) is checked only against these: a fixture may well
+# live in /tmp, but no code should name one person's machine.
+CODE_STRING_RULES = {"a path outside the repository": re.compile(r"(?<![\w.])/(work|home|Users)/|\.\./shared/notes\b")}
+
+# (path, rule) -> why that file may match the rule.
+ALLOWED: dict[tuple[str, str], str] = {
+    ("docs/performance.md", "a calendar date"): "written by `python bench/compare.py`; every run header carries its "
+    "date, so the page shows when each table was measured",
+    ("docs/performance.md", "a time of day"): "written by `python bench/compare.py` (the span of each run)",
+    ("tests/test_docs_hygiene.py", "a path outside the repository"): "its own cases of what the rule catches",
+}
+
+
+def scanned_files() -> list[str]:
+    paths = [p for p in SCANNED_TOP_FILES if os.path.exists(os.path.join(ROOT, p))]
+    for top in SCANNED_DIRS:
+        for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [d for d in dirs if d not in ("__pycache__", ".pytest_cache", ".venv", "runs")]
+            for name in files:
+                if name.endswith((".py", ".md", ".yaml", ".yml", ".sh", ".toml")) or top == ".ci":
+                    paths.append(os.path.relpath(os.path.join(folder, name), ROOT))
+    return sorted(paths)
+
+
+def python_prose(source: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """(line, text) of the comments and docstrings of a module, and of its other string literals."""
+    prose = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+             if tok.type == tokenize.COMMENT]
+    tree = ast.parse(source)
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(
+                    first.value.value, str):
+                docstrings.add(id(first.value))
+                prose.append((first.value.lineno, first.value.value))
+    strings = [(node.lineno, node.value) for node in ast.walk(tree)
+               if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+    return prose, strings
+
+
+def hash_comments(source: str) -> list[tuple[int, str]]:
+    """The `#` comments of a YAML, TOML or shell file (their prose)."""
+    return [(n, line[line.index("#"):]) for n, line in enumerate(source.splitlines(), 1) if "#" in line]
+
+
+def inside_repo(path: str, text: str, match: re.Match) -> bool:
+    """Whether the relative path starting at `match` resolves, from the page's folder, inside the repository."""
+    target = re.match(r"[^\s)`'\"]+", text[match.start():]).group(0)
+    resolved = os.path.normpath(os.path.join(os.path.dirname(path), target))
+    return not resolved.startswith("..")
+
+
+def findings(path: str) -> list[str]:
+    source = open(os.path.join(ROOT, path), encoding="utf-8").read()
+    if path.endswith(".py"):
+        prose, code_strings = python_prose(source)
+    elif path.endswith(".md"):
+        prose, code_strings = list(enumerate(source.splitlines(), 1)), []
+    else:
+        prose, code_strings = hash_comments(source), [(n, line) for n, line in enumerate(source.splitlines(), 1)]
+    out = []
+    for rules, pieces in ((RULES, prose), (CODE_STRING_RULES, code_strings)):
+        for line, text in pieces:
+            text = URL.sub("URL", text)
+            for rule, pattern in rules.items():
+                if (path, rule) in ALLOWED:
+                    continue
+                for match in pattern.finditer(text):
+                    if path.endswith(".md") and match.group(0).startswith("../") and inside_repo(path, text, match):
+                        continue  # a relative link between pages, such as docs/measurements -> docs/figures
+                    at = line + text.count("\n", 0, match.start())
+                    out.append(f"{path}:{at}: {rule}: {match.group(0)!r}")
+    return out
+
+
+def test_the_scan_sees_the_project():
+    files = scanned_files()
+    assert "README.md" in files and "tempax/__init__.py" in files and "docs/CONTRIBUTING.md" in files
+    assert any(p.startswith("recipes/") for p in files) and any(p.startswith(".ci/") for p in files)
+
+
+@pytest.mark.parametrize("text, rule", [
+    ("measured on 2031-04-05, quiet machine", "a calendar date"),
+    ("the run of 11-30 was slower", "a calendar date"),
+    ("`sum` (today's default)", "a calendar date"),
+    ("started 10:19:32 UTC, 453 s in all", "a time of day"),
+    ("back to back, 15:45-16:25", "a time of day"),
+    ("code = commit a53dc03", "a commit hash"),
+    ("four other engineers' jobs", "who worked on what (engineers, sessions, branches)"),
+    ("a snapshot of the branch's commit", "who worked on what (engineers, sessions, branches)"),
+    ("before this session's last changes", "who worked on what (engineers, sessions, branches)"),
+    ("see /work/notes/x.md", "a path outside the repository"),
+    ("--out /tmp/cmp.jsonl", "a path outside the repository"),
+    ("../shared/notes/calibration.md", "a path outside the repository"),
+])
+def test_each_rule_catches_its_case(text, rule):
+    assert RULES[rule].search(text)
+
+
+def test_a_relative_link_between_pages_stays_inside():
+    """docs/measurements/x.md -> ../figures/a.png is docs/figures/a.png; README.md -> ../notes/a.md is outside."""
+    link = "![curve](../figures/a.png)"
+    assert inside_repo("docs/measurements/x.md", link, re.search(r"\.\./", link))
+    assert not inside_repo("README.md", "see ../notes/a.md", re.search(r"\.\./", "see ../notes/a.md"))
+
+
+@pytest.mark.parametrize("text", [
+    "batch[8:10] and logps[10:18]", "Newcombe 1998, method 10", "steps 9-12, 0.25 -> 0.75", "1.959963984540054",
+    "../shared/data/gsm8k/train.jsonl", "../shared/bench/workloads.json", "`~/.cache/tempax`", "runs/cmp.jsonl",
+    "the Hub branch (never networked in tests)", "keep the session going", "8.270144462585449e-07",
+    "4111111111111111", "0x1f",
+])
+def test_project_prose_passes(text):
+    assert not [rule for rule, pattern in RULES.items() if pattern.search(text)]
+
+
+def test_code_and_docs_carry_no_dates_hashes_people_or_outside_paths():
+    found = [line for path in scanned_files() for line in findings(path)]
+    assert not found, "prose that only this one machine or day can read:\n" + "\n".join(found)
+
+
+def readme() -> str:
+    return open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+
+
+def test_readme_starts_with_the_two_fresh_machine_commands():
+    """The first code block, before any other, is exactly the demo and the test command."""
+    first_block = re.search(r"```[^\n]*\n(.*?)```", readme(), re.S)
+    assert first_block is not None
+    assert first_block.group(1).split("\n")[:-1] == ["bash scripts/demo.sh", "bash scripts/test.sh"]
+    for script in ("scripts/demo.sh", "scripts/test.sh"):
+        assert os.path.exists(os.path.join(ROOT, script))
+
+
+def test_readme_is_a_front_page():
+    """At most 200 lines: the measured detail lives in docs/ pages, which the README links."""
+    assert len(readme().splitlines()) <= 200
+
+
+PLACEHOLDER = re.compile(r"<|\bNAME\b|(^|/)x/|test_y")  # `bench/NAME.py`, `recipes/<algo>_<model>.yaml`, ...
+
+
+def test_paths_the_docs_name_exist():
+    """Every repository path that the README or a docs page names in backticks or a link exists, so a moved
+    module cannot leave a stale pointer (docs/performance.md is written by `python bench/compare.py`)."""
+    pages = ["README.md"] + [p for p in scanned_files() if p.startswith("docs/") and p.endswith(".md")]
+    missing = []
+    for page in pages:
+        text = open(os.path.join(ROOT, page), encoding="utf-8").read()
+        names = set(re.findall(r"\]\(((?:docs|\.\./)[^)\s#]+)", text))
+        names |= set(re.findall(r"`((?:tempax|tests|bench|scripts|recipes|docs|examples)/[^`\s]*)`", text))
+        for name in sorted(names):
+            target = os.path.normpath(os.path.join(os.path.dirname(page), name)) if name.startswith("..") else name
+            if not PLACEHOLDER.search(name) and target != "docs/performance.md" and not os.path.exists(
+                    os.path.join(ROOT, target)):
+                missing.append(f"{page}: {name}")
+    assert not missing, "the docs name files that do not exist:\n" + "\n".join(missing)
