@@ -24,7 +24,8 @@ def test_device_tables():
 
 def test_tiny_run_of_train_and_decode(capsys):
     """Full and LoRA SFT with "cudnn" attention (run as "xla" on a CPU) and one remat choice, then decoding at
-    batch 1: every record has its figures, none an error; the HBM fraction is read / the bandwidth given."""
+    batch 1: every record has its figures, none an error; the HBM fraction is bytes per step x steps per second
+    over the bandwidth given."""
     gpu_train_check.main(["--tiny", "--parts", "train,decode", "--modes", "full,lora", "--attention", "cudnn",
                           "--remat", "full", "--warmup", "1", "--steps", "1", "--decode-shapes", "smollm2-135m",
                           "--decode-batches", "1", "--hbm-tbps", "0.05"])
@@ -35,7 +36,9 @@ def test_tiny_run_of_train_and_decode(capsys):
     assert all(r["attention"] == "xla" and r["remat"] == "full" and r["tokens_per_s"] > 0 for r in train)
     assert train[1]["trainable"] < train[0]["trainable"]
     assert decode["shape"] == "tiny-smollm2-135m" and decode["batch"] == 1 and decode["tokens_per_s"] > 0
-    assert decode["fraction_of_hbm"] == pytest.approx(decode["read_tb_per_s"] / 0.05, rel=1e-2, abs=1e-4)
+    steps_per_s = decode["tokens_per_s"] / decode["batch"]
+    assert decode["fraction_of_hbm"] == pytest.approx(decode["bytes_per_step"] * steps_per_s / 0.05e12, rel=1e-2,
+                                                      abs=1e-4)
 
 
 def test_a_failing_part_reports_its_error_and_the_rest_runs(capsys, tmp_path):
