@@ -201,18 +201,21 @@ def test_readme_is_a_front_page():
     assert len(readme().splitlines()) <= 200
 
 
-PLACEHOLDER = re.compile(r"<|\bNAME\b|(^|/)x/|test_y")  # `bench/NAME.py`, `recipes/<algo>_<model>.yaml`, ...
+# `bench/NAME.py`, `recipes/<algo>_<model>.yaml`, the playbook's `recipes/myalgo_smollm2.yaml`: files to write.
+PLACEHOLDER = re.compile(r"<|\bNAME\b|(^|/)x/|test_y|myalgo")
+REPO_PATH = re.compile(r"(?<![\w./-])((?:tempax|tests|bench|scripts|recipes|docs|examples)/[\w./-]*[\w/])")
 
 
 def test_paths_the_docs_name_exist():
-    """Every repository path that the README or a docs page names in backticks or a link exists, so a moved
-    module cannot leave a stale pointer (docs/performance.md is written by `python bench/compare.py`)."""
+    """Every repository path that the README or a docs page names in a link or inside backticks (a command's
+    `pytest tests/...` too) exists, so a moved module cannot leave a stale pointer (docs/performance.md is
+    written by `python bench/compare.py`)."""
     pages = ["README.md"] + [p for p in scanned_files() if p.startswith("docs/") and p.endswith(".md")]
     missing = []
     for page in pages:
         text = open(os.path.join(ROOT, page), encoding="utf-8").read()
         names = set(re.findall(r"\]\(((?:docs|\.\./)[^)\s#]+)", text))
-        names |= set(re.findall(r"`((?:tempax|tests|bench|scripts|recipes|docs|examples)/[^`\s]*)`", text))
+        names |= {path for span in re.findall(r"`([^`]+)`", text) for path in REPO_PATH.findall(span)}
         for name in sorted(names):
             target = os.path.normpath(os.path.join(os.path.dirname(page), name)) if name.startswith("..") else name
             if not PLACEHOLDER.search(name) and target != "docs/performance.md" and not os.path.exists(

@@ -1,11 +1,16 @@
 """The package's import layering, read from the source with `ast` (nothing is imported):
 
     cli -> algorithms -> rl -> {train, generate, rewards, data, eval} -> models -> parallel
+    cli -> serve -> generate
+                            rl -> envs -> {rewards, models}
 
 with the top-level helpers `errors`, `configlib` and `progress` (and `tempax/__init__`'s lazy loaders)
 underneath as the foundation every layer may use. Each package may import only what `MAY_IMPORT` lists for it:
 no upward arrow, no sideways arrow other than the ones stated there (the RL layer samples with `generate`, trains
-with `train` and scores with `rewards`; evaluation generates and scores). Function-local imports (and
+with `train` and scores with `rewards`; evaluation generates and scores). The environments of agentic RL
+(`envs`: tool calls, tools, the environment protocol) sit below the RL layer: an environment scores with
+`rewards` and renders with the model's tokenizer but never samples or trains, so the RL layer drives
+environments and not the reverse. Function-local imports (and
 `if TYPE_CHECKING:` ones) count like module-level ones. Inside `algorithms`, an algorithm package
 (`algorithms/<name>/`) imports no other algorithm package; the shared modules beside them (`common`, `run`,
 `registry`, `recommend`) import none. Imports that run when a module is imported (module level, not under
@@ -23,9 +28,11 @@ FOUNDATION = {"errors", "configlib", "progress"}
 MIDDLE = {"train", "generate", "rewards", "data", "eval"}
 LOWER = {"models", "parallel"}
 MAY_IMPORT: dict[str, set[str]] = {
-    "cli": {"algorithms", "rl", *MIDDLE, *LOWER},
-    "algorithms": {"rl", *MIDDLE, *LOWER},
-    "rl": {"train", "generate", "rewards", "data", *LOWER},
+    "cli": {"algorithms", "rl", "envs", "serve", *MIDDLE, *LOWER},
+    "serve": {"generate", *LOWER},  # the HTTP server and its batcher, on the generation engine
+    "algorithms": {"rl", "envs", *MIDDLE, *LOWER},
+    "rl": {"envs", "train", "generate", "rewards", "data", *LOWER},
+    "envs": {"rewards", *LOWER},
     "eval": {"generate", "rewards", "data", *LOWER},
     "train": set(LOWER),
     "generate": set(LOWER),

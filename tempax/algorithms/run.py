@@ -112,7 +112,8 @@ class Run:
         self.write_json(file, {name: r.to_dict() for name, r in stages})
         if not is_writer():
             return
-        writer = MetricsWriter(self.run_dir, tensorboard=getattr(self.config.train, "tensorboard", False))
+        train = self.config.train
+        writer = MetricsWriter(self.run_dir, report_to=train.trackers, run_name=train.run_name)
         try:
             for name, r in stages:
                 writer.write(steps.get(name, 0), r.metrics("eval/"))

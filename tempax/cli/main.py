@@ -33,6 +33,7 @@ TOOLS_BEFORE: dict[str, tuple[str, str]] = {
     "model-info": ("model_info", "family, shapes, parameter count and weight memory of a model"),
     "generate": ("generate", "sample completions for prompts"),
     "chat": ("chat", "interactive chat with streamed tokens"),
+    "serve": ("serve", "an OpenAI-compatible HTTP endpoint (chat and completions, streaming, batched requests)"),
 }
 TOOLS_AFTER: dict[str, tuple[str, str]] = {
     "score": ("score", "rate (prompt, response) pairs with a reward model"),

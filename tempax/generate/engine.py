@@ -8,14 +8,19 @@ Shapes are bucketed so that a new request rarely compiles anything new:
   * the completion buffer holds `bucket_length(max_new_tokens)` tokens; the real limit is a traced value, so any
     max_new_tokens within a bucket reuses the same executable.
 
-Sampling values (temperature, top-p, min-p thresholds, stop ids, seeds) are traced too; only the choice of
-greedy / which filters run is static (`SamplerSpec`). `compile_counts()` reports how many times each function
+Sampling values (temperature, top-p, min-p thresholds, seeds, per-row token limits, stop ids) are traced too, one
+per row, so requests with different knobs share one batch (`DecodeRun`'s `prompt_configs`, used by `tempax serve`);
+only the choice of greedy / which filters run is static (`SamplerSpec`). `compile_counts()` reports how many times each function
 was traced (= compiled), so tests and benchmarks can check that a second call compiles nothing.
 
 The model enters the compiled functions as an argument (`nnx.split` into a static graph definition and a state
 of arrays), never as constants, so a LoRA/QLoRA-wrapped model, a sharded model or a freshly updated policy all
 reuse the executable compiled for their structure. Anything with the `Decoder` call signature
 `model(tokens, segment_ids=..., cache=...) -> (logits, cache)` and a `.config` works.
+
+Multi-turn rollouts continue a run (`DecodeRun.continue_with`): after a turn, each row's new tokens (a tool
+result and the next assistant header) are prefilled into the same cache, so a turn costs its new tokens, not a
+re-prefill of the conversation; `reserve` sizes the cache for the later turns.
 
 The decode loop runs entirely on device: no host round-trip per token. Callers that need to look at tokens
 while decoding (stop strings, streaming chat) advance it in chunks (`DecodeRun.advance(steps)`), which reuses
@@ -95,11 +100,17 @@ class DecodeState:
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class _Knobs:
-    """Traced sampling values (changing them never recompiles)."""
+    """Traced sampling values, one per row (changing them never recompiles).
 
-    temperature: jax.Array
-    top_p: jax.Array
-    min_p: jax.Array
+    A row whose filter is off while another row's is on gets a threshold that keeps every token: top_p 2 (no
+    prefix mass reaches it), min_p 0.
+    """
+
+    temperature: jax.Array  # [B, 1] float32 (1 on greedy rows)
+    top_p: jax.Array  # [B, 1] float32
+    min_p: jax.Array  # [B, 1] float32
+    greedy: jax.Array  # [B] bool, the row takes the argmax (used when spec.greedy_rows)
+    limit: jax.Array  # [B] int32, the row's max_new_tokens
     stop_ids: jax.Array  # [K] int32, -1 = unused slot
     pad_id: jax.Array
 
@@ -134,9 +145,15 @@ def _shard_cache(cache: KVCache) -> KVCache:
 
 def _sample(logits, keys, step, knobs: _Knobs, spec: SamplerSpec):
     u = None if spec.greedy else row_uniforms(keys, step)
-    return sample_from_logits(
+    tok, lp, raw = sample_from_logits(
         logits, u, spec, temperature=knobs.temperature, top_p=knobs.top_p, min_p=knobs.min_p
     )
+    if spec.greedy_rows:  # greedy rows report log p_1 for both, as an all-greedy batch does
+        tok = jnp.where(knobs.greedy, jnp.argmax(logits, axis=-1).astype(jnp.int32), tok)
+        if spec.logprobs:
+            raw = jnp.where(knobs.greedy, jax.nn.log_softmax(logits, axis=-1)[jnp.arange(tok.shape[0]), tok], raw)
+            lp = jnp.where(knobs.greedy, raw, lp)
+    return tok, lp, raw
 
 
 def _is_stop(tokens: jax.Array, stop_ids: jax.Array) -> jax.Array:
@@ -169,6 +186,12 @@ def _prefill(
     if n > 1:
         logits = jnp.repeat(logits, n, axis=0)
         cache = _shard_cache(cache.repeat(n))
+    return _first_token_state(cache, logits, keys, live, knobs, spec, completion_len)
+
+
+def _first_token_state(cache, logits, keys, live, knobs: _Knobs, spec: SamplerSpec, completion_len: int) -> DecodeState:
+    """The state after sampling a turn's token 0 from `logits` [B, V]: fresh completion buffers; rows not `live`
+    are born done."""
     first, lp, raw = _sample(logits, keys, jnp.int32(0), knobs, spec)
     rows = first.shape[0]
     first = jnp.where(live, first, knobs.pad_id)
@@ -177,7 +200,7 @@ def _prefill(
         cache=cache,
         last_token=first,
         step=jnp.int32(1),
-        done=~live | _is_stop(first, knobs.stop_ids),
+        done=~live | _is_stop(first, knobs.stop_ids) | (knobs.limit <= 1),
         lengths=live.astype(jnp.int32),
         tokens=buf(knobs.pad_id, jnp.int32).at[:, 0].set(first),
         logprobs=buf(0.0, jnp.float32).at[:, 0].set(jnp.where(live, lp, 0.0)),
@@ -218,12 +241,13 @@ def _decode(
         active = ~s.done
         tok = jnp.where(active, tok, knobs.pad_id)
         write = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, s.step))
+        lengths = s.lengths + active.astype(jnp.int32)
         return DecodeState(
             cache=cache,
             last_token=tok,
             step=s.step + 1,
-            done=s.done | (active & _is_stop(tok, knobs.stop_ids)),
-            lengths=s.lengths + active.astype(jnp.int32),
+            done=s.done | (active & (_is_stop(tok, knobs.stop_ids) | (lengths >= knobs.limit))),
+            lengths=lengths,
             tokens=write(s.tokens, tok),
             logprobs=write(s.logprobs, jnp.where(active, lp, 0.0)),
             raw_logprobs=write(s.raw_logprobs, jnp.where(active, raw, 0.0)),
@@ -233,16 +257,59 @@ def _decode(
     return jax.lax.while_loop(cond, body, state)
 
 
+def _check_prompt_configs(config: SamplingConfig, prompt_configs: Sequence[SamplingConfig] | None, prompts: int) -> None:
+    if prompt_configs is None:
+        return
+    if len(prompt_configs) != prompts:
+        raise GenerationError(f"prompt_configs has {len(prompt_configs)} configs for {prompts} prompts: give one each")
+    for i, c in enumerate(prompt_configs):
+        if (c.n, c.top_k) != (config.n, config.top_k) or c.max_new_tokens > config.max_new_tokens:
+            raise GenerationError(
+                f"prompt_configs[{i}] has n={c.n}, top_k={c.top_k}, max_new_tokens={c.max_new_tokens}; a batch shares "
+                f"n={config.n} and top_k={config.top_k} and runs at most max_new_tokens={config.max_new_tokens}"
+            )
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
+def _extend(
+    graphdef: Any,
+    params: Any,
+    state: DecodeState,
+    cache_segments: jax.Array,
+    next_position: jax.Array,
+    tokens: jax.Array,
+    segment_ids: jax.Array,
+    live: jax.Array,
+    turn: jax.Array,
+    knobs: _Knobs,
+    *,
+    spec: SamplerSpec,
+) -> DecodeState:
+    """Starts the next turn of every row: prefills only the new tokens [B, T] (left-padded) into the existing
+    cache, whose slots past each row's kept tokens `cache_segments` has already masked out, at positions from
+    `next_position`; samples the turn's token 0 from a stream folded with `turn`. Rows not `live` are born done."""
+    _TRACES["extend"] += 1
+    model = _merge(graphdef, params)
+    cache = _shard_cache(dataclasses.replace(state.cache, segment_ids=cache_segments, next_position=next_position))
+    logits, cache = _call_model(model, tokens, segment_ids, cache)
+    keys = jax.vmap(lambda k: jax.random.fold_in(k, turn))(state.keys)
+    return _first_token_state(cache, logits, keys, live, knobs, spec, state.tokens.shape[1])
+
+
 def model_context(model: Any, config: SamplingConfig) -> int:
     limit = int(model.config.max_position_embeddings)
     return limit if config.max_len is None else min(limit, int(config.max_len))
 
 
-def check_prompts(prompt_ids: Sequence[Sequence[int]], config: SamplingConfig, context: int, vocab: int) -> None:
-    """Raises GenerationError for requests that cannot be served, naming the prompt and the fix."""
+def check_prompts(prompt_ids: Sequence[Sequence[int]], config: SamplingConfig, context: int, vocab: int,
+                  prompt_configs: Sequence[SamplingConfig] | None = None) -> None:
+    """Raises GenerationError for requests that cannot be served, naming the prompt and the fix (`prompt_configs`:
+    each prompt's own max_new_tokens)."""
     if len(prompt_ids) == 0:
         raise GenerationError("no prompts given: pass at least one prompt")
     for i, ids in enumerate(prompt_ids):
+        if prompt_configs is not None:
+            config = prompt_configs[i]
         if len(ids) == 0:
             raise GenerationError(f"prompt {i} is empty: it needs at least one token (e.g. the BOS token)")
         bad = [t for t in ids if not 0 <= t < vocab]
@@ -292,6 +359,15 @@ class DecodeRun:
       pad_id: id written after a row's end.
       prompt_offset, sample_offset: the (prompt, sample) grid position of this call's first row, for the
         random streams (see `SamplingConfig.seed`).
+      prompt_configs: one config per prompt, for a batch of separate requests: each prompt's temperature, top_p,
+        min_p, seed and max_new_tokens apply to its rows, and each prompt draws its random stream as prompt 0 of
+        its own request, so its samples do not depend on what it was batched with. `config` then gives what the
+        batch shares: n, top_k, logprobs, decode_layout, and a max_new_tokens at least every prompt's. A sampled
+        row with top_p 1 in a run where another row's top_p is below 1 (and top_k is 0) draws from the vocabulary
+        in sorted order: the same distribution, but not the stream it draws alone (`tempax serve` batches them
+        apart).
+      reserve: cache slots kept free for later turns (`continue_with`): the new tokens of every turn after the
+        first, padded, plus max_new_tokens per turn. 0 for single-turn requests.
     """
 
     def __init__(
@@ -304,8 +380,11 @@ class DecodeRun:
         pad_id: int,
         prompt_offset: int = 0,
         sample_offset: int = 0,
+        prompt_configs: Sequence[SamplingConfig] | None = None,
+        reserve: int = 0,
     ):
-        check_prompts(prompt_ids, config, model_context(model, config), int(model.config.vocab_size))
+        _check_prompt_configs(config, prompt_configs, len(prompt_ids))
+        check_prompts(prompt_ids, config, model_context(model, config), int(model.config.vocab_size), prompt_configs)
         self.config = config
         self.stop_ids = tuple(int(i) for i in stop_ids)
         self.pad_id = int(pad_id)
@@ -314,25 +393,33 @@ class DecodeRun:
         self._compiles_before = self._compiles_released = sum(_TRACES.values())
         release_free_heap()  # before the cache and buffers are allocated (see release_free_heap)
         self._graphdef, self._params = nnx.split(model)
+        rows_p = bucket_batch(self.num_prompts)
+        per_prompt = list(prompt_configs or [config] * self.num_prompts)
+        per_prompt += [per_prompt[0]] * (rows_p - self.num_prompts)  # padding rows (born done) copy a real one
+        greedy = np.asarray([c.greedy for c in per_prompt])
+        top_p_on = any(c.top_p < 1.0 for c in per_prompt)
         self._spec = SamplerSpec(
-            greedy=config.greedy,
+            greedy=bool(greedy.all()),
             top_k=config.top_k,
-            top_p=config.top_p < 1.0,
-            min_p=config.min_p > 0.0,
-            logprobs=config.logprobs,
+            top_p=top_p_on,
+            min_p=any(c.min_p > 0.0 for c in per_prompt),
+            logprobs=config.logprobs or any(c.logprobs for c in per_prompt),
+            greedy_rows=bool(greedy.any() and not greedy.all()),
         )
         stop = np.full((max(8, bucket_batch(len(stop_ids))),), -1, np.int32)
         stop[: len(stop_ids)] = np.asarray(list(stop_ids), np.int32)
+        per_row = lambda values, dtype: np.repeat(np.asarray(values, dtype), self.n)
         self._knobs = _Knobs(
-            temperature=jnp.float32(config.temperature if not config.greedy else 1.0),
-            top_p=jnp.float32(config.top_p),
-            min_p=jnp.float32(config.min_p),
+            temperature=per_row([1.0 if c.greedy else c.temperature for c in per_prompt], np.float32)[:, None],
+            top_p=per_row([2.0 if c.top_p >= 1.0 and top_p_on else c.top_p for c in per_prompt], np.float32)[:, None],
+            min_p=per_row([c.min_p for c in per_prompt], np.float32)[:, None],
+            greedy=per_row(greedy, bool),
+            limit=per_row([c.max_new_tokens for c in per_prompt], np.int32),
             stop_ids=jnp.asarray(stop),
             pad_id=jnp.int32(pad_id),
         )
         prompt_len = bucket_length(max(len(p) for p in prompt_ids))
         completion_len = bucket_length(config.max_new_tokens)
-        rows_p = bucket_batch(self.num_prompts)
         tokens = np.full((rows_p, prompt_len), pad_id, np.int32)
         segments = np.zeros((rows_p, prompt_len), np.int32)
         for i, ids in enumerate(prompt_ids):
@@ -342,13 +429,17 @@ class DecodeRun:
         segments[self.num_prompts:, -1] = 1
         n = self.n
         prompt_index = np.repeat(np.arange(rows_p), n) + prompt_offset
+        if prompt_configs is not None:
+            prompt_index = np.zeros_like(prompt_index)  # each prompt is prompt 0 of its own request
         sample_index = np.tile(np.arange(n), rows_p) + sample_offset
         live = np.repeat(np.arange(rows_p) < self.num_prompts, n)
+        seeds = per_row([c.seed for c in per_prompt], np.uint32)
         start = time.perf_counter()
         self._layout = use_decode_layout(model, config)  # decode steps only: prefill multiplies whole prompts
-        args = (self._graphdef, self._params, tokens, segments, np.uint32(config.seed),
+        args = (self._graphdef, self._params, tokens, segments, seeds,
                 prompt_index.astype(np.int32), sample_index.astype(np.int32), live, self._knobs)
-        kwargs = dict(spec=self._spec, n=n, cache_len=prompt_len + completion_len, completion_len=completion_len)
+        cache_len = prompt_len + completion_len + (bucket_length(reserve) if reserve else 0)
+        kwargs = dict(spec=self._spec, n=n, cache_len=cache_len, completion_len=completion_len)
         self._compile_ahead(args, kwargs)
         self._state = _prefill(*args, **kwargs)
         self._done_host = host_array(self._state.done)  # host reads go through host_array: arrays may span processes
@@ -356,6 +447,13 @@ class DecodeRun:
         self.prefill_s = time.perf_counter() - start
         self.decode_s = 0.0
         self._step = 1
+        # Multi-turn bookkeeping: the cache slot where this turn's completion starts, each row's real tokens in
+        # the cache (= its next rotary position), the turn number, and the real tokens prefilled so far.
+        self._turn_start = prompt_len
+        self._context = np.zeros(len(live), np.int64)
+        self._context[: self.rows] = np.repeat([len(p) for p in prompt_ids], n)
+        self.turn = 0
+        self.prefilled_tokens = sum(len(p) for p in prompt_ids)
 
     @property
     def rows(self) -> int:
@@ -382,6 +480,62 @@ class DecodeRun:
         self._step, self._done_host = int(host_array(self._state.step)), host_array(self._state.done)
         self._release_after_compiling()
         self.decode_s += time.perf_counter() - start
+
+    def continue_with(self, new_ids: Sequence[Sequence[int] | None]) -> None:
+        """Starts the next turn: row r's conversation goes on with `new_ids[r]` (e.g. a rendered tool result and
+        the next assistant header) after what it generated this turn; None ends the row (it stays finished).
+
+        Only new tokens are prefilled, into the existing cache: this turn's last generated token (its stop token,
+        which the decode loop samples but never feeds back) followed by `new_ids[r]`. Cache slots a row wrote
+        after that token (padding fed while other rows were still decoding) are masked out, and positions go on
+        from the row's real length, so the next turn sees exactly prompt + completion + new tokens, as a fresh
+        prefill of the whole conversation would. The completion buffers restart for the new turn.
+        """
+        if len(new_ids) != self.rows:
+            raise GenerationError(f"continue_with got {len(new_ids)} rows of new tokens for {self.rows} rows")
+        lengths = host_array(self._state.lengths)
+        cache = self._state.cache
+        written = int(host_array(cache.length))  # prefill's slots, then one per decode step
+        segments = np.array(host_array(cache.segment_ids))
+        rows_all = segments.shape[0]
+        inputs: list[list[int]] = []
+        live = np.zeros(rows_all, bool)
+        for r in range(rows_all):
+            ids = new_ids[r] if r < self.rows else None
+            if ids is None or lengths[r] == 0:
+                inputs.append([self.pad_id])  # one real token, so the row attends to something; born done
+                continue
+            live[r] = True
+            keep_until = self._turn_start + int(lengths[r]) - 1
+            segments[r, keep_until:written] = 0
+            self._context[r] += int(lengths[r]) - 1
+            last = int(host_array(self._state.tokens)[r, int(lengths[r]) - 1])
+            inputs.append([last, *(int(t) for t in ids)])
+        width = bucket_length(max(len(x) for x in inputs))
+        if written + width + bucket_length(self.config.max_new_tokens) > cache.max_len:
+            raise GenerationError(
+                f"the next turn needs {width} new cache slots plus max_new_tokens={self.config.max_new_tokens}, "
+                f"but {cache.max_len - written} are free; pass a larger reserve for later turns"
+            )
+        tokens = np.full((rows_all, width), self.pad_id, np.int32)
+        new_segments = np.zeros((rows_all, width), np.int32)
+        for r, ids in enumerate(inputs):
+            tokens[r, width - len(ids):] = ids
+            new_segments[r, width - len(ids):] = 1
+        next_position = self._context.astype(np.int32)
+        start = time.perf_counter()
+        self.turn += 1
+        self._state = _extend(
+            self._graphdef, self._params, self._state, segments, next_position, tokens, new_segments, live,
+            jnp.int32(self.turn), self._knobs, spec=self._spec,
+        )
+        self._context[live] += np.array([len(ids) for ids, ok in zip(inputs, live) if ok], np.int64)
+        self.prefilled_tokens += sum(len(ids) for ids, ok in zip(inputs, live) if ok)
+        self._turn_start = written + width
+        self._step = 1
+        self._done_host = host_array(self._state.done)
+        self._release_after_compiling()
+        self.prefill_s += time.perf_counter() - start
 
     def _compile_ahead(self, prefill_args: tuple, prefill_kwargs: dict) -> None:
         """Compiles a new request shape's prefill and decode programs before either runs (decode from the

@@ -42,6 +42,8 @@ class SamplerSpec:
       top_p: whether the top-p filter runs (its threshold is a traced value).
       min_p: whether the min-p filter runs.
       logprobs: whether log-probabilities are computed.
+      greedy_rows: some rows (not all) take the argmax: a batch that mixes requests (`tempax serve`); which rows
+        is a traced mask.
     """
 
     greedy: bool = False
@@ -49,6 +51,7 @@ class SamplerSpec:
     top_p: bool = False
     min_p: bool = False
     logprobs: bool = True
+    greedy_rows: bool = False
 
 
 def inverse_cdf_sample(weights_bv: jax.Array, u_b: jax.Array) -> jax.Array:
@@ -192,6 +195,8 @@ def row_uniforms(keys_b: jax.Array, step: jax.Array) -> jax.Array:
 
 
 def row_keys(seed: int | jax.Array, prompt_indices: jax.Array, sample_indices: jax.Array) -> jax.Array:
-    """Typed keys [B]: fold_in(fold_in(key(seed), prompt index), sample index) per row."""
-    base = jax.random.key(seed)
-    return jax.vmap(lambda i, j: jax.random.fold_in(jax.random.fold_in(base, i), j))(prompt_indices, sample_indices)
+    """Typed keys [B]: fold_in(fold_in(key(seed), prompt index), sample index) per row; `seed` is one seed or one
+    per row [B] (requests batched together keep their own streams)."""
+    seeds = jnp.broadcast_to(jnp.asarray(seed, jnp.uint32), jnp.shape(prompt_indices))
+    key = lambda s, i, j: jax.random.fold_in(jax.random.fold_in(jax.random.key(s), i), j)
+    return jax.vmap(key)(seeds, prompt_indices, sample_indices)

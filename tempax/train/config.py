@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tempax.errors import ConfigError
 from tempax.configlib import help_field
+from tempax.train.trackers import check_report_to
 
 if TYPE_CHECKING:
     import optax
@@ -162,7 +163,18 @@ class TrainConfig:
     )
     seed: int = help_field("Seed of parameter init, data order and the step RNG.", 0)
     run_dir: str = help_field("Where metrics, TensorBoard events, checkpoints and the resolved config go.", "runs/run")
-    tensorboard: bool = help_field("Write TensorBoard event files to <run_dir>/tb.", True)
+    tensorboard: bool = help_field(
+        "Write TensorBoard event files to <run_dir>/tb when report_to names tensorboard; false turns them off "
+        "whatever report_to says.",
+        True,
+    )
+    report_to: tuple[str, ...] = help_field(
+        "Experiment trackers that get every metrics.jsonl record (TRL's names): tensorboard, wandb (pip install "
+        "'tempax[wandb]'; WANDB_MODE=offline writes <run_dir>/wandb), mlflow (pip install 'tempax[mlflow]'; "
+        "MLFLOW_TRACKING_URI). [] or [none]: metrics.jsonl only. See docs/trackers.md.",
+        ("tensorboard",),
+    )
+    run_name: str | None = help_field("The run's name in W&B and MLflow (null: the run_dir's folder name).", None)
     progress_bar: bool = help_field("Show a progress bar on the console.", True)
     check_memory: bool = help_field("Estimate peak memory before compiling and stop early when it cannot fit.", True)
     allow_config_change: bool = help_field(
@@ -188,6 +200,13 @@ class TrainConfig:
             raise ConfigError(f"log_every must be >= 1, got {self.log_every}")
         if self.eval_every < 0 or self.eval_batches < 0:
             raise ConfigError("eval_every and eval_batches must be >= 0")
+        check_report_to(self.report_to)
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """The trackers this run reports to: `report_to` without "none", less tensorboard when `tensorboard` is
+        false."""
+        return tuple(t for t in check_report_to(self.report_to) if t != "tensorboard" or self.tensorboard)
 
     def warnings(self) -> list[str]:
         """Settings that are valid but almost certainly not meant (printed before training starts)."""

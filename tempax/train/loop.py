@@ -14,6 +14,7 @@ and the batch source's position), attaches the source (`tempax.train.sources`: o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -398,7 +399,8 @@ class Trainer:
         attach_source(batches, self)
         os.makedirs(self.run_dir, exist_ok=True)
         self.writer = MetricsWriter(
-            self.run_dir, tensorboard=cfg.tensorboard, resume_step=resumed_from, say=self._say
+            self.run_dir, report_to=cfg.trackers, resume_step=resumed_from, say=self._say,
+            config={"train": dataclasses.asdict(cfg)}, run_name=cfg.run_name,
         ) if is_writer() else None  # one writer across processes (tempax.parallel.process)
         self.progress = ProgressBar(cfg.steps, initial=resumed_from, enabled=cfg.progress_bar and is_writer())
         logging_hook = LoggingHook(cfg.log_every, tokens_per_step=cfg.batch_size * cfg.seq_len)

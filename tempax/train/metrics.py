@@ -1,4 +1,5 @@
-"""Where metrics go: `<run_dir>/metrics.jsonl`, TensorBoard events in `<run_dir>/tb`, and a console progress bar.
+"""Where metrics go: `<run_dir>/metrics.jsonl`, the trackers of `train.report_to` (TensorBoard events in
+`<run_dir>/tb` by default; Weights & Biases, MLflow: `tempax.train.trackers`), and a console progress bar.
 
 `metrics.jsonl` holds one JSON object per logged step, e.g.
     {"step": 10, "loss": 2.31, "grad_norm": 0.8, "lr": 1e-05, "tokens_per_s": 1712.4, "time": 1732900000.1}
@@ -6,7 +7,7 @@ evaluation results as {"step": 10, "eval/loss": 2.5, ...}, and events as {"step"
 "reason": "SIGTERM", ...}. A resumed run continues the same file as one clean curve: before its first write it
 drops the rows of steps after the checkpoint it resumed from (they are about to be run again), and TensorBoard is
 told to purge its events from that step on. Nothing is created until the first record is written, so a run that
-fails before its first step leaves no empty metrics file or event files behind.
+fails before its first step leaves no empty metrics file, event files or tracker run behind.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import json
 import math
 import os
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
+
+from tempax.train.trackers import Tracker, finite_scalars, open_trackers
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -63,26 +66,31 @@ def truncate_after(path: str, step: int) -> int:
 
 
 class MetricsWriter:
-    """Appends metric records to metrics.jsonl and (optionally) TensorBoard.
+    """Appends metric records to metrics.jsonl and sends their numbers to the trackers of `report_to`.
 
     Args:
-      run_dir: where `metrics.jsonl` and `tb/` go (created at the first write).
-      tensorboard: also write TensorBoard events.
+      run_dir: where `metrics.jsonl`, `tb/` and the trackers' local files go (created at the first write).
+      report_to: tracker names (`tempax.train.trackers.TRACKERS`); () for metrics.jsonl alone.
       resume_step: the step the run continues from (0: a fresh start); records of later steps already in the
         file are dropped at the first write. None: append to whatever is there.
       say: where the one line about dropped rows goes (default: nowhere).
+      config: the run's config for the trackers when `<run_dir>/config.yaml` does not exist.
+      run_name: the trackers' name of the run (None: the run_dir's folder name).
     """
 
-    def __init__(self, run_dir: str, *, tensorboard: bool = True, resume_step: int | None = None,
-                 say: Callable[[str], None] | None = None):
+    def __init__(self, run_dir: str, *, report_to: Sequence[str] = ("tensorboard",), resume_step: int | None = None,
+                 say: Callable[[str], None] | None = None, config: dict[str, Any] | None = None,
+                 run_name: str | None = None):
         self.run_dir = run_dir
         self.path = os.path.join(run_dir, METRICS_FILE)
-        self.tensorboard = tensorboard
+        self.report_to = tuple(report_to)
         self.resume_step = resume_step
         self.dropped = 0  # rows of re-run steps removed at the first write
         self._say = say
+        self._config = config
+        self._run_name = run_name
         self._file = None
-        self._tb = None
+        self._trackers: list[Tracker] = []
 
     def _open(self) -> None:
         os.makedirs(self.run_dir, exist_ok=True)
@@ -93,21 +101,18 @@ class MetricsWriter:
                 self._say(f"{METRICS_FILE}: dropped {self.dropped} {rows} of steps after {self.resume_step} "
                           "(they are run again from the checkpoint)")
         self._file = open(self.path, "a", buffering=1)
-        if self.tensorboard:
-            from tensorboardX import SummaryWriter
-
-            purge = None if self.resume_step is None else self.resume_step + 1
-            self._tb = SummaryWriter(os.path.join(self.run_dir, "tb"), purge_step=purge)
+        self._trackers = open_trackers(self.report_to, self.run_dir, config=self._config, run_name=self._run_name,
+                                       resume_step=self.resume_step)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         if self._file is None:
             self._open()
         record = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}, "time": round(time.time(), 3)}
         self._file.write(json.dumps(record) + "\n")
-        if self._tb is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and math.isfinite(float(value)):
-                    self._tb.add_scalar(key, float(value), int(step))
+        numbers = finite_scalars(metrics)
+        if numbers:
+            for tracker in self._trackers:
+                tracker.log(int(step), numbers)
 
     def event(self, step: int, event: str, **fields: Any) -> None:
         """An event record (no metric values), e.g. `event(7, "stopped", reason="SIGTERM")`."""
@@ -116,14 +121,15 @@ class MetricsWriter:
     def flush(self) -> None:
         if self._file is not None:
             self._file.flush()
-        if self._tb is not None:
-            self._tb.flush()
+        for tracker in self._trackers:
+            tracker.flush()
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self._trackers:
+            tracker.close()
+        self._trackers = []
 
 
 def read_metrics(run_dir: str) -> list[dict[str, Any]]:

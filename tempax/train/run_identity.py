@@ -37,7 +37,7 @@ CHANGES_FILE = "config_changes.jsonl"
 # evaluation settings among them; data.eval_fraction is not: it moves rows between the splits).
 BOOKKEEPING = (
     "train.log_every", "train.eval_every", "train.eval_batches", "train.eval_at_start", "train.run_dir",
-    "train.tensorboard", "train.progress_bar", "train.check_memory",
+    "train.tensorboard", "train.report_to", "train.run_name", "train.progress_bar", "train.check_memory",
     "train.micro_batch_size", "train.auto_micro_batch", "train.remat", "train.checkpoint.", "train.mesh.",
     "eval.", "eval_before", "task.eval_split", "data.eval_path", "data.eval_split", "data.max_eval_rows",
     "grpo.show_completion_every", "grpo.log_entropy",

@@ -81,6 +81,26 @@ def test_mixed_length_batch_equals_each_prompt_alone(model, config):
         assert_allclose(batch.logprobs[i], alone.logprobs[0], atol=1e-5)
 
 
+def test_rows_with_their_own_knobs_equal_each_request_alone(model):
+    """One DecodeRun over three separate requests (greedy for 12 tokens; tau 0.8 + top-p 0.9 for 7; tau 1 + top-p
+    0.95 + min-p 0.05 for 12, another seed): each row's tokens, length and log-probs are what its request gives
+    alone, and the 7-token row stops at 7 while the others run on."""
+    from tempax.generate.engine import DecodeRun
+
+    own = [GREEDY, SAMPLED.replace(top_k=0, max_new_tokens=7), SAMPLED.replace(top_k=0, temperature=1.0, top_p=0.95,
+                                                                             min_p=0.05, seed=9)]
+    run = DecodeRun(model, PROMPTS, SAMPLED.replace(top_k=0), stop_ids=(), pad_id=0, prompt_configs=own)
+    run.advance()
+    out = run.output()
+    assert out.lengths.tolist() == [12, 7, 12]
+    for i, (prompt, config) in enumerate(zip(PROMPTS, own)):
+        alone = generate(model, None, [prompt], config)
+        n = config.max_new_tokens
+        assert_array_equal(out.tokens[i, :n], alone.token_ids[0, :n])
+        assert_allclose(out.logprobs[i, :n], alone.logprobs[0, :n], atol=1e-5)
+        assert_allclose(out.raw_logprobs[i, :n], alone.raw_logprobs[0, :n], atol=1e-5)
+
+
 def test_group_with_one_prefill_equals_independent_runs(model):
     """n = 2 samples of 2 prompts from one prefill each equal 4 separate n = 1 runs with the same seed, placed at
     their (prompt, sample) grid position; all 4 differ."""

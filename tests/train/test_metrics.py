@@ -38,10 +38,10 @@ def test_truncate_after_keeps_steps_up_to_the_checkpoint(tmp_path):
 
 
 def test_nothing_is_written_before_the_first_record(tmp_path):
-    writer = MetricsWriter(str(tmp_path / "run"), tensorboard=True, resume_step=0)
+    writer = MetricsWriter(str(tmp_path / "run"), report_to=("tensorboard",), resume_step=0)
     writer.close()
     assert not (tmp_path / "run").exists()
-    writer = MetricsWriter(str(tmp_path / "run"), tensorboard=True, resume_step=0)
+    writer = MetricsWriter(str(tmp_path / "run"), report_to=("tensorboard",), resume_step=0)
     writer.write(1, {"loss": 1.5})
     writer.event(1, "stopped", reason="SIGTERM")
     writer.close()

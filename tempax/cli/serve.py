@@ -1,0 +1,53 @@
+"""`tempax serve SOURCE`: an OpenAI-compatible endpoint (/v1/chat/completions, /v1/completions, /v1/models).
+
+    tempax serve smollm2-135m-instruct --port 8000
+    curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+      -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from tempax.cli.generate import load_source
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="checkpoint folder, .gguf file, registered model name or Hub repo id")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: loopback only; the server has no authentication)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
+    parser.add_argument("--served-model-name", help="the model id clients name (default: SOURCE's base name)")
+    parser.add_argument("--max-model-len", type=int, help="positions per request, prompt + completion "
+                        "(default: the model's context)")
+    parser.add_argument("--max-batch", type=int, default=32, help="most completions decoded together")
+    parser.add_argument("--chunk", type=int, default=8,
+                        help="tokens decoded per device call between checks (stop strings, streaming)")
+    parser.add_argument("--default-max-tokens", type=int, default=256,
+                        help="max_tokens of a request that sets none")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                        help="compute dtype (default: the checkpoint's)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tempax.serve import start_server
+
+    model, tokenizer = load_source(args.source, args.dtype)
+    name = args.served_model_name or os.path.basename(os.path.normpath(args.source))
+    server = start_server(model, tokenizer, host=args.host, port=args.port, model_name=name,
+                          max_model_len=args.max_model_len, max_batch=args.max_batch, chunk=args.chunk,
+                          default_max_tokens=args.default_max_tokens)
+    host, port = server.server_address[:2]
+    if args.host not in LOOPBACK:
+        print(f"warning: listening on {args.host}, reachable from other machines; tempax serve has no "
+              "authentication", file=sys.stderr)
+    print(f"serving {name} on http://{host}:{port}/v1 (Ctrl-C stops)", file=sys.stderr)
+    try:
+        server.serve_forever()
+    finally:
+        server.close()
+    return 0

@@ -1,0 +1,162 @@
+"""The HTTP side of `tempax serve`: the standard library's threading HTTP server speaking OpenAI's API.
+
+    GET  /v1/models              the one model served
+    POST /v1/chat/completions    messages rendered with the model's chat template
+    POST /v1/completions         raw prompts (text or token ids)
+    GET  /health                 200 once the model is loaded
+
+Each connection has its own thread, which parses and checks the request (`tempax.serve.protocol`), hands it to
+the batcher and writes its answer: one JSON body, or server-sent events (`data: {chunk}` lines, then
+`data: [DONE]`) when `stream` is true. No dependency beyond the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from tempax.serve.batcher import Batcher, Job
+from tempax.serve.protocol import (
+    APIError,
+    Limits,
+    chunk_body,
+    parse_chat,
+    parse_completion,
+    response_body,
+    usage_chunk,
+)
+
+MAX_BODY_BYTES = 16 * 2**20
+
+
+class OpenAIServer(ThreadingHTTPServer):
+    """A bound server; `serve_forever()` answers requests, `shutdown()` + `close()` stop it.
+
+    Args:
+      address: (host, port); port 0 picks a free one (read it back from `server_address`).
+      tokenizer: the model's tokenizer (chat template, encoding, decoding).
+      batcher: the `Batcher` that runs generation.
+      model_name: the id /v1/models lists and requests must name (or leave out).
+      limits: context and per-request limits.
+    """
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], *, tokenizer: Any, batcher: Batcher, model_name: str,
+                 limits: Limits):
+        self.tokenizer, self.batcher, self.model_name, self.limits = tokenizer, batcher, model_name, limits
+        self.created = 0
+        super().__init__(address, _Handler)
+
+    def close(self) -> None:
+        self.server_close()
+        self.batcher.close()
+
+    def start_in_thread(self) -> threading.Thread:
+        """Serves from a daemon thread (tests and benchmarks); returns it."""
+        thread = threading.Thread(target=self.serve_forever, name="tempax-serve", daemon=True)
+        thread.start()
+        return thread
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: OpenAIServer
+    protocol_version = "HTTP/1.1"  # keep-alive for JSON answers; a stream closes its connection at the end
+
+    def log_message(self, format: str, *args: Any) -> None:  # the default writes every request to stderr
+        pass
+
+    def do_GET(self) -> None:
+        if self.path in ("/v1/models", "/models"):
+            self._json(200, {"object": "list", "data": [
+                {"id": self.server.model_name, "object": "model", "created": self.server.created,
+                 "owned_by": "tempax", "max_model_len": self.server.limits.context}]})
+        elif self.path in ("/health", "/v1/health"):
+            self._json(200, {"status": "ok"})
+        else:
+            self._error(APIError(f"no route GET {self.path}; try GET /v1/models", status=404, code="not_found"))
+
+    def do_POST(self) -> None:
+        parsers = {"/v1/chat/completions": parse_chat, "/v1/completions": parse_completion}
+        parse = parsers.get(self.path)
+        try:
+            body = self._body()  # read even for an unknown route, so the connection stays usable
+            if parse is None:
+                raise APIError(f"no route POST {self.path}; use /v1/chat/completions or /v1/completions",
+                               status=404, code="not_found")
+            request = parse(body, self.server.tokenizer, self.server.model_name, self.server.limits)
+            job = self.server.batcher.submit(request)
+        except APIError as e:
+            self._error(e)
+            return
+        if request.stream:
+            self._stream(job)
+        else:
+            self._answer(job)
+
+    # -- bodies ------------------------------------------------------------------------------------------------
+    def _body(self) -> Any:
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            raise APIError("the request needs a Content-Length header and a JSON body", status=411)
+        if int(length) > MAX_BODY_BYTES:
+            raise APIError(f"the request body has {length} bytes; at most {MAX_BODY_BYTES} are accepted", status=413)
+        raw = self.rfile.read(int(length))
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise APIError(f"the request body is not valid JSON: {e}") from None
+
+    def _json(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, error: APIError) -> None:
+        self._json(error.status, error.body())
+
+    def _answer(self, job: Job) -> None:
+        while True:
+            kind, value = job.events.get()
+            if kind == "error":
+                self._error(value)
+                return
+            if kind == "end":
+                break
+        self._json(200, response_body(job.request, job.choices, self.server.tokenizer))
+
+    def _stream(self, job: Job) -> None:
+        request = job.request
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        send = lambda body: self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n") or self.wfile.flush()
+        try:
+            if request.kind == "chat":
+                for index in range(job.rows):
+                    send(chunk_body(request, index, None, first=True))
+            while True:
+                kind, value = job.events.get()
+                if kind == "delta":
+                    send(chunk_body(request, value[0], value[1]))
+                elif kind == "choice":
+                    send(chunk_body(request, value.index, None, value.finish_reason))
+                elif kind == "error":
+                    send(value.body())
+                elif kind == "end":
+                    break
+            if request.include_usage and job.choices:
+                send(usage_chunk(request, job.choices))
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client went away; its rows finish in the batch and are dropped
