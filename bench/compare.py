@@ -6,6 +6,10 @@
     python bench/compare.py --dtype bf16 --workloads sft_full,sft_lora --sizes small
     python bench/compare.py --table-from runs/cmp.jsonl       # the table again from kept records, no measuring
 
+A measuring run appends its table to `docs/performance.md` (`--page`; `--page ''` writes nothing) under a
+heading that names the CPU class (`tempax.cli.host.cpu_class`: AVX-512 + AMX, AVX-512, AVX2), the CPU, the flags
+and the date, so the page keeps one history per CPU class; the newest section of a class is its current figure.
+
 For each (workload, size) cell it runs tempax's own one-measurement entry point (`bench/sft.py --one W S`,
 `bench/decode.py --one S`, `bench/grpo_step.py --one S`) and the peer's (`bench/peers.py --one W S`:
 transformers + PyTorch, peft for LoRA, TRL's GRPOTrainer for grpo_step), alternating tempax, peer, tempax,
@@ -30,6 +34,7 @@ import datetime
 import fcntl
 import json
 import os
+import re
 import statistics
 import sys
 from collections.abc import Iterator, Sequence
@@ -226,6 +231,50 @@ def measure_all(workloads: Sequence[str], sizes: Sequence[str], *, repeats: int,
     return records
 
 
+def imitated_class(real_class: str, xla_flags: str, aten_capability: str | None) -> str:
+    """The class a run stands for: the real one, or, with `--xla_cpu_max_isa=ISA` in XLA_FLAGS (and PyTorch's
+    ATEN_CPU_CAPABILITY), "ISA imitated on <real class>": the instruction set only, not that CPU's units."""
+    m = re.search(r"--xla_cpu_max_isa=(\S+)", xla_flags)
+    if not m:
+        return real_class
+    torch = f", ATEN_CPU_CAPABILITY={aten_capability}" if aten_capability else ", PyTorch not limited"
+    return f"{m.group(1).upper()} imitated on {real_class} (--xla_cpu_max_isa={m.group(1)}{torch})"
+
+
+def run_heading(records: Sequence[dict], cpu_class: str) -> str:
+    """The page heading of one run: its CPU class and its first measurement's date (UTC)."""
+    times = sorted(r["utc"] for r in records if "utc" in r)
+    return f"## {cpu_class}: {times[0] if times else 'undated'}"
+
+
+def repeatable_command(script: str, argv: Sequence[str],
+                       local: Sequence[str] = ("--out", "--lock", "--page")) -> str:
+    """The command line that repeats a run, without the options that only name this machine's files."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in local:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in local)):
+            kept.append(arg)
+    return " ".join(["python", script, *kept])
+
+
+def append_run(page: str, table: str, heading: str, command: str) -> None:
+    """Appends one run (heading, the command that repeats it, the table) to the page, creating the page with its
+    introduction when it does not exist yet."""
+    new = not os.path.exists(page)
+    with open(page, "a", encoding="utf-8") as f:
+        if new:
+            f.write("# Performance against the peers, per CPU class\n\nWritten by `bench/compare.py` (and "
+                    "`bench/cli_startup.py`): each run appends a section (CPU class, date, CPU and flags, the table). A ratio belongs to its "
+                    "CPU: read the newest section of your class. Figures for AVX2 taken on an AVX-512 host with "
+                    "`--xla_cpu_max_isa=AVX2` and `ATEN_CPU_CAPABILITY=avx2` imitate the instruction set only, "
+                    "not an AVX2 CPU's execution units; such a run says so in its XLA_FLAGS line.\n")
+        f.write(f"\n{heading}\n\n`{command}`\n\n{table}\n")
+
+
 def _names(text: str, allowed: Sequence[str], what: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in allowed]
@@ -245,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lock", help="a lock file held for each tempax/peer pair (other jobs that take it wait)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before one measurement is failed")
     parser.add_argument("--table-from", metavar="FILE.jsonl", help="print the table of kept records; measure nothing")
+    parser.add_argument("--page", default=os.path.join(ROOT, "docs", "performance.md"),
+                        help="the docs page a measuring run appends its table to ('' = none)")
     args = parser.parse_args(argv)
     if args.table_from:
         with open(args.table_from) as f:
@@ -257,7 +308,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit("--repeats must be at least 1")
         records = measure_all(workloads, _names(args.sizes, SIZES, "sizes"), repeats=args.repeats,
                               dtype=args.dtype, out=args.out, lock=args.lock, timeout_s=args.timeout)
-    print(build_table(records), flush=True)
+    table = build_table(records)
+    print(table, flush=True)
+    if args.page and not args.table_from:
+        from tempax.cli.host import cpu_class, cpu_info
+
+        command = repeatable_command("bench/compare.py", argv if argv is not None else sys.argv[1:])
+        label = imitated_class(cpu_class(cpu_info()), os.environ.get("XLA_FLAGS", ""),
+                               os.environ.get("ATEN_CPU_CAPABILITY"))
+        append_run(args.page, table, run_heading(records, label), command)
     return 0
 
 

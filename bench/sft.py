@@ -31,7 +31,8 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOAD_AT_START = [round(x, 2) for x in os.getloadavg()]
 ROOT = os.path.dirname(HERE)
-WORKLOADS = os.path.join(ROOT, "..", "shared", "bench", "workloads.json")
+WORKLOADS = os.path.join(os.environ.get("TEMPAX_BENCH_SHARED") or os.path.join(ROOT, "..", "shared", "bench"),
+                         "workloads.json")
 
 
 def load_spec() -> dict:

@@ -1,9 +1,16 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 # Eight virtual CPU devices so sharding tests (FSDP, tensor parallel) run in the same process as the rest;
 # unsharded code still runs on device 0. Must be set before jax is imported.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# tempax's cache (tokenizers built from GGUF files, compiled XLA programs of `tempax` commands run by tests) goes
+# to a folder of this test process, never the user's; it is removed when the process ends.
+os.environ["TEMPAX_CACHE"] = tempfile.mkdtemp(prefix="tempax-test-cache-")
+atexit.register(shutil.rmtree, os.environ["TEMPAX_CACHE"], ignore_errors=True)
 
 import pytest  # noqa: E402
 

@@ -7,6 +7,7 @@ per-CPU XLA flags from it.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
 
@@ -16,7 +17,9 @@ RELEVANT_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_b
 
 
 def parse_cpuinfo(text: str) -> dict[str, str | list[str]]:
-    """Vendor, model name and the relevant flags from the text of a Linux /proc/cpuinfo (first processor)."""
+    """Vendor, model name and the relevant flags from the text of a Linux /proc/cpuinfo (first processor), and a
+    `fingerprint` of everything that decides which instructions XLA:CPU may emit (vendor, family, model and the
+    whole flags list): machine code compiled on one fingerprint may use instructions another CPU lacks."""
     fields: dict[str, str] = {}
     for line in text.splitlines():
         if not line.strip():
@@ -26,8 +29,11 @@ def parse_cpuinfo(text: str) -> dict[str, str | list[str]]:
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
     flags = set(fields.get("flags", "").split())
+    identity = "|".join([fields.get("vendor_id", ""), fields.get("cpu family", ""), fields.get("model", ""),
+                         fields.get("model name", ""), " ".join(sorted(flags))])
     return {"vendor": fields.get("vendor_id", ""), "model": fields.get("model name", ""),
-            "flags": [f for f in RELEVANT_FLAGS if f in flags]}
+            "flags": [f for f in RELEVANT_FLAGS if f in flags],
+            "fingerprint": hashlib.sha256(identity.encode()).hexdigest()[:16]}
 
 
 @functools.lru_cache(maxsize=1)
@@ -35,7 +41,7 @@ def cpu_info() -> dict[str, str | int | list[str]]:
     """This machine's CPU: vendor ("GenuineIntel", "AuthenticAMD", ...), model name, relevant flags, and the
     number of cores this process may use. Off Linux the model is `platform.processor()` and flags are empty."""
     info: dict[str, str | int | list[str]] = {"vendor": "", "model": platform.processor() or platform.machine(),
-                                              "flags": []}
+                                              "flags": [], "fingerprint": platform.machine() or "unknown"}
     try:
         with open("/proc/cpuinfo") as f:
             info.update(parse_cpuinfo(f.read()))
@@ -46,6 +52,15 @@ def cpu_info() -> dict[str, str | int | list[str]]:
     except (AttributeError, OSError):
         info["cores"] = os.cpu_count() or 1
     return info
+
+
+def cpu_class(info: dict) -> str:
+    """The class of a `cpu_info()` record that decides XLA:CPU's and PyTorch's kernels: "AVX-512 + AMX",
+    "AVX-512", "AVX2" or "older than AVX2" (speed ratios are reported per class)."""
+    flags = set(info.get("flags", ()))
+    if "avx512f" in flags:
+        return "AVX-512 + AMX" if "amx_tile" in flags else "AVX-512"
+    return "AVX2" if "avx2" in flags else "older than AVX2"
 
 
 def cpu_line() -> str:

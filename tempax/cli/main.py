@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from tempax.algorithms import registry
@@ -98,8 +99,9 @@ def _takes_name(fn) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `tempax` command itself, not a call from Python: set up the process first
-        from tempax.cli.process import quiet_unless_first_process, setup_process
+        from tempax.cli.process import compilation_cache_env, quiet_unless_first_process, setup_process
 
+        os.environ.update(compilation_cache_env(os.environ))  # before JAX starts: it reads these once
         setup_process(job="train" if sys.argv[1:2] and sys.argv[1] in training_commands() else None)
         quiet_unless_first_process()
     command_line = sys.argv[1:] if argv is None else argv

@@ -18,7 +18,15 @@ of XLA:CPU's matrix-product library, and glibc's malloc on transparent huge page
   `--xla_cpu_use_onednn=true` is added, the one flag measured faster there. Figures of all three:
   `docs/measurements/performance-history.md`.
 
-Opt out of all of them with `TEMPAX_REEXEC=0`; a `GLIBC_TUNABLES` naming `glibc.malloc.hugetlb` or an `XLA_FLAGS`
+* Persistent compilation cache, on for the `tempax` command (`compilation_cache_env`): JAX writes every compiled
+  program to `$TEMPAX_CACHE/xla/<CPU fingerprint>` and a later run with the same program, shapes, jaxlib and XLA
+  flags loads it instead of compiling (XLA:CPU included, sharded programs too; tests check both). A second
+  `tempax generate` then skips the prefill and decode compilations (the figures are in `docs/performance.md`).
+  The folder is per CPU because JAX's cache key names the backend ("cpu") but not the host's instruction set:
+  a home folder shared by an AVX-512 and an AVX2 machine must not hand one the other's machine code.
+  `TEMPAX_COMPILE_CACHE=0` turns it off; a `JAX_COMPILATION_CACHE_DIR` the user set is used as it is.
+
+Opt out of the first three with `TEMPAX_REEXEC=0`; a `GLIBC_TUNABLES` naming `glibc.malloc.hugetlb` or an `XLA_FLAGS`
 naming one of these XLA flags is left as the user set it.
 """
 
@@ -31,6 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tempax.cli.host import cpu_info, cpu_line
+from tempax.models.tokenizer import cache_root
 
 HUGETLB_TUNABLE = "glibc.malloc.hugetlb=1"
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -79,6 +88,21 @@ def tuned_env(env: dict[str, str], cpu: Mapping[str, Any] | None = None, job: st
             xla_flags = _append(xla_flags, flag, " ")
     if xla_flags != env.get("XLA_FLAGS", ""):
         out["XLA_FLAGS"] = xla_flags
+    return out
+
+
+def compilation_cache_env(env: Mapping[str, str], cpu: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """`env` with JAX's persistent compilation cache pointed at `$TEMPAX_CACHE/xla/<cpu fingerprint>` (`cpu`:
+    a `cpu_info()` record, default this machine's), caching every program however fast it compiled (JAX's
+    default keeps only those over 1 s; the many small ones add up on 2 cores). Unchanged when
+    `TEMPAX_COMPILE_CACHE=0` or when the user named a cache folder (`JAX_COMPILATION_CACHE_DIR`)."""
+    out = dict(env)
+    if env.get("TEMPAX_COMPILE_CACHE", "1") == "0" or env.get("JAX_COMPILATION_CACHE_DIR"):
+        return out
+    fingerprint = str((cpu_info() if cpu is None else cpu).get("fingerprint", "unknown"))
+    root = env.get("TEMPAX_CACHE") or cache_root()
+    out["JAX_COMPILATION_CACHE_DIR"] = os.path.join(root, "xla", fingerprint)
+    out.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     return out
 
 

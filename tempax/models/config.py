@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tempax.errors import CheckpointError
+from tempax.errors import CheckpointError, ConfigError
 
 LayerType = Literal["full", "sliding"]
 
@@ -71,6 +71,10 @@ class ModelConfig:
       param_dtype: dtype the weights are stored in ("float32", "bfloat16").
       dtype: dtype of activations and matmuls.
       remat: per-layer activation recomputation in training: "none", "full" or "dots" (save matmul outputs).
+      attention_impl: attention of a forward pass without a KV cache (training, scoring): "tempax" (the einsum
+        version, float32 scores, soft-capping, XLA:CPU's bf16 kernels), or `jax.nn.dot_product_attention` as
+        "xla" or "cudnn" (cuDNN's fused flash attention on NVIDIA GPUs; no soft-capping). Decoding always uses
+        "tempax"'s (its cache layout).
     """
 
     family: str = "llama"
@@ -105,8 +109,15 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat: Literal["none", "full", "dots"] = "none"
+    attention_impl: Literal["tempax", "xla", "cudnn"] = "tempax"
 
     def __post_init__(self) -> None:
+        if self.attention_impl not in ("tempax", "xla", "cudnn"):
+            raise ConfigError(f"attention_impl {self.attention_impl!r} is not 'tempax', 'xla' or 'cudnn'")
+        if self.attention_impl != "tempax" and self.attn_logit_softcap is not None:
+            raise ConfigError(
+                f"attention_impl={self.attention_impl!r} has no attention logit soft-capping, which this model "
+                f"uses (attn_logit_softcap={self.attn_logit_softcap}); use attention_impl='tempax'")
         if self.num_heads % self.num_kv_heads:
             raise CheckpointError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"

@@ -212,6 +212,7 @@ class Attention(nnx.Module):
         self.scale = cfg.attn_scale
         self.softcap = cfg.attn_logit_softcap
         self.window = cfg.sliding_window if cfg.layer_type(layer_index) == "sliding" else None
+        self.attention_impl = cfg.attention_impl
         self.rope = cfg.rope_for(layer_index)  # static; inverse frequencies are constant-folded under jit
 
     def __call__(
@@ -242,11 +243,14 @@ class Attention(nnx.Module):
             new_kv = (keys, vals)
             k_index = jnp.arange(keys.shape[2])
             keys, vals = keys.astype(q.dtype), vals.astype(q.dtype)
-        out = attention(
-            q, keys, vals, q_index=q_index, k_index=k_index, q_segments=q_segments, k_segments=k_segments,
-            scale=self.scale, logit_cap=self.softcap, window=self.window,
-            kv_heads_first=kv is not None,
-        )
+        if kv is None and self.attention_impl != "tempax":  # a forward pass (training, scoring): no cache
+            mask = attention_mask(q_index, k_index, q_segments, k_segments, self.window)
+            out = library_attention(q, keys, vals, mask, scale=self.scale, implementation=self.attention_impl)
+        else:
+            out = attention(
+                q, keys, vals, q_index=q_index, k_index=k_index, q_segments=q_segments, k_segments=k_segments,
+                scale=self.scale, logit_cap=self.softcap, window=self.window, kv_heads_first=kv is not None,
+            )
         out = out.reshape(b, t, n * h)
         return self.o_proj(out), new_kv
 
@@ -277,11 +281,7 @@ def attention(
     kh = k.shape[1] if kv_heads_first else k.shape[2]
     kv = "bksh" if kv_heads_first else "bskh"
     g = n // kh
-    visible = k_index[None, :] <= q_index[:, None]  # [T, S]
-    if window is not None:
-        visible &= (q_index[:, None] - k_index[None, :]) < window
-    same = (q_segments[:, :, None] == k_segments[:, None, :]) & (k_segments[:, None, :] != 0)  # [B, T, S]
-    mask = visible[None] & same
+    mask = attention_mask(q_index, k_index, q_segments, k_segments, window)
     if not kv_heads_first and q_btnh.dtype == k.dtype == v.dtype == BF16:
         return bf16_attention(q_btnh, k, v, mask, scale=scale, logit_cap=logit_cap)  # training at bf16
     q = q_btnh.reshape(b, t, kh, g, h)
@@ -296,6 +296,29 @@ def attention(
         return out.reshape(b, t, n, h)
     out = jnp.einsum(f"bkgts,{kv}->btkgh", probs, v)
     return out.reshape(b, t, n, h)
+
+
+def attention_mask(q_index: jax.Array, k_index: jax.Array, q_segments: jax.Array, k_segments: jax.Array,
+                   window: int | None) -> jax.Array:
+    """[B, T, S] bool: query i in segment s sees key j when j <= i, segment(j) == s != 0 and (window) i - j <
+    window."""
+    visible = k_index[None, :] <= q_index[:, None]  # [T, S]
+    if window is not None:
+        visible &= (q_index[:, None] - k_index[None, :]) < window
+    same = (q_segments[:, :, None] == k_segments[:, None, :]) & (k_segments[:, None, :] != 0)  # [B, T, S]
+    return visible[None] & same
+
+
+def library_attention(q_btnh: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scale: float,
+                      implementation: str) -> jax.Array:
+    """`attention`'s result (no soft-capping) from `jax.nn.dot_product_attention`: XLA's version ("xla") or
+    cuDNN's fused flash attention ("cudnn", NVIDIA GPUs), chosen by `ModelConfig.attention_impl`.
+
+    q [B, T, N, H], k and v [B, S, K, H] (grouped heads: K divides N), `mask` [B, T, S] from `attention_mask`;
+    rows it masks entirely (padding) come out finite, as in `attention`.
+    """
+    return jax.nn.dot_product_attention(q_btnh, k, v, mask=mask[:, None], scale=scale,
+                                        implementation=implementation)
 
 
 def _activation(name: str):

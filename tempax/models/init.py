@@ -28,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tempax.models.config import ModelConfig
 from tempax.models.decoder import Decoder, DecoderLayer, make_embedding, make_head
+from tempax.models.weights import abstract_model
 from tempax.parallel.rules import Rules, param_shardings
 
 
@@ -70,7 +71,7 @@ def init_decoder(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rules: R
     With `mesh`, every weight is created in the shard its logical axis names map to (replicated on no mesh:
     the default device).
     """
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(seed))))
+    graphdef, abstract = nnx.split(abstract_model(cfg))  # shapes only: the draws come from the programs below
     programs = decoder_programs(cfg, seed, mesh, rules)
     values: dict[tuple[Any, ...], Any] = {}
 

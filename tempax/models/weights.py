@@ -17,7 +17,7 @@ from flax import nnx
 
 from tempax.errors import CheckpointError
 from tempax.models.config import ModelConfig
-from tempax.models.decoder import Decoder, as_dtype
+from tempax.models.decoder import Decoder, DecoderLayer, as_dtype
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
@@ -62,8 +62,20 @@ def path_to_hf(path: tuple[Any, ...]) -> tuple[str, bool]:
 
 
 def abstract_model(cfg: ModelConfig) -> Decoder:
-    """A model whose parameters are shapes only (no memory), to be filled by `fill_params`."""
-    return nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    """A model whose parameters are shapes only (no memory), to be filled by `fill_params`.
+
+    Each layer is traced on its own and put into a layer-less `Decoder` (the same structure as tracing the whole
+    constructor; tests compare the two). One trace of the whole constructor takes time quadratic in the depth:
+    every random draw advances a traced counter, flax compares that counter's `sharding`, and on a tracer JAX
+    answers with an AttributeError whose message walks the whole trace so far. For SmolLM2-135M (30 layers)
+    that was most of the 1.9-2.3 s of CPU the abstract model took, a cost every `tempax generate` paid at start.
+    """
+    model = nnx.eval_shape(lambda: Decoder(cfg.replace(num_layers=0, layer_types=()), rngs=nnx.Rngs(0)))
+    model.config = cfg
+    with nnx.use_eager_sharding(False):  # as `Decoder.__init__` builds its layers
+        model.layers = nnx.List([nnx.eval_shape(lambda i=i: DecoderLayer(cfg, i, rngs=nnx.Rngs(0)))
+                                 for i in range(cfg.num_layers)])
+    return model
 
 
 def _param_table(model: Decoder) -> dict[tuple[Any, ...], nnx.Variable]:

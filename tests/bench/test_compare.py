@@ -128,3 +128,51 @@ def test_driver_interleaves_sides_keeps_every_record_and_survives_a_failure(tmp_
     assert row(table, "| sft_full tokens/s | tiny")[6] == "1.00x"
     assert row(table, "| decode generated tokens/s | tiny")[4] \
         == "error (2 failed): exit 1: no peer here (transformers generate)"
+
+
+def test_a_measuring_run_appends_its_table_to_the_page_under_its_cpu_class(tmp_path, monkeypatch):
+    """Two runs -> the page's introduction once, then two sections in run order, each headed by the class and
+    the first measurement's date, with the command and the table; --table-from writes nothing."""
+    import bench.compare as compare
+
+    page = tmp_path / "performance.md"
+    monkeypatch.setattr(compare, "measure_all", lambda *a, **k: RECORDS)
+    monkeypatch.setattr("tempax.cli.host.cpu_info", lambda: {"flags": ["avx2", "fma"]})
+    assert main(["--sizes", "tiny", "--page", str(page)]) == 0
+    assert main(["--sizes", "small", "--page", str(page)]) == 0
+    text = page.read_text()
+    assert text.startswith("# Performance against the peers, per CPU class") and text.count("# Performance") == 1
+    sections = text.split("\n## ")[1:]
+    assert [s.splitlines()[0] for s in sections] == ["AVX2: 2026-12-01 09:55"] * 2
+    assert "`python bench/compare.py --sizes tiny`" in sections[0]
+    assert "`python bench/compare.py --sizes small`" in sections[1]
+    assert build_table(RECORDS) in sections[0]
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    main(["--table-from", str(kept), "--page", str(page)])
+    assert page.read_text() == text
+
+
+def test_cpu_classes():
+    from tempax.cli.host import cpu_class
+
+    assert cpu_class({"flags": ["avx2", "fma", "avx512f", "amx_tile", "amx_bf16"]}) == "AVX-512 + AMX"
+    assert cpu_class({"flags": ["avx2", "fma", "avx512f", "avx512_bf16"]}) == "AVX-512"
+    assert cpu_class({"flags": ["avx2", "fma"]}) == "AVX2"
+    assert cpu_class({"flags": []}) == "older than AVX2"
+
+
+def test_the_recorded_command_leaves_out_this_machines_files():
+    from bench.compare import repeatable_command
+
+    argv = ["--sizes", "tiny", "--out", "/tmp/x.jsonl", "--lock=/tmp/l", "--page", "p.md", "--repeats", "1"]
+    assert repeatable_command("bench/compare.py", argv) == "python bench/compare.py --sizes tiny --repeats 1"
+
+
+def test_an_imitated_instruction_set_is_named_in_the_heading():
+    from bench.compare import imitated_class
+
+    assert imitated_class("AVX-512", "--xla_foo=1", None) == "AVX-512"
+    assert imitated_class("AVX-512", "--a --xla_cpu_max_isa=AVX2", "avx2") \
+        == "AVX2 imitated on AVX-512 (--xla_cpu_max_isa=AVX2, ATEN_CPU_CAPABILITY=avx2)"
+    assert imitated_class("AVX-512", "--xla_cpu_max_isa=avx2", None).endswith("PyTorch not limited)")

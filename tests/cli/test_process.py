@@ -106,3 +106,47 @@ def test_setup_runs_the_same_command_once_with_the_settings(huge_pages):
     expected = process.tuned_env(env)
     assert out.strip() == f"{expected.get('GLIBC_TUNABLES', '')!r} {expected['XLA_FLAGS']!r} ['a', 'b=1']"
     assert out.count("\n") == 1  # printed once: the re-executed process does not re-execute again
+
+
+def test_the_compilation_cache_is_per_cpu_and_can_be_turned_off(tmp_path):
+    """`$TEMPAX_CACHE/xla/<fingerprint>`, every program cached; off with TEMPAX_COMPILE_CACHE=0; the user's own
+    JAX cache folder is left as set."""
+    cpu = {"vendor": "AuthenticAMD", "flags": ["avx2"], "fingerprint": "abc123"}
+    env = process.compilation_cache_env({"TEMPAX_CACHE": str(tmp_path)}, cpu)
+    assert env == {"TEMPAX_CACHE": str(tmp_path), "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla" / "abc123"),
+                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    other = process.compilation_cache_env({"TEMPAX_CACHE": str(tmp_path)}, {**cpu, "fingerprint": "def456"})
+    assert other["JAX_COMPILATION_CACHE_DIR"] != env["JAX_COMPILATION_CACHE_DIR"]
+    assert process.compilation_cache_env({"TEMPAX_COMPILE_CACHE": "0"}, cpu) == {"TEMPAX_COMPILE_CACHE": "0"}
+    mine = {"JAX_COMPILATION_CACHE_DIR": "/elsewhere"}
+    assert process.compilation_cache_env(mine, cpu) == mine
+
+
+# Compiles a program sharded over 8 host devices and reports whether it came from the persistent cache.
+_SHARDED_PROGRAM = """
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+events = []
+jax.monitoring.register_event_listener(lambda name, **kw: events.append(name.rpartition("/")[2]))
+mesh = jax.sharding.Mesh(jax.devices(), ("data",))
+x = jax.device_put(jnp.arange(64.0).reshape(8, 8), NamedSharding(mesh, P("data")))
+y = jax.jit(lambda a: (a @ a.T).sum(axis=1))(x)
+print(events.count("compile_requests_use_cache"), events.count("cache_hits"), float(y.sum()),
+      len(y.sharding.device_set))
+"""
+
+
+def test_a_second_process_loads_sharded_programs_from_the_cache(tmp_path):
+    """XLA:CPU in the pinned jaxlib: the first run compiles every program (no cache hit), the second reads every
+    one back (as many hits as compile requests), the sharded product included; both give the sum of A A^T with
+    A = arange(64) as 8x8, spread over all 8 devices."""
+    env = process.compilation_cache_env({**os.environ, "TEMPAX_CACHE": str(tmp_path),
+                                         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    runs = [subprocess.run([sys.executable, "-c", _SHARDED_PROGRAM], env=env, capture_output=True, text=True,
+                           check=True).stdout.split() for _ in range(2)]
+    a = [[8.0 * i + j for j in range(8)] for i in range(8)]
+    total = sum(sum(x * y for x, y in zip(r, s)) for r in a for s in a)
+    requests, hits = [int(r[0]) for r in runs], [int(r[1]) for r in runs]
+    assert requests[0] >= 1 and hits == [0, requests[1]]
+    assert all(float(r[2]) == total and r[3] == "8" for r in runs)
+    assert os.listdir(env["JAX_COMPILATION_CACHE_DIR"])

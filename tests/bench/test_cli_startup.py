@@ -1,0 +1,27 @@
+"""bench/cli_startup.py's readings of a command's output (the measuring itself runs real `tempax` processes)."""
+
+from bench.cli_startup import build_table, command_line, decode_seconds, first_reply_time
+
+
+def test_first_reply_time_is_when_the_first_character_after_the_marker_arrived():
+    """stdout "you> assistant> 84" arrived as 5 bytes at 1.0 s, 16 at 2.0 s (the marker ends at byte 16),
+    18 at 3.5 s: the reply's first character (byte 17) came at 3.5 s."""
+    out = b"you> assistant> 84"
+    assert first_reply_time(out, [(1.0, 5), (2.0, 16), (3.5, 18)]) == 3.5
+    assert first_reply_time(b"you> ", [(1.0, 5)]) is None
+
+
+def test_decode_seconds_from_the_generate_summary():
+    line = "78 tokens in 17.90 s (prefill 14.36 s, decode 3.54 s, 2 compiled); prompts sent through the chat template"
+    assert decode_seconds(line) == 3.54
+    assert decode_seconds("error") is None
+
+
+def test_commands_and_table(tmp_path):
+    argv, stdin = command_line("chat", str(tmp_path), "data.jsonl")
+    assert argv[-2:] == ["chat", "smollm2-135m-instruct"] and stdin.endswith("\n")
+    argv, _ = command_line("sft", str(tmp_path), "data.jsonl")
+    assert "train.steps=2" in argv and f"train.run_dir={tmp_path}" in argv and "data.path=data.jsonl" in argv
+    table = build_table([{"command": "generate", "cache": "warm", "wall_s": 9.0, "cpu_s": 8.0, "first_token_s": 5.5,
+                          "peak_rss_gib": 1.0, "load_1min_after": 2.0}])
+    assert table.splitlines()[-1] == "| generate | warm | 9.0 | 8.0 | 5.5 | 1.0 | 2.0 |"
