@@ -95,7 +95,7 @@ def test_cheap_commands_run(trained, tmp_path, monkeypatch, capsys):  # noqa: F8
     order = ["validate", "plot", "export", "generate", "eval"]  # export writes the folder the others load
     commands = sorted(readme_commands(), key=lambda c: order.index(c.split()[1]) if c.split()[1] in order else 9)
     for command in commands:
-        argv = argv_of(command, SOURCE=out, RUN_DIR=run_dir, OUT_DIR=out)
+        argv = argv_of(command, SOURCE=out, RUN_DIR=run_dir, OUT_DIR=out, **{"MODEL.gguf": str(tmp_path / "m.gguf")})
         name = argv[0]
         if name == "validate" or (name in ("plot", "export")):
             pass
