@@ -17,9 +17,19 @@ from tempax.train.memory import GiB
 SMOL = get_preset("smollm2-135m")
 
 
+# One well-formed row per data kind: `tempax validate` reads a recipe's first data rows as the run will.
+ROW_OF_KIND = {
+    "text": {"text": "Some plain text."},
+    "messages": {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]},
+    "prompt_completion": {"prompt": "2 + 2 =", "completion": " 4"},
+    "preference": {"prompt": "Hi", "chosen": "Hello.", "rejected": "Go away."},
+    "qa": {"question": "What is 2 + 2?", "answer": "2 + 2 = 4\n#### 4"},
+}
+
+
 def _profile(tmp_path, kind, rows=2000, tokens_per_row=300.0, checkable=0.0, name="data.jsonl"):
     path = tmp_path / name
-    path.write_text("{}\n")
+    path.write_text(json.dumps(ROW_OF_KIND.get(kind, {})) + "\n")
     return DataProfile(path=str(path), split=None, kind=kind, rows=rows, sample_rows=min(rows, 300),
                        tokens_per_row=tokens_per_row, p95_tokens=480, loss_token_share=0.6,
                        checkable_fraction=checkable)

@@ -207,7 +207,7 @@ class RFTSource:
         stop = "" if s.keep_truncated else f" with a stop token within rft.max_new_tokens={s.max_new_tokens}"
         raise NothingAccepted(
             f"rft: {s.max_empty_rounds} rounds in a row kept no completion (none reached rft.threshold="
-            f"{s.threshold:g}{stop}); warm-start the policy with SFT on the answer format, lower rft.threshold, or "
+            f"{float(s.threshold)}{stop}); warm-start the policy with SFT on the answer format, lower rft.threshold, or "
             "raise rft.samples_per_problem")
 
 
