@@ -145,9 +145,11 @@ def _prompt_of(task_row: Mapping[str, Any]) -> list[Message]:
 
 
 class _ScoredTask:
-    """Scores a final reply with the task's reward functions, given the row's other columns (e.g. `answer`)."""
+    """Scores a final reply with the task's reward functions, given the row's other columns (e.g. `answer`).
+    Without reward functions it scores nothing: the batched rollout (`tempax.rl.episodes`) then scores every
+    episode's final reply in one call instead."""
 
-    def __init__(self, tokenizer: Tokenizer, reward_fn: RewardCall) -> None:
+    def __init__(self, tokenizer: Tokenizer, reward_fn: RewardCall | None) -> None:
         self.tokenizer = tokenizer
         self.reward_fn = reward_fn
         self.prompt_text = ""
@@ -158,14 +160,17 @@ class _ScoredTask:
         self.columns = {k: [v] for k, v in task_row.items() if k != PROMPT_COLUMN}
 
     def score(self, completion: str) -> dict[str, float]:
+        if self.reward_fn is None:
+            return {}
         breakdown = self.reward_fn([self.prompt_text], [completion], **self.columns)
         return {name: float(values[0]) for name, values in breakdown.per_function.items()}
 
 
 class SingleTurnEnvironment:
-    """One prompt, one reply, scored by the task's reward functions: the built-in arithmetic and GSM8K tasks."""
+    """One prompt, one reply, scored by the task's reward functions (None: left to the rollout, which scores
+    final replies in one batch): the built-in arithmetic and GSM8K tasks."""
 
-    def __init__(self, tokenizer: Tokenizer, reward_fn: RewardCall) -> None:
+    def __init__(self, tokenizer: Tokenizer, reward_fn: RewardCall | None = None) -> None:
         self.task = _ScoredTask(tokenizer, reward_fn)
 
     def reset(self, task_row: Mapping[str, Any]) -> list[Message]:
@@ -203,14 +208,14 @@ class ToolMetrics:
 
 class ToolEnvironment:
     """The policy may call `tools` in its own format until it replies without a call; that reply is scored by
-    the task's reward functions. Unreadable calls and failing calls are answered with an error message as the
+    the task's reward functions (None: left to the rollout). Unreadable calls and failing calls are answered with an error message as the
     tool result (and counted), never raised. The tool list is appended to the task's system message (or given as
     a new first system message), in the call format of the tokenizer's chat template unless one is given."""
 
     def __init__(
         self,
         tokenizer: Tokenizer,
-        reward_fn: RewardCall,
+        reward_fn: RewardCall | None,
         tools: Sequence[Tool],
         *,
         tool_format: ToolFormat | None = None,

@@ -27,10 +27,12 @@ from typing import Any, Callable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from tempax.envs.environment import SingleTurnEnvironment
+from tempax.envs.registry import EnvFactory
 from tempax.rl.advantages import combine_and_estimate
+from tempax.rl.episodes import play_episodes
 from tempax.rl.losses import overlong_penalty
 from tempax.errors import DataError
-from tempax.generate import SamplingConfig, generate
 
 # Row keys that are not reward columns (`prompt_messages` is one: a reward model scores the messages).
 _NOT_COLUMNS: tuple[str, ...] = ()
@@ -51,16 +53,24 @@ class Prompt:
     columns: dict[str, Any]
 
 
-def encode_prompts(tokenizer: Any, rows: Sequence[dict[str, Any]], *, max_prompt_len: int) -> tuple[list[Prompt], int]:
-    """Chat-template each row's `prompt_messages` (with the generation prompt); returns (prompts, dropped).
+def encode_prompts(
+    tokenizer: Any, rows: Sequence[dict[str, Any]], *, max_prompt_len: int, env_factory: EnvFactory | None = None
+) -> tuple[list[Prompt], int]:
+    """Chat-template each row's first messages (with the generation prompt); returns (prompts, dropped).
 
-    Rows whose prompt is longer than `max_prompt_len` tokens are dropped and counted.
+    The first messages are the row's `prompt_messages`, or with `env_factory` what a fresh environment's
+    `reset(row)` gives (a tool environment adds its tool list). Rows whose prompt is longer than `max_prompt_len`
+    tokens are dropped and counted.
     """
     prompts, dropped = [], 0
     for row in rows:
-        if "prompt_messages" not in row:
+        if env_factory is not None:
+            messages = env_factory().reset(row)
+        elif "prompt_messages" in row:
+            messages = row["prompt_messages"]
+        else:
             raise DataError(f"task row has no 'prompt_messages' (keys: {sorted(row)}); rows come from tempax.data.tasks")
-        text = tokenizer.apply_chat_template(row["prompt_messages"], add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         ids = tokenizer.encode(text, add_special_tokens=False)
         if len(ids) > max_prompt_len:
             dropped += 1
@@ -135,6 +145,14 @@ class Rollout:
       seconds: name -> wall time of the stages that produced it (generation, reward).
       groups_sampled: groups generated to make this rollout (> P with dynamic sampling).
       zero_spread_sampled: of those, groups with zero reward spread.
+      turns: [P, G] int32 replies per episode (None: one each).
+      turn_of: [P, G, T] int32, k + 1 on the policy tokens of turn k, 0 elsewhere (None: one turn).
+      env_metrics: name -> [P, G] the environments' counters (tool calls, malformed calls, tool errors, ...).
+      prefilled_tokens: tokens the engine prefilled for these episodes (prompts once, then each turn's new ones).
+      reprefill_tokens: what re-prefilling the whole conversation every turn would have cost instead.
+
+    With multi-turn episodes `completion_tokens` holds the whole episode after the prompt (replies and the
+    environment's messages) and `completion_mask` is 1 on the policy's tokens only (`tempax.rl.episodes`).
     """
 
     prompts: list[Prompt]
@@ -152,6 +170,11 @@ class Rollout:
     seconds: dict[str, float] = field(default_factory=dict)
     groups_sampled: int = 0
     zero_spread_sampled: int = 0
+    turns: np.ndarray | None = None
+    turn_of: np.ndarray | None = None
+    env_metrics: dict[str, np.ndarray] = field(default_factory=dict)
+    prefilled_tokens: int = 0
+    reprefill_tokens: int = 0
 
     @property
     def num_prompts(self) -> int:
@@ -173,6 +196,10 @@ class Rollout:
             reward_failures=dict(self.reward_failures), advantages=self.advantages[idx],
             zero_spread=self.zero_spread[idx], seconds=dict(self.seconds),
             groups_sampled=self.groups_sampled, zero_spread_sampled=self.zero_spread_sampled,
+            turns=None if self.turns is None else self.turns[idx],
+            turn_of=None if self.turn_of is None else self.turn_of[idx],
+            env_metrics={k: v[idx] for k, v in self.env_metrics.items()},
+            prefilled_tokens=self.prefilled_tokens, reprefill_tokens=self.reprefill_tokens,
         )
 
 
@@ -196,6 +223,11 @@ def concat_rollouts(parts: Sequence[Rollout]) -> Rollout:
         reward_failures=failures, advantages=cat("advantages"), zero_spread=cat("zero_spread"), seconds=seconds,
         groups_sampled=sum(p.groups_sampled for p in parts),
         zero_spread_sampled=sum(p.zero_spread_sampled for p in parts),
+        turns=None if first.turns is None else cat("turns"),
+        turn_of=None if first.turn_of is None else cat("turn_of"),
+        env_metrics={k: np.concatenate([p.env_metrics[k] for p in parts]) for k in first.env_metrics},
+        prefilled_tokens=sum(p.prefilled_tokens for p in parts),
+        reprefill_tokens=sum(p.reprefill_tokens for p in parts),
     )
 
 
@@ -237,7 +269,7 @@ def sample_rollout(
     model: Any,
     tokenizer: Any,
     prompts: Sequence[Prompt],
-    reward_fn: RewardCall,
+    reward_fn: RewardCall | None,
     *,
     group_size: int,
     max_new_tokens: int,
@@ -248,41 +280,59 @@ def sample_rollout(
     reward_combination: str = "sum",
     reward_weights: dict[str, float] | None = None,
     overlong_penalty_tokens: int = 0,
+    env_factory: EnvFactory | None = None,
+    max_turns: int = 1,
+    episode_tokens: int | None = None,
 ) -> Rollout:
-    """Samples `group_size` completions per prompt (one shared prefill each), scores them, computes advantages.
+    """Plays `group_size` episodes per prompt (one shared prefill each), scores them, computes advantages.
+
+    One path for every task (`tempax.rl.episodes.play_episodes`): without `env_factory` an episode is one reply
+    to the prompt (`SingleTurnEnvironment`). An episode's reward is the task's reward functions on its final
+    reply (scored for the whole rollout in one call) plus the reward parts its environment gave on each turn,
+    each part logged under its own name.
 
     Args:
       model: the current policy.
-      tokenizer: its tokenizer (stop tokens, decoding).
-      prompts: the P prompts.
-      reward_fn: a `tempax.rewards.CombinedReward` (returns a `RewardBreakdown`; never raises).
+      tokenizer: its tokenizer (stop tokens, decoding, the chat template).
+      prompts: the P prompts (`encode_prompts` with the same `env_factory`).
+      reward_fn: a `tempax.rewards.CombinedReward` on final replies (returns a `RewardBreakdown`; never raises),
+        or None when the environment gives every reward.
       group_size: G.
-      max_new_tokens: T.
+      max_new_tokens: most tokens per reply.
       temperature, top_p: sampling knobs.
       seed: base of the random streams (use a different one per rollout).
       advantage: the estimator, `advantages.ADVANTAGE_ESTIMATORS` (grpo, dr_grpo, rloo, reinforce_pp).
       reward_combination: 'sum' (the estimator on the weighted total) or 'normalize_each' (on each reward part,
         then weighted and batch-normalised; `advantages.combine_and_estimate`).
       reward_weights: part name -> weight for normalize_each (missing names, e.g. `overlong`, weigh 1).
-      overlong_penalty_tokens: DAPO's soft overlong zone (0: off).
+      overlong_penalty_tokens: DAPO's soft overlong zone (0: off), over the episode's tokens.
+      env_factory: a fresh environment per episode (None: the one-turn task).
+      max_turns: most replies per episode.
+      episode_tokens: T, the batch's completion length (None: max_new_tokens x max_turns).
     """
-    config = SamplingConfig(
-        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, n=group_size, seed=seed, logprobs=True,
-    )
+    p, g = len(prompts), group_size
+    t = episode_tokens or max_new_tokens * max_turns
     t0 = time.perf_counter()
-    result = generate(model, tokenizer, [list(q.ids) for q in prompts], config)
-    t1 = time.perf_counter()
-    p, g, t = len(prompts), group_size, max_new_tokens
-    shape3 = (p, g, t)
-    tokens = result.token_ids.reshape(shape3)
-    mask = result.mask.reshape(shape3)
-    lengths = result.lengths.reshape(p, g)
-    truncated = np.asarray([r == "length" for r in result.finish_reasons]).reshape(p, g)
-    texts = result.grouped()
-    total, parts, failures = score(
-        reward_fn, prompts, texts, lengths, max_new_tokens=max_new_tokens,
-        overlong_penalty_tokens=overlong_penalty_tokens,
+    episodes = play_episodes(
+        model, tokenizer, [q.ids for q in prompts], [q.columns for q in prompts],
+        env_factory or (lambda: SingleTurnEnvironment(tokenizer)), group_size=g, max_new_tokens=max_new_tokens,
+        max_turns=max_turns, episode_tokens=t, temperature=temperature, top_p=top_p, seed=seed,
     )
+    t1 = time.perf_counter()
+    shape3 = (p, g, t)
+    lengths = episodes.lengths.reshape(p, g)
+    texts = [episodes.texts[i * g:(i + 1) * g] for i in range(p)]
+    finals = [episodes.final_texts[i * g:(i + 1) * g] for i in range(p)]
+    if reward_fn is not None:
+        total, parts, failures = score(
+            reward_fn, prompts, finals, lengths, max_new_tokens=t, overlong_penalty_tokens=overlong_penalty_tokens,
+        )
+    else:
+        total, parts, failures = np.zeros((p, g), np.float32), {}, {}
+    for name in sorted({k for r in episodes.turn_rewards for k in r}):
+        values = np.asarray([r.get(name, 0.0) for r in episodes.turn_rewards], np.float32).reshape(p, g)
+        parts[name] = parts.get(name, 0.0) + values
+        total = total + values
     t2 = time.perf_counter()
     if reward_combination == "sum":
         arrays, weights = [total.reshape(-1)], [1.0]
@@ -292,13 +342,19 @@ def sample_rollout(
         weights = [(reward_weights or {}).get(k, 1.0) for k in names]
     adv, zero = combine_and_estimate(arrays, weights, g, estimator=advantage, combination=reward_combination)
     zero_spread = np.asarray(zero).reshape(p, g)[:, 0]
+    multi = max_turns > 1
     return Rollout(
-        prompts=list(prompts), completion_tokens=tokens.astype(np.int32), completion_mask=mask.astype(np.int32),
-        logprobs=result.logprobs.reshape(shape3).astype(np.float32), lengths=lengths.astype(np.int32),
-        truncated=truncated, texts=texts, rewards=total, reward_parts=parts, reward_failures=failures,
+        prompts=list(prompts), completion_tokens=episodes.tokens.reshape(shape3),
+        completion_mask=episodes.mask.reshape(shape3), logprobs=episodes.logprobs.reshape(shape3),
+        lengths=lengths, truncated=episodes.truncated.reshape(p, g), texts=texts if multi else finals,
+        rewards=np.asarray(total, np.float32), reward_parts=parts, reward_failures=failures,
         advantages=np.asarray(adv, np.float32).reshape(p, g), zero_spread=zero_spread,
         seconds={"generation": t1 - t0, "reward": t2 - t1}, groups_sampled=p,
         zero_spread_sampled=int(zero_spread.sum()),
+        turns=episodes.turns.reshape(p, g) if multi else None,
+        turn_of=episodes.turn_of.reshape(shape3) if multi else None,
+        env_metrics={k: v.reshape(p, g) for k, v in episodes.env_metrics.items()},
+        prefilled_tokens=episodes.prefilled_tokens, reprefill_tokens=episodes.reprefill_tokens,
     )
 
 
@@ -378,6 +434,31 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
     m["completion/length_max"] = float(lengths.max())
     m["completion/truncated_frac"] = float(rollout.truncated.mean())
     m["completion/duplicate_frac"] = duplicate_fraction(rollout.completion_tokens)
+    if rollout.turns is not None:
+        m.update(episode_metrics(rollout))
+    return m
+
+
+def episode_metrics(rollout: Rollout) -> dict[str, float]:
+    """Multi-turn numbers: turns, the environments' counters per episode (tool calls, malformed calls, tool
+    errors, tool seconds), the malformed-call rate (malformed / all calls), the share of episode tokens that are
+    the policy's, tokens prefilled per episode (and what re-prefilling every turn would cost), and per turn k the
+    sampled tokens' mean -log p_tau (`entropy/turn_k`, a Monte Carlo estimate of the policy's entropy on that
+    turn, which the collapse guard watches beside the loss's entropy)."""
+    episodes = max(rollout.num_prompts * rollout.group_size, 1)
+    m = {"episode/turns_mean": float(np.mean(rollout.turns))}
+    for name, values in sorted(rollout.env_metrics.items()):
+        m[f"episode/{name}_mean"] = float(np.mean(values))
+    if "malformed_calls" in rollout.env_metrics and "tool_calls" in rollout.env_metrics:
+        bad = float(np.sum(rollout.env_metrics["malformed_calls"]))
+        m["episode/malformed_call_rate"] = bad / max(bad + float(np.sum(rollout.env_metrics["tool_calls"])), 1.0)
+    m["episode/policy_token_frac"] = float(rollout.completion_mask.sum()) / max(float(rollout.lengths.sum()), 1.0)
+    m["episode/prefilled_tokens"] = rollout.prefilled_tokens / episodes
+    m["episode/reprefill_tokens"] = rollout.reprefill_tokens / episodes
+    if rollout.turn_of is not None:
+        for k in range(1, int(rollout.turn_of.max()) + 1):
+            on = rollout.turn_of == k
+            m[f"entropy/turn_{k}"] = float(-rollout.logprobs[on].mean())
     return m
 
 
