@@ -13,7 +13,7 @@ with `train` and scores with `rewards`; evaluation generates and scores). The en
 environments and not the reverse. Function-local imports (and
 `if TYPE_CHECKING:` ones) count like module-level ones. Inside `algorithms`, an algorithm package
 (`algorithms/<name>/`) imports no other algorithm package; the shared modules beside them (`common`, `run`,
-`registry`, `recommend`) import none. Imports that run when a module is imported (module level, not under
+`registry`, `recommend`, `episode_eval`) import none. Imports that run when a module is imported (module level, not under
 `if TYPE_CHECKING:`) form no cycle.
 """
 
@@ -45,7 +45,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "errors": set(),
     "__init__": {"models"},  # `tempax.load` and friends, imported on first use
 }
-SHARED_ALGORITHM_MODULES = {"common", "run", "registry", "recommend"}
+SHARED_ALGORITHM_MODULES = {"common", "run", "registry", "recommend", "episode_eval"}
 
 
 def module_name(path: str) -> str:

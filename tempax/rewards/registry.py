@@ -41,8 +41,6 @@ class RewardSpec:
         "longer scores 0 alone (counted as reward/<name>_timeouts); other reward functions get it per call.", 5.0)
 
     def validate(self) -> None:
-        if not self.functions:
-            raise ConfigError("rewards.functions is empty; name at least one, e.g. [format, correctness]")
         if self.weights is not None and len(self.weights) != len(self.functions):
             raise ConfigError(
                 f"rewards.weights has {len(self.weights)} entries for {len(self.functions)} functions"
@@ -71,6 +69,9 @@ def reward_model_function(path: str) -> Any:
 def build_rewards(spec: RewardSpec) -> Any:
     """A `CombinedReward` of the named functions (built-in names, 'model:RUN_DIR' for a trained reward model's
     score, or 'package.module:function')."""
+    if not spec.functions:
+        raise ConfigError("rewards.functions is empty; name at least one, e.g. [format, correctness] (a run whose "
+                          "environment gives every reward may leave it empty)")
     builtins = builtin_rewards()
     named: dict[str, Callable[..., Any]] = {}
     for name in spec.functions:

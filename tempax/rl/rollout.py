@@ -468,3 +468,4 @@ def duplicate_fraction(completion_tokens: np.ndarray) -> float:
     p, g = completion_tokens.shape[:2]
     repeats = sum(g - len(np.unique(group.reshape(g, -1), axis=0)) for group in completion_tokens)
     return repeats / max(p * g, 1)
+

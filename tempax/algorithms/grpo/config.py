@@ -36,6 +36,7 @@ from typing import Any, Literal
 from tempax.algorithms.grpo.losses import AGGREGATION_MODES
 from tempax.algorithms.common import ModelSpec
 from tempax.data.tasks.spec import TaskSpec
+from tempax.envs.registry import EnvironmentSpec
 from tempax.eval.spec import EvalSpec
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
@@ -197,7 +198,13 @@ class GRPOConfig:
         default_factory=lambda: LoraConfig(rank=16, alpha=32.0),
     )
     task: TaskSpec = help_field("Prompts and reference answers.", default_factory=TaskSpec)
-    rewards: RewardSpec = help_field("Reward functions.", default_factory=RewardSpec)
+    rewards: RewardSpec = help_field(
+        "Reward functions on each episode's final reply (may be empty when the environment gives every reward).",
+        default_factory=RewardSpec)
+    env: EnvironmentSpec = help_field(
+        "The environment episodes play: single_turn (one reply to the prompt), calculator (tool calls), or a "
+        "user environment FILE.py:Class; max_turns and the episode's token budget.",
+        default_factory=EnvironmentSpec)
     grpo: GRPOSettings = help_field("The algorithm.", default_factory=GRPOSettings)
     eval: EvalSpec = help_field("Evaluation before and after training.", default_factory=EvalSpec)
     guard: CollapseGuardConfig = help_field(
@@ -213,6 +220,10 @@ class GRPOConfig:
     )
 
     def validate(self) -> None:
+        if not self.rewards.functions and self.env.single_turn:
+            raise ConfigError("rewards.functions is empty; name at least one, e.g. [format, correctness] (only a "
+                              "run whose environment gives the rewards may leave it empty)")
+        self.env.episode_tokens(self.grpo.max_new_tokens)
         if self.lora is not None and self.lora.dropout > 0:
             raise ConfigError(
                 "lora.dropout must be 0 for GRPO: dropout makes the training forward differ from the policy that "

@@ -22,6 +22,7 @@ from tempax.eval.spec import eval_options
 from tempax.rewards.registry import build_rewards
 from tempax.rl.rollout import PromptSampler, encode_prompts, round_up
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
+from tempax.algorithms.episode_eval import evaluate_task
 from tempax.algorithms.run import start_run
 from tempax.train.loop import TrainResult
 from tempax.errors import ConfigError
@@ -58,7 +59,7 @@ def main(
     """Trains per `cfg` (see the module docstring). `model` / `tokenizer`: an already built starting policy (LoRA
     adapters, when `cfg.lora` is set, are applied here; the model given is the reference) instead of loading
     `cfg.model` (`tempax demo` passes its SFT model)."""
-    from tempax.eval.evaluate import evaluate, format_table
+    from tempax.eval.evaluate import format_table
 
     run = start_run(cfg, log=log)
     say = run.say
@@ -69,22 +70,31 @@ def main(
     if tokenizer is None:
         raise ConfigError(f"model.source={cfg.model.source} has no tokenizer; set model.tokenizer")
     train_rows, held_rows = load_task(cfg.task, eval_problems=cfg.eval.num_problems)
-    prompts, dropped = encode_prompts(tokenizer, train_rows, max_prompt_len=cfg.grpo.max_prompt_len)
+    env_factory = None if cfg.env.single_turn else cfg.env.build(tokenizer)
+    prompts, dropped = encode_prompts(tokenizer, train_rows, max_prompt_len=cfg.grpo.max_prompt_len,
+                                      env_factory=env_factory)
     say(f"task {cfg.task.name}: {len(prompts)} training prompts ({dropped} longer than "
         f"grpo.max_prompt_len={cfg.grpo.max_prompt_len} dropped), {len(held_rows)} held-out problems")
     prompt_len = min(round_up(max(len(p.ids) for p in prompts), 8), cfg.grpo.max_prompt_len)
-    reward_fn = build_rewards(cfg.rewards)
+    reward_fn = build_rewards(cfg.rewards) if cfg.rewards.functions else None
     options = eval_options(cfg.eval, cfg.grpo.max_new_tokens, seed=cfg.train.seed)
+    episode_tokens = cfg.env.episode_tokens(cfg.grpo.max_new_tokens)
+
+    def held_out(policy: Any, label: str) -> Any:
+        return evaluate_task(policy, tokenizer, held_rows, options, env_factory=env_factory,
+                             max_turns=cfg.env.max_turns, episode_tokens=episode_tokens, label=label, log=say)
+
     before = after = None
     if held_rows and cfg.eval.before:
         # Before the (zero-initialised) adapters go on.
-        before = evaluate(model, tokenizer, held_rows, options, label="eval before")
+        before = held_out(model, "eval before")
         say(f"before training: {before.summary_line()}")
     model, tokenizer, trainable = build_model(cfg, mesh, model=model, tokenizer=tokenizer)
     source = GRPOSource(tokenizer, PromptSampler(prompts, seed=cfg.train.seed), reward_fn, cfg.grpo,
-                        prompt_len=prompt_len, reference=model if cfg.lora is None else None)
+                        prompt_len=prompt_len, reference=model if cfg.lora is None else None, env=cfg.env)
     trainer = make_grpo_trainer(model, cfg.grpo, cfg.train, prompt_len=prompt_len, trainable=trainable, mesh=mesh,
-                                log=say, checkpoint_meta={"model_source": cfg.model.source}, guard=cfg.guard)
+                                log=say, checkpoint_meta={"model_source": cfg.model.source}, guard=cfg.guard,
+                                episode_tokens=episode_tokens)
     del model  # the trainer holds the weights now
     result = run.train(trainer, source, hooks=[*grpo_hooks(source, cfg.grpo, cfg.guard), *hooks])
     policy = trainer.model
@@ -93,8 +103,7 @@ def main(
         from tempax.models.lora import merge_lora
 
         # Adapters folded in: the same function, without the extra adapter matmuls per generated token.
-        after = evaluate(merge_lora(policy) if cfg.lora is not None else policy, tokenizer, held_rows, options,
-                         label="eval after")
+        after = held_out(merge_lora(policy) if cfg.lora is not None else policy, "eval after")
         grpo_run.after = after
         say(f"after training: {after.summary_line()}")
     stages = [(name, r) for name, r in (("before", before), ("after", after)) if r is not None]

@@ -39,6 +39,7 @@ from flax import nnx
 
 from tempax.algorithms.grpo.config import GRPOSettings
 from tempax.algorithms.grpo.objective import make_grpo_loss
+from tempax.envs.registry import EnvironmentSpec
 from tempax.rl.logprobs import completion_logprobs, logprobs_no_grad
 from tempax.rl.rollout import PromptSampler, Rollout, build_batch, fill_with_spread, rollout_metrics, sample_rollout
 from tempax.errors import ConfigError
@@ -69,11 +70,13 @@ def make_grpo_trainer(
     log: Callable[[str], None] | None = None,
     checkpoint_meta: dict[str, Any] | None = None,
     guard: CollapseGuardConfig | None = None,
+    episode_tokens: int | None = None,
 ) -> Trainer:
     """The `Trainer` of a GRPO run: `make_grpo_loss(settings)` on the shared step, with the memory plan sized
-    for a row of one prompt of `prompt_len` tokens plus its G completions of max_new_tokens. With a guard whose
+    for a row of one prompt of `prompt_len` tokens plus its G completions of max_new_tokens (multi-turn:
+    `episode_tokens`, the episode budget after the prompt). With a guard whose
     action is `entropy_bonus`, the loss carries the (traced, initially `settings.entropy_coef`) bonus term."""
-    tokens_per_row = int(prompt_len) + settings.group_size * settings.max_new_tokens
+    tokens_per_row = int(prompt_len) + settings.group_size * (episode_tokens or settings.max_new_tokens)
     bonus = guard is not None and guard.enabled and guard.action == "entropy_bonus"
     return Trainer(
         model, make_grpo_loss(settings, entropy_bonus=bonus), dataclasses.replace(train, seq_len=tokens_per_row),
@@ -94,6 +97,8 @@ class GRPOSource:
       reference: full-weight training with beta > 0: the starting model, the frozen reference (copied here,
         so build the source before the trainer takes the weights). LoRA runs use the base with the adapters
         off and need none.
+      env: the environment episodes play (default: one reply to the prompt); `sampler`'s prompts must come from
+        `encode_prompts` with the same environment.
     """
 
     def __init__(
@@ -105,8 +110,12 @@ class GRPOSource:
         *,
         prompt_len: int,
         reference: nnx.Module | None = None,
+        env: EnvironmentSpec = EnvironmentSpec(),
     ):
         self.tokenizer = tokenizer
+        self.env = env
+        self.env_factory = None if env.single_turn else env.build(tokenizer)
+        self.episode_tokens = env.episode_tokens(settings.max_new_tokens)
         self.sampler = sampler
         self.reward_fn = reward_fn
         self.settings = settings
@@ -207,8 +216,9 @@ class GRPOSource:
                 model, self.tokenizer, self.sampler.next(num_prompts), self.reward_fn, group_size=s.group_size,
                 max_new_tokens=s.max_new_tokens, temperature=self.knobs["temperature"], top_p=s.top_p, seed=seed,
                 advantage=s.estimator, reward_combination=s.reward_combination,
-                reward_weights=dict(zip(self.reward_fn.names, self.reward_fn.weights)),
-                overlong_penalty_tokens=s.overlong_penalty_tokens,
+                reward_weights=dict(zip(self.reward_fn.names, self.reward_fn.weights)) if self.reward_fn else None,
+                overlong_penalty_tokens=s.overlong_penalty_tokens, env_factory=self.env_factory,
+                max_turns=self.env.max_turns, episode_tokens=self.episode_tokens,
             ))
             with_spread = sum(int((~ro.zero_spread).sum()) for ro in rounds)
             if with_spread >= num_prompts:

@@ -25,6 +25,7 @@ from tempax.algorithms.common import ModelSpec
 from tempax.algorithms.rft.selection import WEIGHTINGS
 from tempax.configlib import help_field
 from tempax.data.tasks.spec import TaskSpec
+from tempax.envs.registry import EnvironmentSpec
 from tempax.errors import ConfigError
 from tempax.eval.spec import EvalSpec
 from tempax.models.lora import LoraConfig
@@ -87,6 +88,9 @@ class RFTConfig:
     task: TaskSpec = help_field("Problems and reference answers.", default_factory=TaskSpec)
     rewards: RewardSpec = help_field("The checker's reward functions (summed with weights).",
                                      default_factory=RewardSpec)
+    env: EnvironmentSpec = help_field(
+        "The environment samples are episodes of (single_turn: one reply; calculator; a user FILE.py:Class); a "
+        "kept episode is trained on the policy's replies only.", default_factory=EnvironmentSpec)
     rft: RFTSettings = help_field("The algorithm.", default_factory=RFTSettings)
     eval: EvalSpec = help_field("Evaluation before and after training.", default_factory=EvalSpec)
     train: TrainConfig = help_field(

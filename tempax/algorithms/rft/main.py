@@ -20,6 +20,7 @@ from flax import nnx
 from tempax.algorithms.common import build_model
 from tempax.algorithms.rft.config import RFTConfig, RFTSettings
 from tempax.algorithms.rft.source import RFTSource
+from tempax.algorithms.episode_eval import evaluate_task
 from tempax.algorithms.run import start_run
 from tempax.data.tasks.spec import load_task
 from tempax.errors import ConfigError
@@ -78,7 +79,7 @@ def main(
     """Trains per `cfg` (see the module docstring). `model` / `tokenizer`: an already built starting policy (LoRA
     adapters, when `cfg.lora` is set, are applied here) instead of loading `cfg.model` (`tempax demo` passes its
     warm-started model)."""
-    from tempax.eval.evaluate import evaluate, format_table
+    from tempax.eval.evaluate import format_table
 
     run = start_run(cfg, log=log)
     say = run.say
@@ -90,22 +91,30 @@ def main(
         raise ConfigError(f"model.source={cfg.model.source} has no tokenizer; set model.tokenizer")
     s = cfg.rft
     train_rows, held_rows = load_task(cfg.task, eval_problems=cfg.eval.num_problems)
-    prompts, dropped = encode_prompts(tokenizer, train_rows, max_prompt_len=s.max_prompt_len)
+    env_factory = None if cfg.env.single_turn else cfg.env.build(tokenizer)
+    prompts, dropped = encode_prompts(tokenizer, train_rows, max_prompt_len=s.max_prompt_len, env_factory=env_factory)
     say(f"task {cfg.task.name}: {len(prompts)} training problems ({dropped} longer than rft.max_prompt_len="
         f"{s.max_prompt_len} dropped), {len(held_rows)} held-out problems")
     longest = max(len(p.ids) for p in prompts)
-    if longest + s.max_new_tokens > cfg.train.seq_len:
+    completion = cfg.env.episode_tokens(s.max_new_tokens)
+    if longest + completion > cfg.train.seq_len:
         raise ConfigError(
-            f"a kept completion (prompt up to {longest} tokens + rft.max_new_tokens={s.max_new_tokens}) may not fit "
-            f"train.seq_len={cfg.train.seq_len}; set train.seq_len={round_up(longest + s.max_new_tokens, 8)} or "
-            "lower rft.max_new_tokens / rft.max_prompt_len")
+            f"a kept completion (prompt up to {longest} tokens + {completion} episode tokens) may not fit "
+            f"train.seq_len={cfg.train.seq_len}; set train.seq_len={round_up(longest + completion, 8)} or "
+            "lower rft.max_new_tokens / rft.max_prompt_len / env.max_episode_tokens")
     options = eval_options(cfg.eval, s.max_new_tokens, seed=cfg.train.seed)
+
+    def held_out(policy: Any, label: str) -> Any:
+        return evaluate_task(policy, tokenizer, held_rows, options, env_factory=env_factory,
+                             max_turns=cfg.env.max_turns, episode_tokens=completion, label=label, log=say)
+
     before = after = None
     if held_rows and cfg.eval.before:
-        before = evaluate(model, tokenizer, held_rows, options)  # before the (zero-initialised) adapters go on
+        before = held_out(model, "eval before")  # before the (zero-initialised) adapters go on
         say(f"before training: {before.summary_line()}")
     model, tokenizer, trainable = build_model(cfg, mesh, model=model, tokenizer=tokenizer)
-    source = RFTSource(tokenizer, PromptSampler(prompts, seed=cfg.train.seed), build_rewards(cfg.rewards), s)
+    source = RFTSource(tokenizer, PromptSampler(prompts, seed=cfg.train.seed), build_rewards(cfg.rewards), s,
+                        env=cfg.env)
     trainer = Trainer(model, make_rft_loss(), cfg.train, trainable=trainable, mesh=mesh, log=say,
                       checkpoint_meta={"algorithm": "RFT", "model_source": cfg.model.source}, loss_chunk_len=64)
     del model  # the trainer holds the weights now
@@ -115,7 +124,7 @@ def main(
     if held_rows and cfg.eval.after:
         from tempax.models.lora import merge_lora
 
-        after = evaluate(merge_lora(policy) if cfg.lora is not None else policy, tokenizer, held_rows, options)
+        after = held_out(merge_lora(policy) if cfg.lora is not None else policy, "eval after")
         rft_run.after = after
         say(f"after training: {after.summary_line()}")
     stages = [(name, r) for name, r in (("before", before), ("after", after)) if r is not None]

@@ -42,7 +42,8 @@ from tempax.algorithms.rft.selection import Selection, completion_weights, selec
 from tempax.data.formats import Example
 from tempax.data.packing import collate_rows, plan_packing
 from tempax.errors import TempaxError
-from tempax.rl.rollout import PromptSampler, Rollout, concat_rollouts, sample_rollout
+from tempax.envs.registry import EnvironmentSpec
+from tempax.rl.rollout import PromptSampler, Rollout, concat_rollouts, episode_metrics, sample_rollout
 from tempax.train.sources import decode_arrays, encode_arrays
 
 Batch = dict[str, np.ndarray]
@@ -54,14 +55,15 @@ class NothingAccepted(TempaxError):
 
 def kept_examples(rollout: Rollout, kept: np.ndarray, weights: np.ndarray) -> list[tuple[Example, float]]:
     """(SFT example, weight) per kept completion, problem by problem in sample order: the prompt's tokens then
-    the completion's generated tokens (stop token included), the loss mask on the completion only."""
+    the completion's tokens as sampled (stop token included), the loss mask on the policy's tokens only (in a
+    multi-turn episode the environment's messages stay in the context but carry no loss)."""
     out = []
     for i, prompt in enumerate(rollout.prompts):
         ids = np.asarray(prompt.ids, np.int32)
         for j in np.flatnonzero(kept[i]):
-            n = int(rollout.completion_mask[i, j].sum())
+            n = int(rollout.lengths[i, j])
             tokens = np.concatenate([ids, rollout.completion_tokens[i, j, :n].astype(np.int32)])
-            mask = np.concatenate([np.zeros(len(ids), bool), np.ones(n, bool)])
+            mask = np.concatenate([np.zeros(len(ids), bool), rollout.completion_mask[i, j, :n].astype(bool)])
             out.append((Example(tokens, mask, source=f"round problem {i} sample {int(j)}"), float(weights[i, j])))
     return out
 
@@ -121,8 +123,11 @@ class RFTSource:
       settings: the algorithm knobs.
     """
 
-    def __init__(self, tokenizer: Any, sampler: PromptSampler, reward_fn: Any, settings: RFTSettings):
+    def __init__(self, tokenizer: Any, sampler: PromptSampler, reward_fn: Any, settings: RFTSettings,
+                 env: EnvironmentSpec = EnvironmentSpec()):
         self.tokenizer = tokenizer
+        self.env = env
+        self.env_factory = None if env.single_turn else env.build(tokenizer)
         self.sampler = sampler
         self.reward_fn = reward_fn
         self.settings = settings
@@ -180,6 +185,8 @@ class RFTSource:
                 group_size=s.samples_per_problem, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                 top_p=s.top_p, seed=seed,
                 advantage="dr_grpo",  # unused by RFT; the one estimator defined for a single sample per problem
+                env_factory=self.env_factory, max_turns=self.env.max_turns,
+                episode_tokens=self.env.episode_tokens(s.max_new_tokens),
             ))
         return concat_rollouts(parts)
 
@@ -220,6 +227,8 @@ def round_metrics(rollout: Rollout, selection: Selection) -> dict[str, float]:
         m[f"reward/{name}_failures"] = float(rollout.reward_failures.get(name, 0))
     m["completion/length_mean"] = float(rollout.lengths.mean())
     m["completion/truncated_frac"] = float(rollout.truncated.mean())
+    if rollout.turns is not None:
+        m.update(episode_metrics(rollout))
     m.update(selection.metrics())
     m["perf/generation_s"] = rollout.seconds.get("generation", 0.0)
     m["perf/reward_s"] = rollout.seconds.get("reward", 0.0)
