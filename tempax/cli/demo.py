@@ -628,8 +628,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"GRPO steps (default {d.grpo.train.steps}; = grpo.train.steps)")
     parser.add_argument("--sft-steps", type=int, default=None,
                         help=f"SFT warm-start steps, 0 to skip (default {d.sft.train.steps}; = sft.train.steps)")
-    parser.add_argument("--task", choices=("arithmetic", "gsm8k"), default=None,
-                        help="the task (default arithmetic; = grpo.task.name)")
+    parser.add_argument("--task", choices=("arithmetic", "gsm8k", "arithmetic-tools"), default=None,
+                        help="the task (default arithmetic; = grpo.task.name); arithmetic-tools runs the tool demo "
+                             "(tempax/cli/demo_tools.py: base, warm-starts and RL with and without a calculator)")
     parser.add_argument("--eval-problems", type=int, default=None,
                         help=f"held-out problems per evaluation (default {d.eval_problems}; = grpo.eval.num_problems)")
     parser.add_argument("--run-dir", default=None, help="output folder (default runs/demo-<date>-<time>)")
@@ -674,6 +675,10 @@ def run(args: argparse.Namespace) -> int:
 
         print(describe(DemoConfig))
         return 0
+    if getattr(args, "task", None) == "arithmetic-tools":
+        from tempax.cli import demo_tools  # its own stages and config (ToolDemoConfig)
+
+        return demo_tools.run(args)
     result = main(config_from_args(args))
     if result.stop_reason:
         from tempax.cli.train_cmds import STOPPED_EXIT_STATUS
