@@ -29,6 +29,8 @@ def completion_hidden(model: nnx.Module, batch: Batch) -> jax.Array:
     completions [P * G, T] attend to it, exactly as the sampler's shared prefill does. Token j of a completion is
     predicted by the hidden state before it: the prompt's last position for j = 0, completion position j - 1
     otherwise (also the state a PPO value head reads for token j). Gradients flow through the shared prompt pass.
+    Completion tokens attend where `completion_segments` [P, G, T] (when the batch has it: a multi-turn episode's
+    tokens, the environment's included) or else `completion_mask` is non-zero.
     """
     prompt, prompt_seg = batch["prompt_tokens"], batch["prompt_segments"]
     comp, mask = batch["completion_tokens"], batch["completion_mask"]
@@ -38,8 +40,10 @@ def completion_hidden(model: nnx.Module, batch: Batch) -> jax.Array:
     hidden_p, cache = model.hidden_states(prompt, segment_ids=prompt_seg, cache=cache)
     if g > 1:
         cache = cache.repeat(g)
-    # Tokens after a completion's end get segment 0: they attend to nothing and nothing reads them.
-    comp_seg = (mask.reshape(p * g, t) > 0).astype(jnp.int32)
+    # Tokens after a completion's end get segment 0: they attend to nothing and nothing reads them. The
+    # environment's tokens inside an episode carry no loss (mask 0) but later replies read them.
+    segments = batch.get("completion_segments", mask)
+    comp_seg = (segments.reshape(p * g, t) > 0).astype(jnp.int32)
     hidden_c, _ = model.hidden_states(comp.reshape(p * g, t), segment_ids=comp_seg, cache=cache)
     first = jnp.repeat(hidden_p[:, -1:], g, axis=0)  # [P * G, 1, D]
     return jnp.concatenate([first, hidden_c[:, :-1]], axis=1)

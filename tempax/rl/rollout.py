@@ -7,7 +7,10 @@ and its G completions,
     prompt_tokens      [P, Lp]      int32, left-padded to the fixed prompt length Lp (pad id, segment 0)
     prompt_segments    [P, Lp]      int32, 1 on prompt tokens, 0 on padding
     completion_tokens  [P, G, T]    int32, T = max_new_tokens, pad id after each completion's end
-    completion_mask    [P, G, T]    float32, 1 on generated tokens (the stop token included)
+    completion_mask    [P, G, T]    float32, 1 on generated tokens (the stop token included); in a multi-turn
+                                    episode 1 on the policy's tokens only (the loss mask)
+    completion_segments [P, G, T]   int32, 1 on every token of the completion or episode (what later tokens
+                                    attend to: the environment's messages included), 0 on padding
     advantages         [P, G]       float32, group-relative advantages
     old_logp           [P, G, T]    float32, sampling-time log p_tau of each token (only when needed)
     ref_logp           [P, G, T]    float32, reference log p_tau (added by the batch source when beta > 0)
@@ -396,6 +399,7 @@ def build_batch(rollout: Rollout, *, prompt_len: int, pad_id: int, with_old_logp
         "prompt_segments": prompt_segments,
         "completion_tokens": rollout.completion_tokens.astype(np.int32),
         "completion_mask": rollout.completion_mask.astype(np.float32),
+        "completion_segments": (np.arange(rollout.completion_tokens.shape[2]) < rollout.lengths[..., None]).astype(np.int32),
         "advantages": rollout.advantages.astype(np.float32),
     }
     if with_old_logp:

@@ -56,7 +56,7 @@ from tempax.train.sources import decode_arrays, encode_arrays
 Batch = dict[str, np.ndarray]
 
 # The batch keys a no-grad forward pass reads.
-_FORWARD_KEYS = ("prompt_tokens", "prompt_segments", "completion_tokens", "completion_mask")
+_FORWARD_KEYS = ("prompt_tokens", "prompt_segments", "completion_tokens", "completion_mask", "completion_segments")
 
 
 def make_grpo_trainer(

@@ -3,6 +3,7 @@ the algorithms that sample answers to problems and check them (GRPO, RFT) and by
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -16,13 +17,14 @@ from tempax.errors import ConfigError
 class TaskSpec:
     """Where the prompts and reference answers come from."""
 
-    name: Literal["gsm8k", "arithmetic"] = help_field(
-        "gsm8k (grade-school math, answer after '####') or arithmetic (generated one/two-step word problems).",
+    name: Literal["gsm8k", "arithmetic", "jsonl"] = help_field(
+        "gsm8k (grade-school math, answer after '####'), arithmetic (generated one/two-step word problems) or "
+        "jsonl (the rows of `source` as they are, for a user environment's reset; no held-out split).",
         "gsm8k",
     )
     source: str | None = help_field(
         "gsm8k: a folder with train.jsonl/test.jsonl, a jsonl file or a Hub id; null: ../shared/data/gsm8k, "
-        "else openai/gsm8k.",
+        "else openai/gsm8k. jsonl: the file of task rows (one JSON object a line).",
         None,
     )
     train_split: str = help_field("Split the prompts are drawn from.", "train")
@@ -38,6 +40,8 @@ class TaskSpec:
             raise ConfigError(f"task.max_train_rows must be >= 1 or null, got {self.max_train_rows}")
         if self.num_train_problems < 1:
             raise ConfigError(f"task.num_train_problems must be >= 1, got {self.num_train_problems}")
+        if self.name == "jsonl" and not self.source:
+            raise ConfigError("task.name=jsonl needs task.source, the .jsonl file of task rows")
 
 
 def load_task(spec: TaskSpec, *, eval_problems: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -46,9 +50,32 @@ def load_task(spec: TaskSpec, *, eval_problems: int) -> tuple[list[dict[str, Any
         train = generate_arithmetic(spec.num_train_problems, split="train", seed=spec.seed, config=spec.arithmetic)
         held = generate_arithmetic(eval_problems, split="test", seed=spec.seed, config=spec.arithmetic) \
             if eval_problems else []
+    elif spec.name == "jsonl":
+        train, held = read_task_rows(str(spec.source)), []
     else:
         train = list(load_gsm8k(spec.train_split, spec.source, limit=spec.max_train_rows))
         held = list(load_gsm8k(spec.eval_split, spec.source, limit=eval_problems)) if eval_problems else []
     if spec.max_train_rows is not None:
         train = train[: spec.max_train_rows]
     return train, held
+
+
+def read_task_rows(path: str) -> list[dict[str, Any]]:
+    """Every line of a .jsonl file as one task row (a JSON object), blank lines skipped."""
+    try:
+        with open(path) as f:
+            lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
+    except OSError as e:
+        raise ConfigError(f"task.source={path!r}: cannot read it ({e.strerror})") from None
+    rows = []
+    for i, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}:{i}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}:{i}: a task row must be a JSON object, got {type(row).__name__}")
+        rows.append(row)
+    if not rows:
+        raise ConfigError(f"task.source={path!r} holds no task rows")
+    return rows
