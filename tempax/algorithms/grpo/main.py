@@ -75,6 +75,9 @@ def main(
                                       env_factory=env_factory)
     say(f"task {cfg.task.name}: {len(prompts)} training prompts ({dropped} longer than "
         f"grpo.max_prompt_len={cfg.grpo.max_prompt_len} dropped), {len(held_rows)} held-out problems")
+    if not prompts:
+        raise ConfigError(f"every training prompt is longer than grpo.max_prompt_len={cfg.grpo.max_prompt_len} "
+                          "tokens; raise it")
     prompt_len = min(round_up(max(len(p.ids) for p in prompts), 8), cfg.grpo.max_prompt_len)
     reward_fn = build_rewards(cfg.rewards) if cfg.rewards.functions else None
     options = eval_options(cfg.eval, cfg.grpo.max_new_tokens, seed=cfg.train.seed)
