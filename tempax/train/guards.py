@@ -11,6 +11,9 @@ bluntest. The guard reads the step metrics every RL algorithm here logs, by name
     groups/zero_spread_frac    fraction of groups whose completions all got the same reward
     completion/duplicate_frac  fraction of completions that repeat an earlier one of their group
     completion/length_mean     mean completion length (tokens)
+    entropy/turn_<k>           multi-turn episodes: the sampled tokens' mean -log p of reply k (one estimate per
+                               turn, so a policy that turns deterministic on one turn only, e.g. its tool calls,
+                               is seen although the mean over all tokens hides it); same thresholds as entropy
 
 Each signal is the mean over the last `window` steps; entropy and length are compared with their mean over the
 first `baseline_steps` steps. When a threshold is crossed the guard logs `guard/*` numbers into that step's
@@ -39,6 +42,11 @@ ADJUSTMENTS = GUARD_ACTIONS[2:]
 ENTROPY, ZERO_SPREAD, DUPLICATES, LENGTH = (
     "entropy", "groups/zero_spread_frac", "completion/duplicate_frac", "completion/length_mean",
 )
+TURN_ENTROPY_PREFIX = "entropy/turn_"
+
+
+def _is_entropy(name: str) -> bool:
+    return name == ENTROPY or name.startswith(TURN_ENTROPY_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -155,7 +163,8 @@ class CollapseGuard(Hook):
 
     def _observe(self, step: int, metrics: dict[str, Any]) -> dict[str, tuple[float, float]]:
         """Adds a step's signals; returns those that crossed their thresholds (empty during the cooldown)."""
-        for name in (ENTROPY, ZERO_SPREAD, DUPLICATES, LENGTH):
+        turns = sorted(k for k in metrics if k.startswith(TURN_ENTROPY_PREFIX))
+        for name in (ENTROPY, ZERO_SPREAD, DUPLICATES, LENGTH, *turns):
             value = metrics.get(name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self._series.setdefault(name, _Series()).values.append(float(value))
@@ -166,7 +175,8 @@ class CollapseGuard(Hook):
     def _crossed(self) -> dict[str, tuple[float, float]]:
         c = self.config
         out: dict[str, tuple[float, float]] = {}
-        for name, max_drop in ((ENTROPY, c.max_entropy_drop), (LENGTH, c.max_length_drop)):
+        entropies = [n for n in self._series if _is_entropy(n)]
+        for name, max_drop in (*((n, c.max_entropy_drop) for n in entropies), (LENGTH, c.max_length_drop)):
             s = self._series.get(name)
             if s is None or max_drop >= 1.0:
                 continue
@@ -174,9 +184,10 @@ class CollapseGuard(Hook):
             if base is not None and now is not None and len(s.values) > c.baseline_steps and base > 0:
                 if now < (1.0 - max_drop) * base:
                     out[f"{name}_drop"] = (1.0 - now / base, max_drop)
-        s = self._series.get(ENTROPY)
-        if s is not None and c.min_entropy > 0 and (now := s.recent(c.window)) is not None and now < c.min_entropy:
-            out["entropy_min"] = (now, c.min_entropy)
+        for name in entropies:
+            s = self._series[name]
+            if c.min_entropy > 0 and (now := s.recent(c.window)) is not None and now < c.min_entropy:
+                out[f"{name}_min"] = (now, c.min_entropy)
         for name, limit in ((ZERO_SPREAD, c.max_zero_spread_frac), (DUPLICATES, c.max_duplicate_frac)):
             s = self._series.get(name)
             if s is not None and limit < 1.0 and (now := s.recent(c.window)) is not None and now > limit:
@@ -218,6 +229,15 @@ class CollapseGuard(Hook):
         if "entropy_min" in crossed:
             value, limit = crossed["entropy_min"]
             parts.append(f"policy entropy {value:.3f} nats/token is below guard.min_entropy={limit:g}")
+        for name in sorted(k for k in crossed if k.startswith(TURN_ENTROPY_PREFIX)):
+            value, limit = crossed[name]
+            turn = name[len(TURN_ENTROPY_PREFIX):].split("_")[0]
+            if name.endswith("_drop"):
+                parts.append(f"turn {turn}'s sampled entropy fell {value:.0%} from its first steps "
+                             f"(guard.max_entropy_drop={limit:g})")
+            else:
+                parts.append(f"turn {turn}'s sampled entropy {value:.3f} nats/token is below "
+                             f"guard.min_entropy={limit:g}")
         if ZERO_SPREAD in crossed:
             value, limit = crossed[ZERO_SPREAD]
             parts.append(f"{value:.0%} of groups gave every completion the same reward, so they carry no gradient "

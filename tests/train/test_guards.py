@@ -96,3 +96,19 @@ def test_disabled_or_quiet_runs_never_fire_and_bad_thresholds_are_rejected():
         from_dict(CollapseGuardConfig, {"action": "explode"})
     with pytest.raises(ConfigError, match="max_entropy_drop"):
         from_dict(CollapseGuardConfig, {"max_entropy_drop": 0.0})
+
+
+def test_a_collapse_on_one_turn_fires_although_the_mean_entropy_holds():
+    """Multi-turn episodes: the loss's mean entropy stays at 0.5, but turn 2's sampled entropy follows ENTROPY
+    (baseline 0.5 over steps 1-3, window (0.1 + 0.05) / 2 = 0.075 at step 5: 85% down), so the guard fires at
+    step 5 on `entropy/turn_2` and says which turn; turn 1 (flat 0.8) is not named."""
+    guard = CollapseGuard(CollapseGuardConfig())
+    series = [{"entropy": 0.5, "entropy/turn_1": 0.8, "entropy/turn_2": e} for e in ENTROPY]
+    out, _ = feed(guard, series)
+    fired = [step for step, _, info in out if "guard/fired" in info.metrics()]
+    assert fired == [5]
+    m = out[4][2].metrics()
+    assert m["guard/entropy/turn_2_drop"] == pytest.approx(0.85)
+    assert "guard/entropy_drop" not in m and "guard/entropy/turn_1_drop" not in m
+    msg = guard.events[0].message
+    assert "entropy collapse" in msg and "turn 2's sampled entropy fell 85%" in msg and "turn 1" not in msg
