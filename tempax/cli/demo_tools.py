@@ -67,11 +67,12 @@ def tools_sft_config() -> SFTConfig:
 
 def tools_grpo_config() -> GRPOConfig:
     """Either arm's RL: 8 GRPO steps of 2 prompts x 8 episodes (48 tokens a reply, up to 2 replies with the
-    calculator, 128 episode tokens), no KL, LoRA lr 2e-4."""
+    calculator, 160 episode tokens: room for a cut reply, an error message and a second reply), no KL, LoRA lr
+    2e-4."""
     return GRPOConfig(
         lora=LoraConfig(rank=16, alpha=32.0), task=tools_task(),
         rewards=RewardSpec(functions=("format", "correctness")),
-        env=EnvironmentSpec(name="calculator", max_turns=2, max_episode_tokens=128),
+        env=EnvironmentSpec(name="calculator", max_turns=2, max_episode_tokens=160),
         grpo=GRPOSettings(group_size=8, max_new_tokens=48, temperature=1.0, beta=0.0, max_prompt_len=512),
         eval=EvalSpec(num_problems=0, before=False, after=False),
         train=_train(steps=8, batch_size=2, optimizer=OptimizerConfig(

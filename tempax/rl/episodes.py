@@ -124,10 +124,15 @@ def play_episodes(
     n_rows = len(prompt_ids) * g
     envs = [env_factory() for _ in range(n_rows)]
     history = [list(envs[r].reset(rows[r // g])) for r in range(n_rows)]
+    for r in range(n_rows):
+        if history[r] != history[r - r % g]:
+            raise TempaxError(f"{type(envs[r]).__name__}.reset gave different first messages for the same task row; "
+                              "the episodes of a prompt share its prefill, so reset must depend on the row only")
     config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, n=g, seed=seed,
                             logprobs=True)
-    # Each later turn takes at most one padded slice of new tokens (< T) and one of max_new_tokens.
-    reserve = (max_turns - 1) * (bucket_length(t) + bucket_length(max_new_tokens))
+    # Each later turn takes one padded slice of new tokens (the last reply token and the environment's, at most
+    # T - max_new_tokens: a turn starts only if a whole reply still fits) and one of max_new_tokens.
+    reserve = (max_turns - 1) * (bucket_length(max(t - max_new_tokens, 1)) + bucket_length(max_new_tokens))
     stop_ids = tuple(int(i) for i in tokenizer.stop_ids)
     run = DecodeRun(model, [list(p) for p in prompt_ids], config, stop_ids=stop_ids, pad_id=tokenizer.pad_id,
                     reserve=reserve)
