@@ -92,6 +92,8 @@ class ToolDemoConfig:
                                   default_factory=tools_grpo_config)
     eval_problems: int = help_field("Held-out problems every stage is evaluated on.", 256)
     eval_batch_size: int = help_field("Problems decoded together in an evaluation.", 64)
+    evaluate_plain_warm_start: bool = help_field(
+        "Evaluate the no-tool warm-start too (stage 4's row); false saves one evaluation.", True)
     seed: int = help_field("Seed of data generation, initialisation and sampling.", 0)
     run_dir: str | None = help_field("Where everything is written; null: runs/demo-tools-<date>-<time>.", None)
 
@@ -213,12 +215,15 @@ def main(cfg: ToolDemoConfig, *, say: Callable[[str], None] | None = None) -> di
     del tool_start
     say(f"[4/5] warm-start on the same {cfg.demonstrations} problems' worked answers, no tools")
     plain_start = warm_start("plain_demos", plain_env)
-    evaluate(STAGES[3], plain_start, plain_env)
+    if cfg.evaluate_plain_warm_start:
+        evaluate(STAGES[3], plain_start, plain_env)
+    else:
+        say("  not evaluated (evaluate_plain_warm_start=false)")
     say("[5/5] GRPO without tools, same steps and samples")
     evaluate(STAGES[4], reinforce("grpo_plain", plain_start, plain_env), plain_env)
     wall, cpu = time.perf_counter() - t_start, _cpu() - cpu_start
-    table = interval_table(evaluations, {STAGES[2]: seconds["grpo_tools"], STAGES[4]: seconds["grpo_plain"],
-                                         STAGES[1]: seconds["tool_demos"], STAGES[3]: seconds["plain_demos"]})
+    table = interval_table(evaluations, {STAGES[1]: seconds["tool_demos"], STAGES[2]: seconds["grpo_tools"],
+                                         STAGES[3]: seconds["plain_demos"], STAGES[4]: seconds["grpo_plain"]})
     say("")
     say(f"Held-out arithmetic-tools problems ({len(held_rows)}, greedy; 95% Wilson intervals):")
     say(table)
