@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from tempax.envs.registry import EnvFactory
+from tempax.envs.registry import EnvFactory, EnvironmentSpec
 from tempax.errors import DataError
 from tempax.eval.evaluate import EvalOptions, Scored, TaskEvaluation, evaluate, score_completions
 from tempax.eval.metrics import summarize
@@ -74,3 +74,19 @@ def evaluate_task(
     if log is not None:
         log(f"{label}: greedy episodes, " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(counts.items())))
     return evaluation
+
+
+def episode_evaluation(
+    env_factory: EnvFactory | None, env: EnvironmentSpec, episode_tokens: int, log: Callable[[str], None]
+) -> Callable[..., TaskEvaluation] | None:
+    """The evaluation function of a run that plays `env` (`evaluate`'s signature), or None for one-turn tasks
+    (the plain `tempax.eval.evaluate.evaluate` then)."""
+    if env_factory is None:
+        return None
+
+    def evaluate_fn(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], options: EvalOptions, *,
+                    label: str = "eval") -> TaskEvaluation:
+        return evaluate_task(model, tokenizer, rows, options, env_factory=env_factory, max_turns=env.max_turns,
+                             episode_tokens=episode_tokens, label=label, log=log)
+
+    return evaluate_fn

@@ -28,7 +28,6 @@ completion lengths, duplicate completions, and the time split `perf/generation_s
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any, Callable, Iterator
 
@@ -51,12 +50,28 @@ from tempax.train.config import TrainConfig
 from tempax.train.guards import CollapseGuard, CollapseGuardConfig
 from tempax.train.hooks import Hook, StepInfo
 from tempax.train.loop import Trainer
+from tempax.train.trainable import Trainable
 from tempax.train.sources import decode_arrays, encode_arrays
 
 Batch = dict[str, np.ndarray]
 
 # The batch keys a no-grad forward pass reads.
 _FORWARD_KEYS = ("prompt_tokens", "prompt_segments", "completion_tokens", "completion_mask", "completion_segments")
+
+
+def grpo_trainable(model: nnx.Module, settings: GRPOSettings, *, prompt_len: int,
+                   episode_tokens: int | None = None) -> Trainable:
+    """The policy with the memory plan sized for a GRPO row: one prompt of `prompt_len` tokens plus its G
+    completions of max_new_tokens (multi-turn episodes: of `episode_tokens`)."""
+    per_completion = episode_tokens or settings.max_new_tokens
+    return Trainable(model, tokens_per_row=int(prompt_len) + settings.group_size * per_completion)
+
+
+def grpo_loss(settings: GRPOSettings, guard: CollapseGuardConfig | None = None) -> Any:
+    """`make_grpo_loss(settings)`; with a guard whose action is `entropy_bonus`, the loss carries the (traced,
+    initially `settings.entropy_coef`) bonus term."""
+    bonus = guard is not None and guard.enabled and guard.action == "entropy_bonus"
+    return make_grpo_loss(settings, entropy_bonus=bonus)
 
 
 def make_grpo_trainer(
@@ -72,16 +87,12 @@ def make_grpo_trainer(
     guard: CollapseGuardConfig | None = None,
     episode_tokens: int | None = None,
 ) -> Trainer:
-    """The `Trainer` of a GRPO run: `make_grpo_loss(settings)` on the shared step, with the memory plan sized
-    for a row of one prompt of `prompt_len` tokens plus its G completions of max_new_tokens (multi-turn:
-    `episode_tokens`, the episode budget after the prompt). With a guard whose
-    action is `entropy_bonus`, the loss carries the (traced, initially `settings.entropy_coef`) bonus term."""
-    tokens_per_row = int(prompt_len) + settings.group_size * (episode_tokens or settings.max_new_tokens)
-    bonus = guard is not None and guard.enabled and guard.action == "entropy_bonus"
+    """The `Trainer` of a GRPO run on its own (tests, benchmarks): `grpo_loss` on `grpo_trainable(model)`
+    (multi-turn: `episode_tokens`, the episode budget after the prompt, in place of max_new_tokens)."""
     return Trainer(
-        model, make_grpo_loss(settings, entropy_bonus=bonus), dataclasses.replace(train, seq_len=tokens_per_row),
-        trainable=trainable,
-        mesh=mesh, log=log, checkpoint_meta={"algorithm": "GRPO", **(checkpoint_meta or {})},
+        grpo_trainable(model, settings, prompt_len=prompt_len, episode_tokens=episode_tokens),
+        grpo_loss(settings, guard), train,
+        trainable=trainable, mesh=mesh, log=log, checkpoint_meta={"algorithm": "GRPO", **(checkpoint_meta or {})},
     )
 
 
