@@ -18,8 +18,7 @@ from tempax.envs.environment import StepResult
 from tempax.rl.episodes import play_episodes, turn_end_glue
 from tempax.rl.logprobs import completion_logprobs
 from tempax.rl.rollout import build_batch, encode_prompts, episode_metrics, rollout_metrics, sample_rollout
-from tests.kit.models import tiny_tempax_model
-from tests.kit.tokenizers import tiny_chat_tokenizer
+from tests.algorithms.grpo.test_objective import model, tok  # noqa: F401 - the shared tiny fixtures
 
 TOOL_TURN = "<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
 
@@ -42,16 +41,6 @@ class ScriptedEnvironment:
 
     def metrics(self):
         return {"tool_calls": float(len(self.replies) > 1)}
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_chat_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_tempax_model("llama", vocab_size=400, num_layers=2)
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,7 @@ from tempax.envs.registry import EnvironmentSpec
 from tempax.rewards import combine_rewards
 from tempax.rl.rollout import PromptSampler, encode_prompts, sample_rollout
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
-from tests.kit.models import tiny_tempax_model
-from tests.kit.tokenizers import tiny_chat_tokenizer
+from tests.algorithms.grpo.test_objective import model, tok  # noqa: F401 - the shared tiny fixtures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 RECIPE = os.path.join(ROOT, "recipes", "grpo_guess_number_env.yaml")
@@ -37,16 +36,6 @@ SETTINGS = GRPOSettings(group_size=2, max_new_tokens=4, temperature=1.0, beta=0.
 def reply_chars(prompts, completions, **columns):
     """A final-answer reward with spread inside a group: characters of the last reply / 10."""
     return [len(c) / 10.0 for c in completions]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_chat_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_tempax_model("llama", vocab_size=400, num_layers=2)
 
 
 @pytest.fixture(scope="module")
