@@ -17,11 +17,11 @@ from typing import Any, Callable
 from tempax.algorithms.common import base_model, build_model
 from tempax.algorithms.grpo.config import GRPOConfig
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, grpo_loss, grpo_trainable
-from tempax.algorithms.run import PolicyRun, Run, Training, evaluate_before, finish_policy, run_algorithm
+from tempax.algorithms.run import PolicyRun, Run, Training, evaluate_before, finish_policy, run_algorithm, task_prompts
 from tempax.data.tasks.spec import load_task
 from tempax.eval.spec import eval_options
 from tempax.rewards.registry import build_rewards
-from tempax.rl.rollout import PromptSampler, encode_prompts, round_up
+from tempax.rl.rollout import PromptSampler, round_up
 
 __all__ = ["GRPOConfig", "PolicyRun", "load_task", "main", "PLOT_METRICS"]
 
@@ -46,10 +46,7 @@ def main(
     def plan(run: Run) -> Training:
         s = cfg.grpo
         base, tok = base_model(cfg, run.mesh, model=model, tokenizer=tokenizer)
-        train_rows, held_rows = load_task(cfg.task, eval_problems=cfg.eval.num_problems)
-        prompts, dropped = encode_prompts(tok, train_rows, max_prompt_len=s.max_prompt_len)
-        run.say(f"task {cfg.task.name}: {len(prompts)} training prompts ({dropped} longer than "
-                f"grpo.max_prompt_len={s.max_prompt_len} dropped), {len(held_rows)} held-out problems")
+        prompts, held_rows = task_prompts(run, tok, max_prompt_len=s.max_prompt_len, section="grpo")
         prompt_len = min(round_up(max(len(p.ids) for p in prompts), 8), s.max_prompt_len)
         reward_fn = build_rewards(cfg.rewards)
         options = eval_options(cfg.eval, s.max_new_tokens, seed=cfg.train.seed)
