@@ -68,7 +68,8 @@ def main(
     def plan(run: Run) -> Training:
         s = cfg.rft
         base, tok = base_model(cfg, run.mesh, model=model, tokenizer=tokenizer)
-        prompts, held_rows = task_prompts(run, tok, max_prompt_len=s.max_prompt_len, section="rft", what="problems")
+        prompts, held_rows = task_prompts(run, tok, max_prompt_len=s.max_prompt_len, section="rft",
+                                          what="problems")
         longest = max(len(p.ids) for p in prompts)
         if longest + s.max_new_tokens > cfg.train.seq_len:
             raise ConfigError(
