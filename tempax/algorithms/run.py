@@ -54,9 +54,12 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from flax import nnx
 
 from tempax.data.sft import SFTData
+from tempax.data.tasks.spec import load_task
+from tempax.errors import ConfigError
 from tempax.eval.evaluate import evaluate, format_table
 from tempax.models.lora import merge_lora, save_adapters
 from tempax.parallel.process import is_writer, sync
+from tempax.rl.rollout import encode_prompts
 from tempax.train.loop import Trainer, TrainResult
 from tempax.train.metrics import MetricsWriter
 from tempax.train.step import LossFn
@@ -253,6 +256,23 @@ class PolicyRun:
     before: Any = None
     after: Any = None
     files: dict[str, str] = field(default_factory=dict)
+
+
+def task_prompts(run: Run, tokenizer: Any, *, max_prompt_len: int, section: str, what: str = "prompts",
+                 env_factory: Any = None) -> tuple[list[Any], list[dict[str, Any]]]:
+    """(encoded training prompts, held-out rows) of the config's `task` (`eval.num_problems` held out); prompts
+    longer than `max_prompt_len` tokens are dropped and counted in the line it prints. With `env_factory` the
+    prompts are a fresh environment's first messages (`encode_prompts`); a task none of whose prompts fit is
+    refused."""
+    cfg = run.config
+    train_rows, held_rows = load_task(cfg.task, eval_problems=cfg.eval.num_problems)
+    prompts, dropped = encode_prompts(tokenizer, train_rows, max_prompt_len=max_prompt_len, env_factory=env_factory)
+    run.say(f"task {cfg.task.name}: {len(prompts)} training {what} ({dropped} longer than {section}.max_prompt_len="
+            f"{max_prompt_len} dropped), {len(held_rows)} held-out problems")
+    if not prompts:
+        raise ConfigError(f"every training prompt is longer than {section}.max_prompt_len={max_prompt_len} tokens; "
+                          "raise it")
+    return prompts, held_rows
 
 
 def evaluate_before(run: Run, model: Any, tokenizer: Any, held_rows: Sequence[dict[str, Any]], options: Any, *,

@@ -49,10 +49,12 @@ from tempax.algorithms.run import Run, Training, run_algorithm, write_run_files
 from tempax.configlib import help_field
 from tempax.data.sft import DataSpec, build_data, read_data_rows
 from tempax.errors import ConfigError
-from tempax.models.lora import LoraConfig
+from tempax.models.lora import LoraConfig, apply_lora, has_adapters, merge_lora
 from tempax.train.config import TrainConfig
 from tempax.train.loop import TrainResult
 from tempax.train.trainable import Trainable
+from tempax.data.sources import holdout_split, read_rows
+from tempax.models.hf_io import save_hf_checkpoint
 
 
 @dataclass(frozen=True)
@@ -137,8 +139,6 @@ def build_models(cfg: DistillConfig, mesh: Any = None) -> tuple[StudentTeacher, 
                             seed=seed, mesh=mesh)
     trainable: Any = student_filter
     if cfg.lora is not None:
-        from tempax.models.lora import apply_lora
-
         student = apply_lora(student, cfg.lora, rngs=nnx.Rngs(seed + 1))
         trainable = student_lora_filter()
     teacher = store_teacher(teacher, cfg.teacher.storage, cfg.teacher.block_size)
@@ -155,8 +155,6 @@ def describe_sizes(pair: StudentTeacher) -> str:
 def split_rows(cfg: DistillConfig, rows: list[Any]) -> tuple[list[Any], list[Any]]:
     """(training rows, held-out rows): the first `data.max_rows`, then `data.eval_fraction` held out (the SFT
     split). Done before any generation, so evaluation is always on the dataset's own rows."""
-    from tempax.data.sources import holdout_split
-
     if cfg.data.max_rows is not None:
         rows = rows[: cfg.data.max_rows]
     if cfg.data.eval_fraction > 0:
@@ -167,8 +165,6 @@ def split_rows(cfg: DistillConfig, rows: list[Any]) -> tuple[list[Any], list[Any
 def sequence_rows(cfg: DistillConfig, teacher: Any, tokenizer: Any, rows: list[Any],
                   say: Callable[[str], None]) -> list[Any]:
     """Rows of the teacher's answers to `rows`' prompts (written to, or reused from, `sequence.output`)."""
-    from tempax.data.sources import read_rows
-
     path = cfg.sequence.output or os.path.join(cfg.train.run_dir, "teacher_generations.jsonl")
     if not (cfg.sequence.reuse and os.path.isfile(path)):
         generated = teacher_generations(teacher, tokenizer, rows, cfg.sequence, max_len=cfg.train.seq_len,
@@ -224,9 +220,6 @@ def main(cfg: DistillConfig, *, hooks: tuple = (), log: Callable[[str], None] | 
 
 def save_student(student: Any, tokenizer: Any, folder: str) -> str:
     """The student as a Hugging Face folder (LoRA adapters merged into its weights)."""
-    from tempax.models.hf_io import save_hf_checkpoint
-    from tempax.models.lora import has_adapters, merge_lora
-
     if has_adapters(student):
         student = merge_lora(student)
     return save_hf_checkpoint(student, folder, tokenizer=tokenizer)

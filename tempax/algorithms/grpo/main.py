@@ -18,12 +18,11 @@ from tempax.algorithms.common import base_model, build_model
 from tempax.algorithms.grpo.config import GRPOConfig
 from tempax.algorithms.episode_eval import episode_evaluation
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, grpo_loss, grpo_trainable
-from tempax.algorithms.run import PolicyRun, Run, Training, evaluate_before, finish_policy, run_algorithm
+from tempax.algorithms.run import PolicyRun, Run, Training, evaluate_before, finish_policy, run_algorithm, task_prompts
 from tempax.data.tasks.spec import load_task
-from tempax.errors import ConfigError
 from tempax.eval.spec import eval_options
 from tempax.rewards.registry import build_rewards
-from tempax.rl.rollout import PromptSampler, encode_prompts, round_up
+from tempax.rl.rollout import PromptSampler, round_up
 
 __all__ = ["GRPOConfig", "PolicyRun", "load_task", "main", "PLOT_METRICS"]
 
@@ -48,14 +47,9 @@ def main(
     def plan(run: Run) -> Training:
         s = cfg.grpo
         base, tok = base_model(cfg, run.mesh, model=model, tokenizer=tokenizer)
-        train_rows, held_rows = load_task(cfg.task, eval_problems=cfg.eval.num_problems)
         env_factory = None if cfg.env.single_turn else cfg.env.build(tok)
-        prompts, dropped = encode_prompts(tok, train_rows, max_prompt_len=s.max_prompt_len, env_factory=env_factory)
-        run.say(f"task {cfg.task.name}: {len(prompts)} training prompts ({dropped} longer than "
-                f"grpo.max_prompt_len={s.max_prompt_len} dropped), {len(held_rows)} held-out problems")
-        if not prompts:
-            raise ConfigError(f"every training prompt is longer than grpo.max_prompt_len={s.max_prompt_len} "
-                              "tokens; raise it")
+        prompts, held_rows = task_prompts(run, tok, max_prompt_len=s.max_prompt_len, section="grpo",
+                                          env_factory=env_factory)
         prompt_len = min(round_up(max(len(p.ids) for p in prompts), 8), s.max_prompt_len)
         reward_fn = build_rewards(cfg.rewards) if cfg.rewards.functions else None
         options = eval_options(cfg.eval, s.max_new_tokens, seed=cfg.train.seed)

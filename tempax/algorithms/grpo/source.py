@@ -52,6 +52,7 @@ from tempax.train.hooks import Hook, StepInfo
 from tempax.train.loop import Trainer
 from tempax.train.trainable import Trainable
 from tempax.train.sources import decode_arrays, encode_arrays
+from tempax.models.lora import disable_adapters
 
 Batch = dict[str, np.ndarray]
 
@@ -160,8 +161,6 @@ class GRPOSource:
             return completion_logprobs(parts.merge(params, rest), batch, temperature=tau)[0]
 
         def adapters_off(params: Any, rest: Any, batch: Batch, tau: jax.Array) -> jax.Array:
-            from tempax.models.lora import disable_adapters
-
             model = parts.merge(params, rest)
             with disable_adapters(model):  # a static switch: the trace computes the base model
                 return completion_logprobs(model, batch, temperature=tau)[0]

@@ -33,6 +33,7 @@ from tempax.data.preference import PreferencePair, collate_pairs
 from tempax.errors import ConfigError, DataError
 from tempax.models.logprobs import masked_sum, token_logprobs
 from tempax.parallel.process import host_array
+from tempax.models.lora import disable_adapters
 
 Batch = dict[str, Any]
 
@@ -294,7 +295,6 @@ def jit_sequence_logps(
         m = nnx.merge(graphdef, state)
         if not adapters_off:
             return sequence_logps(m, batch)
-        from tempax.models.lora import disable_adapters
 
         with disable_adapters(m):
             return sequence_logps(m, batch)

@@ -55,7 +55,7 @@ from tempax.algorithms.preference.losses import PREFERENCE_LOSS_NAMES, preferenc
 from tempax.algorithms.common import ModelSpec, build_model
 from tempax.algorithms.run import Training, make_trainer, start_run
 from tempax.errors import ConfigError
-from tempax.models.lora import LoraConfig
+from tempax.models.lora import LoraConfig, disable_adapters
 from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
 from tempax.configlib import help_field
@@ -200,8 +200,6 @@ class DPOLoss:
         if self.reference == "batch":
             ref = batch[REF_LOGPS]
         elif self.reference == "adapters_off":
-            from tempax.models.lora import disable_adapters
-
             with disable_adapters(model):
                 ref, _ = sequence_logps(model, batch)
         weights = pair_mask(batch)

@@ -51,6 +51,7 @@ from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
 from tempax.train.trainable import Trainable
 from tempax.configlib import help_field
+from tempax.data.sources import read_rows
 
 
 # The batch key of an optional per-pair Bradley-Terry margin ([2B], equal on a pair's two rows).
@@ -148,8 +149,6 @@ def _with_margins(pairs: list[Any], rows: dict[str, dict[str, Any]], field_name:
 
 def prepare(cfg: RewardModelConfig, *, log: Callable[[str], None] | None = None) -> RewardRun:
     """Builds the reward model, data and `Trainer` of a run (no training step yet)."""
-    from tempax.data.sources import read_rows
-
     say = log or (lambda text: print(text, file=sys.stderr))
     t = cfg.train
     mesh = t.mesh.build()

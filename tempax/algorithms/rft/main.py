@@ -20,13 +20,12 @@ from tempax.algorithms.common import base_model, build_model
 from tempax.algorithms.rft.config import RFTConfig, RFTSettings
 from tempax.algorithms.episode_eval import episode_evaluation
 from tempax.algorithms.rft.source import RFTSource
-from tempax.algorithms.run import PolicyRun, Run, Training, evaluate_before, finish_policy, run_algorithm
-from tempax.data.tasks.spec import load_task
+from tempax.algorithms.run import PolicyRun, Run, Training, evaluate_before, finish_policy, run_algorithm, task_prompts
 from tempax.errors import ConfigError
 from tempax.eval.spec import eval_options
 from tempax.models.fused_head import fused_causal_lm_loss, lm_head_of
 from tempax.rewards.registry import build_rewards
-from tempax.rl.rollout import PromptSampler, encode_prompts, round_up
+from tempax.rl.rollout import PromptSampler, round_up
 from tempax.train.trainable import Trainable
 
 __all__ = ["RFTConfig", "PolicyRun", "RFTSettings", "main", "make_rft_loss", "PLOT_METRICS"]
@@ -70,11 +69,9 @@ def main(
     def plan(run: Run) -> Training:
         s = cfg.rft
         base, tok = base_model(cfg, run.mesh, model=model, tokenizer=tokenizer)
-        train_rows, held_rows = load_task(cfg.task, eval_problems=cfg.eval.num_problems)
         env_factory = None if cfg.env.single_turn else cfg.env.build(tok)
-        prompts, dropped = encode_prompts(tok, train_rows, max_prompt_len=s.max_prompt_len, env_factory=env_factory)
-        run.say(f"task {cfg.task.name}: {len(prompts)} training problems ({dropped} longer than rft.max_prompt_len="
-                f"{s.max_prompt_len} dropped), {len(held_rows)} held-out problems")
+        prompts, held_rows = task_prompts(run, tok, max_prompt_len=s.max_prompt_len, section="rft",
+                                          what="problems", env_factory=env_factory)
         longest = max(len(p.ids) for p in prompts)
         completion = cfg.env.episode_tokens(s.max_new_tokens)
         if longest + completion > cfg.train.seq_len:
