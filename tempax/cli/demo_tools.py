@@ -28,16 +28,22 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tempax.algorithms.common import ModelSpec
+from tempax.algorithms.episode_eval import evaluate_task
 from tempax.algorithms.grpo.config import GRPOConfig, GRPOSettings
+from tempax.algorithms.grpo.main import main as grpo_main
 from tempax.algorithms.sft.main import SFTConfig
-from tempax.configlib import help_field
+from tempax.algorithms.sft.main import main as sft_main
+from tempax.cli.demo import interval_table
+from tempax.configlib import help_field, load_config
 from tempax.data.sft import DataSpec
 from tempax.data.tasks.arithmetic import ArithmeticConfig
-from tempax.data.tasks.spec import TaskSpec
+from tempax.data.tasks.spec import TaskSpec, load_task
 from tempax.envs.registry import EnvironmentSpec
 from tempax.envs.tool_calls import ToolCall, render_tool_call, tool_message
+from tempax.errors import ConfigError
+from tempax.eval.evaluate import EvalOptions
 from tempax.eval.spec import EvalSpec
-from tempax.models.lora import LoraConfig
+from tempax.models.lora import LoraConfig, merge_lora
 from tempax.rewards.registry import RewardSpec
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
 
@@ -98,8 +104,6 @@ class ToolDemoConfig:
     run_dir: str | None = help_field("Where everything is written; null: runs/demo-tools-<date>-<time>.", None)
 
     def validate(self) -> None:
-        from tempax.errors import ConfigError
-
         if self.grpo.env.single_turn:
             raise ConfigError("grpo.env must be a tool environment (calculator) for the tool arm")
         if self.eval_problems < 1 or self.demonstrations < 1:
@@ -131,14 +135,6 @@ def tool_demonstration(first: list[dict[str, Any]], row: dict[str, Any], tool_fo
 
 def main(cfg: ToolDemoConfig, *, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Runs the five stages and prints the table (module docstring); returns the numbers written to results.json."""
-    from tempax.algorithms.grpo.main import main as grpo_main
-    from tempax.algorithms.episode_eval import evaluate_task
-    from tempax.algorithms.sft.main import main as sft_main
-    from tempax.cli.demo import interval_table
-    from tempax.data.tasks.spec import load_task
-    from tempax.eval.evaluate import EvalOptions
-    from tempax.models.lora import merge_lora
-
     say = say or (lambda text: print(text, flush=True))
     cfg.validate()
     run_dir = cfg.run_dir or os.path.join("runs", time.strftime("demo-tools-%Y%m%d-%H%M%S"))
@@ -244,8 +240,6 @@ def _cpu() -> float:
 def run(args: argparse.Namespace) -> int:
     """`tempax demo --task arithmetic-tools [KEY=VALUE ...]`: the shortcuts --model, --steps, --sft-steps,
     --eval-problems, --run-dir, --seed and --demonstrations map to this demo's keys."""
-    from tempax.configlib import load_config
-
     overrides: list[str] = []
     for flag, key in (("model", "model.source"), ("steps", "grpo.train.steps"), ("sft_steps", "sft.train.steps"),
                       ("eval_problems", "eval_problems"), ("run_dir", "run_dir"), ("seed", "seed"),
