@@ -61,6 +61,7 @@ from tempax.algorithms.grpo.config import GRPOConfig, GRPOSettings
 from tempax.algorithms.rft.config import RFTConfig, RFTSettings
 from tempax.algorithms.sft.main import SFTConfig
 from tempax.data.sft import DataSpec
+from tempax.data.tasks.arithmetic import ArithmeticConfig
 from tempax.data.tasks.spec import TaskSpec
 from tempax.eval.spec import EvalSpec
 from tempax.rewards.registry import RewardSpec
@@ -188,6 +189,13 @@ class DemoConfig:
         "bound, the budget ends it).",
         default_factory=demo_baseline_config,
     )
+    grpo_difficulty: ArithmeticConfig | None = help_field(
+        "The difficulty of the problems GRPO trains on (arithmetic; e.g. grpo_difficulty.max_steps=1 "
+        "grpo_difficulty.max_operand=20), a curriculum lever: on problems the warm-start can solve, more of a "
+        "group's samples are right and disagree, so more groups carry a learning signal. The held-out problems, "
+        "the demonstrations and RFT keep the task's difficulty (`grpo.task.arithmetic`); held-out questions never "
+        "enter training at any difficulty (the split is a hash of the question). null: the task's difficulty.",
+        None)
     reference: bool = help_field(
         "--compare: also run the reference row (SFT on fresh worked solutions, `baseline`); false saves one "
         "budget and one evaluation.", True)
@@ -215,6 +223,9 @@ class DemoConfig:
         if self.budget not in BUDGET_CLOCKS:
             raise ConfigError(f"budget must be one of {sorted(BUDGET_CLOCKS)} (what the compared stages get equal "
                               f"seconds of), got {self.budget!r}")
+        if self.grpo_difficulty is not None and self.task != "arithmetic":
+            raise ConfigError(f"grpo_difficulty sets generated arithmetic problems; task {self.task} has none "
+                              "(drop grpo_difficulty)")
         if self.demonstrations < 1:
             raise ConfigError(f"demonstrations must be >= 1, got {self.demonstrations}")
 
@@ -332,6 +343,13 @@ class StageBudget(Hook):
         if now - self.started + step_s / 2 >= self.seconds:
             return Stop(f"{'wall-time' if self.kind == 'wall' else 'CPU-time'} budget of {self.seconds:.0f} s spent")
         return None
+
+
+def grpo_training(cfg: GRPOConfig, difficulty: ArithmeticConfig | None) -> GRPOConfig:
+    """The GRPO stage's config with its training problems at `difficulty` (None: unchanged)."""
+    if difficulty is None:
+        return cfg
+    return dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, arithmetic=difficulty))
 
 
 def plot_rewards(grpo_dir: str, out_path: str) -> str:
@@ -484,9 +502,10 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
         say("  skipped (" + ("sft: null / --sft-steps 0" if sft_cfg is None else
                              f"task {cfg.task} has no SFT targets") + ")")
 
-    say(f"[3/{n_stages}] {'(b) ' if compare else ''}GRPO with strict format + correctness rewards")
+    say(f"[3/{n_stages}] {'(b) ' if compare else ''}GRPO with strict format + correctness rewards"
+        + (f" on problems of difficulty {cfg.grpo_difficulty}" if cfg.grpo_difficulty is not None else ""))
     with watch("grpo"):
-        run = run_grpo(model, tokenizer, grpo_cfg)
+        run = run_grpo(model, tokenizer, grpo_training(grpo_cfg, cfg.grpo_difficulty))
     result = run.result
     rewards = [v for _, v in result.series("reward/total_mean")]
     zero = [v for _, v in result.series("groups/zero_spread_frac")]

@@ -78,6 +78,25 @@ def test_budget_flag_maps_to_the_config():
     assert load_config(DemoConfig, None, ["compare=true", "reference=false"]).reference is False
 
 
+def test_grpo_difficulty_changes_only_the_grpo_stage_training_problems():
+    """The curriculum lever: grpo_difficulty sets the GRPO stage's training problems; the held-out problems,
+    demonstrations and RFT keep the task's difficulty."""
+    from tempax.cli.demo import grpo_training
+    from tempax.configlib import load_config
+    from tempax.data.tasks.arithmetic import ArithmeticConfig
+
+    cfg = load_config(DemoConfig, None, ["compare=true", "grpo_difficulty.max_steps=1",
+                                         "grpo_difficulty.max_operand=20"])
+    assert cfg.grpo_difficulty == ArithmeticConfig(max_steps=1, max_operand=20)
+    _, grpo, _ = cfg.stages("/tmp/x")
+    trained = grpo_training(grpo, cfg.grpo_difficulty)
+    assert trained.task.arithmetic == cfg.grpo_difficulty and trained.task.seed == grpo.task.seed
+    assert grpo.task.arithmetic == ArithmeticConfig() and cfg.compare_stages("/tmp/x")[1].task == grpo.task
+    assert grpo_training(grpo, None) is grpo
+    with pytest.raises(ConfigError, match="grpo_difficulty .*task gsm8k"):
+        load_config(DemoConfig, None, ["grpo.task.name=gsm8k", "grpo_difficulty.max_steps=1"])
+
+
 @pytest.mark.parametrize("kind", ["wall", "cpu"])
 def test_stage_budget_stops_at_the_step_whose_midpoint_passes_the_budget(monkeypatch, kind):
     """A 10 s budget on a fake clock: created at 100, steps end at 103, 106, 108.5, 111.5 (3, 3, 2.5, 3 s).
