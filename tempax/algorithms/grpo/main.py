@@ -21,6 +21,7 @@ from tempax.data.tasks.spec import load_task
 from tempax.eval.spec import eval_options
 from tempax.rewards.registry import build_rewards
 from tempax.rl.rollout import PromptSampler, encode_prompts, round_up
+from tempax.rl.workers import require_ray
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.algorithms.run import start_run
 from tempax.train.loop import TrainResult
@@ -60,6 +61,8 @@ def main(
     `cfg.model` (`tempax demo` passes its SFT model)."""
     from tempax.eval.evaluate import evaluate, format_table
 
+    if cfg.grpo.workers:
+        require_ray()  # before anything is loaded: the install hint, not a failure minutes later
     run = start_run(cfg, log=log)
     say = run.say
     mesh = cfg.train.mesh.build()
@@ -82,11 +85,14 @@ def main(
         say(f"before training: {before.summary_line()}")
     model, tokenizer, trainable = build_model(cfg, mesh, model=model, tokenizer=tokenizer)
     source = GRPOSource(tokenizer, PromptSampler(prompts, seed=cfg.train.seed), reward_fn, cfg.grpo,
-                        prompt_len=prompt_len, reference=model if cfg.lora is None else None)
+                        prompt_len=prompt_len, reference=model if cfg.lora is None else None, ray=cfg.ray)
     trainer = make_grpo_trainer(model, cfg.grpo, cfg.train, prompt_len=prompt_len, trainable=trainable, mesh=mesh,
                                 log=say, checkpoint_meta={"model_source": cfg.model.source}, guard=cfg.guard)
     del model  # the trainer holds the weights now
-    result = run.train(trainer, source, hooks=[*grpo_hooks(source, cfg.grpo, cfg.guard), *hooks])
+    try:
+        result = run.train(trainer, source, hooks=[*grpo_hooks(source, cfg.grpo, cfg.guard), *hooks])
+    finally:
+        source.close()  # the rollout workers, when grpo.workers > 0
     policy = trainer.model
     grpo_run = GRPORun(result=result, source=source, policy=policy, before=before, files=run.files)
     if held_rows and cfg.eval.after:
