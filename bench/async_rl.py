@@ -7,7 +7,7 @@ The work is bench/grpo_step.py's `grpo_step` workload (../shared/bench/workloads
 rank 16, 2 prompts x 4 completions x 64 new tokens, reference log-probs, one AdamW update), run for more steps.
 Modes:
 
-    sync-2core   grpo.workers 0, the trainer process on both cores (today's default)
+    sync-2core   grpo.workers 0, the trainer process on both cores (the default)
     sync-1core   grpo.workers 0, the trainer process pinned to core 0
     async-s1     grpo.workers 1, max_staleness 1: trainer pinned to core 0, the worker to core 1
     async-s2     grpo.workers 1, max_staleness 2: the same pinning
@@ -35,7 +35,7 @@ PAGE = os.path.join(ROOT, "docs", "measurements", "async-rl.md")
 
 # mode -> (workers, max_staleness, core of the trainer process or None for all)
 MODES = {"sync-2core": (0, 0, None), "sync-1core": (0, 0, 0), "async-s1": (1, 1, 0), "async-s2": (1, 2, 0)}
-STEPS = {"warmup": 2, "measured": 6}
+STEPS = {"warmup": 2, "measured": 5}
 
 
 def measure(mode: str, size: str) -> dict:
