@@ -69,15 +69,6 @@ class RewardModel(nnx.Module):
                 kernel_init=nnx.with_partitioning(nnx.initializers.normal(std), ("embed", None)),
             )
 
-    @property
-    def config(self) -> Any:
-        """The backbone's `ModelConfig` (what memory plans, remat and precision switches read and set)."""
-        return self.backbone.config
-
-    @config.setter
-    def config(self, value: Any) -> None:
-        self.backbone.config = value
-
     def __call__(
         self, tokens: jax.Array, *, positions: jax.Array | None = None, segment_ids: jax.Array | None = None
     ) -> jax.Array:

@@ -238,12 +238,15 @@ class TrainConfig:
             )
         return out
 
-    def check_model(self, model_config: Any) -> None:
-        """Raises `ConfigError` when a row is longer than the model's positions (`max_position_embeddings`)."""
+    def check_model(self, model_config: Any, *, seq_len: int | None = None) -> None:
+        """Raises `ConfigError` when a row (`seq_len` tokens; None: `train.seq_len`) is longer than the model's
+        positions (`max_position_embeddings`)."""
         limit = getattr(model_config, "max_position_embeddings", None)
-        if isinstance(limit, int) and self.seq_len > limit:
+        row = f"train.seq_len={self.seq_len}" if seq_len is None else f"a training row of {seq_len} tokens"
+        seq_len = self.seq_len if seq_len is None else seq_len
+        if isinstance(limit, int) and seq_len > limit:
             raise ConfigError(
-                f"train.seq_len={self.seq_len} is longer than the model's max_position_embeddings={limit}: positions "
+                f"{row} is longer than the model's max_position_embeddings={limit}: positions "
                 f"past {limit} were never trained and the run would learn from them silently. Set train.seq_len "
                 f"<= {limit}"
             )

@@ -52,6 +52,7 @@ from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
+from tempax.train.trainable import Trainable
 
 
 @dataclass(frozen=True)
@@ -207,10 +208,9 @@ def main(cfg: DistillConfig, *, hooks: tuple = (), log: Callable[[str], None] | 
         "teacher_layers": pair.teacher.config.num_layers, "student_layers": pair.student.config.num_layers,
     }
     trainer = Trainer(
-        pair, make_distill_loss(cfg.loss), cfg.train, trainable=trainable, mesh=mesh, log=say,
+        Trainable(pair, logit_positions=cfg.loss.chunk_len), make_distill_loss(cfg.loss), cfg.train, trainable=trainable, mesh=mesh, log=say,
         checkpoint_meta={"algorithm": "DistillConfig", "teacher_source": cfg.teacher.source,
                          "student_source": cfg.student.source},
-        loss_chunk_len=cfg.loss.chunk_len,
     )
     del pair  # the trainer holds its own copies
     result = run.train(trainer, batches, hooks=hooks, eval_batches=data.eval_loader)

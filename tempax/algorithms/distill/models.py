@@ -26,6 +26,8 @@ from flax import nnx
 from tempax.algorithms.common import ModelSpec
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
+from tempax.train.state import training_view
+from tempax.train.trainable import MemoryProfile
 
 TEACHER_SOURCE = "teacher"
 
@@ -70,20 +72,18 @@ class StudentSpec(ModelSpec):
 
 
 class StudentTeacher(nnx.Module):
-    """Both models of a distillation run in one module (see the module docstring). `config` is the student's (the
-    training core reads it for the memory plan and remat)."""
+    """Both models of a distillation run in one module (see the module docstring); a
+    `tempax.train.trainable.TrainableModel` whose trunk is the student (the teacher is never trained)."""
 
     def __init__(self, student: nnx.Module, teacher: nnx.Module):
         self.student = student
         self.teacher = teacher
 
-    @property
-    def config(self) -> Any:
-        return self.student.config
+    def training_view(self, *, remat: str | None, precision: str) -> nnx.Module:
+        return training_view(self, remat=remat, precision=precision, trunks=("student",))
 
-    @config.setter
-    def config(self, value: Any) -> None:  # the trainer sets remat / compute dtype on the model it trains
-        self.student.config = value
+    def memory_profile(self) -> MemoryProfile:
+        return MemoryProfile(model=self.student.config)
 
 
 student_filter = nnx.All(nnx.Param, nnx.PathContains("student"))

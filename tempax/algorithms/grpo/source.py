@@ -28,7 +28,6 @@ completion lengths, duplicate completions, and the time split `perf/generation_s
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from typing import Any, Callable, Iterator
@@ -54,6 +53,7 @@ from tempax.train.config import TrainConfig
 from tempax.train.guards import CollapseGuard, CollapseGuardConfig
 from tempax.train.hooks import Hook, StepInfo
 from tempax.train.loop import Trainer
+from tempax.train.trainable import Trainable
 from tempax.train.sources import decode_arrays, encode_arrays
 
 Batch = dict[str, np.ndarray]
@@ -80,7 +80,7 @@ def make_grpo_trainer(
     tokens_per_row = int(prompt_len) + settings.group_size * settings.max_new_tokens
     bonus = guard is not None and guard.enabled and guard.action == "entropy_bonus"
     return Trainer(
-        model, make_grpo_loss(settings, entropy_bonus=bonus), dataclasses.replace(train, seq_len=tokens_per_row),
+        Trainable(model, tokens_per_row=tokens_per_row), make_grpo_loss(settings, entropy_bonus=bonus), train,
         trainable=trainable,
         mesh=mesh, log=log, checkpoint_meta={"algorithm": "GRPO", **(checkpoint_meta or {})},
     )

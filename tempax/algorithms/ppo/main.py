@@ -15,7 +15,6 @@ first mini-batch), eval.json, eval_responses.jsonl (each evaluated response as a
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -215,6 +214,7 @@ def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     """Trains per `cfg` (see the module docstring)."""
     from tempax.algorithms.run import start_run
     from tempax.train.loop import Trainer
+    from tempax.train.trainable import Trainable
 
     run_handle = start_run(cfg, log=log)
     say = run_handle.say
@@ -238,14 +238,11 @@ def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
                          batch_size=t.batch_size, seed=t.seed, reference=model.policy if cfg.lora is None else None,
                          log=say)
     held_bytes = reward_fn.functions[0].fn.nbytes + (_nbytes(source.reference[1]) if source.reference else 0)
-    extras: dict[str, Any] = {"held_bytes": held_bytes, "trunks": 2 if model.critic is not None else 1}
-    if cfg.lora is None and model.critic is not None:
-        extras["trainable_params"] = sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    # Tokens per row for the memory plan: the prompt once plus its completions.
-    train_cfg = dataclasses.replace(t, seq_len=prompt_len + s.samples_per_prompt * s.max_new_tokens)
-    trainer = Trainer(model, make_ppo_loss(s), train_cfg, trainable=trainable, mesh=mesh, log=say,
-                      checkpoint_meta={"algorithm": "PPO", "model_source": cfg.model.source},
-                      memory_extras=extras)
+    # A row holds the prompt once plus its completions.
+    tokens_per_row = prompt_len + s.samples_per_prompt * s.max_new_tokens
+    trainer = Trainer(Trainable(model, tokens_per_row=tokens_per_row, held_bytes=held_bytes), make_ppo_loss(s), t,
+                      trainable=trainable, mesh=mesh, log=say,
+                      checkpoint_meta={"algorithm": "PPO", "model_source": cfg.model.source})
     del model
     source.attach(trainer)  # before `fit` (which attaches it too): the evaluation samples from the trainer's weights
     run = PPORun(result=None, source=source, files=run_handle.files)

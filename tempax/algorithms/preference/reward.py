@@ -50,6 +50,7 @@ from tempax.models.lora import LoraConfig
 from tempax.models.reward_model import RewardModel, reward_scores, save_reward_model
 from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
+from tempax.train.trainable import Trainable
 from tempax.configlib import help_field
 
 
@@ -179,10 +180,10 @@ def prepare(cfg: RewardModelConfig, *, log: Callable[[str], None] | None = None)
         cached = pair_batches(eval_items, batch_size=pairs, seq_len=t.seq_len, pad_id=pad)
         eval_batches = lambda: cached  # noqa: E731 - the same held-out batches at every evaluation
     loss_fn = RewardLoss(margin=cfg.reward.margin)
+    # The backbone is the trunk; the scalar head reads hidden states: no vocabulary logits to plan for.
     trainer = Trainer(
-        model, loss_fn, t, trainable=trainable, mesh=mesh, log=say,
-        checkpoint_meta={"algorithm": "reward_model", "model_source": cfg.model.source},
-        loss_chunk_len=0,  # the scalar head reads hidden states: no vocabulary logits to plan for
+        Trainable(model, trunks=("backbone",), logit_positions=0), loss_fn, t, trainable=trainable, mesh=mesh,
+        log=say, checkpoint_meta={"algorithm": "reward_model", "model_source": cfg.model.source},
     )
     check_micro_batching(pairs, trainer.num_micro_batches)
     return RewardRun(trainer, loss_fn, loader, eval_batches, data, tokenizer)

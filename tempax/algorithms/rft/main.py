@@ -28,6 +28,7 @@ from tempax.models.fused_head import fused_causal_lm_loss, lm_head_of
 from tempax.rewards.registry import build_rewards
 from tempax.rl.rollout import PromptSampler, encode_prompts, round_up
 from tempax.train.loop import Trainer, TrainResult
+from tempax.train.trainable import Trainable
 
 __all__ = ["RFTConfig", "RFTRun", "RFTSettings", "main", "make_rft_loss", "PLOT_METRICS"]
 
@@ -106,8 +107,8 @@ def main(
         say(f"before training: {before.summary_line()}")
     model, tokenizer, trainable = build_model(cfg, mesh, model=model, tokenizer=tokenizer)
     source = RFTSource(tokenizer, PromptSampler(prompts, seed=cfg.train.seed), build_rewards(cfg.rewards), s)
-    trainer = Trainer(model, make_rft_loss(), cfg.train, trainable=trainable, mesh=mesh, log=say,
-                      checkpoint_meta={"algorithm": "RFT", "model_source": cfg.model.source}, loss_chunk_len=64)
+    trainer = Trainer(Trainable(model, logit_positions=64), make_rft_loss(), cfg.train, trainable=trainable, mesh=mesh,
+                      log=say, checkpoint_meta={"algorithm": "RFT", "model_source": cfg.model.source})
     del model  # the trainer holds the weights now
     result = run.train(trainer, source, hooks=list(hooks))
     policy = trainer.model

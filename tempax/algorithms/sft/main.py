@@ -33,6 +33,7 @@ from tempax.models.fused_head import fused_causal_lm_loss, lm_head_of
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
+from tempax.train.trainable import Trainable
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -147,10 +148,10 @@ def main(
                       seed=cfg.train.seed, rows=rows)
     write_run_files(run, data, tokenizer)
     trainer = Trainer(
-        model, make_sft_loss(cfg.loss.normalize, fused=cfg.loss.fused, chunk_len=cfg.loss.chunk_len), cfg.train,
+        Trainable(model, logit_positions=cfg.loss.chunk_len if cfg.loss.fused else None),
+        make_sft_loss(cfg.loss.normalize, fused=cfg.loss.fused, chunk_len=cfg.loss.chunk_len), cfg.train,
         trainable=trainable, mesh=mesh, log=run.say,
         checkpoint_meta={"algorithm": type(cfg).__name__, "model_source": cfg.model.source},
-        loss_chunk_len=cfg.loss.chunk_len if cfg.loss.fused else None,
     )
     del model  # the trainer holds its own copies; do not keep a second set of weights alive during training
     result = run.train(trainer, data.train, hooks=hooks, eval_batches=data.eval_loader)
