@@ -84,15 +84,10 @@ def measure(mode: str, size: str) -> dict:
     return out
 
 
-def cpu_name() -> str:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def write_page(rows: list[dict], size: str, uptime: str) -> None:
+    sys.path.insert(0, ROOT)
+    from tempax.cli.host import cpu_line
+
     by = {r["mode"]: r for r in rows if "error" not in r}
     base = by.get("sync-2core")
     lines = [
@@ -102,7 +97,7 @@ def write_page(rows: list[dict], size: str, uptime: str) -> None:
         f"`grpo_step` workload of the shared benchmarks at bench-{size}, {STEPS['warmup']} warm-up and "
         f"{STEPS['measured']} measured steps per mode, each mode in its own process, one after the other.",
         "",
-        f"CPU: {cpu_name()}, {os.cpu_count()} cores. Before the run, {uptime} (1, 5, 15 min)",
+        f"CPU: {cpu_line()}. Before the run, {uptime} (1, 5, 15 min)",
         "",
         "| mode | s/step (median) | steps/s | x sync-2core | generation s | train s | overlap | staleness |",
         "|---|---|---|---|---|---|---|---|",
