@@ -38,7 +38,7 @@ MODES = {"sync-2core": (0, 0, None), "sync-1core": (0, 0, 0), "async-s1": (1, 1,
 STEPS = {"warmup": 2, "measured": 5}
 
 
-def measure(mode: str, size: str) -> dict:
+def measure(mode: str, size: str, steps: dict | None = None) -> dict:
     workers, max_staleness, core = MODES[mode]
     if core is not None:
         os.sched_setaffinity(0, {core})  # before JAX starts its threads
@@ -54,7 +54,7 @@ def measure(mode: str, size: str) -> dict:
     load_before = os.getloadavg()[0]
     changes = {"workers": workers, "max_staleness": max_staleness}
     ray = RayConfig(num_cpus=2, worker_cpus=(1,)) if workers else None
-    trainer, source, settings, steps = build(size, steps=STEPS, settings_changes=changes, ray=ray)
+    trainer, source, settings, steps = build(size, steps=steps or STEPS, settings_changes=changes, ray=ray)
     marks: dict[int, float] = {}
     mark = every(1, lambda info: marks.__setitem__(info.step, time.time()))
     try:
@@ -66,7 +66,7 @@ def measure(mode: str, size: str) -> dict:
     measured = [m for _, m in result.history[steps["warmup"]:]]
     med = lambda key: statistics.median(m[key] for m in measured)  # noqa: E731
     out = {
-        "mode": mode, "size": size, "workers": workers, "max_staleness": max_staleness,
+        "mode": mode, "size": size, "workers": workers, "max_staleness": max_staleness, "steps": steps,
         "s_per_step": round(med("perf/step_s"), 3), "steps_per_s": round(1.0 / med("perf/step_s"), 4),
         "step_s": [round(m["perf/step_s"], 3) for m in measured],
         "median_generation_s": round(med("perf/generation_s"), 3), "median_train_s": round(med("perf/train_s"), 3),
@@ -93,9 +93,10 @@ def write_page(rows: list[dict], size: str, uptime: str) -> None:
     lines = [
         "# Asynchronous GRPO: one rollout worker beside the trainer",
         "",
-        f"Written by `python bench/async_rl.py --size {size}` (bench/async_rl.py says what each mode runs). The "
-        f"`grpo_step` workload of the shared benchmarks at bench-{size}, {STEPS['warmup']} warm-up and "
-        f"{STEPS['measured']} measured steps per mode, each mode in its own process, one after the other.",
+        "Written by `python bench/async_rl.py` (bench/async_rl.py says what each mode runs). The "
+        "`grpo_step` workload of the shared benchmarks at bench-" + size + "; each mode in its own process, one "
+        "after the other; the warm-up (compilation, worker start) and measured step counts of each mode are in its "
+        "row below (`steps`).",
         "",
         f"CPU: {cpu_line()}. Before the run, {uptime} (1, 5, 15 min)",
         "",
@@ -137,15 +138,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=("tiny", "small"), default="small")
     parser.add_argument("--one", choices=tuple(MODES), help="measure one mode in this process, print one JSON line")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes to run (default: all)")
+    parser.add_argument("--warmup", type=int, default=STEPS["warmup"], help="warm-up steps per mode")
+    parser.add_argument("--measured", type=int, default=STEPS["measured"], help="measured steps per mode")
+    parser.add_argument("--previous", help="a file of JSON rows measured earlier (this command's output) to put on "
+                                           "the page beside the new ones")
     args = parser.parse_args(argv)
+    steps = {"warmup": args.warmup, "measured": args.measured}
     if args.one:
-        print(json.dumps(measure(args.one, args.size)), flush=True)
+        print(json.dumps(measure(args.one, args.size, steps)), flush=True)
         return 0
     # The load average, as `uptime` prints it (without the clock time, which a docs page must not carry).
     uptime = "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = []
+    if args.previous:
+        with open(args.previous) as f:
+            rows = [json.loads(line) for line in f if line.startswith("{")]
     for mode in args.modes.split(","):
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", mode, "--size", args.size],
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", mode, "--size", args.size,
+                              "--warmup", str(args.warmup), "--measured", str(args.measured)],
                              capture_output=True, text=True, cwd=ROOT)
         lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
         row = json.loads(lines[-1]) if out.returncode == 0 and lines else {"mode": mode, "error": out.stderr[-1500:]}

@@ -13,6 +13,11 @@ Each rollout, drawn lazily when `fit` asks for the next batch (so from the weigh
      recomputed old log-probs when `old_logprobs: recompute`;
   3. the same batch is yielded `num_iterations` times (one optimizer step each).
 
+With `grpo.workers` > 0, step 1 runs in rollout workers beside the trainer (Ray actors; `tempax.rl.async_source`
+requests each rollout with the prompts and seed this process would use, at most `grpo.max_staleness` policy
+versions ahead) and step 2 stays here; stale rollouts carry the sampler's log-probs (`sampler_logp`) for the
+importance weights of the loss (docs/async-rl.md).
+
 The knobs the collapse guard (`tempax.train.guards`) may change — sampling temperature, upper clip range, entropy
 coefficient — live in `knobs`, go into every batch as per-row values (the step is compiled once) and into
 `state()`.
