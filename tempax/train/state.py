@@ -27,6 +27,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tempax.parallel.rules import Rules, logical_to_spec, param_shardings, variable_logical_names
+from tempax.models.decoder import BF16, as_dtype, keep_kernel_dtype, projection_dot
 
 Params = dict[str, jax.Array]
 
@@ -160,8 +161,6 @@ def set_compute_dtype(model: nnx.Module, dtype: str) -> None:
     operands, float32 accumulation and weight gradient, in the layouts XLA:CPU runs at bf16 speed). Done once,
     before the model is split for training.
     """
-    from tempax.models.decoder import BF16, as_dtype, keep_kernel_dtype, projection_dot
-
     target = as_dtype(dtype)
     for _, node in nnx.iter_graph(model):
         if isinstance(node, nnx.Module) and hasattr(node, "dtype") and not isinstance(node, nnx.Variable):

@@ -24,6 +24,7 @@ from tempax.rl.logprobs import completion_hidden
 from tempax.train.state import training_view
 from tempax.train.trainable import MemoryProfile
 from tempax.models.logprobs import token_entropy, token_logprobs
+from tempax.models.reward_model import load_reward_model
 
 VALUE_HEAD = "value_head"
 
@@ -102,8 +103,6 @@ def policy_and_values(
 
 def critic_from_reward_model(folder: str) -> tuple[nnx.Module, nnx.Linear]:
     """(critic decoder, value head) from a saved reward model: its backbone and its `score` head."""
-    from tempax.models.reward_model import load_reward_model
-
     reward_model, _ = load_reward_model(folder, with_tokenizer=False)
     return reward_model.backbone, reward_model.score
 
