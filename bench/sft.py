@@ -71,6 +71,7 @@ def measure(workload: str, size: str, remat: str | None = None, memory_only: boo
     from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
     from tempax.train.hooks import every
     from tempax.train.loop import Trainer
+    from tempax.train.trainable import Trainable
     from tempax.models.init import init_decoder
 
     spec = load_spec()
@@ -118,8 +119,9 @@ def measure(workload: str, size: str, remat: str | None = None, memory_only: boo
     )
     plan_lines: list[str] = []
     loss = LossSpec()  # the SFT recipe defaults: fused head + cross-entropy
-    trainer = Trainer(model, make_sft_loss(loss.normalize, fused=loss.fused, chunk_len=loss.chunk_len), train_cfg,
-                      trainable=trainable, mesh=mesh, log=plan_lines.append, loss_chunk_len=loss.chunk_len)
+    trainer = Trainer(Trainable(model, logit_positions=loss.chunk_len),
+                      make_sft_loss(loss.normalize, fused=loss.fused, chunk_len=loss.chunk_len), train_cfg,
+                      trainable=trainable, mesh=mesh, log=plan_lines.append)
     del model
     if memory_only:  # XLA's own account of the compiled step, before anything runs
         analysis = trainer.step_memory(batches[0])

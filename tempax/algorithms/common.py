@@ -13,6 +13,10 @@ from flax import nnx
 
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
+from tempax.models import registry
+from tempax.models.init import init_decoder
+from tempax.models.lora import apply_lora, lora_filter
+from tempax.models.presets import get_preset
 
 
 @dataclass(frozen=True)
@@ -37,13 +41,8 @@ class ModelSpec:
 
     def build(self, *, seed: int = 0, mesh: Any = None) -> tuple[nnx.Module, Any]:
         """(model, tokenizer). Presets are initialised by compiled per-part programs, sharded over `mesh` when given."""
-        from tempax.models import registry
-
         tokenizer = registry.load_tokenizer(self.tokenizer) if self.tokenizer else None
         if self.source.startswith(registry.PRESET_PREFIX):
-            from tempax.models.init import init_decoder
-            from tempax.models.presets import get_preset
-
             cfg = get_preset(self.source[len(registry.PRESET_PREFIX):])
             if self.overrides:
                 try:
@@ -61,21 +60,26 @@ class ModelSpec:
         return model, tokenizer or own
 
 
-def build_model(
-    cfg: Any, mesh: Any = None, *, model: nnx.Module | None = None, tokenizer: Any = None
-) -> tuple[nnx.Module, Any, Any]:
-    """(model, tokenizer, trainable filter) of an algorithm config with `model: ModelSpec`, `lora: LoraConfig |
-    None` and `train: TrainConfig`: the model from its source (or the `model` / `tokenizer` given, already built),
-    LoRA/QLoRA applied when configured (adapters initialised from seed train.seed + 1)."""
+def base_model(cfg: Any, mesh: Any = None, *, model: nnx.Module | None = None, tokenizer: Any = None) -> tuple[nnx.Module, Any]:
+    """(model, tokenizer) of an algorithm config with `model: ModelSpec`, before any adapters: the `model` /
+    `tokenizer` given (already built, e.g. the demo's), or built from `cfg.model` on `mesh`."""
     if model is None:
         model, built_tokenizer = cfg.model.build(seed=cfg.train.seed, mesh=mesh)
         tokenizer = tokenizer or built_tokenizer
     if tokenizer is None:
         raise ConfigError(f"model.source={cfg.model.source} has no tokenizer; set model.tokenizer")
+    return model, tokenizer
+
+
+def build_model(
+    cfg: Any, mesh: Any = None, *, model: nnx.Module | None = None, tokenizer: Any = None
+) -> tuple[nnx.Module, Any, Any]:
+    """(model, tokenizer, trainable filter) of an algorithm config with `model: ModelSpec`, `lora: LoraConfig |
+    None` and `train: TrainConfig`: `base_model`, then LoRA/QLoRA applied when configured (adapters initialised
+    from seed train.seed + 1)."""
+    model, tokenizer = base_model(cfg, mesh, model=model, tokenizer=tokenizer)
     trainable: Any = nnx.Param
     if cfg.lora is not None:
-        from tempax.models.lora import apply_lora, lora_filter
-
         model = apply_lora(model, cfg.lora, rngs=nnx.Rngs(cfg.train.seed + 1)) or model
         trainable = lora_filter
     return model, tokenizer, trainable

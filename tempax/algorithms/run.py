@@ -1,4 +1,20 @@
-"""One way to set up a run, shared by every algorithm's `main` (SFT, pre-training, DPO, reward models, GRPO).
+"""The skeleton every algorithm's `main` shares, `run_algorithm`, and the `Run` it works through.
+
+    def plan(run: Run) -> Training:        # what differs: data, model, loss, batches (run.mesh, run.say, ...)
+        model, tokenizer, trainable = build_model(cfg, run.mesh)
+        ...
+        return Training(Trainable(model), loss_fn, batches, algorithm="sft", trainable=trainable)
+
+    trained = run_algorithm(cfg, plan, hooks=hooks, log=log)   # start_run, plan, Trainer, fit, held-out loss
+    trained.run.done(trained.result)                          # then what differs after training
+
+`run_algorithm` starts the run (`start_run`), calls the algorithm's `plan`, builds the one `Trainer` on the run's
+mesh with the checkpoint metadata every run records, lets the plan check the trainer (`Training.ready`), trains
+with `Run.train` and returns the run, the trainer and the result. On-policy algorithms that evaluate by
+generating on held-out problems (GRPO, RFT) finish with `finish_policy` (evaluation after training, the
+before/after table, the adapters).
+
+The `Run`'s pieces are also usable on their own:
 
     run = start_run(cfg, log=log)         # run_dir made, config.yaml written (the only place that writes it)
     run.save_tokenizer(tokenizer)
@@ -35,9 +51,17 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from flax import nnx
+
 from tempax.data.sft import SFTData
+from tempax.data.tasks.spec import load_task
+from tempax.eval.evaluate import evaluate, format_table
+from tempax.models.lora import merge_lora, save_adapters
 from tempax.parallel.process import is_writer, sync
+from tempax.rl.rollout import encode_prompts
 from tempax.train.loop import Trainer, TrainResult
+from tempax.train.metrics import MetricsWriter
+from tempax.train.step import LossFn
 from tempax.train.run_identity import CONFIG_FILE, acquire_run_dir, release_run_dir, save_run_config
 from tempax.train.storage import write_atomic
 
@@ -61,6 +85,14 @@ class Run:
     say: Callable[[str], None]
     files: dict[str, str] = field(default_factory=dict)
     locked: bool = False  # this Run holds one count of the run dir's lock (given back by `close`)
+    _mesh: Any = None
+
+    @property
+    def mesh(self) -> Any:
+        """The run's device mesh (`train.mesh`), built on first use."""
+        if self._mesh is None:
+            self._mesh = self.config.train.mesh.build()
+        return self._mesh
 
     def close(self) -> None:
         """Gives back the run dir's lock taken by `start_run` (idempotent)."""
@@ -121,8 +153,6 @@ class Run:
                       steps: dict[str, int]) -> None:
         """Generation-based evaluations (name -> an object with `to_dict()` and `metrics(prefix)`): prints the
         table, writes `<run_dir>/<file>` and each stage's `eval/*` metrics into metrics.jsonl at `steps[name]`."""
-        from tempax.train.metrics import MetricsWriter
-
         self.say("\n" + table)
         self.write_json(file, {name: r.to_dict() for name, r in stages})
         if not is_writer():
@@ -134,6 +164,144 @@ class Run:
                 writer.write(steps.get(name, 0), r.metrics("eval/"))
         finally:
             writer.close()
+
+    def save_adapters(self, policy: Any) -> None:
+        """A LoRA run's adapters in `<run_dir>/adapters` (PEFT layout); nothing for full weights."""
+        if self.config.lora is not None:
+            self.files["adapters"] = save_adapters(policy, self.path("adapters"),
+                                                   base_model_name_or_path=self.config.model.source)
+
+
+@dataclass
+class Training:
+    """What an algorithm's `plan` gives `run_algorithm`: the parts of a run that differ between algorithms.
+
+    Attributes:
+      model: the module to train (adapters applied), or a `tempax.train.trainable.TrainableModel` (a composite,
+        or `Trainable(model, ...)` with what the run adds to the memory plan).
+      loss_fn: `loss_fn(model, batch) -> (loss, metrics)`.
+      batches: the batch source `Trainer.fit` reads.
+      algorithm: the name the checkpoints record.
+      trainable: the NNX filter of the trained parameters (`build_model`'s third value).
+      hooks: the algorithm's own hooks (run before the caller's).
+      eval_batches: held-out batches scored with the loss before (when `evaluate_before`) and after training.
+      eval_loss_fn: the loss held-out batches are scored with (None: `loss_fn`).
+      evaluate_before: score `eval_batches` before the first step too.
+      checkpoint_meta: what else the checkpoints record (the config's `model.source` is always recorded).
+      ready: called with the trainer before training (a check of its micro-batching, a source that samples from
+        its weights before the first step).
+      kept: what the algorithm's `main` reads after training (its source, held-out rows, ...), in `Trained.kept`.
+    """
+
+    model: Any
+    loss_fn: LossFn
+    batches: Any
+    algorithm: str
+    trainable: Any = nnx.Param
+    hooks: Sequence[Any] = ()
+    eval_batches: Callable[[], Iterable[dict[str, Any]]] | None = None
+    eval_loss_fn: LossFn | None = None
+    evaluate_before: bool = False
+    checkpoint_meta: dict[str, Any] = field(default_factory=dict)
+    ready: Callable[[Trainer], None] | None = None
+    kept: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Trained:
+    """What `run_algorithm` returns: the run, its (closed) trainer, the training result and `Training.kept`."""
+
+    run: Run
+    trainer: Trainer
+    result: TrainResult
+    kept: dict[str, Any] = field(default_factory=dict)
+
+
+def run_algorithm(
+    cfg: Any, plan: Callable[[Run], Training], *, hooks: Sequence[Any] = (), log: Callable[[str], None] | None = None
+) -> Trained:
+    """The shared skeleton of a training command (see the module docstring): `start_run`, `plan(run)`, the
+    `Trainer`, `ready(trainer)`, `Run.train`."""
+    run = start_run(cfg, log=log)
+    training = plan(run)
+    trainer = make_trainer(cfg, training, mesh=run.mesh, log=run.say)
+    result = run.train(trainer, training.batches, hooks=[*training.hooks, *hooks],
+                       eval_batches=training.eval_batches, evaluate_before=training.evaluate_before)
+    return Trained(run, trainer, result, training.kept)
+
+
+def make_trainer(cfg: Any, training: Training, *, mesh: Any, log: Callable[[str], None]) -> Trainer:
+    """The `Trainer` of `training` (`run_algorithm`'s, or a `prepare` function's that returns a run ready to
+    train): the checkpoints record the algorithm and the config's `model.source`; `training.ready` checks it."""
+    source = getattr(getattr(cfg, "model", None), "source", None)
+    meta = {"algorithm": training.algorithm, **({"model_source": source} if source else {}),
+            **training.checkpoint_meta}
+    trainer = Trainer(training.model, training.loss_fn, cfg.train, trainable=training.trainable, mesh=mesh, log=log,
+                      eval_loss_fn=training.eval_loss_fn, checkpoint_meta=meta)
+    training.model = None  # the trainer holds the weights now; keep no second set alive during training
+    if training.ready is not None:
+        training.ready(trainer)
+    return trainer
+
+
+@dataclass
+class PolicyRun:
+    """What an algorithm evaluated by generating on held-out problems returns (GRPO, RFT): the training result,
+    the evaluations before and after, the batch source and the trained policy."""
+
+    result: TrainResult
+    source: Any
+    policy: Any
+    before: Any = None
+    after: Any = None
+    files: dict[str, str] = field(default_factory=dict)
+
+
+def task_prompts(run: Run, tokenizer: Any, *, max_prompt_len: int, section: str,
+                 what: str = "prompts") -> tuple[list[Any], list[dict[str, Any]]]:
+    """(encoded training prompts, held-out rows) of the config's `task` (`eval.num_problems` held out); prompts
+    longer than `max_prompt_len` tokens are dropped and counted in the line it prints."""
+    cfg = run.config
+    train_rows, held_rows = load_task(cfg.task, eval_problems=cfg.eval.num_problems)
+    prompts, dropped = encode_prompts(tokenizer, train_rows, max_prompt_len=max_prompt_len)
+    run.say(f"task {cfg.task.name}: {len(prompts)} training {what} ({dropped} longer than {section}.max_prompt_len="
+            f"{max_prompt_len} dropped), {len(held_rows)} held-out problems")
+    return prompts, held_rows
+
+
+def evaluate_before(run: Run, model: Any, tokenizer: Any, held_rows: Sequence[dict[str, Any]], options: Any) -> Any:
+    """The held-out evaluation before training (of the model before its zero-initialised adapters go on), or None
+    when there are no held-out problems or `eval.before` is off."""
+    if not held_rows or not run.config.eval.before:
+        return None
+    before = evaluate(model, tokenizer, held_rows, options, label="eval before")
+    run.say(f"before training: {before.summary_line()}")
+    return before
+
+
+def finish_policy(trained: Trained) -> PolicyRun:
+    """After training a policy: the held-out evaluation (`eval.after`), the before/after table (eval.json and
+    metrics.jsonl), the adapters of a LoRA run and why the run stopped early, if it did. `trained.kept` holds
+    `source`, `tokenizer`, `held_rows`, `options` (`tempax.eval.spec.eval_options`) and `before`."""
+    run, result = trained.run, trained.result
+    cfg = run.config
+    source, tokenizer, held_rows, options, before = (
+        trained.kept[k] for k in ("source", "tokenizer", "held_rows", "options", "before"))
+    policy = trained.trainer.model
+    out = PolicyRun(result=result, source=source, policy=policy, before=before, files=run.files)
+    if held_rows and cfg.eval.after:
+        # Adapters folded in: the same function, without the extra adapter matmuls per generated token.
+        out.after = evaluate(merge_lora(policy) if cfg.lora is not None else policy, tokenizer, held_rows, options,
+                             label="eval after")
+        run.say(f"after training: {out.after.summary_line()}")
+    stages = [(name, r) for name, r in (("before", before), ("after", out.after)) if r is not None]
+    if stages:
+        last = result.history[-1][0] if result.history else 0
+        run.report_stages(stages, table=format_table(stages), file="eval.json", steps={"before": 0, "after": last})
+    run.save_adapters(policy)
+    if result.stop_reason:
+        run.say(f"stopped early: {result.stop_reason}")
+    return out
 
 
 def write_run_files(run: Run, data: SFTData, tokenizer: Any) -> None:

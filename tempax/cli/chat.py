@@ -14,6 +14,8 @@ from typing import TextIO
 from tempax.cli.generate import add_sampling_arguments, load_source, sampling_config
 from tempax.errors import GenerationError
 
+# Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_sampling_arguments(parser, temperature=0.7, max_new_tokens=256)

@@ -9,6 +9,11 @@ import argparse
 import json
 import os
 import re
+from tempax.configlib import describe, load_config
+from tempax.data.clean import CleanConfig, clean_file
+from tempax.data.stats import dataset_stats, length_histogram
+from tempax.errors import ConfigError
+from tempax.models.registry import load_tokenizer
 
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # key.path=value; a path with "=" after a "/" is still a path
 
@@ -62,10 +67,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _clean(args: argparse.Namespace) -> int:
-    from tempax.configlib import describe, load_config
-    from tempax.data.clean import CleanConfig, clean_file
-    from tempax.errors import ConfigError
-
     inner = clean_parser().parse_intermixed_args(args.argv)
     for name in _CLEAN_OPTIONS:  # an option given before IN was taken by the outer parser
         setattr(inner, name, getattr(inner, name) or getattr(args, name))
@@ -94,9 +95,6 @@ def _clean(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from tempax.data.stats import dataset_stats, length_histogram
-    from tempax.models.registry import load_tokenizer
-
     tokenizer = load_tokenizer(args.model)
     stats = dataset_stats(args.data, tokenizer, seq_len=args.seq_len, max_rows=args.max_rows, split=args.split)
     if args.png:

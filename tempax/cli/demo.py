@@ -60,13 +60,21 @@ from tempax.algorithms.grpo.config import GRPOConfig, GRPOSettings
 from tempax.algorithms.rft.config import RFTConfig, RFTSettings
 from tempax.algorithms.sft.main import SFTConfig
 from tempax.data.sft import DataSpec
-from tempax.data.tasks.spec import TaskSpec
-from tempax.eval.spec import EvalSpec
+from tempax.data.tasks.spec import TaskSpec, load_task
+from tempax.eval.spec import EvalSpec, eval_options
 from tempax.rewards.registry import RewardSpec
-from tempax.configlib import help_field
-from tempax.models.lora import LoraConfig
+from tempax.configlib import describe, help_field, load_config, to_dict
+from tempax.models.lora import LoraConfig, merge_lora
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
-from tempax.train.hooks import Hook, Stop
+from tempax.train.hooks import Hook, Stop, every
+from tempax.algorithms.grpo.main import main as grpo_main
+from tempax.algorithms.rft.main import main as rft_main
+from tempax.algorithms.sft.main import main as sft_main
+from tempax.cli.plot import plot_run
+from tempax.cli.train_cmds import STOPPED_EXIT_STATUS
+from tempax.errors import ConfigError
+from tempax.eval.evaluate import evaluate, render_rows
+from tempax.eval.metrics import paired_difference_interval, wilson_interval
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -192,8 +200,6 @@ class DemoConfig:
         return self.grpo.eval.num_problems
 
     def validate(self) -> None:
-        from tempax.errors import ConfigError
-
         if self.grpo.eval.num_problems < 1:
             raise ConfigError(f"--eval-problems (grpo.eval.num_problems) must be >= 1, got {self.eval_problems}")
         if self.compare and self.sft is None:
@@ -278,9 +284,6 @@ def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: SFTConf
             limit: int | None = None) -> tuple[Any, int]:
     """`sft.main` on the targets of the first `limit` rows (default: what the steps can use, `sft_rows_used`) with
     the in-memory model; (the trained model, adapters merged; steps run)."""
-    from tempax.algorithms.sft.main import main as sft_main
-    from tempax.models.lora import merge_lora
-
     # Packing puts ~2 problems in a row: write only what the steps can use (with room for the packer).
     n = write_sft_examples(rows, cfg.data.path, sft_rows_used(cfg) if limit is None else limit)
     result = sft_main(cfg, hooks=hooks, log=lambda text: None, model=model, tokenizer=tokenizer)
@@ -317,8 +320,6 @@ class WallClockBudget(Hook):
 
 def plot_rewards(grpo_dir: str, out_path: str) -> str:
     """The GRPO reward curves (and zero-spread fraction, entropy, lengths) as one PNG at `out_path`."""
-    from tempax.cli.plot import plot_run
-
     metrics = ("reward/total_mean", "reward/correctness_mean", "reward/format_mean", "groups/zero_spread_frac",
                "entropy", "completion/length_mean")
     folder = os.path.dirname(out_path)
@@ -349,9 +350,6 @@ class Stopwatch:
 
 def run_grpo(model: Any, tokenizer: Any, cfg: GRPOConfig, write: Callable[[str], None] | None = None) -> Any:
     """`grpo.main` on the in-memory model (the reference), with a progress line every ~1/6 of the steps."""
-    from tempax.algorithms.grpo.main import main as grpo_main
-    from tempax.train.hooks import every
-
     steps = cfg.train.steps
 
     def report(info: Any) -> None:
@@ -368,9 +366,6 @@ def run_grpo(model: Any, tokenizer: Any, cfg: GRPOConfig, write: Callable[[str],
 
 def run_rft(model: Any, tokenizer: Any, cfg: RFTConfig, say: Callable[[str], None], *, hooks: tuple = ()) -> tuple[Any, Any]:
     """`rft.main` on the in-memory model; (the trained model, adapters merged; its TrainResult)."""
-    from tempax.algorithms.rft.main import main as rft_main
-    from tempax.models.lora import merge_lora
-
     run = rft_main(cfg, hooks=hooks, log=lambda text: None, model=model, tokenizer=tokenizer)
     result = run.result
     steps = result.history[-1][0] if result.history else 0
@@ -408,10 +403,6 @@ _WATCH = {SCARCE_STAGE: "scarce sft", RFT_STAGE: "rft", REFERENCE_STAGE: "baseli
 def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str], None]):
     import numpy as np
 
-    from tempax.data.tasks.spec import load_task
-    from tempax.eval.spec import eval_options
-    from tempax.eval.evaluate import evaluate
-    from tempax.models.lora import merge_lora
 
     sft_cfg, grpo_cfg, baseline_cfg = cfg.stages(run_dir)
     # The demo evaluates every stage itself, so the GRPO stage's wall time is training alone.
@@ -421,8 +412,6 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
     say(f"tempax demo: {cfg.model.source} on {cfg.task}; writing to {run_dir}")
     train_rows, held_rows = load_task(grpo_cfg.task, eval_problems=grpo_cfg.eval.num_problems)
     if compare and not any(r.get("target") for r in train_rows):
-        from tempax.errors import ConfigError
-
         raise ConfigError(f"--compare trains SFT on the task's ideal completions; task {cfg.task} has none "
                           "(use --task arithmetic, or drop --compare)")
     with watch("load"):
@@ -535,9 +524,6 @@ def _percent(p: float) -> str:
 def interval_table(evaluations: list[tuple[str, Any]], seconds: dict[str, float] | None = None) -> str:
     """One line per stage: format and answer accuracy of its greedy completions, each with its 95% Wilson
     interval (`tempax.eval.metrics.wilson_interval`), and the stage's training seconds where given."""
-    from tempax.eval.evaluate import render_rows
-    from tempax.eval.metrics import wilson_interval
-
     seconds = seconds or {}
     header = ["stage", "format % [95% CI]", "answer % [95% CI]", "problems", "training s"]
     lines = [header]
@@ -562,8 +548,6 @@ def compare_lines(evaluations: list[tuple[str, Any]],
     """Each pair's difference (first minus second), answers and format: the paired difference with Newcombe's
     interval (`tempax.eval.metrics.paired_difference_interval`: both are evaluated on the same problems, so the
     pairs' agreement narrows the interval). (printable lines, the numbers by "A minus B" and answers / format)."""
-    from tempax.eval.metrics import paired_difference_interval
-
     by_name = dict(evaluations)
     lines, numbers = [], {}
     for a, b in pairs:
@@ -583,8 +567,6 @@ def compare_lines(evaluations: list[tuple[str, Any]],
 def _report(cfg: DemoConfig, evaluations: list[tuple[str, Any]], result: Any, held_rows: list[Any],
             files: dict[str, str], watch: Stopwatch, run_dir: str, say: Callable[[str], None],
             budget: dict[str, Any] | None) -> str:
-    from tempax.configlib import to_dict
-
     trained = {"after SFT": watch.wall.get("sft"), GRPO_STAGE: watch.wall.get("grpo"),
                COMPARE_GRPO_STAGE: watch.wall.get("grpo"), **{k: watch.wall.get(v) for k, v in _WATCH.items()}}
     table = interval_table(evaluations, {k: v for k, v in trained.items() if v is not None})
@@ -650,8 +632,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
     """The flags are shortcuts for keys of the typed config; KEY=VALUE overrides come after them."""
-    from tempax.configlib import load_config
-
     shortcuts: list[str] = []
     for flag, key in (("model", "model.source"), ("steps", "grpo.train.steps"), ("task", "grpo.task.name"),
                       ("eval_problems", "grpo.eval.num_problems"), ("run_dir", "run_dir"), ("seed", "seed"),
@@ -670,13 +650,9 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "describe", False):
-        from tempax.configlib import describe
-
         print(describe(DemoConfig))
         return 0
     result = main(config_from_args(args))
     if result.stop_reason:
-        from tempax.cli.train_cmds import STOPPED_EXIT_STATUS
-
         return STOPPED_EXIT_STATUS
     return 0

@@ -14,6 +14,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from tempax.data.tasks import generate_arithmetic, load_gsm8k
+from tempax.errors import ConfigError
+from tempax.models.registry import load
+
+# Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,17 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_rows(task: str, split: str, num_problems: int, source: str | None = None, seed: int = 0) -> list[dict]:
-    from tempax.data.tasks import generate_arithmetic, load_gsm8k
-
     if task == "arithmetic":
         return generate_arithmetic(num_problems, split="test" if split == "test" else "train", seed=seed)
     return list(load_gsm8k(split, source, limit=num_problems))
 
 
 def run(args: argparse.Namespace) -> int:
-    from tempax.errors import ConfigError
     from tempax.eval.evaluate import EvalOptions, evaluate, format_table
-    from tempax.models.registry import load
 
     if args.source_model and args.model and args.source_model != args.model:
         raise ConfigError(f"two models given: SOURCE {args.source_model} and --model {args.model}; pass one")

@@ -18,6 +18,14 @@ import argparse
 import os
 import sys
 from typing import Any
+from tempax.cli import model_card
+from tempax.configlib import from_dict
+from tempax.errors import CheckpointError, ConfigError
+from tempax.models.gguf_export import GGUF_QUANTS, check_exportable, save_gguf
+from tempax.models.registry import load
+from tempax.models.tokenizer import load_tokenizer
+
+# Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
 
 
 def load_trained_model(run_dir: str, step: int | None = None) -> tuple[Any, Any, dict[str, Any]]:
@@ -25,8 +33,6 @@ def load_trained_model(run_dir: str, step: int | None = None) -> tuple[Any, Any,
     import yaml
 
     from tempax.algorithms.common import ModelSpec
-    from tempax.configlib import from_dict
-    from tempax.errors import CheckpointError
     from tempax.models.lora import LoraConfig
     from tempax.train.checkpoint import Checkpointer, DamagedCheckpoint
     from tempax.train.state import ModelParts
@@ -77,15 +83,11 @@ def load_trained_model(run_dir: str, step: int | None = None) -> tuple[Any, Any,
     model = parts.merge(restored)
     tok_dir = os.path.join(run_dir, "tokenizer")
     if os.path.isdir(tok_dir):
-        from tempax.models.tokenizer import load_tokenizer
-
         tokenizer = load_tokenizer(tok_dir)
     return model, tokenizer, meta
 
 
 def _check_keys(meta: dict[str, Any], params: dict[str, Any], ckpt_dir: str) -> None:
-    from tempax.errors import CheckpointError
-
     saved_keys = meta.get("keys")
     if saved_keys is not None and sorted(saved_keys) != sorted(params):
         raise CheckpointError(
@@ -103,8 +105,6 @@ def export(source: str, out: str, *, step: int | None = None, dtype: str | None 
     """Writes OUT (see the module docstring); returns its path."""
     from flax import nnx
 
-    from tempax.cli import model_card
-    from tempax.errors import ConfigError
     from tempax.models.lora import has_adapters, merge_lora, save_adapters
     from tempax.models.quant import QuantizedLinear
 
@@ -119,7 +119,6 @@ def export(source: str, out: str, *, step: int | None = None, dtype: str | None 
     else:
         if step is not None or adapters_only:
             raise ConfigError(f"{source} is not a training run (no config.yaml); --step and --adapters need one")
-        from tempax.models.registry import load
 
         model, tokenizer = load(source)
         meta = {}
@@ -134,8 +133,6 @@ def export(source: str, out: str, *, step: int | None = None, dtype: str | None 
         model = merge_lora(model)
     card = model_card.gather(source=source, run_dir=run_dir, export_command=command)
     if gguf:
-        from tempax.models.gguf_export import check_exportable, save_gguf
-
         check_exportable(model.config)  # before the notes below: a refused model is the one thing to say
         if tokenizer is None:
             print(f"tempax export: {source} has no tokenizer, so the GGUF carries none and llama.cpp will not run it; "
@@ -161,7 +158,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="HF weight dtype (default: the model's)")
     parser.add_argument("--adapters", action="store_true", help="write only the LoRA adapters (PEFT layout)")
     parser.add_argument("--gguf", action="store_true", help="write one llama.cpp GGUF file (implied by OUT.gguf)")
-    from tempax.models.gguf_export import GGUF_QUANTS
 
     parser.add_argument("--quant", choices=GGUF_QUANTS,
                         help="GGUF weight type (default f16; q4_0 keeps the output projection in q8_0)")

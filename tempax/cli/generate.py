@@ -17,6 +17,9 @@ import sys
 from typing import Any
 
 from tempax.errors import GenerationError
+from tempax.models.registry import load
+
+# Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, *, temperature: float, max_new_tokens: int) -> None:
@@ -57,8 +60,6 @@ def sampling_config(args: argparse.Namespace, **extra: Any):
 
 def load_source(source: str, dtype: str | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) from any source `tempax.models.registry.load` accepts; the tokenizer is required."""
-    from tempax.models.registry import load
-
     model, tokenizer = load(source, dtype=dtype, param_dtype=dtype, progress=True)
     if tokenizer is None:
         raise GenerationError(

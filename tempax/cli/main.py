@@ -17,6 +17,7 @@ import sys
 
 from tempax.algorithms import registry
 from tempax.errors import TempaxError
+from tempax.cli.process import compilation_cache_env, error_stream, quiet_unless_first_process, setup_process
 
 EXIT_STATUSES = """exit status:
   0    done
@@ -99,7 +100,6 @@ def _takes_name(fn) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `tempax` command itself, not a call from Python: set up the process first
-        from tempax.cli.process import compilation_cache_env, quiet_unless_first_process, setup_process
 
         os.environ.update(compilation_cache_env(os.environ))  # before JAX starts: it reads these once
         setup_process(job="train" if sys.argv[1:2] and sys.argv[1] in training_commands() else None)
@@ -117,8 +117,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = mod.run(args)
     except TempaxError as e:
-        from tempax.cli.process import error_stream
-
         status = getattr(e, "exit_status", 2)  # RunStopped: 128 + the signal, not an error
         print(f"tempax {args.command}: {'error: ' if status in (2, 4) else ''}{e}", file=error_stream())
         return status

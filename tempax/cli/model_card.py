@@ -22,6 +22,10 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
+from tempax.algorithms.registry import algorithms, resolve
+from tempax.configlib import from_dict, to_dict
+from tempax.models.gguf_io import read_gguf_header
+from tempax.models.registry import MODELS, resolve_source
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _VERSIONED_PACKAGES = ("tempax", "jax", "flax", "optax", "transformers", "gguf")
@@ -97,9 +101,6 @@ def infer_algorithm(raw: dict[str, Any]) -> str | None:
     (others reject a key or add one). Commands that share a shape (sft and pretrain differ in defaults only) are
     told apart by how many of the run's values are the class's own defaults. None when no class fits.
     """
-    from tempax.algorithms.registry import algorithms, resolve
-    from tempax.configlib import from_dict, to_dict
-
     scored = []
     for command in algorithms():
         cls, _ = resolve(command)
@@ -130,8 +131,6 @@ def _read_json(path: str) -> Any:
 
 def _base_model_facts(source: str) -> tuple[str | None, str | None]:
     """(Hub repo id, license) of a model source, from the registry, the Hub id itself or the files' metadata."""
-    from tempax.models.registry import MODELS, resolve_source
-
     entry = MODELS.get(source)
     hub = None
     if entry is not None:
@@ -144,8 +143,6 @@ def _base_model_facts(source: str) -> tuple[str | None, str | None]:
     except Exception:  # noqa: BLE001 - an unresolvable source still gets a card naming it
         return hub, None
     if resolved.kind == "gguf" and os.path.isfile(resolved.location):
-        from tempax.models.gguf_io import read_gguf_header
-
         license_ = read_gguf_header(resolved.location).metadata.get("general.license")
     elif resolved.kind == "hf_folder":
         license_ = _front_matter(os.path.join(resolved.location, "README.md")).get("license")

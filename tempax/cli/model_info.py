@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from tempax.models.config import ModelConfig, memory_for_weights
+from tempax.models.registry import inspect_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,8 +122,6 @@ def format_info(info: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tempax.models.registry import inspect_model
-
     info = inspect_model(args.source)
     print(json.dumps(info_dict(info), indent=2) if args.json else format_info(info))
     return 0

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from tempax.errors import ConfigError
+
+# Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
 
 DEFAULT_METRICS = ("loss", "lr", "grad_norm", "tokens_per_s", "token_accuracy")
 
@@ -19,7 +22,6 @@ def plot_run(run_dir: str, out_dir: str | None = None, metrics: tuple[str, ...] 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tempax.errors import ConfigError
     from tempax.train.metrics import read_metrics, summarize
 
     records = read_metrics(run_dir)

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from tempax.data.stats import profile_dataset
+from tempax.models.registry import load_tokenizer, model_config
+
+# Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,8 +32,6 @@ def run(args: argparse.Namespace) -> int:
     import jax
 
     from tempax.algorithms.recommend import recommend, write_recipe
-    from tempax.data.stats import profile_dataset
-    from tempax.models.registry import load_tokenizer, model_config
     from tempax.train.memory import GiB, device_capacity
 
     model = model_config(args.model)

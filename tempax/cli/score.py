@@ -20,6 +20,13 @@ import sys
 from typing import Any
 
 from tempax.errors import ConfigError, DataError
+from tempax.data.formats import RowError, as_turns
+from tempax.data.preference import parse_preference_row
+from tempax.data.report import DataReport
+from tempax.data.sources import as_rows, iter_rows, read_rows
+from tempax.progress import work_bar
+
+# Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,8 +54,6 @@ def _response_of(data: dict[str, Any]) -> Any:
 
 def _parse_single(data: dict[str, Any]) -> tuple[Any, Any]:
     """(prompt, response) of a {prompt, response|completion} row; RowError for a malformed one."""
-    from tempax.data.formats import RowError, as_turns
-
     if data.get("prompt") is None:
         raise RowError("missing_field", f"missing field 'prompt' (row has {sorted(data)})")
     response = _response_of(data)
@@ -71,12 +76,6 @@ def score_rows(
     `rejected_score`); otherwise it needs `prompt` and `response` (or `completion`) and gets `score`.
     `progress` is `tempax.progress.work_bar`'s `enabled` for the bar over the scored sequences.
     """
-    from tempax.progress import work_bar
-    from tempax.data.formats import RowError
-    from tempax.data.preference import parse_preference_row
-    from tempax.data.report import DataReport
-    from tempax.data.sources import as_rows
-
     rows = as_rows(rows)
     report = DataReport(name=name)
     report.total = len(rows)
@@ -148,7 +147,6 @@ def run(args: argparse.Namespace) -> int:
     if args.input:
         from itertools import islice
 
-        from tempax.data.sources import as_rows, iter_rows, read_rows
 
         if args.limit is None:
             read = read_rows(args.input, split=args.split)

@@ -13,6 +13,8 @@ import sys
 
 from tempax.cli.generate import load_source
 
+# Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 

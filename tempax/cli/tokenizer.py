@@ -8,6 +8,16 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from tempax.data.tokenizer_train import (
+    corpus_texts,
+    describe_tokenizer,
+    extend_model,
+    roundtrip_exact,
+    save_tokenizer,
+    tokens_per_char,
+    train_bpe,
+)
+from tempax.models.registry import load_tokenizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,9 +43,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from tempax.data.tokenizer_train import (corpus_texts, describe_tokenizer, roundtrip_exact, save_tokenizer,
-                                             tokens_per_char, train_bpe)
-
     start = time.perf_counter()
     tok = train_bpe(corpus_texts(args.files), args.vocab_size, min_frequency=args.min_frequency)
     save_tokenizer(tok, args.out)
@@ -45,16 +52,12 @@ def _train(args: argparse.Namespace) -> int:
         exact, n = roundtrip_exact(tok, texts)
         out.update(heldout_texts=n, roundtrip_exact=exact, tokens_per_char=round(tokens_per_char(tok, texts), 4))
         if args.compare:
-            from tempax.models.registry import load_tokenizer
-
             out[f"tokens_per_char[{args.compare}]"] = round(tokens_per_char(load_tokenizer(args.compare), texts), 4)
     print(json.dumps(out, indent=2))
     return 0
 
 
 def _extend(args: argparse.Namespace) -> int:
-    from tempax.data.tokenizer_train import extend_model
-
     tokens = list(args.tokens)
     if args.tokens_file:
         with open(args.tokens_file, encoding="utf-8") as f:

@@ -11,6 +11,10 @@ import sys
 from typing import Any
 
 from tempax.algorithms.registry import resolve
+from tempax.configlib import describe, dump_yaml, load_config, recipe_command
+from tempax.errors import ConfigError
+
+# Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
 
 # Exit status of a run that a hook stopped before train.steps (`tempax.train.hooks.Stop`; the reason is in
 # <run_dir>/metrics.jsonl as `stop_reason` and in <run_dir>/summary.json; a checkpoint of that step is saved).
@@ -19,8 +23,6 @@ STOPPED_EXIT_STATUS = 3
 
 def load(command: str, config: str | None, overrides: list[str]) -> Any:
     """The typed config of `command` from a recipe file plus overrides."""
-    from tempax.configlib import load_config
-
     cls, _ = resolve(command)
     return load_config(cls, config, overrides, command=command)
 
@@ -30,7 +32,6 @@ def recipes_for(command: str) -> list[str]:
     import glob
     import os
 
-    from tempax.configlib import recipe_command
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     paths = sorted(glob.glob(os.path.join(root, "recipes", "**", "*.yaml"), recursive=True))
@@ -63,13 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str = "sft") -> None:
 def run(args: argparse.Namespace) -> int:
     command = args._command
     if args.describe:
-        from tempax.configlib import describe
-
         print(describe(resolve(command)[0]))
         return 0
     if args.config is None and not args.overrides and not args.print_config:
-        from tempax.errors import ConfigError
-
         raise ConfigError(
             f"tempax {command} needs a recipe: --config RECIPE ({', '.join(recipes_for(command)) or 'see recipes/'}). "
             f"Without one every key keeps its default ({defaults_summary(load(command, None, []))}); to train on "
@@ -80,8 +77,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"tempax {command}: no --config; every key not overridden keeps its default: {defaults_summary(cfg)}",
               file=sys.stderr)
     if args.print_config:
-        from tempax.configlib import dump_yaml
-
         sys.stdout.write(dump_yaml(cfg, command=command))
         return 0
     _, main = resolve(command)

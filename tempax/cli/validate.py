@@ -19,6 +19,12 @@ from tempax.algorithms.registry import algorithms
 from tempax.cli.train_cmds import load
 from tempax.configlib import COMMAND_KEY, recipe_command
 from tempax.errors import ConfigError, TempaxError
+from tempax.data.formats import RowError, detect_format
+from tempax.data.sources import iter_rows
+from tempax.data.tasks.gsm8k import DEFAULT_GSM8K_DIR, load_gsm8k
+from tempax.models.registry import resolve_source
+
+# Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
 
 
 def check_recipe(path: str, overrides: list[str] | None = None, command: str | None = None) -> tuple[str, Any, list[str]]:
@@ -54,8 +60,6 @@ def check_recipe(path: str, overrides: list[str] | None = None, command: str | N
         for key in ("source", "tokenizer"):
             source = getattr(model, key, None)
             if isinstance(source, str) and not (section == "student" and source == "teacher"):
-                from tempax.models.registry import resolve_source
-
                 try:
                     resolved = resolve_source(source)
                 except TempaxError as e:
@@ -85,9 +89,6 @@ def check_run_dir(cfg: Any) -> None:
 def check_data_rows(command: str, cfg: Any) -> bool:
     """Reads the first rows of a local `data.path` as the run will; raises `ConfigError` when none of them parses
     (or, for sft, none is in a format it trains on). Returns True when the rows are chats (messages)."""
-    from tempax.data.formats import RowError, detect_format
-    from tempax.data.sources import iter_rows
-
     data = getattr(cfg, "data", None)
     path = getattr(data, "path", None)
     if not isinstance(path, str) or not os.path.exists(os.path.expanduser(path)):
@@ -159,7 +160,6 @@ def check_task(cfg: Any) -> None:
     task = getattr(cfg, "task", None)
     if getattr(task, "name", None) != "gsm8k":
         return
-    from tempax.data.tasks.gsm8k import DEFAULT_GSM8K_DIR, load_gsm8k
 
     source = task.source
     if source is None and not os.path.isdir(DEFAULT_GSM8K_DIR):

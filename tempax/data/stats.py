@@ -21,6 +21,7 @@ from tempax.data.kinds import mixed_kinds_error, row_kind, turn_count
 from tempax.data.preference import PreferenceOptions, tokenize_preference_rows
 from tempax.data.sources import Row, iter_rows
 from tempax.errors import DataError
+from tempax.data.tasks.gsm8k import parse_final_answer
 
 _CHUNK = 512
 
@@ -218,8 +219,6 @@ def profile_dataset(path: str, tokenizer: Any, *, split: str | None = None, samp
     """Counts every row in one streaming pass, keeping a uniform random sample of `sample_rows` rows (reservoir
     sampling, seeded) that is then tokenised to measure lengths: files are often sorted (by source, by length),
     so their first rows are not a fair sample."""
-    from tempax.data.tasks.gsm8k import parse_final_answer
-
     split = split if split is not None else default_split(path)
     rng = np.random.default_rng(seed)
     sample: list[Row] = []

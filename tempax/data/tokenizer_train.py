@@ -20,6 +20,7 @@ from tempax.data.kinds import content_strings, row_kind
 from tempax.data.sources import iter_rows
 from tempax.errors import ConfigError, DataError
 from tempax.models.tokenizer import Tokenizer, import_transformers, wrap
+from tempax.models.registry import load
 
 # SmolLM2-style ChatML without a default system prompt.
 CHATML_TEMPLATE = (
@@ -135,8 +136,8 @@ def extend_model(source: str, new_tokens: Sequence[str], folder: str) -> Extende
     Raises:
       ConfigError: no new token to add, or the model source has no tokenizer (a preset).
     """
+    # The model modules import JAX; training a tokenizer alone does not need it.
     from tempax.models.hf_io import save_hf_checkpoint
-    from tempax.models.registry import load
     from tempax.models.vocab import resize_vocab
 
     tokens = [t for t in dict.fromkeys(new_tokens) if t]

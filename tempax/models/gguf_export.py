@@ -33,6 +33,7 @@ import numpy as np
 from tempax.errors import CheckpointError, ConfigError
 from tempax.models.config import ModelConfig
 from tempax.models.gguf_io import GGUF_ARCHITECTURES, llama3_rope_factors, permute_qk
+from tempax.models.gguf_tokenizer import DIGITS_THEN_GPT2, SPLIT_PATTERNS
 
 if TYPE_CHECKING:
     from tempax.models.decoder import Decoder
@@ -152,8 +153,6 @@ def _flatten(step: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 def _byte_level_pre(pre: dict[str, Any] | None) -> str:
     """llama.cpp's `tokenizer.ggml.pre` name for a byte-level vocabulary's split rule."""
-    from tempax.models.gguf_tokenizer import DIGITS_THEN_GPT2, SPLIT_PATTERNS
-
     steps = _flatten(pre)
     kinds = [s.get("type") for s in steps]
     if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):

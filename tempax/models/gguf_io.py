@@ -557,6 +557,7 @@ def load_gguf(
     path: str | os.PathLike, *, param_dtype: str | None = None, dtype: str | None = None, progress: bool = True
 ) -> "Decoder":
     """Loads a GGUF file into a tempax `Decoder` (weights dequantised to `param_dtype`, default float32)."""
+    # The weight modules import JAX; reading a GGUF header or config (the command line does) does not need it.
     from tempax.models.hf_io import _progress_bar
     from tempax.models.weights import abstract_model, fill_params
 

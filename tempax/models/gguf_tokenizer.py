@@ -31,6 +31,7 @@ import os
 from typing import Any, Mapping
 
 from tempax.errors import CheckpointError
+from tempax.models.gguf_io import read_gguf_header
 
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 _SPACE = "\u2581"
@@ -170,7 +171,7 @@ def gguf_tokenizer(metadata: Mapping[str, Any], *, source: str = "the GGUF file"
     """
     from tokenizers import AddedToken
 
-    from tempax.models.tokenizer import import_transformers
+    from tempax.models.tokenizer import import_transformers  # that module imports this one when it loads
 
     PreTrainedTokenizerFast = import_transformers().PreTrainedTokenizerFast
 
@@ -225,7 +226,5 @@ def gguf_tokenizer(metadata: Mapping[str, Any], *, source: str = "the GGUF file"
 
 def gguf_file_tokenizer(path: str | os.PathLike) -> Any:
     """`gguf_tokenizer` of the file at `path`."""
-    from tempax.models.gguf_io import read_gguf_header
-
     path = os.fspath(path)
     return gguf_tokenizer(read_gguf_header(path).metadata, source=path)

@@ -52,6 +52,7 @@ from tempax.models.decoder import Decoder, as_dtype, matmul
 from tempax.models.quant import QUANT_KINDS, QuantizedLinear
 from tempax.models.weights import abstract_model
 from tempax.parallel.process import host_array, is_writer
+from tempax.models.hf_io import save_safetensors
 
 DEFAULT_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -352,8 +353,6 @@ def save_adapters(model: Decoder, folder: str, *, base_model_name_or_path: str |
     In a multi-process run every process must call it (the adapters are gathered from all of them); process 0
     writes the files.
     """
-    from tempax.models.hf_io import save_safetensors
-
     layers = list(lora_layers(model))
     if not layers:
         raise ConfigError("save_adapters: the model has no LoRA adapters (apply_lora first)")

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Literal
 from tempax.errors import CheckpointError, ConfigError
 from tempax.models.config import ModelConfig
 from tempax.models.presets import PRESETS, get_preset
+from tempax.models.gguf_io import gguf_config, load_gguf, read_gguf_header
+from tempax.models.tokenizer import load_tokenizer as _load_tokenizer
 
 if TYPE_CHECKING:
     from tempax.models.decoder import Decoder
@@ -239,7 +241,7 @@ def _load_resolved(
 ) -> "tuple[Decoder, str | None]":
     """(model, folder or file a tokenizer can be read from, or None)."""
     if resolved.kind == "preset":
-        from tempax.models.init import init_decoder
+        from tempax.models.init import init_decoder  # JAX loads when a model is built, not when a name resolves
 
         cfg = _with_dtypes(get_preset(resolved.location), dtype, param_dtype)
         # As the CLI builds presets: the eager `Decoder(cfg, rngs=nnx.Rngs(seed))`'s random draws (equal within 1 ulp),
@@ -247,10 +249,8 @@ def _load_resolved(
         # bench-small).
         return init_decoder(cfg, seed), None
     if resolved.kind == "gguf":
-        from tempax.models.gguf_io import load_gguf
-
         return load_gguf(resolved.location, dtype=dtype, param_dtype=param_dtype, progress=progress), resolved.location
-    from tempax.models.hf_io import load_hf_checkpoint, resolve_checkpoint_dir
+    from tempax.models.hf_io import load_hf_checkpoint, resolve_checkpoint_dir  # JAX: only when a model loads
 
     folder = resolve_checkpoint_dir(resolved.location)  # a Hub id is downloaded here
     model = load_hf_checkpoint(folder, dtype=dtype, param_dtype=param_dtype, progress=progress)
@@ -269,8 +269,6 @@ def load(
 
     `tempax.load("smollm2-135m-instruct")` gives SmolLM2-135M-Instruct and its chat tokenizer.
     """
-    from tempax.models.tokenizer import load_tokenizer as _load_tokenizer
-
     _check_dtype(dtype, "dtype")
     _check_dtype(param_dtype, "param_dtype")
     resolved = fetch(resolve_source(source))
@@ -282,8 +280,6 @@ def load(
 
 def load_tokenizer(source: str | os.PathLike) -> "Tokenizer":
     """The tokenizer of a registered name, .gguf file, Hugging Face folder or Hub repo id."""
-    from tempax.models.tokenizer import load_tokenizer as _load_tokenizer
-
     resolved = fetch(resolve_source(source))
     if resolved.kind == "preset":
         raise ConfigError(
@@ -327,8 +323,6 @@ def inspect_model(source: str | os.PathLike) -> ModelInfo:
     if resolved.kind == "preset":
         return ModelInfo(resolved, get_preset(resolved.location))
     if resolved.kind == "gguf":
-        from tempax.models.gguf_io import gguf_config, read_gguf_header
-
         header = read_gguf_header(resolved.location)
         types: dict[str, int] = {}
         for t in header.tensors.values():

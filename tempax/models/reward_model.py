@@ -34,6 +34,10 @@ from flax import nnx
 
 from tempax.errors import CheckpointError
 from tempax.models.decoder import Decoder
+from tempax.models.hf_io import load_hf_checkpoint, save_hf_checkpoint, save_safetensors
+from tempax.models.lora import LoraLinear, merge_lora
+from tempax.models.quant import QuantizedLinear
+from tempax.models.tokenizer import load_tokenizer
 
 FORMAT = "tempax-reward-model"
 FORMAT_VERSION = 1
@@ -68,15 +72,6 @@ class RewardModel(nnx.Module):
                 d, 1, use_bias=False, param_dtype=jnp.float32, rngs=rngs,
                 kernel_init=nnx.with_partitioning(nnx.initializers.normal(std), ("embed", None)),
             )
-
-    @property
-    def config(self) -> Any:
-        """The backbone's `ModelConfig` (what memory plans, remat and precision switches read and set)."""
-        return self.backbone.config
-
-    @config.setter
-    def config(self, value: Any) -> None:
-        self.backbone.config = value
 
     def __call__(
         self, tokens: jax.Array, *, positions: jax.Array | None = None, segment_ids: jax.Array | None = None
@@ -113,10 +108,6 @@ def save_reward_model(
         self-contained.
       extra: more fields for reward_model.json (e.g. `max_length`, the length it was trained at).
     """
-    from tempax.models.hf_io import save_hf_checkpoint, save_safetensors
-    from tempax.models.lora import LoraLinear, merge_lora
-    from tempax.models.quant import QuantizedLinear
-
     backbone = model.backbone
     if any(isinstance(m, (LoraLinear, QuantizedLinear)) for _, m in nnx.iter_modules(backbone)):
         backbone = merge_lora(backbone)
@@ -163,7 +154,6 @@ def load_reward_model(folder: str, *, with_tokenizer: bool = True) -> tuple[Rewa
     """
     from safetensors.numpy import load_file
 
-    from tempax.models.hf_io import load_hf_checkpoint
 
     read_meta(folder)
     backbone = load_hf_checkpoint(folder, progress=False)
@@ -176,7 +166,5 @@ def load_reward_model(folder: str, *, with_tokenizer: bool = True) -> tuple[Rewa
     model.score.kernel.set_value(jnp.asarray(weight.T, jnp.float32))
     tokenizer = None
     if with_tokenizer:
-        from tempax.models.tokenizer import load_tokenizer
-
         tokenizer = load_tokenizer(folder)
     return model, tokenizer

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from tempax.errors import CheckpointError
+from tempax.models.gguf_tokenizer import gguf_file_tokenizer
 
 
 class _NoPyTorchNotice(logging.Filter):
@@ -227,8 +228,6 @@ def _load_cached(folder: str) -> Any:
 
 
 def _gguf_tokenizer(source: str) -> Any:
-    from tempax.models.gguf_tokenizer import gguf_file_tokenizer
-
     if not os.path.isfile(source):
         raise CheckpointError(f"GGUF file not found: {source}")
     cached = gguf_tokenizer_cache_dir(source)

@@ -15,6 +15,7 @@ An algorithm supplies two things:
 and runs
 
     trainer = Trainer(model, loss_fn, cfg.train, trainable=nnx.Param)   # or tempax.models.lora.lora_filter
+    # a composite model, or a run that adds to the memory plan: tempax.train.trainable (TrainableModel, Trainable)
     result = trainer.fit(batches, hooks=[...], eval_batches=lambda: held_out_batches)
 
 The core owns the rest: the mesh and sharding (`cfg.train.mesh`), bf16 compute over float32 masters, remat, the
@@ -43,6 +44,7 @@ from tempax.train.metrics import MetricsWriter, read_metrics
 from tempax.train.sources import BatchSource, decode_arrays, encode_arrays
 from tempax.train.state import ModelParts, TrainState, init_sharded
 from tempax.train.step import LOSS_WEIGHT, LossFn, make_eval_step, make_train_step
+from tempax.train.trainable import MemoryProfile, Trainable, TrainableModel
 
 __all__ = [
     "LOSS_WEIGHT",
@@ -56,6 +58,7 @@ __all__ = [
     "LoggingHook",
     "LossFn",
     "MemoryPlan",
+    "MemoryProfile",
     "MeshConfig",
     "MetricsWriter",
     "ModelParts",
@@ -68,6 +71,8 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainState",
+    "Trainable",
+    "TrainableModel",
     "Trainer",
     "TrainingDiverged",
     "decode_arrays",

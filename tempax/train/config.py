@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from tempax.errors import ConfigError
 from tempax.configlib import help_field
 from tempax.train.trackers import check_report_to
+from tempax.parallel import init_distributed, make_mesh
+from tempax.train.optim import make_optimizer, make_schedule
 
 if TYPE_CHECKING:
     import optax
@@ -55,14 +57,10 @@ class OptimizerConfig:
             raise ConfigError(f"grad_clip_norm must be > 0 or null, got {self.grad_clip_norm}")
 
     def schedule_fn(self, total_steps: int) -> "optax.Schedule":
-        from tempax.train.optim import make_schedule
-
         return make_schedule(self, total_steps)
 
     def build(self, total_steps: int) -> "optax.GradientTransformation":
         """The optax transformation (clipping, then the optimizer with its schedule)."""
-        from tempax.train.optim import make_optimizer
-
         return make_optimizer(self, total_steps)
 
 
@@ -89,8 +87,6 @@ class MeshConfig:
         """Joins the multi-process run when one is configured (these fields, `tempax launch`'s environment, or
         `cluster`); a no-op otherwise. Must come before anything starts JAX's backend (even
         `jax.process_index()`), so `tempax.algorithms.run.start_run` calls it first; `build` calls it too."""
-        from tempax.parallel import init_distributed
-
         return init_distributed(self.coordinator_address, self.num_processes, self.process_id, cluster=self.cluster,
                                 timeout_s=self.init_timeout_s)
 
@@ -98,7 +94,6 @@ class MeshConfig:
         """Joins the multi-process run when configured (`join`), then makes the mesh."""
         import jax
 
-        from tempax.parallel import make_mesh
 
         self.join()
         devices = jax.devices()
@@ -238,12 +233,15 @@ class TrainConfig:
             )
         return out
 
-    def check_model(self, model_config: Any) -> None:
-        """Raises `ConfigError` when a row is longer than the model's positions (`max_position_embeddings`)."""
+    def check_model(self, model_config: Any, *, seq_len: int | None = None) -> None:
+        """Raises `ConfigError` when a row (`seq_len` tokens; None: `train.seq_len`) is longer than the model's
+        positions (`max_position_embeddings`)."""
         limit = getattr(model_config, "max_position_embeddings", None)
-        if isinstance(limit, int) and self.seq_len > limit:
+        row = f"train.seq_len={self.seq_len}" if seq_len is None else f"a training row of {seq_len} tokens"
+        seq_len = self.seq_len if seq_len is None else seq_len
+        if isinstance(limit, int) and seq_len > limit:
             raise ConfigError(
-                f"train.seq_len={self.seq_len} is longer than the model's max_position_embeddings={limit}: positions "
+                f"{row} is longer than the model's max_position_embeddings={limit}: positions "
                 f"past {limit} were never trained and the run would learn from them silently. Set train.seq_len "
                 f"<= {limit}"
             )

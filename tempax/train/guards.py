@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
 from tempax.train.hooks import Hook, StepInfo, Stop
+from tempax.train.metrics import read_metrics
 
 if TYPE_CHECKING:
     from tempax.train.loop import Trainer
@@ -142,7 +143,6 @@ class CollapseGuard(Hook):
         self.events, self._series, self._last_fired = [], {}, None
         if trainer.step == 0:
             return
-        from tempax.train.metrics import read_metrics
 
         try:
             records = read_metrics(trainer.run_dir)

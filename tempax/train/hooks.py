@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
+from tempax.parallel.process import host_tree
+from tempax.train.metrics import scalars
 
 if TYPE_CHECKING:
     from tempax.train.loop import Trainer
@@ -83,9 +85,6 @@ class StepInfo:
         """This step's metrics on the host: the loss function's scalars (fetched once, on first use), the batch
         source's `batch_metrics()` and whatever earlier hooks added."""
         if self._host_metrics is None:
-            from tempax.parallel.process import host_tree
-            from tempax.train.metrics import scalars
-
             self._host_metrics = scalars(host_tree(self._device_metrics or {}))  # arrays may span processes
         return {**self._host_metrics, **self._extra_metrics}
 

@@ -25,7 +25,6 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -45,10 +44,10 @@ from tempax.train.state import (
     cast_params,
     init_state,
     state_shardings,
-    training_view,
 )
 from tempax.train.storage import write_atomic
 from tempax.train.sources import attach_source, batch_metrics, restore_source, source_state
+from tempax.train.trainable import TrainableModel, as_trainable
 from tempax.train.step import LossFn, average_eval_metrics, make_eval_step, make_train_step
 
 SUMMARY_FILE = "summary.json"
@@ -93,9 +92,11 @@ class Trainer:
     """Runs `loss_fn` through the shared jitted train step (see the module docstring).
 
     Args:
-      model: an NNX model (normally a `tempax.models.decoder.Decoder`, possibly with LoRA adapters applied). The
-        trainer copies its trainable arrays (drop your reference to free the originals) and trains a view of it
-        with `remat` / `precision` applied; the model object you pass is left as it was.
+      model: an NNX model (normally a `tempax.models.decoder.Decoder`, possibly with LoRA adapters applied), or
+        any `tempax.train.trainable.TrainableModel` (a composite model, or `Trainable(model, ...)` stating what
+        the run adds to its memory profile). The trainer copies its trainable arrays (drop your reference to free
+        the originals) and trains its `training_view` with `config.remat` / `config.precision` applied; the model
+        object you pass is left as it was.
       loss_fn: `loss_fn(model, batch) -> (loss, metrics)`; see `tempax.train.step`.
       config: the `TrainConfig`.
       trainable: NNX filter of the parameters that get gradients and optimizer state (`nnx.Param` by default,
@@ -104,19 +105,11 @@ class Trainer:
       eval_loss_fn: loss used for evaluation (default `loss_fn`).
       checkpoint_meta: extra JSON stored with every checkpoint (e.g. the recipe).
       log: where set-up messages go (default stderr).
-      loss_chunk_len: for the memory plan: the loss materialises logits for this many positions per row at a
-        time (a chunked/fused loss); None: whole sequences; 0: none (a reward model's scalar head).
-      remat: per-layer recomputation for training ("none", "full", "dots"); None: `config.remat`, and when that
-        is None too, the model's own setting.
-      precision: "fp32" or "bf16" compute; None: `config.precision`.
-      model_config: the `ModelConfig` the memory plan sizes (None: the model's `config`, with `remat` applied).
-      memory_extras: more `tempax.train.memory.PlanInputs` fields for the plan (e.g. `held_bytes` of a reward
-        model kept beside the trained one, `trunks=2` for a separate critic).
     """
 
     def __init__(
         self,
-        model: nnx.Module,
+        model: nnx.Module | TrainableModel,
         loss_fn: LossFn,
         config: TrainConfig,
         *,
@@ -125,26 +118,21 @@ class Trainer:
         eval_loss_fn: LossFn | None = None,
         checkpoint_meta: dict[str, Any] | None = None,
         log: Callable[[str], None] | None = None,
-        loss_chunk_len: int | None = None,
-        remat: str | None = None,
-        precision: str | None = None,
-        model_config: Any = None,
-        memory_extras: dict[str, Any] | None = None,
     ):
         self.config = config
-        self._loss_chunk_len = loss_chunk_len
-        self._memory_extras = dict(memory_extras or {})
         self.loss_fn = loss_fn
         self._say = log or (lambda text: print(text, file=sys.stderr))
         self.mesh = mesh if mesh is not None else config.mesh.build()
         self.run_dir = os.path.abspath(config.run_dir)
         self.checkpoint_meta = dict(checkpoint_meta or {})
 
-        self.remat = remat if remat is not None else config.remat
-        self.precision = precision or config.precision
-        model = training_view(model, remat=self.remat, precision=self.precision)
-        model_cfg = model_config if model_config is not None else getattr(model, "config", None)
-        config.check_model(model_cfg)
+        self.remat = config.remat
+        self.precision = config.precision
+        trainable_model = as_trainable(model)
+        self.memory_profile = trainable_model.memory_profile()
+        model = trainable_model.training_view(remat=self.remat, precision=self.precision)
+        model_cfg = self.memory_profile.model
+        config.check_model(model_cfg, seq_len=self.memory_profile.tokens_per_row)
         for warning in config.warnings():
             self._say(f"warning: {warning}")
 
@@ -209,25 +197,27 @@ class Trainer:
         if model_cfg is None or not hasattr(model_cfg, "num_params") or not (cfg.check_memory or cfg.auto_micro_batch):
             mem.validate_micro_batch(cfg.batch_size, micro, self.data_parallel)
             return micro
+        profile = self.memory_profile
         total = model_cfg.num_params()
         frozen_count = max(total - self.num_trainable, 0)
         rest_bytes = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(self.parts.rest))
         inputs = mem.PlanInputs(
             model=model_cfg,
             micro_batch_size=micro,
-            seq_len=cfg.seq_len,
+            seq_len=profile.tokens_per_row or cfg.seq_len,
             num_micro_batches=cfg.batch_size // micro,
-            trainable_params=None if self.full_finetune else self.num_trainable,
+            trainable_params=profile.full_params if self.full_finetune else self.num_trainable,
             precision=cfg.precision,
             remat=self.remat or getattr(model_cfg, "remat", "none"),
             optimizer=cfg.optimizer.name,
             momentum=cfg.optimizer.momentum,
             frozen_bytes_per_param=(rest_bytes / frozen_count) if frozen_count and not self.full_finetune else None,
             mesh_shape=tuple(dict(self.mesh.shape).items()),
-            loss_chunk_len=self._loss_chunk_len,
+            loss_chunk_len=profile.logit_positions,
+            held_bytes=profile.held_bytes,
+            trunks=profile.trunks,
             extra_frozen_bytes=0 if frozen_count else rest_bytes,  # e.g. a distillation teacher beside the model
         )
-        inputs = mem.PlanInputs(**{**inputs.__dict__, **self._memory_extras})
         capacity = mem.device_capacity(self.mesh.devices.flat) if cfg.check_memory or cfg.auto_micro_batch else None
         if cfg.auto_micro_batch and capacity is not None:
             best = mem.largest_fitting_micro_batch(inputs, cfg.batch_size, capacity)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tempax.train.storage import StorageError, describe_write_failure, write_atomic
 from tempax.train.trackers import Tracker, finite_scalars, open_trackers
+from tempax.errors import ConfigError
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -188,8 +189,6 @@ def read_metrics(run_dir: str) -> list[dict[str, Any]]:
     by step."""
     path = os.path.join(run_dir, METRICS_FILE) if os.path.isdir(run_dir) else run_dir
     if not os.path.isfile(path):
-        from tempax.errors import ConfigError
-
         raise ConfigError(f"no metrics file at {path}; pass the run_dir of a training run")
     latest: dict[tuple[int, str], dict[str, Any]] = {}
     with open(path) as f:

@@ -13,11 +13,14 @@ where shrinking towards 0 only hurts.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 import optax
 
-from tempax.train.config import OptimizerConfig
+if TYPE_CHECKING:  # the config builds its optimizer with this module
+    from tempax.train.config import OptimizerConfig
 
 
 def warmup_steps_of(cfg: OptimizerConfig, total_steps: int) -> int:

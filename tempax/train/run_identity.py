@@ -40,6 +40,7 @@ from typing import Any, Iterator, Mapping
 
 from tempax.errors import ConfigError
 from tempax.train.storage import write_atomic
+from tempax.configlib import dump_yaml, read_yaml, to_dict
 
 CONFIG_FILE = "config.yaml"
 CHANGES_FILE = "config_changes.jsonl"
@@ -178,8 +179,6 @@ def save_run_config(run_dir: str, cfg: Any, *, say: Any = None) -> list[Change]:
     refuses trajectory-changing differences unless `cfg.train.allow_config_change`), accepted changes are said and
     appended to config_changes.jsonl, then config.yaml holds the config now in effect. Returns the changes.
     """
-    from tempax.configlib import dump_yaml, read_yaml, to_dict
-
     path = os.path.join(run_dir, CONFIG_FILE)
     steps = checkpoint_steps(run_dir) if getattr(cfg.train.checkpoint, "resume", True) else []
     changes: list[Change] = []

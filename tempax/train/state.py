@@ -27,6 +27,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tempax.parallel.rules import Rules, logical_to_spec, param_shardings, variable_logical_names
+from tempax.models.decoder import BF16, as_dtype, keep_kernel_dtype, projection_dot
 
 Params = dict[str, jax.Array]
 
@@ -160,8 +161,6 @@ def set_compute_dtype(model: nnx.Module, dtype: str) -> None:
     operands, float32 accumulation and weight gradient, in the layouts XLA:CPU runs at bf16 speed). Done once,
     before the model is split for training.
     """
-    from tempax.models.decoder import BF16, as_dtype, keep_kernel_dtype, projection_dot
-
     target = as_dtype(dtype)
     for _, node in nnx.iter_graph(model):
         if isinstance(node, nnx.Module) and hasattr(node, "dtype") and not isinstance(node, nnx.Variable):
@@ -176,14 +175,22 @@ def set_compute_dtype(model: nnx.Module, dtype: str) -> None:
             node.config = cfg.replace(dtype=dtype)
 
 
-def training_view(model: nnx.Module, *, remat: str | None = None, precision: str = "fp32") -> nnx.Module:
+def training_view(
+    model: nnx.Module, *, remat: str | None = None, precision: str = "fp32", trunks: tuple[str, ...] = ()
+) -> nnx.Module:
     """A new module graph over the same arrays (nothing is copied) with per-layer `remat` and `precision`
-    applied, so the trainer never changes the model object its caller holds (its config, its layers' dtypes)."""
+    applied, so the trainer never changes the model object its caller holds (its config, its layers' dtypes).
+
+    `remat` goes on the config of each decoder named in `trunks` (attribute names of `model`, an absent one
+    skipped: a PPO model without a separate critic); empty `trunks`: on `model`'s own config."""
     graphdef, state = nnx.split(model)
     view = nnx.merge(graphdef, state)
-    cfg = getattr(view, "config", None)
-    if remat is not None and cfg is not None and hasattr(cfg, "remat"):
-        view.config = cfg.replace(remat=remat)
+    if remat is not None:
+        decoders = [getattr(view, name) for name in trunks] if trunks else [view]
+        for decoder in decoders:
+            cfg = getattr(decoder, "config", None)
+            if cfg is not None and hasattr(cfg, "remat"):
+                decoder.config = cfg.replace(remat=remat)
     if precision == "bf16":
         set_compute_dtype(view, "bfloat16")
     return view

@@ -23,13 +23,13 @@ import pytest
 from tempax.algorithms import registry
 from tempax.algorithms.common import ModelSpec, build_model
 from tempax.algorithms.registry import Algorithm
-from tempax.algorithms.run import start_run, write_run_files
+from tempax.algorithms.run import Run, Training, run_algorithm, write_run_files
 from tempax.configlib import help_field
 from tempax.data.sft import DataSpec, build_data, read_data_rows
 from tempax.models.logprobs import masked_mean, token_logprobs
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
-from tempax.train.loop import Trainer, TrainResult
+from tempax.train.loop import TrainResult
 from tempax.train.metrics import read_metrics
 from tests.kit.tokenizers import tiny_chat_tokenizer
 
@@ -55,15 +55,15 @@ def toy_loss(model: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[s
 
 
 def main(cfg: ToyConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:
-    run = start_run(cfg, log=log)
-    rows = read_data_rows(cfg.data)
-    mesh = cfg.train.mesh.build()
-    model, tokenizer, trainable = build_model(cfg, mesh)
-    t = cfg.train
-    data = build_data(cfg.data, tokenizer, batch_size=t.batch_size, seq_len=t.seq_len, seed=t.seed, rows=rows)
-    write_run_files(run, data, tokenizer)
-    trainer = Trainer(model, toy_loss, t, trainable=trainable, mesh=mesh, log=run.say)
-    return run.train(trainer, data.train, hooks=hooks)
+    def plan(run: Run) -> Training:
+        rows = read_data_rows(cfg.data)
+        model, tokenizer, trainable = build_model(cfg, run.mesh)
+        t = cfg.train
+        data = build_data(cfg.data, tokenizer, batch_size=t.batch_size, seq_len=t.seq_len, seed=t.seed, rows=rows)
+        write_run_files(run, data, tokenizer)
+        return Training(model, toy_loss, data.train, algorithm="toy", trainable=trainable)
+
+    return run_algorithm(cfg, plan, hooks=hooks, log=log).result
 
 
 TOY = Algorithm("toy", "a toy algorithm registered by a test", config=f"{__name__}:ToyConfig", main=f"{__name__}:main")

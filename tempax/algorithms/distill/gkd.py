@@ -27,6 +27,9 @@ import numpy as np
 
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
+from tempax.data.formats import Example
+from tempax.data.packing import collate_rows
+from tempax.generate import SamplingConfig, generate
 
 
 @dataclass(frozen=True)
@@ -52,9 +55,6 @@ def completion_batch(
 ) -> dict[str, np.ndarray]:
     """A fixed-shape training batch of prompt + completion rows with the loss on the completion tokens only
     (`tempax.data.packing.collate_rows` keys), one example per row."""
-    from tempax.data.formats import Example
-    from tempax.data.packing import collate_rows
-
     rows = []
     for prompt, completion in zip(prompt_ids, completions):
         tokens = np.asarray(list(prompt) + list(completion), np.int32)[:seq_len]
@@ -138,8 +138,6 @@ class GKDSource:
         return out
 
     def _sample(self) -> dict[str, np.ndarray]:
-        from tempax.generate import SamplingConfig, generate
-
         if self.trainer is None:
             raise ConfigError("GKDSource samples from the trainer's student: pass it to Trainer.fit, which attaches it")
         prompts = self._next_prompts()

@@ -45,13 +45,16 @@ from tempax.algorithms.distill.models import (
 )
 from tempax.algorithms.distill.gkd import GKDSource, OnPolicySpec
 from tempax.algorithms.distill.sequence import SequenceKDSpec, answerable_prompts, teacher_generations, write_jsonl
-from tempax.algorithms.run import start_run, write_run_files
+from tempax.algorithms.run import Run, Training, run_algorithm, write_run_files
 from tempax.configlib import help_field
 from tempax.data.sft import DataSpec, build_data, read_data_rows
 from tempax.errors import ConfigError
-from tempax.models.lora import LoraConfig
+from tempax.models.lora import LoraConfig, apply_lora, has_adapters, merge_lora
 from tempax.train.config import TrainConfig
-from tempax.train.loop import Trainer, TrainResult
+from tempax.train.loop import TrainResult
+from tempax.train.trainable import Trainable
+from tempax.data.sources import holdout_split, read_rows
+from tempax.models.hf_io import save_hf_checkpoint
 
 
 @dataclass(frozen=True)
@@ -136,8 +139,6 @@ def build_models(cfg: DistillConfig, mesh: Any = None) -> tuple[StudentTeacher, 
                             seed=seed, mesh=mesh)
     trainable: Any = student_filter
     if cfg.lora is not None:
-        from tempax.models.lora import apply_lora
-
         student = apply_lora(student, cfg.lora, rngs=nnx.Rngs(seed + 1))
         trainable = student_lora_filter()
     teacher = store_teacher(teacher, cfg.teacher.storage, cfg.teacher.block_size)
@@ -154,8 +155,6 @@ def describe_sizes(pair: StudentTeacher) -> str:
 def split_rows(cfg: DistillConfig, rows: list[Any]) -> tuple[list[Any], list[Any]]:
     """(training rows, held-out rows): the first `data.max_rows`, then `data.eval_fraction` held out (the SFT
     split). Done before any generation, so evaluation is always on the dataset's own rows."""
-    from tempax.data.sources import holdout_split
-
     if cfg.data.max_rows is not None:
         rows = rows[: cfg.data.max_rows]
     if cfg.data.eval_fraction > 0:
@@ -166,8 +165,6 @@ def split_rows(cfg: DistillConfig, rows: list[Any]) -> tuple[list[Any], list[Any
 def sequence_rows(cfg: DistillConfig, teacher: Any, tokenizer: Any, rows: list[Any],
                   say: Callable[[str], None]) -> list[Any]:
     """Rows of the teacher's answers to `rows`' prompts (written to, or reused from, `sequence.output`)."""
-    from tempax.data.sources import read_rows
-
     path = cfg.sequence.output or os.path.join(cfg.train.run_dir, "teacher_generations.jsonl")
     if not (cfg.sequence.reuse and os.path.isfile(path)):
         generated = teacher_generations(teacher, tokenizer, rows, cfg.sequence, max_len=cfg.train.seq_len,
@@ -183,51 +180,46 @@ def main(cfg: DistillConfig, *, hooks: tuple = (), log: Callable[[str], None] | 
     """Distils per `cfg`; writes config.yaml, data_report.json, the tokenizer, metrics, checkpoints and the
     trained student (`<run_dir>/student`) to run_dir. `result.extras` holds `sizes` (parameter counts and bytes
     of both models) and the data report."""
-    run = start_run(cfg, log=log)
-    say = run.say
-    rows = read_data_rows(cfg.data)  # a wrong path fails here, before any model is loaded
-    mesh = cfg.train.mesh.build()
-    pair, tokenizer, trainable = build_models(cfg, mesh)
-    say(describe_sizes(pair))
-    rows, eval_rows = split_rows(cfg, rows)
-    if cfg.mode == "sequence":
-        rows = sequence_rows(cfg, pair.teacher, tokenizer, rows, say)
-    data = build_data(cfg.data, tokenizer, batch_size=cfg.train.batch_size, seq_len=cfg.train.seq_len,
-                      seed=cfg.train.seed, rows=rows, eval_rows=eval_rows)
-    write_run_files(run, data, tokenizer)
-    batches: Any = data.train
-    if cfg.mode == "on_policy":
-        prompts = answerable_prompts(rows, tokenizer, max_len=cfg.train.seq_len,
-                                     max_new_tokens=cfg.on_policy.max_new_tokens, say=say)
-        batches = GKDSource(data.train, prompts.ids, tokenizer, cfg.on_policy, batch_size=cfg.train.batch_size,
-                            seq_len=cfg.train.seq_len, pad_id=tokenizer.pad_id, seed=cfg.train.seed)
-    sizes = {
-        "teacher_params": parameter_count(pair.teacher), "teacher_bytes": model_bytes(pair.teacher),
-        "student_params": parameter_count(pair.student), "student_bytes": model_bytes(pair.student),
-        "teacher_layers": pair.teacher.config.num_layers, "student_layers": pair.student.config.num_layers,
-    }
-    trainer = Trainer(
-        pair, make_distill_loss(cfg.loss), cfg.train, trainable=trainable, mesh=mesh, log=say,
-        checkpoint_meta={"algorithm": "DistillConfig", "teacher_source": cfg.teacher.source,
-                         "student_source": cfg.student.source},
-        loss_chunk_len=cfg.loss.chunk_len,
-    )
-    del pair  # the trainer holds its own copies
-    result = run.train(trainer, batches, hooks=hooks, eval_batches=data.eval_loader)
+    def plan(run: Run) -> Training:
+        say, t = run.say, cfg.train
+        rows = read_data_rows(cfg.data)  # a wrong path fails here, before any model is loaded
+        pair, tokenizer, trainable = build_models(cfg, run.mesh)
+        say(describe_sizes(pair))
+        rows, eval_rows = split_rows(cfg, rows)
+        if cfg.mode == "sequence":
+            rows = sequence_rows(cfg, pair.teacher, tokenizer, rows, say)
+        data = build_data(cfg.data, tokenizer, batch_size=t.batch_size, seq_len=t.seq_len, seed=t.seed, rows=rows,
+                          eval_rows=eval_rows)
+        write_run_files(run, data, tokenizer)
+        batches: Any = data.train
+        if cfg.mode == "on_policy":
+            prompts = answerable_prompts(rows, tokenizer, max_len=t.seq_len,
+                                         max_new_tokens=cfg.on_policy.max_new_tokens, say=say)
+            batches = GKDSource(data.train, prompts.ids, tokenizer, cfg.on_policy, batch_size=t.batch_size,
+                                seq_len=t.seq_len, pad_id=tokenizer.pad_id, seed=t.seed)
+        sizes = {
+            "teacher_params": parameter_count(pair.teacher), "teacher_bytes": model_bytes(pair.teacher),
+            "student_params": parameter_count(pair.student), "student_bytes": model_bytes(pair.student),
+            "teacher_layers": pair.teacher.config.num_layers, "student_layers": pair.student.config.num_layers,
+        }
+        return Training(Trainable(pair, logit_positions=cfg.loss.chunk_len), make_distill_loss(cfg.loss), batches,
+                        algorithm="DistillConfig", trainable=trainable, eval_batches=data.eval_loader,
+                        checkpoint_meta={"teacher_source": cfg.teacher.source, "student_source": cfg.student.source},
+                        kept={"sizes": sizes, "data_report": data.report, "tokenizer": tokenizer})
+
+    trained = run_algorithm(cfg, plan, hooks=hooks, log=log)
+    result = trained.result
     if cfg.save_student:
-        result.extras["student_dir"] = save_student(trainer.model.student, tokenizer,
-                                                    os.path.join(cfg.train.run_dir, "student"))
-        say(f"student written to {result.extras['student_dir']}")
-    result.extras["sizes"] = sizes
-    result.extras["data_report"] = data.report
+        result.extras["student_dir"] = save_student(trained.trainer.model.student, trained.kept["tokenizer"],
+                                                    trained.run.path("student"))
+        trained.run.say(f"student written to {result.extras['student_dir']}")
+    result.extras["sizes"] = trained.kept["sizes"]
+    result.extras["data_report"] = trained.kept["data_report"]
     return result
 
 
 def save_student(student: Any, tokenizer: Any, folder: str) -> str:
     """The student as a Hugging Face folder (LoRA adapters merged into its weights)."""
-    from tempax.models.hf_io import save_hf_checkpoint
-    from tempax.models.lora import has_adapters, merge_lora
-
     if has_adapters(student):
         student = merge_lora(student)
     return save_hf_checkpoint(student, folder, tokenizer=tokenizer)

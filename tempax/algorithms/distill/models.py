@@ -26,6 +26,12 @@ from flax import nnx
 from tempax.algorithms.common import ModelSpec
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
+from tempax.train.state import set_compute_dtype, training_view
+from tempax.train.trainable import MemoryProfile
+from tempax.models.lora import lora_filter, quantize_base
+from tempax.models.quant import QuantizedLinear
+from tempax.models.registry import PRESET_PREFIX
+from tempax.models.surgery import keep_layers, layer_selection
 
 TEACHER_SOURCE = "teacher"
 
@@ -70,20 +76,18 @@ class StudentSpec(ModelSpec):
 
 
 class StudentTeacher(nnx.Module):
-    """Both models of a distillation run in one module (see the module docstring). `config` is the student's (the
-    training core reads it for the memory plan and remat)."""
+    """Both models of a distillation run in one module (see the module docstring); a
+    `tempax.train.trainable.TrainableModel` whose trunk is the student (the teacher is never trained)."""
 
     def __init__(self, student: nnx.Module, teacher: nnx.Module):
         self.student = student
         self.teacher = teacher
 
-    @property
-    def config(self) -> Any:
-        return self.student.config
+    def training_view(self, *, remat: str | None, precision: str) -> nnx.Module:
+        return training_view(self, remat=remat, precision=precision, trunks=("student",))
 
-    @config.setter
-    def config(self, value: Any) -> None:  # the trainer sets remat / compute dtype on the model it trains
-        self.student.config = value
+    def memory_profile(self) -> MemoryProfile:
+        return MemoryProfile(model=self.student.config)
 
 
 student_filter = nnx.All(nnx.Param, nnx.PathContains("student"))
@@ -92,8 +96,6 @@ student_filter = nnx.All(nnx.Param, nnx.PathContains("student"))
 
 def student_lora_filter() -> Any:
     """Trainable parameters of a `StudentTeacher` whose student has LoRA adapters: the adapters only."""
-    from tempax.models.lora import lora_filter
-
     return nnx.All(lora_filter, nnx.PathContains("student"))
 
 
@@ -114,15 +116,12 @@ def store_teacher(teacher: nnx.Module, storage: str, block_size: int = 64) -> nn
         return teacher
     if storage == "bf16":
         return cast_model(teacher, "bfloat16")
-    from tempax.models.lora import quantize_base
 
     return quantize_base(teacher, storage, block_size)
 
 
 def cast_model(model: nnx.Module, dtype: str) -> nnx.Module:
     """A copy of `model` with floating-point parameters stored in, and layers computing in, `dtype`."""
-    from tempax.train.state import set_compute_dtype
-
     model = nnx.clone(model)
     target = jnp.dtype(dtype)
     graphdef, state = nnx.split(model)
@@ -139,9 +138,6 @@ def build_student(
     """The student of `spec` (copied from the float `teacher` when `spec.source` is `teacher`), vocabulary
     checked against the teacher's. `tokenizer_source` stands in for a preset student's missing tokenizer (the
     run uses the teacher's tokenizer either way)."""
-    from tempax.models.registry import PRESET_PREFIX
-    from tempax.models.surgery import keep_layers, layer_selection
-
     if spec.source == TEACHER_SOURCE:
         model = teacher
     else:
@@ -161,8 +157,6 @@ def model_bytes(model: nnx.Module) -> int:
 
 def parameter_count(model: nnx.Module) -> int:
     """Number of weights in the model (a quantized kernel counts its original in x out weights)."""
-    from tempax.models.quant import QuantizedLinear
-
     total = sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     for _, module in nnx.iter_modules(model):
         if isinstance(module, QuantizedLinear):

@@ -20,6 +20,8 @@ from typing import Any, Callable, Sequence
 
 from tempax.configlib import help_field
 from tempax.errors import ConfigError, DataError
+from tempax.data.formats import RowError, as_turns, detect_format, parse_messages
+from tempax.generate import SamplingConfig, generate
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,6 @@ class SequenceKDSpec:
 def prompt_turns(data: dict[str, Any]) -> list[dict[str, Any]]:
     """The conversation a training row asks the model to continue: the turns before its last assistant message
     (chat rows) or its prompt (prompt/completion rows). Raises `RowError` for a row without a prompt."""
-    from tempax.data.formats import RowError, as_turns, detect_format, parse_messages
-
     fmt = detect_format(data)
     if fmt == "messages":
         messages = parse_messages(data["messages"])
@@ -77,8 +77,6 @@ def answerable_prompts(
     Rows without a prompt, malformed rows and prompts too long are skipped and counted (reported with `say`);
     `DataError` when none is left.
     """
-    from tempax.data.formats import RowError
-
     out = Prompts([], [], [])
     skipped: dict[str, int] = {}
     for row in rows:
@@ -118,8 +116,6 @@ def teacher_generations(
 ) -> list[dict[str, Any]]:
     """The teacher's reply to each answerable prompt of `rows` (`answerable_prompts`), as prompt/completion dicts
     (module docstring); empty replies are left out."""
-    from tempax.generate import SamplingConfig, generate
-
     rows = list(rows)[: spec.max_prompts] if spec.max_prompts else list(rows)
     prompts = answerable_prompts(rows, tokenizer, max_len=max_len, max_new_tokens=spec.max_new_tokens, say=say)
     sampling = SamplingConfig(max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, seed=seed)

@@ -28,7 +28,6 @@ completion lengths, duplicate completions, and the time split `perf/generation_s
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any, Callable, Iterator
 
@@ -50,12 +49,27 @@ from tempax.train.config import TrainConfig
 from tempax.train.guards import CollapseGuard, CollapseGuardConfig
 from tempax.train.hooks import Hook, StepInfo
 from tempax.train.loop import Trainer
+from tempax.train.trainable import Trainable
 from tempax.train.sources import decode_arrays, encode_arrays
+from tempax.models.lora import disable_adapters
 
 Batch = dict[str, np.ndarray]
 
 # The batch keys a no-grad forward pass reads.
 _FORWARD_KEYS = ("prompt_tokens", "prompt_segments", "completion_tokens", "completion_mask")
+
+
+def grpo_trainable(model: nnx.Module, settings: GRPOSettings, *, prompt_len: int) -> Trainable:
+    """The policy with the memory plan sized for a GRPO row: one prompt of `prompt_len` tokens plus its G
+    completions of max_new_tokens."""
+    return Trainable(model, tokens_per_row=int(prompt_len) + settings.group_size * settings.max_new_tokens)
+
+
+def grpo_loss(settings: GRPOSettings, guard: CollapseGuardConfig | None = None) -> Any:
+    """`make_grpo_loss(settings)`; with a guard whose action is `entropy_bonus`, the loss carries the (traced,
+    initially `settings.entropy_coef`) bonus term."""
+    bonus = guard is not None and guard.enabled and guard.action == "entropy_bonus"
+    return make_grpo_loss(settings, entropy_bonus=bonus)
 
 
 def make_grpo_trainer(
@@ -70,15 +84,10 @@ def make_grpo_trainer(
     checkpoint_meta: dict[str, Any] | None = None,
     guard: CollapseGuardConfig | None = None,
 ) -> Trainer:
-    """The `Trainer` of a GRPO run: `make_grpo_loss(settings)` on the shared step, with the memory plan sized
-    for a row of one prompt of `prompt_len` tokens plus its G completions of max_new_tokens. With a guard whose
-    action is `entropy_bonus`, the loss carries the (traced, initially `settings.entropy_coef`) bonus term."""
-    tokens_per_row = int(prompt_len) + settings.group_size * settings.max_new_tokens
-    bonus = guard is not None and guard.enabled and guard.action == "entropy_bonus"
+    """The `Trainer` of a GRPO run on its own (tests, benchmarks): `grpo_loss` on `grpo_trainable(model)`."""
     return Trainer(
-        model, make_grpo_loss(settings, entropy_bonus=bonus), dataclasses.replace(train, seq_len=tokens_per_row),
-        trainable=trainable,
-        mesh=mesh, log=log, checkpoint_meta={"algorithm": "GRPO", **(checkpoint_meta or {})},
+        grpo_trainable(model, settings, prompt_len=prompt_len), grpo_loss(settings, guard), train,
+        trainable=trainable, mesh=mesh, log=log, checkpoint_meta={"algorithm": "GRPO", **(checkpoint_meta or {})},
     )
 
 
@@ -140,8 +149,6 @@ class GRPOSource:
             return completion_logprobs(parts.merge(params, rest), batch, temperature=tau)[0]
 
         def adapters_off(params: Any, rest: Any, batch: Batch, tau: jax.Array) -> jax.Array:
-            from tempax.models.lora import disable_adapters
-
             model = parts.merge(params, rest)
             with disable_adapters(model):  # a static switch: the trace computes the base model
                 return completion_logprobs(model, batch, temperature=tau)[0]

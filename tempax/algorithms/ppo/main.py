@@ -15,7 +15,6 @@ first mini-batch), eval.json, eval_responses.jsonl (each evaluated response as a
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -26,13 +25,23 @@ import numpy as np
 from flax import nnx
 
 from tempax.algorithms.common import build_model
-from tempax.rl.rollout import Prompt, PromptSampler, build_batch, encode_prompts, round_up
 from tempax.algorithms.ppo.config import PPOConfig, PPOEvalSpec
 from tempax.algorithms.ppo.model import ActorCritic, critic_from_reward_model, trainable_filter
 from tempax.algorithms.ppo.source import PPORollouts, make_ppo_loss
+from tempax.algorithms.run import Run, Training, run_algorithm
+from tempax.data.formats import RowError
+from tempax.data.preference import parse_preference_row
+from tempax.data.sources import read_rows
 from tempax.errors import ConfigError, DataError
+from tempax.models.lora import apply_lora
+from tempax.models.reward_model import is_reward_model_folder
 from tempax.parallel.process import is_writer
-from tempax.train.guards import CollapseGuardConfig
+from tempax.rewards.registry import REWARD_MODEL_PREFIX, RewardSpec, build_rewards
+from tempax.rl.rollout import Prompt, PromptSampler, build_batch, encode_prompts, round_up
+from tempax.rl.throughput import ThroughputSplit
+from tempax.train.guards import CollapseGuard, CollapseGuardConfig
+from tempax.train.loop import Trainer
+from tempax.train.trainable import Trainable
 
 __all__ = ["PPOConfig", "PPORun", "PolicyEval", "build_reward", "evaluate_policy", "load_prompts", "main"]
 
@@ -43,7 +52,6 @@ def reward_model_folder(path: str) -> str:
     Raises:
       ConfigError: neither holds a saved reward model.
     """
-    from tempax.models.reward_model import is_reward_model_folder
 
     for candidate in (path, os.path.join(path, "reward_model")):
         if is_reward_model_folder(candidate):
@@ -56,7 +64,6 @@ def reward_model_folder(path: str) -> str:
 
 def build_reward(cfg: PPOConfig) -> Any:
     """The `CombinedReward`: the reward model's score (`reward_model`) plus `ppo.reward_functions`."""
-    from tempax.rewards.registry import REWARD_MODEL_PREFIX, RewardSpec, build_rewards
 
     folder = reward_model_folder(cfg.reward_model)
     spec = RewardSpec(functions=(REWARD_MODEL_PREFIX + folder, *cfg.ppo.reward_functions))
@@ -71,9 +78,6 @@ def load_prompts(path: str, tokenizer: Any, *, max_prompt_len: int, limit: int |
     Raises:
       DataError: no prompt is left.
     """
-    from tempax.data.formats import RowError
-    from tempax.data.preference import parse_preference_row
-    from tempax.data.sources import read_rows
 
     rows, dropped = [], 0
     for row in read_rows(path):
@@ -193,7 +197,6 @@ def build_actor_critic(cfg: PPOConfig, mesh: Any = None) -> tuple[ActorCritic, A
     if cfg.ppo.value == "critic":
         critic, head = critic_from_reward_model(reward_model_folder(cfg.reward_model))
         if cfg.lora is not None:
-            from tempax.models.lora import apply_lora
 
             critic = apply_lora(critic, cfg.lora, rngs=nnx.Rngs(cfg.train.seed + 3)) or critic
     model = ActorCritic(policy, rngs=nnx.Rngs(cfg.train.seed + 2), critic=critic, value_head=head)
@@ -202,8 +205,6 @@ def build_actor_critic(cfg: PPOConfig, mesh: Any = None) -> tuple[ActorCritic, A
 
 def ppo_hooks(source: PPORollouts, guard: CollapseGuardConfig) -> list[Any]:
     """The hooks every PPO run gets: the time split of each step and the collapse guard (warn or stop)."""
-    from tempax.rl.throughput import ThroughputSplit
-    from tempax.train.guards import CollapseGuard
 
     hooks: list[Any] = [ThroughputSplit()]
     if guard.enabled:
@@ -213,61 +214,55 @@ def ppo_hooks(source: PPORollouts, guard: CollapseGuardConfig) -> list[Any]:
 
 def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> PPORun:
     """Trains per `cfg` (see the module docstring)."""
-    from tempax.algorithms.run import start_run
-    from tempax.train.loop import Trainer
-
-    run_handle = start_run(cfg, log=log)
-    say = run_handle.say
     t, s = cfg.train, cfg.ppo
-    run_dir = run_handle.run_dir
-    mesh = t.mesh.build()
-    reward_fn = build_reward(cfg)
-    model, tokenizer, trainable = build_actor_critic(cfg, mesh)
-    prompts, dropped = load_prompts(cfg.prompts.path, tokenizer, max_prompt_len=s.max_prompt_len,
-                                    limit=cfg.prompts.max_rows)
-    held: list[Prompt] = []
-    if cfg.prompts.eval_path and cfg.prompts.num_eval:
-        held, _ = load_prompts(cfg.prompts.eval_path, tokenizer, max_prompt_len=s.max_prompt_len,
-                               limit=cfg.prompts.num_eval)
-    say(f"prompts: {len(prompts)} for training ({dropped} rows dropped: malformed or longer than "
-        f"ppo.max_prompt_len={s.max_prompt_len}), {len(held)} held out")
-    prompt_len = min(round_up(max(len(p.ids) for p in prompts + held), 8), round_up(s.max_prompt_len, 8))
 
-    # Full weights: the source keeps a frozen copy of the starting policy (the trainer donates its buffers).
-    source = PPORollouts(tokenizer, reward_fn, s, PromptSampler(prompts, seed=t.seed), prompt_len=prompt_len,
-                         batch_size=t.batch_size, seed=t.seed, reference=model.policy if cfg.lora is None else None,
-                         log=say)
-    held_bytes = reward_fn.functions[0].fn.nbytes + (_nbytes(source.reference[1]) if source.reference else 0)
-    extras: dict[str, Any] = {"held_bytes": held_bytes, "trunks": 2 if model.critic is not None else 1}
-    if cfg.lora is None and model.critic is not None:
-        extras["trainable_params"] = sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    # Tokens per row for the memory plan: the prompt once plus its completions.
-    train_cfg = dataclasses.replace(t, seq_len=prompt_len + s.samples_per_prompt * s.max_new_tokens)
-    trainer = Trainer(model, make_ppo_loss(s), train_cfg, trainable=trainable, mesh=mesh, log=say,
-                      checkpoint_meta={"algorithm": "PPO", "model_source": cfg.model.source},
-                      memory_extras=extras)
-    del model
-    source.attach(trainer)  # before `fit` (which attaches it too): the evaluation samples from the trainer's weights
-    run = PPORun(result=None, source=source, files=run_handle.files)
-    if held and cfg.eval.before:
-        run.before = evaluate_policy(source, held, cfg.eval)
-        say("before training: " + json.dumps(run.before.summary()))
-    run.result = run_handle.train(trainer, source, hooks=[*ppo_hooks(source, cfg.guard), *hooks])
+    def plan(run: Run) -> Training:
+        say = run.say
+        reward_fn = build_reward(cfg)
+        model, tokenizer, trainable = build_actor_critic(cfg, run.mesh)
+        prompts, dropped = load_prompts(cfg.prompts.path, tokenizer, max_prompt_len=s.max_prompt_len,
+                                        limit=cfg.prompts.max_rows)
+        held: list[Prompt] = []
+        if cfg.prompts.eval_path and cfg.prompts.num_eval:
+            held, _ = load_prompts(cfg.prompts.eval_path, tokenizer, max_prompt_len=s.max_prompt_len,
+                                   limit=cfg.prompts.num_eval)
+        say(f"prompts: {len(prompts)} for training ({dropped} rows dropped: malformed or longer than "
+            f"ppo.max_prompt_len={s.max_prompt_len}), {len(held)} held out")
+        prompt_len = min(round_up(max(len(p.ids) for p in prompts + held), 8), round_up(s.max_prompt_len, 8))
+
+        # Full weights: the source keeps a frozen copy of the starting policy (the trainer donates its buffers).
+        source = PPORollouts(tokenizer, reward_fn, s, PromptSampler(prompts, seed=t.seed), prompt_len=prompt_len,
+                             batch_size=t.batch_size, seed=t.seed,
+                             reference=model.policy if cfg.lora is None else None, log=say)
+        held_bytes = reward_fn.functions[0].fn.nbytes + (_nbytes(source.reference[1]) if source.reference else 0)
+        out = PPORun(result=None, source=source, files=run.files)
+
+        def ready(trainer: Trainer) -> None:
+            source.attach(trainer)  # before `fit` (which attaches it too): the evaluation samples from its weights
+            if held and cfg.eval.before:
+                out.before = evaluate_policy(source, held, cfg.eval)
+                say("before training: " + json.dumps(out.before.summary()))
+
+        # A row holds the prompt once plus its completions.
+        tokens_per_row = prompt_len + s.samples_per_prompt * s.max_new_tokens
+        return Training(Trainable(model, tokens_per_row=tokens_per_row, held_bytes=held_bytes), make_ppo_loss(s),
+                        source, algorithm="PPO", trainable=trainable, hooks=ppo_hooks(source, cfg.guard), ready=ready,
+                        kept={"out": out, "held": held})
+
+    trained = run_algorithm(cfg, plan, hooks=hooks, log=log)
+    out, held, say = trained.kept["out"], trained.kept["held"], trained.run.say
+    out.result = trained.result
     if held and cfg.eval.after:
-        run.after = evaluate_policy(source, held, cfg.eval)
-        say("after training: " + json.dumps(run.after.summary()))
-    if run.before is not None or run.after is not None:
+        out.after = evaluate_policy(out.source, held, cfg.eval)
+        say("after training: " + json.dumps(out.after.summary()))
+    if out.before is not None or out.after is not None:
         say("\nheld-out prompts (" + str(len(held)) + "), one sampled response each:\n"
-            + format_eval(run.before, run.after))
-        run.files["eval"] = _write_eval(run_dir, held, run.before, run.after, cfg.eval.show, say)
-    if cfg.lora is not None:
-        from tempax.models.lora import save_adapters
-
-        run.files["adapters"] = save_adapters(source.policy, os.path.join(run_dir, "adapters"),
-                                              base_model_name_or_path=cfg.model.source)
-    if run.result.stop_reason:
-        say(f"stopped early: {run.result.stop_reason}")
-    return run
+            + format_eval(out.before, out.after))
+        out.files["eval"] = _write_eval(trained.run.run_dir, held, out.before, out.after, cfg.eval.show, say)
+    trained.run.save_adapters(out.source.policy)
+    if out.result.stop_reason:
+        say(f"stopped early: {out.result.stop_reason}")
+    return out
 
 
 def _write_eval(run_dir: str, held: Sequence[Prompt], before: PolicyEval | None, after: PolicyEval | None,

@@ -21,7 +21,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tempax.rl.logprobs import completion_hidden
+from tempax.train.state import training_view
+from tempax.train.trainable import MemoryProfile
 from tempax.models.logprobs import token_entropy, token_logprobs
+from tempax.models.reward_model import load_reward_model
 
 VALUE_HEAD = "value_head"
 
@@ -50,16 +53,17 @@ class ActorCritic(nnx.Module):
                 )
         self.value_head = value_head
 
-    @property
-    def config(self) -> Any:
-        """The policy's `ModelConfig` (what the memory plan and the remat / precision switches read and set)."""
-        return self.policy.config
+    def training_view(self, *, remat: str | None, precision: str) -> nnx.Module:
+        """`tempax.train.trainable.TrainableModel`: `remat` on the policy and the critic trunk."""
+        return training_view(self, remat=remat, precision=precision, trunks=("policy", "critic"))
 
-    @config.setter
-    def config(self, value: Any) -> None:
-        self.policy.config = value
-        if self.critic is not None:
-            self.critic.config = self.critic.config.replace(remat=value.remat)
+    def memory_profile(self) -> MemoryProfile:
+        """`tempax.train.trainable.TrainableModel`: the plan sizes the policy, twice with a separate critic; full
+        weights train the critic trunk and the value head too."""
+        if self.critic is None:
+            return MemoryProfile(model=self.policy.config)
+        full = sum(int(x.size) for x in jax.tree.leaves(nnx.state(self, nnx.Param)))
+        return MemoryProfile(model=self.policy.config, trunks=2, full_params=full)
 
     def trunk_params(self) -> int:
         """Parameters of the critic trunk (0 for a shared head): what the memory plan adds for the second trunk."""
@@ -99,8 +103,6 @@ def policy_and_values(
 
 def critic_from_reward_model(folder: str) -> tuple[nnx.Module, nnx.Linear]:
     """(critic decoder, value head) from a saved reward model: its backbone and its `score` head."""
-    from tempax.models.reward_model import load_reward_model
-
     reward_model, _ = load_reward_model(folder, with_tokenizer=False)
     return reward_model.backbone, reward_model.score
 

@@ -57,6 +57,7 @@ from tempax.models.logprobs import masked_mean
 from tempax.parallel.rules import use_mesh
 from tempax.rl.losses import gae
 from tempax.train.sources import decode_arrays, encode_arrays
+from tempax.models.lora import disable_adapters
 
 Batch = dict[str, Any]
 # What a training mini-batch holds ([P, Lp] prompts; [P, G, T] everything else).
@@ -167,8 +168,6 @@ class PPORollouts:
             return logp, values
 
         def adapters_off(params: Any, rest: Any, batch: Batch) -> jax.Array:
-            from tempax.models.lora import disable_adapters
-
             policy = parts.merge(params, rest).policy
             with disable_adapters(policy):  # a static switch: the trace computes the base model
                 return completion_logprobs(policy, batch, temperature=tau)[0]

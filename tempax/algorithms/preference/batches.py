@@ -33,6 +33,7 @@ from tempax.data.preference import PreferencePair, collate_pairs
 from tempax.errors import ConfigError, DataError
 from tempax.models.logprobs import masked_sum, token_logprobs
 from tempax.parallel.process import host_array
+from tempax.models.lora import disable_adapters
 
 Batch = dict[str, Any]
 
@@ -258,6 +259,23 @@ def annotated_pair_loader(
     )
 
 
+def pair_loaders(
+    train_items: Sequence[PreferencePair | AnnotatedPair], eval_items: Sequence[PreferencePair | AnnotatedPair], *,
+    pairs: int, seq_len: int, pad_id: int, seed: int, shuffle: bool,
+    collate: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+) -> tuple[BatchLoader[AnnotatedPair, AnnotatedPair], Callable[[], list[dict[str, np.ndarray]]] | None]:
+    """(training loader of `pairs` pairs a batch, held-out batches or None): a pair-scored run's batches. The
+    held-out batches are collated once and the same ones are scored at every evaluation."""
+    loader = annotated_pair_loader(train_items, batch_size=pairs, seq_len=seq_len, pad_id=pad_id, seed=seed,
+                                   shuffle=shuffle, collate=collate)
+    if not eval_items:
+        return loader, None
+    cached = pair_batches(eval_items, batch_size=pairs, seq_len=seq_len, pad_id=pad_id)
+    if collate is not None:
+        cached = [collate(b) for b in cached]
+    return loader, lambda: cached
+
+
 # ---------------------------------------------------------------------------------------------- reference log-probs
 
 
@@ -277,7 +295,6 @@ def jit_sequence_logps(
         m = nnx.merge(graphdef, state)
         if not adapters_off:
             return sequence_logps(m, batch)
-        from tempax.models.lora import disable_adapters
 
         with disable_adapters(m):
             return sequence_logps(m, batch)

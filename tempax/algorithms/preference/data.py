@@ -18,6 +18,9 @@ from typing import Any, Callable, Literal
 from tempax.errors import ConfigError, DataError
 from tempax.configlib import help_field
 from tempax.parallel.process import is_writer
+from tempax.data.preference import PreferenceOptions, tokenize_preference_rows
+from tempax.data.sources import holdout_split, read_rows
+from tempax.data.unpaired import tokenize_unpaired_rows
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,6 @@ class PreferenceData:
 
 def _read_splits(spec: PreferenceDataSpec, seed: int) -> tuple[list[Any], list[Any], str]:
     """(training rows, held-out rows, the held-out split's name) per `spec` (path, eval_path or eval_fraction)."""
-    from tempax.data.sources import holdout_split, read_rows
-
     rows = read_rows(spec.path, split=spec.split)
     if spec.max_rows is not None:
         rows = rows[: spec.max_rows]
@@ -94,15 +95,11 @@ def _read_splits(spec: PreferenceDataSpec, seed: int) -> tuple[list[Any], list[A
 
 
 def _options(spec: PreferenceDataSpec, seq_len: int) -> Any:
-    from tempax.data.preference import PreferenceOptions
-
     return PreferenceOptions(max_length=seq_len, overlong=spec.overlong, max_bad_fraction=spec.max_bad_fraction)
 
 
 def _held_out_pairs(eval_rows: list[Any], tokenizer: Any, options: Any, name: str) -> tuple[list[Any], Any]:
     """Tokenised held-out pairs; reported but never failing the run (a few bad test rows should not stop it)."""
-    from tempax.data.preference import tokenize_preference_rows
-
     if not eval_rows:
         return [], None
     return tokenize_preference_rows(eval_rows, tokenizer, options, name=name, check=False)
@@ -114,8 +111,6 @@ def build_preference_data(spec: PreferenceDataSpec, tokenizer: Any, *, seq_len: 
     Raises:
       DataError: a file is missing, too many training rows are malformed, or no pair is left.
     """
-    from tempax.data.preference import tokenize_preference_rows
-
     rows, eval_rows, eval_name = _read_splits(spec, seed)
     options = _options(spec, seq_len)
     train, report = tokenize_preference_rows(rows, tokenizer, options, name=spec.path)
@@ -153,8 +148,6 @@ def build_unpaired_data(spec: UnpairedDataSpec, tokenizer: Any, *, seq_len: int,
     Raises:
       DataError: a file is missing, too many training rows are malformed, or no example is left.
     """
-    from tempax.data.unpaired import tokenize_unpaired_rows
-
     rows, eval_rows, eval_name = _read_splits(spec, seed)
     options = _options(spec, seq_len)
     train, report = tokenize_unpaired_rows(rows, tokenizer, options, convert_pairs=spec.convert_pairs, seed=seed,

@@ -35,11 +35,10 @@ from flax import nnx
 
 from tempax.algorithms.preference.batches import (
     REF_LOGPS,
-    annotated_pair_loader,
     check_micro_batching,
     compute_reference_logps,
     jit_sequence_logps,
-    pair_batches,
+    pair_loaders,
     pair_mask,
     pair_preference_loss,
     sequence_logps,
@@ -54,9 +53,9 @@ from tempax.algorithms.preference.data import (
 )
 from tempax.algorithms.preference.losses import PREFERENCE_LOSS_NAMES, preference_loss_needs_reference
 from tempax.algorithms.common import ModelSpec, build_model
-from tempax.algorithms.run import start_run
+from tempax.algorithms.run import Training, make_trainer, start_run
 from tempax.errors import ConfigError
-from tempax.models.lora import LoraConfig
+from tempax.models.lora import LoraConfig, disable_adapters
 from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
 from tempax.configlib import help_field
@@ -201,8 +200,6 @@ class DPOLoss:
         if self.reference == "batch":
             ref = batch[REF_LOGPS]
         elif self.reference == "adapters_off":
-            from tempax.models.lora import disable_adapters
-
             with disable_adapters(model):
                 ref, _ = sequence_logps(model, batch)
         weights = pair_mask(batch)
@@ -309,23 +306,15 @@ def prepare_run(
         none = f"none ({meta.get('loss')} needs none)"
         say(f"reference: {none if mode == 'none' else 'the base model with adapters switched off'}")
 
-    loader = annotated_pair_loader(train_items, batch_size=pairs, seq_len=t.seq_len, pad_id=pad, seed=t.seed,
-                                   shuffle=cfg.data.shuffle, collate=collate)
-    eval_batches = None
-    if eval_items:
-        cached = pair_batches(eval_items, batch_size=pairs, seq_len=t.seq_len, pad_id=pad)
-        if collate is not None:
-            cached = [collate(b) for b in cached]
-        eval_batches = lambda: cached  # noqa: E731 - the same held-out batches at every evaluation
-
+    loader, eval_batches = pair_loaders(train_items, eval_items, pairs=pairs, seq_len=t.seq_len, pad_id=pad,
+                                        seed=t.seed, shuffle=cfg.data.shuffle, collate=collate)
     loss_fn, eval_loss_fn = losses_of(mode)
-    trainer = Trainer(
-        model, loss_fn, t, trainable=trainable, mesh=mesh, log=say, eval_loss_fn=eval_loss_fn,
-        checkpoint_meta={**meta, "model_source": cfg.model.source},
-    )
-    del model  # the trainer holds the weights now
     # The trainer may have picked the micro-batch itself (auto_micro_batch); pairs must still stay whole.
-    check_micro_batching(pairs, trainer.num_micro_batches)
+    training = Training(model, loss_fn, loader, algorithm=meta["algorithm"], trainable=trainable,
+                        eval_loss_fn=eval_loss_fn, checkpoint_meta=meta,
+                        ready=lambda trainer: check_micro_batching(pairs, trainer.num_micro_batches))
+    del model  # the trainer holds the weights now
+    trainer = make_trainer(cfg, training, mesh=mesh, log=say)
     return PreferenceRun(trainer, loss_fn, mode, loader, eval_batches, data, tokenizer, reference_model)
 
 

@@ -28,9 +28,8 @@ from flax import nnx
 
 from tempax.algorithms.preference.batches import (
     annotate,
-    annotated_pair_loader,
     check_micro_batching,
-    pair_batches,
+    pair_loaders,
     pair_mask,
     per_pair_mean,
     split_pairs,
@@ -44,13 +43,15 @@ from tempax.algorithms.preference.data import (
 )
 from tempax.algorithms.common import ModelSpec, build_model
 from tempax.algorithms.preference.losses import bradley_terry_loss
-from tempax.algorithms.run import start_run
+from tempax.algorithms.run import Training, make_trainer, start_run
 from tempax.errors import DataError
 from tempax.models.lora import LoraConfig
 from tempax.models.reward_model import RewardModel, reward_scores, save_reward_model
 from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer, TrainResult
+from tempax.train.trainable import Trainable
 from tempax.configlib import help_field
+from tempax.data.sources import read_rows
 
 
 # The batch key of an optional per-pair Bradley-Terry margin ([2B], equal on a pair's two rows).
@@ -148,8 +149,6 @@ def _with_margins(pairs: list[Any], rows: dict[str, dict[str, Any]], field_name:
 
 def prepare(cfg: RewardModelConfig, *, log: Callable[[str], None] | None = None) -> RewardRun:
     """Builds the reward model, data and `Trainer` of a run (no training step yet)."""
-    from tempax.data.sources import read_rows
-
     say = log or (lambda text: print(text, file=sys.stderr))
     t = cfg.train
     mesh = t.mesh.build()
@@ -171,20 +170,14 @@ def prepare(cfg: RewardModelConfig, *, log: Callable[[str], None] | None = None)
             eval_rows = ({r.where: r.data for r in read_rows(d.eval_path, split=d.eval_split) if r.data is not None}
                          if d.eval_path is not None else data.rows)
             eval_items = _with_margins(eval_items, eval_rows, cfg.reward.margin_field, "held-out row")
-    pad = tokenizer.pad_id
-    loader = annotated_pair_loader(train_items, batch_size=pairs, seq_len=t.seq_len, pad_id=pad, seed=t.seed,
-                                   shuffle=cfg.data.shuffle)
-    eval_batches = None
-    if eval_items:
-        cached = pair_batches(eval_items, batch_size=pairs, seq_len=t.seq_len, pad_id=pad)
-        eval_batches = lambda: cached  # noqa: E731 - the same held-out batches at every evaluation
+    loader, eval_batches = pair_loaders(train_items, eval_items, pairs=pairs, seq_len=t.seq_len,
+                                        pad_id=tokenizer.pad_id, seed=t.seed, shuffle=cfg.data.shuffle)
     loss_fn = RewardLoss(margin=cfg.reward.margin)
-    trainer = Trainer(
-        model, loss_fn, t, trainable=trainable, mesh=mesh, log=say,
-        checkpoint_meta={"algorithm": "reward_model", "model_source": cfg.model.source},
-        loss_chunk_len=0,  # the scalar head reads hidden states: no vocabulary logits to plan for
-    )
-    check_micro_batching(pairs, trainer.num_micro_batches)
+    # The backbone is the trunk; the scalar head reads hidden states: no vocabulary logits to plan for.
+    training = Training(Trainable(model, trunks=("backbone",), logit_positions=0), loss_fn, loader,
+                        algorithm="reward_model", trainable=trainable,
+                        ready=lambda trainer: check_micro_batching(pairs, trainer.num_micro_batches))
+    trainer = make_trainer(cfg, training, mesh=mesh, log=say)
     return RewardRun(trainer, loss_fn, loader, eval_batches, data, tokenizer)
 
 

@@ -11,25 +11,23 @@ config.yaml, metrics.jsonl / TensorBoard, checkpoints, eval.json and the adapter
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import jax
 from flax import nnx
 
-from tempax.algorithms.common import build_model
+from tempax.algorithms.common import base_model, build_model
 from tempax.algorithms.rft.config import RFTConfig, RFTSettings
 from tempax.algorithms.rft.source import RFTSource
-from tempax.algorithms.run import start_run
-from tempax.data.tasks.spec import load_task
+from tempax.algorithms.run import PolicyRun, Run, Training, evaluate_before, finish_policy, run_algorithm, task_prompts
 from tempax.errors import ConfigError
 from tempax.eval.spec import eval_options
 from tempax.models.fused_head import fused_causal_lm_loss, lm_head_of
 from tempax.rewards.registry import build_rewards
-from tempax.rl.rollout import PromptSampler, encode_prompts, round_up
-from tempax.train.loop import Trainer, TrainResult
+from tempax.rl.rollout import PromptSampler, round_up
+from tempax.train.trainable import Trainable
 
-__all__ = ["RFTConfig", "RFTRun", "RFTSettings", "main", "make_rft_loss", "PLOT_METRICS"]
+__all__ = ["RFTConfig", "PolicyRun", "RFTSettings", "main", "make_rft_loss", "PLOT_METRICS"]
 
 # The curves worth plotting (`tempax plot RUN_DIR --metrics ...`).
 PLOT_METRICS = ("reward/total_mean", "rft/accept_rate", "rft/kept_per_problem", "loss", "rft/duplicates_dropped")
@@ -55,18 +53,6 @@ def make_rft_loss(*, chunk_len: int | None = 64) -> Callable[[nnx.Module, dict[s
     return loss_fn
 
 
-@dataclass
-class RFTRun:
-    """What `main` returns: the training result, evaluations, the round source and the trained policy."""
-
-    result: TrainResult
-    source: RFTSource
-    policy: Any
-    before: Any = None
-    after: Any = None
-    files: dict[str, str] = field(default_factory=dict)
-
-
 def main(
     cfg: RFTConfig,
     *,
@@ -74,62 +60,35 @@ def main(
     log: Callable[[str], None] | None = None,
     model: Any = None,
     tokenizer: Any = None,
-) -> RFTRun:
+) -> PolicyRun:
     """Trains per `cfg` (see the module docstring). `model` / `tokenizer`: an already built starting policy (LoRA
     adapters, when `cfg.lora` is set, are applied here) instead of loading `cfg.model` (`tempax demo` passes its
     warm-started model)."""
-    from tempax.eval.evaluate import evaluate, format_table
 
-    run = start_run(cfg, log=log)
-    say = run.say
-    mesh = cfg.train.mesh.build()
-    if model is None:
-        model, built_tokenizer = cfg.model.build(seed=cfg.train.seed, mesh=mesh)
-        tokenizer = tokenizer or built_tokenizer
-    if tokenizer is None:
-        raise ConfigError(f"model.source={cfg.model.source} has no tokenizer; set model.tokenizer")
-    s = cfg.rft
-    train_rows, held_rows = load_task(cfg.task, eval_problems=cfg.eval.num_problems)
-    prompts, dropped = encode_prompts(tokenizer, train_rows, max_prompt_len=s.max_prompt_len)
-    say(f"task {cfg.task.name}: {len(prompts)} training problems ({dropped} longer than rft.max_prompt_len="
-        f"{s.max_prompt_len} dropped), {len(held_rows)} held-out problems")
-    longest = max(len(p.ids) for p in prompts)
-    if longest + s.max_new_tokens > cfg.train.seq_len:
-        raise ConfigError(
-            f"a kept completion (prompt up to {longest} tokens + rft.max_new_tokens={s.max_new_tokens}) may not fit "
-            f"train.seq_len={cfg.train.seq_len}; set train.seq_len={round_up(longest + s.max_new_tokens, 8)} or "
-            "lower rft.max_new_tokens / rft.max_prompt_len")
-    options = eval_options(cfg.eval, s.max_new_tokens, seed=cfg.train.seed)
-    before = after = None
-    if held_rows and cfg.eval.before:
-        before = evaluate(model, tokenizer, held_rows, options)  # before the (zero-initialised) adapters go on
-        say(f"before training: {before.summary_line()}")
-    model, tokenizer, trainable = build_model(cfg, mesh, model=model, tokenizer=tokenizer)
-    source = RFTSource(tokenizer, PromptSampler(prompts, seed=cfg.train.seed), build_rewards(cfg.rewards), s)
-    trainer = Trainer(model, make_rft_loss(), cfg.train, trainable=trainable, mesh=mesh, log=say,
-                      checkpoint_meta={"algorithm": "RFT", "model_source": cfg.model.source}, loss_chunk_len=64)
-    del model  # the trainer holds the weights now
-    result = run.train(trainer, source, hooks=list(hooks))
-    policy = trainer.model
-    rft_run = RFTRun(result=result, source=source, policy=policy, before=before, files=run.files)
-    if held_rows and cfg.eval.after:
-        from tempax.models.lora import merge_lora
+    def plan(run: Run) -> Training:
+        s = cfg.rft
+        base, tok = base_model(cfg, run.mesh, model=model, tokenizer=tokenizer)
+        prompts, held_rows = task_prompts(run, tok, max_prompt_len=s.max_prompt_len, section="rft",
+                                          what="problems")
+        longest = max(len(p.ids) for p in prompts)
+        if longest + s.max_new_tokens > cfg.train.seq_len:
+            raise ConfigError(
+                f"a kept completion (prompt up to {longest} tokens + rft.max_new_tokens={s.max_new_tokens}) may not "
+                f"fit train.seq_len={cfg.train.seq_len}; set train.seq_len={round_up(longest + s.max_new_tokens, 8)} "
+                "or lower rft.max_new_tokens / rft.max_prompt_len")
+        options = eval_options(cfg.eval, s.max_new_tokens, seed=cfg.train.seed)
+        before = evaluate_before(run, base, tok, held_rows, options)
+        policy, tok, trainable = build_model(cfg, run.mesh, model=base, tokenizer=tok)
+        source = RFTSource(tok, PromptSampler(prompts, seed=cfg.train.seed), build_rewards(cfg.rewards), s)
+        return Training(Trainable(policy, logit_positions=64), make_rft_loss(), source, algorithm="RFT",
+                        trainable=trainable,
+                        kept=dict(source=source, tokenizer=tok, held_rows=held_rows, options=options, before=before))
 
-        after = evaluate(merge_lora(policy) if cfg.lora is not None else policy, tokenizer, held_rows, options)
-        rft_run.after = after
-        say(f"after training: {after.summary_line()}")
-    stages = [(name, r) for name, r in (("before", before), ("after", after)) if r is not None]
-    if stages:
-        last = result.history[-1][0] if result.history else 0
-        run.report_stages(stages, table=format_table(stages), file="eval.json", steps={"before": 0, "after": last})
-    if cfg.lora is not None:
-        from tempax.models.lora import save_adapters
-
-        run.files["adapters"] = save_adapters(policy, run.path("adapters"), base_model_name_or_path=cfg.model.source)
-    if result.stop_reason:
-        say(f"stopped early: {result.stop_reason}")
+    trained = run_algorithm(cfg, plan, hooks=hooks, log=log)
+    rft_run = finish_policy(trained)
+    run_dir, result, say = trained.run.run_dir, trained.result, trained.run.say
     rewards = result.series("reward/total_mean")
     if rewards:
         say(f"sampled reward per round: {rewards[0][1]:.2f} -> {rewards[-1][1]:.2f} over {len(rewards)} rounds")
-    say(f"done: run dir {run.run_dir} (curves: tempax plot {run.run_dir} --metrics {','.join(PLOT_METRICS[:3])})")
+    say(f"done: run dir {run_dir} (curves: tempax plot {run_dir} --metrics {','.join(PLOT_METRICS[:3])})")
     return rft_run

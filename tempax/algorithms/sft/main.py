@@ -24,7 +24,7 @@ import jax
 from flax import nnx
 
 from tempax.algorithms.common import ModelSpec, build_model
-from tempax.algorithms.run import start_run, write_run_files
+from tempax.algorithms.run import Run, Training, run_algorithm, write_run_files
 from tempax.algorithms.sft.losses import SFT_NORMALIZATIONS, causal_lm_loss
 from tempax.configlib import help_field
 from tempax.data.sft import DataSpec, build_data, read_data_rows
@@ -32,7 +32,8 @@ from tempax.errors import ConfigError
 from tempax.models.fused_head import fused_causal_lm_loss, lm_head_of
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
-from tempax.train.loop import Trainer, TrainResult
+from tempax.train.loop import TrainResult
+from tempax.train.trainable import Trainable
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -139,20 +140,19 @@ def main(
     tokenizer to train instead of loading `cfg.model` (`tempax demo` passes the model it evaluated).
     `result.extras` holds `data_report` and `model` (the trained model).
     """
-    run = start_run(cfg, log=log)
-    rows = read_data_rows(cfg.data)  # a wrong path fails here, before any model is loaded
-    mesh = cfg.train.mesh.build()
-    model, tokenizer, trainable = build_model(cfg, mesh, model=model, tokenizer=tokenizer)
-    data = build_data(cfg.data, tokenizer, batch_size=cfg.train.batch_size, seq_len=cfg.train.seq_len,
-                      seed=cfg.train.seed, rows=rows)
-    write_run_files(run, data, tokenizer)
-    trainer = Trainer(
-        model, make_sft_loss(cfg.loss.normalize, fused=cfg.loss.fused, chunk_len=cfg.loss.chunk_len), cfg.train,
-        trainable=trainable, mesh=mesh, log=run.say,
-        checkpoint_meta={"algorithm": type(cfg).__name__, "model_source": cfg.model.source},
-        loss_chunk_len=cfg.loss.chunk_len if cfg.loss.fused else None,
-    )
-    del model  # the trainer holds its own copies; do not keep a second set of weights alive during training
-    result = run.train(trainer, data.train, hooks=hooks, eval_batches=data.eval_loader)
-    result.extras.update(data_report=data.report, model=trainer.model)
+    def plan(run: Run) -> Training:
+        rows = read_data_rows(cfg.data)  # a wrong path fails here, before any model is loaded
+        base, tok, trainable = build_model(cfg, run.mesh, model=model, tokenizer=tokenizer)
+        t = cfg.train
+        data = build_data(cfg.data, tok, batch_size=t.batch_size, seq_len=t.seq_len, seed=t.seed, rows=rows)
+        write_run_files(run, data, tok)
+        loss = cfg.loss
+        return Training(Trainable(base, logit_positions=loss.chunk_len if loss.fused else None),
+                        make_sft_loss(loss.normalize, fused=loss.fused, chunk_len=loss.chunk_len), data.train,
+                        algorithm=type(cfg).__name__, trainable=trainable, eval_batches=data.eval_loader,
+                        kept={"data_report": data.report})
+
+    trained = run_algorithm(cfg, plan, hooks=hooks, log=log)
+    result = trained.result
+    result.extras.update(data_report=trained.kept["data_report"], model=trained.trainer.model)
     return result
