@@ -2,6 +2,7 @@
 
     python bench/cli_startup.py                               # generate, chat, sft (2 steps); cache off / cold / warm
     python bench/cli_startup.py --commands generate --page ''   # print only, write no docs page
+    python bench/cli_startup.py --commands generate --modes cold,warm   # skip the run without the cache
 
 Each command runs as its own `tempax` process three times against one fresh `TEMPAX_CACHE` (the tokenizer is
 built into it first, so only compilation differs): with `TEMPAX_COMPILE_CACHE=0` (nothing cached), then twice
@@ -124,9 +125,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--commands", default="generate,chat,sft")
     ap.add_argument("--data", default=os.path.join(os.path.dirname(ROOT), "shared", "data", "hh-rlhf-sft",
                                                     "train.jsonl"), help="the SFT recipe's data file")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated, from " + ", ".join(MODES))
     ap.add_argument("--page", default=os.path.join(ROOT, "docs", "performance.md"),
                     help="the docs page the run's table is appended to ('' = none)")
     args = ap.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes: choose from {', '.join(MODES)} (got {args.modes!r})")
+    if "warm" in modes and "cold" not in modes:
+        raise SystemExit("--modes: warm reads what cold wrote into this run's fresh cache; name cold too")
     records = []
     with tempfile.TemporaryDirectory(prefix="tempax-startup-cache-") as cache:
         env = {**os.environ, "TEMPAX_CACHE": cache, "PYTHONPATH": ROOT}
@@ -135,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        env=env, check=True)
         started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
         for name in [c.strip() for c in args.commands.split(",") if c.strip()]:
-            for mode in MODES:
+            for mode in modes:
                 records.append(measure(name, mode, env, args.data))
                 print(json.dumps(records[-1]), flush=True)
     table = build_table(records)

@@ -55,28 +55,29 @@ def length_reward(prompts, completions, **columns):
     return [len(c) / 100.0 for c in completions]
 
 
-def measure(size: str, remat: str = "full", micro_batch_size: int | None = 1) -> dict:
+def build(size: str, remat: str = "full", micro_batch_size: int | None = 1, *, steps: dict | None = None,
+          settings_changes: dict | None = None, ray: object = None) -> tuple:
+    """The workload's trainer and rollout source: (trainer, source, settings, steps). `steps` overrides the
+    workload's warm-up / measured counts, `settings_changes` the GRPO settings (bench/async_rl.py: rollout workers),
+    `ray` is the source's `RayConfig`."""
     sys.path.insert(0, ROOT)
-    import jax
-    import numpy as np
     from flax import nnx
 
-    from tempax.cli.process import settings_in_effect
     from tempax.algorithms.grpo.config import GRPOSettings
     from tempax.rl.rollout import Prompt, PromptSampler
-    from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
+    from tempax.algorithms.grpo.source import GRPOSource, make_grpo_trainer
     from tempax.models.decoder import Decoder
     from tempax.models.lora import LoraConfig, apply_lora, lora_filter
     from tempax.models.presets import PRESETS
     from tempax.models.tokenizer import load_tokenizer
     from tempax.rewards import combine_rewards
     from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
-    from tempax.train.guards import CollapseGuardConfig
 
-    load_before = os.getloadavg()[0]
+    import numpy as np
+
     spec = load_spec()
     w = spec["workloads"]["grpo_step"]
-    steps = w["steps"][size]
+    steps = steps or w["steps"][size]
     cfg = PRESETS[f"bench-{size}"]
     assert cfg.num_params() == spec["models"][size]["expected_num_params"], "preset does not match workloads.json"
     assert cfg.param_dtype == cfg.dtype == "float32"
@@ -97,6 +98,7 @@ def measure(size: str, remat: str = "full", micro_batch_size: int | None = 1) ->
     settings = GRPOSettings(
         group_size=group, num_iterations=w["num_iterations"], max_new_tokens=new, max_prompt_len=prompt_len,
         temperature=w["temperature"], beta=w["beta"], epsilon=w["epsilon"], log_entropy=False,
+        **(settings_changes or {}),
     )
     train = TrainConfig(
         steps=total, batch_size=num_prompts, mesh=MeshConfig(num_devices=1),
@@ -107,10 +109,22 @@ def measure(size: str, remat: str = "full", micro_batch_size: int | None = 1) ->
         tensorboard=False, progress_bar=False, check_memory=False, remat=remat, micro_batch_size=micro_batch_size,
     )
     source = GRPOSource(tokenizer, PromptSampler(prompts, shuffle=False), combine_rewards({"length": length_reward}),
-                        settings, prompt_len=prompt_len)
+                        settings, prompt_len=prompt_len, ray=ray)
     trainer = make_grpo_trainer(model, settings, train, prompt_len=prompt_len, trainable=lora_filter,
                                 log=lambda text: None)
-    del model
+    return trainer, source, settings, steps
+
+
+def measure(size: str, remat: str = "full", micro_batch_size: int | None = 1) -> dict:
+    sys.path.insert(0, ROOT)
+    import jax
+
+    from tempax.cli.process import settings_in_effect
+    from tempax.algorithms.grpo.source import grpo_hooks
+    from tempax.train.guards import CollapseGuardConfig
+
+    load_before = os.getloadavg()[0]
+    trainer, source, settings, steps = build(size, remat, micro_batch_size)
     result = trainer.fit(source, hooks=grpo_hooks(source, settings, CollapseGuardConfig(enabled=False)))
     trainer.close()
     measured = [m for _, m in result.history[steps["warmup"]:]]

@@ -1,20 +1,29 @@
 """The learning table: each algorithm's recipe, run in its own process, and its held-out metric before -> after.
 
     python bench/learning.py                        # every row below, at its recipe's settings (long on CPU)
-    python bench/learning.py --only rft,dpo         # some rows
+    python bench/learning.py --only dpo,kto         # some rows (the others are listed as not run)
     python bench/learning.py --table runs/learning  # print the table of runs already made there, run nothing
 
-Each row runs `python -m tempax.cli.main COMMAND --config RECIPE train.run_dir=OUT/NAME [overrides]` in a child
-process, takes its wall time and its CPU time (user + system of the child, `resource.getrusage`), then reads what
-the run wrote:
-  * generation-evaluated algorithms (GRPO, RFT): eval.json, greedy answer accuracy on the held-out problems
-    before and after training; the 95% interval is Newcombe's for the difference of two proportions
-    (`tempax.eval.metrics.difference_interval`; it treats the two evaluations as independent samples, which
-    over-states the uncertainty of a before/after on the same problems, so a gain beyond it is a real gain);
-  * held-out-loss algorithms (DPO, KTO, the reward model): eval_summary.json, preference accuracy on the held-out
-    pairs before and after (`eval_pairs` of them), with the same interval.
-The baseline a row beats is its starting model (the metric before training). Rows a recipe cannot evaluate before
-training show '-' there. Printed as one Markdown table with the CPU named.
+Each row runs `python -m tempax.cli.main COMMAND ARGS` in a child process (ARGS: the recipe, the row's run dir
+and the row's overrides), takes its wall time and its CPU time (user + system of the child,
+`resource.getrusage`; written beside the run as NAME.budget.json so `--table` shows it too), then reads what the
+run wrote:
+  * "generation" (GRPO on GSM8K): eval.json, greedy answer accuracy on the held-out problems before and after;
+  * "pairs" (DPO, KTO, the reward model): eval_summary.json, preference accuracy on the held-out pairs before
+    and after (`eval_pairs` of them; the rows ask for 200);
+  * "loss" (SFT, distillation): metrics.jsonl, the held-out `eval/<key>` at the first and the last evaluation;
+    distillation also runs its CE-only baseline (`loss.alpha=0`) and compares the two at the end;
+  * "rm_score" (PPO): eval.json, the reward model's mean score of one sampled response per held-out prompt before
+    and after, the paired gain +- its standard error and the KL to the reference;
+  * "compare" (GRPO and RFT where demonstrations are scarce): `tempax demo --compare`'s outcomes.jsonl (and
+    results.json for the stages' budgets): answers of the warm-start, (b) GRPO and (c) RFT on the same held-out
+    problems, each against (a), SFT repeated on the same demonstrations with the same budget.
+Intervals are 95%: for proportions Newcombe's (`tempax.eval.metrics`; paired where the per-problem outcomes are
+written, else the independent-samples one, which over-states the uncertainty of a before/after on the same items,
+so a gain beyond it is a real gain); for PPO's paired score gain +-1.96 s.e.; held-out losses are means over
+token batches without per-example values, so they carry no interval. The baseline a row beats is its starting
+model unless the row names another. A row that was not run (or whose files are missing) is listed as not run.
+Printed as one Markdown table with the CPU named.
 """
 
 from __future__ import annotations
@@ -32,45 +41,105 @@ from dataclasses import dataclass, field
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from tempax.eval.metrics import difference_interval, wilson_interval  # noqa: E402
+from tempax.cli.demo import COMPARE_GRPO_STAGE, RFT_STAGE, SCARCE_STAGE  # noqa: E402
+from tempax.eval.metrics import (  # noqa: E402
+    Z_95, difference_interval, paired_difference_interval, wilson_interval,
+)
+
+WARM_START_STAGE = "after SFT"
 
 
 @dataclass(frozen=True)
 class Row:
-    """One algorithm's recipe, what it trains on, and which of its files holds the metric."""
+    """One algorithm's run: `tempax COMMAND ARGS` ({run_dir} and {out} in ARGS are filled in), what it trains on,
+    how its metric is read, and for "loss" rows the metric key and an optional baseline run's extra args."""
 
     name: str
     command: str
-    recipe: str
+    args: tuple[str, ...]
     data: str
-    reads: str  # "generation": eval.json answer accuracy; "pairs": eval_summary.json accuracy
-    overrides: tuple[str, ...] = field(default_factory=tuple)
+    reads: str
+    key: str = ""
+    baseline_args: tuple[str, ...] = field(default_factory=tuple)
+    baseline: str = "the starting model"
 
+
+def _recipe(path: str, *overrides: str) -> tuple[str, ...]:
+    return ("--config", path, "train.run_dir={run_dir}", "train.progress_bar=false", *overrides)
+
+
+# Preference rows score 200 held-out hh-rlhf pairs (the recipes' quick default is 64).
+_PAIRS = ("eval_before=true", "data.max_eval_rows=200")
 
 ROWS = (
-    Row("DPO", "dpo", "recipes/dpo_smollm2_lora.yaml", "hh-rlhf pairs", "pairs", ("eval_before=true",)),
-    Row("KTO", "kto", "recipes/kto_smollm2_lora.yaml", "hh-rlhf, unpaired", "pairs", ("eval_before=true",)),
-    Row("reward model", "reward-model", "recipes/reward_model_smollm2_lora.yaml", "hh-rlhf pairs", "pairs",
-        ("eval_before=true",)),
-    Row("GRPO", "grpo", "recipes/grpo_gsm8k_smollm2.yaml", "GSM8K problems + checker", "generation"),
-    Row("RFT", "rft", "recipes/rft_arithmetic_smollm2.yaml", "arithmetic problems + checker", "generation"),
+    Row("SFT", "sft", _recipe("recipes/sft_lora_smollm2.yaml"), "hh-rlhf-sft dialogues", "loss", key="loss"),
+    Row("DPO", "dpo", _recipe("recipes/dpo_smollm2_lora.yaml", *_PAIRS), "hh-rlhf pairs", "pairs"),
+    Row("KTO", "kto", _recipe("recipes/kto_smollm2_lora.yaml", *_PAIRS), "hh-rlhf, unpaired", "pairs"),
+    Row("reward model", "reward-model", _recipe("recipes/reward_model_smollm2_lora.yaml", *_PAIRS),
+        "hh-rlhf pairs", "pairs"),
+    Row("PPO", "ppo", _recipe("recipes/ppo_hh_smollm2_lora.yaml", "reward_model={out}/reward_model"),
+        "hh-rlhf prompts + the reward model row's model", "rm_score"),
+    Row("GRPO (GSM8K)", "grpo", _recipe("recipes/grpo_gsm8k_smollm2.yaml"), "GSM8K problems + checker",
+        "generation"),
+    Row("GRPO and RFT, scarce demonstrations", "demo",
+        ("--compare", "--budget", "cpu", "--eval-problems", "200", "--run-dir", "{run_dir}", "evaluate_base=false",
+         "progress_bar=false"),
+        "64 worked arithmetic solutions, then problems + checker", "compare",
+        baseline="(a) SFT again on the same 64, same CPU seconds"),
+    Row("distillation", "distill", _recipe("recipes/distill_smollm2.yaml"), "hh-rlhf-sft dialogues", "loss",
+        key="ce_loss", baseline_args=("loss.alpha=0",), baseline="CE-only training of the same student"),
 )
+
+
+@dataclass(frozen=True)
+class Line:
+    """One printed row of the table."""
+
+    algorithm: str
+    data: str
+    budget: str
+    metric: str
+    gain: str
+    baseline: str
 
 
 @dataclass
 class Outcome:
-    """A row's measured numbers (None where the run did not produce them)."""
+    """A row's run: its budget and the table lines read from its files (or why there are none)."""
 
     row: Row
     wall_s: float | None = None
     cpu_s: float | None = None
-    before: tuple[int, int] | None = None  # (successes, n)
-    after: tuple[int, int] | None = None
+    lines: list[Line] = field(default_factory=list)
     error: str | None = None
 
 
+def run_dir_of(row: Row, out_dir: str) -> str:
+    return os.path.join(out_dir, row.name.split(",")[0].replace(" ", "_"))
+
+
+def _percent(counts: tuple[int, int] | None) -> str:
+    if counts is None:
+        return "-"
+    k, n = counts
+    lo, hi = wilson_interval(k, n)
+    return f"{100 * k / n:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] of {n}"
+
+
+def _verdict(lo: float, hi: float) -> str:
+    return "beyond" if lo > 0 else ("below" if hi < 0 else "inside")
+
+
+def _points(d: float, lo: float, hi: float) -> str:
+    return f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] ({_verdict(lo, hi)} its interval)"
+
+
+def _budget(wall: float | None, cpu: float | None) -> str:
+    return f"{wall:.0f} / {cpu:.0f}" if wall is not None and cpu is not None else "-"
+
+
 def read_counts(row: Row, run_dir: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
-    """(before, after) as (successes, n) of the row's metric, from the files its run wrote."""
+    """(before, after) as (successes, n) of a "generation" or "pairs" row's metric, from the files its run wrote."""
     if row.reads == "generation":
         with open(os.path.join(run_dir, "eval.json")) as f:
             stages = json.load(f)
@@ -96,33 +165,146 @@ def read_counts(row: Row, run_dir: str) -> tuple[tuple[int, int] | None, tuple[i
     return pairs("before"), pairs("after")
 
 
+def _proportion_line(row: Row, budget: str, metric: str, run_dir: str) -> Line:
+    before, after = read_counts(row, run_dir)
+    gain = "-"
+    if before and after:
+        gain = _points(*difference_interval(after[0], after[1], before[0], before[1]))
+    return Line(row.name, row.data, budget, f"{metric}: {_percent(before)} -> {_percent(after)}", gain,
+                row.baseline)
+
+
+def held_out_losses(run_dir: str, key: str) -> tuple[float, float]:
+    """The held-out `eval/<key>` at the first and at the last evaluation in the run's metrics.jsonl."""
+    values = []
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            if f"eval/{key}" in record:
+                values.append(float(record[f"eval/{key}"]))
+    if not values:
+        raise OSError(f"no eval/{key} in {run_dir}/metrics.jsonl")
+    return values[0], values[-1]
+
+
+def _loss_line(row: Row, budget: str, run_dir: str) -> Line:
+    before, after = held_out_losses(run_dir, row.key)
+    metric = f"held-out {row.key.replace('_', ' ')} (nats): {before:.3f} -> {after:.3f}"
+    if not row.baseline_args:
+        return Line(row.name, row.data, budget, metric, f"{after - before:+.3f} (no per-example values: no "
+                    "interval)", row.baseline)
+    _, base_after = held_out_losses(run_dir + "_baseline", row.key)
+    return Line(row.name, row.data, budget, metric, f"{after - base_after:+.3f} against the baseline (no "
+                "per-example values: no interval)", f"{row.baseline}: {base_after:.3f}")
+
+
+def _rm_score_line(row: Row, budget: str, run_dir: str) -> Line:
+    with open(os.path.join(run_dir, "eval.json")) as f:
+        ev = json.load(f)
+    b, a, c = ev["before"], ev["after"], ev["comparison"]
+    lo, hi = c["score_gain"] - Z_95 * c["score_gain_sem"], c["score_gain"] + Z_95 * c["score_gain_sem"]
+    n = int(a["num_prompts"])
+    return Line(row.name, row.data, budget,
+                f"reward-model score of {n} held-out prompts: {b['score_mean']:.3f} +- {b['score_sem']:.3f} -> "
+                f"{a['score_mean']:.3f} +- {a['score_sem']:.3f}; KL to the reference {a['kl_mean']:.2f} nats",
+                f"{c['score_gain']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({_verdict(lo, hi)} its interval; "
+                f"{c['score_gain'] / c['score_gain_sem']:.1f} s.e.)" if c["score_gain_sem"] > 0 else
+                f"{c['score_gain']:+.3f}", row.baseline)
+
+
+def _compare_lines(row: Row, run_dir: str) -> list[Line]:
+    """(b) GRPO and (c) RFT of a `tempax demo --compare` run: warm-start -> stage (paired interval), and the
+    stage against (a) (paired interval); budgets are the stages' own wall / process CPU seconds."""
+    outcomes: dict[str, list[bool]] = {}
+    wall: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    with open(os.path.join(run_dir, "outcomes.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            outcomes[record["stage"]] = record["correct"]
+            wall.update(record.get("trained_seconds") or {})
+            cpu.update(record.get("trained_cpu_seconds") or {})
+    lines = []
+    for algorithm, stage, watch in (("GRPO", COMPARE_GRPO_STAGE, "grpo"), ("RFT", RFT_STAGE, "rft")):
+        name = f"{algorithm}, scarce demonstrations"
+        if stage not in outcomes or WARM_START_STAGE not in outcomes:
+            lines.append(Line(name, row.data, "-", "not run", "-", "-"))
+            continue
+        after, warm = outcomes[stage], outcomes[WARM_START_STAGE]
+        gain = paired_difference_interval(after, warm)
+        baseline = "-"
+        if SCARCE_STAGE in outcomes:
+            d = paired_difference_interval(after, outcomes[SCARCE_STAGE])
+            a = outcomes[SCARCE_STAGE]
+            baseline = (f"{row.baseline}: {_percent((sum(a), len(a)))}; difference "
+                        f"{_points(d.difference, d.low, d.high)}")
+        lines.append(Line(name, row.data, _budget(wall.get(watch), cpu.get(watch)),
+                          f"answer accuracy: {_percent((sum(warm), len(warm)))} (warm-start) -> "
+                          f"{_percent((sum(after), len(after)))}",
+                          _points(gain.difference, gain.low, gain.high) + ", paired", baseline))
+    return lines
+
+
+def read_lines(row: Row, run_dir: str, budget: str) -> list[Line]:
+    """The table lines of a row from the files its run wrote (OSError / KeyError where they are missing)."""
+    if row.reads == "generation":
+        return [_proportion_line(row, budget, "answer accuracy", run_dir)]
+    if row.reads == "pairs":
+        return [_proportion_line(row, budget, "preference accuracy", run_dir)]
+    if row.reads == "loss":
+        return [_loss_line(row, budget, run_dir)]
+    if row.reads == "rm_score":
+        return [_rm_score_line(row, budget, run_dir)]
+    if row.reads == "compare":
+        return _compare_lines(row, run_dir)
+    raise ValueError(f"unknown row kind {row.reads!r}")
+
+
+def _command(row: Row, run_dir: str, out_dir: str, extra: tuple[str, ...] = ()) -> list[str]:
+    args = [a.format(run_dir=run_dir, out=out_dir) for a in row.args]
+    return [sys.executable, "-m", "tempax.cli.main", row.command, *args, *extra]
+
+
 def run_row(row: Row, out_dir: str) -> Outcome:
-    """Runs the row's recipe in a child process and reads its numbers."""
-    run_dir = os.path.join(out_dir, row.name.replace(" ", "_"))
-    cmd = [sys.executable, "-m", "tempax.cli.main", row.command, "--config", row.recipe,
-           f"train.run_dir={run_dir}", "train.progress_bar=false", *row.overrides]
+    """Runs the row (and its baseline run, if any) in child processes and reads its numbers."""
+    run_dir = run_dir_of(row, out_dir)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True)
+    failed = None
+    runs = [(run_dir, ())] + ([(run_dir + "_baseline", row.baseline_args)] if row.baseline_args else [])
+    for folder, extra in runs:
+        cmd = _command(row, folder, out_dir, extra)
+        os.makedirs(out_dir, exist_ok=True)
+        with open(folder + ".log", "w") as f:  # written as it runs: a long row can be followed
+            proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, stdout=f,
+                                  stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            failed = f"exit status {proc.returncode} (see {folder}.log)"
+            break
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    with open(run_dir + ".log", "w") as f:
-        f.write(proc.stdout + proc.stderr)
-    outcome = Outcome(row, wall_s=wall, cpu_s=cpu)
-    if proc.returncode != 0:
-        outcome.error = f"exit status {proc.returncode} (see {run_dir}.log)"
-        return outcome
-    outcome.before, outcome.after = read_counts(row, run_dir)
+    with open(run_dir + ".budget.json", "w") as f:
+        json.dump({"wall_s": wall, "cpu_s": cpu}, f)
+    return read_outcome(row, out_dir, error=failed)
+
+
+def read_outcome(row: Row, out_dir: str, error: str | None = None) -> Outcome:
+    """A row's outcome from what its run left in `out_dir` (the run's files and NAME.budget.json)."""
+    run_dir = run_dir_of(row, out_dir)
+    outcome = Outcome(row, error=error)
+    try:
+        with open(run_dir + ".budget.json") as f:
+            spent = json.load(f)
+        outcome.wall_s, outcome.cpu_s = spent["wall_s"], spent["cpu_s"]
+    except OSError:
+        pass
+    if error is None:
+        try:
+            outcome.lines = read_lines(row, run_dir, _budget(outcome.wall_s, outcome.cpu_s))
+        except (OSError, KeyError) as e:
+            outcome.error = "not run" if outcome.wall_s is None else f"no result: {e}"
     return outcome
-
-
-def _percent(counts: tuple[int, int] | None) -> str:
-    if counts is None:
-        return "-"
-    k, n = counts
-    lo, hi = wilson_interval(k, n)
-    return f"{100 * k / n:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] of {n}"
 
 
 def table(outcomes: list[Outcome], cpu: str) -> str:
@@ -131,18 +313,13 @@ def table(outcomes: list[Outcome], cpu: str) -> str:
              "| algorithm | data | budget wall / CPU s | metric before -> after | gain, 95% interval | baseline |",
              "|---|---|---|---|---|---|"]
     for o in outcomes:
-        metric = "answer accuracy" if o.row.reads == "generation" else "preference accuracy"
-        budget = f"{o.wall_s:.0f} / {o.cpu_s:.0f}" if o.wall_s is not None else "-"
-        if o.error:
-            lines.append(f"| {o.row.name} | {o.row.data} | {budget} | failed: {o.error} | - | - |")
+        if o.error or not o.lines:
+            reason = o.error or "not run"
+            status = reason if reason.startswith("not run") else f"failed: {reason}"
+            lines.append(f"| {o.row.name} | {o.row.data} | {_budget(o.wall_s, o.cpu_s)} | {status} | - | - |")
             continue
-        gain = "-"
-        if o.before and o.after:
-            d, lo, hi = difference_interval(o.after[0], o.after[1], o.before[0], o.before[1])
-            verdict = "beyond" if lo > 0 else ("below" if hi < 0 else "inside")
-            gain = f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] ({verdict} its interval)"
-        lines.append(f"| {o.row.name} | {o.row.data} | {budget} | {metric}: {_percent(o.before)} -> "
-                     f"{_percent(o.after)} | {gain} | the starting model |")
+        for x in o.lines:
+            lines.append(f"| {x.algorithm} | {x.data} | {x.budget} | {x.metric} | {x.gain} | {x.baseline} |")
     return "\n".join(lines)
 
 
@@ -157,27 +334,28 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def selected(only: str | None) -> list[Row]:
+    names = {n.strip().lower() for n in only.split(",")} if only else None
+    return [r for r in ROWS if names is None or r.name.lower() in names or r.command in names]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default=None, help="comma-separated row names (default: all)")
+    parser.add_argument("--only", default=None, help="comma-separated row names or commands (default: all)")
     parser.add_argument("--out", default="runs/learning", help="where the runs go")
     parser.add_argument("--table", default=None, metavar="OUT",
-                        help="print the table of the runs already in OUT (no budgets), run nothing")
+                        help="print the table of the runs already in OUT, run nothing")
     args = parser.parse_args(argv)
-    names = {n.strip().lower() for n in args.only.split(",")} if args.only else None
-    rows = [r for r in ROWS if names is None or r.name.lower() in names or r.command in names]
+    chosen = selected(args.only)
     outcomes = []
-    for row in rows:
+    for row in ROWS:
         if args.table:
-            o = Outcome(row)
-            try:
-                o.before, o.after = read_counts(row, os.path.join(args.table, row.name.replace(" ", "_")))
-            except OSError as e:
-                o.error = str(e)
+            outcomes.append(read_outcome(row, args.table))
+        elif row in chosen:
+            print(f"running {row.name}: tempax {row.command} {' '.join(row.args)}", file=sys.stderr, flush=True)
+            outcomes.append(run_row(row, args.out))
         else:
-            print(f"running {row.name}: tempax {row.command} --config {row.recipe}", file=sys.stderr, flush=True)
-            o = run_row(row, args.out)
-        outcomes.append(o)
+            outcomes.append(read_outcome(row, args.out))
     print(table(outcomes, cpu_name()))
     return 0
 

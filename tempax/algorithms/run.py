@@ -226,8 +226,13 @@ def run_algorithm(
     run = start_run(cfg, log=log)
     training = plan(run)
     trainer = make_trainer(cfg, training, mesh=run.mesh, log=run.say)
-    result = run.train(trainer, training.batches, hooks=[*training.hooks, *hooks],
-                       eval_batches=training.eval_batches, evaluate_before=training.evaluate_before)
+    try:
+        result = run.train(trainer, training.batches, hooks=[*training.hooks, *hooks],
+                           eval_batches=training.eval_batches, evaluate_before=training.evaluate_before)
+    finally:
+        close = getattr(training.batches, "close", None)  # a source holding processes (GRPO's rollout workers)
+        if callable(close):
+            close()
     return Trained(run, trainer, result, training.kept)
 
 

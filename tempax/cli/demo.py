@@ -14,9 +14,10 @@ memory; `DemoConfig` embeds their two configs (`sft:`, `grpo:`), so any of their
 
 With `--compare` (`compare=true`) the demo measures what RL adds where demonstrations are scarce: a fixed set of
 N worked solutions (`demonstrations`, the ideal completions of the first N training problems) is all the SFT data
-there is, and the warm-start trains on them. After it, the same wall time (the GRPO stage's training time in this
-run, `WallClockBudget`: same machine, same load; the process CPU seconds of each are printed beside) goes to each
-of, every one from the same warm-start with fresh LoRA adapters:
+there is, and the warm-start trains on them. After it, the same compute as the GRPO stage's training in this run
+goes to each of the following (`StageBudget`; `budget=wall`, the default: its wall time; `budget=cpu`: its process
+CPU seconds, the fair measure on a shared machine; both are printed for every stage), every one from the same
+warm-start with fresh LoRA adapters:
   (a) SFT continued on the same N (more epochs: what a user without more data would do; `scarce_sft`);
   (b) GRPO (`grpo`) on unlimited problems, with the checker (strict format + correctness rewards);
   (c) rejection-sampling fine-tuning (`rft`, `tempax.algorithms.rft`) on unlimited problems, same checker;
@@ -60,6 +61,7 @@ from tempax.algorithms.grpo.config import GRPOConfig, GRPOSettings
 from tempax.algorithms.rft.config import RFTConfig, RFTSettings
 from tempax.algorithms.sft.main import SFTConfig
 from tempax.data.sft import DataSpec
+from tempax.data.tasks.arithmetic import ArithmeticConfig
 from tempax.data.tasks.spec import TaskSpec, load_task
 from tempax.eval.spec import EvalSpec, eval_options
 from tempax.rewards.registry import RewardSpec
@@ -79,6 +81,9 @@ from tempax.eval.metrics import paired_difference_interval, wilson_interval
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 _DEMO_LORA = LoraConfig(rank=16, alpha=32.0)
+
+# What --compare's stages get equal seconds of (`DemoConfig.budget`, `StageBudget`).
+BUDGET_CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def _demo_train(**kw: Any) -> TrainConfig:
@@ -162,17 +167,23 @@ class DemoConfig:
     )
     compare: bool = help_field(
         "The scarce-demonstration comparison (`--compare`, module docstring): after a warm-start on `demonstrations` "
-        "worked solutions, the wall time the GRPO stage's training took in this run goes to each of (a) SFT on the "
-        "same N, (b) GRPO, (c) RFT and the reference SFT on fresh solutions; the table adds (b) - (a) and (c) - (a) "
+        "worked solutions, the GRPO stage's training time in this run (`budget`: wall or process CPU seconds) goes to "
+        "each of (a) SFT on the same N, (c) RFT and the reference SFT on fresh solutions; the table adds (b) - (a) and (c) - (a) "
         "with paired intervals.",
         False,
     )
+    budget: str = help_field(
+        "--compare: what 'the same compute' means for (a), (c) and the reference: 'wall' (each gets the wall time "
+        "the GRPO stage took) or 'cpu' (each gets the GRPO stage's process CPU seconds, `time.process_time`, all "
+        "threads). 'wall' is the default because on a machine running nothing else the two agree up to how well "
+        "a stage fills the cores, and wall time is what a user spends; on a shared machine use 'cpu': wall time "
+        "then hands more compute to whichever stage ran while the others' load was low.", "wall")
     demonstrations: int = help_field(
         "--compare: N, the worked solutions (ideal completions of the first N training problems) that are all the "
         "SFT data there is: the warm-start trains on them and (a) repeats them.", 64)
     scarce_sft: SFTConfig = help_field(
         "(a) of --compare: SFT continued on the same N worked solutions (its data.path and run_dir are set by the "
-        "demo; its train.steps is an upper bound, the GRPO stage's wall time ends it).",
+        "demo; its train.steps is an upper bound, the budget ends it).",
         default_factory=demo_scarce_sft_config,
     )
     rft: RFTConfig = help_field(
@@ -183,9 +194,19 @@ class DemoConfig:
     baseline: SFTConfig = help_field(
         "The reference row of --compare: SFT on fresh worked solutions of the problems after the first N "
         "(unlimited demonstrations; its data.path and run_dir are set by the demo; its train.steps is an upper "
-        "bound, the GRPO stage's wall time ends it).",
+        "bound, the budget ends it).",
         default_factory=demo_baseline_config,
     )
+    grpo_difficulty: ArithmeticConfig | None = help_field(
+        "The difficulty of the problems GRPO trains on (arithmetic; e.g. grpo_difficulty.max_steps=1 "
+        "grpo_difficulty.max_operand=20), a curriculum lever: on problems the warm-start can solve, more of a "
+        "group's samples are right and disagree, so more groups carry a learning signal. The held-out problems, "
+        "the demonstrations and RFT keep the task's difficulty (`grpo.task.arithmetic`); held-out questions never "
+        "enter training at any difficulty (the split is a hash of the question). null: the task's difficulty.",
+        None)
+    reference: bool = help_field(
+        "--compare: also run the reference row (SFT on fresh worked solutions, `baseline`); false saves one "
+        "budget and one evaluation.", True)
     evaluate_base: bool = help_field("Evaluate the base model first (it does not know the answer format).", True)
     seed: int = help_field("Seed of data generation, initialisation and sampling (both stages' train.seed).", 0)
     run_dir: str | None = help_field("Where everything is written; null: runs/demo-<date>-<time>.", None)
@@ -205,6 +226,12 @@ class DemoConfig:
         if self.compare and self.sft is None:
             raise ConfigError("--compare continues the SFT warm-start for GRPO's wall time; it needs the warm-start "
                               "(drop --sft-steps 0 / sft=null, or drop --compare)")
+        if self.budget not in BUDGET_CLOCKS:
+            raise ConfigError(f"budget must be one of {sorted(BUDGET_CLOCKS)} (what the compared stages get equal "
+                              f"seconds of), got {self.budget!r}")
+        if self.grpo_difficulty is not None and self.task != "arithmetic":
+            raise ConfigError(f"grpo_difficulty sets generated arithmetic problems; task {self.task} has none "
+                              "(drop grpo_difficulty)")
         if self.demonstrations < 1:
             raise ConfigError(f"demonstrations must be >= 1, got {self.demonstrations}")
 
@@ -262,11 +289,6 @@ class DemoResult:
     budget: dict[str, Any] | None = None
 
 
-def _cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
 def write_sft_examples(rows: list[dict[str, Any]], path: str, limit: int) -> int:
     """The first `limit` rows with a target as chat examples (prompt + ideal answer) in a jsonl; how many."""
     n = 0
@@ -299,23 +321,36 @@ def sft_rows_used(cfg: SFTConfig) -> int:
     return cfg.train.steps * cfg.train.batch_size * 4
 
 
-class WallClockBudget(Hook):
-    """Ends a run when its wall time reaches `seconds`, counted from this hook's creation (so building the
-    trainer and compiling count, as they do for the stage it is matched to). After each step it stops when
-    finishing one more step would overshoot the budget by more than this step falls short of it, i.e. when
-    elapsed + (last step's seconds) / 2 >= seconds."""
+class StageBudget(Hook):
+    """Ends a run when the seconds of `clock` it used reach `seconds`, counted from this hook's creation (so
+    building the trainer and compiling count, as they do for the stage it is matched to). After each step it stops
+    when finishing one more step would overshoot the budget by more than this step falls short of it, i.e. when
+    used + (last step's seconds) / 2 >= seconds.
 
-    def __init__(self, seconds: float):
+    `clock` is one of `BUDGET_CLOCKS`: "wall" (`time.perf_counter`, what a user waits) or "cpu"
+    (`time.process_time`: user + system seconds of every thread of this process, i.e. the compute the stage got,
+    whatever else the machine was running)."""
+
+    def __init__(self, seconds: float, clock: str = "wall"):
         super().__init__(every=1, at_end=False)
-        self.seconds = seconds
-        self.started = self.last = time.perf_counter()
+        if clock not in BUDGET_CLOCKS:
+            raise ConfigError(f"budget clock must be one of {sorted(BUDGET_CLOCKS)}, got {clock!r}")
+        self.seconds, self.kind, self.clock = seconds, clock, BUDGET_CLOCKS[clock]
+        self.started = self.last = self.clock()
 
     def __call__(self, info: Any) -> Stop | None:
-        now = time.perf_counter()
+        now = self.clock()
         step_s, self.last = now - self.last, now
         if now - self.started + step_s / 2 >= self.seconds:
-            return Stop(f"wall-time budget of {self.seconds:.0f} s spent")
+            return Stop(f"{'wall-time' if self.kind == 'wall' else 'CPU-time'} budget of {self.seconds:.0f} s spent")
         return None
+
+
+def grpo_training(cfg: GRPOConfig, difficulty: ArithmeticConfig | None) -> GRPOConfig:
+    """The GRPO stage's config with its training problems at `difficulty` (None: unchanged)."""
+    if difficulty is None:
+        return cfg
+    return dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, arithmetic=difficulty))
 
 
 def plot_rewards(grpo_dir: str, out_path: str) -> str:
@@ -340,12 +375,12 @@ class Stopwatch:
 
     @contextlib.contextmanager
     def __call__(self, name: str) -> Iterator[None]:
-        wall, cpu = time.perf_counter(), _cpu_seconds()
+        wall, cpu = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
             self.wall[name] = time.perf_counter() - wall
-            self.cpu[name] = _cpu_seconds() - cpu
+            self.cpu[name] = time.process_time() - cpu
 
 
 def run_grpo(model: Any, tokenizer: Any, cfg: GRPOConfig, write: Callable[[str], None] | None = None) -> Any:
@@ -408,7 +443,7 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
     # The demo evaluates every stage itself, so the GRPO stage's wall time is training alone.
     grpo_cfg = dataclasses.replace(grpo_cfg, eval=dataclasses.replace(grpo_cfg.eval, after=False))
     compare = baseline_cfg is not None
-    n_stages = 6 if compare else 3
+    n_stages = (6 if cfg.reference else 5) if compare else 3
     say(f"tempax demo: {cfg.model.source} on {cfg.task}; writing to {run_dir}")
     train_rows, held_rows = load_task(grpo_cfg.task, eval_problems=grpo_cfg.eval.num_problems)
     if compare and not any(r.get("target") for r in train_rows):
@@ -454,9 +489,10 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
         say("  skipped (" + ("sft: null / --sft-steps 0" if sft_cfg is None else
                              f"task {cfg.task} has no SFT targets") + ")")
 
-    say(f"[3/{n_stages}] {'(b) ' if compare else ''}GRPO with strict format + correctness rewards")
+    say(f"[3/{n_stages}] {'(b) ' if compare else ''}GRPO with strict format + correctness rewards"
+        + (f" on problems of difficulty {cfg.grpo_difficulty}" if cfg.grpo_difficulty is not None else ""))
     with watch("grpo"):
-        run = run_grpo(model, tokenizer, grpo_cfg)
+        run = run_grpo(model, tokenizer, grpo_training(grpo_cfg, cfg.grpo_difficulty))
     result = run.result
     rewards = [v for _, v in result.series("reward/total_mean")]
     zero = [v for _, v in result.series("groups/zero_spread_frac")]
@@ -473,36 +509,40 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
     budget = None
     if compare:
         scarce_cfg, rft_cfg = cfg.compare_stages(run_dir)
-        budget = {"seconds": watch.wall["grpo"], "grpo_cpu_seconds": watch.cpu["grpo"], "grpo_steps": len(rewards),
-                  "demonstrations": n_demos, "stages": {}}
-        seconds = budget["seconds"]
+        clock = cfg.budget
+        budget = {"clock": clock, "seconds": watch.wall["grpo"], "grpo_cpu_seconds": watch.cpu["grpo"],
+                  "grpo_steps": len(rewards), "demonstrations": n_demos, "stages": {}}
+        seconds = watch.wall["grpo"] if clock == "wall" else watch.cpu["grpo"]
+        budget["budget_seconds"] = seconds
+        spent = "wall time" if clock == "wall" else "process CPU seconds"
 
-        def budgeted(name: str, train: Callable[[WallClockBudget], tuple[Any, int]]) -> None:
+        def budgeted(name: str, train: Callable[[StageBudget], tuple[Any, int]]) -> None:
             # `model` is still the warm-start: each stage trains adapters on a copy sharing its (frozen) arrays.
             with watch(_WATCH[name]):
-                trained, steps = train(WallClockBudget(seconds))
+                trained, steps = train(StageBudget(seconds, clock))
             budget["stages"][name] = {"seconds": watch.wall[_WATCH[name]], "cpu_seconds": watch.cpu[_WATCH[name]],
                                       "steps": steps}
-            say(f"  trained in {watch.wall[_WATCH[name]]:.0f} s (GRPO {seconds:.0f} s); process CPU "
-                f"{watch.cpu[_WATCH[name]]:.0f} s (GRPO {watch.cpu['grpo']:.0f} s)")
+            say(f"  trained in {watch.wall[_WATCH[name]]:.0f} s wall (GRPO {watch.wall['grpo']:.0f} s), "
+                f"{watch.cpu[_WATCH[name]]:.0f} s process CPU (GRPO {watch.cpu['grpo']:.0f} s)")
             run_eval(name, trained)
 
-        say(f"[4/{n_stages}] (a) SFT continued on the same {n_demos} worked solutions for GRPO's {seconds:.0f} s")
+        say(f"[4/{n_stages}] (a) SFT continued on the same {n_demos} worked solutions for GRPO's {seconds:.0f} s of {spent}")
         budgeted(SCARCE_STAGE, lambda hook: run_sft(model, tokenizer, train_rows, scarce_cfg, say, hooks=(hook,),
                                                     label="SFT on the same demonstrations", limit=n_demos))
 
-        def train_rft(hook: WallClockBudget) -> tuple[Any, int]:
+        def train_rft(hook: StageBudget) -> tuple[Any, int]:
             trained, rft_result = run_rft(model, tokenizer, rft_cfg, say, hooks=(hook,))
             budget["rft"] = {k: [v for _, v in rft_result.series(k)] for k in
                              ("reward/total_mean", "rft/accept_rate", "rft/kept", "rft/round_steps")}
             return trained, (rft_result.history[-1][0] if rft_result.history else 0)
 
-        say(f"[5/{n_stages}] (c) RFT with the same checker for GRPO's {seconds:.0f} s")
+        say(f"[5/{n_stages}] (c) RFT with the same checker for GRPO's {seconds:.0f} s of {spent}")
         budgeted(RFT_STAGE, train_rft)
-        say(f"[6/{n_stages}] reference: SFT on fresh worked solutions (unlimited demonstrations) for GRPO's "
-            f"{seconds:.0f} s")
-        budgeted(REFERENCE_STAGE, lambda hook: run_sft(model, tokenizer, train_rows[n_demos:], baseline_cfg, say,
-                                                       hooks=(hook,), label="SFT on fresh demonstrations"))
+        if cfg.reference:
+            say(f"[6/{n_stages}] reference: SFT on fresh worked solutions (unlimited demonstrations) for GRPO's "
+                f"{seconds:.0f} s of {spent}")
+            budgeted(REFERENCE_STAGE, lambda hook: run_sft(model, tokenizer, train_rows[n_demos:], baseline_cfg,
+                                                           say, hooks=(hook,), label="SFT on fresh demonstrations"))
 
     files: dict[str, str] = {"metrics": os.path.join(grpo_cfg.train.run_dir, "metrics.jsonl")}
     try:
@@ -592,9 +632,10 @@ def _report(cfg: DemoConfig, evaluations: list[tuple[str, Any]], result: Any, he
     if budget is not None:
         say(f"Scarce demonstrations: the warm-start and (a) had {budget['demonstrations']} worked solutions; (b) "
             f"and (c) unlimited problems with the checker; the reference row unlimited worked solutions.")
-        say(f"Equal wall time: GRPO trained {budget['seconds']:.0f} s ({budget['grpo_steps']} steps, "
-            f"{budget['grpo_cpu_seconds']:.0f} s process CPU); "
-            + "; ".join(f"{name} {v['seconds']:.0f} s ({v['steps']} steps, {v['cpu_seconds']:.0f} s CPU)"
+        say(f"Equal {'wall time' if budget['clock'] == 'wall' else 'process CPU seconds'} (budget={budget['clock']}): "
+            f"GRPO trained {budget['grpo_steps']} steps in {budget['seconds']:.0f} s wall, "
+            f"{budget['grpo_cpu_seconds']:.0f} s CPU; "
+            + "; ".join(f"{name} {v['steps']} steps in {v['seconds']:.0f} s wall, {v['cpu_seconds']:.0f} s CPU"
                         for name, v in budget["stages"].items()) + ", all from the same warm-start, in this run.")
     say("")
     say(f"total {watch.wall['total']:.0f} s (process CPU time {watch.cpu['total']:.0f} s). Files: "
@@ -621,6 +662,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the scarce-demonstration comparison: after a warm-start on N worked solutions, GRPO's "
                              "wall time each for (a) SFT on the same N, (b) GRPO, (c) RFT and SFT on fresh "
                              "solutions (reference), on the same held-out problems (= compare=true)")
+    parser.add_argument("--budget", choices=tuple(BUDGET_CLOCKS), default=None,
+                        help="--compare: equal 'wall' time (default) or equal process 'cpu' seconds per stage; use "
+                             "cpu on a shared machine (= budget)")
     parser.add_argument("--demonstrations", type=int, default=None,
                         help=f"--compare: the N worked solutions (default {d.demonstrations}; = demonstrations)")
     parser.add_argument("--advantage", choices=("grpo", "dr_grpo", "rloo", "reinforce_pp"), default=None,
@@ -636,7 +680,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     shortcuts: list[str] = []
     for flag, key in (("model", "model.source"), ("steps", "grpo.train.steps"), ("task", "grpo.task.name"),
                       ("eval_problems", "grpo.eval.num_problems"), ("run_dir", "run_dir"), ("seed", "seed"),
-                      ("advantage", "grpo.grpo.advantage"), ("compare", "compare"),
+                      ("advantage", "grpo.grpo.advantage"), ("compare", "compare"), ("budget", "budget"),
                       ("demonstrations", "demonstrations")):
         value = getattr(args, flag, None)
         if value is not None:

@@ -15,8 +15,9 @@ of XLA:CPU's matrix-product library, and glibc's malloc on transparent huge page
   with the tunable set.
 * Matrix-product library, per CPU (`cpu_xla_flags`). XLA:CPU's default float32 products are kept where no
   alternative is faster on the training step's own shapes (`bench/matmul_shapes.py`); on Intel CPUs with AVX-512
-  `--xla_cpu_use_onednn=true` is added, the one flag measured faster there. Figures of all three:
-  `docs/measurements/performance-history.md`.
+  `--xla_cpu_use_onednn=true` is added, the one flag measured faster there (the float32 step and the 4096^3
+  product, on an AMX Xeon); on AVX2-only CPUs oneDNN made the step slower, so nothing is added. The before/after
+  pairs: `docs/performance.md` (per CPU class), earlier ones `docs/measurements/performance-history.md`.
 
 * Persistent compilation cache, on for the `tempax` command (`compilation_cache_env`): JAX writes every compiled
   program to `$TEMPAX_CACHE/xla/<CPU fingerprint>` and a later run with the same program, shapes, jaxlib and XLA
@@ -65,7 +66,8 @@ def huge_pages_available() -> bool:
 
 def cpu_xla_flags(cpu: Mapping[str, Any]) -> list[str]:
     """The XLA:CPU flags chosen for `cpu` (a `tempax.cli.host.cpu_info()` record: vendor and flags): oneDNN's
-    products on Intel CPUs with AVX-512, nothing elsewhere (measured: `docs/measurements/performance-history.md`)."""
+    products on Intel CPUs with AVX-512, nothing elsewhere (AMD's default products are as fast; oneDNN capped to
+    AVX2 is slower than them). Measured per CPU class in `docs/performance.md`."""
     if cpu.get("vendor") == "GenuineIntel" and "avx512f" in cpu.get("flags", ()):
         return [ONEDNN_FLAG]
     return []

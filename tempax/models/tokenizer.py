@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from tempax.errors import CheckpointError
-from tempax.models.gguf_tokenizer import gguf_file_tokenizer
+from tempax.models import gguf_tokenizer
 
 
 class _NoPyTorchNotice(logging.Filter):
@@ -236,7 +236,7 @@ def _gguf_tokenizer(source: str) -> Any:
             return _load_cached(cached)
         except (OSError, ValueError):
             shutil.rmtree(cached, ignore_errors=True)  # a damaged cache entry is rebuilt below
-    hf = gguf_file_tokenizer(source)
+    hf = gguf_tokenizer.gguf_file_tokenizer(source)
     try:
         # Write to a sibling temp folder and rename, so a concurrent or interrupted run never sees half a cache.
         os.makedirs(os.path.dirname(cached), exist_ok=True)

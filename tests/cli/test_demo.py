@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -63,6 +64,79 @@ def test_demo_rejects_bad_values():
         load_config(DemoConfig, None, ["grpo.grpo.advantage=ppo"])
     with pytest.raises(ConfigError, match="--compare .*warm-start"):
         load_config(DemoConfig, None, ["compare=true", "sft=null"])
+    with pytest.raises(ConfigError, match="budget must be one of .*'cpu'.*'gpu'"):
+        load_config(DemoConfig, None, ["budget=gpu"])
+
+
+def test_budget_flag_maps_to_the_config():
+    from tempax.configlib import load_config
+
+    assert DemoConfig().budget == "wall"
+    args = build_parser().parse_args(["demo", "--compare", "--budget", "cpu"])
+    assert config_from_args(args).budget == "cpu"
+    assert DemoConfig().reference is True
+    assert load_config(DemoConfig, None, ["compare=true", "reference=false"]).reference is False
+
+
+def test_grpo_difficulty_changes_only_the_grpo_stage_training_problems():
+    """The curriculum lever: grpo_difficulty sets the GRPO stage's training problems; the held-out problems,
+    demonstrations and RFT keep the task's difficulty."""
+    from tempax.cli.demo import grpo_training
+    from tempax.configlib import load_config
+    from tempax.data.tasks.arithmetic import ArithmeticConfig
+
+    cfg = load_config(DemoConfig, None, ["compare=true", "grpo_difficulty.max_steps=1",
+                                         "grpo_difficulty.max_operand=20"])
+    assert cfg.grpo_difficulty == ArithmeticConfig(max_steps=1, max_operand=20)
+    _, grpo, _ = cfg.stages("/tmp/x")
+    trained = grpo_training(grpo, cfg.grpo_difficulty)
+    assert trained.task.arithmetic == cfg.grpo_difficulty and trained.task.seed == grpo.task.seed
+    assert grpo.task.arithmetic == ArithmeticConfig() and cfg.compare_stages("/tmp/x")[1].task == grpo.task
+    assert grpo_training(grpo, None) is grpo
+    with pytest.raises(ConfigError, match="grpo_difficulty .*task gsm8k"):
+        load_config(DemoConfig, None, ["grpo.task.name=gsm8k", "grpo_difficulty.max_steps=1"])
+
+
+@pytest.mark.parametrize("kind", ["wall", "cpu"])
+def test_stage_budget_stops_at_the_step_whose_midpoint_passes_the_budget(monkeypatch, kind):
+    """A 10 s budget on a fake clock: created at 100, steps end at 103, 106, 108.5, 111.5 (3, 3, 2.5, 3 s).
+    After step 2 used = 6, 6 + 3/2 = 7.5 < 10: go on; after step 3 used = 8.5, 8.5 + 2.5/2 = 9.75 < 10: go on;
+    after step 4 used = 11.5 >= 10: stop. A 9.5 s budget stops after step 3 (9.75 >= 9.5)."""
+    from tempax.cli import demo
+    from tempax.train.hooks import Stop
+
+    for seconds, stop_after in ((10.0, 4), (9.5, 3)):
+        ticks = iter([100.0, 103.0, 106.0, 108.5, 111.5])
+        monkeypatch.setitem(demo.BUDGET_CLOCKS, kind, lambda: next(ticks))
+        hook = demo.StageBudget(seconds, kind)
+        results = [hook(None) for _ in range(stop_after)]
+        assert results[:-1] == [None] * (stop_after - 1)
+        assert isinstance(results[-1], Stop) and f"budget of {seconds:.0f} s spent" in results[-1].reason
+        assert ("CPU-time" in results[-1].reason) == (kind == "cpu")
+
+
+def test_cpu_budget_counts_this_process_threads_and_not_sleep():
+    """The cpu clock is the process's CPU time: another thread's 0.2 s of CPU advances it, a sleep does not."""
+    import threading
+    import time
+
+    from tempax.cli.demo import BUDGET_CLOCKS
+
+    cpu = BUDGET_CLOCKS["cpu"]
+    t0 = cpu()
+    time.sleep(0.3)
+    assert cpu() - t0 < 0.1
+
+    def spin() -> None:  # until this thread alone has used 0.2 s of CPU, however loaded the machine is
+        end = time.thread_time() + 0.2
+        while time.thread_time() < end:
+            pass
+
+    worker = threading.Thread(target=spin)
+    t1 = cpu()
+    worker.start()
+    worker.join()
+    assert cpu() - t1 >= 0.2
 
 
 def test_eval_command_parses():
@@ -120,12 +194,13 @@ def test_short_demo_runs_end_to_end_on_a_tiny_model(tmp_path):
 @pytest.mark.slow
 def test_compare_demo_runs_the_scarce_demonstration_comparison(tmp_path):
     """--compare on a random-init tiny model: a warm-start on the 8 demonstrations, GRPO, then (a) SFT on the same
-    8, (c) RFT and the reference SFT on fresh solutions, each until GRPO's wall time is spent (the budget hook, not
-    train.steps=1000, ends them), all evaluated on the same problems; the table has six stages with Wilson
+    8, (c) RFT and the reference SFT on fresh solutions, each until GRPO's process CPU seconds are spent
+    (budget=cpu; the budget hook, not train.steps=1000, ends them), all evaluated on the same problems; the table has six stages with Wilson
     intervals and the paired (b) - (a), (c) - (a) lines."""
     from tempax.cli.demo import COMPARE_GRPO_STAGE, REFERENCE_STAGE, RFT_STAGE, SCARCE_STAGE
 
-    cfg = tiny_demo_config(tmp_path, grpo_steps=3, train_problems=64, compare=True)
+    cfg = dataclasses.replace(tiny_demo_config(tmp_path, grpo_steps=3, train_problems=64, compare=True),
+                              budget="cpu")
     result = main(cfg, say=lambda text: None)
     assert [name for name, _ in result.evaluations] == ["base model", "after SFT", COMPARE_GRPO_STAGE, SCARCE_STAGE,
                                                         RFT_STAGE, REFERENCE_STAGE]
@@ -133,10 +208,11 @@ def test_compare_demo_runs_the_scarce_demonstration_comparison(tmp_path):
     for name in (SCARCE_STAGE, RFT_STAGE, REFERENCE_STAGE):
         stage = budget["stages"][name]
         assert 1 <= stage["steps"] < 1000, name
-        # It stops at the first step whose midpoint passes the budget: within one step (an RFT step may carry
-        # a round's sampling) of GRPO's time.
-        step_s = stage["seconds"] / stage["steps"]
-        assert abs(stage["seconds"] - budget["seconds"]) <= step_s + 5.0, name
+        # budget=cpu: it stops at the first step whose midpoint passes GRPO's process CPU seconds, so within one
+        # step (an RFT step may carry a round's sampling) of them.
+        step_cpu = stage["cpu_seconds"] / stage["steps"]
+        assert budget["clock"] == "cpu" and budget["budget_seconds"] == budget["grpo_cpu_seconds"]
+        assert abs(stage["cpu_seconds"] - budget["grpo_cpu_seconds"]) <= step_cpu + 5.0, name
     with open(os.path.join(cfg.run_dir, "sft_examples.jsonl")) as f:
         assert sum(1 for _ in f) == 8  # the warm-start saw only the N demonstrations
     with open(os.path.join(cfg.run_dir, "scarce_examples.jsonl")) as f:

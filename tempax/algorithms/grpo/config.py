@@ -41,6 +41,7 @@ from tempax.eval.spec import EvalSpec
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
 from tempax.rewards.registry import RewardSpec
+from tempax.rl.workers import RayConfig
 from tempax.train.config import TrainConfig
 from tempax.train.guards import CollapseGuardConfig
 from tempax.configlib import help_field
@@ -131,8 +132,25 @@ class GRPOSettings:
         0.0,
     )
     show_completion_every: int = help_field("Print one sampled completion with its reward every N steps (0: never).", 0)
+    workers: int = help_field(
+        "Rollout workers (Ray actors, each a process with a policy copy and the generation engine) that sample "
+        "while the trainer trains; 0 samples in the training process, one rollout after the other (the default). "
+        "Needs `pip install 'tempax[distributed]'`; the `ray` section says where Ray runs.",
+        0,
+    )
+    max_staleness: int = help_field(
+        "With workers: the most policy versions (optimizer updates) a rollout may lag behind the trainer. 0 is "
+        "the synchronous loop (each rollout sampled with the weights it is trained on, equal to workers: 0); k "
+        "lets the workers sample up to k rollouts ahead, and corrects them with truncated importance weights.",
+        0,
+    )
+    is_cap: float = help_field(
+        "Truncation C of the importance weights min(pi / pi_sampler, C) of stale rollouts (max_staleness > 0).",
+        2.0,
+    )
 
     def validate(self) -> None:
+        self._validate_workers()
         if self.group_size < 2:
             raise ConfigError(f"grpo.group_size must be >= 2 (advantages compare completions of a prompt), got "
                               f"{self.group_size}")
@@ -166,6 +184,27 @@ class GRPOSettings:
             raise ConfigError(
                 f"grpo.overlong_penalty_tokens must be in [0, max_new_tokens={self.max_new_tokens}], got "
                 f"{self.overlong_penalty_tokens}"
+            )
+
+    def _validate_workers(self) -> None:
+        if self.workers < 0 or self.max_staleness < 0 or not self.is_cap > 0:
+            raise ConfigError(f"grpo.workers and grpo.max_staleness must be >= 0 and grpo.is_cap > 0; got workers="
+                              f"{self.workers}, max_staleness={self.max_staleness}, is_cap={self.is_cap}")
+        if self.workers == 0:
+            if self.max_staleness:
+                raise ConfigError("grpo.max_staleness needs rollout workers: set grpo.workers >= 1 (or leave "
+                                  "max_staleness at 0)")
+            return
+        if self.num_iterations != 1 or self.dynamic_sampling:
+            raise ConfigError(
+                "rollout workers (grpo.workers > 0) sample one rollout per optimizer update: set "
+                "grpo.num_iterations=1 and grpo.dynamic_sampling=false, or grpo.workers=0"
+            )
+        if self.max_staleness > 0 and self.top_p < 1:
+            raise ConfigError(
+                f"grpo.max_staleness > 0 with grpo.top_p={self.top_p}: the sampler reports log-probs of the full "
+                "softmax, not of the nucleus it drew from, so the importance weights would be biased "
+                "(tempax/rl/staleness.py); set grpo.top_p=1.0 or grpo.max_staleness=0"
             )
 
     @property
@@ -211,6 +250,10 @@ class GRPOConfig:
         "Entropy-collapse guard (on, warn-only by default): thresholds on entropy, zero-spread groups, duplicate "
         "completions and completion length, and the action when one is crossed.",
         default_factory=CollapseGuardConfig,
+    )
+    ray: RayConfig = help_field(
+        "Where Ray runs when grpo.workers > 0 (a local instance by default, or a cluster address).",
+        default_factory=RayConfig,
     )
     train: TrainConfig = help_field(
         "The training loop. batch_size and micro_batch_size count prompts (x group_size completions each); "

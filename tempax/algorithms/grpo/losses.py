@@ -115,6 +115,7 @@ def grpo_loss(
     aggregation: str = "seq_mean_token_mean",
     importance: str = "token",
     max_len: int | None = None,
+    token_weights: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO objective and its variants, as one per-token loss reduced by `aggregate_token_loss`.
 
@@ -139,6 +140,8 @@ def grpo_loss(
       aggregation: see `aggregate_token_loss`.
       importance: 'token' or 'sequence'.
       max_len: for 'seq_mean_token_sum_norm'.
+      token_weights: [B, T] per-token weights of the clipped term, no gradient (off-policy rollouts: the truncated
+        importance weights of `tempax.rl.staleness`), or None (all 1). The KL term is not weighted.
 
     Returns:
       (loss, metrics) with `loss`, `pg_loss` (the clipped term alone, aggregated the same way), `kl` (masked token
@@ -161,6 +164,9 @@ def grpo_loss(
     else:
         _, ratio = gspo_sequence_ratio(logp, old_logp, mask)
     pg_bt, metrics = clipped_objective(ratio, advantages, eps_low, eps_high, mask)
+    if token_weights is not None:
+        pg_bt = pg_bt * token_weights
+        metrics["is_weight_mean"] = masked_mean(token_weights, mask)
     per_token = pg_bt
     if ref_logp is not None:
         kl_bt = kl_k3(logp, ref_logp)

@@ -23,6 +23,7 @@ from tempax.data.tasks.spec import load_task
 from tempax.eval.spec import eval_options
 from tempax.rewards.registry import build_rewards
 from tempax.rl.rollout import PromptSampler, round_up
+from tempax.rl.workers import require_ray
 
 __all__ = ["GRPOConfig", "PolicyRun", "load_task", "main", "PLOT_METRICS"]
 
@@ -58,11 +59,13 @@ def main(
         before = evaluate_before(run, base, tok, held_rows, options, evaluate_fn=evaluate_fn)
         policy, tok, trainable = build_model(cfg, run.mesh, model=base, tokenizer=tok)
         source = GRPOSource(tok, PromptSampler(prompts, seed=cfg.train.seed), reward_fn, s, prompt_len=prompt_len,
-                            reference=policy if cfg.lora is None else None, env=cfg.env)
+                            reference=policy if cfg.lora is None else None, ray=cfg.ray, env=cfg.env)
         return Training(grpo_trainable(policy, s, prompt_len=prompt_len, episode_tokens=episode_tokens),
                         grpo_loss(s, cfg.guard), source,
                         algorithm="GRPO", trainable=trainable, hooks=grpo_hooks(source, s, cfg.guard),
                         kept=dict(source=source, tokenizer=tok, held_rows=held_rows, options=options, before=before,
                                   evaluate=evaluate_fn))
 
+    if cfg.grpo.workers:
+        require_ray()  # before anything is loaded: the install hint, not a failure minutes later
     return finish_policy(run_algorithm(cfg, plan, hooks=hooks, log=log))

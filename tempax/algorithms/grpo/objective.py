@@ -18,6 +18,7 @@ from tempax.algorithms.grpo.losses import entropy_bonus as entropy_bonus_term
 from tempax.algorithms.grpo.losses import grpo_loss
 from tempax.models.logprobs import masked_mean
 from tempax.rl.logprobs import Batch, completion_logprobs
+from tempax.rl.staleness import truncated_importance_weights
 
 
 def make_grpo_loss(
@@ -31,7 +32,10 @@ def make_grpo_loss(
 
     The knobs the collapse guard may change during a run travel in the batch as per-row values (traced, so the
     step is compiled once): `temperature`, `eps_high` and `entropy_coef` [P]; a batch without them uses
-    `settings`. The entropy bonus (`losses.entropy_bonus`) is part of the loss when `settings.entropy_coef > 0` or
+    `settings`. A batch of possibly stale rollouts (rollout workers with `max_staleness` > 0) holds the sampler's
+    log-probs `sampler_logp` [P, G, T]; each token's clipped term is then weighted by the truncated importance
+    weight min(pi_prox / mu, is_cap) (`tempax.rl.staleness`), pi_prox being `old_logp` when the batch holds it
+    and the current policy with a stopped gradient otherwise. The entropy bonus (`losses.entropy_bonus`) is part of the loss when `settings.entropy_coef > 0` or
     `entropy_bonus` is set (the guard may switch it on); its entropy then keeps its gradient.
     """
     token_weighted = settings.loss_aggregation == "token_mean"
@@ -48,11 +52,16 @@ def make_grpo_loss(
         p, g, t = logp.shape
         flat = lambda x: None if x is None else x.reshape(p * g, t)  # noqa: E731
         mask = flat(batch["completion_mask"])
+        weights = None
+        if "sampler_logp" in batch:
+            proximal = flat(batch["old_logp"]) if "old_logp" in batch else jax.lax.stop_gradient(flat(logp))
+            weights = truncated_importance_weights(proximal, flat(batch["sampler_logp"]), mask, cap=settings.is_cap)
         loss, metrics = grpo_loss(
             flat(logp), flat(batch.get("old_logp")), flat(batch.get("ref_logp")),
             batch["advantages"].reshape(p * g), mask,
             beta=settings.beta, eps_low=settings.epsilon, eps_high=knob(batch, "eps_high", settings.eps_high),
             aggregation=settings.loss_aggregation, importance=settings.importance_sampling, max_len=t,
+            token_weights=weights,
         )
         metrics = dict(metrics)
         if with_bonus:

@@ -13,6 +13,11 @@ Each rollout, drawn lazily when `fit` asks for the next batch (so from the weigh
      recomputed old log-probs when `old_logprobs: recompute`;
   3. the same batch is yielded `num_iterations` times (one optimizer step each).
 
+With `grpo.workers` > 0, step 1 runs in rollout workers beside the trainer (Ray actors; `tempax.rl.async_source`
+requests each rollout with the prompts and seed this process would use, at most `grpo.max_staleness` policy
+versions ahead) and step 2 stays here; stale rollouts carry the sampler's log-probs (`sampler_logp`) for the
+importance weights of the loss (docs/async-rl.md).
+
 The knobs the collapse guard (`tempax.train.guards`) may change — sampling temperature, upper clip range, entropy
 coefficient — live in `knobs`, go into every batch as per-row values (the step is compiled once) and into
 `state()`.
@@ -28,6 +33,7 @@ completion lengths, duplicate completions, and the time split `perf/generation_s
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable, Iterator
 
@@ -45,7 +51,10 @@ from tempax.errors import ConfigError
 from tempax.parallel.host_memory import release_free_heap
 from tempax.parallel.process import host_array
 from tempax.parallel.rules import use_mesh
+from tempax.rl.async_source import RolloutQueue
+from tempax.rl.rollout_state import prompt_from_json, prompt_to_json, rollout_from_json, rollout_to_json
 from tempax.rl.throughput import ThroughputSplit
+from tempax.rl.workers import RayConfig, WorkerPool, require_ray
 from tempax.train.config import TrainConfig
 from tempax.train.guards import CollapseGuard, CollapseGuardConfig
 from tempax.train.hooks import Hook, StepInfo
@@ -111,6 +120,9 @@ class GRPOSource:
         off and need none.
       env: the environment episodes play (default: one reply to the prompt); `sampler`'s prompts must come from
         `encode_prompts` with the same environment.
+      ray: where the rollout workers run when `settings.workers` > 0 (then the rollouts come from a
+        `tempax.rl.async_source.RolloutQueue` fed by Ray actors instead of this process; call `close()` after
+        training to stop them).
     """
 
     def __init__(
@@ -123,8 +135,12 @@ class GRPOSource:
         prompt_len: int,
         reference: nnx.Module | None = None,
         env: EnvironmentSpec = EnvironmentSpec(),
+        ray: RayConfig | None = None,
     ):
         self.tokenizer = tokenizer
+        if settings.workers > 0 and not env.single_turn:
+            raise ConfigError("grpo.workers > 0 (rollout workers on Ray) plays one-turn tasks only; with an env: "
+                              "block set grpo.workers=0")
         self.env = env
         self.env_factory = None if env.single_turn else env.build(tokenizer)
         self.episode_tokens = env.episode_tokens(settings.max_new_tokens)
@@ -145,6 +161,13 @@ class GRPOSource:
         # What the collapse guard may change mid-run (part of `state()`, written into every batch).
         self.knobs: dict[str, float] = {"temperature": settings.temperature, "eps_high": settings.eps_high,
                                         "entropy_coef": settings.entropy_coef}
+        self.ray_config = ray or RayConfig()
+        self.queue: RolloutQueue | None = None
+        self._queue_metrics: dict[str, float] = {}
+        if settings.workers > 0:
+            require_ray()
+            self.queue = RolloutQueue(self._start_workers, max_staleness=settings.max_staleness,
+                                      encode=rollout_to_json, decode=rollout_from_json)
 
     # -- the protocol -----------------------------------------------------------------------------------------
     def attach(self, trainer: Trainer) -> None:
@@ -181,6 +204,8 @@ class GRPOSource:
     def state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"sampler": self.sampler.state(), "rollouts": self.rollouts_done,
                                  "knobs": dict(self.knobs)}
+        if self.queue is not None:
+            state["queue"] = self.queue.state()
         if self._passes_left > 0 and self._batch is not None:
             state["pending"] = {"passes_left": self._passes_left, "batch": encode_arrays(self._batch)}
         return state
@@ -190,6 +215,8 @@ class GRPOSource:
             self.sampler.restore(state["sampler"])
         self.rollouts_done = int(state.get("rollouts", 0))
         self.knobs.update({k: float(v) for k, v in state.get("knobs", {}).items()})
+        if self.queue is not None and state.get("queue"):
+            self.queue.restore(state["queue"])
         pending = state.get("pending")
         self._batch = decode_arrays(pending["batch"]) if pending else None
         self._passes_left = int(pending["passes_left"]) if pending else 0
@@ -211,23 +238,22 @@ class GRPOSource:
         # Generation and the reference pass freed their temporaries; give those heap pages back before the
         # train step's temporaries arrive on top of them (tempax.parallel.host_memory.release_free_heap).
         release_free_heap()
-        self._metrics = {**rollout_metrics(rollout), **_perf(rollout, extra_s, time.perf_counter() - t0)}
+        self._metrics = {**rollout_metrics(rollout), **_perf(rollout, extra_s, time.perf_counter() - t0),
+                         **self._queue_metrics}
 
     def rollout(self) -> Rollout:
         """One step's rollout of `train.batch_size` groups (with dynamic sampling, several rounds)."""
+        if self.queue is not None:
+            return self._queued_rollout()
         trainer, s = self._attached(), self.settings
         num_prompts = trainer.config.batch_size
         rounds: list[Rollout] = []
         max_rounds = s.max_sampling_rounds if s.dynamic_sampling else 1
         model = trainer.model
         for r in range(max_rounds):
-            seed = (trainer.config.seed * 1_000_003 + self.rollouts_done * 101 + r) % (2**31 - 1)
-            rounds.append(sample_rollout(
-                model, self.tokenizer, self.sampler.next(num_prompts), self.reward_fn, group_size=s.group_size,
-                max_new_tokens=s.max_new_tokens, temperature=self.knobs["temperature"], top_p=s.top_p, seed=seed,
-                advantage=s.estimator, reward_combination=s.reward_combination,
-                reward_weights=dict(zip(self.reward_fn.names, self.reward_fn.weights)) if self.reward_fn else None,
-                overlong_penalty_tokens=s.overlong_penalty_tokens, env_factory=self.env_factory,
+            rounds.append(sample_group_rollout(
+                model, self.sampler.next(num_prompts), self.tokenizer, self.reward_fn, s,
+                temperature=self.knobs["temperature"], seed=self._seed(r), env_factory=self.env_factory,
                 max_turns=self.env.max_turns, episode_tokens=self.episode_tokens,
             ))
             with_spread = sum(int((~ro.zero_spread).sum()) for ro in rounds)
@@ -235,6 +261,35 @@ class GRPOSource:
                 break
         self.rollouts_done += 1
         return fill_with_spread(rounds, num_prompts) if s.dynamic_sampling else rounds[0]
+
+    def _seed(self, round_index: int = 0) -> int:
+        return (self._attached().config.seed * 1_000_003 + self.rollouts_done * 101 + round_index) % (2**31 - 1)
+
+    def _queued_rollout(self) -> Rollout:
+        """The next rollout from the workers (`tempax.rl.async_source`): requested with the same prompts and seed
+        the in-process path would use, sampled by a version at most `max_staleness` behind."""
+        trainer = self._attached()
+        assert self.queue is not None
+        rollout, self._queue_metrics = self.queue.next(trainer.step, lambda: trainer.state.params, self._request)
+        return rollout
+
+    def _request(self) -> dict[str, Any]:
+        payload = {"prompts": [prompt_to_json(p) for p in self.sampler.next(self._attached().config.batch_size)],
+                   "seed": self._seed(), "temperature": self.knobs["temperature"]}
+        self.rollouts_done += 1
+        return payload
+
+    def _start_workers(self, params: dict[str, Any], version: int) -> WorkerPool:
+        trainer = self._attached()
+        rollout_fn = functools.partial(remote_group_rollout, tokenizer=self.tokenizer, reward_fn=self.reward_fn,
+                                       settings=self.settings)
+        return WorkerPool(rollout_fn, trainer.parts, params, num_workers=self.settings.workers,
+                          ray_config=self.ray_config, version=version)
+
+    def close(self) -> None:
+        """Stops the rollout workers (and a local Ray instance this source started)."""
+        if self.queue is not None:
+            self.queue.close()
 
     def make_batch(self, rollout: Rollout) -> tuple[Batch, float]:
         """(training batch, seconds spent on extra forward passes: reference and recomputed old log-probs)."""
@@ -244,6 +299,8 @@ class GRPOSource:
                             with_old_logp=reuse and s.old_logprobs == "sampling")
         p = rollout.num_prompts
         batch.update({name: np.full((p,), value, np.float32) for name, value in self.knobs.items()})
+        if self.queue is not None and s.max_staleness > 0:
+            batch["sampler_logp"] = rollout.logprobs.astype(np.float32)  # for the importance weights
         t0 = time.perf_counter()
         if reuse and s.old_logprobs == "recompute":
             batch["old_logp"] = self.policy_logprobs(batch)
@@ -308,6 +365,28 @@ class GRPOSource:
                 f"set grpo.entropy_coef={guard.entropy_coef:g} (now {k['entropy_coef']:g})"
                 + (f", or lower train.optimizer.learning_rate (now {lr:g})" if lr is not None else "")
                 + "; guard.action=raise_temperature|clip_higher|entropy_bonus makes the guard apply one itself")
+
+
+def sample_group_rollout(model: Any, prompts: list, tokenizer: Any, reward_fn: Any, s: GRPOSettings, *,
+                         temperature: float, seed: int, env_factory: Any = None, max_turns: int = 1,
+                         episode_tokens: int | None = None) -> Rollout:
+    """One round of GRPO sampling: G completions (episodes, with `env_factory`) of each prompt, scored, with
+    group advantages."""
+    return sample_rollout(
+        model, tokenizer, prompts, reward_fn, group_size=s.group_size, max_new_tokens=s.max_new_tokens,
+        temperature=temperature, top_p=s.top_p, seed=seed, advantage=s.estimator,
+        reward_combination=s.reward_combination,
+        reward_weights=dict(zip(reward_fn.names, reward_fn.weights)) if reward_fn is not None else None,
+        overlong_penalty_tokens=s.overlong_penalty_tokens, env_factory=env_factory, max_turns=max_turns,
+        episode_tokens=episode_tokens,
+    )
+
+
+def remote_group_rollout(model: Any, payload: dict[str, Any], *, tokenizer: Any, reward_fn: Any,
+                         settings: GRPOSettings) -> Rollout:
+    """What a rollout worker runs for a GRPO request (`GRPOSource._request`'s payload)."""
+    return sample_group_rollout(model, [prompt_from_json(p) for p in payload["prompts"]], tokenizer, reward_fn,
+                                settings, temperature=float(payload["temperature"]), seed=int(payload["seed"]))
 
 
 def _perf(rollout: Rollout, extra_s: float, data_s: float) -> dict[str, float]:

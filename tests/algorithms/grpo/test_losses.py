@@ -114,6 +114,20 @@ def test_grpo_loss_on_policy_values_and_gradient():
     assert_allclose(grad, [[-0.5, -0.5, 0.0], [0.5, 0.0, 0.0]], rtol=1e-6)
 
 
+def test_grpo_loss_with_importance_weights():
+    """Stale tokens weighted by w = [[1.5, 0.5, -], [2, -, -]] (on-policy ratio 1, beta 0): per-token loss -A w,
+    row 0: (-2 * 1.5 - 2 * 0.5) / 2 = -2, row 1: (1 * 2) / 1 = 2, seq_mean_token_mean (-2 + 2) / 2 = 0.
+    Gradient: row 0 -A w / (2 seqs * 2 tokens) = -0.75, -0.25; row 1 +1 * 2 / (2 * 1) = 1.
+    is_weight_mean over the 3 masked tokens: (1.5 + 0.5 + 2) / 3 = 4/3."""
+    logp = jnp.full((2, 3), -1.0)
+    w = jnp.array([[1.5, 0.5, 7.0], [2.0, 7.0, 7.0]])  # 7 on masked positions: must not count
+    loss, metrics = grpo_loss(logp, None, None, GRPO_ADV, GRPO_MASK, beta=0.0, token_weights=w)
+    assert_allclose(loss, 0.0, atol=1e-6)
+    assert_allclose(metrics["is_weight_mean"], 4 / 3, rtol=1e-6)
+    grad = jax.grad(lambda lp: grpo_loss(lp, None, None, GRPO_ADV, GRPO_MASK, beta=0.0, token_weights=w)[0])(logp)
+    assert_allclose(grad, [[-0.75, -0.25, 0.0], [1.0, 0.0, 0.0]], rtol=1e-6)
+
+
 def test_grpo_loss_with_kl():
     """logp 0, ref ln 2 everywhere: k3 = 2 - ln 2 - 1 = 0.306853 per token.
     beta 0.1, seq_mean_token_mean: -0.5 + 0.1 * 0.306853 = -0.469315; pg_loss -0.5; kl metric 0.306853."""
