@@ -174,6 +174,10 @@ class SingleTurnEnvironment:
         self.task = _ScoredTask(tokenizer, reward_fn)
 
     def reset(self, task_row: Mapping[str, Any]) -> list[Message]:
+        if self.task.reward_fn is None and PROMPT_COLUMN not in task_row:
+            # A prompt given as token ids alone (a benchmark's, or a user's pre-tokenised prompts): one turn renders
+            # nothing after the reply and the rollout scores it, so the messages are not needed.
+            return []
         first = _prompt_of(task_row)
         self.task.start(task_row, first)
         return first

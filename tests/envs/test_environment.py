@@ -127,6 +127,16 @@ def test_single_turn_tasks_are_one_turn_episodes():
         env.reset({"question": "2+2?"})
 
 
+def test_a_single_turn_prompt_given_as_token_ids_needs_no_messages():
+    """Without reward functions of its own (the rollout scores the reply), a one-turn environment accepts a row
+    with no messages: there is nothing to render after the reply. With reward functions it still needs them, to
+    give the functions the prompt."""
+    tok = tiny_chat_tokenizer()
+    assert SingleTurnEnvironment(tok).reset({}) == []
+    with pytest.raises(DataError, match="needs a non-empty 'prompt_messages'"):
+        SingleTurnEnvironment(tok).reset({"prompt_messages": []})
+
+
 def test_the_example_environment_loads_and_plays():
     """examples/guess_number_env.py: guesses 50 (too low), 75 (too high), 62 (right): two wrong guesses at
     -0.1 each, then found = 1.0."""
