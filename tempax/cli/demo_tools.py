@@ -156,7 +156,7 @@ def main(cfg: ToolDemoConfig, *, say: Callable[[str], None] | None = None) -> di
         factory = None if env.single_turn else env.build(tokenizer)
         said: list[str] = []
         r = evaluate_task(policy, tokenizer, held_rows, options, env_factory=factory, max_turns=env.max_turns,
-                          episode_tokens=env.episode_tokens(max_new), label=name, log=said.append)
+                          episode_tokens=env.episode_tokens(max_new, key="grpo.grpo.max_new_tokens"), label=name, log=said.append)
         evaluations.append((name, r))
         say(f"  {name}: answer {r.answer_accuracy:.1%}, format {r.format_accuracy:.1%} on {len(held_rows)} "
             f"held-out problems ({time.perf_counter() - t0:.0f} s)" + (f"; {said[0]}" if said else ""))

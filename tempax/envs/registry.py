@@ -61,12 +61,13 @@ class EnvironmentSpec:
     def single_turn(self) -> bool:
         return self.name == "single_turn"
 
-    def episode_tokens(self, max_new_tokens: int) -> int:
-        """The completion length of a batch: the episode budget after the prompt."""
+    def episode_tokens(self, max_new_tokens: int, *, key: str = "max_new_tokens") -> int:
+        """The completion length of a batch: the episode budget after the prompt. `key`: the full name of the
+        algorithm's per-turn token limit (e.g. `grpo.max_new_tokens`), for the message when the budget is short."""
         budget = self.max_episode_tokens if self.max_episode_tokens is not None else max_new_tokens * self.max_turns
         if budget < max_new_tokens:
-            raise ConfigError(f"env.max_episode_tokens={budget} is less than one turn's max_new_tokens="
-                              f"{max_new_tokens}: raise it or lower max_new_tokens")
+            raise ConfigError(f"env.max_episode_tokens={budget} is less than one turn's {key}={max_new_tokens}: "
+                              f"raise env.max_episode_tokens or lower {key}")
         return budget
 
     def build(self, tokenizer: Tokenizer) -> EnvFactory:

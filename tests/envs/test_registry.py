@@ -29,8 +29,9 @@ def test_the_episode_budget_defaults_to_max_turns_replies():
     """null budget: 3 turns x 32 tokens = 96; a budget below one reply is refused."""
     assert EnvironmentSpec(max_turns=3).episode_tokens(32) == 96
     assert EnvironmentSpec(max_turns=3, max_episode_tokens=200).episode_tokens(32) == 200
-    with pytest.raises(ConfigError, match="less than one turn's max_new_tokens=32"):
-        EnvironmentSpec(max_episode_tokens=16).episode_tokens(32)
+    with pytest.raises(ConfigError, match="less than one turn's grpo.max_new_tokens=32: raise env.max_episode_tokens "
+                                          "or lower grpo.max_new_tokens"):
+        EnvironmentSpec(max_episode_tokens=16).episode_tokens(32, key="grpo.max_new_tokens")
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -54,7 +54,7 @@ def main(
         prompt_len = min(round_up(max(len(p.ids) for p in prompts), 8), s.max_prompt_len)
         reward_fn = build_rewards(cfg.rewards) if cfg.rewards.functions else None
         options = eval_options(cfg.eval, s.max_new_tokens, seed=cfg.train.seed)
-        episode_tokens = cfg.env.episode_tokens(s.max_new_tokens)
+        episode_tokens = cfg.env.episode_tokens(s.max_new_tokens, key="grpo.max_new_tokens")
         evaluate_fn = episode_evaluation(env_factory, cfg.env, episode_tokens, run.say)
         before = evaluate_before(run, base, tok, held_rows, options, evaluate_fn=evaluate_fn)
         policy, tok, trainable = build_model(cfg, run.mesh, model=base, tokenizer=tok)

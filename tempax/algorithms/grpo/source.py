@@ -143,7 +143,7 @@ class GRPOSource:
                               "block set grpo.workers=0")
         self.env = env
         self.env_factory = None if env.single_turn else env.build(tokenizer)
-        self.episode_tokens = env.episode_tokens(settings.max_new_tokens)
+        self.episode_tokens = env.episode_tokens(settings.max_new_tokens, key="grpo.max_new_tokens")
         self.sampler = sampler
         self.reward_fn = reward_fn
         self.settings = settings

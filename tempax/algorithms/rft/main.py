@@ -73,7 +73,7 @@ def main(
         prompts, held_rows = task_prompts(run, tok, max_prompt_len=s.max_prompt_len, section="rft",
                                           what="problems", env_factory=env_factory)
         longest = max(len(p.ids) for p in prompts)
-        completion = cfg.env.episode_tokens(s.max_new_tokens)
+        completion = cfg.env.episode_tokens(s.max_new_tokens, key="rft.max_new_tokens")
         if longest + completion > cfg.train.seq_len:
             raise ConfigError(
                 f"a kept completion (prompt up to {longest} tokens + {completion} completion or episode tokens) may "

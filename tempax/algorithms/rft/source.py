@@ -186,7 +186,7 @@ class RFTSource:
                 top_p=s.top_p, seed=seed,
                 advantage="dr_grpo",  # unused by RFT; the one estimator defined for a single sample per problem
                 env_factory=self.env_factory, max_turns=self.env.max_turns,
-                episode_tokens=self.env.episode_tokens(s.max_new_tokens),
+                episode_tokens=self.env.episode_tokens(s.max_new_tokens, key="rft.max_new_tokens"),
             ))
         return concat_rollouts(parts)
 
