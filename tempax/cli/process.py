@@ -22,7 +22,9 @@ of XLA:CPU's matrix-product library, and glibc's malloc on transparent huge page
 * Persistent compilation cache, on for the `tempax` command (`compilation_cache_env`): JAX writes every compiled
   program to `$TEMPAX_CACHE/xla/<CPU fingerprint>` and a later run with the same program, shapes, jaxlib and XLA
   flags loads it instead of compiling (XLA:CPU included, sharded programs too; tests check both). A second
-  `tempax generate` then skips the prefill and decode compilations (the figures are in `docs/performance.md`).
+  `tempax generate` then skips the prefill and decode compilations (the figures are in `docs/performance.md`),
+  and with `TEMPAX_PROGRAMS_DIR` (a `programs/` folder inside it) their tracing and lowering too: generation's
+  executables are stored whole (`tempax.generate.program_store`).
   The folder is per CPU because JAX's cache key names the backend ("cpu") but not the host's instruction set:
   a home folder shared by an AVX-512 and an AVX2 machine must not hand one the other's machine code.
   `TEMPAX_COMPILE_CACHE=0` turns it off; a `JAX_COMPILATION_CACHE_DIR` the user set is used as it is.
@@ -104,6 +106,8 @@ def compilation_cache_env(env: Mapping[str, str], cpu: Mapping[str, Any] | None 
     fingerprint = str((cpu_info() if cpu is None else cpu).get("fingerprint", "unknown"))
     root = env.get("TEMPAX_CACHE") or cache_root()
     out["JAX_COMPILATION_CACHE_DIR"] = os.path.join(root, "xla", fingerprint)
+    # Generation's executables themselves, loaded without tracing (`tempax.generate.program_store`).
+    out.setdefault("TEMPAX_PROGRAMS_DIR", os.path.join(root, "xla", fingerprint, "programs"))
     out.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     return out
 

@@ -43,6 +43,7 @@ from flax import nnx
 
 from tempax.errors import GenerationError
 from tempax.generate.config import SamplingConfig
+from tempax.generate.program_store import default_store, program_key, single_device
 from tempax.generate.sampling import SamplerSpec, row_keys, row_uniforms, sample_from_logits
 from tempax.models.cache import KVCache
 from tempax.models.decoder import Decoder
@@ -51,6 +52,8 @@ from tempax.parallel.process import host_array
 from tempax.parallel.rules import shard
 
 _TRACES: collections.Counter[str] = collections.Counter()
+# (prefill, decode) executables this process took from (or put in) the program store, by prefill key.
+_STORED: dict[str, tuple[Any, Any]] = {}
 
 
 def compile_counts() -> dict[str, int]:
@@ -440,8 +443,8 @@ class DecodeRun:
                 prompt_index.astype(np.int32), sample_index.astype(np.int32), live, self._knobs)
         cache_len = prompt_len + completion_len + (bucket_length(reserve) if reserve else 0)
         kwargs = dict(spec=self._spec, n=n, cache_len=cache_len, completion_len=completion_len)
-        self._compile_ahead(args, kwargs)
-        self._state = _prefill(*args, **kwargs)
+        self._stored = self._compile_ahead(args, kwargs)
+        self._state = self._stored[0](*args[1:]) if self._stored else _prefill(*args, **kwargs)
         self._done_host = host_array(self._state.done)  # host reads go through host_array: arrays may span processes
         self._release_after_compiling()
         self.prefill_s = time.perf_counter() - start
@@ -473,10 +476,13 @@ class DecodeRun:
             return
         until = self.config.max_new_tokens if steps is None else min(self._step + steps, self.config.max_new_tokens)
         start = time.perf_counter()
-        self._state = _decode(
-            self._graphdef, self._params, self._state, jnp.int32(until), self._knobs, spec=self._spec,
-            layout=self._layout,
-        )
+        if self._stored and self.turn == 0:  # later turns' states come from _extend: the jit path keys them
+            self._state = self._stored[1](self._params, self._state, jnp.int32(until), self._knobs)
+        else:
+            self._state = _decode(
+                self._graphdef, self._params, self._state, jnp.int32(until), self._knobs, spec=self._spec,
+                layout=self._layout,
+            )
         self._step, self._done_host = int(host_array(self._state.step)), host_array(self._state.done)
         self._release_after_compiling()
         self.decode_s += time.perf_counter() - start
@@ -537,9 +543,12 @@ class DecodeRun:
         self._release_after_compiling()
         self.prefill_s += time.perf_counter() - start
 
-    def _compile_ahead(self, prefill_args: tuple, prefill_kwargs: dict) -> None:
+    def _compile_ahead(self, prefill_args: tuple, prefill_kwargs: dict) -> tuple[Any, Any] | None:
         """Compiles a new request shape's prefill and decode programs before either runs (decode from the
-        abstract state prefill will return), handing the free heap back after each.
+        abstract state prefill will return), handing the free heap back after each. With a program store
+        (`tempax.generate.program_store`, on for the `tempax` command) returns the (prefill, decode)
+        executables to call, loaded from the store without tracing when an earlier process put them there;
+        otherwise None, and jit's caches serve the calls.
 
         A process's peak memory was otherwise its first request: compiling prefill and then the decode loop (all
         layers in one while body) takes transient host memory (65 and 63 MiB on bench-small) on top of the
@@ -547,10 +556,21 @@ class DecodeRun:
         cache exists; jit's caches then serve the calls themselves (nothing compiles twice: tests check it, on
         one device and on a mesh). A shape an earlier request traced is a cache hit and returns at once.
         """
+        store = default_store()
+        key = None
+        if store is not None and single_device(prefill_args[1:]):
+            key = program_key("prefill", {"graphdef": self._graphdef, "layout": self._layout, **prefill_kwargs},
+                              prefill_args[1:])
+            if key not in _STORED:
+                loaded = store.load(key), store.load(program_key("decode", {"prefill": key}, ()))
+                if loaded[0] is not None and loaded[1] is not None:
+                    _STORED[key] = loaded
+            if key in _STORED:
+                return _STORED[key]
         traces = dict(_TRACES)
         prefill = _prefill.lower(*prefill_args, **prefill_kwargs)
-        if _TRACES == traces:
-            return
+        if _TRACES == traces and key is None:
+            return None
         compiled = prefill.compile()
         # The decode state as the call will bring it: prefill's outputs. jit keys a call on its arrays' shardings
         # where they are committed (placed on purpose, e.g. a model sharded over a mesh: then so is the output)
@@ -560,12 +580,20 @@ class DecodeRun:
             lambda out, sharding: jax.ShapeDtypeStruct(out.shape, out.dtype, sharding=sharding if committed else None),
             prefill.out_info, compiled.output_shardings,
         )
-        del prefill, compiled
+        del prefill
+        if key is None:
+            del compiled
         release_free_heap()
         until = jnp.int32(0)  # made as `advance` makes it (under a mesh that gives it the mesh's placement)
-        _decode.lower(self._graphdef, self._params, state, until, self._knobs, spec=self._spec,
-                      layout=self._layout).compile()
+        decode = _decode.lower(self._graphdef, self._params, state, until, self._knobs, spec=self._spec,
+                               layout=self._layout).compile()
         release_free_heap()
+        if key is None:
+            return None
+        store.save(key, compiled)
+        store.save(program_key("decode", {"prefill": key}, ()), decode)
+        _STORED[key] = compiled, decode
+        return _STORED[key]
 
     def _release_after_compiling(self) -> None:
         """`release_free_heap` once a call has compiled (compilation frees far more than it keeps)."""

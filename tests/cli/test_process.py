@@ -114,7 +114,8 @@ def test_the_compilation_cache_is_per_cpu_and_can_be_turned_off(tmp_path):
     cpu = {"vendor": "AuthenticAMD", "flags": ["avx2"], "fingerprint": "abc123"}
     env = process.compilation_cache_env({"TEMPAX_CACHE": str(tmp_path)}, cpu)
     assert env == {"TEMPAX_CACHE": str(tmp_path), "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla" / "abc123"),
-                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                   "TEMPAX_PROGRAMS_DIR": str(tmp_path / "xla" / "abc123" / "programs")}
     other = process.compilation_cache_env({"TEMPAX_CACHE": str(tmp_path)}, {**cpu, "fingerprint": "def456"})
     assert other["JAX_COMPILATION_CACHE_DIR"] != env["JAX_COMPILATION_CACHE_DIR"]
     assert process.compilation_cache_env({"TEMPAX_COMPILE_CACHE": "0"}, cpu) == {"TEMPAX_COMPILE_CACHE": "0"}

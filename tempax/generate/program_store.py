@@ -1,0 +1,138 @@
+"""Compiled generation programs kept on disk, so that a later process skips tracing and lowering as well as
+compiling.
+
+JAX's persistent compilation cache skips XLA's compilation, but a process still has to trace the Python
+function and lower it to StableHLO before it can compute that cache's key; for a 30-layer model that is most of
+what a second `tempax generate` spends before its first token. This store keeps the compiled executable itself
+(`jax.experimental.serialize_executable`) under a key computed without tracing: the program's name and static
+arguments, the model's graph definition, the shapes, dtypes and tree of its array arguments, the jax and jaxlib
+versions, the XLA flags, the device kind and a digest of tempax's own source (any change to the package makes a
+new key, so an edited model never runs a stale program).
+
+The `tempax` command turns it on beside the compilation cache (`TEMPAX_PROGRAMS_DIR`, a folder inside the
+per-CPU cache folder; see `tempax.cli.process.compilation_cache_env`); unset, nothing is stored. It serves one
+process on one device only: a program over a mesh or several processes compiles as before. A file that cannot be
+read or loaded (truncated, written by another jaxlib) is ignored and replaced; a file that cannot be written (a
+full disk) costs only the next start's time. Files are written whole and renamed into place.
+
+Loading a stored executable runs machine code from the file, so the folder must be as trusted as the Python
+environment itself (it is the user's own cache folder).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pickle
+import re
+import tempfile
+from typing import Any
+
+import jax
+
+PROGRAMS_DIR_ENV = "TEMPAX_PROGRAMS_DIR"
+_FORMAT = 1  # bump when the file layout changes
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+
+
+@functools.cache
+def source_digest() -> str:
+    """sha256 over tempax's Python source files (paths and contents), computed once per process."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    for folder, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, root).encode())
+                with open(path, "rb") as f:
+                    digest.update(f.read())
+    return digest.hexdigest()
+
+
+def _describe(value: Any) -> str:
+    """A text that is the same in every process for the same value (function reprs lose their addresses)."""
+    return _ADDRESS.sub("", repr(value))
+
+
+def _aval(x: Any) -> str:
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape is None or dtype is None:  # a Python scalar: jit gives it a weak type
+        return f"py:{type(x).__name__}"
+    return f"{tuple(shape)}:{dtype}:{getattr(x, 'weak_type', False)}"
+
+
+def program_key(name: str, static: dict[str, Any], dynamic: tuple) -> str:
+    """The key of program `name` called with `static` arguments (graph definitions, specs, ints) and `dynamic`
+    ones (pytrees of arrays): everything that decides the compiled code, without tracing."""
+    leaves, tree = jax.tree.flatten(dynamic)
+    device = jax.devices()[0]
+    parts = [
+        f"format {_FORMAT}", name, source_digest(), jax.__version__, jax.lib.__version__,
+        os.environ.get("XLA_FLAGS", ""), device.platform, device.device_kind,
+        str(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision),
+        *(f"{k}={_describe(static[k])}" for k in sorted(static)),
+        _describe(tree), *(_aval(x) for x in leaves),
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def single_device(dynamic: tuple) -> bool:
+    """True where the store may serve a call: one process, and no argument placed on purpose (e.g. on a mesh),
+    so the program runs on the default device."""
+    if jax.process_count() != 1:
+        return False
+    return not any(isinstance(x, jax.Array) and (x.committed and len(x.sharding.device_set) > 1)
+                   for x in jax.tree.leaves(dynamic))
+
+
+class ProgramStore:
+    """Serialised executables in one folder, one file per key (see the module docstring)."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.folder, f"{key}.program")
+
+    def load(self, key: str) -> Any | None:
+        """The stored `jax.stages.Compiled` for `key`, or None (absent, unreadable or not loadable here)."""
+        from jax.experimental.serialize_executable import deserialize_and_load
+
+        try:
+            with open(self._path(key), "rb") as f:
+                payload, in_tree, out_tree = pickle.load(f)
+            # On the default device, where the program was compiled (a host may show several CPU devices).
+            return deserialize_and_load(payload, in_tree, out_tree, execution_devices=[jax.devices()[0]])
+        except FileNotFoundError:
+            return None
+        except Exception:  # noqa: BLE001 - a damaged or foreign file is a cache miss; the caller compiles
+            return None
+
+    def save(self, key: str, compiled: Any) -> bool:
+        """Writes `compiled` under `key` (whole, then renamed into place); False where it could not be written
+        or the executable cannot be serialised."""
+        from jax.experimental.serialize_executable import serialize
+
+        try:
+            blob = pickle.dumps(serialize(compiled), protocol=pickle.HIGHEST_PROTOCOL)
+            os.makedirs(self.folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".partial-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(blob)
+                os.replace(tmp, self._path(key))
+            except BaseException:
+                os.unlink(tmp)
+                raise
+            return True
+        except Exception:  # noqa: BLE001 - a full disk or an unserialisable program: the next start compiles
+            return False
+
+
+def default_store() -> ProgramStore | None:
+    """The store `TEMPAX_PROGRAMS_DIR` names, or None when it is unset or empty."""
+    folder = os.environ.get(PROGRAMS_DIR_ENV, "")
+    return ProgramStore(folder) if folder else None
