@@ -105,3 +105,17 @@ def test_table_mode_lists_every_row(tmp_path, capsys):
     assert main(["--table", str(tmp_path)]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 4 + len(ROWS) and all("| not run" in line for line in printed[4:])
+
+
+def test_the_long_row_runs_only_when_named_and_the_page_holds_the_table(tmp_path, capsys):
+    from bench.learning import selected
+
+    default = selected(None)
+    assert [r for r in ROWS if r.long] and all(not r.long for r in default)
+    assert [r.command for r in selected("grpo")] == ["grpo"]
+    page = tmp_path / "docs" / "learning-table.md"
+    main(["--table", str(tmp_path), "--page", str(page)])
+    printed = capsys.readouterr().out.strip()
+    written = page.read_text()
+    assert printed in written and "`python bench/learning.py`" in written
+    assert "not run by default (200 GRPO steps" in printed
