@@ -63,6 +63,8 @@ class Row:
     baseline_args: tuple[str, ...] = field(default_factory=tuple)
     baseline: str = "the starting model"
     long: str = ""  # why the row is left out of a run without --only (it does not fit the ~15-minute budget)
+    tie_before: bool = False  # a "pairs" row scored by implicit rewards: before training they are all 0 (a tie)
+    versus: str = ""  # another "pairs" row whose trained accuracy this one is compared with
 
 
 def _recipe(path: str, *overrides: str) -> tuple[str, ...]:
@@ -74,8 +76,10 @@ _PAIRS = ("eval_before=true", "data.max_eval_rows=200")
 
 ROWS = (
     Row("SFT", "sft", _recipe("recipes/sft_lora_smollm2.yaml"), "hh-rlhf-sft dialogues", "loss", key="loss"),
-    Row("DPO", "dpo", _recipe("recipes/dpo_smollm2_lora.yaml", *_PAIRS), "hh-rlhf pairs", "pairs"),
-    Row("KTO", "kto", _recipe("recipes/kto_smollm2_lora.yaml", *_PAIRS), "hh-rlhf, unpaired", "pairs"),
+    Row("DPO", "dpo", _recipe("recipes/dpo_smollm2_lora.yaml", *_PAIRS), "hh-rlhf pairs", "pairs",
+        tie_before=True, baseline="chance (50%): the implicit rewards of the untrained policy all tie"),
+    Row("KTO", "kto", _recipe("recipes/kto_smollm2_lora.yaml", *_PAIRS), "hh-rlhf, unpaired", "pairs",
+        tie_before=True, versus="DPO", baseline="chance (50%), and DPO on the same 160 pairs"),
     Row("reward model", "reward-model", _recipe("recipes/reward_model_smollm2_lora.yaml", *_PAIRS),
         "hh-rlhf pairs", "pairs"),
     Row("PPO", "ppo", _recipe("recipes/ppo_hh_smollm2_lora.yaml", "reward_model={out}/reward_model"),
@@ -170,6 +174,23 @@ def read_counts(row: Row, run_dir: str) -> tuple[tuple[int, int] | None, tuple[i
 def _proportion_line(row: Row, budget: str, metric: str, run_dir: str) -> Line:
     before, after = read_counts(row, run_dir)
     gain = "-"
+    if row.tie_before:
+        # Policy = reference before training: every implicit reward is 0 and the pair a tie, so the "before"
+        # accuracy is float rounding; the gain is measured against chance with the trained accuracy's interval.
+        shown = f"a tie ({_percent(before)} by rounding)" if before else "a tie"
+        baseline = row.baseline
+        if after:
+            lo, hi = wilson_interval(*after)
+            gain = _points(after[0] / after[1] - 0.5, lo - 0.5, hi - 0.5) + " against chance"
+            other = os.path.join(os.path.dirname(run_dir), row.versus.replace(" ", "_")) if row.versus else ""
+            try:
+                versus = read_counts(row, other)[1] if other else None
+            except (OSError, KeyError):
+                versus = None
+            if versus:
+                d = difference_interval(after[0], after[1], versus[0], versus[1])
+                baseline += f": {row.versus} {_percent(versus)}; difference {_points(*d)}"
+        return Line(row.name, row.data, budget, f"{metric}: {shown} -> {_percent(after)}", gain, baseline)
     if before and after:
         gain = _points(*difference_interval(after[0], after[1], before[0], before[1]))
     return Line(row.name, row.data, budget, f"{metric}: {_percent(before)} -> {_percent(after)}", gain,

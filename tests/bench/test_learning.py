@@ -23,22 +23,22 @@ def test_every_algorithm_has_a_row():
 
 
 def test_reads_generation_and_pair_runs_and_judges_the_gain(tmp_path):
-    """GRPO: answers 26.0% -> 40.0% of 200 = 52 -> 80. DPO: accuracy 0.5 -> 0.625 of 64 pairs = 32 -> 40.
+    """GRPO: answers 26.0% -> 40.0% of 200 = 52 -> 80. DPO: accuracy (a tie) -> 0.59375 of 64 pairs = 38.
 
     GRPO, Wilson (z^2 = 3.8415, 1 + z^2/n = 1.019207): 80/200 -> centre (0.4 + 0.0096) / 1.0192 = 0.40189, half
     1.92303 * sqrt(0.0012 + 0.000024) = 0.06728, [0.33461, 0.46917]; 52/200 -> [0.20414, 0.32491]. Newcombe:
     low = 0.14 - sqrt(0.06539^2 + 0.06491^2) = 0.14 - 0.09214 = +4.8 points, high = 0.14 + sqrt(0.06917^2 +
-    0.05586^2) = 0.14 + 0.08891 = +22.9: above 0, 'beyond'. DPO's +12.5 points on 64 pairs: Wilson half-widths
-    are ~0.12 each, so the interval spans 0: 'inside'."""
+    0.05586^2) = 0.14 + 0.08891 = +22.9: above 0, 'beyond'. DPO's 38/64 against chance: Wilson [0.4715, 0.7054]
+    spans 0.5, so +9.4 [-2.9, +20.5]: 'inside'."""
     grpo = tmp_path / run_dir_of(row("GRPO (GSM8K)"), "")
     write(grpo / "eval.json", {"before": {"greedy": {"num_problems": 200, "answer_accuracy": 0.26}},
                                "after": {"greedy": {"num_problems": 200, "answer_accuracy": 0.40}}})
     write(tmp_path / "GRPO_(GSM8K).budget.json", {"wall_s": 100.4, "cpu_s": 150.2})
     dpo = tmp_path / "DPO"
-    write(dpo / "eval_summary.json", {"before": {"accuracy": 0.5}, "after": {"accuracy": 0.625}, "eval_pairs": 64})
+    write(dpo / "eval_summary.json", {"before": {"accuracy": 0.5}, "after": {"accuracy": 0.59375}, "eval_pairs": 64})
     write(tmp_path / "DPO.budget.json", {"wall_s": 50.0, "cpu_s": 60.0})
     assert read_counts(row("GRPO (GSM8K)"), str(grpo)) == ((52, 200), (80, 200))
-    assert read_counts(row("DPO"), str(dpo)) == ((32, 64), (40, 64))
+    assert read_counts(row("DPO"), str(dpo)) == ((32, 64), (38, 64))
     outcomes = [read_outcome(row("GRPO (GSM8K)"), str(tmp_path)), read_outcome(row("DPO"), str(tmp_path)),
                 Outcome(row("KTO"), 10.0, 12.0, error="exit status 2 (see x.log)"),
                 read_outcome(row("SFT"), str(tmp_path))]
@@ -47,7 +47,8 @@ def test_reads_generation_and_pair_runs_and_judges_the_gain(tmp_path):
     assert "Intel Xeon, 2 cores" in lines[0] and lines[2].startswith("| algorithm |")
     assert "| GRPO (GSM8K) |" in lines[4] and "| 100 / 150 |" in lines[4] and "26.0% [" in lines[4]
     assert "+14.0 [+4.8, +22.9] (beyond its interval)" in lines[4]
-    assert "| DPO |" in lines[5] and "(inside its interval)" in lines[5]
+    assert "| DPO |" in lines[5] and "a tie (50.0% [" in lines[5]
+    assert "+9.4 [-2.9, +20.5] (inside its interval) against chance" in lines[5]
     assert "failed: exit status 2" in lines[6]
     assert lines[7].startswith("| SFT |") and "| not run" in lines[7]  # never filled in
 
@@ -119,3 +120,14 @@ def test_the_long_row_runs_only_when_named_and_the_page_holds_the_table(tmp_path
     written = page.read_text()
     assert printed in written and "`python bench/learning.py`" in written
     assert "not run by default (200 GRPO steps" in printed
+
+
+def test_kto_is_judged_against_chance_and_against_dpo_on_the_same_pairs(tmp_path):
+    """KTO 120/200 against DPO 150/200: Newcombe's independent interval of 0.60 - 0.75 is [-23.8, -5.8] points
+    (below); against chance, Wilson of 120/200 is [0.5308, 0.6654]: +10.0 [+3.1, +16.5] (beyond)."""
+    for name, accuracy in (("DPO", 0.75), ("KTO", 0.60)):
+        write(tmp_path / name / "eval_summary.json", {"before": {"accuracy": 0.46}, "after": {"accuracy": accuracy},
+                                                      "eval_pairs": 200})
+    line = read_outcome(row("KTO"), str(tmp_path)).lines[0]
+    assert "+10.0 [+3.1, +16.5] (beyond its interval) against chance" == line.gain
+    assert line.baseline.endswith("DPO 75.0% [68.6, 80.5] of 200; difference -15.0 [-23.8, -5.8] (below its interval)")
