@@ -171,6 +171,18 @@ def read_counts(row: Row, run_dir: str) -> tuple[tuple[int, int] | None, tuple[i
     return pairs("before"), pairs("after")
 
 
+def base_logp_ranking(run_dir: str) -> tuple[int, int] | None:
+    """(pairs, n) where the untrained model gives the chosen reply the higher mean per-token log-prob: the ranking
+    a user has before any preference training (`mean_logp_accuracy` before, in eval_summary.json)."""
+    try:
+        with open(os.path.join(run_dir, "eval_summary.json")) as f:
+            summary = json.load(f)
+        n = int(summary["eval_pairs"])
+        return round(summary["before"]["mean_logp_accuracy"] * n), n
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
 def _proportion_line(row: Row, budget: str, metric: str, run_dir: str) -> Line:
     before, after = read_counts(row, run_dir)
     gain = "-"
@@ -190,6 +202,11 @@ def _proportion_line(row: Row, budget: str, metric: str, run_dir: str) -> Line:
             if versus:
                 d = difference_interval(after[0], after[1], versus[0], versus[1])
                 baseline += f": {row.versus} {_percent(versus)}; difference {_points(*d)}"
+            ranked = base_logp_ranking(run_dir)
+            if ranked:
+                d = difference_interval(after[0], after[1], ranked[0], ranked[1])
+                baseline += (f"; the untrained model's own ranking (higher mean log-prob on the chosen reply) "
+                             f"{_percent(ranked)}, difference {_points(*d)}")
         return Line(row.name, row.data, budget, f"{metric}: {shown} -> {_percent(after)}", gain, baseline)
     if before and after:
         gain = _points(*difference_interval(after[0], after[1], before[0], before[1]))

@@ -131,3 +131,13 @@ def test_kto_is_judged_against_chance_and_against_dpo_on_the_same_pairs(tmp_path
     line = read_outcome(row("KTO"), str(tmp_path)).lines[0]
     assert "+10.0 [+3.1, +16.5] (beyond its interval) against chance" == line.gain
     assert line.baseline.endswith("DPO 75.0% [68.6, 80.5] of 200; difference -15.0 [-23.8, -5.8] (below its interval)")
+
+
+def test_a_preference_row_also_names_the_untrained_models_own_ranking(tmp_path):
+    """DPO 121/199 after; the untrained model's mean log-prob ranks 119/199 right: the difference +1.0 point,
+    Newcombe's interval spans 0 ('inside')."""
+    write(tmp_path / "DPO" / "eval_summary.json", {"before": {"accuracy": 0.4573, "mean_logp_accuracy": 119 / 199},
+                                                   "after": {"accuracy": 121 / 199}, "eval_pairs": 199})
+    line = read_outcome(row("DPO"), str(tmp_path)).lines[0]
+    assert "own ranking (higher mean log-prob on the chosen reply) 59.8% [" in line.baseline
+    assert line.baseline.endswith("difference +1.0 [-8.5, +10.5] (inside its interval)")
