@@ -43,7 +43,7 @@ from flax import nnx
 
 from tempax.errors import GenerationError
 from tempax.generate.config import SamplingConfig
-from tempax.generate.program_store import default_store, program_key, single_device
+from tempax.generate.program_store import decode_key, default_store, program_key, single_device
 from tempax.generate.sampling import SamplerSpec, row_keys, row_uniforms, sample_from_logits
 from tempax.models.cache import KVCache
 from tempax.models.decoder import Decoder
@@ -562,7 +562,7 @@ class DecodeRun:
             key = program_key("prefill", {"graphdef": self._graphdef, "layout": self._layout, **prefill_kwargs},
                               prefill_args[1:])
             if key not in _STORED:
-                loaded = store.load(key), store.load(program_key("decode", {"prefill": key}, ()))
+                loaded = store.load(key), store.load(decode_key(key))
                 if loaded[0] is not None and loaded[1] is not None:
                     _STORED[key] = loaded
             if key in _STORED:
@@ -591,7 +591,7 @@ class DecodeRun:
         if key is None:
             return None
         store.save(key, compiled)
-        store.save(program_key("decode", {"prefill": key}, ()), decode)
+        store.save(decode_key(key), decode)
         _STORED[key] = compiled, decode
         return _STORED[key]
 

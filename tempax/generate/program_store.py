@@ -80,12 +80,20 @@ def program_key(name: str, static: dict[str, Any], dynamic: tuple) -> str:
 
 
 def single_device(dynamic: tuple) -> bool:
-    """True where the store may serve a call: one process, and no argument placed on purpose (e.g. on a mesh),
-    so the program runs on the default device."""
+    """True where the store may serve a call: one process, and every argument either left uncommitted or placed
+    on the default device, which is where a stored program is loaded to run (a mesh, or another device, compiles
+    as before)."""
     if jax.process_count() != 1:
         return False
-    return not any(isinstance(x, jax.Array) and (x.committed and len(x.sharding.device_set) > 1)
+    default = {jax.devices()[0]}
+    return not any(isinstance(x, jax.Array) and x.committed and x.sharding.device_set != default
                    for x in jax.tree.leaves(dynamic))
+
+
+def decode_key(prefill_key: str) -> str:
+    """The key of the decode program that follows a prefill: prefill's key fixes its spec, layout and the decode
+    state's shapes, so it is derived rather than traced."""
+    return program_key("decode", {"prefill": prefill_key}, ())
 
 
 class ProgramStore:

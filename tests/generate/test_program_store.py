@@ -105,3 +105,16 @@ def test_the_key_ignores_function_addresses():
 
 def test_a_missing_program_loads_as_none(tmp_path):
     assert ProgramStore(str(tmp_path)).load("0" * 64) is None
+
+
+def test_only_arguments_on_the_default_device_are_served():
+    """The store loads a program onto the default device; an argument committed to another device (the tests'
+    host has 8) is left to jit."""
+    import jax
+
+    from tempax.generate.program_store import single_device
+
+    assert single_device((np.zeros(3), jax.numpy.zeros(3)))
+    assert single_device((jax.device_put(np.zeros(3), jax.devices()[0]),))
+    if len(jax.devices()) > 1:
+        assert not single_device((jax.device_put(np.zeros(3), jax.devices()[1]),))
