@@ -5,8 +5,9 @@
     python bench/cli_startup.py --commands generate --modes cold,warm   # skip the run without the cache
 
 Each command runs as its own `tempax` process three times against one fresh `TEMPAX_CACHE` (the tokenizer is
-built into it first, so only compilation differs): with `TEMPAX_COMPILE_CACHE=0` (nothing cached), then twice
-with the cache on, the first of which fills it ("cold") and the second reads it ("warm"). Per run it records
+built into it first): with `TEMPAX_COMPILE_CACHE=0 TEMPAX_WEIGHT_CACHE=0` (no compiled programs, no dequantised
+weights kept), then twice with both caches on, the first of which fills them ("cold") and the second reads them
+("warm"). Per run it records
 the wall time, the CPU time of the process (user + system; on a shared machine the wall time mostly measures
 the neighbours) and the peak RSS, and for `generate` and `chat` the time to the first generated token:
 `chat` streams, so that is when the first character of the reply reaches stdout; `generate` prints at the end,
@@ -76,7 +77,8 @@ def decode_seconds(stderr: str) -> float | None:
 
 
 def measure(name: str, mode: str, env: dict[str, str], data: str) -> dict:
-    env = {**env, "TEMPAX_COMPILE_CACHE": "0" if mode == "off" else "1"}
+    env = {**env, "TEMPAX_COMPILE_CACHE": "0" if mode == "off" else "1",
+           "TEMPAX_WEIGHT_CACHE": "0" if mode == "off" else "1"}
     with tempfile.TemporaryDirectory(prefix="tempax-startup-run-") as run_dir:
         argv, stdin = command_line(name, run_dir, data)
         start = time.perf_counter()

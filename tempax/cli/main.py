@@ -17,7 +17,9 @@ import sys
 
 from tempax.algorithms import registry
 from tempax.errors import TempaxError
-from tempax.cli.process import compilation_cache_env, error_stream, quiet_unless_first_process, setup_process
+from tempax.cli.process import (
+    compilation_cache_env, error_stream, quiet_unless_first_process, setup_process, weight_cache_env,
+)
 
 EXIT_STATUSES = """exit status:
   0    done
@@ -100,9 +102,10 @@ def _takes_name(fn) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `tempax` command itself, not a call from Python: set up the process first
-
-        os.environ.update(compilation_cache_env(os.environ))  # before JAX starts: it reads these once
-        setup_process(job="train" if sys.argv[1:2] and sys.argv[1] in training_commands() else None)
+        command = sys.argv[1] if sys.argv[1:2] else None
+        os.environ.update(compilation_cache_env(os.environ, command=command))  # before JAX starts: read once
+        os.environ.update(weight_cache_env(os.environ))
+        setup_process(job="train" if command in training_commands() else None)
         quiet_unless_first_process()
     command_line = sys.argv[1:] if argv is None else argv
     parser = build_parser(command_line)

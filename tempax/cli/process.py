@@ -21,13 +21,15 @@ of XLA:CPU's matrix-product library, and glibc's malloc on transparent huge page
 
 * Persistent compilation cache, on for the `tempax` command (`compilation_cache_env`): JAX writes every compiled
   program to `$TEMPAX_CACHE/xla/<CPU fingerprint>` and a later run with the same program, shapes, jaxlib and XLA
-  flags loads it instead of compiling (XLA:CPU included, sharded programs too; tests check both). A second
-  `tempax generate` then skips the prefill and decode compilations (the figures are in `docs/performance.md`),
-  and with `TEMPAX_PROGRAMS_DIR` (a `programs/` folder inside it) their tracing and lowering too: generation's
-  executables are stored whole (`tempax.generate.program_store`).
+  flags loads it instead of compiling (XLA:CPU included, sharded programs too; tests check both; the figures are
+  in `docs/performance.md`). `tempax generate` instead stores its two executables whole (`TEMPAX_PROGRAMS_DIR`, a `programs/` folder inside
+  it; `tempax.generate.program_store`), which skips their tracing and lowering too.
   The folder is per CPU because JAX's cache key names the backend ("cpu") but not the host's instruction set:
   a home folder shared by an AVX-512 and an AVX2 machine must not hand one the other's machine code.
   `TEMPAX_COMPILE_CACHE=0` turns it off; a `JAX_COMPILATION_CACHE_DIR` the user set is used as it is.
+* Dequantised GGUF weights, kept for the `tempax` command (`weight_cache_env`) under `$TEMPAX_CACHE/weights`, so a
+  second load of a GGUF file copies its parameters instead of dequantising them (`tempax.models.weight_cache`);
+  `TEMPAX_WEIGHT_CACHE=0` turns that off.
 
 Opt out of the first three with `TEMPAX_REEXEC=0`; a `GLIBC_TUNABLES` naming `glibc.malloc.hugetlb` or an `XLA_FLAGS`
 naming one of these XLA flags is left as the user set it.
@@ -95,20 +97,42 @@ def tuned_env(env: dict[str, str], cpu: Mapping[str, Any] | None = None, job: st
     return out
 
 
-def compilation_cache_env(env: Mapping[str, str], cpu: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """`env` with JAX's persistent compilation cache pointed at `$TEMPAX_CACHE/xla/<cpu fingerprint>` (`cpu`:
-    a `cpu_info()` record, default this machine's), caching every program however fast it compiled (JAX's
-    default keeps only those over 1 s; the many small ones add up on 2 cores). Unchanged when
-    `TEMPAX_COMPILE_CACHE=0` or when the user named a cache folder (`JAX_COMPILATION_CACHE_DIR`)."""
+# Commands whose programs are stored whole (`tempax.generate.program_store`) instead of going through JAX's cache.
+STORED_PROGRAM_COMMANDS = ("generate",)
+
+
+def compilation_cache_env(
+    env: Mapping[str, str], cpu: Mapping[str, Any] | None = None, command: str | None = None
+) -> dict[str, str]:
+    """`env` with compiled programs kept under `$TEMPAX_CACHE/xla/<cpu fingerprint>` (`cpu`: a `cpu_info()`
+    record, default this machine's). Unchanged when `TEMPAX_COMPILE_CACHE=0` or when the user named a JAX cache
+    folder (`JAX_COMPILATION_CACHE_DIR`).
+
+    `command` "generate" (`STORED_PROGRAM_COMMANDS`) stores its two programs whole (`TEMPAX_PROGRAMS_DIR`, the
+    `programs/` folder), which also skips their tracing and lowering; every other command uses JAX's persistent
+    cache, for every program however fast it compiled (JAX's default keeps only those over 1 s; the many small
+    ones add up on 2 cores). Never both in one process: a program compiled where JAX has loaded executables from
+    its cache can serialise incompletely (XLA:CPU then fails with "Function ... not found" when the stored copy
+    runs)."""
     out = dict(env)
     if env.get("TEMPAX_COMPILE_CACHE", "1") == "0" or env.get("JAX_COMPILATION_CACHE_DIR"):
         return out
     fingerprint = str((cpu_info() if cpu is None else cpu).get("fingerprint", "unknown"))
-    root = env.get("TEMPAX_CACHE") or cache_root()
-    out["JAX_COMPILATION_CACHE_DIR"] = os.path.join(root, "xla", fingerprint)
-    # Generation's executables themselves, loaded without tracing (`tempax.generate.program_store`).
-    out.setdefault("TEMPAX_PROGRAMS_DIR", os.path.join(root, "xla", fingerprint, "programs"))
+    folder = os.path.join(env.get("TEMPAX_CACHE") or cache_root(), "xla", fingerprint)
+    if command in STORED_PROGRAM_COMMANDS:
+        out.setdefault("TEMPAX_PROGRAMS_DIR", os.path.join(folder, "programs"))
+        return out
+    out["JAX_COMPILATION_CACHE_DIR"] = folder
     out.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    return out
+
+
+def weight_cache_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with the dequantised-weight cache (`tempax.models.weight_cache`) at `$TEMPAX_CACHE/weights`, unless
+    `TEMPAX_WEIGHT_CACHE=0` or a `TEMPAX_WEIGHTS_DIR` is already named."""
+    out = dict(env)
+    if env.get("TEMPAX_WEIGHT_CACHE", "1") != "0":
+        out.setdefault("TEMPAX_WEIGHTS_DIR", os.path.join(env.get("TEMPAX_CACHE") or cache_root(), "weights"))
     return out
 
 

@@ -9,8 +9,9 @@ arguments, the model's graph definition, the shapes, dtypes and tree of its arra
 versions, the XLA flags, the device kind and a digest of tempax's own source (any change to the package makes a
 new key, so an edited model never runs a stale program).
 
-The `tempax` command turns it on beside the compilation cache (`TEMPAX_PROGRAMS_DIR`, a folder inside the
-per-CPU cache folder; see `tempax.cli.process.compilation_cache_env`); unset, nothing is stored. It serves one
+`tempax generate` turns it on in place of JAX's compilation cache (`TEMPAX_PROGRAMS_DIR`, a folder inside the
+per-CPU cache folder; see `tempax.cli.process.compilation_cache_env`); unset, or with JAX's cache on, nothing is
+stored. It serves one
 process on one device only: a program over a mesh or several processes compiles as before. A file that cannot be
 read or loaded (truncated, written by another jaxlib) is ignored and replaced; a file that cannot be written (a
 full disk) costs only the next start's time. Files are written whole and renamed into place.
@@ -141,6 +142,10 @@ class ProgramStore:
 
 
 def default_store() -> ProgramStore | None:
-    """The store `TEMPAX_PROGRAMS_DIR` names, or None when it is unset or empty."""
+    """The store `TEMPAX_PROGRAMS_DIR` names, or None when it is unset or empty, or when JAX's persistent
+    compilation cache is on in this process: a program compiled where JAX has loaded executables from that cache
+    can serialise without some of its functions (XLA:CPU: "Function ... not found" when the stored copy runs)."""
     folder = os.environ.get(PROGRAMS_DIR_ENV, "")
-    return ProgramStore(folder) if folder else None
+    if not folder or jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return None
+    return ProgramStore(folder)

@@ -559,6 +559,7 @@ def load_gguf(
     """Loads a GGUF file into a tempax `Decoder` (weights dequantised to `param_dtype`, default float32)."""
     # The weight modules import JAX; reading a GGUF header or config (the command line does) does not need it.
     from tempax.models.hf_io import _progress_bar
+    from tempax.models import weight_cache
     from tempax.models.weights import abstract_model, fill_params
 
     header = read_gguf_header(path)
@@ -566,11 +567,17 @@ def load_gguf(
     changes = {k: v for k, v in (("param_dtype", param_dtype), ("dtype", dtype)) if v}
     cfg = cfg.replace(**changes) if changes else cfg
     total = sum(4 * t.num_elements for t in header.tensors.values())
-    bar = _progress_bar(total, f"loading {os.path.basename(header.path)}", progress)
     model = abstract_model(cfg)
+    cached = weight_cache.cache_dir()
+    entry = weight_cache.entry_dir(cached, header.path, cfg.param_dtype) if cached else None
+    if entry is not None and weight_cache.fill_from_cache(model, entry):
+        return model
+    bar = _progress_bar(total, f"loading {os.path.basename(header.path)}", progress)
     try:
         fill_params(model, iter_gguf_tensors(header, cfg), source=header.path, progress=bar.update if bar else None)
     finally:
         if bar:
             bar.close()
+    if entry is not None:
+        weight_cache.store(model, entry)
     return model

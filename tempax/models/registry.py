@@ -14,6 +14,7 @@ reading any weights.
 
 from __future__ import annotations
 
+import concurrent.futures
 import difflib
 import importlib.util
 import os
@@ -272,6 +273,18 @@ def load(
     _check_dtype(dtype, "dtype")
     _check_dtype(param_dtype, "param_dtype")
     resolved = fetch(resolve_source(source))
+    if resolved.kind == "gguf":
+        # The tokenizer loads on a second thread while the weights load: its time is mostly importing
+        # `transformers` (0.6 s), and the weights' copies leave the interpreter free for it part of the time.
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tempax-tokenizer") as pool:
+            pending = pool.submit(_load_tokenizer, resolved.location)
+            try:
+                model, _ = _load_resolved(resolved, dtype=dtype, param_dtype=param_dtype, seed=seed,
+                                          progress=progress)
+            except BaseException:
+                pending.cancel()  # the model's error is the one to report; the pool waits for the thread
+                raise
+            return model, pending.result()
     model, tokenizer_source = _load_resolved(resolved, dtype=dtype, param_dtype=param_dtype, seed=seed,
                                              progress=progress)
     tokenizer = _load_tokenizer(tokenizer_source) if tokenizer_source is not None else None

@@ -112,15 +112,24 @@ def test_the_compilation_cache_is_per_cpu_and_can_be_turned_off(tmp_path):
     """`$TEMPAX_CACHE/xla/<fingerprint>`, every program cached; off with TEMPAX_COMPILE_CACHE=0; the user's own
     JAX cache folder is left as set."""
     cpu = {"vendor": "AuthenticAMD", "flags": ["avx2"], "fingerprint": "abc123"}
-    env = process.compilation_cache_env({"TEMPAX_CACHE": str(tmp_path)}, cpu)
+    env = process.compilation_cache_env({"TEMPAX_CACHE": str(tmp_path)}, cpu, command="sft")
     assert env == {"TEMPAX_CACHE": str(tmp_path), "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla" / "abc123"),
-                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                   "TEMPAX_PROGRAMS_DIR": str(tmp_path / "xla" / "abc123" / "programs")}
+                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    # `generate` stores its programs whole instead, never beside JAX's cache (see `compilation_cache_env`).
+    assert process.compilation_cache_env({"TEMPAX_CACHE": str(tmp_path)}, cpu, command="generate") == {
+        "TEMPAX_CACHE": str(tmp_path), "TEMPAX_PROGRAMS_DIR": str(tmp_path / "xla" / "abc123" / "programs")}
     other = process.compilation_cache_env({"TEMPAX_CACHE": str(tmp_path)}, {**cpu, "fingerprint": "def456"})
     assert other["JAX_COMPILATION_CACHE_DIR"] != env["JAX_COMPILATION_CACHE_DIR"]
     assert process.compilation_cache_env({"TEMPAX_COMPILE_CACHE": "0"}, cpu) == {"TEMPAX_COMPILE_CACHE": "0"}
     mine = {"JAX_COMPILATION_CACHE_DIR": "/elsewhere"}
     assert process.compilation_cache_env(mine, cpu) == mine
+
+
+def test_the_weight_cache_sits_in_the_tempax_cache_and_can_be_turned_off(tmp_path):
+    env = process.weight_cache_env({"TEMPAX_CACHE": str(tmp_path)})
+    assert env["TEMPAX_WEIGHTS_DIR"] == str(tmp_path / "weights")
+    assert "TEMPAX_WEIGHTS_DIR" not in process.weight_cache_env({"TEMPAX_WEIGHT_CACHE": "0"})
+    assert process.weight_cache_env({"TEMPAX_WEIGHTS_DIR": "/mine"})["TEMPAX_WEIGHTS_DIR"] == "/mine"
 
 
 # Compiles a program sharded over 8 host devices and reports whether it came from the persistent cache.

@@ -118,3 +118,15 @@ def test_only_arguments_on_the_default_device_are_served():
     assert single_device((jax.device_put(np.zeros(3), jax.devices()[0]),))
     if len(jax.devices()) > 1:
         assert not single_device((jax.device_put(np.zeros(3), jax.devices()[1]),))
+
+
+def test_no_store_beside_jax_persistent_cache(tmp_path, monkeypatch):
+    """A program compiled where JAX has loaded executables from its persistent cache can serialise incompletely,
+    so a process with that cache on stores nothing."""
+    from tempax.generate.program_store import default_store
+
+    monkeypatch.setenv(PROGRAMS_DIR_ENV, str(tmp_path))
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    assert default_store() is not None
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))
+    assert default_store() is None

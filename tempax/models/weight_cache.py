@@ -1,0 +1,166 @@
+"""GGUF weights kept dequantised on disk, so a second load of the same file skips the dequantisation.
+
+A GGUF file holds its weights quantised (SmolLM2-135M-Instruct: Q4_1); tempax computes in float32 or bfloat16,
+so every load dequantises every tensor, undoes llama.cpp's q/k permutation and transposes the linears: 1.2-1.8 s
+of CPU on 2 cores for SmolLM2-135M, the largest part of a warm `tempax generate`'s time to its first token.
+After the first load the model's parameters, in tempax's own layout and dtype, are written to one raw file
+beside a JSON index; later loads map that file and copy each parameter straight into its array.
+
+An entry is keyed by the GGUF file's absolute path, size and modification time, the parameter dtype and a digest
+of the loading code (`gguf_io.py`, `weights.py`, this file), so an edited model file or loader never reads a stale
+entry; a new entry replaces the older ones of the same file name. It is written to a temporary folder and renamed
+into place, the index last, so an interrupted or concurrent run never reads half an entry; a full disk or an
+unwritable folder only costs the speed-up (a warning, the load goes on). A damaged entry is removed and the GGUF
+read again.
+
+The `tempax` command turns it on (`TEMPAX_WEIGHTS_DIR`, `$TEMPAX_CACHE/weights`, set by
+`tempax.cli.process.weight_cache_env`); `TEMPAX_WEIGHT_CACHE=0` turns it off. Models whose parameters
+would take more than `TEMPAX_WEIGHT_CACHE_MAX_GIB` (default 4) are not cached: the disk they would take is worth
+more than the seconds. Measured: `docs/performance.md` (`python bench/cli_startup.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tempax.models.decoder import Decoder, as_dtype
+
+WEIGHTS_DIR_ENV = "TEMPAX_WEIGHTS_DIR"
+MAX_GIB_ENV = "TEMPAX_WEIGHT_CACHE_MAX_GIB"
+DEFAULT_MAX_GIB = 4.0
+_INDEX = "index.json"
+_DATA = "params.bin"
+_ALIGN = 64  # each array starts on a cache-line boundary, so a mapped view of it is aligned for the copy
+_VERSION = "1"
+
+
+def cache_dir() -> str | None:
+    """The folder `TEMPAX_WEIGHTS_DIR` names, or None when it is unset or empty (the cache is off)."""
+    return os.environ.get(WEIGHTS_DIR_ENV) or None
+
+
+def _code_digest() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256(_VERSION.encode())
+    for name in ("gguf_io.py", "weights.py", "weight_cache.py"):
+        with open(os.path.join(here, name), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def entry_dir(root: str, gguf_path: str | os.PathLike, param_dtype: str) -> str:
+    """The entry folder for one GGUF file and parameter dtype (a changed, moved or re-loaded-by-new-code file gets
+    a new one)."""
+    path = os.path.abspath(os.fspath(gguf_path))
+    st = os.stat(path)
+    key = hashlib.sha256(
+        f"{st.st_size}|{st.st_mtime_ns}|{param_dtype}|{_code_digest()}".encode()
+    ).hexdigest()[:16]
+    return os.path.join(root, f"{_file_prefix(path)}{key}")
+
+
+def _file_prefix(path: str) -> str:
+    """The part of an entry's name shared by every entry of one GGUF path: its name and a digest of the path."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return f"{stem}-{hashlib.sha256(path.encode()).hexdigest()[:8]}-"
+
+
+def _params(model: Decoder) -> list[tuple[str, nnx.Variable]]:
+    return [("/".join(str(p) for p in path), var) for path, var in nnx.iter_graph(model)
+            if isinstance(var, nnx.Param)]
+
+
+def fill_from_cache(model: Decoder, folder: str) -> bool:
+    """Fills an abstract `model` from an entry; False (and the entry removed) when it is missing, incomplete or
+    does not match the model's parameters, so the caller reads the GGUF instead."""
+    index_path = os.path.join(folder, _INDEX)
+    if not os.path.isfile(index_path):
+        return False
+    try:
+        with open(index_path) as f:
+            index = json.load(f)
+        entries = index["params"]
+        params = _params(model)
+        dtype = as_dtype(model.config.param_dtype)
+        if [name for name, _ in params] != [e["name"] for e in entries]:
+            raise ValueError("the parameter names differ from the model's")
+        data = np.memmap(os.path.join(folder, _DATA), dtype=np.uint8, mode="r")
+        if data.size != index["bytes"]:
+            raise ValueError(f"{_DATA} holds {data.size} bytes, the index says {index['bytes']}")
+        arrays = []
+        for (name, var), e in zip(params, entries):
+            if tuple(e["shape"]) != tuple(var.shape) or np.dtype(e["dtype"]) != np.dtype(dtype):
+                raise ValueError(f"{name}: {e['dtype']}{e['shape']}, the model wants {np.dtype(dtype)}{var.shape}")
+            count = int(np.prod(e["shape"], dtype=np.int64))
+            arrays.append(np.frombuffer(data, dtype=np.dtype(e["dtype"]), count=count,
+                                        offset=e["offset"]).reshape(e["shape"]))
+        for (_, var), array in zip(params, arrays):
+            var.set_value(jnp.array(array))  # a copy: the arrays must not hold the map
+        return True
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        warnings.warn(f"the cached weights in {folder} are unusable ({e}); reading the GGUF file again",
+                      stacklevel=2)
+        shutil.rmtree(folder, ignore_errors=True)
+        return False
+
+
+def _max_bytes() -> float:
+    try:
+        return float(os.environ.get(MAX_GIB_ENV, DEFAULT_MAX_GIB)) * 2**30
+    except ValueError:
+        warnings.warn(f"{MAX_GIB_ENV}={os.environ[MAX_GIB_ENV]!r} is not a number; using {DEFAULT_MAX_GIB}",
+                      stacklevel=3)
+        return DEFAULT_MAX_GIB * 2**30
+
+
+def store(model: Decoder, folder: str) -> bool:
+    """Writes the model's parameters as an entry at `folder` (atomically) and removes the older entries of the
+    same file; False when the model is over the size limit or the write failed (with a warning: a full disk
+    costs only the speed-up)."""
+    params = _params(model)
+    entries: list[dict[str, Any]] = []
+    offset = 0
+    for name, var in params:
+        nbytes = int(np.prod(var.shape, dtype=np.int64)) * np.dtype(var.dtype).itemsize
+        entries.append({"name": name, "shape": list(var.shape), "dtype": np.dtype(var.dtype).name, "offset": offset})
+        offset += -(-nbytes // _ALIGN) * _ALIGN
+    if offset > _max_bytes():
+        return False
+    parent = os.path.dirname(folder)
+    tmp = None
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+        with open(os.path.join(tmp, _DATA), "wb") as f:
+            for (_, var), e in zip(params, entries):
+                f.seek(e["offset"])
+                f.write(np.ascontiguousarray(np.asarray(var[...])).tobytes())
+            f.truncate(offset)
+        with open(os.path.join(tmp, _INDEX), "w") as f:  # written last: its presence marks a whole entry
+            json.dump({"bytes": offset, "params": entries}, f)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process stored the same entry first; its copy is as good
+            shutil.rmtree(tmp, ignore_errors=True)
+            return os.path.isfile(os.path.join(folder, _INDEX))
+    except OSError as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        warnings.warn(f"could not cache the dequantised weights under {parent}: {e}; the next load reads the "
+                      "GGUF file again", stacklevel=2)
+        return False
+    prefix = os.path.basename(folder).rsplit("-", 1)[0] + "-"
+    for other in os.listdir(parent):
+        if other.startswith(prefix) and other != os.path.basename(folder) and not other.startswith(".tmp-"):
+            shutil.rmtree(os.path.join(parent, other), ignore_errors=True)
+    return True
