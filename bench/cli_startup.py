@@ -10,8 +10,7 @@ weights kept), then twice with both caches on, the first of which fills them ("c
 ("warm"). Per run it records
 the wall time, the CPU time of the process (user + system; on a shared machine the wall time mostly measures
 the neighbours) and the peak RSS, and for `generate` and `chat` the time to the first generated token:
-`chat` streams, so that is when the first character of the reply reaches stdout; `generate` prints at the end,
-so it is the wall time less the decode time it reports (the first token exists once prefill is done).
+both stream their reply, so that is when its first character reaches stdout.
 
 Commands (the model is the real SmolLM2-135M-Instruct GGUF):
   generate  tempax generate smollm2-135m-instruct --prompt "What is 12 * 7?"
@@ -26,7 +25,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -58,22 +56,20 @@ def command_line(name: str, run_dir: str, data: str) -> tuple[list[str], str | N
 
 
 def first_reply_time(stdout: bytes, arrivals: Sequence[tuple[float, int]]) -> float | None:
-    """When the first character after chat's "assistant> " arrived: `arrivals` are (seconds since start, bytes
-    of stdout received so far), in order."""
+    """When the first character of the reply arrived: after chat's "assistant> ", or after the line that
+    `generate` prints before the completion it streams ("[0] 'prompt'"). `arrivals` are (seconds since start,
+    bytes of stdout received so far), in order."""
     mark = stdout.find(b"assistant> ")
-    if mark < 0:
+    if mark >= 0:
+        first = mark + len(b"assistant> ")
+    elif stdout.startswith(b"[0] ") and (end := stdout.find(b"\n")) >= 0:
+        first = end + 1
+    else:
         return None
-    first = mark + len(b"assistant> ")
     for t, received in arrivals:
         if received > first:
             return t
     return None
-
-
-def decode_seconds(stderr: str) -> float | None:
-    """The decode time `tempax generate` reports ("... (prefill 1.23 s, decode 4.56 s, ...)")."""
-    m = re.search(r"decode ([0-9.]+) s", stderr)
-    return float(m.group(1)) if m else None
 
 
 def measure(name: str, mode: str, env: dict[str, str], data: str) -> dict:
@@ -98,12 +94,9 @@ def measure(name: str, mode: str, env: dict[str, str], data: str) -> dict:
     record = {"command": name, "cache": mode, "status": status, "wall_s": round(wall, 2),
               "cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2),
               "load_1min_after": round(os.getloadavg()[0], 2)}
-    if name == "chat":
+    if name in ("chat", "generate"):
         first = first_reply_time(out, arrivals)
         record["first_token_s"] = None if first is None else round(first, 2)
-    if name == "generate":
-        decode = decode_seconds(err)
-        record["first_token_s"] = None if decode is None else round(wall - decode, 2)
     if status != 0:
         record["error"] = err.strip().splitlines()[-1] if err.strip() else f"exit {status}"
     return record

@@ -84,6 +84,46 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
+def _print_batch(result: Any, prompts: list[str], args: argparse.Namespace, templated: bool, out: Any) -> None:
+    for r, text in enumerate(result.texts):
+        i, j = divmod(r, result.n)
+        if args.json:
+            n_tok = int(result.lengths[r])
+            out.write(json.dumps({
+                "prompt_index": i, "sample": j, "prompt": prompts[i], "text": text,
+                "token_ids": result.token_ids[r, :n_tok].tolist(),
+                "logprobs": [round(float(x), 6) for x in result.logprobs[r, :n_tok]],
+                "finish_reason": result.finish_reasons[r], "chat_template": templated,
+            }) + "\n")
+        else:
+            label = f"[{i}]" if result.n == 1 else f"[{i}.{j}]"
+            out.write(f"{label} {prompts[i]!r}\n{text}\n\n")
+
+
+def _stream_one(model: Any, tokenizer: Any, prompt: Any, config: Any, text: str, out: Any) -> Any:
+    """Prints one completion as it is generated (as `ollama run` and llama.cpp do), in the layout of the batch
+    output, and returns its `GenerationResult`."""
+    from tempax.generate import stream
+
+    out.write(f"[0] {text!r}\n")
+    out.flush()
+    pieces = stream(model, tokenizer, prompt, config, chunk_size=STREAM_CHUNK)
+    while True:
+        try:
+            piece = next(pieces)
+        except StopIteration as finished:
+            out.write("\n\n")
+            out.flush()
+            return finished.value
+        out.write(piece)
+        out.flush()
+
+
+# Tokens decoded per device call while one completion streams: small enough that text appears as it is made,
+# large enough that the calls' own cost stays small beside the tokens'.
+STREAM_CHUNK = 8
+
+
 def run(args: argparse.Namespace) -> int:
     from tempax.generate import generate
 
@@ -105,21 +145,12 @@ def run(args: argparse.Namespace) -> int:
         inputs: list[Any] = [render(p) for p in prompts]
     else:
         inputs = prompts
-    result = generate(model, tokenizer, inputs, config)
     out = sys.stdout
-    for r, text in enumerate(result.texts):
-        i, j = divmod(r, result.n)
-        if args.json:
-            n_tok = int(result.lengths[r])
-            out.write(json.dumps({
-                "prompt_index": i, "sample": j, "prompt": prompts[i], "text": text,
-                "token_ids": result.token_ids[r, :n_tok].tolist(),
-                "logprobs": [round(float(x), 6) for x in result.logprobs[r, :n_tok]],
-                "finish_reason": result.finish_reasons[r], "chat_template": templated,
-            }) + "\n")
-        else:
-            label = f"[{i}]" if result.n == 1 else f"[{i}.{j}]"
-            out.write(f"{label} {prompts[i]!r}\n{text}\n\n")
+    if len(inputs) == 1 and args.n == 1 and not args.json:
+        result = _stream_one(model, tokenizer, inputs[0], config, prompts[0], out)
+    else:
+        result = generate(model, tokenizer, inputs, config)
+        _print_batch(result, prompts, args, templated, out)
     s = result.stats
     tokens = int(result.lengths.sum())
     how = ("prompts sent through the chat template; --raw sends them as written" if templated

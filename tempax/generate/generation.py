@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Generator, Sequence
 
 import numpy as np
 
@@ -226,8 +226,9 @@ def stream(
     config: SamplingConfig | None = None,
     *,
     chunk_size: int = 4,
-) -> Iterator[str]:
-    """Yields the text of one completion as it is generated; the pieces join to `generate(...).texts[0]`.
+) -> Generator[str, None, GenerationResult]:
+    """Yields the text of one completion as it is generated; the pieces join to `generate(...).texts[0]`, and
+    the generator returns (`StopIteration.value`) that whole `GenerationResult`.
 
     Decodes `chunk_size` tokens per device call. Text that could be the start of a stop string, or an
     incomplete multi-byte character, is held back until it is resolved.
@@ -235,7 +236,7 @@ def stream(
     config = config or SamplingConfig()
     if config.n != 1:
         raise GenerationError(f"stream produces one completion; got n={config.n}")
-    run, _ = start(model, tokenizer, [prompt], config)
+    run, prompt_ids = start(model, tokenizer, [prompt], config)
     decode = _decoder(tokenizer)
     hold = max((len(s) for s in config.stop), default=1) - 1
     emitted = 0
@@ -250,7 +251,7 @@ def stream(
             run.mark_done(np.ones(1, bool))
             if len(text) > emitted:
                 yield text[emitted:]
-            return
+            return _result(run, prompt_ids, decode, config)
         safe = len(text) - hold
         while safe > emitted and text[safe - 1] == "\ufffd":
             safe -= 1

@@ -562,16 +562,18 @@ def load_gguf(
     from tempax.models import weight_cache
     from tempax.models.weights import abstract_model, fill_params
 
+    cached = weight_cache.cache_dir()
+    entry = weight_cache.entry_dir(cached, path, f"{param_dtype}|{dtype}") if cached else None
+    if entry is not None and (cfg := weight_cache.cached_config(entry)) is not None:
+        model = abstract_model(cfg)  # the header is not read at all: its vocabulary alone takes 0.25 s to parse
+        if weight_cache.fill_from_cache(model, entry):
+            return model
     header = read_gguf_header(path)
     cfg = gguf_config(header)
     changes = {k: v for k, v in (("param_dtype", param_dtype), ("dtype", dtype)) if v}
     cfg = cfg.replace(**changes) if changes else cfg
     total = sum(4 * t.num_elements for t in header.tensors.values())
     model = abstract_model(cfg)
-    cached = weight_cache.cache_dir()
-    entry = weight_cache.entry_dir(cached, header.path, cfg.param_dtype) if cached else None
-    if entry is not None and weight_cache.fill_from_cache(model, entry):
-        return model
     bar = _progress_bar(total, f"loading {os.path.basename(header.path)}", progress)
     try:
         fill_params(model, iter_gguf_tensors(header, cfg), source=header.path, progress=bar.update if bar else None)

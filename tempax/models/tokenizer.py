@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 from tempax.errors import CheckpointError
 from tempax.models import gguf_tokenizer
+from tempax.models.light_tokenizer import DeferredTokenizer, LightTokenizer
 
 
 class _NoPyTorchNotice(logging.Filter):
@@ -49,42 +50,53 @@ class Tokenizer:
     """Wraps a `transformers` tokenizer.
 
     Attributes:
-      hf: the underlying `PreTrainedTokenizerBase`.
+      hf: the underlying `PreTrainedTokenizerBase` (for a cached GGUF tokenizer, a stand-in that loads it on first
+        use: `tempax.models.light_tokenizer.DeferredTokenizer`).
       stop_ids: token ids that end a generation (eos plus chat end-of-turn tokens such as `<|im_end|>`).
+      light: where set, answers encoding, decoding, special ids and plain chat templates without `transformers`
+        (`tempax.models.light_tokenizer`), with the same results.
     """
 
     hf: Any
     stop_ids: tuple[int, ...]
+    light: LightTokenizer | None = None
 
     @property
     def bos_id(self) -> int | None:
-        return self.hf.bos_token_id
+        return self.light.token_id("bos_token") if self.light else self.hf.bos_token_id
 
     @property
     def eos_id(self) -> int | None:
-        return self.hf.eos_token_id
+        return self.light.token_id("eos_token") if self.light else self.hf.eos_token_id
 
     @property
     def pad_id(self) -> int:
         """The padding id; falls back to eos (then 0) for tokenizers that define none."""
-        if self.hf.pad_token_id is not None:
-            return int(self.hf.pad_token_id)
-        if self.hf.eos_token_id is not None:
-            return int(self.hf.eos_token_id)
+        pad = self.light.token_id("pad_token") if self.light else self.hf.pad_token_id
+        if pad is not None:
+            return int(pad)
+        if self.eos_id is not None:
+            return int(self.eos_id)
         return 0
 
     @property
     def vocab_size(self) -> int:
-        return len(self.hf)
+        return self.light.vocab_size() if self.light else len(self.hf)
 
     @property
     def has_chat_template(self) -> bool:
+        if self.light:
+            return bool(self.light.chat_template)
         return bool(getattr(self.hf, "chat_template", None))
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        if self.light:
+            return self.light.encode(text, add_special_tokens=add_special_tokens)
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        if self.light and (text := self.light.decode(ids, skip_special_tokens=skip_special_tokens)) is not None:
+            return text
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
@@ -100,9 +112,11 @@ class Tokenizer:
         to a plain "role: content" layout so base models still work.
         """
         if self.has_chat_template:
-            out = self.hf.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, tokenize=False
-            )
+            out = self.light.render_chat(messages, add_generation_prompt=add_generation_prompt) if self.light else None
+            if out is None:
+                out = self.hf.apply_chat_template(
+                    messages, add_generation_prompt=add_generation_prompt, tokenize=False
+                )
         else:
             out = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
             if add_generation_prompt:
@@ -114,16 +128,19 @@ class Tokenizer:
 
 
 def _stop_ids(hf: Any) -> tuple[int, ...]:
+    return stop_ids_of(hf.eos_token_id, hf.pad_token_id, hf.get_vocab())
+
+
+def stop_ids_of(eos: Any, pad_id: int | None, vocab: dict[str, int]) -> tuple[int, ...]:
+    """The ids that end a generation: the eos id(s) and the chat end-of-turn tokens the vocabulary has."""
     ids: list[int] = []
-    eos = hf.eos_token_id
     if isinstance(eos, int):
         ids.append(eos)
     elif isinstance(eos, (list, tuple)):
         ids.extend(int(i) for i in eos)
-    vocab = hf.get_vocab()
     # A token the tokenizer pads with (and that is not its eos) fills the end of rows; it is not a model's reply
     # ending, even when it is spelled like one (`<|endoftext|>` as the pad of a trained tokenizer).
-    pad = hf.pad_token_id if hf.pad_token_id not in ids else None
+    pad = pad_id if pad_id not in ids else None
     for name in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>"):
         if name in vocab and vocab[name] != pad:
             ids.append(int(vocab[name]))
@@ -172,13 +189,13 @@ def load_tokenizer(source: str | os.PathLike, *, gguf_file: str | None = None) -
     source = str(source)
     try:
         if source.endswith(".gguf"):
-            hf = _gguf_tokenizer(source)
+            return _gguf_tokenizer(source)
         elif gguf_file is not None and os.path.isdir(source):
-            hf = _gguf_tokenizer(os.path.join(source, gguf_file))
+            return _gguf_tokenizer(os.path.join(source, gguf_file))
         elif gguf_file is not None:
             from huggingface_hub import hf_hub_download
 
-            hf = _gguf_tokenizer(hf_hub_download(source, gguf_file))
+            return _gguf_tokenizer(hf_hub_download(source, gguf_file))
         elif (named := _generic_fast_class(source)) is not None:
             hf = named.from_pretrained(source)
         else:
@@ -227,14 +244,23 @@ def _load_cached(folder: str) -> Any:
     return import_transformers().PreTrainedTokenizerFast.from_pretrained(folder, **flags)
 
 
-def _gguf_tokenizer(source: str) -> Any:
+def _light_cached(folder: str) -> Tokenizer:
+    """A cached GGUF tokenizer with the `transformers` one loaded only when something asks for it."""
+    with open(os.path.join(folder, _FLAGS_FILE)) as f:
+        json.load(f)  # a damaged flags file fails here, as `_load_cached` would
+    light = LightTokenizer(folder)
+    stop = stop_ids_of(light.token_id("eos_token"), light.token_id("pad_token"), light.vocab())
+    return Tokenizer(hf=DeferredTokenizer(lambda: _load_cached(folder)), stop_ids=stop, light=light)
+
+
+def _gguf_tokenizer(source: str) -> Tokenizer:
     if not os.path.isfile(source):
         raise CheckpointError(f"GGUF file not found: {source}")
     cached = gguf_tokenizer_cache_dir(source)
     if os.path.isfile(os.path.join(cached, _FLAGS_FILE)):
         try:
-            return _load_cached(cached)
-        except (OSError, ValueError):
+            return _light_cached(cached)
+        except Exception:  # noqa: BLE001 - `tokenizers` raises a bare Exception for a damaged tokenizer.json
             shutil.rmtree(cached, ignore_errors=True)  # a damaged cache entry is rebuilt below
     hf = gguf_tokenizer.gguf_file_tokenizer(source)
     try:
@@ -249,4 +275,4 @@ def _gguf_tokenizer(source: str) -> Any:
             shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
         warnings.warn(f"could not cache the tokenizer of {source} under {cached}: {e}", stacklevel=3)
-    return hf
+    return wrap(hf)

@@ -1,6 +1,6 @@
 """bench/cli_startup.py's readings of a command's output (the measuring itself runs real `tempax` processes)."""
 
-from bench.cli_startup import build_table, command_line, decode_seconds, first_reply_time
+from bench.cli_startup import build_table, command_line, first_reply_time
 
 
 def test_first_reply_time_is_when_the_first_character_after_the_marker_arrived():
@@ -11,10 +11,12 @@ def test_first_reply_time_is_when_the_first_character_after_the_marker_arrived()
     assert first_reply_time(b"you> ", [(1.0, 5)]) is None
 
 
-def test_decode_seconds_from_the_generate_summary():
-    line = "78 tokens in 17.90 s (prefill 14.36 s, decode 3.54 s, 2 compiled); prompts sent through the chat template"
-    assert decode_seconds(line) == 3.54
-    assert decode_seconds("error") is None
+def test_first_reply_time_of_a_streamed_generate():
+    """`generate` prints "[0] 'What?'\\n" (12 bytes) before the completion: its first character is the 13th
+    byte, which arrived with the second read."""
+    out = b"[0] 'What?'\n84\n\n"
+    assert first_reply_time(out, [(1.0, 12), (2.5, 14), (3.0, 16)]) == 2.5
+    assert first_reply_time(b"[0] 'What?'", [(1.0, 11)]) is None
 
 
 def test_commands_and_table(tmp_path):

@@ -52,6 +52,36 @@ def test_generate_plain_text_with_chat_template(checkpoint, capsys):
     assert "tokens in" in captured.err
 
 
+def test_one_prompt_streams_the_completion_the_batch_gives(checkpoint, capsys, monkeypatch):
+    """One prompt, one sample, no --json: the completion is printed as it is made, in the batch layout, and it is
+    the text the library call gives (sampled, with a stop string, so the holding back of text is exercised)."""
+    import tempax.cli.generate as cli_generate
+
+    writes: list[str] = []
+    real = cli_generate._stream_one
+
+    def spy(model, tokenizer, prompt, config, text, out):
+        class Out:
+            def write(self, piece):
+                writes.append(piece)
+                out.write(piece)
+
+            def flush(self):
+                out.flush()
+
+        return real(model, tokenizer, prompt, config, text, Out())
+
+    monkeypatch.setattr(cli_generate, "_stream_one", spy)
+    argv = ["generate", checkpoint, "--prompt", "The quick brown", "--raw", "--max-new-tokens", "24",
+            "--temperature", "0.9", "--seed", "3", "--stop", "zz"]
+    assert main(argv) == 0
+    model, tokenizer = load(checkpoint, progress=False)
+    expected = generate(model, tokenizer, ["The quick brown"],
+                        SamplingConfig(max_new_tokens=24, temperature=0.9, seed=3, stop=("zz",)))
+    assert capsys.readouterr().out == f"[0] 'The quick brown'\n{expected.texts[0]}\n\n"
+    assert len(writes) > 3  # header, several pieces, the closing blank line
+
+
 def test_generate_uses_the_chat_template_by_default(checkpoint, capsys):
     """A plain prompt to a model with a chat template goes through the template (like `ollama run`): the same
     completion as --chat, and the ids of the templated prompt are what the model saw; --raw sends the text."""

@@ -88,8 +88,14 @@ def _assert_same_tokenizer(tok, ref) -> None:
             for gen in (True, False):
                 want = _chat_ids(ref, messages, gen)
                 assert tok.apply_chat_template(messages, add_generation_prompt=gen, tokenize=True) == want
+            # The rendered text too (a tokenizer read back from the cache renders it without transformers).
+            want_text = ref.apply_chat_template(messages, add_generation_prompt=gen, tokenize=False)
+            assert tok.apply_chat_template(messages, add_generation_prompt=gen) == want_text
     # The wrapper's own view of the tokenizer agrees with the reference's.
-    assert tok.stop_ids == wrap(ref).stop_ids and tok.pad_id == wrap(ref).pad_id
+    mine = wrap(ref)
+    assert tok.stop_ids == mine.stop_ids and tok.pad_id == mine.pad_id
+    assert (tok.bos_id, tok.eos_id, tok.has_chat_template) == (mine.bos_id, mine.eos_id, mine.has_chat_template)
+    assert tok.vocab_size == len(hf)
 
 
 def test_byte_alphabet_hand_values():
@@ -119,7 +125,8 @@ def test_smollm2_tokenizer_matches_transformers(tmp_path, monkeypatch):
     monkeypatch.setenv("TEMPAX_CACHE", str(tmp_path / "cache"))
     ref = _reference(path)
     built = load_tokenizer(path)
-    cached = load_tokenizer(path)  # read back from $TEMPAX_CACHE
+    cached = load_tokenizer(path)  # read back from $TEMPAX_CACHE, served without transformers
+    assert built.light is None and cached.light is not None
     for tok in (built, cached):
         _assert_same_tokenizer(tok, ref)
 

@@ -39,13 +39,14 @@ def _same(a, b) -> None:
 def test_a_second_load_reads_the_cache_and_gives_the_same_weights(gguf_file, cache, monkeypatch):
     first = load_gguf(gguf_file)
     assert len(_entries(cache)) == 1
-    # The second load must not dequantise anything: every tensor comes from the cache.
+    # The second load must not read the file at all: the config and every tensor come from the cache.
     import tempax.models.gguf_io as gguf_io
 
     def no_dequantising(*args, **kwargs):
         raise AssertionError("the GGUF file was read again")
 
     monkeypatch.setattr(gguf_io, "iter_gguf_tensors", no_dequantising)
+    monkeypatch.setattr(gguf_io, "read_gguf_header", no_dequantising)  # the config comes from the entry too
     second = load_gguf(gguf_file)
     _same(first, second)
     monkeypatch.undo()  # the reader back, the cache off: the uncached path agrees
