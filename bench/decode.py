@@ -86,6 +86,8 @@ def workload_prompts(spec: dict, vocab_size: int) -> list[list[int]]:
 
 def measure(size: str, *, logprobs: bool = True) -> dict:
     sys.path.insert(0, ROOT)
+    import jax
+
     from tempax.cli.process import settings_in_effect
     from tempax.generate import SamplingConfig, generate
     from tempax.models.init import init_decoder
@@ -137,6 +139,7 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
         "fraction_of_bandwidth_roofline": round(batch * new / median / (batch * bandwidth / weight_bytes), 3),
         "peak_rss_mb": round(peak_rss / 1024, 1),
         "load_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "jax": jax.__version__,
         **settings_in_effect(),
     }
 

@@ -127,6 +127,11 @@ class DeferredTokenizer:
         self._loaded: Any = None
         self._lock = threading.Lock()
 
+    @property
+    def resolved(self) -> bool:
+        """Whether the real tokenizer has been loaded (something used it)."""
+        return self._loaded is not None
+
     def resolve(self) -> Any:
         with self._lock:
             if self._loaded is None:

@@ -54,7 +54,7 @@ class Tokenizer:
         use: `tempax.models.light_tokenizer.DeferredTokenizer`).
       stop_ids: token ids that end a generation (eos plus chat end-of-turn tokens such as `<|im_end|>`).
       light: where set, answers encoding, decoding, special ids and plain chat templates without `transformers`
-        (`tempax.models.light_tokenizer`), with the same results.
+        (`tempax.models.light_tokenizer`), with the same results, until something uses `hf` itself.
     """
 
     hf: Any
@@ -62,17 +62,25 @@ class Tokenizer:
     light: LightTokenizer | None = None
 
     @property
+    def _fast(self) -> LightTokenizer | None:
+        """`light` while nothing has reached for the `transformers` tokenizer: once something has, it may have
+        changed it (tokens added), and from then on everything goes to it."""
+        if self.light is None or (isinstance(self.hf, DeferredTokenizer) and self.hf.resolved):
+            return None
+        return self.light
+
+    @property
     def bos_id(self) -> int | None:
-        return self.light.token_id("bos_token") if self.light else self.hf.bos_token_id
+        return self._fast.token_id("bos_token") if self._fast else self.hf.bos_token_id
 
     @property
     def eos_id(self) -> int | None:
-        return self.light.token_id("eos_token") if self.light else self.hf.eos_token_id
+        return self._fast.token_id("eos_token") if self._fast else self.hf.eos_token_id
 
     @property
     def pad_id(self) -> int:
         """The padding id; falls back to eos (then 0) for tokenizers that define none."""
-        pad = self.light.token_id("pad_token") if self.light else self.hf.pad_token_id
+        pad = self._fast.token_id("pad_token") if self._fast else self.hf.pad_token_id
         if pad is not None:
             return int(pad)
         if self.eos_id is not None:
@@ -81,21 +89,21 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return self.light.vocab_size() if self.light else len(self.hf)
+        return self._fast.vocab_size() if self._fast else len(self.hf)
 
     @property
     def has_chat_template(self) -> bool:
-        if self.light:
-            return bool(self.light.chat_template)
+        if self._fast:
+            return bool(self._fast.chat_template)
         return bool(getattr(self.hf, "chat_template", None))
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        if self.light:
-            return self.light.encode(text, add_special_tokens=add_special_tokens)
+        if self._fast:
+            return self._fast.encode(text, add_special_tokens=add_special_tokens)
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
-        if self.light and (text := self.light.decode(ids, skip_special_tokens=skip_special_tokens)) is not None:
+        if self._fast and (text := self._fast.decode(ids, skip_special_tokens=skip_special_tokens)) is not None:
             return text
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
@@ -112,7 +120,7 @@ class Tokenizer:
         to a plain "role: content" layout so base models still work.
         """
         if self.has_chat_template:
-            out = self.light.render_chat(messages, add_generation_prompt=add_generation_prompt) if self.light else None
+            out = self._fast.render_chat(messages, add_generation_prompt=add_generation_prompt) if self._fast else None
             if out is None:
                 out = self.hf.apply_chat_template(
                     messages, add_generation_prompt=add_generation_prompt, tokenize=False

@@ -68,14 +68,7 @@ def _assert_same_tokenizer(tok, ref) -> None:
     Deliberate difference: for Gemma architectures transformers appends a `<mask>` token that the file does not
     have (GemmaTokenizer's default), one past the model's vocabulary; we keep the file's vocabulary.
     """
-    hf = tok.hf
-    invented = {t for t, i in ref.get_vocab().items() if i >= len(hf)}
-    assert invented <= {"<mask>"}
-    assert hf.get_vocab() == {t: i for t, i in ref.get_vocab().items() if t not in invented}
-    want_map = {k: v for k, v in ref.special_tokens_map.items() if v not in invented}
-    assert hf.special_tokens_map == want_map
-    assert sorted(hf.all_special_ids) == sorted(i for i in ref.all_special_ids if i < len(hf))
-    assert (hf.add_bos_token, hf.add_eos_token) == (ref.add_bos_token, ref.add_eos_token)
+    served_light = tok._fast is not None  # a cached tokenizer, before anything reaches for `tok.hf`
     for text in TEXTS:
         for special in (True, False):
             want = ref.encode(text, add_special_tokens=special)
@@ -88,14 +81,24 @@ def _assert_same_tokenizer(tok, ref) -> None:
             for gen in (True, False):
                 want = _chat_ids(ref, messages, gen)
                 assert tok.apply_chat_template(messages, add_generation_prompt=gen, tokenize=True) == want
-            # The rendered text too (a tokenizer read back from the cache renders it without transformers).
-            want_text = ref.apply_chat_template(messages, add_generation_prompt=gen, tokenize=False)
-            assert tok.apply_chat_template(messages, add_generation_prompt=gen) == want_text
+                want_text = ref.apply_chat_template(messages, add_generation_prompt=gen, tokenize=False)
+                assert tok.apply_chat_template(messages, add_generation_prompt=gen) == want_text
     # The wrapper's own view of the tokenizer agrees with the reference's.
     mine = wrap(ref)
     assert tok.stop_ids == mine.stop_ids and tok.pad_id == mine.pad_id
     assert (tok.bos_id, tok.eos_id, tok.has_chat_template) == (mine.bos_id, mine.eos_id, mine.has_chat_template)
-    assert tok.vocab_size == len(hf)
+    size = tok.vocab_size
+    assert (tok._fast is not None) == served_light  # all of the above answered without loading transformers
+    hf = tok.hf
+    assert size == len(hf)
+    invented = {t for t, i in ref.get_vocab().items() if i >= len(hf)}
+    assert invented <= {"<mask>"}
+    assert hf.get_vocab() == {t: i for t, i in ref.get_vocab().items() if t not in invented}
+    want_map = {k: v for k, v in ref.special_tokens_map.items() if v not in invented}
+    assert hf.special_tokens_map == want_map
+    assert sorted(hf.all_special_ids) == sorted(i for i in ref.all_special_ids if i < len(hf))
+    assert (hf.add_bos_token, hf.add_eos_token) == (ref.add_bos_token, ref.add_eos_token)
+    assert tok._fast is None  # once `hf` is used, it answers everything (it may have been changed)
 
 
 def test_byte_alphabet_hand_values():
@@ -126,7 +129,7 @@ def test_smollm2_tokenizer_matches_transformers(tmp_path, monkeypatch):
     ref = _reference(path)
     built = load_tokenizer(path)
     cached = load_tokenizer(path)  # read back from $TEMPAX_CACHE, served without transformers
-    assert built.light is None and cached.light is not None
+    assert built._fast is None and cached._fast is not None
     for tok in (built, cached):
         _assert_same_tokenizer(tok, ref)
 
@@ -142,7 +145,9 @@ def test_byte_level_gguf_tokenizer_matches_transformers(tmp_path, monkeypatch, f
     path = write_gguf(str(tmp_path / f"{family}.gguf"), perturbed_model(family, vocab_size=tok.vocab_size),
                       tokenizer=tok, pre=_PRE.get(family, "default"))
     ref = _reference(path)
-    for got in (load_tokenizer(path), load_tokenizer(path)):
+    built, cached = load_tokenizer(path), load_tokenizer(path)
+    assert built._fast is None and cached._fast is not None
+    for got in (built, cached):
         _assert_same_tokenizer(got, ref)
 
 
