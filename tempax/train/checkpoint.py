@@ -48,6 +48,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import zlib
 from typing import Any, Callable
 
@@ -396,8 +397,7 @@ class Checkpointer:
         self._pending = None
         with contextlib.suppress(Exception):
             self._manager.close()
-        for leftover in glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")):
-            shutil.rmtree(leftover, ignore_errors=True)
+        _remove_leftovers(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*"))
         self._started.discard(step)
         self._unrecorded.discard(step)
         self._manager = self._open_manager()
@@ -593,3 +593,17 @@ def _abstract(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         return jax.ShapeDtypeStruct(x.shape, x.dtype)
     return x
+
+
+def _remove_leftovers(pattern: str, *, tries: int = 20, pause_s: float = 0.05) -> None:
+    """Removes the folders matching `pattern`, again until none is left: on a loaded machine a writer thread of the
+    failed save can still add a file while the tree is being removed, and `rmtree` then leaves the folder
+    (seen once in a full-disk test run beside another test process)."""
+    for attempt in range(tries):
+        leftovers = glob.glob(pattern)
+        if not leftovers:
+            return
+        if attempt:
+            time.sleep(pause_s)
+        for leftover in leftovers:
+            shutil.rmtree(leftover, ignore_errors=True)
