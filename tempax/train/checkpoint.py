@@ -195,6 +195,7 @@ class Checkpointer:
         self._pending: tuple[int, int] | None = None  # (step, bytes) of the save Orbax may still be writing
         self._recorder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tempax-record")
         self._recording: list[concurrent.futures.Future] = []
+        self._failed_leftovers: list[str] = []  # temporary folders of failed saves (glob patterns)
 
     def _open_manager(self) -> ocp.CheckpointManager:
         try:
@@ -397,7 +398,9 @@ class Checkpointer:
         self._pending = None
         with contextlib.suppress(Exception):
             self._manager.close()
-        _remove_leftovers(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*"))
+        leftovers = os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")
+        _remove_leftovers(leftovers)
+        self._failed_leftovers.append(leftovers)  # checked again, until quiet, when the checkpointer closes
         self._started.discard(step)
         self._unrecorded.discard(step)
         self._manager = self._open_manager()
@@ -552,6 +555,8 @@ class Checkpointer:
             with contextlib.suppress(Exception):
                 self._manager.close()
             self._recorder.shutdown(wait=True)
+            for leftovers in self._failed_leftovers:
+                _remove_leftovers(leftovers, settle=4)
 
 
 def _no_checksums_line(step: int) -> str:
@@ -595,15 +600,16 @@ def _abstract(x: Any) -> Any:
     return x
 
 
-def _remove_leftovers(pattern: str, *, tries: int = 20, pause_s: float = 0.05) -> None:
-    """Removes the folders matching `pattern`, again until none is left: on a loaded machine a writer thread of the
-    failed save can still add a file while the tree is being removed, and `rmtree` then leaves the folder
-    (seen once in a full-disk test run beside another test process)."""
+def _remove_leftovers(pattern: str, *, settle: int = 1, tries: int = 40, pause_s: float = 0.05) -> None:
+    """Removes the folders matching `pattern` until `settle` checks in a row (`pause_s` apart) find none: after a
+    failed save, array writes of the same save that were already under way can still create files in its
+    temporary folder once `rmtree` has passed (seen in full-disk test runs beside another test process)."""
+    quiet = 0
     for attempt in range(tries):
         leftovers = glob.glob(pattern)
-        if not leftovers:
+        quiet = 0 if leftovers else quiet + 1
+        if quiet >= settle:
             return
-        if attempt:
-            time.sleep(pause_s)
         for leftover in leftovers:
             shutil.rmtree(leftover, ignore_errors=True)
+        time.sleep(pause_s)
