@@ -84,6 +84,11 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
+# Tokens decoded per device call while one completion streams: small enough that text appears as it is made,
+# large enough that the calls' own cost stays small beside the tokens'.
+STREAM_CHUNK = 8
+
+
 def _print_batch(result: Any, prompts: list[str], args: argparse.Namespace, templated: bool, out: Any) -> None:
     for r, text in enumerate(result.texts):
         i, j = divmod(r, result.n)
@@ -117,11 +122,6 @@ def _stream_one(model: Any, tokenizer: Any, prompt: Any, config: Any, text: str,
             return finished.value
         out.write(piece)
         out.flush()
-
-
-# Tokens decoded per device call while one completion streams: small enough that text appears as it is made,
-# large enough that the calls' own cost stays small beside the tokens'.
-STREAM_CHUNK = 8
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,8 +22,8 @@ of XLA:CPU's matrix-product library, and glibc's malloc on transparent huge page
 * Persistent compilation cache, on for the `tempax` command (`compilation_cache_env`): JAX writes every compiled
   program to `$TEMPAX_CACHE/xla/<CPU fingerprint>` and a later run with the same program, shapes, jaxlib and XLA
   flags loads it instead of compiling (XLA:CPU included, sharded programs too; tests check both; the figures are
-  in `docs/performance.md`). `tempax generate` instead stores its two executables whole (`TEMPAX_PROGRAMS_DIR`, a `programs/` folder inside
-  it; `tempax.generate.program_store`), which skips their tracing and lowering too.
+  in `docs/performance.md`). `tempax generate` instead stores its two executables whole (`TEMPAX_PROGRAMS_DIR`,
+  a `programs/` folder inside it; `tempax.generate.program_store`), which skips their tracing and lowering too.
   The folder is per CPU because JAX's cache key names the backend ("cpu") but not the host's instruction set:
   a home folder shared by an AVX-512 and an AVX2 machine must not hand one the other's machine code.
   `TEMPAX_COMPILE_CACHE=0` turns it off; a `JAX_COMPILATION_CACHE_DIR` the user set is used as it is.

@@ -11,10 +11,9 @@ new key, so an edited model never runs a stale program).
 
 `tempax generate` turns it on in place of JAX's compilation cache (`TEMPAX_PROGRAMS_DIR`, a folder inside the
 per-CPU cache folder; see `tempax.cli.process.compilation_cache_env`); unset, or with JAX's cache on, nothing is
-stored. It serves one
-process on one device only: a program over a mesh or several processes compiles as before. A file that cannot be
-read or loaded (truncated, written by another jaxlib) is ignored and replaced; a file that cannot be written (a
-full disk) costs only the next start's time. Files are written whole and renamed into place.
+stored. It serves one process on one device only: a program over a mesh or several processes compiles as before.
+A file that cannot be read or loaded (truncated, written by another jaxlib) is ignored and replaced; a file that
+cannot be written (a full disk) costs only the next start's time. Files are written whole and renamed into place.
 
 Loading a stored executable runs machine code from the file, so the folder must be as trusted as the Python
 environment itself (it is the user's own cache folder).

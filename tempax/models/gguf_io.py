@@ -563,7 +563,9 @@ def load_gguf(
     from tempax.models.weights import abstract_model, fill_params
 
     cached = weight_cache.cache_dir()
-    entry = weight_cache.entry_dir(cached, path, f"{param_dtype}|{dtype}") if cached else None
+    # A missing file gets `read_gguf_header`'s error below, not one from the cache's key.
+    use_cache = cached and os.path.isfile(path)
+    entry = weight_cache.entry_dir(cached, path, f"{param_dtype}|{dtype}") if use_cache else None
     if entry is not None and (cfg := weight_cache.cached_config(entry)) is not None:
         model = abstract_model(cfg)  # the header is not read at all: its vocabulary alone takes 0.25 s to parse
         if weight_cache.fill_from_cache(model, entry):

@@ -60,8 +60,8 @@ class LightTokenizer:
                 template = f.read()
         self.chat_template: str | None = template if isinstance(template, str) else None
         self.clean_up_spaces = bool(config.get("clean_up_tokenization_spaces", False))
-        self.special_tokens = {name: _token_text(config.get(name)) for name in _SPECIAL_NAMES}
-        self.special_tokens = {k: v for k, v in self.special_tokens.items() if v is not None}
+        texts = {name: _token_text(config.get(name)) for name in _SPECIAL_NAMES}
+        self.special_tokens = {name: text for name, text in texts.items() if text is not None}
         self._compiled: Any = None
         self._lock = threading.Lock()
 

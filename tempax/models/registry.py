@@ -274,8 +274,8 @@ def load(
     _check_dtype(param_dtype, "param_dtype")
     resolved = fetch(resolve_source(source))
     if resolved.kind == "gguf":
-        # The tokenizer loads on a second thread while the weights load: its time is mostly importing
-        # `transformers` (0.6 s), and the weights' copies leave the interpreter free for it part of the time.
+        # The tokenizer loads on a second thread while the weights load: the first load of a GGUF builds it with
+        # `transformers` (0.6 s to import), and the weights' copies leave the interpreter free part of the time.
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tempax-tokenizer") as pool:
             pending = pool.submit(_load_tokenizer, resolved.location)
             try:

@@ -8,10 +8,10 @@ beside a JSON index and the model's config; later loads read neither the GGUF he
 it holds) nor its tensors, and copy each parameter straight into its array.
 
 An entry is keyed by the GGUF file's absolute path, size and modification time, the dtypes asked for and a digest
-of the loading code (`gguf_io.py`, `weights.py`, `config.py`, this file), so an edited model file or loader never reads a stale
-entry; a new entry replaces the older ones of the same file name. It is written to a temporary folder and renamed
-into place, the index last, so an interrupted or concurrent run never reads half an entry; a full disk or an
-unwritable folder only costs the speed-up (a warning, the load goes on). A damaged entry is removed and the GGUF
+of the loading code (`gguf_io.py`, `weights.py`, `config.py`, this file), so an edited model file or loader never
+reads a stale entry; a new entry replaces the older ones of the same file name. It is written to a temporary
+folder and renamed into place, the index last, so an interrupted or concurrent run never reads half an entry; a
+full disk or an unwritable folder only costs the speed-up (a warning, the load goes on). A damaged entry is removed and the GGUF
 read again. The config is a pickle, so the folder must be as trusted as the Python environment (it is the user's
 own cache folder).
 
@@ -23,6 +23,7 @@ more than the seconds. Measured: `docs/performance.md` (`python bench/cli_startu
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -38,6 +39,7 @@ from flax import nnx
 
 from tempax.models.config import ModelConfig
 from tempax.models.decoder import Decoder, as_dtype
+from tempax.models.weights import param_table
 
 WEIGHTS_DIR_ENV = "TEMPAX_WEIGHTS_DIR"
 MAX_GIB_ENV = "TEMPAX_WEIGHT_CACHE_MAX_GIB"
@@ -45,7 +47,6 @@ DEFAULT_MAX_GIB = 4.0
 _INDEX = "index.json"
 _CONFIG = "config.pickle"
 _DATA = "params.bin"
-_ALIGN = 64  # each array starts on a cache-line boundary, so a mapped view of it is aligned for the copy
 _VERSION = "1"
 
 
@@ -54,6 +55,7 @@ def cache_dir() -> str | None:
     return os.environ.get(WEIGHTS_DIR_ENV) or None
 
 
+@functools.cache
 def _code_digest() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256(_VERSION.encode())
@@ -81,8 +83,7 @@ def _file_prefix(path: str) -> str:
 
 
 def _params(model: Decoder) -> list[tuple[str, nnx.Variable]]:
-    return [("/".join(str(p) for p in path), var) for path, var in nnx.iter_graph(model)
-            if isinstance(var, nnx.Param)]
+    return [("/".join(str(p) for p in path), var) for path, var in param_table(model).items()]
 
 
 def cached_config(folder: str) -> ModelConfig | None:
@@ -158,7 +159,7 @@ def store(model: Decoder, folder: str) -> bool:
     for name, var in params:
         nbytes = int(np.prod(var.shape, dtype=np.int64)) * np.dtype(var.dtype).itemsize
         entries.append({"name": name, "shape": list(var.shape), "dtype": np.dtype(var.dtype).name, "offset": offset})
-        offset += -(-nbytes // _ALIGN) * _ALIGN
+        offset += nbytes
     if offset > _max_bytes():
         return False
     parent = os.path.dirname(folder)
@@ -166,11 +167,9 @@ def store(model: Decoder, folder: str) -> bool:
     try:
         os.makedirs(parent, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
-        with open(os.path.join(tmp, _DATA), "wb") as f:
-            for (_, var), e in zip(params, entries):
-                f.seek(e["offset"])
+        with open(os.path.join(tmp, _DATA), "wb") as f:  # the arrays back to back, in `entries`' order
+            for _, var in params:
                 f.write(np.ascontiguousarray(np.asarray(var[...])).tobytes())
-            f.truncate(offset)
         with open(os.path.join(tmp, _CONFIG), "wb") as f:
             pickle.dump(model.config, f, protocol=pickle.HIGHEST_PROTOCOL)
         with open(os.path.join(tmp, _INDEX), "w") as f:  # written last: its presence marks a whole entry

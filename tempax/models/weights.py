@@ -90,7 +90,7 @@ def abstract_model(cfg: ModelConfig) -> Decoder:
     return model
 
 
-def _param_table(model: Decoder) -> dict[tuple[Any, ...], nnx.Variable]:
+def param_table(model: Decoder) -> dict[tuple[Any, ...], nnx.Variable]:
     table = {}
     for path, var in nnx.iter_graph(model):
         if isinstance(var, nnx.Param):
@@ -112,7 +112,7 @@ def fill_params(
     """
     cfg = model.config
     dtype = as_dtype(cfg.param_dtype)
-    table = _param_table(model)
+    table = param_table(model)
     filled: set[tuple[Any, ...]] = set()
     for name, load in tensors:
         mapped = hf_to_path(name)
@@ -153,7 +153,7 @@ def fill_params(
 
 def iter_hf_tensors(model: Decoder) -> Iterator[tuple[str, np.ndarray]]:
     """(Hugging Face name, numpy array [out, in] for linears) for every parameter of the model."""
-    for path, var in _param_table(model).items():
+    for path, var in param_table(model).items():
         name, transpose = path_to_hf(path)
         array = np.asarray(jax.device_get(var[...]))
         yield name, (array.T if transpose else array)
