@@ -22,8 +22,9 @@ of XLA:CPU's matrix-product library, and glibc's malloc on transparent huge page
 * Persistent compilation cache, on for the `tempax` command (`compilation_cache_env`): JAX writes every compiled
   program to `$TEMPAX_CACHE/xla/<CPU fingerprint>` and a later run with the same program, shapes, jaxlib and XLA
   flags loads it instead of compiling (XLA:CPU included, sharded programs too; tests check both; the figures are
-  in `docs/performance.md`). `tempax generate` instead stores its two executables whole (`TEMPAX_PROGRAMS_DIR`,
-  a `programs/` folder inside it; `tempax.generate.program_store`), which skips their tracing and lowering too.
+  in `docs/performance.md`). `tempax generate` and `tempax chat` instead store their generation executables whole
+  (`TEMPAX_PROGRAMS_DIR`, a `programs/` folder inside it; `tempax.generate.program_store`), which skips their
+  tracing and lowering too.
   The folder is per CPU because JAX's cache key names the backend ("cpu") but not the host's instruction set:
   a home folder shared by an AVX-512 and an AVX2 machine must not hand one the other's machine code.
   `TEMPAX_COMPILE_CACHE=0` turns it off; a `JAX_COMPILATION_CACHE_DIR` the user set is used as it is.
@@ -98,7 +99,7 @@ def tuned_env(env: dict[str, str], cpu: Mapping[str, Any] | None = None, job: st
 
 
 # Commands whose programs are stored whole (`tempax.generate.program_store`) instead of going through JAX's cache.
-STORED_PROGRAM_COMMANDS = ("generate",)
+STORED_PROGRAM_COMMANDS = ("generate", "chat")
 
 
 def compilation_cache_env(
@@ -108,8 +109,10 @@ def compilation_cache_env(
     record, default this machine's). Unchanged when `TEMPAX_COMPILE_CACHE=0` or when the user named a JAX cache
     folder (`JAX_COMPILATION_CACHE_DIR`).
 
-    `command` "generate" (`STORED_PROGRAM_COMMANDS`) stores its two programs whole (`TEMPAX_PROGRAMS_DIR`, the
-    `programs/` folder), which also skips their tracing and lowering; every other command uses JAX's persistent
+    `command` "generate" or "chat" (`STORED_PROGRAM_COMMANDS`) stores its prefill and decode programs whole, one
+    pair per prompt-length bucket (`TEMPAX_PROGRAMS_DIR`, the `programs/` folder), which also skips their tracing
+    and lowering; what else those commands compile is a handful of tiny programs (tens of ms together, measured
+    with `JAX_LOG_COMPILES=1` on a two-turn chat), left uncached. Every other command uses JAX's persistent
     cache, for every program however fast it compiled (JAX's default keeps only those over 1 s; the many small
     ones add up on 2 cores). Never both in one process: a program compiled where JAX has loaded executables from
     its cache can serialise incompletely (XLA:CPU then fails with "Function ... not found" when the stored copy

@@ -115,9 +115,10 @@ def test_the_compilation_cache_is_per_cpu_and_can_be_turned_off(tmp_path):
     env = process.compilation_cache_env({"TEMPAX_CACHE": str(tmp_path)}, cpu, command="sft")
     assert env == {"TEMPAX_CACHE": str(tmp_path), "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla" / "abc123"),
                    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-    # `generate` stores its programs whole instead, never beside JAX's cache (see `compilation_cache_env`).
-    assert process.compilation_cache_env({"TEMPAX_CACHE": str(tmp_path)}, cpu, command="generate") == {
-        "TEMPAX_CACHE": str(tmp_path), "TEMPAX_PROGRAMS_DIR": str(tmp_path / "xla" / "abc123" / "programs")}
+    # `generate` and `chat` store their programs whole instead, never beside JAX's cache (`compilation_cache_env`).
+    for command in ("generate", "chat"):
+        assert process.compilation_cache_env({"TEMPAX_CACHE": str(tmp_path)}, cpu, command=command) == {
+            "TEMPAX_CACHE": str(tmp_path), "TEMPAX_PROGRAMS_DIR": str(tmp_path / "xla" / "abc123" / "programs")}
     other = process.compilation_cache_env({"TEMPAX_CACHE": str(tmp_path)}, {**cpu, "fingerprint": "def456"})
     assert other["JAX_COMPILATION_CACHE_DIR"] != env["JAX_COMPILATION_CACHE_DIR"]
     assert process.compilation_cache_env({"TEMPAX_COMPILE_CACHE": "0"}, cpu) == {"TEMPAX_COMPILE_CACHE": "0"}

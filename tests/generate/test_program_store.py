@@ -53,6 +53,34 @@ def test_stop_strings_and_chunked_decoding_run_on_stored_programs(model, tokeniz
     _same(stored, plain)
 
 
+def test_a_second_chat_loads_every_turns_programs_and_says_the_same(model, tokenizer, tmp_path, monkeypatch):
+    """`tempax chat` runs on the store: each turn re-renders the whole conversation, so a later turn can fall in a
+    longer prompt bucket; the first session stores each bucket's pair, a second one traces nothing."""
+    import io
+
+    from tempax.cli.chat import chat_loop
+
+    turns = "hello there\n" + "tell me more about that, and then some more words to pass a bucket\n" * 3
+    config = SamplingConfig(max_new_tokens=12, temperature=0.0)
+
+    def session() -> tuple[str, int]:
+        out = io.StringIO()
+        before = sum(engine._TRACES.values())
+        chat_loop(model, tokenizer, config, system=None, chunk=4, inp=io.StringIO(turns), out=out)
+        return out.getvalue(), sum(engine._TRACES.values()) - before
+
+    monkeypatch.delenv(PROGRAMS_DIR_ENV, raising=False)
+    plain, _ = session()
+    _fresh_process(monkeypatch, tmp_path)
+    first, _ = session()
+    stored = [f for f in os.listdir(tmp_path) if f.endswith(".program")]
+    assert len(stored) >= 4 and len(stored) % 2 == 0  # a prefill and a decode per prompt bucket, two buckets at least
+    _fresh_process(monkeypatch, tmp_path)
+    second, traced = session()
+    assert traced == 0
+    assert first == plain and second == plain
+
+
 def test_a_damaged_program_file_is_a_miss_and_is_replaced(model, tmp_path, monkeypatch):
     _fresh_process(monkeypatch, tmp_path)
     first = generate(model, None, PROMPTS, SAMPLED)
