@@ -6,6 +6,8 @@ Tiny model (2 layers, vocab 400) and the tiny ChatML tokenizer (<|im_end|> = 2 e
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -115,14 +117,16 @@ def test_the_training_forward_reads_what_the_sampler_cache_held(model, tok, prom
     assert m["entropy/turn_2"] == pytest.approx(-rollout.logprobs[rollout.turn_of == 2].mean())
 
 
-def _grads(model, batch):
+@functools.partial(jax.jit, static_argnums=0)
+def _grad_program(graphdef, params, rest, batch):
     loss_fn = make_grpo_loss(GRPOSettings(group_size=2, beta=0.0, max_new_tokens=4))
+    return jax.grad(lambda p: loss_fn(nnx.merge(graphdef, p, rest), batch)[0])(params)
+
+
+def _grads(model, batch):
+    """GRPO's loss gradient for `batch` (one compiled program for the three batches below, which share shapes)."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-
-    def f(p):
-        return loss_fn(nnx.merge(graphdef, p, rest), batch)[0]
-
-    return jax.grad(f)(params)
+    return _grad_program(graphdef, params, rest, batch)
 
 
 def test_tool_result_tokens_carry_no_gradient(model):

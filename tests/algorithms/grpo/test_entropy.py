@@ -68,7 +68,7 @@ def test_the_grpo_loss_carries_the_bonus_with_its_gradient():
     }
     settings = GRPOSettings(group_size=2, max_new_tokens=3, beta=0.0, loss_aggregation="token_mean")
     loss_fn = make_grpo_loss(settings, entropy_bonus=True)
-    grad = nnx.value_and_grad(loss_fn, has_aux=True)
+    grad = nnx.jit(nnx.value_and_grad(loss_fn, has_aux=True))  # one program for both coefficients
     (l0, m0), g0 = grad(model, {**batch, "entropy_coef": jnp.asarray([0.0])})
     (l1, m1), g1 = grad(model, {**batch, "entropy_coef": jnp.asarray([0.1])})
     assert float(m1["entropy_bonus"]) == pytest.approx(-0.1 * float(m1["entropy"]), rel=1e-6)
