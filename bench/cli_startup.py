@@ -3,6 +3,7 @@
     python bench/cli_startup.py                               # generate, chat, sft (2 steps); cache off / cold / warm
     python bench/cli_startup.py --commands generate --page ''   # print only, write no docs page
     python bench/cli_startup.py --commands generate --modes cold,warm   # skip the run without the cache
+    python bench/cli_startup.py --commands demo                # the main job, three times (about 12 minutes)
 
 Each command runs as its own `tempax` process three times against one fresh `TEMPAX_CACHE` (the tokenizer is
 built into it first): with `TEMPAX_COMPILE_CACHE=0 TEMPAX_WEIGHT_CACHE=0` (no compiled programs, no dequantised
@@ -16,6 +17,8 @@ Commands (the model is the real SmolLM2-135M-Instruct GGUF):
   generate  tempax generate smollm2-135m-instruct --prompt "What is 12 * 7?"
   chat      tempax chat smollm2-135m-instruct, one scripted turn ("What is 12 * 7?") on stdin
   sft       tempax sft --config recipes/sft_lora_smollm2.yaml, 2 steps of 2 x 256 tokens, no evaluation
+  demo      tempax demo, as `bash scripts/demo.sh` runs it (SFT warm-start, GRPO, three evaluations); not in
+            the default set, each run takes minutes; its before/after table is checked equal across the modes
 A measuring run appends its table to `docs/performance.md` (`--page`), headed by the CPU class and date.
 """
 
@@ -52,6 +55,8 @@ def command_line(name: str, run_dir: str, data: str) -> tuple[list[str], str | N
                 "train.steps=2", "train.batch_size=2", "train.eval_at_start=false", "train.eval_every=0",
                 "train.optimizer.warmup_steps=0",
                 f"train.run_dir={run_dir}", f"data.path={data}"], None
+    if name == "demo":
+        return [*tempax, "demo", "--run-dir", run_dir], None
     raise ValueError(f"unknown command {name!r}")
 
 
@@ -97,9 +102,27 @@ def measure(name: str, mode: str, env: dict[str, str], data: str) -> dict:
     if name in ("chat", "generate"):
         first = first_reply_time(out, arrivals)
         record["first_token_s"] = None if first is None else round(first, 2)
+    if name == "demo" and status == 0:
+        record["table"] = demo_table(out.decode(errors="replace"))
     if status != 0:
         record["error"] = err.strip().splitlines()[-1] if err.strip() else f"exit {status}"
     return record
+
+
+def demo_table(stdout: str) -> list[str]:
+    """The demo's before/after table (`tempax.cli.demo.interval_table`: a "stage ..." header, a dashed line, one
+    row per stage) without its "training s" column, spaces collapsed: what the compilation cache must leave
+    unchanged."""
+    lines = stdout.splitlines()
+    rows: list[str] = []
+    for i, line in enumerate(lines[:-1]):
+        underline = lines[i + 1].strip()
+        if line.startswith("stage ") and underline and set(underline) <= {"-", " "}:
+            for row in lines[i + 2:]:
+                if not row.strip():
+                    break
+                rows.append(" ".join(row.split()[:-1]))
+    return rows
 
 
 def build_table(records: Sequence[dict]) -> str:
@@ -142,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(json.dumps(records[-1]), flush=True)
     table = build_table(records)
     print(table)
+    tables = {json.dumps(r["table"]) for r in records if "table" in r}
+    if len(tables) > 1:
+        print("note: the demo's before/after table differs between the modes:", *sorted(tables), sep="\n")
     if args.page:
         from bench.compare import append_run, repeatable_command
 

@@ -1,6 +1,6 @@
 """bench/cli_startup.py's readings of a command's output (the measuring itself runs real `tempax` processes)."""
 
-from bench.cli_startup import build_table, command_line, first_reply_time
+from bench.cli_startup import build_table, command_line, demo_table, first_reply_time
 
 
 def test_first_reply_time_is_when_the_first_character_after_the_marker_arrived():
@@ -27,3 +27,22 @@ def test_commands_and_table(tmp_path):
     table = build_table([{"command": "generate", "cache": "warm", "wall_s": 9.0, "cpu_s": 8.0, "first_token_s": 5.5,
                           "peak_rss_gib": 1.0, "load_1min_after": 2.0}])
     assert table.splitlines()[-1] == "| generate | warm | 9.0 | 8.0 | 5.5 | 1.0 | 2.0 |"
+
+
+def test_the_demo_table_is_read_without_its_timing_column(tmp_path):
+    """The demo's rows (as `tempax.cli.demo.interval_table` prints them) minus "training s", which varies between
+    runs; lines around the table are ignored."""
+    out = """step 3 loss 1.2
+stage       format % [95% CI]     answer % [95% CI]  problems  training s
+----------  --------------------  -----------------  --------  ----------
+base          0.0 [ 0.0,   7.4]    0.0 [ 0.0,  7.4]        48           -
+after SFT    64.6 [50.5,  76.6]   33.3 [21.7, 47.5]        48          41
+after GRPO  100.0 [92.6, 100.0]   43.8 [30.7, 57.7]        48         112
+
+run folder: runs/x
+"""
+    assert demo_table(out) == ["base 0.0 [ 0.0, 7.4] 0.0 [ 0.0, 7.4] 48",
+                               "after SFT 64.6 [50.5, 76.6] 33.3 [21.7, 47.5] 48",
+                               "after GRPO 100.0 [92.6, 100.0] 43.8 [30.7, 57.7] 48"]
+    argv, stdin = command_line("demo", str(tmp_path), "unused")
+    assert argv[-3:] == ["demo", "--run-dir", str(tmp_path)] and stdin is None
