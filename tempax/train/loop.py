@@ -30,6 +30,7 @@ from jax.sharding import Mesh
 
 from tempax.errors import TempaxError
 from tempax.progress import work_bar
+from tempax.parallel.host_memory import release_free_heap
 from tempax.parallel.process import global_batch, host_tree, is_writer
 from tempax.parallel.rules import batch_sharding, use_mesh
 from tempax.train import memory as mem
@@ -184,6 +185,7 @@ class Trainer:
         self._last_checkpoint: str | None = None
         self._history: list[tuple[int, dict[str, float]]] = []
         self._stop_request: str | None = None
+        self._heap_released = False  # see train_step
 
     # -- set-up helpers ---------------------------------------------------------------------------------------
     def _choose_micro_batch(self, model_cfg: Any) -> int:
@@ -253,6 +255,12 @@ class Trainer:
         """
         with use_mesh(self.mesh):
             self.state, metrics = self._step(self.state, self.rest, self.put_batch(batch))
+        if not self._heap_released:
+            # The first call compiled the step, or loaded it from JAX's cache, whose loader leaves more freed heap
+            # behind on its own thread's arena: handed back now, while the step runs, that heap no longer adds to
+            # the peak (2-step SmolLM2 LoRA sft: 3.15 -> 2.70 GiB with the cache, 2.89 -> 2.71 GiB without it).
+            release_free_heap()
+            self._heap_released = True
         return metrics
 
     def step_memory(self, batch: dict[str, Any]) -> Any:

@@ -193,3 +193,23 @@ def test_the_final_evaluation_shows_a_labelled_bar(tmp_path, capsys, monkeypatch
     trainer.close()
     err = capsys.readouterr().err
     assert "held-out eval at step 3:   0%|" in err and "0/2 [" in err
+
+
+def test_the_freed_heap_is_handed_back_after_the_first_step_only(tmp_path, monkeypatch):
+    """The first step compiles (or loads from JAX's cache) and leaves freed heap behind: `release_free_heap` is
+    called once, within that first step's call; the later steps call nothing."""
+    import tempax.train.loop as loop
+
+    events: list[str] = []
+    trainer = _trainer(str(tmp_path), steps=3)
+    dispatched = trainer.train_step
+
+    def marked_step(batch):
+        metrics = dispatched(batch)
+        events.append("step")
+        return metrics
+
+    monkeypatch.setattr(loop, "release_free_heap", lambda: events.append("release") or True)
+    monkeypatch.setattr(trainer, "train_step", marked_step)
+    trainer.fit(_loader())
+    assert events == ["release", "step", "step", "step"]
