@@ -6,6 +6,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 from numpy.testing import assert_allclose
 
 from tempax.algorithms.sft.main import make_sft_loss
@@ -195,9 +196,10 @@ def test_the_final_evaluation_shows_a_labelled_bar(tmp_path, capsys, monkeypatch
     assert "held-out eval at step 3:   0%|" in err and "0/2 [" in err
 
 
-def test_the_freed_heap_is_handed_back_after_the_first_step_only(tmp_path, monkeypatch):
-    """The first step compiles (or loads from JAX's cache) and leaves freed heap behind: `release_free_heap` is
-    called once, within that first step's call; the later steps call nothing."""
+@pytest.mark.parametrize("cache_on", [True, False])
+def test_with_jax_cache_the_freed_heap_is_handed_back_after_the_first_step_only(tmp_path, monkeypatch, cache_on):
+    """With JAX's persistent cache on, the first step's call loads the step and leaves freed heap behind:
+    `release_free_heap` is called once, within that call; later steps call nothing. Without the cache: never."""
     import tempax.train.loop as loop
 
     events: list[str] = []
@@ -209,7 +211,8 @@ def test_the_freed_heap_is_handed_back_after_the_first_step_only(tmp_path, monke
         events.append("step")
         return metrics
 
+    monkeypatch.setattr(loop, "jax_cache_in_use", lambda: cache_on)
     monkeypatch.setattr(loop, "release_free_heap", lambda: events.append("release") or True)
     monkeypatch.setattr(trainer, "train_step", marked_step)
     trainer.fit(_loader())
-    assert events == ["release", "step", "step", "step"]
+    assert events == (["release"] if cache_on else []) + ["step", "step", "step"]
