@@ -115,9 +115,9 @@ def compilation_cache_env(
     with `JAX_LOG_COMPILES=1` on a two-turn chat), left uncached. Every other command uses JAX's persistent
     cache, for every program however fast it compiled (JAX's default keeps only those over 1 s; the many small
     ones add up on 2 cores); a large training step gains little from it with the pinned jaxlib, whose loader
-    looks up each YNNPACK fusion by a walk over the whole module (the figures: `docs/performance.md`). Never both in one process: a program compiled where JAX has loaded executables from
-    its cache can serialise incompletely (XLA:CPU then fails with "Function ... not found" when the stored copy
-    runs)."""
+    looks up each YNNPACK fusion by a walk over the whole module (the figures: `docs/performance.md`). Never both
+    in one process: a program compiled where JAX has loaded executables from its cache can serialise
+    incompletely (XLA:CPU then fails with "Function ... not found" when the stored copy runs)."""
     out = dict(env)
     if env.get("TEMPAX_COMPILE_CACHE", "1") == "0" or env.get("JAX_COMPILATION_CACHE_DIR"):
         return out

@@ -9,11 +9,12 @@ arguments, the model's graph definition, the shapes, dtypes and tree of its arra
 versions, the XLA flags, the device kind and a digest of tempax's own source (any change to the package makes a
 new key, so an edited model never runs a stale program).
 
-`tempax generate` turns it on in place of JAX's compilation cache (`TEMPAX_PROGRAMS_DIR`, a folder inside the
-per-CPU cache folder; see `tempax.cli.process.compilation_cache_env`); unset, or with JAX's cache on, nothing is
-stored. It serves one process on one device only: a program over a mesh or several processes compiles as before.
-A file that cannot be read or loaded (truncated, written by another jaxlib) is ignored and replaced; a file that
-cannot be written (a full disk) costs only the next start's time. Files are written whole and renamed into place.
+`tempax generate` and `tempax chat` turn it on in place of JAX's compilation cache (`TEMPAX_PROGRAMS_DIR`, a
+folder inside the per-CPU cache folder; see `tempax.cli.process.compilation_cache_env`); unset, or with JAX's
+cache on, nothing is stored. It serves one process on one device only: a program over a mesh or several
+processes compiles as before. A file that cannot be read or loaded (truncated, written by another jaxlib) is
+ignored and replaced; a file that cannot be written (a full disk) costs only the next start's time. Files are
+written whole and renamed into place.
 
 Loading a stored executable runs machine code from the file, so the folder must be as trusted as the Python
 environment itself (it is the user's own cache folder).
@@ -30,6 +31,8 @@ import tempfile
 from typing import Any
 
 import jax
+
+from tempax.parallel.process import jax_cache_in_use
 
 PROGRAMS_DIR_ENV = "TEMPAX_PROGRAMS_DIR"
 _FORMAT = 1  # bump when the file layout changes
@@ -145,6 +148,6 @@ def default_store() -> ProgramStore | None:
     compilation cache is on in this process: a program compiled where JAX has loaded executables from that cache
     can serialise without some of its functions (XLA:CPU: "Function ... not found" when the stored copy runs)."""
     folder = os.environ.get(PROGRAMS_DIR_ENV, "")
-    if not folder or jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    if not folder or jax_cache_in_use():
         return None
     return ProgramStore(folder)

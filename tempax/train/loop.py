@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 from tempax.errors import TempaxError
 from tempax.progress import work_bar
 from tempax.parallel.host_memory import release_free_heap
-from tempax.parallel.process import global_batch, host_tree, is_writer
+from tempax.parallel.process import global_batch, host_tree, is_writer, jax_cache_in_use
 from tempax.parallel.rules import batch_sharding, use_mesh
 from tempax.train import memory as mem
 from tempax.train.checkpoint import Checkpointer, CheckpointSaveFailed, unfinished_saves
@@ -87,12 +87,6 @@ class TrainResult:
     def series(self, key: str) -> list[tuple[int, float]]:
         """(step, value) of one logged metric."""
         return [(s, m[key]) for s, m in self.history if key in m]
-
-
-def jax_cache_in_use() -> bool:
-    """Whether JAX's persistent compilation cache is on in this process (the `tempax` command turns it on for
-    training commands: `tempax.cli.process.compilation_cache_env`)."""
-    return bool(jax.config.jax_compilation_cache_dir)
 
 
 class Trainer:
