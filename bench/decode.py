@@ -3,6 +3,7 @@
     python bench/decode.py                     # both sizes, each in its own process, twice
     python bench/decode.py --size small --repeats 1
     python bench/decode.py --one tiny          # one measurement in this process (what the driver spawns)
+    python bench/decode.py --long-tail small   # a long-tail rollout: static batches vs continuous batching
 
 Exactly the shared work: bench-tiny / bench-small shapes (random init, seed 0, float32 weights, activations and
 KV cache), 8 prompts of exactly 64 tokens (BOS + 63 ids from numpy default_rng(1234 + 1) in [4, vocab)), greedy,
@@ -27,6 +28,12 @@ only 2 FLOPs per weight per row, so on a CPU the step is bound by memory bandwid
 benchmark measures the read bandwidth (a jitted sum over a 1 GiB float32 array, best of 3) in a separate
 process after the timed calls, so that array is not counted in the peak RSS, and reports `bandwidth_roofline_tokens_per_s` = batch / (weight bytes / bandwidth): what a decoder that did
 nothing but stream its weights once a step would reach (KV-cache reads, prefill and sampling ignored).
+
+Long tail (`--long-tail SIZE`): 40 completions of the workload's 64-token prompts, greedy without EOS, where 10%
+(every tenth) run 8x longer than the rest (max_new_tokens vs max_new_tokens / 8), decoded 8 at a time. Static:
+a `DecodeRun` of 8 completions at a time (each row its own max_new_tokens), so every batch lasts as long as its
+longest row. Continuous: `tempax.generate.continuous.SlotEngine` with 8 slots, a completion joining as soon as
+one ends (chunks of 8 tokens). Both run once untimed (compiling), then timed; generated tokens/s each.
 """
 
 from __future__ import annotations
@@ -144,6 +151,60 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
     }
 
 
+def measure_long_tail(size: str, completions: int = 40, slots: int = 8, chunk: int = 8) -> dict:
+    sys.path.insert(0, ROOT)
+    from tempax.generate import DecodeRun, SamplingConfig
+    from tempax.generate.continuous import SlotEngine
+    from tempax.models.init import init_decoder
+    from tempax.models.presets import PRESETS
+
+    load_before = os.getloadavg()[0]
+    spec = load_spec()
+    w = spec["workloads"]["decode"]
+    cfg = PRESETS[f"bench-{size}"]
+    prompts = workload_prompts(spec, cfg.vocab_size)
+    model = init_decoder(cfg, spec["init"]["seed"])
+    long, short = w["max_new_tokens"], w["max_new_tokens"] // 8
+    rows = [(prompts[i % len(prompts)], long if i % 10 == 0 else short) for i in range(completions)]
+    config = lambda n: SamplingConfig(max_new_tokens=n, temperature=0.0, ignore_eos=True)
+    total = sum(n for _, n in rows)
+
+    def static() -> float:
+        start = time.perf_counter()
+        for b in range(0, completions, slots):
+            group = rows[b:b + slots]
+            run = DecodeRun(model, [p for p, _ in group], config(long), stop_ids=(), pad_id=0,
+                            prompt_configs=[config(n) for _, n in group])
+            run.advance()
+            assert int(run.output().lengths.sum()) == sum(n for _, n in group)
+        return time.perf_counter() - start
+
+    engine = SlotEngine(model, slots=slots, context=len(prompts[0]) + long, stop_ids=(), pad_id=0)
+
+    def continuous() -> float:
+        start, todo, generated = time.perf_counter(), list(range(completions)), 0
+        while todo or engine.live():
+            while todo and engine.free_slots():
+                i = todo.pop(0)
+                engine.join(rows[i][0], [config(rows[i][1])], [i])
+            engine.advance(chunk)
+            _, lengths, done = engine.snapshot()
+            ended = [s for s, r in enumerate(engine.rows) if r is not None and done[s]]
+            generated += int(sum(lengths[s] for s in ended))
+            engine.release(ended)
+        assert generated == total
+        return time.perf_counter() - start
+
+    static(), continuous()  # compiles
+    static_s, continuous_s = static(), continuous()
+    return {"workload": "decode_long_tail", "size": size, "completions": completions, "slots": slots,
+            "max_new_tokens_short_long": [short, long], "generated_tokens": total,
+            "static_tokens_per_s": round(total / static_s, 1),
+            "continuous_tokens_per_s": round(total / continuous_s, 1),
+            "continuous_vs_static": round(static_s / continuous_s, 2),
+            "load_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=("tiny", "small", "all"), default="all")
@@ -151,7 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", metavar="SIZE", help="measure SIZE in this process and print one JSON line")
     parser.add_argument("--no-logprobs", action="store_true", help="skip per-token log-probs (not the default)")
     parser.add_argument("--bandwidth", action="store_true", help="print the measured read bandwidth and exit")
+    parser.add_argument("--long-tail", metavar="SIZE", help="the long-tail rollout, static vs continuous (JSON line)")
     args = parser.parse_args(argv)
+    if args.long_tail:
+        print(json.dumps(measure_long_tail(args.long_tail)), flush=True)
+        return 0
     if args.bandwidth:
         print(json.dumps({"read_bandwidth_bytes_per_s": read_bandwidth()}), flush=True)
         return 0

@@ -1,16 +1,19 @@
-"""`tempax serve` throughput with 1, 4 and 16 concurrent clients on SmolLM2-135M-Instruct, through the `openai` client.
+"""`tempax serve` throughput and latency with 1, 4, 16 and 64 concurrent clients on SmolLM2-135M-Instruct, through the
+`openai` client, with continuous batching and with static batches, in one run.
 
-    python bench/serve.py                        # the table of docs/serving.md
+    python bench/serve.py                        # the table of docs/measurements/serving-throughput.md
     python bench/serve.py --clients 1,4 --max-tokens 32 --requests 8
 
 The server runs in this process on loopback (the real HTTP path: JSON in, server-sent events or JSON out). Each
 client is a thread that sends chat requests one after another (greedy, `max_tokens` each, distinct questions of
-similar length) until the run has sent `--requests` per level (at least one per client). Throughput is
-completion tokens (the server's own `usage` counts) over the wall time from the first request to the last answer.
+similar length) until the run has sent `--requests` per level (at least two per client). Throughput is
+completion tokens (the server's own `usage` counts) over the wall time from the first request to the last answer;
+latency is each request's, median and 95th percentile.
 
-Two servers are measured in the same run: the batcher as shipped (`--max-batch 32`) and the same server with
-`max_batch=1`, where requests run one at a time: their ratio is what sharing decode steps gives. Each level is
-run once untimed first, so that every batch shape it meets is compiled before the timed run. Prints a table
+Two servers with the same slots (`--max-batch`, 32) are measured in the same run: continuous batching as shipped
+(a request joins the running decode at the next chunk) and static batches (`join_running=False`: requests that
+arrive while a batch decodes wait for it to empty, the server's scheme before continuous batching). Every program
+is compiled at start-up, so no level compiles; each level still sends one untimed round first. Prints a table
 with the CPU and the 1-minute load average (the machine may be shared: a load above the core count makes every
 figure pessimistic); `--json` prints one JSON object per row instead.
 """
@@ -39,7 +42,7 @@ def cpu_name() -> str:
 
 def measure(client, clients: int, requests: int, max_tokens: int) -> dict:
     """Sends `requests` chat requests from `clients` threads; tokens/s, requests/s and latencies."""
-    todo = list(range(max(requests, clients)))
+    todo = list(range(max(requests, 2 * clients)))
     lock = threading.Lock()
     latencies, tokens = [], []
 
@@ -66,12 +69,14 @@ def measure(client, clients: int, requests: int, max_tokens: int) -> dict:
     wall = time.perf_counter() - start
     return {"clients": clients, "requests": len(latencies), "completion_tokens": sum(tokens), "wall_s": round(wall, 2),
             "tokens_per_s": round(sum(tokens) / wall, 1), "requests_per_s": round(len(latencies) / wall, 2),
-            "latency_median_s": round(statistics.median(latencies), 2)}
+            "latency_p50_s": round(statistics.median(latencies), 2),
+            "latency_p95_s": round(statistics.quantiles(latencies, n=20, method="inclusive")[-1], 2)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--clients", default="1,4,16")
+    parser.add_argument("--clients", default="1,4,16,64")
+    parser.add_argument("--max-batch", type=int, default=32, help="slots of both servers")
     parser.add_argument("--requests", type=int, default=16, help="requests per level (at least one per client)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--json", action="store_true")
@@ -85,18 +90,20 @@ def main() -> None:
     model, tokenizer = load("smollm2-135m-instruct", progress=False)
     levels = [int(c) for c in args.clients.split(",")]
     rows = []
-    for max_batch in (32, 1):
-        server = start_server(model, tokenizer, port=0, model_name="smollm2", max_batch=max_batch)
+    for join_running in (True, False):
+        server = start_server(model, tokenizer, port=0, model_name="smollm2", max_batch=args.max_batch,
+                              max_model_len=256, join_running=join_running)
         server.start_in_thread()
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="unused",
                                max_retries=0, timeout=3600)
         for clients in levels:
-            measure(client, clients, args.requests, args.max_tokens)  # compiles every batch shape this level meets
-            seen = len(server.batcher.batch_rows)
+            measure(client, min(clients, 4), min(clients, 4), args.max_tokens)  # untimed round
+            seen = len(server.batcher.live_rows)
             load_before = os.getloadavg()[0]
             row = measure(client, clients, args.requests, args.max_tokens)
-            batches = list(server.batcher.batch_rows)[seen:]
-            row.update(max_batch=max_batch, mean_batch_rows=round(sum(batches) / len(batches), 1),
+            live = list(server.batcher.live_rows)[seen:]
+            row.update(batching="continuous" if join_running else "static",
+                       mean_live_rows=round(sum(live) / max(len(live), 1), 1),
                        load_1min=round(max(load_before, os.getloadavg()[0]), 2))
             rows.append(row)
             if args.json:
@@ -105,17 +112,16 @@ def main() -> None:
         server.close()
     if args.json:
         return
-    alone = {r["clients"]: r["tokens_per_s"] for r in rows if r["max_batch"] == 1}
+    one = {r["batching"]: r["tokens_per_s"] for r in rows if r["clients"] == 1}
     print(f"tempax serve, SmolLM2-135M-Instruct (float32), greedy, max_tokens={args.max_tokens}, "
-          f"{args.requests} requests per level; {cpu_name()}, {os.cpu_count()} cores")
-    print("| clients | batcher | tokens/s | requests/s | median latency (s) | mean rows per batch | vs one at a time |"
-          " load |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"--max-batch {args.max_batch}, {args.requests} requests per level; {cpu_name()}, {os.cpu_count()} cores")
+    print("| clients | batching | tokens/s | vs 1 client | requests/s | p50 latency (s) | p95 latency (s) |"
+          " mean live rows at a join | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        mode = "max_batch 32" if r["max_batch"] > 1 else "one at a time"
-        ratio = f"{r['tokens_per_s'] / alone[r['clients']]:.2f}x" if r["clients"] in alone else "-"
-        print(f"| {r['clients']} | {mode} | {r['tokens_per_s']} | {r['requests_per_s']} | {r['latency_median_s']} | "
-              f"{r['mean_batch_rows']} | {ratio} | {r['load_1min']} |")
+        ratio = f"{r['tokens_per_s'] / one[r['batching']]:.2f}x" if r["batching"] in one else "-"
+        print(f"| {r['clients']} | {r['batching']} | {r['tokens_per_s']} | {ratio} | {r['requests_per_s']} | "
+              f"{r['latency_p50_s']} | {r['latency_p95_s']} | {r['mean_live_rows']} | {r['load_1min']} |")
 
 
 if __name__ == "__main__":

@@ -581,3 +581,47 @@ def help_field(text: str, default: Any = None, **kw: Any) -> Any:
     if "default_factory" in kw:
         return dataclasses.field(metadata={"help": text}, **kw)
     return dataclasses.field(default=default, metadata={"help": text})
+
+
+def import_callable(ref: str, *, key: str) -> Any:
+    """The object a config names as `package.module:name` or `path/to/file.py:name`.
+
+    A `.py` path is read relative to the working directory (a user's own file beside their recipe needs no
+    package); a dotted module is imported as usual, with the working directory on the search path as a script's
+    would be, so `my_rewards:exact` finds `./my_rewards.py` under the `tempax` command too. `__main__:name` is the
+    running script's own function (`tempax.train` from Python). `key` is the config key, named in the error.
+    """
+    import importlib
+    import importlib.util
+    import os
+    import sys
+
+    module_ref, sep, name = ref.rpartition(":")
+    if not sep or not module_ref or not name:
+        raise ConfigError(f"{key}: {ref!r} is not 'package.module:name' or 'file.py:name'")
+    try:
+        if module_ref.endswith(".py"):
+            path = os.path.abspath(module_ref)
+            if not os.path.isfile(path):
+                raise ConfigError(f"{key}: {ref!r}: no file {module_ref} (relative to {os.getcwd()})")
+            module_name = "tempax_user_" + re.sub(r"\W", "_", os.path.splitext(os.path.relpath(path))[0])
+            module = sys.modules.get(module_name)
+            if module is None or getattr(module, "__file__", None) != path:
+                spec = importlib.util.spec_from_file_location(module_name, path)
+                module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+                sys.modules[module_name] = module  # pickle-by-reference and dataclasses need it registered
+                spec.loader.exec_module(module)  # type: ignore[union-attr]
+        else:
+            if os.getcwd() not in sys.path and "" not in sys.path:
+                sys.path.append(os.getcwd())
+            module = importlib.import_module(module_ref)
+    except ConfigError:
+        raise
+    except Exception as e:  # a user's module failing at import: name it with the error, not a traceback
+        raise ConfigError(f"{key}: cannot import {ref!r} ({type(e).__name__}: {e})") from None
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        found = sorted(n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n)))
+        raise ConfigError(f"{key}: {module_ref!r} has no {name!r}"
+                          + (f"; it defines {', '.join(found[:8])}" if found else "")) from None

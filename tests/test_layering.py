@@ -43,7 +43,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "configlib": {"errors"},
     "progress": set(),  # progress bars: tqdm and the standard library only
     "errors": set(),
-    "__init__": {"models"},  # `tempax.load` and friends, imported on first use
+    "__init__": {"models", "algorithms"},  # `tempax.load`, `tempax.train` and friends, imported on first use
 }
 SHARED_ALGORITHM_MODULES = {"common", "run", "registry", "recommend", "episode_eval"}
 

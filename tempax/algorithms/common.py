@@ -14,9 +14,8 @@ from flax import nnx
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
 from tempax.models import registry
-from tempax.models.init import init_decoder
 from tempax.models.lora import apply_lora, lora_filter
-from tempax.models.presets import get_preset
+from tempax.train.run_model import load_source
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,7 @@ class ModelSpec:
 
     source: str = help_field(
         "Registered name (smollm2-135m-instruct), preset:<name> (random init), a .gguf file, a Hugging Face "
-        "folder or a Hub repo id.",
+        "folder, a Hub repo id, or a training run's directory (its newest intact checkpoint, adapters merged).",
         "smollm2-135m-instruct",
     )
     tokenizer: str | None = help_field(
@@ -40,24 +39,16 @@ class ModelSpec:
             raise ConfigError("model.overrides only applies to preset:<name> sources (random initialisation)")
 
     def build(self, *, seed: int = 0, mesh: Any = None) -> tuple[nnx.Module, Any]:
-        """(model, tokenizer). Presets are initialised by compiled per-part programs, sharded over `mesh` when given."""
-        tokenizer = registry.load_tokenizer(self.tokenizer) if self.tokenizer else None
-        if self.source.startswith(registry.PRESET_PREFIX):
-            cfg = get_preset(self.source[len(registry.PRESET_PREFIX):])
-            if self.overrides:
-                try:
-                    cfg = cfg.replace(**self.overrides)
-                except TypeError as e:
-                    raise ConfigError(f"model.overrides: {e}") from None
-            model = init_decoder(cfg, seed, mesh)  # compile time independent of depth (tempax.models.init)
-            if tokenizer is None:
-                raise ConfigError(
-                    f"model.source={self.source} is a random-init shape without a tokenizer; set model.tokenizer, "
-                    "e.g. model.tokenizer=smollm2-135m-instruct"
-                )
-            return model, tokenizer
-        model, own = registry.load(self.source, seed=seed)
-        return model, tokenizer or own
+        """(model, tokenizer). Presets are initialised by compiled per-part programs (compile time independent of
+        depth, `tempax.models.init`), sharded over `mesh` when given; a training run's directory gives the model it
+        trained, adapters merged (`tempax.train.run_model`)."""
+        if self.source.startswith(registry.PRESET_PREFIX) and not self.tokenizer:
+            raise ConfigError(
+                f"model.source={self.source} is a random-init shape without a tokenizer; set model.tokenizer, "
+                "e.g. model.tokenizer=smollm2-135m-instruct"
+            )
+        return load_source(self.source, tokenizer=self.tokenizer, overrides=self.overrides or None, seed=seed,
+                           mesh=mesh)
 
 
 def base_model(cfg: Any, mesh: Any = None, *, model: nnx.Module | None = None, tokenizer: Any = None) -> tuple[nnx.Module, Any]:

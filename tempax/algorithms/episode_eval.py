@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 from tempax.envs.registry import EnvFactory, EnvironmentSpec
 from tempax.errors import DataError
-from tempax.eval.evaluate import EvalOptions, Scored, TaskEvaluation, evaluate, score_completions
+from tempax.eval.evaluate import EvalOptions, Scored, TaskEvaluation, evaluate, score_row
 from tempax.eval.metrics import summarize
 from tempax.rl.episodes import play_episodes
 from tempax.rl.rollout import encode_prompts
@@ -44,7 +44,7 @@ def evaluate_episodes(
         for name, values in episodes.env_metrics.items():
             counters[name] = counters.get(name, 0.0) + float(values.sum())
         for i, q in enumerate(chunk):
-            fmt, correct, timed_out = score_completions([episodes.final_texts[i]], q.columns["answer"])
+            fmt, correct, timed_out = score_row([episodes.final_texts[i]], q.columns)
             records.append(Scored(str(q.columns.get("question", "")), str(q.columns["answer"]),
                                   [episodes.texts[i]], fmt, correct, [int(episodes.lengths[i])], timed_out))
     summary = summarize([r.format_ok for r in records], [r.correct for r in records], [r.lengths for r in records])

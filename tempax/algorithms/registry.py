@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from tempax.errors import ConfigError
 
@@ -33,6 +33,14 @@ class Algorithm:
       main: "module:function" of `main(config, *, hooks=(), log=None)`, which trains and returns the result.
       on_policy: it generates from the policy while training (GRPO, PPO); off-policy commands only train, and
         their processes are set up for training alone (`tempax.cli.process.setup_process(job="train")`).
+      knobs: the recipe sections that hold the algorithm's own settings (`grpo`, `dpo`, `loss`...): the model
+        card lists their values as the run's hyper-parameters.
+      renders_chat: its prompts are always rendered with the tokenizer's chat template, so `tempax validate`
+        requires a local tokenizer folder to carry one.
+      reference_curve: the name of its stored first-steps curve (`tests/reference_curves/<name>.json`), which
+        pins its behaviour on a tiny model.
+      validate: optional "module:function" of extra checks `tempax validate` runs on a built config
+        (`fn(config) -> list[str]` of warnings; a `ConfigError` refuses the recipe).
     """
 
     command: str
@@ -40,12 +48,19 @@ class Algorithm:
     config: str
     main: str
     on_policy: bool = False
+    knobs: tuple[str, ...] = ()
+    renders_chat: bool = False
+    reference_curve: str | None = None
+    validate: str | None = None
 
     def config_class(self) -> type:
         return _load(self.config, f"{self.command}'s config")
 
     def main_function(self) -> Callable[..., Any]:
         return _load(self.main, f"{self.command}'s main")
+
+    def validate_function(self) -> Callable[[Any], list[str]] | None:
+        return _load(self.validate, f"{self.command}'s validate") if self.validate else None
 
 
 def _load(ref: str, what: str) -> Any:
@@ -107,3 +122,16 @@ def resolve(command: str) -> tuple[type, Callable[..., Any]]:
     """(config class, main function) of a training command."""
     algorithm = get(command)
     return algorithm.config_class(), algorithm.main_function()
+
+
+def train(command: str, recipe: str | None = None, overrides: Sequence[str] = (), **main_options: Any) -> Any:
+    """Runs `tempax COMMAND --config RECIPE KEY=VALUE ...` from Python and returns what its `main` returns.
+
+    `overrides` are the command line's `a.b=value` strings, checked like the CLI's; `main_options` go to the
+    algorithm's `main` (`hooks=`, `log=`, and for GRPO / RFT an already built `model=` / `tokenizer=`). A reward
+    function defined in the running script is named `__main__:function` in `rewards.functions`.
+    """
+    from tempax.configlib import load_config
+
+    cls, main = resolve(command)
+    return main(load_config(cls, recipe, list(overrides), command=command), **main_options)

@@ -1,6 +1,10 @@
-"""`tempax data clean IN OUT [--config C] [key=value ...] [--dry-run]` and `tempax data stats DATA --model M`.
+"""`tempax data clean IN OUT [--config C] [key=value ...] [--dry-run]`, `tempax data stats DATA --model M` and
+`tempax data episodes --config RECIPE --policy POLICY --out OUT.jsonl [key=value ...]`.
 
-The work is in `tempax.data.clean` and `tempax.data.stats`; this module parses arguments and prints.
+The work is in `tempax.data.clean`, `tempax.data.stats` and `tempax.envs.transcripts`; this module parses
+arguments and prints. `episodes` plays the recipe's environment (`env:`) on its task rows (`task:`) with a
+scripted policy (`FILE.py:function` or `package.module:function`, called as `policy(messages, task_row)`) or
+with the recipe's model sampling (`sample`), and writes the tool-calling transcripts an SFT warm-start trains on.
 """
 
 from __future__ import annotations
@@ -9,9 +13,15 @@ import argparse
 import json
 import os
 import re
-from tempax.configlib import describe, load_config
+from typing import Any
+
+from tempax.configlib import describe, load_config, recipe_command
 from tempax.data.clean import CleanConfig, clean_file
 from tempax.data.stats import dataset_stats, length_histogram
+from tempax.data.tasks.spec import load_task
+from tempax.envs.environment import EpisodeLimits, Message
+from tempax.envs.registry import load_object
+from tempax.envs.transcripts import Policy, play_transcript, write_transcripts
 from tempax.errors import ConfigError
 from tempax.models.registry import load_tokenizer
 
@@ -38,6 +48,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--png", help="write the length histogram here (default: none)")
     s.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
+    e = sub.add_parser("episodes", help="play a recipe's environment with a policy and write tool-calling "
+                                        "transcripts for an SFT warm-start", description=__doc__.split("\n\n")[1])
+    e.add_argument("--config", "-c", required=True, metavar="RECIPE",
+                   help="a recipe with env:, task:, rewards: and model: (a grpo or rft recipe)")
+    e.add_argument("--policy", required=True, metavar="POLICY",
+                   help="FILE.py:function / package.module:function (a scripted policy), or sample (the model)")
+    e.add_argument("--out", required=True, metavar="OUT.jsonl", help="the transcripts, one JSON object a line")
+    e.add_argument("--limit", type=int, help="play the first N task rows only")
+    e.add_argument("--attempts", type=int, default=1, help="episodes per task row (sampling: several tries)")
+    e.add_argument("--min-reward", type=float,
+                   help="write only episodes whose total reward reaches this (default: every episode)")
+    e.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of --policy sample")
+    e.add_argument("--max-new-tokens", type=int, help="most tokens a sampled reply (default: the recipe's)")
+    e.add_argument("--seed", type=int, default=0, help="seed of --policy sample")
+    e.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. env.max_turns=4")
+
 
 _CLEAN_HELP = ("Streams IN to OUT (JSON Lines, .gz for gzip) through the steps of tempax/data/clean.py and prints a "
                "report of rows kept and dropped per reason.")
@@ -63,7 +89,7 @@ def clean_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    return _clean(args) if args.data_command == "clean" else _stats(args)
+    return {"clean": _clean, "stats": _stats, "episodes": _episodes}[args.data_command](args)
 
 
 def _clean(args: argparse.Namespace) -> int:
@@ -107,4 +133,55 @@ def _stats(args: argparse.Namespace) -> int:
         print(stats.table())
         if args.png:
             print(f"histogram: {args.png}")
+    return 0
+
+
+def _sampling_policy(cfg: Any, args: argparse.Namespace) -> tuple[Policy, Any]:
+    """The recipe's model as a policy: one sampled reply per turn."""
+    from tempax.generate import SamplingConfig, generate  # only sampling loads the model and the engine
+
+    model, tokenizer = cfg.model.build(seed=args.seed)
+    settings = getattr(cfg, "grpo", None) or getattr(cfg, "rft", None)
+    max_new = args.max_new_tokens or getattr(settings, "max_new_tokens", None) or 128
+    calls = [0]
+
+    def reply(messages: list[Message], task_row: Any) -> str:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        calls[0] += 1
+        config = SamplingConfig(n=1, temperature=args.temperature, max_new_tokens=max_new, seed=args.seed + calls[0])
+        return generate(model, tokenizer, [ids], config).texts[0]
+
+    return reply, tokenizer
+
+
+def _episodes(args: argparse.Namespace) -> int:
+    from tempax.cli.train_cmds import load
+    from tempax.rewards.registry import build_rewards
+
+    command = recipe_command(args.config)
+    cfg = load(command or "grpo", args.config, list(args.overrides))
+    if getattr(cfg, "env", None) is None or getattr(cfg, "task", None) is None:
+        raise ConfigError(f"{args.config}: tempax data episodes needs a recipe with env: and task: (grpo or rft)")
+    if args.attempts < 1:
+        raise ConfigError(f"--attempts must be >= 1, got {args.attempts}")
+    if args.policy == "sample":
+        policy, tokenizer = _sampling_policy(cfg, args)
+    else:
+        policy = load_object(args.policy, "--policy")
+        if not callable(policy):
+            raise ConfigError(f"--policy={args.policy!r} is not a function (policy(messages, task_row) -> reply)")
+        tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.source)
+    rows, _ = load_task(cfg.task, eval_problems=0)
+    rows = rows[: args.limit] if args.limit else rows
+    make_env = cfg.env.build(tokenizer)
+    reward_fn = build_rewards(cfg.rewards) if cfg.rewards.functions else None
+    # The episode ends when the environment says so or after env.max_turns replies; SFT's train.seq_len bounds
+    # the length of what is trained, so no token budget is imposed here.
+    limits = EpisodeLimits(max_turns=cfg.env.max_turns, max_total_tokens=1 << 30)
+    transcripts = (play_transcript(make_env(), row, policy, tokenizer=tokenizer, limits=limits, reward_fn=reward_fn)
+                   for row in rows for _ in range(args.attempts))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    written, played = write_transcripts(args.out, transcripts, min_reward=args.min_reward)
+    kept = f" (total reward >= {args.min_reward})" if args.min_reward is not None else ""
+    print(f"{args.out}: {written} of {played} episodes{kept}")
     return 0

@@ -4,9 +4,10 @@ Arithmetic word problems with operands past what the model computes reliably (`m
 five stages, each evaluated greedily on the same held-out problems (answer accuracy with 95% Wilson intervals):
 
   1. base model, no tools (one reply);
-  2. tool warm-start: LoRA SFT on `demonstrations` programmatically written tool-use episodes (a correct
-     calculator call in the chat template's tool-call format, the calculator's answer as a `tool` turn, then the
-     worked answer), evaluated as episodes with the calculator (`env: calculator`);
+  2. tool warm-start: LoRA SFT on `demonstrations` tool-use transcripts that a scripted policy plays with the
+     calculator environment (a correct calculator call, the calculator's answer as a `tool` turn, then the worked
+     answer), written and trained in the common tool-calling layout as `tempax data episodes` and `tempax sft` do
+     for a user's tool, evaluated as episodes with the calculator (`env: calculator`);
   3. agentic GRPO from (2) with the calculator (multi-turn episodes; the loss on the policy's tokens only);
   4. plain warm-start: the same SFT budget (steps, problems) on the same problems' ideal completions, no tools;
   5. GRPO from (4) without tools, with the same steps, prompts and samples as (3).
@@ -38,8 +39,9 @@ from tempax.configlib import help_field, load_config
 from tempax.data.sft import DataSpec
 from tempax.data.tasks.arithmetic import ArithmeticConfig
 from tempax.data.tasks.spec import TaskSpec, load_task
+from tempax.envs.environment import EpisodeLimits
 from tempax.envs.registry import EnvironmentSpec
-from tempax.envs.tool_calls import ToolCall, render_tool_call, tool_message
+from tempax.envs.transcripts import play_transcript, write_transcripts
 from tempax.errors import ConfigError
 from tempax.eval.evaluate import EvalOptions
 from tempax.eval.spec import EvalSpec
@@ -122,15 +124,14 @@ def calculator_expression(target: str) -> str:
     return expression
 
 
-def tool_demonstration(first: list[dict[str, Any]], row: dict[str, Any], tool_format: str) -> list[dict[str, Any]]:
-    """A correct tool-use episode for an arithmetic row: the environment's first messages, a calculator call,
-    its result, and the worked answer."""
+def calculator_policy(messages: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any] | str:
+    """The scripted policy of a correct tool-use episode for an arithmetic row: a calculator call on the row's
+    expression, then the worked answer with the calculator's result."""
     expression = calculator_expression(row["target"])
-    call = render_tool_call(ToolCall("calculator", {"expression": expression}), tool_format)  # type: ignore[arg-type]
-    answer = row["answer"]
-    final = f"<reasoning>\n{expression} = {answer}\n</reasoning>\n<answer>\n{answer}\n</answer>"
-    return [*first, {"role": "assistant", "content": call}, tool_message("calculator", answer),
-            {"role": "assistant", "content": final}]
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    if not results:
+        return {"content": "", "tool_calls": [{"name": "calculator", "arguments": {"expression": expression}}]}
+    return f"<reasoning>\n{expression} = {results[-1]}\n</reasoning>\n<answer>\n{results[-1]}\n</answer>"
 
 
 def main(cfg: ToolDemoConfig, *, say: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -166,15 +167,16 @@ def main(cfg: ToolDemoConfig, *, say: Callable[[str], None] | None = None) -> di
 
     def warm_start(name: str, env: EnvironmentSpec) -> Any:
         path = os.path.join(run_dir, f"{name}.jsonl")
-        factory = env.build(tokenizer)
-        with open(path, "w") as f:
-            for row in train_rows[:cfg.demonstrations]:
-                if env.single_turn:
-                    messages = [*row["prompt_messages"], {"role": "assistant", "content": row["target"]}]
-                else:
-                    first_env = factory()
-                    messages = tool_demonstration(first_env.reset(row), row, first_env.tool_format)
-                f.write(json.dumps({"messages": messages}) + "\n")
+        rows = train_rows[:cfg.demonstrations]
+        if env.single_turn:
+            with open(path, "w") as f:
+                for row in rows:
+                    f.write(json.dumps({"messages": [*row["prompt_messages"],
+                                                     {"role": "assistant", "content": row["target"]}]}) + "\n")
+        else:
+            factory, limits = env.build(tokenizer), EpisodeLimits(max_turns=env.max_turns, max_total_tokens=1 << 30)
+            write_transcripts(path, (play_transcript(factory(), row, calculator_policy, tokenizer=tokenizer,
+                                                     limits=limits) for row in rows))
         sft = dataclasses.replace(cfg.sft, model=cfg.model, data=dataclasses.replace(cfg.sft.data, path=path),
                                   train=dataclasses.replace(cfg.sft.train, run_dir=os.path.join(run_dir, name),
                                                             seed=cfg.seed, progress_bar=False))

@@ -14,19 +14,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from typing import Any
+
 from tempax.data.tasks import generate_arithmetic, load_gsm8k
+from tempax.data.tasks.code import generate_code_problems
 from tempax.errors import ConfigError
-from tempax.models.registry import load
 
 # Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source_model", nargs="?", metavar="SOURCE",
-                        help="model source (registered name, folder, .gguf, Hub id), as in `tempax generate SOURCE`")
+                        help="model source (registered name, folder, .gguf, Hub id, a training run's directory), "
+                        "as in `tempax generate SOURCE`")
     parser.add_argument("--model", help="the model source, for scripts that name it (same as SOURCE)")
     parser.add_argument("--adapters", help="a LoRA adapter folder (PEFT layout) to load on top of the model")
-    parser.add_argument("--task", choices=("gsm8k", "arithmetic"), default="gsm8k", help="the task (default gsm8k)")
+    parser.add_argument("--task", choices=("gsm8k", "arithmetic", "code"), default="gsm8k",
+                        help="the task (default gsm8k); code: generated function-writing problems whose hidden "
+                        "tests run in the sandbox (docs/code-execution.md)")
     parser.add_argument("--source", help="gsm8k: a folder, jsonl file or Hub id (default ../shared/data/gsm8k)")
     parser.add_argument("--split", default="test", help="split to evaluate (default test)")
     parser.add_argument("--num-problems", "--limit", type=int, default=200, dest="num_problems",
@@ -44,11 +49,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_rows(task: str, split: str, num_problems: int, source: str | None = None, seed: int = 0) -> list[dict]:
     if task == "arithmetic":
         return generate_arithmetic(num_problems, split="test" if split == "test" else "train", seed=seed)
+    if task == "code":
+        return generate_code_problems(num_problems, split="test" if split == "test" else "train", seed=seed)
     return list(load_gsm8k(split, source, limit=num_problems))
+
+
+def interval_lines(result: Any) -> list[str]:
+    """pass@1 of the greedy completions and pass@k of the sampled ones, each with its 95% interval over problems
+    (`tempax.eval.metrics.pass_at_k_interval`)."""
+    from tempax.eval.metrics import pass_at_k_interval
+
+    lines = []
+    if result.greedy is not None:
+        m, low, high = pass_at_k_interval([r.correct for r in result.greedy_records], 1)
+        lines.append(f"greedy pass@1 {m:.1%} (95% CI [{low:.1%}, {high:.1%}])")
+    if result.sampled is not None:
+        for k in sorted(result.sampled.pass_at_k):
+            m, low, high = pass_at_k_interval([r.correct for r in result.sampled_records], k)
+            lines.append(f"sampled pass@{k} {m:.1%} (95% CI [{low:.1%}, {high:.1%}])")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
     from tempax.eval.evaluate import EvalOptions, evaluate, format_table
+    from tempax.train.run_model import load_source
 
     if args.source_model and args.model and args.source_model != args.model:
         raise ConfigError(f"two models given: SOURCE {args.source_model} and --model {args.model}; pass one")
@@ -65,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, greedy=not args.no_greedy, num_samples=args.samples,
         temperature=args.temperature, ks=ks, batch_size=args.batch_size, seed=args.seed,
     )
-    model, tokenizer = load(args.model)
+    model, tokenizer = load_source(args.model)
     if tokenizer is None:
         raise ConfigError(f"{args.model} has no tokenizer; evaluate a model that ships one")
     if args.adapters:
@@ -80,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     if result.sampled is not None:
         stages.append((f"sampled (T={args.temperature})", dataclasses.replace(result, greedy=None)))
     print(format_table(stages))
+    for line in interval_lines(result):
+        print(line)
     print(f"{len(rows)} {args.task} problems ({args.split}), {result.seconds:.0f} s")
     if args.out:
         records = {

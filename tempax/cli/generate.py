@@ -1,6 +1,7 @@
 """`tempax generate SOURCE --prompt TEXT [...]`: sample completions and print them.
 
-SOURCE is a Hugging Face checkpoint folder or Hub id, or a .gguf file. For a model whose tokenizer has a chat
+SOURCE is a registered name, a Hugging Face checkpoint folder or Hub id, a .gguf file, or a training run's
+directory (its newest intact checkpoint, adapters merged: `tempax.train.run_model`). For a model whose tokenizer has a chat
 template (an instruct model), each prompt is sent as a user turn through that template, as `ollama run`, llama.cpp's
 conversation mode and vLLM's chat endpoint do: an instruct model given the bare text tends to end the reply at once.
 `--raw` sends prompts exactly as written (a base model, a completion-style prompt); a model without a template is
@@ -17,14 +18,14 @@ import sys
 from typing import Any
 
 from tempax.errors import GenerationError
-from tempax.models.registry import load
 
 # Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, *, temperature: float, max_new_tokens: int) -> None:
     """Options shared by `generate` and `chat`."""
-    parser.add_argument("source", help="checkpoint folder, .gguf file, registered model name or Hub repo id")
+    parser.add_argument("source", help="registered model name, checkpoint folder, .gguf file, Hub repo id or a "
+                        "training run's directory")
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="most tokens per completion")
     parser.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
@@ -59,8 +60,11 @@ def sampling_config(args: argparse.Namespace, **extra: Any):
 
 
 def load_source(source: str, dtype: str | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) from any source `tempax.models.registry.load` accepts; the tokenizer is required."""
-    model, tokenizer = load(source, dtype=dtype, param_dtype=dtype, progress=True)
+    """(model, tokenizer) from any source `tempax.models.registry.load` accepts or a training run's directory
+    (`tempax.train.run_model.load_source`); the tokenizer is required."""
+    from tempax.train.run_model import load_source as load_model_or_run  # loads JAX and Orbax
+
+    model, tokenizer = load_model_or_run(source, dtype=dtype, param_dtype=dtype, progress=True)
     if tokenizer is None:
         raise GenerationError(
             f"{source} has no tokenizer (a random-init preset?); generating text needs a checkpoint folder, "

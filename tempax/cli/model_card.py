@@ -185,16 +185,19 @@ def _data_entries(raw: dict[str, Any], report: Any) -> list[dict[str, Any]]:
     return entries
 
 
-def _hyperparameters(raw: dict[str, Any]) -> dict[str, Any]:
+def _hyperparameters(raw: dict[str, Any], algorithm: str | None) -> dict[str, Any]:
     train = raw.get("train") or {}
     opt = train.get("optimizer") or {}
     picked = {k: train.get(k) for k in ("steps", "batch_size", "seq_len", "precision", "seed") if k in train}
     picked.update({f"optimizer.{k}": opt.get(k) for k in ("name", "learning_rate", "schedule", "warmup_steps",
                                                             "weight_decay", "grad_clip_norm") if k in opt})
-    for section in ("loss", "grpo", "ppo", "distill", "kto", "dpo"):  # the algorithm's own knobs
+    knobs = algorithms()[algorithm].knobs if algorithm in algorithms() else ()
+    for section in knobs:  # the algorithm's own settings, as its record names them
         values = raw.get(section)
         if isinstance(values, dict):
             picked.update({f"{section}.{k}": v for k, v in values.items() if not isinstance(v, (dict, list))})
+        elif section in raw and not isinstance(values, list):
+            picked[section] = values
     return picked
 
 
@@ -226,7 +229,7 @@ def gather(*, source: str, run_dir: str | None = None, export_command: str | Non
         algorithm=algorithm,
         recipe=recipe,
         lora={k: v for k, v in (raw.get("lora") or {}).items()},
-        hyperparameters=_hyperparameters(raw),
+        hyperparameters=_hyperparameters(raw, algorithm),
         data=_data_entries(raw, _read_json(os.path.join(run_dir, "data_report.json"))),
         evaluation=evaluation,
         steps=summary.get("step"),

@@ -1,22 +1,27 @@
 """`tempax model-info SOURCE`: family, shapes, parameter count and weight memory, without loading weights.
 
 SOURCE is anything `tempax.load` accepts: a registered name (`smollm2-135m-instruct`), `preset:<name>`, a `.gguf`
-file, a Hugging Face folder or a Hub repo id. Only config.json or the GGUF header is read.
+file, a Hugging Face folder or a Hub repo id; or a training run's directory, whose model has the shape of the
+model it started from (`tempax.train.run_model.shape_source`). Only config.json or the GGUF header is read.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
+import sys
 from typing import Any
 
 from tempax.models.config import ModelConfig, memory_for_weights
-from tempax.models.registry import inspect_model
+from tempax.models.registry import inspect_model, is_run_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="SOURCE",
-                        help="model name, preset:<name>, .gguf file, Hugging Face folder or Hub repo id (owner/name)")
+                        help="model name, preset:<name>, .gguf file, Hugging Face folder, Hub repo id (owner/name) or "
+                        "a training run's directory")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -122,6 +127,16 @@ def format_info(info: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = inspect_model(args.source)
+    if os.path.isdir(args.source) and is_run_dir(args.source):
+        from tempax.train.run_model import shape_source  # loads the training layer only for a run dir
+
+        base, overrides = shape_source(args.source)
+        info = inspect_model(base)
+        if overrides:
+            info = dataclasses.replace(info, config=info.config.replace(**overrides), stored_params=None)
+        print(f"tempax model-info: {args.source} is a training run; its model (the newest checkpoint, adapters "
+              f"merged) has the shape of {base}" + (" with its overrides" if overrides else ""), file=sys.stderr)
+    else:
+        info = inspect_model(args.source)
     print(json.dumps(info_dict(info), indent=2) if args.json else format_info(info))
     return 0

@@ -1,4 +1,5 @@
-"""`tempax score MODEL ...`: rate (prompt, response) pairs with a reward model saved by `tempax reward-model`.
+"""`tempax score MODEL ...`: rate (prompt, response) pairs with a reward model saved by `tempax reward-model`
+(MODEL: that run's directory, or the `reward_model/` folder in it).
 
 Inputs, any mix:
   --prompt TEXT --response TEXT        one pair from the command line (repeat both, in order, for more);
@@ -30,7 +31,8 @@ from tempax.progress import work_bar
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="reward-model folder written by `tempax reward-model` (<run_dir>/reward_model)")
+    parser.add_argument("model", help="a `tempax reward-model` run's directory, or the reward-model folder it "
+                        "wrote (<run_dir>/reward_model)")
     parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable; pairs with --response)")
     parser.add_argument("--response", action="append", default=[], help="a response to --prompt (repeatable)")
     parser.add_argument("--input", help="a dataset file of {prompt, response} or {prompt, chosen, rejected} rows")
@@ -129,6 +131,7 @@ def score_rows(
 
 
 def run(args: argparse.Namespace) -> int:
+    from tempax.models.reward_model import reward_model_folder
     from tempax.rewards.reward_model import RewardScorer
 
     if len(args.prompt) != len(args.response):
@@ -139,8 +142,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {args.limit}")
-    scorer = RewardScorer.from_folder(args.model, max_length=args.max_length, batch_size=args.batch_size,
-                                      chat=not args.raw)
+    scorer = RewardScorer.from_folder(reward_model_folder(args.model), max_length=args.max_length,
+                                      batch_size=args.batch_size, chat=not args.raw)
 
     rows: list[Any] = [{"prompt": p, "response": r} for p, r in zip(args.prompt, args.response)]
     name = "command line"

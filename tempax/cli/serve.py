@@ -19,7 +19,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help="checkpoint folder, .gguf file, registered model name or Hub repo id")
+    parser.add_argument("source", help="registered model name, checkpoint folder, .gguf file, Hub repo id or a "
+                        "training run's directory")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default: loopback only; the server has no authentication)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")

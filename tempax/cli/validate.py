@@ -15,14 +15,14 @@ import argparse
 import os
 from typing import Any
 
-from tempax.algorithms.registry import algorithms
+from tempax.algorithms.registry import algorithms, get
 from tempax.cli.train_cmds import load
 from tempax.configlib import COMMAND_KEY, recipe_command
 from tempax.errors import ConfigError, TempaxError
 from tempax.data.formats import RowError, detect_format
 from tempax.data.sources import iter_rows
 from tempax.data.tasks.gsm8k import DEFAULT_GSM8K_DIR, load_gsm8k
-from tempax.models.registry import resolve_source
+from tempax.models.registry import is_run_dir, resolve_source
 
 # Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
 
@@ -38,6 +38,7 @@ def check_recipe(path: str, overrides: list[str] | None = None, command: str | N
             f"'{COMMAND_KEY}: sft' or pass --command ({', '.join(sorted(algorithms()))})"
         )
     cfg = load(command, path, list(overrides or []))
+    algorithm = get(command)
     warnings: list[str] = []
     train = getattr(cfg, "train", None)
     if train is not None:
@@ -60,6 +61,14 @@ def check_recipe(path: str, overrides: list[str] | None = None, command: str | N
         for key in ("source", "tokenizer"):
             source = getattr(model, key, None)
             if isinstance(source, str) and not (section == "student" and source == "teacher"):
+                if key == "source" and is_run_dir(os.path.expanduser(source)):
+                    from tempax.train.run_model import shape_source  # the training layer, for run dirs only
+
+                    try:  # a training run as the model: its chain of runs is sound (config files only)
+                        shape_source(os.path.expanduser(source))
+                    except TempaxError as e:
+                        raise ConfigError(f"{section}.{key}: {e}") from None
+                    continue
                 try:
                     resolved = resolve_source(source)
                 except TempaxError as e:
@@ -69,12 +78,13 @@ def check_recipe(path: str, overrides: list[str] | None = None, command: str | N
                 elif resolved.kind != "preset" and os.path.isdir(os.path.expanduser(source)):
                     if key == "tokenizer" or getattr(model, "tokenizer", None) is None:
                         check_tokenizer_folder(f"{section}.{key}", os.path.expanduser(source),
-                                               chat=chats or command in CHAT_COMMANDS)
+                                               chat=chats or algorithm.renders_chat)
+    extra_checks = algorithm.validate_function()
+    if extra_checks is not None:
+        warnings += extra_checks(cfg)
     return command, cfg, warnings
 
 
-# Commands whose prompts are always rendered with the tokenizer's chat template.
-CHAT_COMMANDS = ("grpo", "ppo", "dpo", "kto", "reward-model")
 _FIRST_ROWS = 5  # how many rows of a dataset `check_data_rows` reads
 
 

@@ -1,7 +1,13 @@
 """Rows -> token ids and a loss mask, through the tokenizer's chat template.
 
 Three row formats (picked per row with `format="auto"`, or forced):
-  * chat:              {"messages": [{"role": "user", "content": ...}, {"role": "assistant", ...}, ...]}
+  * chat:              {"messages": [{"role": "user", "content": ...}, {"role": "assistant", ...}, ...]}; tool-calling
+                       transcripts in the common (OpenAI / Hugging Face) layout too: an assistant message with
+                       `tool_calls` ([{"type": "function", "function": {"name", "arguments"}}], content empty or
+                       prose) and `tool` messages holding the results. A template that renders `tool_calls` itself
+                       (Qwen's) gets them as they are; one that does not (SmolLM2's ChatML) gets each call written
+                       into the reply in the model's own call format (`tempax.models.tool_format`), the text a
+                       tool rollout parses. Tool results are never trained: only assistant turns are.
   * prompt/completion: {"prompt": str | messages, "completion": str | messages}; a string prompt is one user turn,
                        a string completion one assistant turn. Loss goes on the completion only.
   * text:              {"text": str} for continued pre-training; tokenised with the tokenizer's own special
@@ -41,6 +47,7 @@ import numpy as np
 from tempax.data.report import DataReport
 from tempax.data.sources import Row, as_rows, read_rows
 from tempax.errors import ConfigError
+from tempax.models.tool_format import assistant_text, call_parts, detect_tool_format
 
 FORMATS = ("auto", "messages", "prompt_completion", "text")
 TRAIN_ON = ("assistant", "last_assistant", "all")
@@ -134,6 +141,9 @@ def parse_messages(value: Any, what: str = "messages") -> list[dict[str, Any]]:
     for j, m in enumerate(value):
         if not isinstance(m, dict):
             raise RowError("wrong_type", f"{what}[{j}] must be an object, got {type(m).__name__}")
+        if m.get("tool_calls"):
+            out.append(_tool_call_message(m, f"{what}[{j}]"))
+            continue
         if "role" not in m or "content" not in m:
             raise RowError("missing_field", f"{what}[{j}] needs 'role' and 'content'")
         if not isinstance(m["role"], str) or not isinstance(m["content"], str):
@@ -142,6 +152,39 @@ def parse_messages(value: Any, what: str = "messages") -> list[dict[str, Any]]:
             raise RowError("empty_content", f"{what}[{j}] ({m['role']}) has empty content")
         out.append(dict(m))
     return out
+
+
+def _tool_call_message(m: dict[str, Any], what: str) -> dict[str, Any]:
+    """An assistant message with `tool_calls`, checked: content may be empty or absent, each call has a name and
+    object arguments (a JSON string of one is decoded)."""
+    if m.get("role") != "assistant":
+        raise RowError("wrong_type", f"{what}: only an assistant message may carry tool_calls, not {m.get('role')!r}")
+    content = m.get("content")
+    if content is not None and not isinstance(content, str):
+        raise RowError("wrong_type", f"{what} content must be a string or null")
+    if not isinstance(m["tool_calls"], list):
+        raise RowError("wrong_type", f"{what} tool_calls must be a list")
+    calls = []
+    for k, call in enumerate(m["tool_calls"]):
+        try:
+            name, arguments = call_parts(call)
+        except ValueError as e:
+            raise RowError("wrong_type", f"{what} tool_calls[{k}]: {e}") from None
+        calls.append({"type": "function", "function": {"name": name, "arguments": arguments}})
+    return {**m, "content": content or "", "tool_calls": calls}
+
+
+def with_call_text(tokenizer: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages the chat template can render: an assistant message's `tool_calls` are written into its content
+    in the model's call format, unless the template renders `tool_calls` itself (module docstring)."""
+    if not any(m.get("tool_calls") for m in messages):
+        return messages
+    template = getattr(tokenizer.hf, "chat_template", None)
+    if isinstance(template, str) and "tool_calls" in template:
+        return messages
+    tool_format = detect_tool_format(template if isinstance(template, str) else None)
+    return [{k: v for k, v in m.items() if k != "tool_calls"} | {"content": assistant_text(
+        m["content"], m["tool_calls"], tool_format)} if m.get("tool_calls") else m for m in messages]
 
 
 def as_turns(value: Any, role: str, what: str) -> list[dict[str, Any]]:
@@ -238,6 +281,7 @@ def render_chat(
       train_on: "assistant", "last_assistant" or "all".
       first_trained: turns before this index are prompt and never trained (prompt/completion and preference rows).
     """
+    messages = with_call_text(tokenizer, messages)
     text = _apply_template(tokenizer, messages)
     if train_on == "all":
         return Rendered(text=text, spans=None)

@@ -2,30 +2,51 @@
 
     env: {name: single_turn}                                  # the task's prompt, one reply (the default)
     env: {name: calculator, max_turns: 3, max_episode_tokens: 256}
+    env: {name: tools, tools: ["examples/price_tools.py:price_of", "tempax.envs.calculator:calculator_tool"],
+          max_turns: 3}
+    env: {name: python, max_turns: 3, sandbox: {timeout_s: 2.0}}     # programs run in tempax.rewards.sandbox
     env: {name: "examples/guess_number_env.py:GuessNumberEnvironment", max_turns: 4,
           options: {wrong_guess_penalty: 0.1}}
 
 A user environment is named `FILE.py:Class` (a path relative to the working directory) or `package.module:Class`;
-it is built as `Class(**options)` once per episode, so it may keep the episode's state on itself. Built-in names:
-`single_turn` (`SingleTurnEnvironment`) and `calculator` (`ToolEnvironment` with the exact calculator). Both
-leave the final answer to the task's reward functions, which the rollout calls once for the whole batch.
+it is built as `Class(**options)` once per episode, so it may keep the episode's state on itself, and a class
+whose constructor takes `tokenizer` gets the run's tokenizer as well (so a subclass of `ToolEnvironment` works).
+Built-in names: `single_turn` (`SingleTurnEnvironment`), `calculator` (`ToolEnvironment` with the exact
+calculator) and `tools` (`ToolEnvironment` with the user's functions named in `env.tools`). All three leave the
+final answer to the task's reward functions, which the rollout calls once for the whole batch.
+
+An OpenEnv environment (the `openenv` extra) is named by the function or class that builds it,
+`openenv:FILE.py:make_env` or `openenv:package.module:make_env`, called with `env.options` once per episode
+(`tempax.envs.openenv`: the reply becomes the action's text, observations become messages, the observation's
+reward is the `openenv` reward part).
+
+A tool is named like an environment, `FILE.py:function` or `package.module:function`: a plain function with type
+hints and a Google-style docstring becomes a tool (`Tool.from_function`); a `Tool` object is taken as it is; a
+function annotated `-> Tool` (such as `calculator_tool`) is called with no arguments to make one.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from tempax.configlib import help_field
 from tempax.envs.calculator import calculator_tool
 from tempax.envs.environment import Environment, SingleTurnEnvironment, ToolEnvironment
+from tempax.envs.openenv import openenv_factory
+from tempax.envs.python_tool import python_environment_factory
+from tempax.envs.tools import Tool, ToolDefinitionError
 from tempax.errors import ConfigError
 from tempax.models.tokenizer import Tokenizer
+from tempax.rewards.sandbox import SandboxConfig
 
-BUILTIN_ENVIRONMENTS = ("single_turn", "calculator")
+BUILTIN_ENVIRONMENTS = ("single_turn", "calculator", "tools", "python")
+OPENENV_PREFIX = "openenv:"  # an OpenEnv environment's builder, played through tempax.envs.openenv
 EnvFactory = Callable[[], Environment]
 
 
@@ -35,9 +56,18 @@ class EnvironmentSpec:
 
     name: str = help_field(
         "single_turn (one reply to the task's prompt), calculator (the policy may call an exact calculator in its "
-        "chat template's tool-call format), or a user environment FILE.py:Class / package.module:Class.",
+        "chat template's tool-call format), tools (the policy may call the functions named in env.tools), python "
+        "(the policy may run programs in the sandbox, env.sandbox), a user environment FILE.py:Class / "
+        "package.module:Class, or an OpenEnv environment's builder openenv:FILE.py:make_env (the openenv extra).",
         "single_turn",
     )
+    tools: tuple[str, ...] = help_field(
+        "The tools of env.name=tools, each FILE.py:function or package.module:function: a typed, documented "
+        "function (its schema comes from its hints and docstring), a Tool, or a function returning a Tool.",
+        (),
+    )
+    sandbox: SandboxConfig = help_field("Limits of the programs of env.name=python (tempax.rewards.sandbox).",
+                                        default_factory=SandboxConfig)
     max_turns: int = help_field("Most assistant replies in an episode.", 1)
     max_episode_tokens: int | None = help_field(
         "Most tokens after the prompt (replies and environment messages; the batch's completion length); null: "
@@ -51,11 +81,24 @@ class EnvironmentSpec:
             raise ConfigError(f"env.max_turns must be >= 1, got {self.max_turns}")
         if self.max_episode_tokens is not None and self.max_episode_tokens < 1:
             raise ConfigError(f"env.max_episode_tokens must be >= 1 or null, got {self.max_episode_tokens}")
+        if self.name.startswith(OPENENV_PREFIX) and ":" not in self.name[len(OPENENV_PREFIX):]:
+            raise ConfigError(f"env.name={self.name!r}: name the function that builds the OpenEnv environment, "
+                              "openenv:FILE.py:make_env or openenv:package.module:make_env")
         if self.name not in BUILTIN_ENVIRONMENTS and ":" not in self.name:
             raise ConfigError(f"env.name={self.name!r} is neither a built-in environment {BUILTIN_ENVIRONMENTS} "
                               "nor a user environment FILE.py:Class or package.module:Class")
         if self.options and self.name in BUILTIN_ENVIRONMENTS:
             raise ConfigError(f"env.options are for a user environment's class; {self.name} takes none")
+        if self.name == "tools" and not self.tools:
+            raise ConfigError('env.name=tools needs env.tools, e.g. ["my_tools.py:price_of"] (FILE.py:function)')
+        if self.tools and self.name != "tools":
+            raise ConfigError(f"env.tools are the tools of env.name=tools; env.name={self.name!r} takes none "
+                              "(set env.name=tools)")
+        self.load_tools()  # a tool that cannot be found or described is refused when the recipe is read
+
+    def load_tools(self) -> list[Tool]:
+        """The tools `env.tools` names, in order."""
+        return [load_tool(spec, f"env.tools[{i}]") for i, spec in enumerate(self.tools)]
 
     @property
     def single_turn(self) -> bool:
@@ -78,8 +121,19 @@ class EnvironmentSpec:
         if self.name == "calculator":
             tool = calculator_tool()
             return lambda: ToolEnvironment(tokenizer, None, [tool])
+        if self.name == "python":
+            return python_environment_factory(tokenizer, self.sandbox)
+        if self.name == "tools":
+            tools = self.load_tools()
+            ToolEnvironment(tokenizer, None, tools)  # refuses duplicate names now, not in the first rollout
+            return lambda: ToolEnvironment(tokenizer, None, tools)
+        if self.name.startswith(OPENENV_PREFIX):
+            target = self.name[len(OPENENV_PREFIX):]
+            return openenv_factory(load_object(target, "env.name"), target, self.options)
         cls = load_environment_class(self.name)
         options = dict(self.options)
+        if "tokenizer" in _parameters(cls):
+            options["tokenizer"] = tokenizer
         try:
             cls(**options)
         except TypeError as e:
@@ -87,13 +141,23 @@ class EnvironmentSpec:
         return lambda: cls(**options)
 
 
-def load_environment_class(name: str) -> type:
-    """The class `FILE.py:Class` or `package.module:Class` names, checked to have `reset` and `step`."""
+def _parameters(cls: type) -> set[str]:
+    try:
+        return set(inspect.signature(cls).parameters)
+    except (TypeError, ValueError):  # a class whose signature Python cannot read (some builtins) takes no tokenizer
+        return set()
+
+
+def load_object(name: str, key: str) -> Any:
+    """The object `FILE.py:attr` (a path relative to the working directory) or `package.module:attr` names; `key`
+    is the recipe key that named it, for the message when it cannot be found."""
     where, _, attr = name.rpartition(":")
+    if not where or not attr:
+        raise ConfigError(f"{key}={name!r} is not FILE.py:name or package.module:name")
     if where.endswith(".py"):
         if not os.path.isfile(where):
-            raise ConfigError(f"env.name={name!r}: no file {where!r} (paths are relative to the working directory)")
-        spec = importlib.util.spec_from_file_location(f"tempax_user_env_{abs(hash(where))}", where)
+            raise ConfigError(f"{key}={name!r}: no file {where!r} (paths are relative to the working directory)")
+        spec = importlib.util.spec_from_file_location(f"tempax_user_{abs(hash(os.path.abspath(where)))}", where)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -101,11 +165,44 @@ def load_environment_class(name: str) -> type:
         try:
             module = importlib.import_module(where)
         except ImportError as e:
-            raise ConfigError(f"env.name={name!r}: cannot import {where!r} ({e})") from None
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ConfigError(f"env.name={name!r}: {where} defines no {attr!r}")
+            raise ConfigError(f"{key}={name!r}: cannot import {where!r} ({e})") from None
+    found = getattr(module, attr, None)
+    if found is None:
+        raise ConfigError(f"{key}={name!r}: {where} defines no {attr!r}")
+    return found
+
+
+def load_environment_class(name: str) -> type:
+    """The class `FILE.py:Class` or `package.module:Class` names, checked to have `reset` and `step`."""
+    cls = load_object(name, "env.name")
+    attr = name.rpartition(":")[2]
     if not (callable(getattr(cls, "reset", None)) and callable(getattr(cls, "step", None))):
         raise ConfigError(f"env.name={name!r}: {attr} needs reset(task_row) and step(assistant_message) methods "
                           "(docs/adding-an-environment.md)")
     return cls
+
+
+def _returns_tool(fn: Callable[..., Any]) -> bool:
+    try:
+        return typing.get_type_hints(fn).get("return") is Tool
+    except Exception:  # hints naming what the module does not define: not a Tool factory
+        return False
+
+
+def load_tool(name: str, key: str = "env.tools") -> Tool:
+    """The tool `FILE.py:function` or `package.module:function` names (module docstring); a function that cannot
+    be described to the model is refused with the reason."""
+    found = load_object(name, key)
+    try:
+        if isinstance(found, Tool):
+            return found
+        if callable(found) and _returns_tool(found):
+            tool = found()
+            if isinstance(tool, Tool):
+                return tool
+            raise ConfigError(f"{key}={name!r} is annotated -> Tool but returned {type(tool).__name__}")
+        if inspect.isfunction(found) or inspect.isbuiltin(found) or inspect.ismethod(found):
+            return Tool.from_function(found)
+    except ToolDefinitionError as e:
+        raise ConfigError(f"{key}={name!r}: {e} (docs/adding-an-environment.md, Tools)") from None
+    raise ConfigError(f"{key}={name!r} is a {type(found).__name__}, not a function or a Tool")

@@ -1,6 +1,7 @@
 """Tool calls in the model's own format: finding them in a reply, writing them, and rendering tool results.
 
-Two conventions cover the supported families, chosen from the chat template's text (`detect_tool_format`):
+Two conventions cover the supported families, chosen from the chat template's text (`detect_tool_format`, in
+`tempax.models.tool_format` beside the tokenizer, so the SFT data renders transcripts in the same format):
 
     hermes   Qwen2.5 / Qwen3 and ChatML models such as SmolLM2: each call is
              `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` anywhere in the reply.
@@ -22,16 +23,16 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 from tempax.errors import TempaxError
 from tempax.models.tokenizer import Tokenizer
+from tempax.models.tool_format import (HERMES_CLOSE, HERMES_OPEN, PYTHON_TAG, TOOL_FORMATS, ToolFormat,
+                                       detect_tool_format, format_call)
 
-ToolFormat = Literal["hermes", "llama3"]
-TOOL_FORMATS: tuple[str, ...] = ("hermes", "llama3")
-
-HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
-PYTHON_TAG = "<|python_tag|>"
+__all__ = ["HERMES_CLOSE", "HERMES_OPEN", "PYTHON_TAG", "TOOL_FORMATS", "MalformedCall", "ParsedReply", "ToolCall",
+           "ToolFormat", "ToolTemplateError", "detect_tool_format", "parse_tool_calls", "render_continuation",
+           "render_tool_call", "tool_message"]
 # End-of-message markers a Llama reply may still carry when decoded with special tokens kept.
 _LLAMA_END_MARKERS = ("<|eom_id|>", "<|eot_id|>")
 _HERMES_CALL = re.compile(re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|\Z)", re.DOTALL)
@@ -70,18 +71,6 @@ class ParsedReply:
 
 class ToolTemplateError(TempaxError):
     """The chat template cannot render the tool turns an environment needs."""
-
-
-def detect_tool_format(chat_template: str | None) -> ToolFormat:
-    """The call convention a chat template implies: `llama3` for Llama 3.x headers (`<|start_header_id|>`) or a
-    `<|python_tag|>`, else `hermes` (Qwen's `<tool_call>` tags, also the convention for plain ChatML templates
-    such as SmolLM2's, which name no tool format of their own)."""
-    text = chat_template or ""
-    if HERMES_OPEN in text:
-        return "hermes"
-    if PYTHON_TAG in text or "<|start_header_id|>" in text:
-        return "llama3"
-    return "hermes"
 
 
 def _call_from_object(obj: Any, text: str, arguments_key: str) -> ToolCall | MalformedCall:
@@ -168,11 +157,7 @@ def parse_tool_calls(text: str, tool_format: ToolFormat) -> ParsedReply:
 
 def render_tool_call(call: ToolCall, tool_format: ToolFormat) -> str:
     """The text a model writes for `call` in `tool_format` (for demonstrations in an SFT warm-start)."""
-    if tool_format == "hermes":
-        return f'{HERMES_OPEN}\n{json.dumps({"name": call.name, "arguments": call.arguments})}\n{HERMES_CLOSE}'
-    if tool_format == "llama3":
-        return json.dumps({"name": call.name, "parameters": call.arguments})
-    raise ValueError(f"unknown tool format {tool_format!r}; choose one of {TOOL_FORMATS}")
+    return format_call(call.name, call.arguments, tool_format)
 
 
 def tool_message(name: str, content: str) -> dict[str, str]:

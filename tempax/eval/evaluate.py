@@ -29,6 +29,7 @@ from tempax.eval.metrics import EvalSummary, summarize
 from tempax.generate import SamplingConfig, generate
 from tempax.parallel.process import is_writer
 from tempax.progress import work_bar
+from tempax.rewards.code import check_programs, shared_sandbox
 from tempax.rewards.correctness import CHECK_TIMEOUT_S, check_completions
 
 
@@ -170,6 +171,20 @@ def score_completions(
     return [c.format_ok for c in checks], [c.correct for c in checks], [c.timed_out for c in checks]
 
 
+def score_row(
+    completions: Sequence[str], row: dict[str, Any], *, timeout_s: float | None = CHECK_TIMEOUT_S
+) -> tuple[list[bool], list[bool], list[bool]]:
+    """`score_completions` for one task row. A code task row (`tests` and `entry_point` columns) is scored by
+    running each completion's program against its hidden tests in the sandbox instead: in format when it holds
+    a code block, correct when every test passes, timed out when the program hit a time limit
+    (`tempax.rewards.code`)."""
+    if "tests" in row and "entry_point" in row:
+        n = len(completions)
+        checks = check_programs(shared_sandbox(), completions, [row["tests"]] * n, [row["entry_point"]] * n)
+        return [c.format_ok for c in checks], [c.all_passed for c in checks], [c.timed_out for c in checks]
+    return score_completions(completions, row["answer"], timeout_s=timeout_s)
+
+
 def _prompt_ids(tokenizer: Any, rows: Sequence[dict[str, Any]]) -> list[list[int]]:
     out = []
     for i, row in enumerate(rows):
@@ -192,7 +207,7 @@ def _run(
             result = generate(model, tokenizer, chunk, config, prompt_offset=start)
             for i, texts in enumerate(result.grouped()):
                 row = rows[start + i]
-                fmt, correct, timed_out = score_completions(texts, row["answer"], timeout_s=timeout_s)
+                fmt, correct, timed_out = score_row(texts, row, timeout_s=timeout_s)
                 lengths = [int(x) for x in result.lengths[i * result.n:(i + 1) * result.n]]
                 records.append(Scored(str(row.get("question", "")), str(row["answer"]), list(texts), fmt, correct,
                                       lengths, timed_out))

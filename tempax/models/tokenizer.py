@@ -6,6 +6,12 @@ a Hugging Face folder under `$TEMPAX_CACHE/tokenizers/` (default `~/.cache/tempa
 size and modification time, so later loads skip reading the vocabulary out of the file.
 Everything in tempax talks to `Tokenizer`, never to the Hugging Face object directly, so chat templates,
 special ids and stop tokens are resolved in one place.
+
+A loaded `Tokenizer` pickles as where it came from (`TokenizerSource`: the folder, Hub id or GGUF path given to
+`load_tokenizer`), not as the live objects: the deferred `transformers` tokenizer and the light one hold locks,
+and a Ray rollout worker or a worker process rebuilds it from the same source (through the same on-disk cache)
+instead of receiving the whole vocabulary. A tokenizer whose vocabulary was grown after loading (`tempax
+tokenizer extend`), or one wrapped around an object built in memory, pickles its `transformers` object.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tempax.errors import CheckpointError
@@ -45,6 +51,28 @@ def import_transformers() -> Any:
     return module
 
 
+@dataclass(frozen=True)
+class TokenizerSource:
+    """What `load_tokenizer` was given: enough to load the same tokenizer again in another process.
+
+    Attributes:
+      source: the folder, Hub repo id or `.gguf` path.
+      gguf_file: the GGUF file inside `source`, when `source` is a folder or repo of GGUF files.
+      vocab_size: the vocabulary size at load time; a tokenizer that has grown since is not rebuilt from here.
+    """
+
+    source: str
+    gguf_file: str | None
+    vocab_size: int
+
+
+def _rebuild(origin: TokenizerSource, stop_ids: tuple[int, ...]) -> "Tokenizer":
+    """The unpickling side of `Tokenizer.__reduce__`: the tokenizer loaded again, with the stop ids it carried."""
+    tokenizer = load_tokenizer(origin.source, gguf_file=origin.gguf_file)
+    return tokenizer if tokenizer.stop_ids == stop_ids else Tokenizer(
+        hf=tokenizer.hf, stop_ids=stop_ids, light=tokenizer.light, origin=tokenizer.origin)
+
+
 @dataclass
 class Tokenizer:
     """Wraps a `transformers` tokenizer.
@@ -55,11 +83,29 @@ class Tokenizer:
       stop_ids: token ids that end a generation (eos plus chat end-of-turn tokens such as `<|im_end|>`).
       light: where set, answers encoding, decoding, special ids and plain chat templates without `transformers`
         (`tempax.models.light_tokenizer`), with the same results, until something uses `hf` itself.
+      origin: where `load_tokenizer` loaded it from (None for a tokenizer built in memory); what it pickles as.
     """
 
     hf: Any
     stop_ids: tuple[int, ...]
     light: LightTokenizer | None = None
+    origin: TokenizerSource | None = field(default=None, compare=False)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickles as its `origin` (see the module docstring) while the vocabulary is the one it was loaded with;
+        otherwise as the `transformers` tokenizer itself (picklable once loaded; the deferred stand-in is not)."""
+        if self.origin is not None and not self._grown():
+            return _rebuild, (self.origin, self.stop_ids)
+        hf = self.hf.resolve() if isinstance(self.hf, DeferredTokenizer) else self.hf
+        return Tokenizer, (hf, self.stop_ids)
+
+    def _grown(self) -> bool:
+        """Whether tokens were added after loading; only the `transformers` tokenizer can have been changed, so a
+        deferred one nothing has reached for has not."""
+        if isinstance(self.hf, DeferredTokenizer) and not self.hf.resolved:
+            return False
+        assert self.origin is not None
+        return len(self.hf) != self.origin.vocab_size
 
     @property
     def _fast(self) -> LightTokenizer | None:
@@ -197,17 +243,17 @@ def load_tokenizer(source: str | os.PathLike, *, gguf_file: str | None = None) -
     source = str(source)
     try:
         if source.endswith(".gguf"):
-            return _gguf_tokenizer(source)
+            tokenizer = _gguf_tokenizer(source)
         elif gguf_file is not None and os.path.isdir(source):
-            return _gguf_tokenizer(os.path.join(source, gguf_file))
+            tokenizer = _gguf_tokenizer(os.path.join(source, gguf_file))
         elif gguf_file is not None:
             from huggingface_hub import hf_hub_download
 
-            return _gguf_tokenizer(hf_hub_download(source, gguf_file))
+            tokenizer = _gguf_tokenizer(hf_hub_download(source, gguf_file))
         elif (named := _generic_fast_class(source)) is not None:
-            hf = named.from_pretrained(source)
+            tokenizer = wrap(named.from_pretrained(source))
         else:
-            hf = import_transformers().AutoTokenizer.from_pretrained(source)
+            tokenizer = wrap(import_transformers().AutoTokenizer.from_pretrained(source))
     except CheckpointError:
         raise
     except (OSError, ValueError) as e:
@@ -215,7 +261,9 @@ def load_tokenizer(source: str | os.PathLike, *, gguf_file: str | None = None) -
             f"could not load a tokenizer from {source!r}: {e}. Pass a folder with tokenizer.json / "
             "tokenizer_config.json, a Hub repo id, or a .gguf file."
         ) from e
-    return wrap(hf)
+    origin = TokenizerSource(os.path.abspath(source) if os.path.exists(source) else source, gguf_file,
+                             tokenizer.vocab_size)
+    return Tokenizer(hf=tokenizer.hf, stop_ids=tokenizer.stop_ids, light=tokenizer.light, origin=origin)
 
 
 def cache_root() -> str:

@@ -18,6 +18,7 @@ import jax
 from jax.sharding import AxisType, Mesh
 
 from tempax.errors import ConfigError
+from tempax.parallel.peers import PeerWatch, wait_for_coordinator
 
 MESH_AXES: tuple[str, str, str] = ("data", "fsdp", "tensor")
 
@@ -80,6 +81,8 @@ def init_distributed(
     *,
     cluster: bool = False,
     timeout_s: int = 300,
+    heartbeat_timeout_s: int = 100,
+    shutdown_timeout_s: int = 300,
 ) -> bool:
     """Join a multi-process run via `jax.distributed.initialize`; a no-op for a single process.
 
@@ -87,8 +90,12 @@ def init_distributed(
     (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID); with `cluster`, JAX's own discovery (SLURM,
     Open MPI, Kubernetes, Cloud TPU: `jax.distributed.initialize()` without arguments). On CPU the processes talk
     through gloo collectives (set before initialising; without them cross-process programs cannot run on CPU).
-    `timeout_s` bounds the wait for the other processes, so a missing peer fails instead of hanging.
-    Call it before anything touches `jax.devices()`. Returns True when it initialised (or already had).
+    `timeout_s` bounds the wait for the other processes, so a missing peer fails instead of hanging (and a process
+    other than 0 first waits that long for the coordinator's address to answer: `peers.wait_for_coordinator`);
+    `heartbeat_timeout_s` is how long a silent process counts as alive, `shutdown_timeout_s` how long the
+    processes wait for each other at the end. A lost process ends the others with one line naming it
+    (`tempax.parallel.peers`). Call it before anything touches `jax.devices()`. Returns True when it initialised
+    (or already had).
     """
     coordinator_address = coordinator_address or os.environ.get(ENV_COORDINATOR) or None
     num_processes = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
@@ -99,8 +106,13 @@ def init_distributed(
     if not explicit and not cluster:
         return False
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # A lost process must not end the others from inside C++: they find it through `PeerWatch` instead.
+    jax.config.update("jax_enable_recoverability", True)
+    timeouts = {"initialization_timeout": timeout_s, "heartbeat_timeout_seconds": heartbeat_timeout_s,
+                "shutdown_timeout_seconds": shutdown_timeout_s}
     if not explicit:
-        jax.distributed.initialize(initialization_timeout=timeout_s)
+        jax.distributed.initialize(**timeouts)
+        _watch_peers(heartbeat_timeout_s, shutdown_timeout_s)
         return True
     if coordinator_address is None or num_processes is None or process_id is None:
         raise ConfigError(
@@ -111,7 +123,17 @@ def init_distributed(
         )
     if not 0 <= process_id < num_processes:
         raise ConfigError(f"process_id must be in [0, {num_processes}), got {process_id}")
-    jax.distributed.initialize(
-        coordinator_address, num_processes=num_processes, process_id=process_id, initialization_timeout=timeout_s
-    )
+    if process_id != 0:
+        wait_for_coordinator(coordinator_address, timeout_s)
+    jax.distributed.initialize(coordinator_address, num_processes=num_processes, process_id=process_id, **timeouts)
+    _watch_peers(heartbeat_timeout_s, shutdown_timeout_s)
     return True
+
+
+def _watch_peers(heartbeat_timeout_s: int, shutdown_timeout_s: int) -> None:
+    from jax._src import distributed  # the coordination client: JAX has no public handle on it
+
+    state = distributed.global_state
+    PeerWatch(state.client, process_id=state.process_id, num_processes=state.num_processes,
+              coordinator=state.coordinator_address, heartbeat_timeout_s=heartbeat_timeout_s,
+              shutdown_timeout_s=shutdown_timeout_s).start()

@@ -53,6 +53,11 @@ class RayConfig:
         "error naming the worker, instead of hanging.",
         600.0,
     )
+    worker_resource: str | None = help_field(
+        "Place each rollout worker on a Ray node offering this custom resource, one unit per worker (start the "
+        "rollout hosts with `ray start --address HEAD:6379 --resources '{\"NAME\": N}'`); null: any node.",
+        None,
+    )
     worker_cpus: tuple[int, ...] = help_field(
         "Pin worker i to CPU core worker_cpus[i % len] (os.sched_setaffinity), e.g. [1] to keep core 0 for the "
         "trainer; empty: no pinning.",
@@ -161,7 +166,8 @@ class WorkerPool:
             else:
                 ray.init(num_cpus=ray_config.num_cpus, include_dashboard=False, log_to_driver=False)
                 self.started_ray = True
-        self._actor_cls = ray.remote(num_cpus=0)(RolloutWorker)
+        placement = {"resources": {ray_config.worker_resource: 1}} if ray_config.worker_resource else {}
+        self._actor_cls = ray.remote(num_cpus=0, **placement)(RolloutWorker)
         self.rollout_fn = rollout_fn
         frozen = jax.tree.map(np.asarray, jax.device_get(parts.rest))
         self._parts_ref = ray.put(type(parts)(parts.graphdef, parts.templates, frozen))

@@ -1,15 +1,20 @@
-"""The request batcher: concurrent requests share decode steps.
+"""The request batcher: concurrent requests share decode steps, and a request joins the running decode.
 
-One worker thread owns the model. It takes every request waiting when it is free (up to `max_rows` rows, the
-requests with the oldest one's n and top_k, which a batch shares) and runs them as one `DecodeRun` whose rows
-keep their own temperature, top-p, min-p, seed and max_tokens (`prompt_configs`). The run advances `chunk` tokens
-per device call; after each chunk the worker checks each request's own stop strings, sends streamed text, and
-answers every request whose rows have all finished, without waiting for the rest of the batch. Requests that
-arrive while a batch runs wait for the next one: the engine's rows share one KV-cache write position, so a new
-prompt cannot join a batch that is already decoding (docs/serving.md measures what batching gives).
+One worker thread owns the model, as a continuously batched `SlotEngine` (`tempax.generate.continuous`): a
+fixed number of slots, each with its own KV cache. Between chunks of `chunk` tokens the worker
 
-A request's samples depend only on it (its seed, its prompt), never on what it was batched with: each prompt
-draws its random stream as prompt 0 of its own request.
+  * admits waiting requests, oldest first, while free slots hold all of a request's completions (prompts x n):
+    each prompt is prefilled alone into its slots, so it joins the rows already decoding without re-padding
+    them (an echoed prompt with max_tokens 0 takes no slot: it is only scored);
+  * checks each row's own stop strings, sends streamed text, and answers a request when its rows have all
+    finished; a finished row frees its slot at once, for the next waiting request. A completion that asks for
+    `echo` or top alternatives (`logprobs` N > 0) gets one scoring pass over prompt + completion when it ends.
+
+Rows differ in every sampling knob (temperature, top-p, top-k, min-p, seed, max_tokens): the engine takes them
+as traced values per slot, so any mix of requests runs on the programs `warm_up` compiled at start-up.
+
+A request's samples depend only on it (its seed, its prompt), never on what it was batched with or when it
+joined: each prompt draws its random stream as prompt 0 of its own request, step by step from its own start.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from tempax.generate.engine import DecodeRun
+from tempax.generate.continuous import SlotEngine
 from tempax.generate.stops import cut_at_stop
-from tempax.serve.protocol import APIError, Choice, CompletionRequest
+from tempax.serve.protocol import APIError, Choice, CompletionRequest, Scores
 
 Event = tuple[str, Any]  # ("delta", (choice index, text)) / ("choice", Choice) / ("error", APIError) / ("end", None)
 
@@ -42,44 +47,55 @@ class Job:
     def rows(self) -> int:
         return len(self.request.prompts) * self.request.sampling.n
 
+    @property
+    def slots(self) -> int:
+        """Slots it decodes in (none where it only scores its prompts)."""
+        return 0 if self.request.score_only else self.rows
+
 
 @dataclass
 class _Row:
-    """One completion of a job inside a running batch."""
+    """One completion of a job inside the running decode."""
 
     job: Job
     index: int  # the choice index in the response
+    prompt: int  # which of the job's prompts it continues
     emitted: int = 0  # characters of text already streamed
-    finished: bool = False
-
-
-def _shared_key(job: Job) -> tuple[int, int, bool | None]:
-    """What the rows of one batch must agree on: n, top_k, and whether sampling walks the vocabulary in sorted
-    order (top-p without top-k; a sample's token depends on that order). None: greedy, which joins either."""
-    c = job.request.sampling
-    return c.n, c.top_k, None if c.greedy else (c.top_p < 1.0 and c.top_k == 0)
-
-
-def _joins(key: tuple[int, int, bool | None], batch_key: tuple[int, int, bool | None]) -> bool:
-    return key[:2] == batch_key[:2] and (key[2] is None or batch_key[2] is None or key[2] == batch_key[2])
 
 
 class Batcher:
-    """Runs requests on `model` in batches from a worker thread; `submit` is safe from any thread.
+    """Runs requests on `model` with continuous batching from a worker thread; `submit` is safe from any thread.
 
     Args:
       model, tokenizer: what `tempax.models.registry.load` returns.
-      max_rows: most completions (prompts x n) decoded together.
-      chunk: tokens decoded per device call between host checks (stop strings, streaming, finished requests).
+      max_rows: slots: most completions (prompts x n) decoded together.
+      chunk: tokens decoded per device call between host checks (joins, stop strings, streaming, answers).
+      context: positions per row, prompt + completion (the largest bucket the engine compiles).
+      join_running: False admits requests only when the decode has emptied (static batches: what the server did
+        before continuous batching; `bench/serve.py` compares the two).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_rows: int = 32, chunk: int = 8):
+    def __init__(self, model: Any, tokenizer: Any, *, max_rows: int = 32, chunk: int = 8, context: int = 256,
+                 join_running: bool = True):
         self.model, self.tokenizer = model, tokenizer
-        self.max_rows, self.chunk = max_rows, chunk
-        self.batch_rows: collections.deque[int] = collections.deque(maxlen=1024)  # rows of recent batches
-        self._queue: "queue.Queue[Job | None]" = queue.Queue()
-        self._waiting: list[Job] = []
+        self.max_rows, self.chunk, self.join_running = max_rows, chunk, join_running
         self._stop_ids = tuple(tokenizer.stop_ids)
+        # Cache buckets from 256 positions: a short row reads a few hundred unused slots a step, and start-up
+        # compiles two decode programs fewer than from 64.
+        self.engine = SlotEngine(model, slots=max_rows, context=context, stop_ids=self._stop_ids,
+                                 pad_id=int(tokenizer.pad_id), min_cache=256)
+        # Live rows after each admission: how many requests shared the decode (tests, benchmarks).
+        self.live_rows: collections.deque[int] = collections.deque(maxlen=4096)
+        self._queue: "queue.Queue[Job | None]" = queue.Queue()
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._rows: dict[int, _Row] = {}  # slot -> row
+        self._thread: threading.Thread | None = None
+
+    def warm_up(self) -> int:
+        """Compiles every program serving needs (before the server answers); returns how many compiled."""
+        return self.engine.warm_up()
+
+    def start(self) -> None:
         self._thread = threading.Thread(target=self._work, name="tempax-batcher", daemon=True)
         self._thread.start()
 
@@ -93,49 +109,67 @@ class Batcher:
         return job
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=30)
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=30)
 
     # -- the worker --------------------------------------------------------------------------------------------
     def _work(self) -> None:
         while True:
-            if not self._waiting:
-                job = self._queue.get()
-                if job is None:
-                    return
-                self._waiting.append(job)
-            while True:  # everything that arrived while the last batch ran
-                try:
-                    job = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if job is None:
-                    return
-                self._waiting.append(job)
-            batch = self._take_batch()
             try:
-                self._run(batch)
-            except APIError as e:
-                for job in batch:
-                    self._fail(job, e)
-            except Exception as e:  # the server must outlive one failed batch; the clients hear why
-                for job in batch:
-                    self._fail(job, APIError(f"generation failed: {type(e).__name__}: {e}", status=500,
-                                             type="internal_error"))
+                block = not self._rows and not self._waiting
+                while True:  # everything that arrived; wait for one when there is nothing to do
+                    job = self._queue.get() if block else self._queue.get_nowait()
+                    block = False
+                    if job is None:
+                        return
+                    self._waiting.append(job)
+            except queue.Empty:
+                pass
+            try:
+                self._admit()
+                self.engine.advance(self.chunk)
+                self._check_rows()
+            except Exception as e:  # the server must outlive one failed step; the clients hear why
+                error = e if isinstance(e, APIError) else APIError(
+                    f"generation failed: {type(e).__name__}: {e}", status=500, type="internal_error")
+                for row in self._rows.values():
+                    self._fail(row.job, error)
+                self._rows.clear()
+                self.engine.reset()
 
-    def _take_batch(self) -> list[Job]:
-        key = _shared_key(self._waiting[0])
-        batch, rest, rows = [], [], 0
+    def _admit(self) -> None:
+        """Oldest first, waiting requests join the decode while their completions all fit the free slots; the
+        first that does not fit holds back the later ones (so a large request is not starved), except those that
+        take no slot (echo with max_tokens 0), which are answered at once."""
+        admitted, blocked, rest = False, not self.join_running and self.engine.live() > 0, collections.deque()
         for job in self._waiting:
-            own = _shared_key(job)
-            if _joins(own, key) and rows + job.rows <= self.max_rows:
-                batch.append(job)
-                rows += job.rows
-                key = key if key[2] is not None else own  # the first sampled request fixes the order
-            else:
+            if job.slots and (blocked or job.slots > self.engine.free_slots()):
+                blocked = True
                 rest.append(job)
+                continue
+            try:
+                self._start(job)
+            except APIError as e:
+                self._fail(job, e)
+            admitted = admitted or job.slots > 0
         self._waiting = rest
-        return batch
+        if admitted:
+            self.live_rows.append(self.engine.live())
+
+    def _start(self, job: Job) -> None:
+        request = job.request
+        config = request.sampling
+        n = config.n
+        if request.score_only:  # echo with max_tokens 0: score the prompts, generate nothing
+            for p, ids in enumerate(request.prompts):
+                for j in range(n):
+                    self._finish(job, Choice(p * n + j, "", "length", [], [], list(ids), self._score(list(ids))))
+            return
+        for p, ids in enumerate(request.prompts):
+            rows = [_Row(job, p * n + j, p) for j in range(n)]
+            for slot, row in zip(self.engine.join(ids, [config] * n, rows), rows):
+                self._rows[slot] = row
 
     def _fail(self, job: Job, error: APIError) -> None:
         if not job.ended:
@@ -143,46 +177,25 @@ class Batcher:
             job.events.put(("error", error))
             job.events.put(("end", None))
 
-    def _run(self, batch: list[Job]) -> None:
-        prompts, configs, rows = [], [], []
-        for job in batch:
-            config = job.request.sampling
-            for p, ids in enumerate(job.request.prompts):
-                prompts.append(ids)
-                configs.append(config)
-                rows += [_Row(job, p * config.n + j) for j in range(config.n)]
-        shared = configs[0].replace(max_new_tokens=max(c.max_new_tokens for c in configs), stop=())
-        self.batch_rows.append(len(rows))
-        run = DecodeRun(self.model, prompts, shared, stop_ids=self._stop_ids, pad_id=int(self.tokenizer.pad_id),
-                        prompt_configs=configs)
-        while True:
-            self._check_rows(run, rows, final=run.finished)
-            if run.finished or all(row.finished for row in rows):
-                break
-            run.advance(self.chunk)
-
     def _decode(self, ids: np.ndarray) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def _check_rows(self, run: DecodeRun, rows: list[_Row], *, final: bool) -> None:
-        """Stop strings, streamed text and finished requests after a chunk (`final`: the run has ended)."""
-        tokens, lengths = run.tokens()
-        done = run.done()
-        stop_now = np.zeros(len(rows), bool)
+    def _check_rows(self) -> None:
+        """Stop strings, streamed text and finished requests after a chunk; finished rows free their slots."""
+        if not self._rows:
+            return
+        tokens, lengths, done = self.engine.snapshot()
         raw_logprobs = None  # fetched from the device once, when a row that reports log-probs ends
-        for r, row in enumerate(rows):
-            if row.finished:
-                continue
+        finished = []
+        for slot, row in list(self._rows.items()):
             request = row.job.request
             stops = request.sampling.stop
-            n_tok = int(lengths[r])
-            ids = tokens[r, :n_tok]
-            by_token = n_tok > 0 and bool(done[r]) and int(ids[-1]) in self._stop_ids
+            n_tok = int(lengths[slot])
+            ids = tokens[slot, :n_tok]
+            by_token = n_tok > 0 and bool(done[slot]) and int(ids[-1]) in self._stop_ids
             body = ids[:-1] if by_token else ids
             text, kept, hit = cut_at_stop(body, self._decode, stops)
-            ended = hit or bool(done[r]) or final or n_tok >= request.sampling.max_new_tokens
-            if hit:
-                stop_now[r] = True
+            ended = hit or bool(done[slot]) or n_tok >= request.sampling.max_new_tokens
             if request.stream:
                 safe = len(text) if ended else len(text) - (max((len(s) for s in stops), default=1) - 1)
                 while not ended and safe > row.emitted and text[safe - 1] == "\ufffd":
@@ -190,19 +203,31 @@ class Batcher:
                 if safe > row.emitted:
                     row.job.events.put(("delta", (row.index, text[row.emitted:safe])))
                     row.emitted = safe
-            if ended:
-                row.finished = True
-                kept_ids = [int(t) for t in ids[: kept if hit else n_tok]]
-                if request.logprobs and raw_logprobs is None:
-                    raw_logprobs = run.output().raw_logprobs
-                # log p_1: the model's own distribution at temperature 1 (what vLLM reports by default)
-                logprobs = [float(x) for x in raw_logprobs[r, : len(kept_ids)]] if request.logprobs else []
-                choice = Choice(row.index, text, "stop" if (hit or by_token) else "length", kept_ids, logprobs)
-                row.job.choices.append(choice)
-                row.job.events.put(("choice", choice))
-                if len(row.job.choices) == row.job.rows:
-                    row.job.choices.sort(key=lambda c: c.index)
-                    row.job.ended = True
-                    row.job.events.put(("end", None))
-        if stop_now.any():
-            run.mark_done(stop_now)
+            if not ended:
+                continue
+            finished.append(slot)
+            del self._rows[slot]
+            kept_ids = [int(t) for t in ids[: kept if hit else n_tok]]
+            if request.logprobs and raw_logprobs is None:
+                raw_logprobs = self.engine.raw_logprobs()
+            # log p_1: the model's own distribution at temperature 1 (what vLLM reports by default)
+            logprobs = [float(x) for x in raw_logprobs[slot, : len(kept_ids)]] if request.logprobs else []
+            prompt_ids = list(request.prompts[row.prompt])
+            scores = self._score(prompt_ids + kept_ids) if request.echo or request.top_logprobs else None
+            finish = "stop" if (hit or by_token) else "length"
+            self._finish(row.job, Choice(row.index, text, finish, kept_ids, logprobs, prompt_ids, scores))
+        if finished:
+            self.engine.release(finished)
+
+    def _score(self, ids: list[int]) -> Scores:
+        return Scores(*self.engine.score(ids))
+
+    def _finish(self, job: Job, choice: Choice) -> None:
+        if job.ended:
+            return  # its request already failed
+        job.choices.append(choice)
+        job.events.put(("choice", choice))
+        if len(job.choices) == job.rows:
+            job.choices.sort(key=lambda c: c.index)
+            job.ended = True
+            job.events.put(("end", None))

@@ -1,6 +1,6 @@
 """The OpenAI wire format: request bodies checked into `CompletionRequest`s, and response / chunk bodies built.
 
-Only what tempax can honour is accepted. A field it cannot honour (tools, penalties, top alternatives of
+Only what tempax can honour is accepted. A field it cannot honour (tools, penalties, chat's top alternatives of
 log-probs...) is refused with a 400 naming it rather than ignored, so a client never gets silently different
 sampling. Errors have OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 """
@@ -12,7 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
+
 from tempax.generate.config import SamplingConfig
+from tempax.generate.continuous import TOP_LOGPROBS
 
 # Fields clients send that do not change what is generated.
 _IGNORED = {"user", "metadata", "store", "service_tier", "stream_options", "parallel_tool_calls"}
@@ -56,6 +59,9 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
+    echo: bool = False  # completions: the prompt comes back before the completion, with its tokens' log-probs
+    top_logprobs: int = 0  # completions: the most likely alternatives reported per token (OpenAI's logprobs=N)
+    score_only: bool = False  # echo with max_tokens 0: the prompt's log-probs, nothing generated
     id: str = field(default_factory=lambda: secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -118,7 +124,7 @@ def _stops(body: dict) -> tuple[str, ...]:
 
 
 def _sampling(body: dict, kind: str, model: str, prompts: list[list[int]], limits: Limits,
-              prompt_param: str, logprobs: bool) -> CompletionRequest:
+              prompt_param: str, logprobs: bool, *, echo: bool = False, top_logprobs: int = 0) -> CompletionRequest:
     n = _integer(body, "n", 1, 1, limits.max_n)
     longest = max(len(p) for p in prompts)
     room = limits.context - longest
@@ -127,7 +133,8 @@ def _sampling(body: dict, kind: str, model: str, prompts: list[list[int]], limit
             f"the prompt has {longest} tokens but the model's context holds {limits.context} (prompt + completion); "
             "shorten the prompt", param=prompt_param, code="context_length_exceeded")
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _integer(body, name, None, 1)
+    # max_tokens 0 scores an echoed prompt without generating (what evaluation harnesses send)
+    max_tokens = _integer(body, name, None, 0 if echo else 1)
     if max_tokens is None:
         max_tokens = min(limits.default_max_tokens, room)
     elif max_tokens > room:
@@ -143,7 +150,7 @@ def _sampling(body: dict, kind: str, model: str, prompts: list[list[int]], limit
         raise APIError("stream_options must be an object like {\"include_usage\": true}", param="stream_options")
     seed = _integer(body, "seed", None, -(2**63), 2**63 - 1)
     sampling = SamplingConfig(
-        max_new_tokens=max_tokens,
+        max_new_tokens=max(max_tokens, 1),
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
         top_k=_integer(body, "top_k", 0, -1) if body.get("top_k") != -1 else 0,  # vLLM's -1 means off
@@ -153,6 +160,7 @@ def _sampling(body: dict, kind: str, model: str, prompts: list[list[int]], limit
     )
     return CompletionRequest(
         kind=kind, model=model, prompts=prompts, sampling=sampling, stream=stream, include_usage=bool(options.get("include_usage", False)), logprobs=logprobs,
+        echo=echo, top_logprobs=top_logprobs, score_only=max_tokens == 0,
     )
 
 
@@ -210,16 +218,21 @@ def parse_completion(body: Any, tokenizer: Any, served: str, limits: Limits) -> 
     """A checked /v1/completions request: `prompt` is a string, a list of strings, token ids or lists of them."""
     _check_fields(body, COMPLETION_FIELDS)
     model = _check_model(body, served)
-    for name, off in (("echo", False), ("suffix", None), ("best_of", 1)):
+    for name, off in (("suffix", None), ("best_of", 1)):
         if body.get(name) not in (None, off):
             raise APIError(f"{name} is not supported by tempax serve; leave it out", param=name,
                            code="unsupported_parameter")
-    logprobs = _integer(body, "logprobs", None, 0, 5)
-    if logprobs:
-        raise APIError("logprobs above 0 (top alternatives) is not supported; logprobs=0 returns the chosen "
-                       "tokens' log-probabilities", param="logprobs", code="unsupported_parameter")
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise APIError(f"echo must be true or false, got {echo!r}", param="echo")
+    logprobs = _integer(body, "logprobs", None, 0, TOP_LOGPROBS)
     prompts = _prompt_ids(body.get("prompt"), tokenizer, int(tokenizer.vocab_size))
-    return _sampling(body, "completion", model, prompts, limits, "prompt", logprobs is not None)
+    request = _sampling(body, "completion", model, prompts, limits, "prompt", logprobs is not None, echo=echo,
+                        top_logprobs=logprobs or 0)
+    if request.stream and (echo or request.top_logprobs):
+        raise APIError("echo and logprobs above 0 are answered whole; leave out stream", param="stream",
+                       code="unsupported_parameter")
+    return request
 
 
 def _prompt_ids(prompt: Any, tokenizer: Any, vocab: int) -> list[list[int]]:
@@ -253,15 +266,32 @@ def _prompt_ids(prompt: Any, tokenizer: Any, vocab: int) -> list[list[int]]:
     return out
 
 
+@dataclass(frozen=True)
+class Scores:
+    """A scoring pass over prompt + completion: entry t is about token t given the tokens before it.
+
+    Attributes:
+      token_logprobs: [T] log p(token t | tokens < t); entry 0 (nothing before it) is unused.
+      top_ids, top_logprobs: [T, TOP_LOGPROBS] the most likely tokens at each position and their log-probs.
+    """
+
+    token_logprobs: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+
 @dataclass
 class Choice:
-    """One finished completion: its text, why it ended ("stop" or "length"), its tokens and their log-probs."""
+    """One finished completion: its text, why it ended ("stop" or "length"), its tokens and their log-probs;
+    `prompt_ids` and `scores` where the request asked for echo or top alternatives."""
 
     index: int
     text: str
     finish_reason: str
     token_ids: list[int]
     logprobs: list[float]
+    prompt_ids: list[int] = field(default_factory=list)
+    scores: Scores | None = None
 
 
 def usage(request: CompletionRequest, choices: Sequence[Choice]) -> dict[str, int]:
@@ -277,11 +307,29 @@ def _logprobs_body(request: CompletionRequest, choice: Choice, tokenizer: Any) -
     if request.kind == "chat":
         return {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode("utf-8")), "top_logprobs": []}
                             for p, lp in zip(pieces, choice.logprobs)], "refusal": None}
+    token_logprobs: list[float | None] = list(choice.logprobs)
+    if request.echo:
+        # The prompt's tokens first; its first token follows nothing, so it has no log-prob (OpenAI's None).
+        prompt = [None] + [float(x) for x in choice.scores.token_logprobs[1:len(choice.prompt_ids)]]
+        pieces = [tokenizer.decode([t], skip_special_tokens=False) for t in choice.prompt_ids] + pieces
+        token_logprobs = prompt + token_logprobs
+    top = None
+    if request.top_logprobs:
+        s, start = choice.scores, 0 if request.echo else len(choice.prompt_ids)
+        top = []
+        for t in range(start, start + len(pieces)):
+            if t == 0:
+                top.append(None)
+                continue
+            alternatives: dict[str, float] = {}
+            for i, lp in zip(s.top_ids[t, : request.top_logprobs], s.top_logprobs[t, : request.top_logprobs]):
+                alternatives.setdefault(tokenizer.decode([int(i)], skip_special_tokens=False), float(lp))
+            top.append(alternatives)
     offsets, at = [], 0
     for p in pieces:
         offsets.append(at)
         at += len(p)
-    return {"tokens": pieces, "token_logprobs": choice.logprobs, "top_logprobs": None, "text_offset": offsets}
+    return {"tokens": pieces, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
 
 
 def response_body(request: CompletionRequest, choices: Sequence[Choice], tokenizer: Any) -> dict[str, Any]:
@@ -291,7 +339,8 @@ def response_body(request: CompletionRequest, choices: Sequence[Choice], tokeniz
                 "logprobs": _logprobs_body(request, c, tokenizer), "finish_reason": c.finish_reason}
                for c in choices]
     else:
-        out = [{"index": c.index, "text": c.text, "logprobs": _logprobs_body(request, c, tokenizer),
+        echoed = lambda c: tokenizer.decode(c.prompt_ids, skip_special_tokens=False) if request.echo else ""
+        out = [{"index": c.index, "text": echoed(c) + c.text, "logprobs": _logprobs_body(request, c, tokenizer),
                 "finish_reason": c.finish_reason} for c in choices]
     return {"id": request.response_id, "object": request.object_name, "created": request.created,
             "model": request.model, "choices": out, "usage": usage(request, choices)}

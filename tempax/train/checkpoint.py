@@ -182,11 +182,16 @@ def _leaves_dict(tree: Any) -> dict[str, Any]:
 class Checkpointer:
     """Saves and restores `TrainState`s (plus data position) under `<run_dir>/checkpoints`."""
 
-    def __init__(self, directory: str | os.PathLike, *, keep: int = 2, async_save: bool = True):
+    def __init__(self, directory: str | os.PathLike, *, keep: int = 2, async_save: bool = True,
+                 read_only: bool = False):
+        """`read_only`: a reader of another run's checkpoints (export, generate from a run dir) creates nothing
+        and leaves its temporary folders alone: that run may be writing one right now."""
         self.directory = os.path.abspath(os.fspath(directory))
         self._options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, enable_async_checkpointing=async_save, save_interval_steps=1,
-            cleanup_tmp_directories=True,  # a run killed mid-write leaves a temporary folder; drop it on restart
+            max_to_keep=keep, create=not read_only, enable_async_checkpointing=async_save, save_interval_steps=1,
+            # a run killed mid-write leaves a temporary folder; drop it on restart (Orbax's own read_only flag
+            # logs three warnings for options it then ignores, so a reader just creates and cleans nothing)
+            cleanup_tmp_directories=not read_only,
         )
         _quiet_orbax_failures()
         self._manager = self._open_manager()

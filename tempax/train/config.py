@@ -81,14 +81,21 @@ class MeshConfig:
         "JAX_PROCESS_ID environment need no flag.",
         False,
     )
-    init_timeout_s: int = help_field("Multi-host: seconds to wait for every process to join before failing.", 300)
+    init_timeout_s: int = help_field(
+        "Multi-host: seconds to wait for every process to join (and for the coordinator's address to answer) before "
+        "failing.", 300)
+    heartbeat_timeout_s: int = help_field(
+        "Multi-host: seconds without a heartbeat after which a process counts as lost; the others then stop with "
+        "one line naming it (exit status 5) and the newest intact checkpoint stays.", 100)
+    shutdown_timeout_s: int = help_field("Multi-host: seconds the processes wait for each other at the end.", 300)
 
     def join(self) -> bool:
         """Joins the multi-process run when one is configured (these fields, `tempax launch`'s environment, or
         `cluster`); a no-op otherwise. Must come before anything starts JAX's backend (even
         `jax.process_index()`), so `tempax.algorithms.run.start_run` calls it first; `build` calls it too."""
         return init_distributed(self.coordinator_address, self.num_processes, self.process_id, cluster=self.cluster,
-                                timeout_s=self.init_timeout_s)
+                                timeout_s=self.init_timeout_s, heartbeat_timeout_s=self.heartbeat_timeout_s,
+                                shutdown_timeout_s=self.shutdown_timeout_s)
 
     def build(self) -> "Mesh":
         """Joins the multi-process run when configured (`join`), then makes the mesh."""

@@ -1,4 +1,5 @@
-"""`tempax export` of a run whose latest checkpoint is damaged: one line naming the file and the intact steps."""
+"""`tempax export` of a run whose latest checkpoint is damaged: one line naming the file and the intact steps;
+`tempax generate` of that run dir reads the newest intact one instead."""
 
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ def test_export_names_the_damaged_file_and_the_intact_steps(workspace, tmp_path,
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert f"checkpoint step 3 is damaged: {data_file} is truncated: 5 bytes on disk" in err
-    assert "intact checkpoints: 2, 1; export one with --step 2" in err
+    assert "intact checkpoints: 2, 1; choose one with --step 2" in err
     assert main(["export", str(run), str(tmp_path / "out"), "--step", "2"]) == 0
     assert main(["export", str(run), str(tmp_path / "out9"), "--step", "9"]) == 2
     assert "has no checkpoint of step 9; its steps: 1, 2, 3" in capfd.readouterr().err
+    # generating from the run dir takes the newest intact checkpoint, says which it skipped, and moves nothing
+    assert main(["generate", str(run), "--prompt", "hi", "--max-new-tokens", "2"]) == 0
+    err = capfd.readouterr().err
+    assert f"skipping checkpoint step 3 of {run}: checkpoint step 3 is damaged: {data_file}" in err, err
+    assert os.path.isfile(data_file) and sorted(os.listdir(run / "checkpoints")) == ["1", "2", "3"]

@@ -110,3 +110,23 @@ def test_limit_scores_the_first_rows_under_a_labelled_bar(rm_folder, tmp_path, c
     assert json.loads(err.strip().splitlines()[-1])["num_scored"] == 3
     assert cli(["score", rm_folder, "--input", str(path), "--limit", "0"]) == 2
     assert "--limit must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_reward_model_run_dir_is_scored_with_the_model_it_saved(tmp_path, capsys):
+    """`tempax score RUN_DIR` reads `RUN_DIR/reward_model` (what `tempax reward-model` writes at its end); a run dir
+    without one is a single line naming the command that writes it."""
+    run = tmp_path / "rm_run"
+    model = RewardModel(tiny_tempax_model("llama", **SMALL), rngs=nnx.Rngs(2))
+    save_reward_model(model, str(run / "reward_model"), tokenizer=tiny_chat_tokenizer().hf, extra={"max_length": 64})
+    (run / "config.yaml").write_text("reward: {}\n")
+    pair = ["--prompt", "Capital of France?", "--response", "Paris."]
+    assert cli(["score", str(run), *pair]) == 0
+    from_run = capsys.readouterr().out
+    assert cli(["score", str(run / "reward_model"), *pair]) == 0
+    assert from_run == capsys.readouterr().out and from_run.strip()
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "config.yaml").write_text("reward: {}\n")
+    assert cli(["score", str(unfinished), *pair]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"tempax reward-model --config {unfinished}/config.yaml" in err

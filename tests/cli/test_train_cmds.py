@@ -105,20 +105,95 @@ def test_plot_writes_a_png(trained, capsys):
 
 def test_export_merges_adapters_into_a_hf_checkpoint(trained, tmp_path):
     """The exported plain model gives the trained LoRA model's logits; the adapters-only export is PEFT-shaped."""
-    from tempax.cli.export import load_trained_model
     from tempax.models.hf_io import load_hf_checkpoint
     from tempax.models.lora import has_adapters
+    from tempax.train.run_model import load_run
 
     out = tmp_path / "hf"
     assert main(["export", str(trained), str(out)]) == 0
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(out))
-    lora_model, _, meta = load_trained_model(str(trained))
-    assert meta["trainable"] == "adapters" and has_adapters(lora_model)
+    run = load_run(str(trained), merge=False)
+    lora_model, meta = run.model, run.meta
+    assert meta["trainable"] == "adapters" and has_adapters(lora_model) and run.step == 3
     exported = load_hf_checkpoint(str(out))
     tokens = jnp.asarray(np.arange(12, dtype=np.int32).reshape(2, 6) + 5)
     assert_allclose(exported(tokens)[0], lora_model(tokens)[0], atol=1e-4)
     assert main(["export", str(trained), str(tmp_path / "adapters"), "--adapters"]) == 0
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(tmp_path / "adapters"))
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    """The trained run exported to a Hugging Face folder: what a run dir given as a model must equal."""
+    out = tmp_path_factory.mktemp("exported") / "hf"
+    assert main(["export", str(trained), str(out)]) == 0
+    return out
+
+
+def _generated(capsys, *argv: str) -> list[dict]:
+    assert main(["generate", *argv, "--prompt", "What is the capital?", "--prompt", "Bread?", "--max-new-tokens",
+                 "6", "--temperature", "0", "--json"]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_generate_and_serve_take_the_run_dir_as_its_export(trained, exported, capsys):
+    """`tempax generate RUN_DIR` samples from the run's newest checkpoint with the adapters merged: greedy tokens
+    equal those of the same run exported to a Hugging Face folder; `serve` loads a run dir the same way."""
+    from tempax.cli.generate import load_source
+    from tempax.models.hf_io import load_hf_checkpoint
+
+    capsys.readouterr()
+    from_run = _generated(capsys, str(trained))
+    assert len(from_run) == 2 and from_run == _generated(capsys, str(exported))
+    served, tokenizer = load_source(str(trained))  # what `tempax serve RUN_DIR` serves
+    tokens = jnp.asarray(np.arange(12, dtype=np.int32).reshape(2, 6) + 5)
+    assert_allclose(served(tokens)[0], load_hf_checkpoint(str(exported))(tokens)[0], atol=1e-4)
+    assert tokenizer.encode("Paris.") == tiny_chat_tokenizer().encode("Paris.")
+
+
+def test_eval_and_model_info_take_a_run_dir(trained, capsys):
+    assert main(["eval", str(trained), "--task", "arithmetic", "--num-problems", "2", "--max-new-tokens", "4",
+                 "--batch-size", "2"]) == 0
+    assert "2 arithmetic problems (test)" in capsys.readouterr().out
+    assert main(["model-info", str(trained), "--json"]) == 0
+    out, err = capsys.readouterr()
+    info = json.loads(out)
+    assert (info["layers"], info["vocab"], info["source"]) == (1, 400, "preset:tiny-llama")
+    assert f"{trained} is a training run" in err
+
+
+def test_a_run_dir_is_the_model_source_of_a_second_run(workspace, trained, exported, tmp_path):
+    """A recipe's model.source=RUN_DIR starts from the run's trained weights, adapters merged (the model its export
+    holds), and a run started so is a model source in turn (the chain is followed to its start)."""
+    from tempax.algorithms.common import ModelSpec
+    from tempax.models.hf_io import load_hf_checkpoint
+
+    _, recipe, _ = workspace
+    start, tokenizer = ModelSpec(source=str(trained)).build()
+    tokens = jnp.asarray(np.arange(12, dtype=np.int32).reshape(2, 6) + 5)
+    assert_allclose(start(tokens)[0], load_hf_checkpoint(str(exported))(tokens)[0], atol=1e-4)
+    assert tokenizer.encode("Paris.") == tiny_chat_tokenizer().encode("Paris.")
+    second = tmp_path / "second"
+    assert main(["sft", "--config", str(recipe), f"model.source={trained}", "model.tokenizer=null",
+                 "model.overrides={}", f"train.run_dir={second}", "train.steps=1"]) == 0
+    assert f"source: {trained}" in (second / "config.yaml").read_text()
+    assert main(["generate", str(second), "--prompt", "hi", "--max-new-tokens", "2"]) == 0
+
+
+def test_a_run_dir_without_a_checkpoint_is_one_line_naming_the_command(workspace, tmp_path, capfd):
+    _, recipe, _ = workspace
+    run = tmp_path / "fresh"
+    assert main(["sft", "--config", str(recipe), f"train.run_dir={run}", "--print-config"]) == 0
+    run.mkdir()
+    (run / "config.yaml").write_text(capfd.readouterr().out)
+    for argv in (["generate", str(run), "--prompt", "hi"], ["eval", str(run), "--task", "arithmetic"],
+                 ["export", str(run), str(tmp_path / "out")],
+                 ["sft", "--config", str(recipe), f"model.source={run}", "model.tokenizer=null", "model.overrides={}",
+                  f"train.run_dir={tmp_path / 'next'}"]):
+        assert main(argv) == 2, argv
+        err = capfd.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert f"{run} has no checkpoint yet" in err and f"tempax sft --config {run}/config.yaml" in err, err
 
 
 def test_export_writes_every_file_with_the_same_permissions(trained, tmp_path):
@@ -199,3 +274,16 @@ def test_dpo_and_kto_commands_end_with_the_done_line(tmp_path, capsys):
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert last.startswith("done: step 2, loss ") and last.endswith(f"; run dir {run_dir} (curves: tempax plot "
                                                                        f"{run_dir})")
+
+
+def test_validate_takes_a_run_dir_as_model_source(workspace, trained, tmp_path, capsys):
+    _, recipe, _ = workspace
+    overrides = [f"model.source={trained}", "model.tokenizer=null", "model.overrides={}"]
+    assert main(["validate", str(recipe), *overrides]) == 0
+    assert "valid `tempax sft` recipe" in capsys.readouterr().out
+    reward_run = tmp_path / "rm"
+    reward_run.mkdir()
+    (reward_run / "config.yaml").write_text("reward: {}\nmodel: {source: preset:tiny-llama}\n")
+    assert main(["validate", str(recipe), f"model.source={reward_run}", "model.tokenizer=null",
+                 "model.overrides={}"]) == 2
+    assert f"model.source: {reward_run} is a reward-model run" in capsys.readouterr().err

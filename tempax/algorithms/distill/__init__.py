@@ -15,5 +15,6 @@ from tempax.algorithms.registry import Algorithm
 ALGORITHMS = (
     Algorithm("distill", "knowledge distillation of a teacher into a (layer-pruned) student from a recipe",
               config="tempax.algorithms.distill.main:DistillConfig",
-              main="tempax.algorithms.distill.main:main"),
+              main="tempax.algorithms.distill.main:main",
+              knobs=("mode", "loss", "sequence", "on_policy"), reference_curve="distill"),
 )

@@ -16,5 +16,5 @@ from tempax.algorithms.registry import Algorithm
 ALGORITHMS = (
     Algorithm("grpo", "GRPO / DAPO / GSPO with verifiable rewards from a recipe",
               config="tempax.algorithms.grpo.config:GRPOConfig", main="tempax.algorithms.grpo.main:main",
-              on_policy=True),
+              on_policy=True, knobs=("grpo",), renders_chat=True, reference_curve="grpo"),
 )

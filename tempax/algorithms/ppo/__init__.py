@@ -16,5 +16,5 @@ from tempax.algorithms.registry import Algorithm
 ALGORITHMS = (
     Algorithm("ppo", "RLHF with PPO against a trained reward model from a recipe",
               config="tempax.algorithms.ppo.config:PPOConfig", main="tempax.algorithms.ppo.main:main",
-              on_policy=True),
+              on_policy=True, knobs=("ppo",), renders_chat=True, reference_curve="ppo"),
 )

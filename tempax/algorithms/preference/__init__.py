@@ -17,10 +17,13 @@ from tempax.algorithms.registry import Algorithm
 ALGORITHMS = (
     Algorithm("dpo", "preference tuning (DPO, IPO, hinge, ORPO, SimPO) from a recipe",
               config="tempax.algorithms.preference.dpo:DPOConfig",
-              main="tempax.algorithms.preference.dpo:main"),
+              main="tempax.algorithms.preference.dpo:main",
+              knobs=("dpo",), renders_chat=True, reference_curve="dpo"),
     Algorithm("kto", "KTO on unpaired desirable / undesirable feedback from a recipe",
-              config="tempax.algorithms.preference.kto:KTOConfig", main="tempax.algorithms.preference.kto:main"),
+              config="tempax.algorithms.preference.kto:KTOConfig", main="tempax.algorithms.preference.kto:main",
+              knobs=("kto",), renders_chat=True, reference_curve="kto"),
     Algorithm("reward-model", "train a Bradley-Terry reward model from a recipe",
               config="tempax.algorithms.preference.reward:RewardModelConfig",
-              main="tempax.algorithms.preference.reward:main"),
+              main="tempax.algorithms.preference.reward:main",
+              knobs=("reward",), renders_chat=True, reference_curve="reward_model"),
 )

@@ -16,5 +16,5 @@ from tempax.algorithms.registry import Algorithm
 ALGORITHMS = (
     Algorithm("rft", "rejection-sampling fine-tuning (RFT / STaR / ReST-EM) with a checker from a recipe",
               config="tempax.algorithms.rft.config:RFTConfig", main="tempax.algorithms.rft.main:main",
-              on_policy=True),
+              on_policy=True, knobs=("rft",), renders_chat=True, reference_curve="rft"),
 )

@@ -10,7 +10,9 @@ from tempax.algorithms.registry import Algorithm
 
 ALGORITHMS = (
     Algorithm("sft", "supervised fine-tuning (full, LoRA, QLoRA) from a recipe",
-              config="tempax.algorithms.sft.main:SFTConfig", main="tempax.algorithms.sft.main:main"),
+              config="tempax.algorithms.sft.main:SFTConfig", main="tempax.algorithms.sft.main:main",
+              knobs=("loss",), reference_curve="sft"),
     Algorithm("pretrain", "continued pre-training on plain text from a recipe",
-              config="tempax.algorithms.sft.main:PretrainConfig", main="tempax.algorithms.sft.main:main"),
+              config="tempax.algorithms.sft.main:PretrainConfig", main="tempax.algorithms.sft.main:main",
+              knobs=("loss",), reference_curve="pretrain"),
 )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from tempax.data.tasks.common import SYSTEM_PROMPT, build_prompt_messages, format_target
 from tempax.errors import ConfigError
@@ -39,6 +39,7 @@ GROUP_WORDS = ("boxes", "bags", "packs")
 # Generation gives up after this many draws in a row brought no new question of the wanted split: the question
 # space is (nearly) exhausted. Held-out keeps ~heldout_percent of draws, so a healthy run misses ~10 in a row.
 MAX_CONSECUTIVE_MISSES = 20_000
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,36 @@ def is_heldout_question(question: str, heldout_percent: int) -> bool:
     """Whether `question` belongs to the held-out split (stable hash bucket of its text)."""
     bucket = int.from_bytes(hashlib.sha256(question.encode("utf-8")).digest()[:8], "big") % 100
     return bucket < heldout_percent
+
+
+def distinct_problems(
+    draw: Callable[[], tuple[str, T] | None], n: int, *, split: str, heldout_percent: int, what: str, fix: str
+) -> list[tuple[str, T]]:
+    """The first `n` draws (`draw() -> (question, payload)`, None for a draw that broke a constraint) whose
+    question is new and belongs to `split` (`is_heldout_question`). `what` names the task in messages; `fix` says
+    what to change when `MAX_CONSECUTIVE_MISSES` draws in a row bring nothing new (the space is exhausted)."""
+    if split not in SPLITS:
+        raise ConfigError(f"{what} split must be one of {SPLITS}, got {split!r}")
+    if n < 0:
+        raise ConfigError(f"{what}: number of problems must be >= 0, got {n}")
+    want_heldout = split == "test"
+    found: list[tuple[str, T]] = []
+    seen: set[str] = set()
+    misses = 0
+    while len(found) < n:
+        misses += 1
+        if misses > MAX_CONSECUTIVE_MISSES:
+            raise ConfigError(f"{what}: found only {len(found)} distinct {split} problems of {n} requested; {fix}")
+        drawn = draw()
+        if drawn is None:
+            continue
+        question = drawn[0]
+        if question in seen or is_heldout_question(question, heldout_percent) != want_heldout:
+            continue
+        seen.add(question)
+        misses = 0
+        found.append(drawn)
+    return found
 
 
 def _draw_problem(rng: random.Random, cfg: ArithmeticConfig) -> tuple[str, list[str], int] | None:
@@ -140,36 +171,20 @@ def generate_arithmetic(
     `answer` is the integer result as text; `target` the ideal completion. The same (n, split, seed, config)
     always gives the same rows, and a smaller `n` gives a prefix of a larger one.
     """
-    if split not in SPLITS:
-        raise ConfigError(f"arithmetic split must be one of {SPLITS}, got {split!r}")
-    if n < 0:
-        raise ConfigError(f"arithmetic: number of problems must be >= 0, got {n}")
     rng = random.Random(f"tempax-arithmetic:{seed}:{split}")
-    want_heldout = split == "test"
-    rows: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    misses = 0
-    while len(rows) < n:
-        misses += 1
-        if misses > MAX_CONSECUTIVE_MISSES:
-            raise ConfigError(
-                f"arithmetic: found only {len(rows)} distinct {split} problems of {n} requested; "
-                "raise task.arithmetic.max_operand / task.arithmetic.max_factor or task.arithmetic.max_steps"
-            )
+
+    def draw() -> tuple[str, tuple[list[str], int]] | None:
         problem = _draw_problem(rng, config)
-        if problem is None:
-            continue
-        question, lines, result = problem
-        if question in seen or is_heldout_question(question, config.heldout_percent) != want_heldout:
-            continue
-        seen.add(question)
-        misses = 0
-        rows.append(
-            {
-                "prompt_messages": build_prompt_messages(question, system_prompt),
-                "question": question,
-                "answer": str(result),
-                "target": format_target("\n".join(lines), str(result)),
-            }
-        )
-    return rows
+        return None if problem is None else (problem[0], (problem[1], problem[2]))
+
+    fix = "raise task.arithmetic.max_operand / task.arithmetic.max_factor or task.arithmetic.max_steps"
+    return [
+        {
+            "prompt_messages": build_prompt_messages(question, system_prompt),
+            "question": question,
+            "answer": str(result),
+            "target": format_target("\n".join(lines), str(result)),
+        }
+        for question, (lines, result) in distinct_problems(draw, n, split=split, what="arithmetic",
+                                                           heldout_percent=config.heldout_percent, fix=fix)
+    ]

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from tempax.configlib import help_field
 from tempax.data.tasks.arithmetic import ArithmeticConfig, generate_arithmetic
+from tempax.data.tasks.code import CodeTaskConfig, generate_code_problems
 from tempax.data.tasks.gsm8k import load_gsm8k
 from tempax.errors import ConfigError
 
@@ -17,9 +18,9 @@ from tempax.errors import ConfigError
 class TaskSpec:
     """Where the prompts and reference answers come from."""
 
-    name: Literal["gsm8k", "arithmetic", "jsonl"] = help_field(
-        "gsm8k (grade-school math, answer after '####'), arithmetic (generated one/two-step word problems) or "
-        "jsonl (the rows of `source` as they are, for a user environment's reset; no held-out split).",
+    name: Literal["gsm8k", "arithmetic", "code", "jsonl"] = help_field(
+        "gsm8k (grade-school math, answer after '####'), arithmetic (generated one/two-step word problems), code "
+        "(generated function-writing problems with hidden tests, for the code_tests reward) or jsonl (the rows of `source` as they are, for a user environment's reset; no held-out split).",
         "gsm8k",
     )
     source: str | None = help_field(
@@ -30,10 +31,12 @@ class TaskSpec:
     train_split: str = help_field("Split the prompts are drawn from.", "train")
     eval_split: str = help_field("Held-out split for evaluation.", "test")
     max_train_rows: int | None = help_field("Use only the first N training problems (null: all).", None)
-    num_train_problems: int = help_field("arithmetic: how many training problems to generate.", 2000)
+    num_train_problems: int = help_field("arithmetic, code: how many training problems to generate.", 2000)
     arithmetic: ArithmeticConfig = help_field("arithmetic: difficulty of the generated problems.",
                                          default_factory=ArithmeticConfig)
-    seed: int = help_field("arithmetic: generation seed (train and held-out splits are disjoint for any seed).", 0)
+    code: CodeTaskConfig = help_field("code: hidden tests per problem and the held-out share.",
+                                      default_factory=CodeTaskConfig)
+    seed: int = help_field("arithmetic, code: generation seed (train and held-out splits are disjoint for any seed).", 0)
 
     def validate(self) -> None:
         if self.max_train_rows is not None and self.max_train_rows < 1:
@@ -49,6 +52,10 @@ def load_task(spec: TaskSpec, *, eval_problems: int) -> tuple[list[dict[str, Any
     if spec.name == "arithmetic":
         train = generate_arithmetic(spec.num_train_problems, split="train", seed=spec.seed, config=spec.arithmetic)
         held = generate_arithmetic(eval_problems, split="test", seed=spec.seed, config=spec.arithmetic) \
+            if eval_problems else []
+    elif spec.name == "code":
+        train = generate_code_problems(spec.num_train_problems, split="train", seed=spec.seed, config=spec.code)
+        held = generate_code_problems(eval_problems, split="test", seed=spec.seed, config=spec.code) \
             if eval_problems else []
     elif spec.name == "jsonl":
         train, held = read_task_rows(str(spec.source)), []

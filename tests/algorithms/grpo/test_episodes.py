@@ -45,16 +45,22 @@ def prompts(tok):
     return encoded
 
 
-def test_the_user_environment_recipe_runs_two_steps(model, tok, tmp_path, monkeypatch):
-    """recipes/grpo_guess_number_env.yaml with the tiny model: 2 GRPO steps over episodes of the example
-    environment; every reward comes from it (rewards.functions is empty), each per-turn part logged."""
-    monkeypatch.chdir(ROOT)  # the recipe names the environment and the rows relative to the repository root
-    cfg = load_config(GRPOConfig, RECIPE, [
-        "train.steps=2", f"train.run_dir={tmp_path}", "train.progress_bar=false", "train.tensorboard=false",
+def two_tiny_steps(recipe, model, tok, run_dir):
+    """2 GRPO steps of an environment recipe with the tiny model: 4-token replies in a 24-token episode."""
+    cfg = load_config(GRPOConfig, recipe, [
+        "train.steps=2", f"train.run_dir={run_dir}", "train.progress_bar=false", "train.tensorboard=false",
         "train.check_memory=false", "train.mesh.num_devices=1", "grpo.max_new_tokens=4", "env.max_episode_tokens=24",
         "grpo.max_prompt_len=128"])
     run = grpo_main(cfg, model=model, tokenizer=tok, log=lambda s: None)
     assert [s for s, _ in run.result.history] == [1, 2]
+    return run
+
+
+def test_the_user_environment_recipe_runs_two_steps(model, tok, tmp_path, monkeypatch):
+    """recipes/grpo_guess_number_env.yaml with the tiny model: 2 GRPO steps over episodes of the example
+    environment; every reward comes from it (rewards.functions is empty), each per-turn part logged."""
+    monkeypatch.chdir(ROOT)  # the recipe names the environment and the rows relative to the repository root
+    run = two_tiny_steps(RECIPE, model, tok, tmp_path)
     m = run.result.history[0][1]
     assert "reward/turn_mean" in m and 1.0 <= m["episode/turns_mean"] <= 4.0
     assert 0.0 < m["episode/policy_token_frac"] <= 1.0

@@ -1,0 +1,332 @@
+"""A training run's directory as a model source: the model it trained, from its newest intact checkpoint, with
+LoRA adapters folded into the weights.
+
+Every command that takes a model (`generate`, `chat`, `eval`, `serve`, `export`, `model-info`, and `model.source`
+of a training recipe, e.g. DPO started from an SFT run) goes through `load_source`, which accepts a run dir beside
+everything `tempax.models.registry.load` accepts. A run dir is rebuilt from its `config.yaml`: the model section's
+source (itself possibly a run dir: runs chain), the LoRA/QLoRA configuration, then the trainable arrays of the
+checkpoint; the run's own `tokenizer/` folder when it wrote one. A damaged newest checkpoint is skipped, in one
+line, for the newest one that reads (nothing in the run dir is moved or removed: the run may still be writing it).
+
+Runs whose checkpoints do not hold a plain policy are read from the files they write when they finish: a
+distillation run's `student/` folder, a LoRA PPO run's `adapters/` on its base (its checkpoints hold the policy
+with its value head). A run with no checkpoint yet, a reward-model run where a policy is wanted, and an
+unfinished distillation or PPO run give one `RunHasNoModel` line naming the run dir and the command that makes a
+model of it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from tempax.errors import CheckpointError, ConfigError
+from tempax.models import registry
+from tempax.models.registry import RUN_CONFIG_FILE, is_run_dir
+
+__all__ = ["RunHasNoModel", "TrainedModel", "is_run_dir", "load_run", "load_source", "merged", "run_config",
+           "shape_source", "training_command"]
+
+# The section only one training command's config has, to name the command that continues a run (config.yaml is
+# a dump of the typed config and does not name its command); sft and pretrain share a shape.
+_COMMAND_OF_SECTION = {"grpo": "grpo", "rft": "rft", "ppo": "ppo", "dpo": "dpo", "kto": "kto",
+                       "reward": "reward-model", "student": "distill"}
+
+
+class RunHasNoModel(CheckpointError):
+    """A run dir from which no model can be made (yet): the message names the dir and the command that makes one."""
+
+
+@dataclass
+class TrainedModel:
+    """What `load_run` gives.
+
+    Attributes:
+      model: the trained model (adapters merged unless asked otherwise).
+      tokenizer: the run's tokenizer (its `tokenizer/` folder, else its model source's), or None.
+      meta: the checkpoint's meta record ({"trainable": "full" | "adapters", "keys": [...]}); empty for a model
+        read from a folder the run wrote at its end.
+      step: the checkpoint step read; None for a model read from such a folder.
+    """
+
+    model: Any
+    tokenizer: Any
+    meta: dict[str, Any]
+    step: int | None
+
+
+def run_config(run_dir: str) -> dict[str, Any]:
+    """The run's config.yaml as a dict."""
+    import yaml
+
+    path = os.path.join(run_dir, RUN_CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path} not found; a run dir is the train.run_dir of a tempax training run")
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {e}); it is the run's config") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path} is not a mapping of config sections; it is the run's config")
+    return raw
+
+
+def training_command(run_dir: str, raw: Mapping[str, Any]) -> str:
+    """The command line that continues (or finishes) the run in `run_dir`."""
+    name = next((c for section, c in _COMMAND_OF_SECTION.items() if section in raw), "sft")
+    if name == "sft" and (raw.get("data") or {}).get("format") == "text":
+        name = "pretrain"
+    return f"tempax {name} --config {os.path.join(run_dir, RUN_CONFIG_FILE)}"
+
+
+def load_source(
+    source: str | os.PathLike,
+    *,
+    tokenizer: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    mesh: Any = None,
+    dtype: str | None = None,
+    param_dtype: str | None = None,
+    progress: bool = True,
+) -> tuple[Any, Any]:
+    """(model, tokenizer or None) of a run dir (`load_run`, adapters merged) or of any `registry.load` source.
+
+    Args:
+      tokenizer: a tokenizer source to use instead of the model's own.
+      overrides, mesh, seed: for `preset:` sources (see `registry.load`).
+      dtype, param_dtype, progress: as `registry.load`.
+    """
+    source = os.fspath(source)
+    path = os.path.expanduser(source)
+    if os.path.isdir(path) and is_run_dir(path):
+        if overrides:
+            raise ConfigError(f"model overrides only apply to preset:<name> sources, not to the run dir {source}")
+        trained = load_run(path, dtype=dtype, param_dtype=param_dtype, progress=progress)
+        model, own = trained.model, trained.tokenizer
+    else:
+        model, own = registry.load(source, dtype=dtype, param_dtype=param_dtype, seed=seed, progress=progress,
+                                   overrides=overrides, mesh=mesh)
+    return model, (registry.load_tokenizer(tokenizer) if tokenizer else own)
+
+
+def load_run(
+    run_dir: str,
+    *,
+    step: int | None = None,
+    merge: bool = True,
+    fallback: bool = True,
+    dtype: str | None = None,
+    param_dtype: str | None = None,
+    progress: bool = True,
+    say: Callable[[str], None] | None = None,
+) -> TrainedModel:
+    """The model a training run trained (see the module docstring).
+
+    Args:
+      run_dir: the run's train.run_dir.
+      step: a checkpoint step (default: the newest intact one).
+      merge: fold LoRA adapters (and a QLoRA base) into plain weights; False keeps the adapters (export --adapters).
+      fallback: with `step` None, read the newest checkpoint that is intact, after a line naming each damaged one
+        skipped; False: a damaged newest checkpoint is an error naming the intact steps (an export says which
+        step it holds, so it does not pass over one silently).
+      dtype, param_dtype, progress: as `registry.load`, for the base model.
+      say: where the one-line notes go (a skipped damaged checkpoint); default stderr.
+
+    Raises:
+      RunHasNoModel: no model can be made of the run (yet); the message says which command makes one.
+      CheckpointError: `step` is not in the run, or no checkpoint of it reads.
+    """
+    say = say or (lambda text: print(text, file=sys.stderr))
+    shape_source(run_dir)  # the chain of runs is sound (no cycle, no reward-model run) before any weights load
+    raw = _policy_run_config(run_dir)
+    command = training_command(run_dir, raw)
+    if step is not None and ("student" in raw or "ppo" in raw):
+        made_of = "student/" if "student" in raw else "adapters/"
+        raise ConfigError(f"{run_dir}'s model is the {made_of} folder it writes at its end, not a checkpoint step; "
+                          "drop --step")
+    if "student" in raw:
+        model, tokenizer = registry.load(_student_folder(run_dir, raw), dtype=dtype, param_dtype=param_dtype,
+                                         progress=progress)
+        return TrainedModel(model, tokenizer, {}, None)
+    spec = dict(raw.get("model") or {})
+    lora = raw.get("lora")
+    if "ppo" in raw:
+        if not lora:
+            raise RunHasNoModel(
+                f"{run_dir} is a full-weight PPO run: its checkpoints hold the policy with its value head and it "
+                "writes no policy of its own; train it with lora set (it then writes adapters/), or take the "
+                f"model it started from, {spec.get('source')}"
+            )
+        return _from_adapters(run_dir, spec, command, merge=merge, dtype=dtype, param_dtype=param_dtype,
+                              progress=progress)
+    return _from_checkpoint(run_dir, raw, spec, command, step=step, merge=merge, fallback=fallback, dtype=dtype,
+                            param_dtype=param_dtype, progress=progress, say=say)
+
+
+def _policy_run_config(run_dir: str) -> dict[str, Any]:
+    """The run's config; a `RunHasNoModel` for a reward-model run, which has no policy."""
+    raw = run_config(run_dir)
+    if "reward" in raw:
+        raise RunHasNoModel(
+            f"{run_dir} is a reward-model run: it scores replies and has no policy to generate with or train; "
+            f"score with `tempax score {run_dir}`, reward with `model:{run_dir}` in rewards.functions, or pass its "
+            f"model.source ({(raw.get('model') or {}).get('source')}) for a policy"
+        )
+    return raw
+
+
+def _student_folder(run_dir: str, raw: Mapping[str, Any]) -> str:
+    """The Hugging Face folder a distillation run writes its student to when it finishes."""
+    folder = os.path.join(run_dir, "student")
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise RunHasNoModel(f"{run_dir} has no student/ folder yet: a distillation run writes its student there when "
+                            f"it finishes (save_student: true); finish it with `{training_command(run_dir, raw)}`")
+    return folder
+
+
+def _check_chain(run_dir: str, chain: tuple[str, ...]) -> tuple[str, ...]:
+    """`chain` with `run_dir` added; a run whose model.source leads back to itself is an error."""
+    where = os.path.realpath(run_dir)
+    if where in chain:
+        raise ConfigError(f"model.source of the run in {run_dir} leads back to itself: " + " -> ".join([*chain, where]))
+    return (*chain, where)
+
+
+def shape_source(run_dir: str, _chain: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:
+    """(model source, preset overrides) whose config is the shape of the model `load_run(run_dir)` gives, without
+    reading weights: LoRA adds no shape, so it is the run's starting model (a chain of runs followed to its
+    start), or the folder a distillation run wrote."""
+    chain = _check_chain(run_dir, _chain)
+    raw = _policy_run_config(run_dir)
+    if "student" in raw:
+        return _student_folder(run_dir, raw), {}
+    spec = raw.get("model") or {}
+    source = str(spec.get("source") or "")
+    path = os.path.expanduser(source)
+    if os.path.isdir(path) and is_run_dir(path):
+        return shape_source(path, chain)
+    return source, dict(spec.get("overrides") or {})
+
+
+def _base(run_dir: str, spec: Mapping[str, Any], *, seed: int, dtype: str | None, param_dtype: str | None,
+          progress: bool) -> tuple[Any, Any]:
+    """(model, tokenizer) the run started from: its model section, a run dir in turn when it names one."""
+    source = str(spec.get("source") or "")
+    if not source:
+        raise CheckpointError(f"{os.path.join(run_dir, RUN_CONFIG_FILE)} names no model.source")
+    path = os.path.expanduser(source)
+    if os.path.isdir(path) and is_run_dir(path):
+        trained = load_run(path, dtype=dtype, param_dtype=param_dtype, progress=progress)
+        model, own = trained.model, trained.tokenizer
+    else:
+        model, own = registry.load(source, dtype=dtype, param_dtype=param_dtype, seed=seed, progress=progress,
+                                   overrides=spec.get("overrides") or None)
+    tokenizer = spec.get("tokenizer")
+    return model, (registry.load_tokenizer(tokenizer) if tokenizer else own)
+
+
+def _run_tokenizer(run_dir: str, fallback: Any) -> Any:
+    folder = os.path.join(run_dir, "tokenizer")
+    return registry.load_tokenizer(folder) if os.path.isdir(folder) else fallback
+
+
+def merged(model: Any) -> Any:
+    """`model` with adapters and a quantized base folded into plain weights (unchanged when it has neither)."""
+    from flax import nnx
+
+    from tempax.models.lora import has_adapters, merge_lora
+    from tempax.models.quant import QuantizedLinear
+
+    if has_adapters(model) or any(isinstance(m, QuantizedLinear) for _, m in nnx.iter_modules(model)):
+        return merge_lora(model)
+    return model
+
+
+def _from_adapters(run_dir: str, spec: Mapping[str, Any], command: str, *, merge: bool, dtype: str | None,
+                   param_dtype: str | None, progress: bool) -> TrainedModel:
+    from tempax.models.lora import load_adapters
+
+    folder = os.path.join(run_dir, "adapters")
+    if not os.path.isfile(os.path.join(folder, "adapter_config.json")):
+        raise RunHasNoModel(f"{run_dir} is a PPO run without adapters/ yet (its checkpoints hold the policy with its "
+                            f"value head; the adapters are written when the run finishes); finish it with `{command}`")
+    model, tokenizer = _base(run_dir, spec, seed=0, dtype=dtype, param_dtype=param_dtype, progress=progress)
+    model = load_adapters(model, folder)
+    return TrainedModel(merged(model) if merge else model, _run_tokenizer(run_dir, tokenizer),
+                        {"trainable": "adapters"}, None)
+
+
+def _from_checkpoint(run_dir: str, raw: Mapping[str, Any], spec: Mapping[str, Any], command: str, *,
+                     step: int | None, merge: bool, fallback: bool, dtype: str | None, param_dtype: str | None,
+                     progress: bool, say: Callable[[str], None]) -> TrainedModel:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from tempax.configlib import from_dict
+    from tempax.models.lora import LoraConfig, apply_lora, lora_filter
+    from tempax.train.checkpoint import Checkpointer, DamagedCheckpoint
+    from tempax.train.state import ModelParts
+
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    no_model = (f"{run_dir} has no checkpoint yet: its run has not saved a step; train it with `{command}` "
+                "(it resumes there), then pass the run dir again")
+    if not os.path.isdir(ckpt_dir):
+        raise RunHasNoModel(no_model)
+    checkpointer = Checkpointer(ckpt_dir, async_save=False, read_only=True)
+    try:
+        steps = sorted(checkpointer.all_steps(), reverse=True)
+        if not steps:
+            raise RunHasNoModel(no_model)
+        if step is not None and step not in steps:
+            raise CheckpointError(f"{ckpt_dir} has no checkpoint of step {step}; its steps: "
+                                  + ", ".join(map(str, sorted(steps))))
+        seed = int((raw.get("train") or {}).get("seed", 0))
+        model, tokenizer = _base(run_dir, spec, seed=seed, dtype=dtype, param_dtype=param_dtype,
+                                 progress=progress)
+        trainable: Any = nnx.Param
+        lora = raw.get("lora")
+        if lora:
+            model = apply_lora(model, from_dict(LoraConfig, lora), rngs=nnx.Rngs(0))
+            trainable = lora_filter
+        parts, params = ModelParts.split(model, trainable)
+        abstract = {k: jax.ShapeDtypeStruct(v.shape, jnp.float32) for k, v in params.items()}
+        damaged: list[str] = []
+        for candidate in [step] if step is not None else steps:
+            try:
+                meta = checkpointer.read_meta(candidate)
+                _check_keys(meta, params, ckpt_dir, command)
+                restored = checkpointer.restore_params(abstract, candidate, say=say)
+            except DamagedCheckpoint as e:
+                if step is not None or not fallback:
+                    intact = [s for s in checkpointer.intact_steps({"params": abstract, "meta": {}},
+                                                                   read_params=abstract) if s != e.step]
+                    way_out = (f"intact checkpoints: {', '.join(map(str, intact))}; choose one with --step "
+                               f"{intact[0]}" if intact else "no other checkpoint of this run is intact")
+                    raise CheckpointError(f"{e}; {way_out}") from None
+                damaged.append(str(e))
+                say(f"skipping checkpoint step {candidate} of {run_dir}: {e}")
+                continue
+            break
+        else:
+            raise CheckpointError(f"no checkpoint of {run_dir} reads: " + "; ".join(damaged)
+                                  + f". Train it again with `{command}` in a new train.run_dir")
+    finally:
+        checkpointer.close()
+    restored = {k: v.astype(params[k].dtype) for k, v in restored.items()}
+    model = parts.merge(restored)
+    return TrainedModel(merged(model) if merge else model, _run_tokenizer(run_dir, tokenizer), meta, candidate)
+
+
+def _check_keys(meta: Mapping[str, Any], params: Mapping[str, Any], ckpt_dir: str, command: str) -> None:
+    saved_keys = meta.get("keys")
+    if saved_keys is not None and sorted(saved_keys) != sorted(params):
+        raise CheckpointError(
+            f"the checkpoint in {ckpt_dir} holds {len(saved_keys)} arrays but the model its config.yaml describes "
+            f"has {len(params)} trainable ones; config.yaml and the checkpoint disagree (the run was trained by "
+            f"`{command}`?)"
+        )
