@@ -368,7 +368,8 @@ class Sandbox:
         if sig is None:
             return ProgramResult(stdout, stderr + "\nsandbox: the launcher ended without a status", "setup_error",
                                  seconds=seconds, truncated=truncated)
-        if sig in (signal.SIGXCPU, signal.SIGKILL) and status.get("cpu_seconds", 0.0) >= cfg.cpu_seconds:
+        # SIGXCPU comes only from RLIMIT_CPU; the kernel's CPU accounting may read a little under the limit then.
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and status.get("cpu_seconds", 0.0) >= 0.9 * cfg.cpu_seconds):
             return ProgramResult(stdout, stderr, "cpu_limit", signal=sig, seconds=seconds, truncated=truncated)
         return ProgramResult(stdout, stderr, "signal", signal=sig, seconds=seconds, truncated=truncated)
 
