@@ -146,6 +146,19 @@ class _Cursor:
         raise CheckpointError(f"{self.path} is corrupt: unknown GGUF value type {vtype} in {what}")
 
 
+def is_gguf_file(path: str | os.PathLike) -> bool:
+    """Whether `path` is a GGUF file, by its name (*.gguf) or, whatever it is called, its first four bytes
+    (`tempax export --gguf` writes any file name a user asks for, and every command must read it back)."""
+    path = os.fspath(path)
+    if path.endswith(".gguf"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == _GGUF_MAGIC
+    except OSError:
+        return False
+
+
 def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
     """Parses metadata and tensor infos (no tensor data); CheckpointError naming the file if it is not sound."""
     import gguf

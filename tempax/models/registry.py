@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping
 from tempax.errors import CheckpointError, ConfigError
 from tempax.models.config import ModelConfig
 from tempax.models.presets import PRESETS, get_preset
-from tempax.models.gguf_io import gguf_config, load_gguf, read_gguf_header
+from tempax.models.gguf_io import gguf_config, is_gguf_file, load_gguf, read_gguf_header
 from tempax.models.tokenizer import cache_root, load_tokenizer as _load_tokenizer
 
 if TYPE_CHECKING:
@@ -217,9 +217,9 @@ def resolve_source(source: str | os.PathLike) -> ResolvedSource:
         return ResolvedSource(raw, "preset", name)
     path = os.path.expanduser(raw)
     if os.path.isfile(path):
-        if not path.endswith(".gguf"):
+        if not is_gguf_file(path):
             raise CheckpointError(
-                f"{raw} is a file but not a .gguf file; pass a GGUF file or a Hugging Face checkpoint folder"
+                f"{raw} is a file but not a GGUF file; pass a GGUF file or a Hugging Face checkpoint folder"
             )
         return ResolvedSource(raw, "gguf", path)
     if os.path.isdir(path):

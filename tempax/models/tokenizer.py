@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tempax.errors import CheckpointError
-from tempax.models import gguf_tokenizer
+from tempax.models import gguf_io, gguf_tokenizer
 from tempax.models.light_tokenizer import DeferredTokenizer, LightTokenizer
 
 
@@ -90,6 +90,7 @@ class Tokenizer:
     stop_ids: tuple[int, ...]
     light: LightTokenizer | None = None
     origin: TokenizerSource | None = field(default=None, compare=False)
+    _bos_prefix: str | None = field(default=None, init=False, compare=False, repr=False)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickles as its `origin` (see the module docstring) while the vocabulary is the one it was loaded with;
@@ -137,6 +138,14 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._fast.vocab_size() if self._fast else len(self.hf)
 
+    def _bos_text(self) -> str:
+        """The BOS token's text when encoding adds BOS by default (the tokenizer's `add_bos_token`), else ""."""
+        if self._bos_prefix is None:
+            bos = self.bos_id
+            adds = bos is not None and self.encode("a")[:1] == [bos] != self.encode("a", add_special_tokens=False)[:1]
+            self._bos_prefix = self.decode([bos], skip_special_tokens=False) if adds else ""
+        return self._bos_prefix
+
     @property
     def has_chat_template(self) -> bool:
         if self._fast:
@@ -172,9 +181,13 @@ class Tokenizer:
                     messages, add_generation_prompt=add_generation_prompt, tokenize=False
                 )
         else:
-            out = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+            # A model that expects BOS (Gemma, Llama) gets it at the start of the plain layout as it would from
+            # a template: the text is tokenised without special tokens below and by the data pipeline.
+            out = self._bos_text() + "".join(f"{m['role']}: {m['content']}\n" for m in messages)
             if add_generation_prompt:
-                out += "assistant: "
+                # No trailing space: a SentencePiece or byte-level vocabulary starts the reply with a token that
+                # carries the space (" Paris"), which this way lies inside the reply, is trained, and is sampled.
+                out += "assistant:"
         if tokenize:
             # The template already holds any BOS it wants; do not add another.
             return self.encode(out, add_special_tokens=False)
@@ -242,7 +255,7 @@ def load_tokenizer(source: str | os.PathLike, *, gguf_file: str | None = None) -
     """
     source = str(source)
     try:
-        if source.endswith(".gguf"):
+        if source.endswith(".gguf") or (os.path.isfile(source) and gguf_io.is_gguf_file(source)):
             tokenizer = _gguf_tokenizer(source)
         elif gguf_file is not None and os.path.isdir(source):
             tokenizer = _gguf_tokenizer(os.path.join(source, gguf_file))

@@ -64,6 +64,11 @@ class SandboxUnavailable(TempaxError):
     """The kernel does not allow an isolation the sandbox was told to insist on (a network namespace)."""
 
 
+def _keys(name: str) -> str:
+    """The recipe keys of a sandbox setting: its limits sit under the python tool's and the code reward's sections."""
+    return f"env.sandbox.{name} / rewards.code.sandbox.{name}"
+
+
 @dataclass(frozen=True)
 class SandboxConfig:
     """Limits of one program run in the sandbox (`tempax.rewards.sandbox`)."""
@@ -97,11 +102,11 @@ class SandboxConfig:
         for name in ("timeout_s", "cpu_seconds", "memory_mb", "file_size_mb", "workdir_mb", "max_processes",
                      "open_files", "max_output_bytes"):
             if not getattr(self, name) > 0:
-                raise ConfigError(f"sandbox.{name} must be > 0, got {getattr(self, name)}")
+                raise ConfigError(f"{_keys(name)} must be > 0, got {getattr(self, name)}")
         if self.workers is not None and not 1 <= self.workers <= MAX_WORKERS:
-            raise ConfigError(f"sandbox.workers must be in 1..{MAX_WORKERS} or null, got {self.workers}")
+            raise ConfigError(f"{_keys('workers')} must be in 1..{MAX_WORKERS} or null, got {self.workers}")
         if self.uid_base < 1000:
-            raise ConfigError(f"sandbox.uid_base={self.uid_base} is a system uid; use one above 1000")
+            raise ConfigError(f"{_keys('uid_base')}={self.uid_base} is a system uid; use one above 1000")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -276,7 +281,7 @@ class Sandbox:
         self.applied: dict = {}  # what the kernel allowed, as the last program's launcher reported it
         self._lock = threading.Lock()
         if not os.path.isfile(self.python):
-            raise ConfigError(f"sandbox.python={self.python!r} is not a file; name an interpreter or leave it null")
+            raise ConfigError(f"{_keys('python')}={self.python!r} is not a file; name an interpreter or leave it null")
         if sys.platform != "linux":
             raise SandboxUnavailable(f"the sandbox needs Linux (namespaces, rlimits); this is {sys.platform}")
 
@@ -356,7 +361,7 @@ class Sandbox:
                 raise SandboxUnavailable(
                     "the kernel does not allow a network namespace here, so sandboxed programs could reach the "
                     "network; run where unshare(CLONE_NEWNET) is allowed (as root, or with unprivileged user "
-                    "namespaces), or set sandbox.allow_network_check=false to run them with network access")
+                    f"namespaces), or set {_keys('allow_network_check')}=false to run them with network access")
             return ProgramResult(stdout, f"sandbox setup failed: {status['setup_error']}", "setup_error",
                                  seconds=seconds)
         if why is not None:

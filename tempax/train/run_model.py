@@ -314,7 +314,7 @@ def _from_checkpoint(run_dir: str, raw: Mapping[str, Any], spec: Mapping[str, An
             break
         else:
             raise CheckpointError(f"no checkpoint of {run_dir} reads: " + "; ".join(damaged)
-                                  + f". Train it again with `{command}` in a new train.run_dir")
+                                  + f". Train it again with `{command}` in a new train.run_dir (the damaged steps stay where they are)")
     finally:
         checkpointer.close()
     restored = {k: v.astype(params[k].dtype) for k, v in restored.items()}

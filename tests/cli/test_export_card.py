@@ -81,6 +81,19 @@ def test_gguf_has_the_card_and_the_merged_model(trained_run, tmp_path):
     assert gguf_tok.encode("Hi there! 123") == folder_tok.encode("Hi there! 123")
 
 
+def test_a_gguf_under_any_file_name_loads_back(trained_run, tmp_path):
+    """`--gguf` writes the name the user gives; `tempax.load` and the tokenizer know the file by its magic."""
+    from tempax.models.registry import load
+
+    assert main(["export", str(trained_run), str(tmp_path / "m.gguf"), "--quant", "f32"]) == 0
+    assert main(["export", str(trained_run), str(tmp_path / "model.bin"), "--gguf", "--quant", "f32"]) == 0
+    named_model, named_tok = load(str(tmp_path / "m.gguf"))
+    bin_model, bin_tok = load(str(tmp_path / "model.bin"))
+    ids = jnp.asarray([named_tok.encode("What is the capital of France?")])
+    np.testing.assert_array_equal(np.asarray(bin_model(ids)[0]), np.asarray(named_model(ids)[0]))
+    assert bin_tok.encode("Hi there! 123") == named_tok.encode("Hi there! 123")
+
+
 def test_export_from_a_model_source_and_bad_requests(trained_run, tmp_path, capfd):
     hf = tmp_path / "hf"
     assert main(["export", str(trained_run), str(hf)]) == 0

@@ -21,14 +21,15 @@ from tests.e2e.cases import (SMALL_TRAIN, TRACEBACK, Case, case_argv, children_c
                              tail, tempax_argv, user_env)
 
 
-def _session_dir(tmp_path_factory, worker_id: str) -> str:
+def _session_dir(tmp_path_factory, config) -> str:
+    """The folder every worker of the session shares (each xdist worker's base temp is a child of it)."""
     base = tmp_path_factory.getbasetemp()
-    return str(base if worker_id == "master" else base.parent)
+    return str(base.parent if hasattr(config, "workerinput") else base)
 
 
 @pytest.fixture(scope="session")
-def e2e_dir(tmp_path_factory, worker_id) -> str:
-    path = os.path.join(_session_dir(tmp_path_factory, worker_id), "e2e")
+def e2e_dir(tmp_path_factory, pytestconfig) -> str:
+    path = os.path.join(_session_dir(tmp_path_factory, pytestconfig), "e2e")
     os.makedirs(path, exist_ok=True)
     return path
 

@@ -17,8 +17,14 @@ from tests.e2e.cases import SMALL_TRAIN, Case, run_case, user_env
 pytestmark = pytest.mark.e2e
 
 GRPO_SMALL = "grpo.group_size=2 grpo.max_new_tokens=16 eval.num_problems=2 eval.max_new_tokens=16 train.batch_size=1"
-DEMO_SMALL = ("--steps 1 --sft-steps 1 --eval-problems 4 --run-dir {tmp}/demo grpo.grpo.group_size=2 "
-              "grpo.grpo.max_new_tokens=16 grpo.train.batch_size=1 sft.train.batch_size=2 sft.train.seq_len=128")
+DEMO_STAGES = ("--steps 1 --sft-steps 1 --eval-problems 4 --run-dir {tmp}/demo grpo.grpo.group_size=2 "
+               "grpo.grpo.max_new_tokens=16 grpo.train.batch_size=1 sft.train.batch_size=2")
+DEMO_SMALL = f"{DEMO_STAGES} sft.train.seq_len=128"
+# --compare's other rows train on 4 worked solutions: 2 rows a step of 128 tokens, RFT sampling 2 x 2 short answers.
+COMPARE_SMALL = (f"--demonstrations 4 {DEMO_SMALL} " + " ".join(
+    f"{stage}.train.batch_size=2 {stage}.train.seq_len=128" for stage in ("scarce_sft", "baseline", "rft"))
+    + " rft.rft.samples_per_problem=2 rft.rft.problems_per_round=2 rft.rft.sampling_batch=2 rft.rft.max_new_tokens=16"
+    + " rft.rft.threshold=0 rft.rft.keep_truncated=true")  # a 1-step warm-start: no full score, no stop in 16
 DEMO_TABLE = r"after GRPO"
 # rft.threshold=0 keeps every sample: a 2-step run from a model that does not know the format yet keeps none at 2.0.
 RFT_SMALL = ("rft.threshold=0 rft.samples_per_problem=2 rft.problems_per_round=2 rft.sampling_batch=2 rft.max_new_tokens=16 "
@@ -31,9 +37,10 @@ CASES = [
          f"demo --task arithmetic --model smollm2-135m-instruct --advantage grpo {DEMO_SMALL}",
          expect=(DEMO_TABLE,), files=("{tmp}/demo",)),
     Case("tempax demo --compare --eval-problems 200",
-         f"demo --compare --demonstrations 4 {DEMO_SMALL}", expect=(DEMO_TABLE,)),
+         f"demo --compare {COMPARE_SMALL}", expect=(DEMO_TABLE,)),
+    # Tool episodes are longer than 128 tokens: the tools demo keeps its warm-start's sequence length.
     Case("tempax demo --task arithmetic-tools --eval-problems 200",
-         f"demo --task arithmetic-tools {DEMO_SMALL}", expect=(DEMO_TABLE,)),
+         f"demo --task arithmetic-tools {DEMO_STAGES}", expect=(r"RL with tools", r"RL without tools")),
     Case("tempax model-info smollm2-135m-instruct", "model-info smollm2-135m-instruct", expect=(r"llama", r"30")),
     Case("tempax generate smollm2-135m-instruct --prompt \"What is 12 * 7?\" --n 2 --temperature 0.7",
          "generate smollm2-135m-instruct --prompt 'What is 12 * 7?' --n 2 --temperature 0.7 --max-new-tokens 8 --json",

@@ -20,6 +20,13 @@ NOT_RUN = {
     "tempax grpo --config RECIPE.yaml grpo.workers=4 grpo.max_staleness=2 ray.address=auto":
         "joins a running Ray cluster (ray.address=auto), which a test machine does not have; the same rollout "
         "workers on a local Ray instance run (test_runs.py: 1 and 2 workers, staleness 0 and 1, one killed)",
+    # docs/multi-host.md: commands for separate machines; tests/parallel/test_two_hosts.py (slow) runs the same
+    # commands, environment and Ray layout between two network namespaces.
+    **{f"JAX_COORDINATOR_ADDRESS=10.0.0.1:8476 JAX_NUM_PROCESSES=2 JAX_PROCESS_ID={i} tempax sft --config recipe.yaml "
+       "train.run_dir=$SHARED/runs/sft": "needs two machines; the two-host tests start exactly this pair (data and "
+       "FSDP meshes)" for i in (0, 1)},
+    "tempax grpo --config RECIPE.yaml grpo.workers=1 ray.address=10.0.0.1:6379 ray.worker_resource=rollout_host":
+        "needs a Ray cluster over two machines; the two-host Ray test places the worker on the second namespace",
     # The README's quick starts name files the user writes; the same commands on the shipped data run instead.
     "tempax sft --config recipes/sft_lora_smollm2.yaml data.path=my_chats.jsonl train.run_dir=runs/my_sft":
         "trains on the user's own my_chats.jsonl; the same recipe on the shipped chats runs (the sft_run fixture)",

@@ -29,7 +29,7 @@ GEMMA_CASES = [
          expect=(r"family\s+gemma3", r"Q4_K x\d+", r"Q6_K x\d+", r"268,098,176"), name="gemma3-model-info"),
     Case("tempax generate smollm2-135m-instruct --prompt \"What is 12 * 7?\" --n 2 --temperature 0.7",
          "generate gemma3-270m --raw --prompt 'The capital of France is' --n 2 --temperature 0.7 --max-new-tokens 8 "
-         "--json", expect=(r'(?s)\{{.*"text".*\n\{{.*"text"',), name="gemma3-generate"),  # {{: a literal brace
+         "--json", expect=(r'(?s)\{.*"text".*\n\{.*"text"',), name="gemma3-generate"),
     Case("tempax sft --config recipes/sft_lora_smollm2.yaml",
          f"sft --config recipes/sft_lora_smollm2.yaml {GEMMA} {SMALL_TRAIN} data.max_rows=16 "
          "train.eval_at_start=false", steps=2, files=("{run}/checkpoints/2",), name="gemma3-sft-lora"),

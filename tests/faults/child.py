@@ -25,12 +25,12 @@ import numpy as np
 from tempax.algorithms.sft.main import make_sft_loss
 from tempax.data.loader import sft_loader
 from tempax.errors import TempaxError
-from tempax.train import checkpoint as checkpoint_module
 from tempax.train import metrics as metrics_module
 from tempax.train.config import CheckpointConfig, OptimizerConfig
 from tempax.train.hooks import Hook
 from tempax.train.loop import Trainer
 from tempax.train.run_identity import hold_run_dir
+from tests.kit.kill_points import KILL_POINTS, die, install_kill
 from tests.train.helpers import TableLM, random_examples, tiny_train_config
 
 VOCAB = 64  # a random 64 x 64 table: 16 KiB of incompressible float32 per array, far above the 4 KiB headroom
@@ -51,10 +51,6 @@ def make_loader():
     return sft_loader(random_examples(40, vocab=VOCAB, seed=3), batch_size=4, seq_len=16, pad_id=0, seed=7)
 
 
-def _die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 class _AtStep(Hook):
     """Runs `action(info)` at step `step`, before the checkpoint hook."""
 
@@ -67,36 +63,16 @@ class _AtStep(Hook):
             self.action(info)
 
 
-def inject(fault: str, step: int, run_dir: str, trainer: Trainer) -> list[Hook]:
-    if fault == "kill_step":
-        dispatch = trainer.train_step
-
-        def train_step_unwaited(batch):
-            out = dispatch(batch)
-            train_step_unwaited.n += 1
-            if train_step_unwaited.n == step:
-                _die()  # the step is dispatched to the device and not waited for: killed mid-step
-            return out
-
-        train_step_unwaited.n = 0
-        trainer.train_step = train_step_unwaited
-    elif fault == "kill_save":
-        save = checkpoint_module.Checkpointer.save
-
-        def killing_save(self, state, **kw):
-            out = save(self, state, **kw)
-            if out == step:
-                _die()  # Orbax's background threads are writing this step's files now
-            return out
-
-        checkpoint_module.Checkpointer.save = killing_save
+def inject(fault: str, step: int, run_dir: str) -> list[Hook]:
+    if fault in KILL_POINTS:
+        install_kill(fault, step)
     elif fault == "kill_metrics":
         append = metrics_module.MetricsWriter._append
 
         def torn_append(self, line):
             if json.loads(line).get("step") == step and b'"loss"' in line:
                 os.write(self._fd, line[: len(line) // 2])
-                _die()
+                die()
             append(self, line)
 
         metrics_module.MetricsWriter._append = torn_append
@@ -131,7 +107,7 @@ def main(argv: list[str]) -> int:
         with hold_run_dir(run_dir):
             trainer = make_trainer(run_dir, log=lambda text: print(text, file=sys.stderr),
                                    on_save_error="retry" if fault == "full_disk_retry" else "stop")
-            hooks = inject(fault, step, run_dir, trainer)
+            hooks = inject(fault, step, run_dir)
             try:
                 result = trainer.fit(make_loader(), hooks=hooks)
             finally:

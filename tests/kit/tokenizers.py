@@ -123,3 +123,13 @@ def tiny_sentencepiece_metadata(*, gemma: bool = False) -> dict:
         "tokenizer.ggml.add_bos_token": True,
         "tokenizer.chat_template": GEMMA_TEMPLATE if gemma else CHATML_TEMPLATE,
     }
+
+
+# Four short chats the tiny tokenizer's corpus covers: the SFT rows of the multi-process and two-host tests.
+DIALOGUES = [
+    [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "Paris."}],
+    [{"role": "user", "content": "How do I bake bread?"},
+     {"role": "assistant", "content": "Mix flour, water, salt and yeast."}],
+    [{"role": "user", "content": "Say a number."}, {"role": "assistant", "content": "0123456789"}],
+    [{"role": "user", "content": "The quick brown fox?"}, {"role": "assistant", "content": "Jumps over the lazy dog."}],
+]

@@ -186,5 +186,5 @@ def test_unknown_model_name():
 def test_a_plain_file_is_not_a_checkpoint(tmp_path):
     path = tmp_path / "weights.bin"
     path.write_bytes(b"\0" * 10)
-    with pytest.raises(CheckpointError, match=r"weights.bin is a file but not a .gguf file"):
+    with pytest.raises(CheckpointError, match=r"weights.bin is a file but not a GGUF file"):
         load_model(str(path))

@@ -160,3 +160,20 @@ def test_greedy_tokens_match_transformers(loaded, reference):
         assert result.token_ids[i, :n].tolist() == expected[i][:n], prompt
         assert n == GREEDY_TOKENS or expected[i][n - 1] in tok.stop_ids
         print(f"\n{prompt!r} -> {result.texts[i]!r}")
+
+
+@needs_package
+def test_the_plain_chat_layout_starts_with_bos_and_trains_the_whole_reply():
+    """The base model's GGUF has no chat template, so conversations take the plain "role: content" layout. Gemma
+    expects <bos> first (its tokenizer adds it to plain text), so the layout starts with it; the reply's first
+    word is a token that carries the space before it ("▁Paris"), which must be trained, not left in the prompt."""
+    from tempax.data.formats import encode_chat
+
+    tok = tempax.load_tokenizer(NAME)
+    chat = [{"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "Paris is the capital."}]
+    tokens, mask = encode_chat(tok, chat)
+    assert tokens[0] == tok.bos_id == tok.encode("a")[0] and (tokens == tok.bos_id).sum() == 1
+    assert tok.decode(tokens[mask], skip_special_tokens=False) == " Paris is the capital.\n"
+    prompt = tok.apply_chat_template(chat[:1], add_generation_prompt=True, tokenize=True)
+    assert list(tokens[: len(prompt)]) == prompt and not mask[: len(prompt)].any()

@@ -25,18 +25,10 @@ from numpy.testing import assert_allclose
 from tempax.algorithms.sft.main import SFTConfig, main
 from tempax.configlib import from_dict
 from tempax.train.metrics import read_metrics
-from tests.kit.tokenizers import tiny_chat_tokenizer
+from tests.kit.tokenizers import DIALOGUES, tiny_chat_tokenizer
 
 LAUNCH_TIMEOUT_S = 240
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-DIALOGUES = [
-    [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "Paris."}],
-    [{"role": "user", "content": "How do I bake bread?"},
-     {"role": "assistant", "content": "Mix flour, water, salt and yeast."}],
-    [{"role": "user", "content": "Say a number."}, {"role": "assistant", "content": "0123456789"}],
-    [{"role": "user", "content": "The quick brown fox?"}, {"role": "assistant", "content": "Jumps over the lazy dog."}],
-]
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from tempax.configlib import from_dict
 from tempax.parallel.peers import EXIT_PROCESS_LOST
 from tempax.train.metrics import read_metrics
 from tests.kit.hosts import ADDRESS_A, skip_reason, two_hosts
-from tests.kit.tokenizers import tiny_chat_tokenizer
+from tests.kit.tokenizers import DIALOGUES, tiny_chat_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -40,13 +40,6 @@ HEARTBEAT_S = 10
 LOST_WITHIN_S = HEARTBEAT_S + 20  # detection, then the one line and the exit
 REFERENCE_STEPS = 6
 
-DIALOGUES = [
-    [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "Paris."}],
-    [{"role": "user", "content": "How do I bake bread?"},
-     {"role": "assistant", "content": "Mix flour, water, salt and yeast."}],
-    [{"role": "user", "content": "Say a number."}, {"role": "assistant", "content": "0123456789"}],
-    [{"role": "user", "content": "The quick brown fox?"}, {"role": "assistant", "content": "Jumps over the lazy dog."}],
-]
 MESHES = {"fsdp": {"fsdp": 4}, "data": {"data": 4}}
 
 

@@ -3,8 +3,8 @@
 `run_one(name, workdir)` for each name of `NAMES` trains SFT, continued pre-training, DPO, KTO, a reward
 model, GRPO, RFT, PPO (against that reward model) and distillation through the same `tempax <command>` entry
 points a recipe uses (`tempax.algorithms.registry.resolve`), and returns each run's per-step losses and rewards.
-The stored curves (`<name>.json` beside this file, with the CPU model and the
-JAX version they were made with) are what `tests/algorithms/test_reference_curves.py` compares every later run
+The stored curves (`<name>.json` beside this file, one per machine class with the
+JAX version it was made with) are what `tests/algorithms/test_reference_curves.py` compares every later run
 with, so a change that claims to move code without changing behaviour can show it changed no trajectory.
 
 Regenerate (only when a change is meant to alter trajectories, and say why in the commit):
@@ -35,15 +35,13 @@ MACHINE_WORDS = ("perf/", "time", "per_sec", "seconds", "memory", "bytes", "mfu"
 
 
 def cpu_model() -> str:
-    """The CPU's model name (`lscpu`'s 'Model name'), the class a stored curve is exact on."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The machine class a stored curve is exact on: the CPU's model name and its vector-unit class, e.g.
+    "AMD EPYC (AVX2)". The model name alone is not enough: one name covers parts with and without AVX-512,
+    and XLA:CPU orders float32 sums by the vector width it compiles for."""
+    from tempax.cli.host import cpu_class, cpu_info
+
+    info = cpu_info()
+    return f"{info['model']} ({cpu_class(info)})"
 
 
 def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> str:
@@ -189,9 +187,11 @@ def path_of(name: str) -> str:
 
 
 def write(name: str, curve: dict[str, Any]) -> str:
+    """Store `curve` as this machine class's curve of `name`, keeping the other classes' curves."""
     import jax
 
-    record = {"name": name, "cpu": cpu_model(), "jax": jax.__version__, **curve}
+    record = read(name) if os.path.exists(path_of(name)) else {"name": name, "curves": {}}
+    record["curves"][cpu_model()] = {"jax": jax.__version__, **curve}
     with open(path_of(name), "w") as f:
         json.dump(record, f, indent=1)
         f.write("\n")
@@ -199,6 +199,7 @@ def write(name: str, curve: dict[str, Any]) -> str:
 
 
 def read(name: str) -> dict[str, Any]:
+    """{"name": ..., "curves": {machine class: {"jax", "steps", "series"}}} of a stored reference curve."""
     with open(path_of(name)) as f:
         return json.load(f)
 

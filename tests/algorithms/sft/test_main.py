@@ -21,16 +21,8 @@ from tempax.errors import DataError
 from tempax.models.decoder import Decoder
 from tempax.models.logprobs import token_logprobs
 from tempax.models.presets import PRESETS
-from tests.kit.tokenizers import tiny_chat_tokenizer
+from tests.kit.tokenizers import DIALOGUES, tiny_chat_tokenizer
 from tests.train.helpers import random_examples
-
-DIALOGUES = [
-    [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "Paris."}],
-    [{"role": "user", "content": "How do I bake bread?"},
-     {"role": "assistant", "content": "Mix flour, water, salt and yeast."}],
-    [{"role": "user", "content": "Say a number."}, {"role": "assistant", "content": "0123456789"}],
-    [{"role": "user", "content": "The quick brown fox?"}, {"role": "assistant", "content": "Jumps over the lazy dog."}],
-]
 
 
 def test_packed_batch_gives_the_same_per_example_losses_as_padded():
