@@ -40,3 +40,14 @@ def documented_files() -> list[str]:
 def documented_commands() -> list[tuple[str, str]]:
     """(file, command) for every command of the README and the guides, duplicates across files kept."""
     return [(name, command) for name in documented_files() for command in code_block_commands(os.path.join(ROOT, name))]
+
+
+def code_block(path: str, first_line: str) -> str:
+    """The fenced code block of `path` whose first line is `first_line` (the README's `# my_rewards.py`, a
+    Python example's first import), as written; the tests that run a guide's example read it from here so that
+    an edit of the guide is what they run."""
+    text = open(path, encoding="utf-8").read()
+    for block in re.findall(r"```[^\n]*\n(.*?)```", text, re.S):
+        if block.splitlines() and block.splitlines()[0].strip() == first_line:
+            return block
+    raise LookupError(f"no code block of {path} starts with {first_line!r}")

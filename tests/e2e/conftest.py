@@ -129,14 +129,17 @@ def interrupted_then_resumed(folder: str, argv: list[str], env: dict, signum: in
 
 
 # The guides' `runs/sft`: trackers.md's LoRA SFT with TensorBoard, W&B (offline) and MLflow (a SQLite file), stopped
-# by SIGTERM after its first step and run again, so that it resumes (robustness.md, running-commands.md). Its run
+# by SIGTERM after its first step and run again, so that it resumes (robustness.md, running-commands.md), on the
+# README quick start's own JSONL of chat rows (`my_chats.jsonl`: messages only, written by the fixture). Its run
 # dir is the RUN_DIR / SOURCE of plot, export, eval, serve and rft's WARM_START_DIR.
 SFT_CASE = Case(
     ("tempax sft --config recipes/sft_lora_smollm2.yaml",
+     "tempax sft --config recipes/sft_lora_smollm2.yaml data.path=my_chats.jsonl train.run_dir=runs/my_sft",
      "tempax sft --config recipes/sft_lora_smollm2.yaml train.report_to=[tensorboard,wandb,mlflow]",
      "WANDB_MODE=offline tempax sft --config recipes/sft_lora_smollm2.yaml 'train.report_to=[wandb]'",
      "MLFLOW_TRACKING_URI=sqlite:///runs/mlflow.db tempax sft --config recipes/sft_lora_smollm2.yaml 'train.report_to=[mlflow]'"),
-    f"sft --config recipes/sft_lora_smollm2.yaml train.report_to=[tensorboard,wandb,mlflow] {SMALL_TRAIN} data.max_rows=24 "
+    f"sft --config recipes/sft_lora_smollm2.yaml data.path={{tmp}}/my_chats.jsonl "
+    f"train.report_to=[tensorboard,wandb,mlflow] {SMALL_TRAIN} data.max_rows=24 "
     "train.eval_at_start=false train.checkpoint.every=0",
     steps=4, env={"WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": "sqlite:///{tmp}/mlflow.db"},
     name="sft-sigterm-resume-trackers")
@@ -147,10 +150,19 @@ REWARD_MODEL_CASE = Case(
     steps=2, files=("{run}/reward_model",))
 
 
+def write_my_chats(path: str, rows: int) -> None:
+    """A user's own chat JSONL as the README's quick start describes it: `{"messages": [...]}` rows and nothing
+    else (the shipped hh-rlhf-sft rows' conversations, without their source columns)."""
+    with open(os.path.join(ROOT, "..", "shared", "data", "hh-rlhf-sft", "train.jsonl")) as f, open(path, "w") as out:
+        for _, line in zip(range(rows), f):
+            out.write(json.dumps({"messages": json.loads(line)["messages"]}) + "\n")
+
+
 @pytest.fixture(scope="session")
 def sft_run(e2e_dir) -> dict:
     def build(folder):
         values = {"tmp": folder, "run": os.path.join(folder, "run")}
+        write_my_chats(os.path.join(folder, "my_chats.jsonl"), rows=24)
         env = {k: fill(v, values) for k, v in SFT_CASE.env.items()}
         out = interrupted_then_resumed(folder, case_argv(SFT_CASE, values), env, signal.SIGTERM, 1)
         out["env"] = env

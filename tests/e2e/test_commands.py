@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
-from tests.documented_commands import ROOT
-from tests.e2e.cases import SMALL_TRAIN, Case, run_case, user_env
+from tests.documented_commands import README, ROOT, code_block
+from tests.e2e.cases import (SMALL_TRAIN, TRACEBACK, Case, children_cpu_s, fill, read_metrics, run_case, tail,
+                             user_env)
 
 pytestmark = pytest.mark.e2e
 
@@ -20,9 +23,11 @@ GRPO_SMALL = "grpo.group_size=2 grpo.max_new_tokens=16 eval.num_problems=2 eval.
 DEMO_STAGES = ("--steps 1 --sft-steps 1 --eval-problems 4 --run-dir {tmp}/demo grpo.grpo.group_size=2 "
                "grpo.grpo.max_new_tokens=16 grpo.train.batch_size=1 sft.train.batch_size=2")
 DEMO_SMALL = f"{DEMO_STAGES} sft.train.seq_len=128"
-# --compare's other rows train on 4 worked solutions: 2 rows a step of 128 tokens, RFT sampling 2 x 2 short answers.
+# --compare's other rows train on 4 worked solutions: 2 rows a step of 128 tokens, RFT sampling 2 x 2 short answers,
+# one step each (their `train.steps` is an upper bound under GRPO's seconds, which here are mostly compilation).
 COMPARE_SMALL = (f"--demonstrations 4 {DEMO_SMALL} " + " ".join(
-    f"{stage}.train.batch_size=2 {stage}.train.seq_len=128" for stage in ("scarce_sft", "baseline", "rft"))
+    f"{stage}.train.batch_size=2 {stage}.train.seq_len=128 {stage}.train.steps=1"
+    for stage in ("scarce_sft", "baseline", "rft"))
     + " rft.rft.samples_per_problem=2 rft.rft.problems_per_round=2 rft.rft.sampling_batch=2 rft.rft.max_new_tokens=16"
     + " rft.rft.threshold=0 rft.rft.keep_truncated=true")  # a 1-step warm-start: no full score, no stop in 16
 DEMO_TABLE = r"after GRPO"
@@ -59,18 +64,15 @@ CASES = [
     Case("tempax score RUN_DIR/reward_model --input ../shared/data/hh-rlhf/test.jsonl.gz --limit 200",
          "score {rm}/reward_model --input ../shared/data/hh-rlhf/test.jsonl.gz --limit 4 --output {tmp}/scores.jsonl",
          files=("{tmp}/scores.jsonl",)),
-    Case("tempax grpo --config recipes/grpo_gsm8k_smollm2.yaml",
-         f"grpo --config recipes/grpo_gsm8k_smollm2.yaml {GRPO_SMALL}", steps=2, metrics=("loss", "reward/total_mean")),
     Case("tempax distill --config recipes/distill_smollm2.yaml",
          f"distill --config recipes/distill_smollm2.yaml {SMALL_TRAIN} data.max_rows=16 train.eval_at_start=false",
          steps=2, files=("{run}/student/config.json",)),
-    Case("tempax rft --config recipes/rft_arithmetic_smollm2.yaml model.source=WARM_START_DIR",
-         f"rft --config recipes/rft_arithmetic_smollm2.yaml model.source={{sft}} eval.num_problems=2 {RFT_SMALL}",
-         steps=2, metrics=("loss", "rft/accept_rate")),
-    Case(("tempax rft --config recipes/rft_arithmetic_smollm2.yaml",
+    # One RFT run for the guide's three lines: from the shared SFT run dir (the warm start), 2 steps.
+    Case(("tempax rft --config recipes/rft_arithmetic_smollm2.yaml model.source=WARM_START_DIR",
+          "tempax rft --config recipes/rft_arithmetic_smollm2.yaml",
           "tempax rft --config recipes/rft_arithmetic_smollm2.yaml train.steps=2 eval.num_problems=8"),
-         f"rft --config recipes/rft_arithmetic_smollm2.yaml train.steps=2 eval.num_problems=8 {RFT_SMALL}",
-         steps=2, metrics=("loss", "rft/accept_rate")),
+         f"rft --config recipes/rft_arithmetic_smollm2.yaml model.source={{sft}} train.steps=2 eval.num_problems=2 "
+         f"{RFT_SMALL}", steps=2, metrics=("loss", "rft/accept_rate")),
     Case("tempax rft --describe", "rft --describe", expect=(r"rft\.samples_per_problem",)),
     Case("tempax eval SOURCE --task gsm8k", "eval {sft} --task gsm8k --limit 4 --max-new-tokens 16 --out {tmp}/eval.json",
          files=("{tmp}/eval.json",), expect=(r"answer acc", r"4 gsm8k problems")),
@@ -94,7 +96,21 @@ CASES = [
     Case("tempax validate recipes/sft_lora_smollm2.yaml", "validate recipes/sft_lora_smollm2.yaml",
          expect=(r"ok: recipes/sft_lora_smollm2.yaml is a valid `tempax sft` recipe",)),
     Case("tempax plot RUN_DIR", "plot {sft}", files=("{sft}/plots/metrics.png",)),
+    Case('tempax generate runs/my_sft --prompt "Say hello in French."',
+         "generate {sft} --prompt 'Say hello in French.' --max-new-tokens 8", expect=(r"\S",), name="generate-run-dir"),
 ]
+
+# The README's GRPO quick starts, with the reward file and the Python example read from the README itself: the
+# command line with `my_rewards.py` written beside it (it also covers the recipe's plain line: same recipe, the
+# arithmetic task), and the Python example run as a script, the tier's overrides after its own.
+GRPO_QUICK_START = Case(
+    ("tempax grpo --config recipes/grpo_gsm8k_smollm2.yaml",
+     "tempax grpo --config recipes/grpo_gsm8k_smollm2.yaml task.name=arithmetic "
+     "rewards.functions=[my_rewards.py:last_number_is_the_answer] rewards.weights=null"),
+    "grpo --config recipes/grpo_gsm8k_smollm2.yaml task.name=arithmetic "
+    f"rewards.functions=[{{tmp}}/my_rewards.py:last_number_is_the_answer] rewards.weights=null {GRPO_SMALL}",
+    steps=2, metrics=("loss", "reward/total_mean"), name="grpo-readme-own-reward")
+PYTHON_QUICK_START_OVERRIDES = ["train.steps=2", "train.run_dir={run}", *GRPO_SMALL.split()]
 
 # Exports, each read back through tempax.load in a fresh process (tests/e2e/load_back.py); the next token of
 # "The capital of France is" is checked where the weights are kept at 8 bits or more.
@@ -125,6 +141,28 @@ def values_for(case: Case, tmp_path, request) -> dict[str, str]:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_documented_command(case, tmp_path, request, record):
     run_case(case, values_for(case, tmp_path, request), record)
+
+
+def test_readme_grpo_quick_start_with_its_reward_file(tmp_path, record):
+    (tmp_path / "my_rewards.py").write_text(code_block(README, "# my_rewards.py"))
+    run_case(GRPO_QUICK_START, {"tmp": str(tmp_path), "run": str(tmp_path / "run")}, record)
+
+
+def test_readme_python_quick_start(tmp_path, record):
+    """The README's `tempax.train` example as a user saves and runs it; its last line prints the held-out
+    answer accuracy before and after."""
+    script = tmp_path / "grpo_own_reward.py"
+    script.write_text(code_block(README, "import re"))
+    values = {"tmp": str(tmp_path), "run": str(tmp_path / "run")}
+    start, cpu = time.monotonic(), children_cpu_s()
+    done = subprocess.run([sys.executable, str(script), *(fill(o, values) for o in PYTHON_QUICK_START_OVERRIDES)],
+                          cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=600)
+    record(time.monotonic() - start, children_cpu_s() - cpu)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and TRACEBACK not in output, tail(output)
+    assert re.search(r"held-out answers: \d+\.\d% -> \d+\.\d%", done.stdout), tail(output)
+    logged = [r["step"] for r in read_metrics(values["run"]) if "loss" in r and "reward/total_mean" in r]
+    assert logged == [1, 2], f"{values['run']}/metrics.jsonl logged loss and reward at steps {logged}"
 
 
 def load_back(path: str) -> dict:

@@ -27,15 +27,6 @@ NOT_RUN = {
        "FSDP meshes)" for i in (0, 1)},
     "tempax grpo --config RECIPE.yaml grpo.workers=1 ray.address=10.0.0.1:6379 ray.worker_resource=rollout_host":
         "needs a Ray cluster over two machines; the two-host Ray test places the worker on the second namespace",
-    # The README's quick starts name files the user writes; the same commands on the shipped data run instead.
-    "tempax sft --config recipes/sft_lora_smollm2.yaml data.path=my_chats.jsonl train.run_dir=runs/my_sft":
-        "trains on the user's own my_chats.jsonl; the same recipe on the shipped chats runs (the sft_run fixture)",
-    'tempax generate runs/my_sft --prompt "Say hello in French."':
-        "the quick start's run dir; generate on the tier's own SFT run dir runs (test_commands.py)",
-    "tempax grpo --config recipes/grpo_gsm8k_smollm2.yaml task.name=arithmetic "
-    "rewards.functions=[my_rewards.py:last_number_is_the_answer] rewards.weights=null":
-        "needs the user's my_rewards.py; file.py:function rewards are tested in tests/test_configlib.py and the "
-        "recipe's GRPO path runs (test_commands.py)",
 }
 
 
