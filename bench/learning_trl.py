@@ -14,9 +14,10 @@ What is held equal, per row:
     token ids pre-tokenised in that order (its `_prepare_dataset` is bypassed, `train_sampling_strategy` is
     sequential), and for KTO the same mismatched rows for the KL reference point;
   * the LoRA adapters' initial weights (tempax's, seeded, read into PEFT: `initial_adapters`), so rank / alpha /
-    target modules match by construction (dropout 0); AdamW (betas, eps, weight decay, clipping at 1.0), the learning
-    rate, warm-up and cosine schedule, the batch (in examples), the steps, beta / the KTO weights, the seed, the
-    reference (the base with adapters switched off on both sides);
+    target modules match by construction (dropout 0); AdamW (betas, eps, weight decay, clipping at 1.0), the
+    learning rate of every update (tempax's warm-up and cosine schedule, step for step: `lr_factors`), the batch
+    (in examples), the steps, beta / the KTO weights, the seed, the reference (the base with adapters switched off
+    on both sides);
   * the evaluation, by tempax's code, on both final models: TRL's adapter is read back through the PEFT round trip
     (`tempax.models.lora.load_adapters`), tempax's is exported in the same layout (`tempax export RUN --adapters`).
 
@@ -208,7 +209,17 @@ def prepare_trl(row: "PeerRow", cfg: Any, base: str, out: str) -> None:
     os.makedirs(out, exist_ok=True)
     initial_adapters(cfg, out)
     with open(os.path.join(out, "trl_inputs.json"), "w") as f:
-        json.dump({"rows": rows, "arguments": arguments}, f)
+        json.dump({"rows": rows, "arguments": arguments, "lr_factors": lr_factors(cfg)}, f)
+
+
+def lr_factors(cfg: Any) -> list[float]:
+    """tempax's learning rate of each update as a fraction of the peak (`tempax.train.optim.make_schedule`), which
+    TRL's side follows step for step: transformers' own warm-up gives the first update a rate of 0 and runs one step
+    behind tempax's through the warm-up, so its "cosine" is not the same schedule."""
+    from tempax.train.optim import make_schedule
+
+    schedule = make_schedule(cfg.train.optimizer, cfg.train.steps)
+    return [float(schedule(k)) / cfg.train.optimizer.learning_rate for k in range(cfg.train.steps)]
 
 
 def train_trl(row: "PeerRow", base: str, out: str) -> None:
@@ -216,17 +227,26 @@ def train_trl(row: "PeerRow", base: str, out: str) -> None:
     layout) and its log history."""
     import datasets
     import peft
+    import torch
     import transformers
     import trl
 
     trainer_cls, config_cls = getattr(trl, row.trl_trainer + "Trainer"), getattr(trl, row.trl_trainer + "Config")
 
+    with open(os.path.join(out, "trl_inputs.json")) as f:
+        inputs = json.load(f)
+    factors = inputs["lr_factors"]
+
     class PreTokenised(trainer_cls):  # the rows are tempax's tokens already: no re-tokenising, no re-pairing
         def _prepare_dataset(self, dataset, *unused, **unused_kw):
             return dataset
 
-    with open(os.path.join(out, "trl_inputs.json")) as f:
-        inputs = json.load(f)
+        def create_scheduler(self, num_training_steps, optimizer=None):  # tempax's rate for each update
+            if self.lr_scheduler is None:
+                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                    optimizer or self.optimizer, lambda k: factors[min(k, len(factors) - 1)])
+            return self.lr_scheduler
+
     policy = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(base, dtype="float32"),
                                             os.path.join(out, "initial_adapters"), is_trainable=True)
     trainer = PreTokenised(model=policy, args=config_cls(output_dir=out, **inputs["arguments"]),

@@ -57,9 +57,11 @@ def test_trl_kto_side_trains_on_tempaxs_rows_from_tempaxs_adapters_and_reads_bac
     """TRL gets 2 steps x 2 examples in tempax's order; each KL completion is the completion of that row's
     mismatched partner (another prompt's reply); with B = 0 the policy is the reference at the first step, so
     every log-ratio is 0 and TRL's first loss is 1 - sigmoid(0) = 0.5 exactly; its adapter loads into tempax
-    (PEFT layout) and scores the 6 held-out pairs."""
+    (PEFT layout) and scores the 6 held-out pairs. With 1 warm-up step of 2, tempax's rate is the peak for both
+    updates (warm-up (0 + 1) / 1, then the cosine at progress 0): TRL's updates use the same, where transformers'
+    own warm-up would have given the first a rate of 0."""
     overrides = [f"model.source={tiny_files['base']}", *TINY_OVERRIDES, f"data.path={tiny_files['train']}",
-                 f"data.eval_path={tiny_files['test']}"]
+                 f"data.eval_path={tiny_files['test']}", "train.optimizer.warmup_steps=1"]
     kto = row("KTO")
     cfg = load_row_config(kto, overrides)
     out = str(tiny_files["dir"] / "trl_kto")
@@ -68,8 +70,12 @@ def test_trl_kto_side_trains_on_tempaxs_rows_from_tempaxs_adapters_and_reads_bac
     assert len(inputs["rows"]) == 4 and inputs["arguments"]["per_device_train_batch_size"] == 2
     assert all(r["KL_completion_ids"] != r["completion_ids"] for r in inputs["rows"])
     train_trl(kto, tiny_files["base"], out)
-    losses = [r["loss"] for r in json.loads(open(os.path.join(out, "log_history.json")).read()) if "loss" in r]
+    history = [r for r in json.loads(open(os.path.join(out, "log_history.json")).read()) if "loss" in r]
+    losses = [r["loss"] for r in history]
     assert len(losses) == 2 and losses[0] == pytest.approx(0.5, abs=1e-7)
+    peak = cfg.train.optimizer.learning_rate
+    assert inputs["lr_factors"] == [pytest.approx(1.0), pytest.approx(1.0)]
+    assert [r["learning_rate"] for r in history] == [pytest.approx(peak), pytest.approx(peak)]
     outcomes = pair_outcomes(cfg, tiny_files["base"], os.path.join(out, "adapters"))
     assert len(outcomes) == 6 and all(isinstance(x, bool) for x in outcomes)
 
