@@ -4,6 +4,7 @@
     python bench/learning_trl.py --peer trl --only kto,dpo       # some rows; the others print "not run"
     python bench/learning_trl.py --peer trl --tiny --out DIR     # smoke: 2 steps a row on a tiny model
     python bench/learning_trl.py --table DIR                     # the table of runs already in DIR
+    python bench/learning_trl.py --table DIR --record bench/records/learning.jsonl   # ... and onto docs/results.md
 
 What is held equal, per row:
   * the starting weights: the Hugging Face folder `tempax export` writes (`base/` in the output folder; with
@@ -454,6 +455,15 @@ def table(rows: tuple[PeerRow, ...], out: str, cpu: str) -> str:
     return "\n".join(lines)
 
 
+def table_record(rows: tuple[PeerRow, ...], out: str, cpu: str, command: str) -> dict[str, Any]:
+    """The table as a `bench/results.py` record (topic "learning"), the rows that were run only."""
+    lines = table(rows, out, cpu).splitlines()
+    cells = [[c.strip() for c in line.strip("|").split(" | ")] for line in lines[2:]]
+    run = [row for row in cells[2:] if row[1] != "not run" and not row[1].startswith("not run (")]
+    return {"kind": "table", "topic": "learning", "title": "tempax against TRL: same start, rows, order and budget",
+            "columns": cells[0], "rows": run, "command": command, "cpu": cpu, "notes": versions()}
+
+
 def selected(only: str | None) -> list[PeerRow]:
     if not only:
         return [r for r in ROWS if r.trl_rows is not None]
@@ -478,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/learning_trl", help="where the runs go")
     parser.add_argument("--tiny", action="store_true", help="smoke mode: a tiny model, 2 steps a row")
     parser.add_argument("--table", default=None, metavar="OUT", help="print the table of the runs in OUT, run nothing")
+    parser.add_argument("--record", default=None, metavar="FILE", help="also append the table, rows that ran, as a "
+                        "bench/results.py record to FILE (e.g. bench/records/learning.jsonl)")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--evaluate", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--prepare", default=None, help=argparse.SUPPRESS)
@@ -505,6 +517,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"running {row.name}: tempax {row.command} and TRL", file=sys.stderr, flush=True)
             run_row(row, out, base, args.tiny, tuple(args.overrides))
     print(table(ROWS, out, cpu_name()))
+    if args.record:
+        command = "python bench/learning_trl.py --peer trl" + (f" --only {args.only}" if args.only else "")
+        with open(args.record, "a", encoding="utf-8") as f:
+            f.write(json.dumps(table_record(ROWS, out, cpu_name(), command)) + "\n")
     return 0
 
 

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from bench.learning_trl import (ROWS, TINY_OVERRIDES, load_row_config, main, pair_outcomes, prepare_trl, row_slug,
-                                selected, table, train_trl, write_base)
+                                selected, table, table_record, train_trl, write_base)
 from tests.algorithms.preference.test_dpo import synthetic_rows, write_jsonl
 
 
@@ -42,6 +42,10 @@ def test_rows_not_built_or_not_run_print_not_run_and_a_paired_difference_is_judg
     for name in ("SFT", "reward model", "GRPO, arithmetic"):
         assert "not run (the TRL side" in by_name[name]
     assert [r.name for r in selected(None)] == ["DPO", "KTO"] and [r.name for r in selected("kto")] == ["KTO"]
+    record = table_record(ROWS, str(tmp_path), "Some CPU, 2 cores", "python bench/learning_trl.py --peer trl")
+    assert record["columns"][0] == "row" and len(record["columns"]) == 7
+    assert [r[0] for r in record["rows"]] == ["KTO"] and record["rows"][0][4:6] == ["30 / 41", "71 / 90"]
+    assert record["cpu"] == "Some CPU, 2 cores" and record["topic"] == "learning"
 
 
 @pytest.fixture(scope="module")
