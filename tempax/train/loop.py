@@ -503,18 +503,26 @@ class Trainer:
         return info.stop_reason
 
     def _stop_at(self, step: int, reason: str, info: StepInfo) -> None:
-        """A stop before `config.steps`: the step's checkpoint (even without save_at_end), and say why."""
+        """A stop before `config.steps`: the step's checkpoint (even without save_at_end), the reason as an event
+        record, and say why."""
         self.save_checkpoint(info.data_state)  # a no-op when the checkpoint hook just wrote this step
-        self.progress.write(f"stopped after step {step}: {reason} (checkpoint {self._last_checkpoint})")
+        self._record_stop(step, reason)
 
     def _stop_between_steps(self, step: int, reason: str, batches: Any, resumed_from: int) -> str:
         """A signal that arrived after step `step`'s hooks: its checkpoint (a no-op when the hooks wrote it), the
         reason as an event record, no further batch drawn (an on-policy source would sample a whole rollout)."""
         if step > resumed_from:
             self.save_checkpoint(source_state(batches))
-        self.writer.event(step, "stop", stop_reason=reason)
-        self.progress.write(f"stopped after step {step}: {reason} (checkpoint {self._last_checkpoint})")
+        self._record_stop(step, reason)
         return reason
+
+    def _record_stop(self, step: int, reason: str) -> None:
+        """Every early stop leaves the same record, {"step": N, "event": "stop", "stop_reason": ...}, whether it
+        came during a step (then the step's own record carries `stop_reason` too) or between steps, so a reader
+        or a scheduler's script finds it in one place."""
+        if self.writer is not None:  # only the writing process keeps metrics.jsonl
+            self.writer.event(step, "stop", stop_reason=reason)
+        self.progress.write(f"stopped after step {step}: {reason} (checkpoint {self._last_checkpoint})")
 
     def _write_summary(self, step: int, result: TrainResult) -> None:
         """<run_dir>/summary.json: where the run ended and why (read by the CLI and by people)."""

@@ -3,8 +3,8 @@
 
 `metrics.jsonl` holds one JSON object per logged step, e.g.
     {"step": 10, "loss": 2.31, "grad_norm": 0.8, "lr": 1e-05, "tokens_per_s": 1712.4, "time": 1732900000.1}
-evaluation results as {"step": 10, "eval/loss": 2.5, ...}, and events as {"step": 7, "event": "stopped",
-"reason": "SIGTERM", ...}. A resumed run continues the same file as one clean curve: before its first write it
+evaluation results as {"step": 10, "eval/loss": 2.5, ...}, and events as {"step": 7, "event": "stop",
+"stop_reason": "SIGTERM"}. A resumed run continues the same file as one clean curve: before its first write it
 drops the rows of steps after the checkpoint it resumed from (they are about to be run again), and TensorBoard is
 told to purge its events from that step on. Nothing is created until the first record is written, so a run that
 fails before its first step leaves no empty metrics file, event files or tracker run behind.
@@ -168,7 +168,7 @@ class MetricsWriter:
             ) from None
 
     def event(self, step: int, event: str, **fields: Any) -> None:
-        """An event record (no metric values), e.g. `event(7, "stopped", reason="SIGTERM")`."""
+        """An event record (no metric values), e.g. `event(7, "stop", stop_reason="SIGTERM")`."""
         self.write(step, {"event": event, **fields})
 
     def flush(self) -> None:

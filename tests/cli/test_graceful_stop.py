@@ -51,9 +51,10 @@ def test_sigterm_mid_run_saves_the_current_step_and_resume_matches(workspace, tm
     assert code == 143, err[-3000:]
     records = _records(run)
     stopped = records[-1]["step"]
-    assert 3 <= stopped < 2000 and records[-1]["stop_reason"] == name
-    # Every step's record once; the reason is on the last step's record, or on an event record of that step when
-    # the signal came while the step's hooks ran (then no further batch is drawn).
+    # The run ends with one stop event, whether the signal came during a step (that step's record carries the
+    # reason too) or while its hooks ran (then no further batch is drawn).
+    assert 3 <= stopped < 2000 and records[-1]["event"] == "stop" and records[-1]["stop_reason"] == name
+    # Every step's record once.
     assert [r["step"] for r in records if "loss" in r] == list(range(1, stopped + 1))
     assert os.listdir(os.path.join(run, "checkpoints")) == [str(stopped)]  # checkpoint.every=0: only the stop's
     assert f"tempax sft: stopped on {name} after step {stopped}; saved checkpoint {run}/checkpoints/{stopped}" in err

@@ -94,8 +94,9 @@ def test_killed_resumed_and_stopped_runs_reproduce_the_uninterrupted_run(model, 
     assert stopped.stop_reason == "enough for this test"
     assert [s for s, _ in stopped.history] == [1, 2]
     assert stopped.last_checkpoint.endswith(os.path.join("checkpoints", "2"))
-    record = read_metrics(str(tmp_path / "stopped"))[-1]
-    assert record["step"] == 2 and record["stop_reason"] == "enough for this test" and "loss" in record
+    step_record, event = read_metrics(str(tmp_path / "stopped"))[-2:]
+    assert step_record["step"] == 2 and step_record["stop_reason"] == "enough for this test" and "loss" in step_record
+    assert event == {**event, "step": 2, "event": "stop", "stop_reason": "enough for this test"}
     with open(tmp_path / "stopped" / "summary.json") as f:
         summary = json.load(f)
     assert summary["stop_reason"] == "enough for this test" and summary["step"] == 2
