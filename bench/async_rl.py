@@ -86,7 +86,7 @@ def measure(mode: str, size: str, steps: dict | None = None) -> dict:
 
 def write_page(rows: list[dict], size: str, uptime: str) -> None:
     sys.path.insert(0, ROOT)
-    from tempax.cli.host import cpu_line
+    from tempax.runtime.host import cpu_line
 
     by = {r["mode"]: r for r in rows if "error" not in r}
     base = by.get("sync-2core")

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tempax.cli.host import cpu_line
+from tempax.runtime.host import cpu_line
 from tempax.models.decoder import attention
 
 B, T, N, K, H = 8, 256, 9, 3, 64
@@ -55,7 +55,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tempax.cli.process import setup_process
+    from tempax.runtime.process import setup_process
 
     setup_process()  # the XLA flags and allocator settings the `tempax` command runs with
     sys.exit(main())

@@ -65,7 +65,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--no-torch", action="store_true", help="measure XLA only")
     args = parser.parse_args()
-    from tempax.cli.process import settings_in_effect
+    from tempax.runtime.process import settings_in_effect
 
     print(json.dumps({**measure_xla(), "cpu": settings_in_effect()["cpu"]}), flush=True)
     if not args.no_torch:
@@ -74,7 +74,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tempax.cli.process import setup_process
+    from tempax.runtime.process import setup_process
 
     setup_process()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
     raise SystemExit(main())

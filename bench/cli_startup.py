@@ -137,7 +137,7 @@ def build_table(records: Sequence[dict]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from tempax.cli.host import cpu_class, cpu_info, cpu_line
+    from tempax.runtime.host import cpu_class, cpu_info, cpu_line
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--commands", default="generate,chat,sft")

@@ -7,7 +7,7 @@
     python bench/compare.py --table-from runs/cmp.jsonl       # the table again from kept records, no measuring
 
 A measuring run appends its table to `docs/performance.md` (`--page`; `--page ''` writes nothing) under a
-heading that names the CPU class (`tempax.cli.host.cpu_class`: AVX-512 + AMX, AVX-512, AVX2), the CPU, the flags
+heading that names the CPU class (`tempax.runtime.host.cpu_class`: AVX-512 + AMX, AVX-512, AVX2), the CPU, the flags
 and the date, so the page keeps one history per CPU class; the newest section of a class is its current figure.
 
 For each (workload, size) cell it runs tempax's own one-measurement entry point (`bench/sft.py --one W S`,
@@ -201,7 +201,7 @@ def measure_all(workloads: Sequence[str], sizes: Sequence[str], *, repeats: int,
                 out: str | None = None, lock: str | None = None, timeout_s: float | None = None) -> list[dict]:
     """Run every cell, tempax and peer alternating, one process at a time; return (and keep in `out`) every
     record. Each (tempax, peer) pair runs under one hold of `lock`, so the two are back to back."""
-    from tempax.cli.host import cpu_line
+    from tempax.runtime.host import cpu_line
 
     records: list[dict] = []
     sink = open(out, "w") if out else None
@@ -311,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = build_table(records)
     print(table, flush=True)
     if args.page and not args.table_from:
-        from tempax.cli.host import cpu_class, cpu_info
+        from tempax.runtime.host import cpu_class, cpu_info
 
         command = repeatable_command("bench/compare.py", argv if argv is not None else sys.argv[1:])
         label = imitated_class(cpu_class(cpu_info()), os.environ.get("XLA_FLAGS", ""),

@@ -95,7 +95,7 @@ def measure(size: str, *, logprobs: bool = True) -> dict:
     sys.path.insert(0, ROOT)
     import jax
 
-    from tempax.cli.process import settings_in_effect
+    from tempax.runtime.process import settings_in_effect
     from tempax.generate import SamplingConfig, generate
     from tempax.models.init import init_decoder
     from tempax.models.presets import PRESETS
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from tempax.cli.process import setup_process
+    from tempax.runtime.process import setup_process
 
     setup_process()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())

@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from tempax.cli.process import setup_process
+    from tempax.runtime.process import setup_process
 
     setup_process()
     sys.exit(main())

@@ -119,7 +119,7 @@ def measure(size: str, remat: str = "full", micro_batch_size: int | None = 1) ->
     sys.path.insert(0, ROOT)
     import jax
 
-    from tempax.cli.process import settings_in_effect
+    from tempax.runtime.process import settings_in_effect
     from tempax.algorithms.grpo.source import grpo_hooks
     from tempax.train.guards import CollapseGuardConfig
 
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from tempax.cli.process import setup_process
+    from tempax.runtime.process import setup_process
 
     setup_process()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())

@@ -127,7 +127,7 @@ def main() -> int:
 
         results[f"torch {torch.__version__}"] = measure_torch(args.size, args.only, args.repeats)
     sys.path.insert(0, ROOT)
-    from tempax.cli.host import cpu_line
+    from tempax.runtime.host import cpu_line
 
     print(f"# {args.size}, {TOKENS} tokens, float32; {cpu_line()}; GFLOP/s (best of {args.repeats})")
     names = [p[0] for p in products(args.size) if p[0].startswith(args.only)]

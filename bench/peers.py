@@ -116,7 +116,7 @@ def peft_lora_config(spec: dict):
 
 def common_fields(torch) -> dict:
     """What every peer line carries: the libraries, peak RSS of this process, threads, load, and the CPU."""
-    from tempax.cli.process import settings_in_effect
+    from tempax.runtime.process import settings_in_effect
 
     import transformers
 
@@ -311,7 +311,7 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, ROOT)  # this checkout's tempax, not an installed one
-    from tempax.cli.process import setup_process
+    from tempax.runtime.process import setup_process
 
     # No huge-page malloc for the peers, though tempax's training jobs get it: PyTorch 2.13 was slower with it
     # (docs/measurements/performance-history.md), so each library runs at its own better setting. Each line

@@ -150,7 +150,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tempax.cli.process import setup_process
+    from tempax.runtime.process import setup_process
 
     setup_process(job="train" if sys.argv[1:2] != ["decode"] else None)  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())

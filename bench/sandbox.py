@@ -3,7 +3,7 @@
     python bench/sandbox.py                      # 32 programs, workers = the CPU count
     python bench/sandbox.py --programs 64 --workers 2
 
-Three measurements, each printed as one JSON line naming the CPU (`tempax.cli.host.cpu_line`):
+Three measurements, each printed as one JSON line naming the CPU (`tempax.runtime.host.cpu_line`):
 
   overhead    one empty program (`pass`) at a time, `--repeats` times: the wall time of a start to finish in the
               sandbox, against a bare `python -I -c pass` subprocess (the interpreter's own start-up), so the
@@ -30,7 +30,7 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from tempax.cli.host import cpu_line  # noqa: E402
+from tempax.runtime.host import cpu_line  # noqa: E402
 from tempax.data.tasks.code import generate_code_problems  # noqa: E402
 from tempax.rewards.code import extract_program, harnessed_program  # noqa: E402
 from tempax.rewards.sandbox import Sandbox, SandboxConfig, default_interpreter  # noqa: E402

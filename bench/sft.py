@@ -64,7 +64,7 @@ def measure(workload: str, size: str, remat: str | None = None, memory_only: boo
     import numpy as np
     from flax import nnx
 
-    from tempax.cli.process import settings_in_effect
+    from tempax.runtime.process import settings_in_effect
     from tempax.algorithms.sft.main import LossSpec, make_sft_loss
     from tempax.models.presets import PRESETS
     from tempax.parallel import make_mesh
@@ -208,7 +208,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tempax.cli.process import setup_process
+    from tempax.runtime.process import setup_process
 
     setup_process(job="train")  # as `tempax sft` does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())

@@ -4,8 +4,9 @@
     cli -> serve -> generate
                             rl -> envs -> {rewards, models}
 
-with the top-level helpers `errors`, `configlib` and `progress` (and `tempax/__init__`'s lazy loaders)
-underneath as the foundation every layer may use. Each package may import only what `MAY_IMPORT` lists for it:
+with the top-level helpers `errors`, `configlib` and `progress` and the runtime layer `runtime` (CPU identity,
+process set-up, the cache folder; `tempax/__init__`'s lazy loaders aside) underneath as the foundation every layer
+may use. Each package may import only what `MAY_IMPORT` lists for it:
 no upward arrow, no sideways arrow other than the ones stated there (the RL layer samples with `generate`, trains
 with `train` and scores with `rewards`; evaluation generates and scores). The environments of agentic RL
 (`envs`: tool calls, tools, the environment protocol) sit below the RL layer: an environment scores with
@@ -24,7 +25,7 @@ import os
 from collections import defaultdict
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tempax")
-FOUNDATION = {"errors", "configlib", "progress"}
+FOUNDATION = {"errors", "configlib", "progress", "runtime"}
 MIDDLE = {"train", "generate", "rewards", "data", "eval"}
 LOWER = {"models", "parallel"}
 MAY_IMPORT: dict[str, set[str]] = {
@@ -42,6 +43,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "parallel": set(),
     "configlib": {"errors"},
     "progress": set(),  # progress bars: tqdm and the standard library only
+    "runtime": {"errors"},  # below every layer: the standard library and the error types only
     "errors": set(),
     "__init__": {"models", "algorithms"},  # `tempax.load`, `tempax.train` and friends, imported on first use
 }

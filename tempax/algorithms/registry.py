@@ -32,7 +32,7 @@ class Algorithm:
       config: "module:Class" of its frozen config dataclass (with a `train: TrainConfig` field).
       main: "module:function" of `main(config, *, hooks=(), log=None)`, which trains and returns the result.
       on_policy: it generates from the policy while training (GRPO, PPO); off-policy commands only train, and
-        their processes are set up for training alone (`tempax.cli.process.setup_process(job="train")`).
+        their processes are set up for training alone (`tempax.runtime.process.setup_process(job="train")`).
       knobs: the recipe sections that hold the algorithm's own settings (`grpo`, `dpo`, `loss`...): the model
         card lists their values as the run's hyper-parameters.
       renders_chat: its prompts are always rendered with the tokenizer's chat template, so `tempax validate`

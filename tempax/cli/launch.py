@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from tempax.cli.process import LAUNCH_RANK_ENV
+from tempax.runtime.process import LAUNCH_RANK_ENV
 from tempax.errors import ConfigError
 from tempax.parallel.mesh import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 

@@ -17,7 +17,7 @@ import sys
 
 from tempax.algorithms import registry
 from tempax.errors import TempaxError
-from tempax.cli.process import (
+from tempax.runtime.process import (
     compilation_cache_env, error_stream, quiet_unless_first_process, setup_process, weight_cache_env,
 )
 

@@ -10,7 +10,7 @@ versions, the XLA flags, the device kind and a digest of tempax's own source (an
 new key, so an edited model never runs a stale program).
 
 `tempax generate` and `tempax chat` turn it on in place of JAX's compilation cache (`TEMPAX_PROGRAMS_DIR`, a
-folder inside the per-CPU cache folder; see `tempax.cli.process.compilation_cache_env`); unset, or with JAX's
+folder inside the per-CPU cache folder; see `tempax.runtime.process.compilation_cache_env`); unset, or with JAX's
 cache on, nothing is stored. It serves one process on one device only: a program over a mesh or several
 processes compiles as before. A file that cannot be read or loaded (truncated, written by another jaxlib) is
 ignored and replaced; a file that cannot be written (a full disk) costs only the next start's time. Files are

@@ -26,7 +26,8 @@ from tempax.errors import CheckpointError, ConfigError
 from tempax.models.config import ModelConfig
 from tempax.models.presets import PRESETS, get_preset
 from tempax.models.gguf_io import gguf_config, is_gguf_file, load_gguf, read_gguf_header
-from tempax.models.tokenizer import cache_root, load_tokenizer as _load_tokenizer
+from tempax.models.tokenizer import load_tokenizer as _load_tokenizer
+from tempax.runtime.caches import cache_root
 
 if TYPE_CHECKING:
     from tempax.models.decoder import Decoder

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 from tempax.errors import CheckpointError
 from tempax.models import gguf_io, gguf_tokenizer
 from tempax.models.light_tokenizer import DeferredTokenizer, LightTokenizer
+from tempax.runtime.caches import cache_root
 
 
 class _NoPyTorchNotice(logging.Filter):
@@ -277,11 +278,6 @@ def load_tokenizer(source: str | os.PathLike, *, gguf_file: str | None = None) -
     origin = TokenizerSource(os.path.abspath(source) if os.path.exists(source) else source, gguf_file,
                              tokenizer.vocab_size)
     return Tokenizer(hf=tokenizer.hf, stop_ids=tokenizer.stop_ids, light=tokenizer.light, origin=origin)
-
-
-def cache_root() -> str:
-    """tempax's cache folder: `$TEMPAX_CACHE`, default `~/.cache/tempax`."""
-    return os.environ.get("TEMPAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tempax")
 
 
 # Bumped when the way a GGUF tokenizer is built changes, so entries written by older code are not reused.

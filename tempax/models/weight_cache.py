@@ -16,7 +16,7 @@ read again. The config is a pickle, so the folder must be as trusted as the Pyth
 own cache folder).
 
 The `tempax` command turns it on (`TEMPAX_WEIGHTS_DIR`, `$TEMPAX_CACHE/weights`, set by
-`tempax.cli.process.weight_cache_env`); `TEMPAX_WEIGHT_CACHE=0` turns it off. Models whose parameters
+`tempax.runtime.process.weight_cache_env`); `TEMPAX_WEIGHT_CACHE=0` turns it off. Models whose parameters
 would take more than `TEMPAX_WEIGHT_CACHE_MAX_GIB` (default 4) are not cached: the disk they would take is worth
 more than the seconds. Measured: `docs/performance.md` (`python bench/cli_startup.py`).
 """

@@ -28,7 +28,7 @@ from jax.sharding import NamedSharding
 
 def jax_cache_in_use() -> bool:
     """Whether JAX's persistent compilation cache is on in this process (the `tempax` command turns it on for
-    every command but generation: `tempax.cli.process.compilation_cache_env`)."""
+    every command but generation: `tempax.runtime.process.compilation_cache_env`)."""
     return bool(jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR"))
 
 

@@ -137,7 +137,7 @@ def test_a_measuring_run_appends_its_table_to_the_page_under_its_cpu_class(tmp_p
 
     page = tmp_path / "performance.md"
     monkeypatch.setattr(compare, "measure_all", lambda *a, **k: RECORDS)
-    monkeypatch.setattr("tempax.cli.host.cpu_info", lambda: {"flags": ["avx2", "fma"]})
+    monkeypatch.setattr("tempax.runtime.host.cpu_info", lambda: {"flags": ["avx2", "fma"]})
     assert main(["--sizes", "tiny", "--page", str(page)]) == 0
     assert main(["--sizes", "small", "--page", str(page)]) == 0
     text = page.read_text()
@@ -154,7 +154,7 @@ def test_a_measuring_run_appends_its_table_to_the_page_under_its_cpu_class(tmp_p
 
 
 def test_cpu_classes():
-    from tempax.cli.host import cpu_class
+    from tempax.runtime.host import cpu_class
 
     assert cpu_class({"flags": ["avx2", "fma", "avx512f", "amx_tile", "amx_bf16"]}) == "AVX-512 + AMX"
     assert cpu_class({"flags": ["avx2", "fma", "avx512f", "avx512_bf16"]}) == "AVX-512"

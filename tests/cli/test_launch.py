@@ -44,7 +44,7 @@ def test_process_0_prints_and_the_others_only_warn_behind_their_rank(capfd):
     """Two processes each print an info line to stdout and stderr and raise one warning, as a `tempax` command
     does: the info lines appear once (process 0's), the warning twice, process 1's behind its rank."""
     script = ("import sys, warnings\n"
-              "from tempax.cli.process import quiet_unless_first_process\n"
+              "from tempax.runtime.process import quiet_unless_first_process\n"
               "quiet_unless_first_process()\n"
               "print('a table on stdout')\n"
               "print('resumed from step 3', file=sys.stderr)\n"

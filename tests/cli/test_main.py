@@ -31,7 +31,7 @@ def test_top_level_help_imports_no_command_module_and_no_jax():
     help_text, modules = _imported_by(["--help"])
     assert "sft" in help_text and "supervised fine-tuning" in help_text and "launch" in help_text
     commands = sorted(m for m in modules if m.startswith("tempax.cli.") and m not in (
-        "tempax.cli.main", "tempax.cli.process", "tempax.cli.host"))
+        "tempax.cli.main", "tempax.runtime.process", "tempax.runtime.host"))
     assert commands == [], f"tempax --help imported command modules {commands}"
     assert "jax" not in modules and "flax" not in modules
 

@@ -38,7 +38,7 @@ def cpu_model() -> str:
     """The machine class a stored curve is exact on: the CPU's model name and its vector-unit class, e.g.
     "AMD EPYC (AVX2)". The model name alone is not enough: one name covers parts with and without AVX-512,
     and XLA:CPU orders float32 sums by the vector width it compiles for."""
-    from tempax.cli.host import cpu_class, cpu_info
+    from tempax.runtime.host import cpu_class, cpu_info
 
     info = cpu_info()
     return f"{info['model']} ({cpu_class(info)})"

@@ -44,8 +44,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from tempax.cli.host import cpu_info, cpu_line
-from tempax.models.tokenizer import cache_root
+from tempax.runtime.host import cpu_info, cpu_line
+from tempax.runtime.caches import cache_root
 
 HUGETLB_TUNABLE = "glibc.malloc.hugetlb=1"
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -70,7 +70,7 @@ def huge_pages_available() -> bool:
 
 
 def cpu_xla_flags(cpu: Mapping[str, Any]) -> list[str]:
-    """The XLA:CPU flags chosen for `cpu` (a `tempax.cli.host.cpu_info()` record: vendor and flags): oneDNN's
+    """The XLA:CPU flags chosen for `cpu` (a `tempax.runtime.host.cpu_info()` record: vendor and flags): oneDNN's
     products on Intel CPUs with AVX-512, nothing elsewhere (AMD's default products are as fast; oneDNN capped to
     AVX2 is slower than them). Measured per CPU class in `docs/performance.md`."""
     if cpu.get("vendor") == "GenuineIntel" and "avx512f" in cpu.get("flags", ()):

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from tempax.cli import process
+from tempax.runtime import process
 
 FLAG = process.SCHEDULER_FLAG
 AMD = {"vendor": "AuthenticAMD", "flags": ["avx2", "fma", "avx512f", "avx512_bf16"]}
@@ -96,7 +96,7 @@ def test_no_setting_file_or_not_glibc_means_no_malloc_change(thp, tmp_path, monk
 def test_setup_runs_the_same_command_once_with_the_settings(huge_pages):
     """The real thing, in a child process: the command re-runs itself at most once and sees the settings."""
     code = (
-        "import os, sys; from tempax.cli.process import setup_process; setup_process(); "
+        "import os, sys; from tempax.runtime.process import setup_process; setup_process(); "
         "print(repr(os.environ.get('GLIBC_TUNABLES', '')), repr(os.environ.get('XLA_FLAGS', '')), sys.argv[1:])"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "TEMPAX_REEXEC", "XLA_FLAGS")}

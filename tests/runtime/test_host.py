@@ -1,5 +1,5 @@
-from tempax.cli.host import cpu_info, cpu_line, parse_cpuinfo
-from tempax.cli.process import settings_in_effect
+from tempax.runtime.host import cpu_info, cpu_line, parse_cpuinfo
+from tempax.runtime.process import settings_in_effect
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel

@@ -1,6 +1,6 @@
 """What CPU this process runs on, in the terms that decide XLA:CPU's speed: vendor, model and the vector / matrix
 extensions (AVX-512, AVX512-BF16, AMX). Benchmarks record it beside every figure because a speed ratio belongs
-to its CPU (the same step is 0.34x PyTorch on one Xeon and 0.70x on one EPYC), and process set-up chooses
+to its CPU (the same step's ratio to PyTorch differs by CPU class: `docs/results.md`), and process set-up chooses
 per-CPU XLA flags from it.
 """
 
