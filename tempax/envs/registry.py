@@ -20,6 +20,12 @@ An OpenEnv environment (the `openenv` extra) is named by the function or class t
 (`tempax.envs.openenv`: the reply becomes the action's text, observations become messages, the observation's
 reward is the `openenv` reward part).
 
+A verifiers taskset (the `verifiers` extra, verifiers 0.4) is named by its `Taskset` class or a function that
+returns one, `verifiers:FILE.py:MyTaskset` or `verifiers:package.module:make_taskset`, built once with
+`env.options` (a class from its own config class); task rows name its tasks, `{"idx": 3}` or `{"id": "..."}`
+(`tempax.envs.verifiers`: its prompt opens the episode, its toolsets' tools are called in-process, and its
+`@vf.reward`s score the conversation as reward parts under their own names).
+
 A tool is named like an environment, `FILE.py:function` or `package.module:function`: a plain function with type
 hints and a Google-style docstring becomes a tool (`Tool.from_function`); a `Tool` object is taken as it is; a
 function annotated `-> Tool` (such as `calculator_tool`) is called with no arguments to make one.
@@ -47,6 +53,11 @@ from tempax.rewards.sandbox import SandboxConfig
 
 BUILTIN_ENVIRONMENTS = ("single_turn", "calculator", "tools", "python")
 OPENENV_PREFIX = "openenv:"  # an OpenEnv environment's builder, played through tempax.envs.openenv
+VERIFIERS_PREFIX = "verifiers:"  # a verifiers taskset (or its builder), played through tempax.envs.verifiers
+ADAPTER_PREFIXES = {OPENENV_PREFIX: "the function that builds the OpenEnv environment, openenv:FILE.py:make_env or "
+                                    "openenv:package.module:make_env",
+                    VERIFIERS_PREFIX: "the verifiers Taskset class or the function that returns one, "
+                                      "verifiers:FILE.py:MyTaskset or verifiers:package.module:make_taskset"}
 EnvFactory = Callable[[], Environment]
 
 
@@ -58,7 +69,8 @@ class EnvironmentSpec:
         "single_turn (one reply to the task's prompt), calculator (the policy may call an exact calculator in its "
         "chat template's tool-call format), tools (the policy may call the functions named in env.tools), python "
         "(the policy may run programs in the sandbox, env.sandbox), a user environment FILE.py:Class / "
-        "package.module:Class, or an OpenEnv environment's builder openenv:FILE.py:make_env (the openenv extra).",
+        "package.module:Class, an OpenEnv environment's builder openenv:FILE.py:make_env (the openenv extra), or a "
+        "verifiers taskset verifiers:FILE.py:MyTaskset (the verifiers extra; task rows name its tasks by idx or id).",
         "single_turn",
     )
     tools: tuple[str, ...] = help_field(
@@ -74,16 +86,18 @@ class EnvironmentSpec:
         "max_new_tokens x max_turns. An episode whose next turn would not fit ends before it (truncated).",
         None,
     )
-    options: dict[str, Any] = help_field("Keyword arguments of a user environment's class.", default_factory=dict)
+    options: dict[str, Any] = help_field(
+        "Keyword arguments of a user environment's class, of an OpenEnv builder, or of a verifiers taskset's config.",
+        default_factory=dict)
 
     def validate(self) -> None:
         if self.max_turns < 1:
             raise ConfigError(f"env.max_turns must be >= 1, got {self.max_turns}")
         if self.max_episode_tokens is not None and self.max_episode_tokens < 1:
             raise ConfigError(f"env.max_episode_tokens must be >= 1 or null, got {self.max_episode_tokens}")
-        if self.name.startswith(OPENENV_PREFIX) and ":" not in self.name[len(OPENENV_PREFIX):]:
-            raise ConfigError(f"env.name={self.name!r}: name the function that builds the OpenEnv environment, "
-                              "openenv:FILE.py:make_env or openenv:package.module:make_env")
+        for prefix, what in ADAPTER_PREFIXES.items():
+            if self.name.startswith(prefix) and ":" not in self.name[len(prefix):]:
+                raise ConfigError(f"env.name={self.name!r}: name {what}")
         if self.name not in BUILTIN_ENVIRONMENTS and ":" not in self.name:
             raise ConfigError(f"env.name={self.name!r} is neither a built-in environment {BUILTIN_ENVIRONMENTS} "
                               "nor a user environment FILE.py:Class or package.module:Class")
@@ -130,6 +144,10 @@ class EnvironmentSpec:
         if self.name.startswith(OPENENV_PREFIX):
             target = self.name[len(OPENENV_PREFIX):]
             return openenv_factory(load_object(target, "env.name"), target, self.options)
+        if self.name.startswith(VERIFIERS_PREFIX):
+            target = self.name[len(VERIFIERS_PREFIX):]
+            verifiers_factory = _verifiers_adapter(self.name)  # before the user's file, which imports verifiers too
+            return verifiers_factory(load_object(target, "env.name"), target, self.options, tokenizer)
         cls = load_environment_class(self.name)
         options = dict(self.options)
         if "tokenizer" in _parameters(cls):
@@ -139,6 +157,19 @@ class EnvironmentSpec:
         except TypeError as e:
             raise ConfigError(f"env.options do not fit {self.name}: {e}") from None
         return lambda: cls(**options)
+
+
+def _verifiers_adapter(name: str) -> Callable[..., EnvFactory]:
+    """`tempax.envs.verifiers.verifiers_factory`, imported here and not at the top: the adapter imports the
+    optional `verifiers` package, which only recipes naming a verifiers taskset need."""
+    try:
+        from tempax.envs.verifiers import verifiers_factory
+    except ImportError as e:
+        if (e.name or "").split(".")[0] not in ("verifiers", "mcp"):
+            raise
+        raise ConfigError(f"env.name={name!r} needs the verifiers package (0.4): pip install -e \".[verifiers]\" "
+                          f"({e.msg})") from None
+    return verifiers_factory
 
 
 def _parameters(cls: type) -> set[str]:

@@ -45,12 +45,13 @@ def prompts(tok):
     return encoded
 
 
-def two_tiny_steps(recipe, model, tok, run_dir):
-    """2 GRPO steps of an environment recipe with the tiny model: 4-token replies in a 24-token episode."""
+def two_tiny_steps(recipe, model, tok, run_dir, *overrides):
+    """2 GRPO steps of an environment recipe with the tiny model: 4-token replies in a 24-token episode (`overrides`
+    after these, e.g. a longer grpo.max_prompt_len for a tool list the tiny tokenizer spells out)."""
     cfg = load_config(GRPOConfig, recipe, [
         "train.steps=2", f"train.run_dir={run_dir}", "train.progress_bar=false", "train.tensorboard=false",
         "train.check_memory=false", "train.mesh.num_devices=1", "grpo.max_new_tokens=4", "env.max_episode_tokens=24",
-        "grpo.max_prompt_len=128"])
+        "grpo.max_prompt_len=128", *overrides])
     run = grpo_main(cfg, model=model, tokenizer=tok, log=lambda s: None)
     assert [s for s, _ in run.result.history] == [1, 2]
     return run
