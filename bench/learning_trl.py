@@ -142,7 +142,8 @@ def _ordered(cfg: Any, items: list[Any], per_batch: int) -> list[Any]:
 
 
 def trl_arguments(cfg: Any, **extra: Any) -> dict[str, Any]:
-    """TRL's config fields (a `KTOConfig` / `DPOConfig`) with tempax's optimisation settings (`cfg.train`)."""
+    """TRL's config fields (a `KTOConfig` / `DPOConfig`) with tempax's optimisation settings (`cfg.train`) and
+    precision."""
     t, opt = cfg.train, cfg.train.optimizer
     if opt.name != "adamw" or opt.min_lr_ratio or opt.schedule != "cosine":
         raise SystemExit("bench/learning_trl.py maps AdamW with a cosine schedule to 0 only")
@@ -152,7 +153,10 @@ def trl_arguments(cfg: Any, **extra: Any) -> dict[str, Any]:
         weight_decay=opt.weight_decay, adam_beta1=opt.b1, adam_beta2=opt.b2, adam_epsilon=opt.eps,
         max_grad_norm=opt.grad_clip_norm or 0.0, seed=t.seed, data_seed=t.seed, train_sampling_strategy="sequential",
         max_length=None, report_to=[], logging_steps=1, save_strategy="no", use_cpu=True, dataloader_num_workers=0,
-        disable_dropout=True, **extra)
+        disable_dropout=True,
+        # TRL's configs default to bf16 autocast; tempax's precision decides (fp32: float32 throughout; bf16:
+        # bfloat16 matmuls over float32 master weights, which is what autocast does).
+        bf16=t.precision == "bf16", fp16=False, **extra)
 
 
 def initial_adapters(cfg: Any, out: str) -> str:

@@ -72,6 +72,7 @@ def test_trl_kto_side_trains_on_tempaxs_rows_from_tempaxs_adapters_and_reads_bac
     prepare_trl(kto, cfg, tiny_files["base"], out)
     inputs = json.loads(open(os.path.join(out, "trl_inputs.json")).read())
     assert len(inputs["rows"]) == 4 and inputs["arguments"]["per_device_train_batch_size"] == 2
+    assert inputs["arguments"]["bf16"] is False  # tempax's fp32, not TRL's default bf16 autocast
     assert all(r["KL_completion_ids"] != r["completion_ids"] for r in inputs["rows"])
     train_trl(kto, tiny_files["base"], out)
     history = [r for r in json.loads(open(os.path.join(out, "log_history.json")).read()) if "loss" in r]
