@@ -10,30 +10,35 @@ What is held equal, per row:
   * the starting weights: the Hugging Face folder `tempax export` writes (`base/` in the output folder; with
     --tiny, the tiny-llama preset and the test kit's tokenizer), which tempax trains from as `model.source` and
     TRL loads with `from_pretrained`, so both start bit-identical;
-  * the rows, their tokens and their order: tempax's recipe tokenises the data (`build_unpaired_data` /
-    `build_preference_data`, with its truncation) and its loader fixes the order (`epoch_order`); TRL gets those
-    token ids pre-tokenised in that order (its `_prepare_dataset` is bypassed, `train_sampling_strategy` is
-    sequential), and for KTO the same mismatched rows for the KL reference point;
-  * the LoRA adapters' initial weights (tempax's, seeded, read into PEFT: `initial_adapters`), so rank / alpha /
-    target modules match by construction (dropout 0); AdamW (betas, eps, weight decay, clipping at 1.0), the
-    learning rate of every update (tempax's warm-up and cosine schedule, step for step: `lr_factors`), the batch
-    (in examples), the steps, beta / the KTO weights, the seed, the reference (the base with adapters switched off
-    on both sides);
+  * the rows, their tokens and their order: tempax's recipe tokenises the data and its loader fixes the order and
+    the batches; TRL gets those token ids pre-tokenised in that order (its `_prepare_dataset` is bypassed,
+    `train_sampling_strategy` is sequential): DPO's pairs, KTO's rows with tempax's mismatched rows for the KL
+    reference point, SFT's packed rows with their per-example lengths, the reward model's chosen / rejected
+    sequences;
+  * the starting trainable weights: tempax's seeded LoRA adapters read into PEFT (rank / alpha / target modules
+    match by construction, dropout 0), and for the reward model tempax's initial scalar head as transformers'
+    `score` layer; AdamW (betas, eps, weight decay, clipping), the learning rate of every update (tempax's warm-up
+    and schedule, step for step: `lr_factors`), the batch (in examples), the steps, beta / the KTO weights, the
+    seed, the reference (the base with adapters switched off on both sides);
   * the evaluation, by tempax's code, on both final models: TRL's adapter is read back through the PEFT round trip
-    (`tempax.models.lora.load_adapters`), tempax's is exported in the same layout (`tempax export RUN --adapters`).
+    (`tempax.models.lora.load_adapters`), tempax's is exported in the same layout (`tempax export RUN --adapters`;
+    the reward model: the folder its run saves, and TRL's adapters merged with its head beside them).
 
 Rows and their metric: DPO and KTO, preference accuracy of the implicit rewards beta (log pi - log ref) on the
-held-out pairs (>= 200 in the full run). SFT, the reward model and GRPO on the arithmetic task are listed; their TRL
-side is not built yet, so they print "not run". For each row: metric before -> after for both, the paired
-difference tempax - TRL with Newcombe's 95% interval for paired proportions (`tempax.eval.metrics`), the wall and
-CPU seconds (user + system of the training process) of each side, the versions of both libraries and the CPU.
+held-out pairs (>= 200 in the full run); the reward model, the preference accuracy of its scores on the same
+pairs; SFT, each held-out example's mean token loss (200 examples split off the recipe's rows). GRPO on the
+arithmetic task is listed and prints "not run" (its TRL side is not built). For each row: metric before -> after
+for both, the paired difference tempax - TRL with its 95% interval (Newcombe's for paired proportions,
+`tempax.eval.metrics`; for losses the paired t interval), the wall and CPU seconds (user + system of the training
+process) of each side, the versions of both libraries and the CPU.
 
 Each side trains in its own child process: tempax's command (without its own held-out evaluation), and TRL's
 trainer in a process that imports no JAX (`--side trl`), after a preparation child (`--prepare`, not counted in
-TRL's budget) has written tempax's tokens, order and initial adapters for it. The evaluation runs in a third
-(`--evaluate`). The last column, each side's last training loss, checks that the two runs are one run: from the
-same start on the same rows they agree closely for the first steps. Files: OUT/NAME/{tempax,trl}/adapters,
-OUT/NAME/{tempax,trl}.budget.json, OUT/NAME/outcomes.json (per-pair outcomes and per-step training losses).
+either budget) has written tempax's tokens, order and initial weights for it (and for SFT split the rows). The
+evaluation runs in a fourth (`--evaluate`). The last column, each side's first and last training loss, checks
+that the two runs are one run: from the same start on the same rows the first losses agree to float rounding.
+Files: OUT/ROW/{tempax,trl}/, OUT/ROW/{tempax,trl}.budget.json, OUT/ROW/outcomes.json (per-item outcomes and
+per-step training losses). The TRL sides live in bench/trl_sides/.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -52,33 +58,63 @@ from typing import Any, Callable
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.learning import _percent, _points, cpu_name  # noqa: E402  (the learning table's formatting)
-from tempax.eval.metrics import paired_difference_interval  # noqa: E402
+from bench.trl_sides.common import SIDES, TrlSide, train_trl, write_inputs  # noqa: E402
+from bench.trl_sides.preference import DPO_SIDE, KTO_SIDE, evaluate_implicit_rewards  # noqa: E402
+from bench.trl_sides.reward_model import REWARD_SIDE, evaluate_reward_accuracy  # noqa: E402
+from bench.trl_sides.sft import SFT_SIDE, evaluate_held_out_loss, split_rows  # noqa: E402
+from tempax.eval.metrics import paired_difference_interval, paired_mean_difference_interval  # noqa: E402
 
-SIDES = ("tempax", "trl")
-# --tiny: the test kit's tiny-llama shape (one layer, the kit tokenizer's 400 ids), 2 steps of 2 examples.
+# --tiny: the test kit's tiny-llama shape (one layer, the kit tokenizer's 400 ids), and 2 steps a row: of 2 pairs
+# (4 rows) of 64 tokens for the pair rows (6 held-out pairs), of 2 packed 64-token rows for SFT (6 of its 20
+# dialogues held out).
 TINY_MODEL = {"vocab_size": 400, "num_layers": 1, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1,
               "head_dim": 16, "intermediate_size": 64}
-TINY_OVERRIDES = ("train.steps=2", "train.batch_size=4", "train.seq_len=64", "data.max_rows=8",
-                  "data.max_eval_rows=6", "train.optimizer.warmup_steps=0")
+_TINY_PAIRS = ("train.steps=2", "train.batch_size=4", "train.seq_len=64", "data.max_rows=8", "data.max_eval_rows=6",
+               "train.optimizer.warmup_steps=0")
+_TINY_SFT = ("train.steps=2", "train.batch_size=2", "train.seq_len=64", "data.max_rows=20", "data.eval_fraction=0.3",
+             "train.optimizer.warmup_steps=0")
 
 
 @dataclass(frozen=True)
 class PeerRow:
-    """A learning-table row run by both libraries: tempax's `COMMAND --config RECIPE`, and TRL's trainer on the
-    rows `trl_rows` gives (None: not built yet, the row prints "not run")."""
+    """A learning-table row run by both libraries: tempax's `COMMAND --config RECIPE` (plus `tempax_only`, which
+    switches off the run's own held-out evaluation), TRL's side (`trl`; None: not built, the row prints "not
+    run"), and the metric both final models are scored by (`evaluate(cfg, base, row_dir)` -> per-item values of
+    "before", "tempax" and "trl"; `kind` "proportion" for right / wrong items, "loss" for per-item losses)."""
 
     name: str
     command: str
     recipe: str
     overrides: tuple[str, ...] = ()
-    trl_rows: Callable[..., tuple[list[dict], dict[str, Any]]] | None = None
-    trl_trainer: str = ""  # TRL's trainer and config class prefix: "KTO" -> trl.KTOTrainer, trl.KTOConfig
+    tiny: tuple[str, ...] = _TINY_PAIRS
+    trl: TrlSide | None = None
+    metric: str = ""
+    kind: str = "proportion"
+    evaluate: Callable[[Any, str, str], dict[str, list]] | None = None
+    tie_before: bool = False  # implicit rewards: before training every pair is a tie
+    tempax_only: tuple[str, ...] = ("eval_before=false", "data.eval_path=null")
+    export_adapters: bool = True  # tempax's adapters are exported for the evaluation (else its run saved a model)
+    setup: Callable[[Any, str], list[str]] | None = None  # (cfg, row_dir) -> overrides both sides then get
     missing: str = ""  # why the row has no TRL side yet
 
 
 # Preference rows score 200 held-out hh-rlhf pairs, as in bench/learning.py.
 _PAIRS = ("data.max_eval_rows=200",)
+
+ROWS = (
+    # 200 held-out dialogues (the recipe's 2% of 2000 would give 40): enough for a paired interval.
+    PeerRow("SFT", "sft", "recipes/sft_lora_smollm2.yaml", ("data.eval_fraction=0.1",), tiny=_TINY_SFT,
+            trl=SFT_SIDE, metric="held-out loss (nats)", kind="loss", evaluate=evaluate_held_out_loss,
+            tempax_only=(), setup=split_rows),
+    PeerRow("DPO", "dpo", "recipes/dpo_smollm2_lora.yaml", _PAIRS, trl=DPO_SIDE, metric="preference accuracy",
+            evaluate=evaluate_implicit_rewards, tie_before=True),
+    PeerRow("KTO", "kto", "recipes/kto_smollm2_lora.yaml", _PAIRS, trl=KTO_SIDE, metric="preference accuracy",
+            evaluate=evaluate_implicit_rewards, tie_before=True),
+    PeerRow("reward model", "reward-model", "recipes/reward_model_smollm2_lora.yaml", _PAIRS, trl=REWARD_SIDE,
+            metric="reward accuracy", evaluate=evaluate_reward_accuracy, export_adapters=False),
+    PeerRow("GRPO, arithmetic", "grpo", "", missing="the TRL side (GRPOTrainer on the demo's task) is not built: "
+            "docs/measurements/learning-vs-trl.md says why"),
+)
 
 
 # ------------------------------------------------------------------------------------------------ the shared base
@@ -109,171 +145,26 @@ def _env() -> dict[str, str]:
 
 
 def _overrides(row: PeerRow, base: str, tiny: bool, extra: tuple[str, ...]) -> list[str]:
-    return [f"model.source={base}", "train.progress_bar=false", *row.overrides,
-            *(TINY_OVERRIDES if tiny else ()), *extra]
-
-
-# ------------------------------------------------------------------------------------------------ the TRL side
-
-
-def _split(example: Any) -> tuple[list[int], list[int]]:
-    """(prompt ids, completion ids) of a tokenised example: the completion runs from the first to the last trained
-    token (tokens after it are predicted by nothing trained and change no trained log-prob)."""
-    mask = [bool(m) for m in example.loss_mask]
-    first = mask.index(True)
-    last = len(mask) - 1 - mask[::-1].index(True)
-    ids = [int(t) for t in example.tokens]
-    return ids[:first], ids[first : last + 1]
-
-
-def _ordered(cfg: Any, items: list[Any], per_batch: int) -> list[Any]:
-    """The items in the order tempax's loader visits them over cfg.train.steps batches."""
-    from tempax.algorithms.preference.batches import annotated_pair_loader
-
-    loader = annotated_pair_loader(items, batch_size=per_batch, seq_len=cfg.train.seq_len, pad_id=0,
-                                   seed=cfg.train.seed, shuffle=cfg.data.shuffle)
-    order: list[Any] = []
-    epoch = 0
-    while len(order) < cfg.train.steps * per_batch:
-        visit = [items[i] for i in loader.epoch_order(epoch)]
-        order.extend(visit[: len(visit) - len(visit) % per_batch])  # tempax drops a short final batch
-        epoch += 1
-    return order[: cfg.train.steps * per_batch]
-
-
-def trl_arguments(cfg: Any, **extra: Any) -> dict[str, Any]:
-    """TRL's config fields (a `KTOConfig` / `DPOConfig`) with tempax's optimisation settings (`cfg.train`)."""
-    t, opt = cfg.train, cfg.train.optimizer
-    if opt.name != "adamw" or opt.min_lr_ratio or opt.schedule != "cosine":
-        raise SystemExit("bench/learning_trl.py maps AdamW with a cosine schedule to 0 only")
-    return dict(
-        per_device_train_batch_size=t.batch_size // 2, gradient_accumulation_steps=1, max_steps=t.steps,
-        learning_rate=opt.learning_rate, lr_scheduler_type="cosine", warmup_steps=opt.warmup_steps,
-        weight_decay=opt.weight_decay, adam_beta1=opt.b1, adam_beta2=opt.b2, adam_epsilon=opt.eps,
-        max_grad_norm=opt.grad_clip_norm or 0.0, seed=t.seed, data_seed=t.seed, train_sampling_strategy="sequential",
-        max_length=None, report_to=[], logging_steps=1, save_strategy="no", use_cpu=True, dataloader_num_workers=0,
-        disable_dropout=True, **extra)
-
-
-def initial_adapters(cfg: Any, out: str) -> str:
-    """The LoRA adapters tempax's run starts from (A drawn from seed train.seed + 1, B = 0), in PEFT layout, so
-    TRL starts from the same adapter weights as well as the same base."""
-    from tempax.algorithms.common import build_model
-    from tempax.models.lora import save_adapters
-
-    if cfg.lora is None or cfg.lora.dropout:
-        raise SystemExit("bench/learning_trl.py compares LoRA runs without adapter dropout")
-    model, _, _ = build_model(cfg)
-    return save_adapters(model, os.path.join(out, "initial_adapters"))
-
-
-def kto_rows(cfg: Any, base: str) -> tuple[list[dict], dict[str, Any]]:
-    """KTOTrainer's rows (each with tempax's mismatched row as its KL completion) and its arguments."""
-    from tempax.algorithms.preference.data import build_unpaired_data
-    from tempax.algorithms.preference.kto import DESIRABLE, kto_items
-    from tempax.models.registry import load_tokenizer
-
-    data = build_unpaired_data(cfg.data, load_tokenizer(base), seq_len=cfg.train.seq_len, seed=cfg.train.seed)
-    rows = []
-    # kto_items: the stacked-batch items tempax's KTO loader shuffles (completion first, mismatched row second).
-    for item in _ordered(cfg, kto_items(list(data.train)), cfg.train.batch_size // 2):
-        prompt, completion = _split(item.chosen)
-        kl_prompt, kl_completion = _split(item.rejected)
-        assert kl_prompt == prompt, item.source  # the mismatched row shares the prompt tokens
-        rows.append({"prompt_ids": prompt, "completion_ids": completion, "KL_completion_ids": kl_completion,
-                     "label": item.values[DESIRABLE][0] > 0})
-    return rows, trl_arguments(cfg, beta=cfg.kto.beta, desirable_weight=cfg.kto.desirable_weight,
-                               undesirable_weight=cfg.kto.undesirable_weight)
-
-
-def dpo_rows(cfg: Any, base: str) -> tuple[list[dict], dict[str, Any]]:
-    """DPOTrainer's rows (sigmoid loss) and its arguments."""
-    from tempax.algorithms.preference.data import build_preference_data
-    from tempax.models.registry import load_tokenizer
-
-    if cfg.dpo.loss != "sigmoid" or cfg.dpo.label_smoothing:
-        raise SystemExit("bench/learning_trl.py maps dpo.loss=sigmoid without label smoothing only")
-    data = build_preference_data(cfg.data, load_tokenizer(base), seq_len=cfg.train.seq_len, seed=cfg.train.seed)
-    rows = []
-    for pair in _ordered(cfg, list(data.train), cfg.train.batch_size // 2):
-        prompt, chosen = _split(pair.chosen)
-        rejected_prompt, rejected = _split(pair.rejected)
-        assert rejected_prompt == prompt, pair.source
-        rows.append({"prompt_ids": prompt, "chosen_ids": chosen, "rejected_ids": rejected})
-    return rows, trl_arguments(cfg, beta=cfg.dpo.beta, loss_type=["sigmoid"])
-
-
-def prepare_trl(row: "PeerRow", cfg: Any, base: str, out: str) -> None:
-    """Writes what TRL's child trains on (tempax's tokens in tempax's order, its arguments, tempax's initial
-    adapters) to `out`, so the TRL child imports no JAX and its budget is TRL's own."""
-    rows, arguments = row.trl_rows(cfg, base)
-    os.makedirs(out, exist_ok=True)
-    initial_adapters(cfg, out)
-    with open(os.path.join(out, "trl_inputs.json"), "w") as f:
-        json.dump({"rows": rows, "arguments": arguments, "lr_factors": lr_factors(cfg)}, f)
-
-
-def lr_factors(cfg: Any) -> list[float]:
-    """tempax's learning rate of each update as a fraction of the peak (`tempax.train.optim.make_schedule`), which
-    TRL's side follows step for step: transformers' own warm-up gives the first update a rate of 0 and runs one step
-    behind tempax's through the warm-up, so its "cosine" is not the same schedule."""
-    from tempax.train.optim import make_schedule
-
-    schedule = make_schedule(cfg.train.optimizer, cfg.train.steps)
-    return [float(schedule(k)) / cfg.train.optimizer.learning_rate for k in range(cfg.train.steps)]
-
-
-def train_trl(row: "PeerRow", base: str, out: str) -> None:
-    """TRL's trainer on the prepared rows, in their order, from the prepared adapters; writes its adapter (PEFT
-    layout) and its log history."""
-    import datasets
-    import peft
-    import torch
-    import transformers
-    import trl
-
-    trainer_cls, config_cls = getattr(trl, row.trl_trainer + "Trainer"), getattr(trl, row.trl_trainer + "Config")
-
-    with open(os.path.join(out, "trl_inputs.json")) as f:
-        inputs = json.load(f)
-    factors = inputs["lr_factors"]
-
-    class PreTokenised(trainer_cls):  # the rows are tempax's tokens already: no re-tokenising, no re-pairing
-        def _prepare_dataset(self, dataset, *unused, **unused_kw):
-            return dataset
-
-        def create_scheduler(self, num_training_steps, optimizer=None):  # tempax's rate for each update
-            if self.lr_scheduler is None:
-                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-                    optimizer or self.optimizer, lambda k: factors[min(k, len(factors) - 1)])
-            return self.lr_scheduler
-
-    policy = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(base, dtype="float32"),
-                                            os.path.join(out, "initial_adapters"), is_trainable=True)
-    trainer = PreTokenised(model=policy, args=config_cls(output_dir=out, **inputs["arguments"]),
-                           train_dataset=datasets.Dataset.from_list(inputs["rows"]),
-                           processing_class=transformers.AutoTokenizer.from_pretrained(base))
-    trainer.train()
-    trainer.model.save_pretrained(os.path.join(out, "adapters"))
-    with open(os.path.join(out, "log_history.json"), "w") as f:
-        json.dump(trainer.state.log_history, f)
-
-
-ROWS = (
-    PeerRow("SFT", "sft", "recipes/sft_lora_smollm2.yaml", missing="the TRL side (SFTTrainer) is not built yet"),
-    PeerRow("DPO", "dpo", "recipes/dpo_smollm2_lora.yaml", _PAIRS, dpo_rows, "DPO"),
-    PeerRow("KTO", "kto", "recipes/kto_smollm2_lora.yaml", _PAIRS, kto_rows, "KTO"),
-    PeerRow("reward model", "reward-model", "recipes/reward_model_smollm2_lora.yaml",
-            missing="the TRL side (RewardTrainer) is not built yet"),
-    PeerRow("GRPO, arithmetic", "grpo", "", missing="the TRL side (GRPOTrainer on the demo's task) is not built yet"),
-)
+    """Both sides' overrides of one row: the base first, then the row's, the smoke mode's and the command line's.
+    A command-line override `COMMANDS:key=value` applies to the rows of those commands only (e.g.
+    `sft:data.path=DIALOGUES` or `dpo,kto,reward-model:data.path=PAIRS`)."""
+    mine = []
+    for override in extra:
+        scope, _, rest = override.partition(":")
+        if not rest or "=" in scope:  # unscoped (a value may hold a colon: a path, a time)
+            mine.append(override)
+        elif row.command in scope.split(","):
+            mine.append(rest)
+    return [f"model.source={base}", "train.progress_bar=false", *row.overrides, *(row.tiny if tiny else ()), *mine]
 
 
 def _config_class(command: str) -> Any:
     from tempax.algorithms.preference.dpo import DPOConfig
     from tempax.algorithms.preference.kto import KTOConfig
+    from tempax.algorithms.preference.reward import RewardModelConfig
+    from tempax.algorithms.sft.main import SFTConfig
 
-    return {"dpo": DPOConfig, "kto": KTOConfig}[command]
+    return {"dpo": DPOConfig, "kto": KTOConfig, "reward-model": RewardModelConfig, "sft": SFTConfig}[command]
 
 
 def load_row_config(row: PeerRow, overrides: list[str]) -> Any:
@@ -282,50 +173,41 @@ def load_row_config(row: PeerRow, overrides: list[str]) -> Any:
     return load_config(_config_class(row.command), os.path.join(REPO, row.recipe), overrides, command=row.command)
 
 
+SETUP_FILE = "overrides.json"  # OUT/ROW/overrides.json: what `PeerRow.setup` added to both sides' overrides
+
+
+def prepare_row(row: PeerRow, overrides: list[str], row_dir: str) -> list[str]:
+    """The preparation child: the row's setup (SFT: the rows split once), then TRL's inputs (tempax's tokens in
+    tempax's order, its arguments and initial weights) in ROW/trl. Returns the overrides both sides train with."""
+    added = row.setup(load_row_config(row, overrides), row_dir) if row.setup else []
+    with open(os.path.join(row_dir, SETUP_FILE), "w") as f:
+        json.dump(added, f)
+    overrides = [*overrides, *added]
+    write_inputs(row.trl, load_row_config(row, overrides), _base_of(overrides), os.path.join(row_dir, "trl"))
+    return overrides
+
+
+def _with_setup(row_dir: str, overrides: list[str]) -> list[str]:
+    try:
+        with open(os.path.join(row_dir, SETUP_FILE)) as f:
+            return [*overrides, *json.load(f)]
+    except OSError:
+        return overrides
+
+
 # ------------------------------------------------------------------------------------------------ evaluation
 
 
-def pair_outcomes(cfg: Any, base: str, adapters: str | None) -> list[bool]:
-    """Per held-out pair: does the adapted model's implicit reward beta (log pi - log ref) rank the chosen reply
-    above the rejected one (ref: the same model with its adapters off; no adapters: every reward is 0, a tie,
-    counted wrong)? tempax's scoring of the held-out pairs, as its DPO and KTO runs evaluate."""
-    import numpy as np
-
-    from tempax.algorithms.preference.batches import jit_sequence_logps, pair_batches
-    from tempax.algorithms.preference.data import build_preference_data
-    from tempax.models.lora import load_adapters
-    from tempax.models.registry import load
-
-    model, tokenizer = load(base)
-    data = build_preference_data(cfg.data, tokenizer, seq_len=cfg.train.seq_len, seed=cfg.train.seed)
-    if adapters is None:
-        return [False] * len(data.eval)
-    model = load_adapters(model, adapters)
-    policy, reference = jit_sequence_logps(model), jit_sequence_logps(model, adapters_off=True)
-    per_batch = max(cfg.train.batch_size // 2, 1)
-    correct: list[bool] = []
-    for batch in pair_batches(data.eval, batch_size=per_batch, seq_len=cfg.train.seq_len, pad_id=tokenizer.pad_id):
-        ratio = np.asarray(policy(batch)[0]) - np.asarray(reference(batch)[0])
-        chosen, rejected = ratio[:per_batch], ratio[per_batch:]
-        correct.extend(bool(c > r) for c, r in zip(chosen, rejected))
-    return correct[: len(data.eval)]
-
-
 def evaluate_row(row: PeerRow, row_dir: str, overrides: list[str]) -> dict[str, Any]:
-    cfg = load_row_config(row, overrides)
-    base = _base_of(overrides)
-    result: dict[str, Any] = {"before": pair_outcomes(cfg, base, None)}
-    for side in SIDES:
-        folder = os.path.join(row_dir, side, "adapters")
-        if os.path.isdir(folder):
-            result[side] = pair_outcomes(cfg, base, folder)
+    """The row's per-item values before and for each side's final model, and both sides' training losses."""
+    result = row.evaluate(load_row_config(row, overrides), _base_of(overrides), row_dir)
     result["train_loss"] = training_losses(row_dir)
     return result
 
 
 def training_losses(row_dir: str) -> dict[str, list[float]]:
     """Each side's training loss per step: tempax's metrics.jsonl, TRL's log history (same start, same rows and
-    the same optimiser: the first steps agree closely, a check that the two runs are the same run)."""
+    the same optimiser: the first losses agree to float rounding, a check that the two runs are the same run)."""
     losses: dict[str, list[float]] = {}
     try:
         with open(os.path.join(row_dir, "tempax", "metrics.jsonl")) as f:
@@ -356,31 +238,35 @@ def _timed(cmd: list[str], log_path: str) -> tuple[int, float, float]:
 
 
 def run_row(row: PeerRow, out: str, base: str, tiny: bool, extra: tuple[str, ...]) -> None:
-    """Trains both sides of `row` in child processes, exports tempax's adapter, evaluates both."""
+    """Prepares the row, trains both sides of it in child processes, exports tempax's adapter, evaluates both."""
     row_dir = os.path.join(out, row_slug(row))
-    os.makedirs(row_dir, exist_ok=True)
+    # A fresh folder: tempax's run would resume from a checkpoint left there, and a stale outcomes.json would be
+    # printed as this run's.
+    shutil.rmtree(row_dir, ignore_errors=True)
+    os.makedirs(row_dir)
     overrides = _overrides(row, base, tiny, extra)
+    me = os.path.abspath(__file__)
+    if _timed([sys.executable, me, "--prepare", row.name, "--run", row_dir, "--", *overrides],
+              os.path.join(row_dir, "prepare.log"))[0]:
+        print(f"{row.name}: preparing the row failed, see {row_dir}/prepare.log", file=sys.stderr)
+        return
+    overrides = _with_setup(row_dir, overrides)
     for side in SIDES:
         side_dir = os.path.join(row_dir, side)
         if side == "tempax":  # scored by the evaluation child below, not by the training run itself
             cmd = [sys.executable, "-m", "tempax.cli.main", row.command, "--config", row.recipe,
-                   f"train.run_dir={side_dir}", *overrides, "eval_before=false", "data.eval_path=null"]
+                   f"train.run_dir={side_dir}", *overrides, *row.tempax_only]
         else:
-            prepare = [sys.executable, os.path.abspath(__file__), "--prepare", row.name, "--run", side_dir, "--",
-                       *overrides]
-            if _timed(prepare, side_dir + ".prepare.log")[0]:
-                print(f"{row.name}: preparing TRL's rows failed, see {side_dir}.prepare.log", file=sys.stderr)
-            cmd = [sys.executable, os.path.abspath(__file__), "--side", "trl", "--row", row.name, "--run", side_dir,
-                   "--", *overrides]
+            cmd = [sys.executable, me, "--side", "trl", "--row", row.name, "--run", side_dir, "--", *overrides]
         code, wall, cpu = _timed(cmd, side_dir + ".log")
-        if code == 0 and side == "tempax":
+        if code == 0 and side == "tempax" and row.export_adapters:
             code = subprocess.run([sys.executable, "-m", "tempax.cli.main", "export", side_dir,
                                    os.path.join(side_dir, "adapters"), "--adapters"], cwd=REPO, env=_env(),
                                   capture_output=True).returncode
         with open(side_dir + ".budget.json", "w") as f:
             json.dump({"wall_s": wall, "cpu_s": cpu, "exit": code}, f)
-    code, _, _ = _timed([sys.executable, os.path.abspath(__file__), "--evaluate", row.name, "--run", row_dir, "--",
-                         *overrides], os.path.join(row_dir, "evaluate.log"))
+    code, _, _ = _timed([sys.executable, me, "--evaluate", row.name, "--run", row_dir, "--", *overrides],
+                        os.path.join(row_dir, "evaluate.log"))
     if code:
         print(f"{row.name}: evaluation failed, see {row_dir}/evaluate.log", file=sys.stderr)
 
@@ -416,10 +302,43 @@ def _seconds(spent: dict[str, Any] | None) -> str:
     return f"{spent['wall_s']:.0f} / {spent['cpu_s']:.0f}" if spent else "-"
 
 
+def _learning() -> Any:
+    """bench/learning.py, the learning table's formatting and CPU name; imported when a table is printed only,
+    since it imports tempax's CLI (and JAX), which the TRL child must not: its process time is TRL's own."""
+    import bench.learning
+
+    return bench.learning
+
+
+def _mean_loss(values: list[float]) -> str:
+    return f"{sum(values) / len(values):.4f} of {len(values)}"
+
+
+def _loss_difference(ours: list[float], theirs: list[float]) -> str:
+    """tempax - TRL of the per-item losses with the paired t interval; lower is better."""
+    d = paired_mean_difference_interval(ours, theirs)
+    verdict = "tempax lower" if d.high < 0 else ("TRL lower" if d.low > 0 else "inside its interval")
+    return f"{d.difference:+.4f} [{d.low:+.4f}, {d.high:+.4f}] nats ({verdict}), paired t"
+
+
+def _cell(row: PeerRow, outcomes: dict[str, Any], side: str) -> str:
+    """One side's cell: before -> after of the row's metric."""
+    before, after = outcomes.get("before"), outcomes[side]
+    if row.kind == "loss":
+        return f"{_mean_loss(before)} -> {_mean_loss(after)}"
+    percent = _learning()._percent
+    shown = "a tie" if row.tie_before else percent((sum(before), len(before)))
+    return f"{shown} -> {percent((sum(after), len(after)))}"
+
+
+def _first_last(losses: list[float] | None) -> str:
+    return f"{losses[0]:.6f} .. {losses[-1]:.4f}" if losses else "-"
+
+
 def table_line(row: PeerRow, out: str) -> str:
-    """One Markdown line: the row's before -> after for both sides, tempax - TRL, and both budgets."""
+    """One Markdown line: the row's before -> after for both sides, tempax - TRL, both budgets, both losses."""
     row_dir = os.path.join(out, row_slug(row))
-    if row.trl_rows is None:
+    if row.trl is None:
         return f"| {row.name} | not run ({row.missing}) | - | - | - | - | - |"
     try:
         with open(os.path.join(row_dir, "outcomes.json")) as f:
@@ -429,27 +348,28 @@ def table_line(row: PeerRow, out: str) -> str:
     budgets = {side: _budget_of(row_dir, side) for side in SIDES}
     cells = []
     for side in SIDES:
-        after = outcomes.get(side)
-        if after is None:
-            spent = budgets[side]
-            cells.append(f"failed (exit {spent['exit']})" if spent and spent.get("exit") else "not run")
+        spent = budgets[side]
+        if side in outcomes:
+            cells.append(_cell(row, outcomes, side))
         else:
-            cells.append(f"a tie -> {_percent((sum(after), len(after)))}")
+            cells.append(f"failed (exit {spent['exit']})" if spent and spent.get("exit") else "not run")
+    difference = "-"
     if "tempax" in outcomes and "trl" in outcomes:
-        d = paired_difference_interval(outcomes["tempax"], outcomes["trl"])
-        difference = _points(d.difference, d.low, d.high) + ", paired"
-    else:
-        difference = "-"
+        if row.kind == "loss":
+            difference = _loss_difference(outcomes["tempax"], outcomes["trl"])
+        else:
+            d = paired_difference_interval(outcomes["tempax"], outcomes["trl"])
+            difference = _learning()._points(d.difference, d.low, d.high) + ", paired"
     losses = outcomes.get("train_loss", {})
-    last = " / ".join(f"{losses[side][-1]:.4f}" if losses.get(side) else "-" for side in SIDES)
-    return (f"| {row.name} | preference accuracy, tempax: {cells[0]} | TRL: {cells[1]} | {difference} | "
-            f"{_seconds(budgets['tempax'])} | {_seconds(budgets['trl'])} | {last} |")
+    first_last = " / ".join(_first_last(losses.get(side)) for side in SIDES)
+    return (f"| {row.name} | {row.metric}, tempax: {cells[0]} | TRL: {cells[1]} | {difference} | "
+            f"{_seconds(budgets['tempax'])} | {_seconds(budgets['trl'])} | {first_last} |")
 
 
 def table(rows: tuple[PeerRow, ...], out: str, cpu: str) -> str:
     lines = [f"tempax against TRL, same start, rows, order and budget ({cpu}; {versions()}; 95% intervals):", "",
              "| row | tempax: before -> after | TRL: before -> after | tempax - TRL, 95% interval | "
-             "tempax wall / CPU s | TRL wall / CPU s | last training loss, tempax / TRL |",
+             "tempax wall / CPU s | TRL wall / CPU s | training loss first .. last, tempax / TRL |",
              "|---|---|---|---|---|---|---|"]
     lines += [table_line(row, out) for row in rows]
     return "\n".join(lines)
@@ -466,9 +386,9 @@ def table_record(rows: tuple[PeerRow, ...], out: str, cpu: str, command: str) ->
 
 def selected(only: str | None) -> list[PeerRow]:
     if not only:
-        return [r for r in ROWS if r.trl_rows is not None]
+        return [r for r in ROWS if r.trl is not None]
     names = {n.strip().lower() for n in only.split(",")}
-    return [r for r in ROWS if r.trl_rows is not None and (r.name.lower() in names or r.command in names)]
+    return [r for r in ROWS if r.trl is not None and (r.name.lower() in names or r.command in names)]
 
 
 def _base_of(overrides: list[str]) -> str:
@@ -495,32 +415,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prepare", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--row", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--run", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("overrides", nargs="*", help="a.b=value overrides for both sides (after --)")
+    parser.add_argument("overrides", nargs="*", help="a.b=value overrides for both sides of every row, or "
+                        "COMMANDS:a.b=value for some rows' (e.g. sft:data.path=FILE) (after --)")
     args = parser.parse_args(argv)
-    if args.prepare:  # a child: tempax's tokens, order and initial adapters for TRL's side of one row
-        row = _row_named(args.prepare)
-        prepare_trl(row, load_row_config(row, args.overrides), _base_of(args.overrides), args.run)
+    if args.prepare:  # a child: the row's split, and tempax's tokens, order and initial weights for TRL's side
+        prepare_row(_row_named(args.prepare), args.overrides, args.run)
         return 0
     if args.side == "trl":  # a child: TRL's side of one row (torch and TRL only)
-        train_trl(_row_named(args.row), _base_of(args.overrides), args.run)
+        train_trl(_row_named(args.row).trl, _base_of(args.overrides), args.run)
         return 0
     if args.evaluate:  # a child: both final models of one row, scored by tempax
         outcomes = evaluate_row(_row_named(args.evaluate), args.run, args.overrides)
         with open(os.path.join(args.run, "outcomes.json"), "w") as f:
             json.dump(outcomes, f)
         return 0
-    out = args.table or args.out
+    out = os.path.abspath(args.table or args.out)  # the children run in the repository root
     if not args.table:
         os.makedirs(out, exist_ok=True)
         base = write_base(os.path.abspath(os.path.join(out, "base")), tiny=args.tiny)
         for row in selected(args.only):
             print(f"running {row.name}: tempax {row.command} and TRL", file=sys.stderr, flush=True)
             run_row(row, out, base, args.tiny, tuple(args.overrides))
-    print(table(ROWS, out, cpu_name()))
+    cpu = _learning().cpu_name()
+    print(table(ROWS, out, cpu))
     if args.record:
         command = "python bench/learning_trl.py --peer trl" + (f" --only {args.only}" if args.only else "")
         with open(args.record, "a", encoding="utf-8") as f:
-            f.write(json.dumps(table_record(ROWS, out, cpu_name(), command)) + "\n")
+            f.write(json.dumps(table_record(ROWS, out, cpu, command)) + "\n")
     return 0
 
 

@@ -250,3 +250,38 @@ def difference_interval(successes_a: int, n_a: int, successes_b: int, n_b: int,
     lb, ub = wilson_interval(successes_b, n_b, z)
     d = pa - pb
     return d, d - ((pa - la) ** 2 + (ub - pb) ** 2) ** 0.5, d + ((ua - pa) ** 2 + (pb - lb) ** 2) ** 0.5
+
+
+@dataclass(frozen=True)
+class PairedMeanDifference:
+    """mean(a - b) over the same items, its 95% interval, and the items and degrees of freedom behind it."""
+
+    difference: float
+    low: float
+    high: float
+    n: int
+
+
+def paired_mean_difference_interval(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> PairedMeanDifference:
+    """Student's t interval for the mean of d_i = a_i - b_i, two measurements of the same item i (the paired t
+    interval; e.g. one held-out example's mean token loss under two models):
+
+        d = mean(d_i),  s^2 = sum (d_i - d)^2 / (n - 1),  [d - t s / sqrt(n), d + t s / sqrt(n)]
+
+    t is the (1 + level) / 2 quantile of Student's t with n - 1 degrees of freedom (2.262 for n = 10, 1.972 for
+    n = 200; the normal's 1.960 in the limit). Pairing removes what the items share (an example that is hard for
+    one model is hard for the other), so the interval is far narrower than one for two independent means.
+    """
+    if len(a) != len(b):
+        raise ValueError(f"paired values need the same items: {len(a)} vs {len(b)} values")
+    if len(a) < 2:
+        raise ValueError(f"a paired t interval needs at least 2 items, got {len(a)}")
+    # Imported here: scipy (a dependency of JAX) takes a while to import, and only this interval needs it.
+    from scipy.stats import t as student_t
+
+    d = [float(x) - float(y) for x, y in zip(a, b)]
+    n = len(d)
+    m = sum(d) / n
+    sd = (sum((x - m) ** 2 for x in d) / (n - 1)) ** 0.5
+    half = float(student_t.ppf((1 + level) / 2, n - 1)) * sd / n ** 0.5
+    return PairedMeanDifference(difference=m, low=m - half, high=m + half, n=n)

@@ -185,3 +185,19 @@ def test_pass_at_k_interval_hand_values() -> None:
     assert pass_at_k_interval([[1]] + [[0]] * 9, 1) == pytest.approx((0.1, 0.017876, 0.404150), abs=2e-6)
     assert pass_at_k_interval([[1, 0], [1, 1]], 1) == pytest.approx((0.75, 0.260009, 1.0), abs=2e-6)
     assert pass_at_k_interval([[True, False]], 2) == (1.0, 0.0, 1.0)  # one problem: no spread to measure
+
+
+def test_paired_mean_difference_interval_hand_values() -> None:
+    """Four items, a = [2.0, 1.5, 3.0, 2.5], b = [1.8, 1.6, 2.7, 2.1]: d = [0.2, -0.1, 0.3, 0.4], mean 0.2;
+    squared deviations 0 + 0.09 + 0.01 + 0.04 = 0.14, s^2 = 0.14 / 3 = 0.046667, s = 0.216025; Student's t with
+    3 degrees of freedom, 97.5% quantile 3.182446; half-width 3.182446 * 0.216025 / sqrt(4) = 0.343744, so
+    [-0.143744, 0.543744]: the difference is inside its interval on four items."""
+    from tempax.eval.metrics import paired_mean_difference_interval
+
+    d = paired_mean_difference_interval([2.0, 1.5, 3.0, 2.5], [1.8, 1.6, 2.7, 2.1])
+    assert d.n == 4 and d.difference == pytest.approx(0.2)
+    assert (d.low, d.high) == pytest.approx((-0.143744, 0.543744), abs=5e-6)
+    swapped = paired_mean_difference_interval([1.8, 1.6, 2.7, 2.1], [2.0, 1.5, 3.0, 2.5])
+    assert (swapped.difference, swapped.low, swapped.high) == pytest.approx((-0.2, -0.543744, 0.143744), abs=5e-6)
+    with pytest.raises(ValueError, match="same items"):
+        paired_mean_difference_interval([1.0, 2.0], [1.0])

@@ -147,16 +147,24 @@ def _with_margins(pairs: list[Any], rows: dict[str, dict[str, Any]], field_name:
     return out
 
 
+def build_reward_model(cfg: RewardModelConfig, mesh: Any = None) -> tuple[RewardModel, Any, Any]:
+    """(the reward model a run starts from, its tokenizer, the filter of what trains): the backbone with its
+    adapters (`build_model`), and the scalar head drawn from seed train.seed + 2, so a run's starting head is a
+    function of its config (a peer trainer can be started from the same one: bench/learning_trl.py)."""
+    backbone, tokenizer, trainable = build_model(cfg, mesh)
+    model = RewardModel(backbone, rngs=nnx.Rngs(cfg.train.seed + 2), head_init_std=cfg.reward.head_init_std)
+    if cfg.lora is not None:
+        # The head starts random, so it always trains, adapters or not.
+        trainable = nnx.Any(trainable, nnx.PathContains("score"))
+    return model, tokenizer, trainable
+
+
 def prepare(cfg: RewardModelConfig, *, log: Callable[[str], None] | None = None) -> RewardRun:
     """Builds the reward model, data and `Trainer` of a run (no training step yet)."""
     say = log or (lambda text: print(text, file=sys.stderr))
     t = cfg.train
     mesh = t.mesh.build()
-    backbone, tokenizer, trainable = build_model(cfg, mesh)
-    model = RewardModel(backbone, rngs=nnx.Rngs(t.seed + 2), head_init_std=cfg.reward.head_init_std)
-    if cfg.lora is not None:
-        # The head starts random, so it always trains, adapters or not.
-        trainable = nnx.Any(trainable, nnx.PathContains("score"))
+    model, tokenizer, trainable = build_reward_model(cfg, mesh)
     data = build_preference_data(cfg.data, tokenizer, seq_len=t.seq_len, seed=t.seed)
     report_data(data, t.run_dir, say)
     pairs = pairs_per_batch(t.batch_size)
@@ -209,4 +217,5 @@ def main(cfg: RewardModelConfig, *, hooks: tuple = (), log: Callable[[str], None
     return result
 
 
-__all__ = ["RewardModelConfig", "RewardRun", "RewardTrainingSpec", "main", "prepare", "save_trained"]
+__all__ = ["RewardModelConfig", "RewardRun", "RewardTrainingSpec", "build_reward_model", "main", "prepare",
+           "save_trained"]
