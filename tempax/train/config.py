@@ -8,7 +8,7 @@ and reachable from YAML and from `train.optimizer.learning_rate=1e-4` overrides.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from tempax.errors import ConfigError
