@@ -1,10 +1,11 @@
 """`TrainerView`: what a batch source and a hook see of the trainer, and all they may use of it.
 
 `Trainer.fit` hands its sources (`source.attach(trainer)`) and hooks (`hook.start(trainer)`, `info.trainer`,
-`hook.end(trainer)`) this narrow view instead of the whole trainer, so a source or a hook depends on a dozen named
-members rather than on the loop's internals, and the modules that define sources and hooks never import the loop
-(`tempax.train.loop` imports them; an arrow back would be an import cycle). `Trainer` provides every member itself;
-a test fake provides them too and nothing else.
+`hook.end(trainer)`) this narrow view instead of the whole trainer, so a source or a hook depends on the members
+named here rather than on the loop's internals, and the modules that define sources and hooks never import the
+loop (`tempax.train.loop` imports them; an arrow back would be an import cycle). `Trainer` provides every member
+itself; a test's stand-in provides the ones its source or hook reads. `tests/train/test_view.py` checks that the
+sources and hooks of tempax read nothing else: one that needs more widens the view here.
 
     where the run stands   step, run_dir
     the weights            params (trainable arrays), rest (frozen arrays), parts (`ModelParts`: `merge(params,
