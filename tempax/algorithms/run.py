@@ -1,31 +1,26 @@
-"""The skeleton every algorithm's `main` shares, `run_algorithm`, and the `Run` it works through.
+"""The steps every algorithm's `main` takes, as small functions it calls in order: start the run, build the
+trainer, train, finish.
 
-    def plan(run: Run) -> Training:        # what differs: data, model, loss, batches (run.mesh, run.say, ...)
-        model, tokenizer, trainable = build_model(cfg, run.mesh)
-        ...
-        return Training(Trainable(model), loss_fn, batches, algorithm="sft", trainable=trainable)
+    def main(cfg: MyConfig, *, hooks: tuple = (), log=None) -> TrainResult:
+        run = start_run(cfg, log=log)                              # run dir, config.yaml, the resume check, the lock
+        model, tokenizer, trainable = build_model(cfg, run.mesh)   # tempax.algorithms.common: source + LoRA
+        data = build_data(cfg.data, tokenizer, ...)                # what differs: data, loss, batch source
+        write_run_files(run, data, tokenizer)
+        trainer = make_trainer(cfg, model, my_loss, algorithm="myalgo", trainable=trainable, mesh=run.mesh,
+                               log=run.say)
+        del model                                                  # the trainer holds the weights now
+        result = run.train(trainer, data.train, hooks=hooks, eval_batches=data.eval_loader)   # Trainer.fit
+        return result                                              # finish: what the algorithm saves and reports
 
-    trained = run_algorithm(cfg, plan, hooks=hooks, log=log)   # start_run, plan, Trainer, fit, held-out loss
-    trained.run.done(trained.result)                          # then what differs after training
-
-`run_algorithm` starts the run (`start_run`), calls the algorithm's `plan`, builds the one `Trainer` on the run's
-mesh with the checkpoint metadata every run records, lets the plan check the trainer (`Training.ready`), trains
-with `Run.train` and returns the run, the trainer and the result. On-policy algorithms that evaluate by
-generating on held-out problems (GRPO, RFT) finish with `finish_policy` (evaluation after training, the
-before/after table, the adapters).
-
-The `Run`'s pieces are also usable on their own:
-
-    run = start_run(cfg, log=log)         # run_dir made, config.yaml written (the only place that writes it)
-    run.save_tokenizer(tokenizer)
-    result = run.train(trainer, batches, hooks=hooks, eval_batches=held_out, evaluate_before=cfg.eval_before)
-    run.report_held_out(result, title="held-out pairs (64), sigmoid loss:", extra={"loss": "sigmoid"})
-
-`train` is `Trainer.fit` with the held-out evaluation around it: the loss function's metrics on the held-out
-batches before the first step (when asked) and at the end of the run (`fit`'s eval hook), in
-`result.extras["eval_before"]` / `["eval_after"]`; the trainer is closed afterwards. `report_held_out` prints
-the before/after table and writes `eval_summary.json`. Generation-based evaluations (GRPO's accuracy on held-out
-problems) are stages: `report_stages` prints their table, writes them to a JSON file and into metrics.jsonl.
+`make_trainer` builds the one `Trainer` on the run's mesh with the checkpoint metadata every run records (the
+algorithm, the config's `model.source`). `Run.train` is `Trainer.fit` with the held-out evaluation around it:
+the loss function's metrics on the held-out batches before the first step (when asked) and at the end of the run
+(`fit`'s eval hook), in `result.extras["eval_before"]` / `["eval_after"]`; the trainer is closed afterwards and the
+run dir's lock given back. `Run.report_held_out` prints the before/after table and writes `eval_summary.json`.
+On-policy algorithms that evaluate by generating on held-out problems (GRPO, RFT) take their prompts with
+`task_prompts`, evaluate the starting policy with `evaluate_before` and finish with `finish_policy` (the
+evaluation after training, the before/after table in eval.json and metrics.jsonl, the adapters); generation-based
+evaluations are stages, and `Run.report_stages` prints their table and writes them.
 
 `start_run` is where a run's config meets its directory: a run dir with checkpoints is a resume, and its new
 config is checked against the saved config.yaml before that is replaced (`tempax.train.run_identity`: differences
@@ -33,8 +28,8 @@ that change the trajectory are refused unless `train.allow_config_change=true`, 
 recorded with its step in config_changes.jsonl).
 
 `start_run` takes the run dir's lock (`tempax.train.run_identity.hold_run_dir`: one run per run dir; a second
-process gets one line naming the holder and exits 2 before anything is loaded) and `train` gives it back when the
-trainer is closed; `hold_run(cfg)` holds it around a whole command (the CLI's), so it covers the reports after
+process gets one line naming the holder and exits 2 before anything is loaded) and `Run.train` gives it back when
+the trainer is closed; `hold_run(cfg)` holds it around a whole command (the CLI's), so it covers the reports after
 training too. In a multi-process run process 0 takes it and the others wait for process 0 at a barrier.
 
 Across processes (`tempax launch`, clusters) `start_run` first joins the run (`train.mesh.join()`, before
@@ -173,160 +168,7 @@ class Run:
                                                    base_model_name_or_path=self.config.model.source)
 
 
-@dataclass
-class Training:
-    """What an algorithm's `plan` gives `run_algorithm`: the parts of a run that differ between algorithms.
-
-    Attributes:
-      model: the module to train (adapters applied), or a `tempax.train.trainable.TrainableModel` (a composite,
-        or `Trainable(model, ...)` with what the run adds to the memory plan).
-      loss_fn: `loss_fn(model, batch) -> (loss, metrics)`.
-      batches: the batch source `Trainer.fit` reads.
-      algorithm: the name the checkpoints record.
-      trainable: the NNX filter of the trained parameters (`build_model`'s third value).
-      hooks: the algorithm's own hooks (run before the caller's).
-      eval_batches: held-out batches scored with the loss before (when `evaluate_before`) and after training.
-      eval_loss_fn: the loss held-out batches are scored with (None: `loss_fn`).
-      evaluate_before: score `eval_batches` before the first step too.
-      checkpoint_meta: what else the checkpoints record (the config's `model.source` is always recorded).
-      ready: called with the trainer before training (a check of its micro-batching, a source that samples from
-        its weights before the first step).
-      kept: what the algorithm's `main` reads after training (its source, held-out rows, ...), in `Trained.kept`.
-    """
-
-    model: Any
-    loss_fn: LossFn
-    batches: Any
-    algorithm: str
-    trainable: Any = nnx.Param
-    hooks: Sequence[Any] = ()
-    eval_batches: Callable[[], Iterable[dict[str, Any]]] | None = None
-    eval_loss_fn: LossFn | None = None
-    evaluate_before: bool = False
-    checkpoint_meta: dict[str, Any] = field(default_factory=dict)
-    ready: Callable[[Trainer], None] | None = None
-    kept: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Trained:
-    """What `run_algorithm` returns: the run, its (closed) trainer, the training result and `Training.kept`."""
-
-    run: Run
-    trainer: Trainer
-    result: TrainResult
-    kept: dict[str, Any] = field(default_factory=dict)
-
-
-def run_algorithm(
-    cfg: Any, plan: Callable[[Run], Training], *, hooks: Sequence[Any] = (), log: Callable[[str], None] | None = None
-) -> Trained:
-    """The shared skeleton of a training command (see the module docstring): `start_run`, `plan(run)`, the
-    `Trainer`, `ready(trainer)`, `Run.train`."""
-    run = start_run(cfg, log=log)
-    training = plan(run)
-    trainer = make_trainer(cfg, training, mesh=run.mesh, log=run.say)
-    try:
-        result = run.train(trainer, training.batches, hooks=[*training.hooks, *hooks],
-                           eval_batches=training.eval_batches, evaluate_before=training.evaluate_before)
-    finally:
-        close = getattr(training.batches, "close", None)  # a source holding processes (GRPO's rollout workers)
-        if callable(close):
-            close()
-    return Trained(run, trainer, result, training.kept)
-
-
-def make_trainer(cfg: Any, training: Training, *, mesh: Any, log: Callable[[str], None]) -> Trainer:
-    """The `Trainer` of `training` (`run_algorithm`'s, or a `prepare` function's that returns a run ready to
-    train): the checkpoints record the algorithm and the config's `model.source`; `training.ready` checks it."""
-    source = getattr(getattr(cfg, "model", None), "source", None)
-    meta = {"algorithm": training.algorithm, **({"model_source": source} if source else {}),
-            **training.checkpoint_meta}
-    trainer = Trainer(training.model, training.loss_fn, cfg.train, trainable=training.trainable, mesh=mesh, log=log,
-                      eval_loss_fn=training.eval_loss_fn, checkpoint_meta=meta)
-    training.model = None  # the trainer holds the weights now; keep no second set alive during training
-    if training.ready is not None:
-        training.ready(trainer)
-    return trainer
-
-
-@dataclass
-class PolicyRun:
-    """What an algorithm evaluated by generating on held-out problems returns (GRPO, RFT): the training result,
-    the evaluations before and after, the batch source and the trained policy."""
-
-    result: TrainResult
-    source: Any
-    policy: Any
-    before: Any = None
-    after: Any = None
-    files: dict[str, str] = field(default_factory=dict)
-
-
-def task_prompts(run: Run, tokenizer: Any, *, max_prompt_len: int, section: str, what: str = "prompts",
-                 env_factory: Any = None) -> tuple[list[Any], list[dict[str, Any]]]:
-    """(encoded training prompts, held-out rows) of the config's `task` (`eval.num_problems` held out); prompts
-    longer than `max_prompt_len` tokens are dropped and counted in the line it prints. With `env_factory` the
-    prompts are a fresh environment's first messages (`encode_prompts`); a task none of whose prompts fit is
-    refused."""
-    cfg = run.config
-    train_rows, held_rows = load_task(cfg.task, eval_problems=cfg.eval.num_problems)
-    prompts, dropped = encode_prompts(tokenizer, train_rows, max_prompt_len=max_prompt_len, env_factory=env_factory)
-    run.say(f"task {cfg.task.name}: {len(prompts)} training {what} ({dropped} longer than {section}.max_prompt_len="
-            f"{max_prompt_len} dropped), {len(held_rows)} held-out problems")
-    if not prompts:
-        raise ConfigError(f"every training prompt is longer than {section}.max_prompt_len={max_prompt_len} tokens; "
-                          "raise it")
-    return prompts, held_rows
-
-
-def evaluate_before(run: Run, model: Any, tokenizer: Any, held_rows: Sequence[dict[str, Any]], options: Any, *,
-                    evaluate_fn: Callable[..., Any] | None = None) -> Any:
-    """The held-out evaluation before training (of the model before its zero-initialised adapters go on), or None
-    when there are no held-out problems or `eval.before` is off. `evaluate_fn`: in place of
-    `tempax.eval.evaluate.evaluate`, with its signature (a run that plays episodes evaluates episodes)."""
-    if not held_rows or not run.config.eval.before:
-        return None
-    before = (evaluate_fn or evaluate)(model, tokenizer, held_rows, options, label="eval before")
-    run.say(f"before training: {before.summary_line()}")
-    return before
-
-
-def finish_policy(trained: Trained) -> PolicyRun:
-    """After training a policy: the held-out evaluation (`eval.after`), the before/after table (eval.json and
-    metrics.jsonl), the adapters of a LoRA run and why the run stopped early, if it did. `trained.kept` holds
-    `source`, `tokenizer`, `held_rows`, `options` (`tempax.eval.spec.eval_options`) and `before`, and may hold
-    `evaluate`, the evaluation function (`evaluate_before`'s `evaluate_fn`)."""
-    run, result = trained.run, trained.result
-    cfg = run.config
-    source, tokenizer, held_rows, options, before = (
-        trained.kept[k] for k in ("source", "tokenizer", "held_rows", "options", "before"))
-    policy = trained.trainer.model
-    out = PolicyRun(result=result, source=source, policy=policy, before=before, files=run.files)
-    if held_rows and cfg.eval.after:
-        # Adapters folded in: the same function, without the extra adapter matmuls per generated token.
-        evaluate_fn = trained.kept.get("evaluate") or evaluate
-        out.after = evaluate_fn(merge_lora(policy) if cfg.lora is not None else policy, tokenizer, held_rows, options,
-                                label="eval after")
-        run.say(f"after training: {out.after.summary_line()}")
-    stages = [(name, r) for name, r in (("before", before), ("after", out.after)) if r is not None]
-    if stages:
-        last = result.history[-1][0] if result.history else 0
-        run.report_stages(stages, table=format_table(stages), file="eval.json", steps={"before": 0, "after": last})
-    run.save_adapters(policy)
-    if result.stop_reason:
-        run.say(f"stopped early: {result.stop_reason}")
-    return out
-
-
-def write_run_files(run: Run, data: SFTData, tokenizer: Any) -> None:
-    """Reports the data and writes data_report.json and the tokenizer into the run dir (`start_run` wrote
-    config.yaml): SFT's and distillation's mains, which read their data the same way (`tempax.data.sft`)."""
-    run.say(data.report.summary())
-    for where, reason, detail in data.report.bad_rows[:5]:
-        run.say(f"  skipped {where}: {reason}" + (f" ({detail})" if detail else ""))
-    run.write_json("data_report.json", data.report.to_dict())
-    run.save_tokenizer(tokenizer)
+# -- start the run -------------------------------------------------------------------------------------------
 
 
 def start_run(cfg: Any, *, log: Callable[[str], None] | None = None) -> Run:
@@ -365,6 +207,121 @@ def hold_run(cfg: Any) -> Iterator[None]:
     finally:
         if is_writer():  # the outermost holder: also what a `start_run` that failed before `train` still held
             release_run_dir(cfg.train.run_dir, every=True)
+
+
+# -- build ---------------------------------------------------------------------------------------------------
+
+
+def make_trainer(
+    cfg: Any,
+    model: Any,
+    loss_fn: LossFn,
+    *,
+    algorithm: str,
+    mesh: Any,
+    log: Callable[[str], None],
+    trainable: Any = nnx.Param,
+    eval_loss_fn: LossFn | None = None,
+    checkpoint_meta: dict[str, Any] | None = None,
+) -> Trainer:
+    """The run's `Trainer` of `model` (the module to train, adapters applied, or a
+    `tempax.train.trainable.TrainableModel`: a composite, or `Trainable(model, ...)` with what the run adds to the
+    memory plan) on `mesh`, trained with `loss_fn` (`eval_loss_fn` scores held-out batches; None: `loss_fn`) on
+    the parameters `trainable` selects (`build_model`'s third value). The checkpoints record `algorithm`, the
+    config's `model.source` and `checkpoint_meta`. The trainer copies the trainable weights: drop the caller's
+    reference to the model afterwards (`del model`), so no second set stays alive during training."""
+    source = getattr(getattr(cfg, "model", None), "source", None)
+    meta = {"algorithm": algorithm, **({"model_source": source} if source else {}), **(checkpoint_meta or {})}
+    return Trainer(model, loss_fn, cfg.train, trainable=trainable, mesh=mesh, log=log, eval_loss_fn=eval_loss_fn,
+                   checkpoint_meta=meta)
+
+
+def write_run_files(run: Run, data: SFTData, tokenizer: Any) -> None:
+    """Reports the data and writes data_report.json and the tokenizer into the run dir (`start_run` wrote
+    config.yaml): SFT's and distillation's mains, which read their data the same way (`tempax.data.sft`)."""
+    run.say(data.report.summary())
+    for where, reason, detail in data.report.bad_rows[:5]:
+        run.say(f"  skipped {where}: {reason}" + (f" ({detail})" if detail else ""))
+    run.write_json("data_report.json", data.report.to_dict())
+    run.save_tokenizer(tokenizer)
+
+
+def task_prompts(run: Run, tokenizer: Any, *, max_prompt_len: int, section: str, what: str = "prompts",
+                 env_factory: Any = None) -> tuple[list[Any], list[dict[str, Any]]]:
+    """(encoded training prompts, held-out rows) of the config's `task` (`eval.num_problems` held out); prompts
+    longer than `max_prompt_len` tokens are dropped and counted in the line it prints. With `env_factory` the
+    prompts are a fresh environment's first messages (`encode_prompts`); a task none of whose prompts fit is
+    refused."""
+    cfg = run.config
+    train_rows, held_rows = load_task(cfg.task, eval_problems=cfg.eval.num_problems)
+    prompts, dropped = encode_prompts(tokenizer, train_rows, max_prompt_len=max_prompt_len, env_factory=env_factory)
+    run.say(f"task {cfg.task.name}: {len(prompts)} training {what} ({dropped} longer than {section}.max_prompt_len="
+            f"{max_prompt_len} dropped), {len(held_rows)} held-out problems")
+    if not prompts:
+        raise ConfigError(f"every training prompt is longer than {section}.max_prompt_len={max_prompt_len} tokens; "
+                          "raise it")
+    return prompts, held_rows
+
+
+def evaluate_before(run: Run, model: Any, tokenizer: Any, held_rows: Sequence[dict[str, Any]], options: Any, *,
+                    evaluate_fn: Callable[..., Any] | None = None) -> Any:
+    """The held-out evaluation before training (of the model before its zero-initialised adapters go on), or None
+    when there are no held-out problems or `eval.before` is off. `evaluate_fn`: in place of
+    `tempax.eval.evaluate.evaluate`, with its signature (a run that plays episodes evaluates episodes)."""
+    if not held_rows or not run.config.eval.before:
+        return None
+    before = (evaluate_fn or evaluate)(model, tokenizer, held_rows, options, label="eval before")
+    run.say(f"before training: {before.summary_line()}")
+    return before
+
+
+# -- finish --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PolicyRun:
+    """What an algorithm evaluated by generating on held-out problems returns (GRPO, RFT): the training result,
+    the evaluations before and after, the batch source and the trained policy."""
+
+    result: TrainResult
+    source: Any
+    policy: Any
+    before: Any = None
+    after: Any = None
+    files: dict[str, str] = field(default_factory=dict)
+
+
+def finish_policy(
+    run: Run,
+    result: TrainResult,
+    *,
+    policy: Any,
+    source: Any,
+    tokenizer: Any,
+    held_rows: Sequence[dict[str, Any]],
+    options: Any,
+    before: Any,
+    evaluate_fn: Callable[..., Any] | None = None,
+) -> PolicyRun:
+    """After training a policy (`policy`: the trainer's model): the held-out evaluation (`eval.after`) of
+    `held_rows` with `options` (`tempax.eval.spec.eval_options`) by `evaluate_fn` (`evaluate_before`'s; None:
+    `tempax.eval.evaluate.evaluate`), the before/after table (eval.json and metrics.jsonl), the adapters of a LoRA
+    run and why the run stopped early, if it did."""
+    cfg = run.config
+    out = PolicyRun(result=result, source=source, policy=policy, before=before, files=run.files)
+    if held_rows and cfg.eval.after:
+        # Adapters folded in: the same function, without the extra adapter matmuls per generated token.
+        out.after = (evaluate_fn or evaluate)(merge_lora(policy) if cfg.lora is not None else policy, tokenizer,
+                                              held_rows, options, label="eval after")
+        run.say(f"after training: {out.after.summary_line()}")
+    stages = [(name, r) for name, r in (("before", before), ("after", out.after)) if r is not None]
+    if stages:
+        last = result.history[-1][0] if result.history else 0
+        run.report_stages(stages, table=format_table(stages), file="eval.json", steps={"before": 0, "after": last})
+    run.save_adapters(policy)
+    if result.stop_reason:
+        run.say(f"stopped early: {result.stop_reason}")
+    return out
 
 
 def brief(metrics: dict[str, float]) -> str:

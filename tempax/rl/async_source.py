@@ -1,7 +1,7 @@
 """The queue between rollout workers and an on-policy batch source: bounded staleness, weight sync, restarts, resume.
 
     queue = RolloutQueue(pool_factory, max_staleness=1)
-    result, meta = queue.next(version=trainer.step, params=lambda: trainer.state.params,
+    result, meta = queue.next(version=trainer.step, params=lambda: trainer.params,
                               make_request=lambda: payload)     # called by the source for each rollout
 
 Schedule (deterministic, so runs are reproducible): rollout i is requested when the trainer is about to train on

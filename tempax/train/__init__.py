@@ -11,6 +11,7 @@ An algorithm supplies two things:
         numpy arrays [batch_size, ...]); with `state()` / `restore(state)` its position is checkpointed (like
         `tempax.data.loader.BatchLoader`); with `attach(trainer)` it can sample from the current policy (GRPO's
         rollouts: `tempax.algorithms.grpo.source.GRPOSource`); `batch_metrics()` joins each step's record.
+        A source, like a hook, sees the trainer as a `TrainerView` (`tempax.train.view`), not the loop.
 
 and runs
 
@@ -45,6 +46,7 @@ from tempax.train.sources import BatchSource, decode_arrays, encode_arrays
 from tempax.train.state import ModelParts, TrainState, init_sharded
 from tempax.train.step import LOSS_WEIGHT, LossFn, make_eval_step, make_train_step
 from tempax.train.trainable import MemoryProfile, Trainable, TrainableModel
+from tempax.train.view import TrainerView
 
 __all__ = [
     "LOSS_WEIGHT",
@@ -74,6 +76,7 @@ __all__ = [
     "Trainable",
     "TrainableModel",
     "Trainer",
+    "TrainerView",
     "TrainingDiverged",
     "decode_arrays",
     "encode_arrays",

@@ -1,67 +1,24 @@
-"""Typed configs of the training core: optimizer, mesh, checkpoints and the loop.
+"""Typed configs of the training core: mesh, checkpoints and the loop (and, from `tempax.train.optim`, where it
+lives beside the schedule and optimizer it builds, the optimizer's).
 
-Every algorithm's recipe embeds a `TrainConfig` under `train:`; the fields are documented once here and reachable
-from YAML and from `train.optimizer.learning_rate=1e-4` overrides. Configs build their objects
+Every algorithm's recipe embeds a `TrainConfig` under `train:`; the fields are documented once, on their class,
+and reachable from YAML and from `train.optimizer.learning_rate=1e-4` overrides. Configs build their objects
 (`cfg.optimizer.build(total_steps)`, `cfg.mesh.build()`), and are never mutated after parsing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from tempax.errors import ConfigError
 from tempax.configlib import help_field
 from tempax.train.trackers import check_report_to
 from tempax.parallel import init_distributed, make_mesh
-from tempax.train.optim import make_optimizer, make_schedule
+from tempax.train.optim import OptimizerConfig, warmup_steps_of
 
 if TYPE_CHECKING:
-    import optax
     from jax.sharding import Mesh
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """The optimizer and its learning-rate schedule (AdamW with warm-up then cosine decay by default)."""
-
-    name: Literal["adamw", "adam", "sgd"] = help_field("Optimizer: adamw (decoupled weight decay), adam or sgd.", "adamw")
-    learning_rate: float = help_field("Peak learning rate (reached at the end of warm-up).", 1e-5)
-    schedule: Literal["constant", "cosine", "linear"] = help_field(
-        "Decay after warm-up: constant, cosine (to min_lr_ratio * peak) or linear (to min_lr_ratio * peak).",
-        "cosine",
-    )
-    warmup_steps: int = help_field("Linear warm-up steps from 0 to the peak; takes precedence over warmup_ratio.", 0)
-    warmup_ratio: float = help_field("Warm-up as a fraction of total steps (used when warmup_steps is 0).", 0.0)
-    min_lr_ratio: float = help_field("Final learning rate of cosine/linear decay as a fraction of the peak.", 0.0)
-    b1: float = help_field("Adam beta1.", 0.9)
-    b2: float = help_field("Adam beta2.", 0.999)
-    eps: float = help_field("Adam epsilon.", 1e-8)
-    weight_decay: float = help_field("Decoupled weight decay (adamw) or L2 (sgd).", 0.01)
-    decay_all: bool = help_field(
-        "Apply weight decay to every parameter; false skips vectors (norm weights, biases) as is customary.", False
-    )
-    momentum: float = help_field("SGD momentum.", 0.0)
-    grad_clip_norm: float | None = help_field("Clip the global gradient norm to this value; null disables.", 1.0)
-
-    def validate(self) -> None:
-        if self.learning_rate < 0:
-            raise ConfigError(f"learning_rate must be >= 0, got {self.learning_rate}")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ConfigError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.grad_clip_norm is not None and self.grad_clip_norm <= 0:
-            raise ConfigError(f"grad_clip_norm must be > 0 or null, got {self.grad_clip_norm}")
-
-    def schedule_fn(self, total_steps: int) -> "optax.Schedule":
-        return make_schedule(self, total_steps)
-
-    def build(self, total_steps: int) -> "optax.GradientTransformation":
-        """The optax transformation (clipping, then the optimizer with its schedule)."""
-        return make_optimizer(self, total_steps)
 
 
 @dataclass(frozen=True)
@@ -223,8 +180,8 @@ class TrainConfig:
         if opt.learning_rate == 0:
             out.append("train.optimizer.learning_rate=0: no trainable weight will change; the run only measures "
                        "the loss")
-        # As `optim.warmup_steps_of`; step s (from 0) of the warm-up uses peak * (s + 1) / warmup.
-        warmup = opt.warmup_steps or int(round(opt.warmup_ratio * self.steps))
+        # Step s (from 0) of the warm-up uses peak * (s + 1) / warmup (`tempax.train.optim`).
+        warmup = warmup_steps_of(opt, self.steps)
         fix = "lower train.optimizer.warmup_steps or raise train.steps"
         if warmup > self.steps:
             last = opt.learning_rate * self.steps / warmup

@@ -27,15 +27,13 @@ the checkpoint, so its baselines and cooldown are those of the uninterrupted run
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import Any, Callable, Literal
 
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
 from tempax.train.hooks import Hook, StepInfo, Stop
 from tempax.train.metrics import read_metrics
-
-if TYPE_CHECKING:
-    from tempax.train.loop import Trainer
+from tempax.train.view import TrainerView
 
 GUARD_ACTIONS = ("warn", "stop", "raise_temperature", "clip_higher", "entropy_bonus")
 ADJUSTMENTS = GUARD_ACTIONS[2:]
@@ -146,7 +144,7 @@ class CollapseGuard(Hook):
         self._last_fired: int | None = None
 
     # -- state ------------------------------------------------------------------------------------------------
-    def start(self, trainer: "Trainer") -> None:
+    def start(self, trainer: TrainerView) -> None:
         """Fresh state; on a resumed run, the logged history up to the restored step replayed (no actions)."""
         self.events, self._series, self._last_fired = [], {}, None
         if trainer.step == 0:
@@ -213,7 +211,7 @@ class CollapseGuard(Hook):
             record[f"guard/{name}"] = value
             record[f"guard/{name}_threshold"] = limit
         info.add_metrics(record)
-        info.trainer.progress.write(f"collapse guard, step {info.step}: {message}")
+        info.trainer.write(f"collapse guard, step {info.step}: {message}")
         return Stop(f"collapse guard at step {info.step}: {message}") if c.action == "stop" else None
 
     def _message(self, crossed: dict[str, tuple[float, float]]) -> str:

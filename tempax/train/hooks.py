@@ -9,9 +9,13 @@ sync per step (metrics are fetched from the device only at steps some hook needs
             super().__init__(every=every)
         def __call__(self, info):
             model = info.trainer.model          # the current model (merged trainable + frozen state)
-            ...                                 # generate, log with info.trainer.log(info.step, {...})
+            ...                                 # generate, then info.trainer.write(text) or info.add_metrics({...})
 
 or, for a one-off, `every(50, lambda info: print(info.step, info.metrics()["loss"]))`.
+
+A hook sees the trainer as a `tempax.train.view.TrainerView` (`info.trainer`, and the argument of `start` /
+`end`): the step, the weights, the mesh, a few settings, `write`, `log`, `save_checkpoint` and `evaluate`, and
+nothing else of the loop.
 
 Order: the hooks passed to `Trainer.fit` run first, in their order, then logging, evaluation and checkpoints,
 so a hook can add numbers to the step's record (`info.add_metrics`) before it is written.
@@ -25,12 +29,11 @@ step even when `checkpoint.save_at_end` is off, writes the reason to `<run_dir>/
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
+
 from tempax.parallel.process import host_tree
 from tempax.train.metrics import scalars
-
-if TYPE_CHECKING:
-    from tempax.train.loop import Trainer
+from tempax.train.view import TrainerView
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class StepInfo:
 
     Attributes:
       step: updates done so far.
-      trainer: the `Trainer` (its `state`, `model`, `log`, `checkpointer`, `run_dir`).
+      trainer: the trainer as hooks see it (`TrainerView`: its `model`, `params`, `write`, `log`, `run_dir`...).
       is_last: this is the final step of the run (also when a hook asked to stop at this step: the hooks after
         it in the list then run as at the end, so the stop is logged and checkpointed).
       data_s: seconds `fit` waited for this step's batch (for an on-policy source: sampling, scoring, reference).
@@ -63,7 +66,7 @@ class StepInfo:
     """
 
     step: int
-    trainer: "Trainer"
+    trainer: TrainerView
     is_last: bool
     _data_state_fn: Callable[[], dict[str, Any] | None] | None = field(default=None, repr=False)
     _device_metrics: dict[str, Any] | None = field(default=None, repr=False)
@@ -108,13 +111,13 @@ class Hook:
     def due(self, step: int, is_last: bool) -> bool:
         return (self.every > 0 and step % self.every == 0) or (is_last and self.at_end)
 
-    def start(self, trainer: "Trainer") -> None:
+    def start(self, trainer: TrainerView) -> None:
         """Called once before the first step (after any resume)."""
 
     def __call__(self, info: StepInfo) -> "Stop | None":
         """Called after each due step."""
 
-    def end(self, trainer: "Trainer") -> None:
+    def end(self, trainer: TrainerView) -> None:
         """Called once after the loop, also when it stops with an error."""
 
 
@@ -140,7 +143,7 @@ class LoggingHook(Hook):
         self.tokens_per_step = tokens_per_step
         self._last: tuple[int, float] | None = None
 
-    def start(self, trainer: "Trainer") -> None:
+    def start(self, trainer: TrainerView) -> None:
         self._last = None
 
     def __call__(self, info: StepInfo) -> None:
@@ -153,8 +156,7 @@ class LoggingHook(Hook):
             metrics["tokens_per_s"] = self.tokens_per_step * steps / max(seconds, 1e-9)
             metrics["step_time_s"] = seconds / steps
         self._last = (info.step, now)
-        info.trainer.log(info.step, metrics)
-        info.trainer.progress.update(0, metrics)
+        info.trainer.log(info.step, metrics)  # metrics.jsonl, the trackers and the progress bar
 
     def reset_clock(self, step: int) -> None:
         """Restart the throughput interval (after compilation or an evaluation)."""
@@ -196,16 +198,16 @@ class EvalHook(Hook):
         self.at_start = at_start
         self.history: list[tuple[int, dict[str, float]]] = []
 
-    def start(self, trainer: "Trainer") -> None:
+    def start(self, trainer: TrainerView) -> None:
         if self.at_start:
             self._evaluate(trainer, trainer.step)
 
     def __call__(self, info: StepInfo) -> None:
         self._evaluate(info.trainer, info.step)
 
-    def _evaluate(self, trainer: "Trainer", step: int) -> None:
+    def _evaluate(self, trainer: TrainerView, step: int) -> None:
         results = trainer.evaluate(self.batches(), max_batches=self.max_batches)
         self.history.append((step, results))
         trainer.log(step, {f"eval/{k}": v for k, v in results.items()})
         if "loss" in results:
-            trainer.progress.write(f"step {step}: eval loss {results['loss']:.4f}")
+            trainer.write(f"step {step}: eval loss {results['loss']:.4f}")

@@ -7,9 +7,13 @@ Set-up, in order: the mesh (`cfg.mesh`, with `jax.distributed` when configured);
 master weights stay); the model split into trainable params and the rest; the memory plan (printed, and a
 `TempaxError` naming the fix when it cannot fit); the sharded optimizer state created directly on the devices;
 the step jitted once with the state donated. `fit` then restores the latest checkpoint of `run_dir` (state, RNG
-and the batch source's position), attaches the source (`tempax.train.sources`: on-policy sources sample with
-`trainer.model`), runs `steps - step` steps and calls the hooks at their cadence; a hook can stop the run
+and the batch source's position), attaches the source (`tempax.train.sources`: on-policy sources sample with the
+current model), runs `steps - step` steps and calls the hooks at their cadence; a hook can stop the run
 (`tempax.train.hooks.Stop`). This is the only optimisation loop: GRPO's rollouts are a batch source.
+
+Sources and hooks get the trainer as a `tempax.train.view.TrainerView`, the few members they may use (the step,
+the weights and the forward pieces, `put_batch`, the mesh, the micro-batch size, a handful of settings, `write`,
+`log`, `save_checkpoint`, `evaluate`); `Trainer` provides each of them.
 """
 
 from __future__ import annotations
@@ -243,6 +247,28 @@ class Trainer:
     def step(self) -> int:
         return int(jax.device_get(self.state.step))
 
+    @property
+    def params(self) -> dict[str, jax.Array]:
+        """The current trainable arrays (`state.params`; each step donates them, so read them again after one)."""
+        return self.state.params
+
+    # -- the settings sources and hooks read (`tempax.train.view.TrainerView`) ------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    @property
+    def seq_len(self) -> int:
+        return self.config.seq_len
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    @property
+    def learning_rate(self) -> float:
+        return self.config.optimizer.learning_rate
+
     # -- device placement --------------------------------------------------------------------------------------
     def put_batch(self, batch: dict[str, Any]) -> dict[str, jax.Array]:
         """Places a global host batch on the mesh, rows split over the data-parallel axes."""
@@ -271,11 +297,18 @@ class Trainer:
             return self._step.lower(self.state, self.rest, self.put_batch(batch)).compile().memory_analysis()
 
     # -- logging / checkpoints / eval ----------------------------------------------------------------------------
+    def write(self, text: str) -> None:
+        """A message above the progress bar (printed plainly when there is none)."""
+        self.progress.write(text)
+
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """A record at `step` in metrics.jsonl and the trackers; a training record (no `eval/` key) also joins the
+        history `fit` returns and the progress bar's figures."""
         if self.writer is not None:
             self.writer.write(step, metrics)
         if not any(k.startswith("eval/") for k in metrics):
             self._history.append((step, dict(metrics)))
+            self.progress.update(0, metrics)
 
     def save_checkpoint(self, data_state: dict[str, Any] | None = None) -> str:
         """Writes the current state (refuses, with `TrainingDiverged`, when a step was not finite)."""

@@ -1,4 +1,8 @@
-"""Learning-rate schedules and the optax optimizer built from an `OptimizerConfig`.
+"""The optimizer's config (`OptimizerConfig`, the recipe's `train.optimizer`), its learning-rate schedule and the
+optax optimizer it builds.
+
+The config lives here, beside what it builds, so the schedule and optimizer code can take it as a type without an
+import back from `tempax.train.config` (which imports it for `TrainConfig.optimizer`).
 
 Schedule (step s counts optimizer updates from 0, total S, warm-up W, peak eta, floor r * eta):
 
@@ -13,17 +17,62 @@ where shrinking towards 0 only hurts.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import optax
 
-if TYPE_CHECKING:  # the config builds its optimizer with this module
-    from tempax.train.config import OptimizerConfig
+from tempax.configlib import help_field
+from tempax.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The optimizer and its learning-rate schedule (AdamW with warm-up then cosine decay by default)."""
+
+    name: Literal["adamw", "adam", "sgd"] = help_field("Optimizer: adamw (decoupled weight decay), adam or sgd.", "adamw")
+    learning_rate: float = help_field("Peak learning rate (reached at the end of warm-up).", 1e-5)
+    schedule: Literal["constant", "cosine", "linear"] = help_field(
+        "Decay after warm-up: constant, cosine (to min_lr_ratio * peak) or linear (to min_lr_ratio * peak).",
+        "cosine",
+    )
+    warmup_steps: int = help_field("Linear warm-up steps from 0 to the peak; takes precedence over warmup_ratio.", 0)
+    warmup_ratio: float = help_field("Warm-up as a fraction of total steps (used when warmup_steps is 0).", 0.0)
+    min_lr_ratio: float = help_field("Final learning rate of cosine/linear decay as a fraction of the peak.", 0.0)
+    b1: float = help_field("Adam beta1.", 0.9)
+    b2: float = help_field("Adam beta2.", 0.999)
+    eps: float = help_field("Adam epsilon.", 1e-8)
+    weight_decay: float = help_field("Decoupled weight decay (adamw) or L2 (sgd).", 0.01)
+    decay_all: bool = help_field(
+        "Apply weight decay to every parameter; false skips vectors (norm weights, biases) as is customary.", False
+    )
+    momentum: float = help_field("SGD momentum.", 0.0)
+    grad_clip_norm: float | None = help_field("Clip the global gradient norm to this value; null disables.", 1.0)
+
+    def validate(self) -> None:
+        if self.learning_rate < 0:
+            raise ConfigError(f"learning_rate must be >= 0, got {self.learning_rate}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.grad_clip_norm is not None and self.grad_clip_norm <= 0:
+            raise ConfigError(f"grad_clip_norm must be > 0 or null, got {self.grad_clip_norm}")
+
+    def schedule_fn(self, total_steps: int) -> optax.Schedule:
+        return make_schedule(self, total_steps)
+
+    def build(self, total_steps: int) -> optax.GradientTransformation:
+        """The optax transformation (clipping, then the optimizer with its schedule)."""
+        return make_optimizer(self, total_steps)
 
 
 def warmup_steps_of(cfg: OptimizerConfig, total_steps: int) -> int:
+    """W: `warmup_steps` when set, else `warmup_ratio` of the total steps, rounded."""
     if cfg.warmup_steps:
         return cfg.warmup_steps
     return int(round(cfg.warmup_ratio * total_steps))

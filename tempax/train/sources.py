@@ -7,7 +7,7 @@ A batch source is an iterable of fixed-shape global host batches (dicts of numpy
         def __iter__(self) -> Iterator[dict[str, np.ndarray]]: ...     # required
         def state(self) -> dict | None: ...                             # position after the batch last yielded
         def restore(self, state: dict) -> None: ...                     # continue from such a position
-        def attach(self, trainer: Trainer) -> None: ...                 # on-policy sources: see below
+        def attach(self, trainer: TrainerView) -> None: ...             # on-policy sources: see below
         def batch_metrics(self) -> dict[str, float]: ...                # host metrics of the batch last yielded
 
 `state()` / `restore(state)`
@@ -24,11 +24,13 @@ A batch source is an iterable of fixed-shape global host batches (dicts of numpy
     re-sampled with weights it was not sampled with. `fit` never has to wait for a boundary.
 
 `attach(trainer)`
-    Called by `fit` once, after any restore and before the first batch is drawn. An on-policy source keeps the
-    trainer to sample with the current policy (`trainer.model`), to run no-grad forward passes over its state
-    (`trainer.state.params`, `trainer.rest`, `trainer.parts`) on the mesh (`trainer.mesh`, `trainer.put_batch`) in
-    micro-batches of `trainer.micro_batch_size` rows. Iteration is lazy: batch k + 1 is drawn after step k was
-    dispatched, so it is sampled from the weights step k produced.
+    Called by `fit` once, after any restore and before the first batch is drawn, with the trainer as a
+    `tempax.train.view.TrainerView` (the members a source may use, and no more). An on-policy source keeps it to
+    sample with the current policy (`trainer.model`), to run no-grad forward passes over its weights
+    (`trainer.params`, `trainer.rest`, `trainer.parts.merge`) on the mesh (`trainer.mesh`, `trainer.put_batch`) in
+    micro-batches of `trainer.micro_batch_size` rows, and to read the settings it seeds and sizes itself with
+    (`trainer.seed`, `trainer.batch_size`, `trainer.seq_len`). Iteration is lazy: batch k + 1 is drawn after step
+    k was dispatched, so it is sampled from the weights step k produced.
 
 `batch_metrics()`
     Host-side numbers about the batch just drawn (rollout rewards, completion lengths, time spent sampling),
@@ -41,12 +43,11 @@ is an on-policy one (all five).
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, runtime_checkable
+from typing import Any, Iterable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from tempax.train.loop import Trainer
+from tempax.train.view import TrainerView
 
 Batch = dict[str, np.ndarray]
 
@@ -71,7 +72,7 @@ def restore_source(source: Iterable[Batch], state: dict[str, Any] | None) -> Non
         fn(state)
 
 
-def attach_source(source: Iterable[Batch], trainer: "Trainer") -> None:
+def attach_source(source: Iterable[Batch], trainer: TrainerView) -> None:
     """`source.attach(trainer)` when the source has it."""
     fn = getattr(source, "attach", None)
     if callable(fn):

@@ -3,7 +3,7 @@ algorithm registered from this test module appears in `tempax --help`, passes `t
 steps through `tempax toy --config RECIPE`.
 
 The toy is what docs/adding-an-algorithm.md walks through, in one file: a config, a loss (mean next-token
-negative log-likelihood over the supervised tokens), a `main` on the shared pieces, and a record.
+negative log-likelihood over the supervised tokens), a `main` that calls the shared steps in order, and a record.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 from tempax.algorithms import registry
 from tempax.algorithms.common import ModelSpec, build_model
 from tempax.algorithms.registry import Algorithm
-from tempax.algorithms.run import Run, Training, run_algorithm, write_run_files
+from tempax.algorithms.run import make_trainer, start_run, write_run_files
 from tempax.configlib import help_field
 from tempax.data.sft import DataSpec, build_data, read_data_rows
 from tempax.models.logprobs import masked_mean, token_logprobs
@@ -55,15 +55,15 @@ def toy_loss(model: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[s
 
 
 def main(cfg: ToyConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:
-    def plan(run: Run) -> Training:
-        rows = read_data_rows(cfg.data)
-        model, tokenizer, trainable = build_model(cfg, run.mesh)
-        t = cfg.train
-        data = build_data(cfg.data, tokenizer, batch_size=t.batch_size, seq_len=t.seq_len, seed=t.seed, rows=rows)
-        write_run_files(run, data, tokenizer)
-        return Training(model, toy_loss, data.train, algorithm="toy", trainable=trainable)
-
-    return run_algorithm(cfg, plan, hooks=hooks, log=log).result
+    run = start_run(cfg, log=log)
+    rows = read_data_rows(cfg.data)
+    model, tokenizer, trainable = build_model(cfg, run.mesh)
+    t = cfg.train
+    data = build_data(cfg.data, tokenizer, batch_size=t.batch_size, seq_len=t.seq_len, seed=t.seed, rows=rows)
+    write_run_files(run, data, tokenizer)
+    trainer = make_trainer(cfg, model, toy_loss, algorithm="toy", trainable=trainable, mesh=run.mesh, log=run.say)
+    del model  # the trainer holds the weights now
+    return run.train(trainer, data.train, hooks=hooks)
 
 
 TOY = Algorithm("toy", "a toy algorithm registered by a test", config=f"{__name__}:ToyConfig", main=f"{__name__}:main")

@@ -9,18 +9,15 @@ from tempax.train.guards import CollapseGuard, CollapseGuardConfig
 from tempax.train.hooks import StepInfo, Stop
 
 
-class _Progress:
+class _Trainer:
+    """The members of the trainer view (`tempax.train.view.TrainerView`) the guard reads: the step and `write`."""
+
     def __init__(self):
         self.lines = []
+        self.step = 0
 
     def write(self, text):
         self.lines.append(text)
-
-
-class _Trainer:
-    def __init__(self):
-        self.progress = _Progress()
-        self.step = 0
 
 
 def feed(guard, series):
@@ -51,7 +48,7 @@ def test_fires_at_the_step_the_entropy_window_falls_below_a_quarter_of_its_basel
     msg = guard.events[0].message
     assert "entropy collapse" in msg and "fell to 0.075" in msg and "from 0.500" in msg and "85% down" in msg
     assert "set grpo.temperature=1.3" in msg
-    assert trainer.progress.lines == [f"collapse guard, step 5: {msg}"]
+    assert trainer.lines == [f"collapse guard, step 5: {msg}"]
 
 
 def test_stop_returns_a_stop_and_adjustments_call_the_algorithm():

@@ -30,6 +30,7 @@ from tempax.errors import ConfigError
 from tempax.data.formats import Example
 from tempax.data.packing import collate_rows
 from tempax.generate import SamplingConfig, generate
+from tempax.train.view import TrainerView
 
 
 @dataclass(frozen=True)
@@ -88,11 +89,11 @@ class GKDSource:
         self.batch_size, self.seq_len, self.pad_id, self.seed = batch_size, seq_len, pad_id, seed
         self.drawn = 0  # batches yielded so far
         self.prompt_pos = 0  # prompts used so far (a seeded order, reshuffled every pass)
-        self.trainer: Any = None
+        self.trainer: TrainerView | None = None
         self._metrics: dict[str, float] = {}
 
     # -- the batch-source protocol ---------------------------------------------------------------------------
-    def attach(self, trainer: Any) -> None:
+    def attach(self, trainer: TrainerView) -> None:
         self.trainer = trainer
 
     def __iter__(self) -> "GKDSource":

@@ -45,7 +45,7 @@ from tempax.algorithms.distill.models import (
 )
 from tempax.algorithms.distill.gkd import GKDSource, OnPolicySpec
 from tempax.algorithms.distill.sequence import SequenceKDSpec, answerable_prompts, teacher_generations, write_jsonl
-from tempax.algorithms.run import Run, Training, run_algorithm, write_run_files
+from tempax.algorithms.run import make_trainer, start_run, write_run_files
 from tempax.configlib import help_field
 from tempax.data.sft import DataSpec, build_data, read_data_rows
 from tempax.errors import ConfigError
@@ -180,41 +180,39 @@ def main(cfg: DistillConfig, *, hooks: tuple = (), log: Callable[[str], None] | 
     """Distils per `cfg`; writes config.yaml, data_report.json, the tokenizer, metrics, checkpoints and the
     trained student (`<run_dir>/student`) to run_dir. `result.extras` holds `sizes` (parameter counts and bytes
     of both models) and the data report."""
-    def plan(run: Run) -> Training:
-        say, t = run.say, cfg.train
-        rows = read_data_rows(cfg.data)  # a wrong path fails here, before any model is loaded
-        pair, tokenizer, trainable = build_models(cfg, run.mesh)
-        say(describe_sizes(pair))
-        rows, eval_rows = split_rows(cfg, rows)
-        if cfg.mode == "sequence":
-            rows = sequence_rows(cfg, pair.teacher, tokenizer, rows, say)
-        data = build_data(cfg.data, tokenizer, batch_size=t.batch_size, seq_len=t.seq_len, seed=t.seed, rows=rows,
-                          eval_rows=eval_rows)
-        write_run_files(run, data, tokenizer)
-        batches: Any = data.train
-        if cfg.mode == "on_policy":
-            prompts = answerable_prompts(rows, tokenizer, max_len=t.seq_len,
-                                         max_new_tokens=cfg.on_policy.max_new_tokens, say=say)
-            batches = GKDSource(data.train, prompts.ids, tokenizer, cfg.on_policy, batch_size=t.batch_size,
-                                seq_len=t.seq_len, pad_id=tokenizer.pad_id, seed=t.seed)
-        sizes = {
-            "teacher_params": parameter_count(pair.teacher), "teacher_bytes": model_bytes(pair.teacher),
-            "student_params": parameter_count(pair.student), "student_bytes": model_bytes(pair.student),
-            "teacher_layers": pair.teacher.config.num_layers, "student_layers": pair.student.config.num_layers,
-        }
-        return Training(Trainable(pair, logit_positions=cfg.loss.chunk_len), make_distill_loss(cfg.loss), batches,
-                        algorithm="DistillConfig", trainable=trainable, eval_batches=data.eval_loader,
-                        checkpoint_meta={"teacher_source": cfg.teacher.source, "student_source": cfg.student.source},
-                        kept={"sizes": sizes, "data_report": data.report, "tokenizer": tokenizer})
-
-    trained = run_algorithm(cfg, plan, hooks=hooks, log=log)
-    result = trained.result
+    run = start_run(cfg, log=log)
+    say, t = run.say, cfg.train
+    rows = read_data_rows(cfg.data)  # a wrong path fails here, before any model is loaded
+    pair, tokenizer, trainable = build_models(cfg, run.mesh)
+    say(describe_sizes(pair))
+    rows, eval_rows = split_rows(cfg, rows)
+    if cfg.mode == "sequence":
+        rows = sequence_rows(cfg, pair.teacher, tokenizer, rows, say)
+    data = build_data(cfg.data, tokenizer, batch_size=t.batch_size, seq_len=t.seq_len, seed=t.seed, rows=rows,
+                      eval_rows=eval_rows)
+    write_run_files(run, data, tokenizer)
+    batches: Any = data.train
+    if cfg.mode == "on_policy":
+        prompts = answerable_prompts(rows, tokenizer, max_len=t.seq_len, max_new_tokens=cfg.on_policy.max_new_tokens,
+                                     say=say)
+        batches = GKDSource(data.train, prompts.ids, tokenizer, cfg.on_policy, batch_size=t.batch_size,
+                            seq_len=t.seq_len, pad_id=tokenizer.pad_id, seed=t.seed)
+    sizes = {
+        "teacher_params": parameter_count(pair.teacher), "teacher_bytes": model_bytes(pair.teacher),
+        "student_params": parameter_count(pair.student), "student_bytes": model_bytes(pair.student),
+        "teacher_layers": pair.teacher.config.num_layers, "student_layers": pair.student.config.num_layers,
+    }
+    trainer = make_trainer(cfg, Trainable(pair, logit_positions=cfg.loss.chunk_len), make_distill_loss(cfg.loss),
+                           algorithm="DistillConfig", trainable=trainable, mesh=run.mesh, log=say,
+                           checkpoint_meta={"teacher_source": cfg.teacher.source,
+                                            "student_source": cfg.student.source})
+    del pair  # the trainer holds the weights now
+    result = run.train(trainer, batches, hooks=hooks, eval_batches=data.eval_loader)
     if cfg.save_student:
-        result.extras["student_dir"] = save_student(trained.trainer.model.student, trained.kept["tokenizer"],
-                                                    trained.run.path("student"))
-        trained.run.say(f"student written to {result.extras['student_dir']}")
-    result.extras["sizes"] = trained.kept["sizes"]
-    result.extras["data_report"] = trained.kept["data_report"]
+        result.extras["student_dir"] = save_student(trainer.model.student, tokenizer, run.path("student"))
+        say(f"student written to {result.extras['student_dir']}")
+    result.extras["sizes"] = sizes
+    result.extras["data_report"] = data.report
     return result
 
 

@@ -61,6 +61,7 @@ from tempax.train.hooks import Hook, StepInfo
 from tempax.train.loop import Trainer
 from tempax.train.trainable import Trainable
 from tempax.train.sources import decode_arrays, encode_arrays
+from tempax.train.view import TrainerView
 from tempax.models.lora import disable_adapters
 
 Batch = dict[str, np.ndarray]
@@ -152,7 +153,7 @@ class GRPOSource:
         if reference is not None and settings.beta > 0:
             graphdef, state = nnx.split(reference)
             self._reference = (graphdef, jax.tree.map(jnp.copy, state))
-        self.trainer: Trainer | None = None
+        self.trainer: TrainerView | None = None
         self.rollouts_done = 0
         self.last_rollout: Rollout | None = None
         self._batch: Batch | None = None
@@ -170,8 +171,9 @@ class GRPOSource:
                                       encode=rollout_to_json, decode=rollout_from_json)
 
     # -- the protocol -----------------------------------------------------------------------------------------
-    def attach(self, trainer: Trainer) -> None:
-        """Keeps the trainer (the policy to sample from) and jits the no-grad forward passes over its state."""
+    def attach(self, trainer: TrainerView) -> None:
+        """Keeps the trainer's view (the policy to sample from) and jits the no-grad forward passes over its
+        weights."""
         if self.settings.beta > 0 and trainer.full_finetune and self._reference is None:
             raise ConfigError(
                 "GRPO with full-weight training and grpo.beta > 0 needs the frozen reference: pass the starting "
@@ -225,7 +227,7 @@ class GRPOSource:
         return self._metrics
 
     # -- pieces -----------------------------------------------------------------------------------------------
-    def _attached(self) -> Trainer:
+    def _attached(self) -> TrainerView:
         if self.trainer is None:
             raise RuntimeError("GRPOSource.attach(trainer) must run first (Trainer.fit does it)")
         return self.trainer
@@ -246,7 +248,7 @@ class GRPOSource:
         if self.queue is not None:
             return self._queued_rollout()
         trainer, s = self._attached(), self.settings
-        num_prompts = trainer.config.batch_size
+        num_prompts = trainer.batch_size
         rounds: list[Rollout] = []
         max_rounds = s.max_sampling_rounds if s.dynamic_sampling else 1
         model = trainer.model
@@ -263,18 +265,18 @@ class GRPOSource:
         return fill_with_spread(rounds, num_prompts) if s.dynamic_sampling else rounds[0]
 
     def _seed(self, round_index: int = 0) -> int:
-        return (self._attached().config.seed * 1_000_003 + self.rollouts_done * 101 + round_index) % (2**31 - 1)
+        return (self._attached().seed * 1_000_003 + self.rollouts_done * 101 + round_index) % (2**31 - 1)
 
     def _queued_rollout(self) -> Rollout:
         """The next rollout from the workers (`tempax.rl.async_source`): requested with the same prompts and seed
         the in-process path would use, sampled by a version at most `max_staleness` behind."""
         trainer = self._attached()
         assert self.queue is not None
-        rollout, self._queue_metrics = self.queue.next(trainer.step, lambda: trainer.state.params, self._request)
+        rollout, self._queue_metrics = self.queue.next(trainer.step, lambda: trainer.params, self._request)
         return rollout
 
     def _request(self) -> dict[str, Any]:
-        payload = {"prompts": [prompt_to_json(p) for p in self.sampler.next(self._attached().config.batch_size)],
+        payload = {"prompts": [prompt_to_json(p) for p in self.sampler.next(self._attached().batch_size)],
                    "seed": self._seed(), "temperature": self.knobs["temperature"]}
         self.rollouts_done += 1
         return payload
@@ -327,13 +329,13 @@ class GRPOSource:
         if self._reference is not None:
             graphdef, state = self._reference
             return self._chunked(lambda b: logprobs_no_grad(graphdef, state, b, tau), batch)
-        params, rest = trainer.state.params, trainer.rest
+        params, rest = trainer.params, trainer.rest
         return self._chunked(lambda b: self._base_logprobs(params, rest, b, tau), batch)
 
     def policy_logprobs(self, batch: Batch) -> np.ndarray:
         """log p_tau of the completions under the current policy (no gradient)."""
         trainer = self._attached()
-        params, rest, tau = trainer.state.params, trainer.rest, jnp.float32(self.knobs["temperature"])
+        params, rest, tau = trainer.params, trainer.rest, jnp.float32(self.knobs["temperature"])
         return self._chunked(lambda b: self._policy_logprobs(params, rest, b, tau), batch)
 
     # -- what the collapse guard may change -------------------------------------------------------------------
@@ -359,7 +361,7 @@ class GRPOSource:
 
     def advice(self, guard: CollapseGuardConfig) -> str:
         """The concrete remedies, with the run's current values."""
-        k, lr = self.knobs, (self.trainer.config.optimizer.learning_rate if self.trainer is not None else None)
+        k, lr = self.knobs, (self.trainer.learning_rate if self.trainer is not None else None)
         return (f"raise grpo.temperature (now {k['temperature']:g}; try {k['temperature'] + guard.temperature_step:g}), "
                 f"set grpo.epsilon_high={max(guard.clip_high, k['eps_high']):g} (clip-higher; now {k['eps_high']:g}), "
                 f"set grpo.entropy_coef={guard.entropy_coef:g} (now {k['entropy_coef']:g})"
@@ -419,7 +421,7 @@ class ShowCompletions(Hook):
         i = int(np.argmax(rollout.rewards.reshape(-1)))
         p, j = divmod(i, rollout.group_size)
         question = rollout.prompts[p].columns.get("question", "")
-        info.trainer.progress.write(
+        info.trainer.write(
             f"step {info.step} best completion (reward {rollout.rewards[p, j]:.2f}) for: {question}\n"
             f"{rollout.texts[p][j]}"
         )

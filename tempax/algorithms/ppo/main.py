@@ -28,7 +28,7 @@ from tempax.algorithms.common import build_model
 from tempax.algorithms.ppo.config import PPOConfig, PPOEvalSpec
 from tempax.algorithms.ppo.model import ActorCritic, critic_from_reward_model, trainable_filter
 from tempax.algorithms.ppo.source import PPORollouts, make_ppo_loss
-from tempax.algorithms.run import Run, Training, run_algorithm
+from tempax.algorithms.run import make_trainer, start_run
 from tempax.data.formats import RowError
 from tempax.data.preference import parse_preference_row
 from tempax.data.sources import read_rows
@@ -40,7 +40,6 @@ from tempax.rewards.registry import REWARD_MODEL_PREFIX, RewardSpec, build_rewar
 from tempax.rl.rollout import Prompt, PromptSampler, build_batch, encode_prompts, round_up
 from tempax.rl.throughput import ThroughputSplit
 from tempax.train.guards import CollapseGuard, CollapseGuardConfig
-from tempax.train.loop import Trainer
 from tempax.train.trainable import Trainable
 
 __all__ = ["PPOConfig", "PPORun", "PolicyEval", "build_reward", "evaluate_policy", "load_prompts", "main"]
@@ -215,51 +214,43 @@ def ppo_hooks(source: PPORollouts, guard: CollapseGuardConfig) -> list[Any]:
 def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> PPORun:
     """Trains per `cfg` (see the module docstring)."""
     t, s = cfg.train, cfg.ppo
-
-    def plan(run: Run) -> Training:
-        say = run.say
-        reward_fn = build_reward(cfg)
-        model, tokenizer, trainable = build_actor_critic(cfg, run.mesh)
-        prompts, dropped = load_prompts(cfg.prompts.path, tokenizer, max_prompt_len=s.max_prompt_len,
-                                        limit=cfg.prompts.max_rows)
-        held: list[Prompt] = []
-        if cfg.prompts.eval_path and cfg.prompts.num_eval:
-            held, _ = load_prompts(cfg.prompts.eval_path, tokenizer, max_prompt_len=s.max_prompt_len,
-                                   limit=cfg.prompts.num_eval)
-        say(f"prompts: {len(prompts)} for training ({dropped} rows dropped: malformed or longer than "
-            f"ppo.max_prompt_len={s.max_prompt_len}), {len(held)} held out")
-        prompt_len = min(round_up(max(len(p.ids) for p in prompts + held), 8), round_up(s.max_prompt_len, 8))
-
-        # Full weights: the source keeps a frozen copy of the starting policy (the trainer donates its buffers).
-        source = PPORollouts(tokenizer, reward_fn, s, PromptSampler(prompts, seed=t.seed), prompt_len=prompt_len,
-                             batch_size=t.batch_size, seed=t.seed,
-                             reference=model.policy if cfg.lora is None else None, log=say)
-        held_bytes = reward_fn.functions[0].fn.nbytes + (_nbytes(source.reference[1]) if source.reference else 0)
-        out = PPORun(result=None, source=source, files=run.files)
-
-        def ready(trainer: Trainer) -> None:
-            source.attach(trainer)  # before `fit` (which attaches it too): the evaluation samples from its weights
-            if held and cfg.eval.before:
-                out.before = evaluate_policy(source, held, cfg.eval)
-                say("before training: " + json.dumps(out.before.summary()))
-
-        # A row holds the prompt once plus its completions.
-        tokens_per_row = prompt_len + s.samples_per_prompt * s.max_new_tokens
-        return Training(Trainable(model, tokens_per_row=tokens_per_row, held_bytes=held_bytes), make_ppo_loss(s),
-                        source, algorithm="PPO", trainable=trainable, hooks=ppo_hooks(source, cfg.guard), ready=ready,
-                        kept={"out": out, "held": held})
-
-    trained = run_algorithm(cfg, plan, hooks=hooks, log=log)
-    out, held, say = trained.kept["out"], trained.kept["held"], trained.run.say
-    out.result = trained.result
+    run = start_run(cfg, log=log)
+    say = run.say
+    reward_fn = build_reward(cfg)
+    model, tokenizer, trainable = build_actor_critic(cfg, run.mesh)
+    prompts, dropped = load_prompts(cfg.prompts.path, tokenizer, max_prompt_len=s.max_prompt_len,
+                                    limit=cfg.prompts.max_rows)
+    held: list[Prompt] = []
+    if cfg.prompts.eval_path and cfg.prompts.num_eval:
+        held, _ = load_prompts(cfg.prompts.eval_path, tokenizer, max_prompt_len=s.max_prompt_len,
+                               limit=cfg.prompts.num_eval)
+    say(f"prompts: {len(prompts)} for training ({dropped} rows dropped: malformed or longer than "
+        f"ppo.max_prompt_len={s.max_prompt_len}), {len(held)} held out")
+    prompt_len = min(round_up(max(len(p.ids) for p in prompts + held), 8), round_up(s.max_prompt_len, 8))
+    # Full weights: the source keeps a frozen copy of the starting policy (the trainer donates its buffers).
+    source = PPORollouts(tokenizer, reward_fn, s, PromptSampler(prompts, seed=t.seed), prompt_len=prompt_len,
+                         batch_size=t.batch_size, seed=t.seed, reference=model.policy if cfg.lora is None else None,
+                         log=say)
+    held_bytes = reward_fn.functions[0].fn.nbytes + (_nbytes(source.reference[1]) if source.reference else 0)
+    out = PPORun(result=None, source=source, files=run.files)
+    # A row holds the prompt once plus its completions.
+    tokens_per_row = prompt_len + s.samples_per_prompt * s.max_new_tokens
+    trainer = make_trainer(cfg, Trainable(model, tokens_per_row=tokens_per_row, held_bytes=held_bytes),
+                           make_ppo_loss(s), algorithm="PPO", trainable=trainable, mesh=run.mesh, log=say)
+    del model  # the trainer holds the weights now
+    source.attach(trainer)  # before `fit` (which attaches it too): the evaluation samples from its weights
+    if held and cfg.eval.before:
+        out.before = evaluate_policy(source, held, cfg.eval)
+        say("before training: " + json.dumps(out.before.summary()))
+    out.result = run.train(trainer, source, hooks=[*ppo_hooks(source, cfg.guard), *hooks])
     if held and cfg.eval.after:
-        out.after = evaluate_policy(out.source, held, cfg.eval)
+        out.after = evaluate_policy(source, held, cfg.eval)
         say("after training: " + json.dumps(out.after.summary()))
     if out.before is not None or out.after is not None:
         say("\nheld-out prompts (" + str(len(held)) + "), one sampled response each:\n"
             + format_eval(out.before, out.after))
-        out.files["eval"] = _write_eval(trained.run.run_dir, held, out.before, out.after, cfg.eval.show, say)
-    trained.run.save_adapters(out.source.policy)
+        out.files["eval"] = _write_eval(run.run_dir, held, out.before, out.after, cfg.eval.show, say)
+    run.save_adapters(source.policy)
     if out.result.stop_reason:
         say(f"stopped early: {out.result.stop_reason}")
     return out

@@ -57,6 +57,7 @@ from tempax.models.logprobs import masked_mean
 from tempax.parallel.rules import use_mesh
 from tempax.rl.losses import gae
 from tempax.train.sources import decode_arrays, encode_arrays
+from tempax.train.view import TrainerView
 from tempax.models.lora import disable_adapters
 
 Batch = dict[str, Any]
@@ -143,15 +144,15 @@ class PPORollouts:
         self._buffer: dict[str, np.ndarray] | None = None
         self._queue: list[list[int]] = []
         self._pending: dict[str, float] = {}
-        self.trainer: Any = None
+        self.trainer: TrainerView | None = None
 
     @property
     def rollout_prompts(self) -> int:
         return self.batch_size * self.settings.mini_batches
 
     # -- the trainer's weights --------------------------------------------------------------------------------
-    def attach(self, trainer: Any) -> None:
-        """Use `trainer`'s current weights for rollouts and the no-grad passes (jitted once per trainer)."""
+    def attach(self, trainer: TrainerView) -> None:
+        """Use the trainer's current weights for rollouts and the no-grad passes (jitted once per trainer)."""
         if trainer is self.trainer:
             return
         if trainer.full_finetune and self.reference is None:
@@ -197,7 +198,7 @@ class PPORollouts:
 
     def forward(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         """(log pi [P, G, T], V [P, G, T]) of the batch's completions under the current weights, no gradient."""
-        params, rest = self.trainer.state.params, self.trainer.rest
+        params, rest = self.trainer.params, self.trainer.rest
         parts = self._chunked(lambda b: self._current(params, rest, b), batch)
         return np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
 
@@ -207,7 +208,7 @@ class PPORollouts:
             graphdef, state = self.reference
             tau = jnp.float32(self.settings.temperature)
             return np.concatenate(self._chunked(lambda b: logprobs_no_grad(graphdef, state, b, tau), batch))
-        params, rest = self.trainer.state.params, self.trainer.rest
+        params, rest = self.trainer.params, self.trainer.rest
         return np.concatenate(self._chunked(lambda b: self._adapters_off(params, rest, b), batch))
 
     def sample(self, prompts: Sequence[Prompt], *, seed: int, temperature: float | None = None) -> Rollout:
@@ -324,7 +325,7 @@ class PPORollouts:
     def advice(self) -> str:
         """What to change when the guard fires, with the run's current values."""
         s = self.settings
-        lr = self.trainer.config.optimizer.learning_rate if self.trainer is not None else None
+        lr = self.trainer.learning_rate if self.trainer is not None else None
         return (f"raise ppo.kl_coef (now {self.kl_coef:g}) or set ppo.kl_target to hold the KL to the reference, "
                 f"raise ppo.temperature (now {s.temperature:g}), lower ppo.epochs (now {s.epochs})"
                 + (f" or train.optimizer.learning_rate (now {lr:g})" if lr is not None else ""))

@@ -53,7 +53,7 @@ from tempax.algorithms.preference.data import (
 )
 from tempax.algorithms.preference.losses import PREFERENCE_LOSS_NAMES, preference_loss_needs_reference
 from tempax.algorithms.common import ModelSpec, build_model
-from tempax.algorithms.run import Training, make_trainer, start_run
+from tempax.algorithms.run import Run, make_trainer, start_run
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig, disable_adapters
 from tempax.train.config import TrainConfig
@@ -309,12 +309,11 @@ def prepare_run(
     loader, eval_batches = pair_loaders(train_items, eval_items, pairs=pairs, seq_len=t.seq_len, pad_id=pad,
                                         seed=t.seed, shuffle=cfg.data.shuffle, collate=collate)
     loss_fn, eval_loss_fn = losses_of(mode)
-    # The trainer may have picked the micro-batch itself (auto_micro_batch); pairs must still stay whole.
-    training = Training(model, loss_fn, loader, algorithm=meta["algorithm"], trainable=trainable,
-                        eval_loss_fn=eval_loss_fn, checkpoint_meta=meta,
-                        ready=lambda trainer: check_micro_batching(pairs, trainer.num_micro_batches))
+    trainer = make_trainer(cfg, model, loss_fn, algorithm=meta["algorithm"], trainable=trainable, mesh=mesh, log=say,
+                           eval_loss_fn=eval_loss_fn, checkpoint_meta=meta)
     del model  # the trainer holds the weights now
-    trainer = make_trainer(cfg, training, mesh=mesh, log=say)
+    # The trainer may have picked the micro-batch itself (auto_micro_batch); pairs must still stay whole.
+    check_micro_batching(pairs, trainer.num_micro_batches)
     return PreferenceRun(trainer, loss_fn, mode, loader, eval_batches, data, tokenizer, reference_model)
 
 
@@ -339,23 +338,21 @@ def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     train.eval_every steps and at the end), checkpoints and eval_summary.json ({"before", "after"}).
     `result.extras` holds `eval_before`, `eval_after`, `reference`, `data_report` and `eval_data_report`.
     """
-    return fit_and_compare(cfg, prepare, hooks=hooks, log=log, what=f"{cfg.dpo.loss} loss",
-                           extra={"loss": cfg.dpo.loss})
-
-
-def fit_and_compare(
-    cfg: Any, prepare_fn: Callable[..., PreferenceRun], *, hooks: tuple, log: Callable[[str], None] | None, what: str,
-    extra: dict[str, Any],
-) -> TrainResult:
-    """The run of every pair-scored preference method (DPO family, KTO): `start_run` (run dir, config.yaml, the
-    resume check), `prepare_fn(cfg, log=...)`, training with the held-out pairs scored before and after, the
-    before/after table and eval_summary.json (with `extra`); see `main`."""
     run = start_run(cfg, log=log)
-    dpo = prepare_fn(cfg, log=run.say)
+    dpo = prepare(cfg, log=run.say)
     run.save_tokenizer(dpo.tokenizer)
     result = run.train(dpo.trainer, dpo.train_batches, hooks=hooks, eval_batches=dpo.eval_batches,
                        evaluate_before=cfg.eval_before)
-    run.report_held_out(result, title=f"held-out pairs ({len(dpo.data.eval)}), {what}:",
-                        extra={**extra, "reference": dpo.reference, "eval_pairs": len(dpo.data.eval)})
-    result.extras.update(reference=dpo.reference, data_report=dpo.data.report, eval_data_report=dpo.data.eval_report)
+    return report_pairs(run, dpo, result, what=f"{cfg.dpo.loss} loss", extra={"loss": cfg.dpo.loss})
+
+
+def report_pairs(run: Run, prepared: PreferenceRun, result: TrainResult, *, what: str,
+                 extra: dict[str, Any]) -> TrainResult:
+    """The finish of every pair-scored preference method (DPO family, KTO): the before/after table of the
+    held-out pairs (`what` names the scores), eval_summary.json (with `extra`), and the reference mode and data
+    reports in `result.extras`."""
+    run.report_held_out(result, title=f"held-out pairs ({len(prepared.data.eval)}), {what}:",
+                        extra={**extra, "reference": prepared.reference, "eval_pairs": len(prepared.data.eval)})
+    result.extras.update(reference=prepared.reference, data_report=prepared.data.report,
+                         eval_data_report=prepared.data.eval_report)
     return result

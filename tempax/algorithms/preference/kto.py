@@ -42,12 +42,13 @@ from tempax.algorithms.preference.dpo import (
     DPOLoss,
     PreferenceRun,
     ReferenceMode,
-    fit_and_compare,
     prepare_run,
+    report_pairs,
     reference_batch_size_field,
     reference_field,
     resolve_reference,
 )
+from tempax.algorithms.run import start_run
 from tempax.configlib import help_field
 from tempax.data.preference import PreferencePair
 from tempax.errors import ConfigError
@@ -178,14 +179,14 @@ def main(cfg: KTOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     eval_summary.json). Training metrics: `losses.kto_loss`'s (desirable / undesirable rewards, `kl`, ...);
     `eval/*`: the held-out pairs' (accuracy, reward_margin, ...). `result.extras` as `tempax dpo`'s.
     """
-    def prepare_and_count(cfg: KTOConfig, *, log: Callable[[str], None]) -> PreferenceRun:
-        run = prepare(cfg, log=log)
-        n_d = sum(ex.desirable for ex in run.data.train)
-        n_u = len(run.data.train) - n_d
-        log(f"examples: {n_d} desirable, {n_u} undesirable; lambda_D n_D / (lambda_U n_U) = "
+    run = start_run(cfg, log=log)
+    kto = prepare(cfg, log=run.say)
+    n_d = sum(ex.desirable for ex in kto.data.train)
+    n_u = len(kto.data.train) - n_d
+    run.say(f"examples: {n_d} desirable, {n_u} undesirable; lambda_D n_D / (lambda_U n_U) = "
             f"{cfg.kto.desirable_weight * n_d / max(cfg.kto.undesirable_weight * n_u, 1e-9):.3g}"
             " (the paper recommends 1 to 4/3)")
-        return run
-
-    return fit_and_compare(cfg, prepare_and_count, hooks=hooks, log=log, what="implicit rewards of the KTO policy",
-                           extra={"loss": "kto"})
+    run.save_tokenizer(kto.tokenizer)
+    result = run.train(kto.trainer, kto.train_batches, hooks=hooks, eval_batches=kto.eval_batches,
+                       evaluate_before=cfg.eval_before)
+    return report_pairs(run, kto, result, what="implicit rewards of the KTO policy", extra={"loss": "kto"})

@@ -43,7 +43,7 @@ from tempax.algorithms.preference.data import (
 )
 from tempax.algorithms.common import ModelSpec, build_model
 from tempax.algorithms.preference.losses import bradley_terry_loss
-from tempax.algorithms.run import Training, make_trainer, start_run
+from tempax.algorithms.run import make_trainer, start_run
 from tempax.errors import DataError
 from tempax.models.lora import LoraConfig
 from tempax.models.reward_model import RewardModel, reward_scores, save_reward_model
@@ -182,10 +182,11 @@ def prepare(cfg: RewardModelConfig, *, log: Callable[[str], None] | None = None)
                                         pad_id=tokenizer.pad_id, seed=t.seed, shuffle=cfg.data.shuffle)
     loss_fn = RewardLoss(margin=cfg.reward.margin)
     # The backbone is the trunk; the scalar head reads hidden states: no vocabulary logits to plan for.
-    training = Training(Trainable(model, trunks=("backbone",), logit_positions=0), loss_fn, loader,
-                        algorithm="reward_model", trainable=trainable,
-                        ready=lambda trainer: check_micro_batching(pairs, trainer.num_micro_batches))
-    trainer = make_trainer(cfg, training, mesh=mesh, log=say)
+    trainer = make_trainer(cfg, Trainable(model, trunks=("backbone",), logit_positions=0), loss_fn,
+                           algorithm="reward_model", trainable=trainable, mesh=mesh, log=say)
+    del model, backbone  # the trainer holds the weights now
+    # The trainer may have picked the micro-batch itself (auto_micro_batch); pairs must still stay whole.
+    check_micro_batching(pairs, trainer.num_micro_batches)
     return RewardRun(trainer, loss_fn, loader, eval_batches, data, tokenizer)
 
 

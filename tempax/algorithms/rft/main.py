@@ -3,9 +3,10 @@
     cfg = load_config(RFTConfig, "recipes/rft_arithmetic_smollm2.yaml", ["train.steps=20"])
     run = main(cfg)
 
-`main` builds the model (LoRA/QLoRA when configured), the task's problems, the checker (the reward functions,
-`rft.threshold`), the trainer with `make_rft_loss` and the round source (`RFTSource`), trains with `Trainer.fit`;
-evaluates on the held-out split before and after training (answer and format accuracy, greedy); and writes
+`main` reads top to bottom: it starts the run; builds the model (LoRA/QLoRA when configured), the task's problems,
+the checker (the reward functions, `rft.threshold`), the round source (`RFTSource`) and the trainer with
+`make_rft_loss`; evaluates the starting policy on the held-out split (answer and format accuracy, greedy); trains
+with `Trainer.fit` (`Run.train`); and finishes with the evaluation after training (`finish_policy`). It writes
 config.yaml, metrics.jsonl / TensorBoard, checkpoints, eval.json and the adapters into `train.run_dir`.
 """
 
@@ -20,7 +21,7 @@ from tempax.algorithms.common import base_model, build_model
 from tempax.algorithms.rft.config import RFTConfig, RFTSettings
 from tempax.algorithms.episode_eval import episode_evaluation
 from tempax.algorithms.rft.source import RFTSource
-from tempax.algorithms.run import PolicyRun, Run, Training, evaluate_before, finish_policy, run_algorithm, task_prompts
+from tempax.algorithms.run import PolicyRun, evaluate_before, finish_policy, make_trainer, start_run, task_prompts
 from tempax.errors import ConfigError
 from tempax.eval.spec import eval_options
 from tempax.models.fused_head import fused_causal_lm_loss, lm_head_of
@@ -66,35 +67,33 @@ def main(
     adapters, when `cfg.lora` is set, are applied here) instead of loading `cfg.model` (`tempax demo` passes its
     warm-started model)."""
 
-    def plan(run: Run) -> Training:
-        s = cfg.rft
-        base, tok = base_model(cfg, run.mesh, model=model, tokenizer=tokenizer)
-        env_factory = None if cfg.env.single_turn else cfg.env.build(tok)
-        prompts, held_rows = task_prompts(run, tok, max_prompt_len=s.max_prompt_len, section="rft",
-                                          what="problems", env_factory=env_factory)
-        longest = max(len(p.ids) for p in prompts)
-        completion = cfg.env.episode_tokens(s.max_new_tokens, key="rft.max_new_tokens")
-        if longest + completion > cfg.train.seq_len:
-            raise ConfigError(
-                f"a kept completion (prompt up to {longest} tokens + {completion} completion or episode tokens) may "
-                f"not fit train.seq_len={cfg.train.seq_len}; set train.seq_len={round_up(longest + completion, 8)} "
-                "or lower rft.max_new_tokens / rft.max_prompt_len / env.max_episode_tokens")
-        options = eval_options(cfg.eval, s.max_new_tokens, seed=cfg.train.seed)
-        evaluate_fn = episode_evaluation(env_factory, cfg.env, completion, run.say)
-        before = evaluate_before(run, base, tok, held_rows, options, evaluate_fn=evaluate_fn)
-        policy, tok, trainable = build_model(cfg, run.mesh, model=base, tokenizer=tok)
-        source = RFTSource(tok, PromptSampler(prompts, seed=cfg.train.seed), build_rewards(cfg.rewards), s,
-                           env=cfg.env)
-        return Training(Trainable(policy, logit_positions=64), make_rft_loss(), source, algorithm="RFT",
-                        trainable=trainable,
-                        kept=dict(source=source, tokenizer=tok, held_rows=held_rows, options=options, before=before,
-                                  evaluate=evaluate_fn))
-
-    trained = run_algorithm(cfg, plan, hooks=hooks, log=log)
-    rft_run = finish_policy(trained)
-    run_dir, result, say = trained.run.run_dir, trained.result, trained.run.say
+    s = cfg.rft
+    run = start_run(cfg, log=log)
+    base, tok = base_model(cfg, run.mesh, model=model, tokenizer=tokenizer)
+    env_factory = None if cfg.env.single_turn else cfg.env.build(tok)
+    prompts, held_rows = task_prompts(run, tok, max_prompt_len=s.max_prompt_len, section="rft", what="problems",
+                                      env_factory=env_factory)
+    longest = max(len(p.ids) for p in prompts)
+    completion = cfg.env.episode_tokens(s.max_new_tokens, key="rft.max_new_tokens")
+    if longest + completion > cfg.train.seq_len:
+        raise ConfigError(
+            f"a kept completion (prompt up to {longest} tokens + {completion} completion or episode tokens) may "
+            f"not fit train.seq_len={cfg.train.seq_len}; set train.seq_len={round_up(longest + completion, 8)} "
+            "or lower rft.max_new_tokens / rft.max_prompt_len / env.max_episode_tokens")
+    options = eval_options(cfg.eval, s.max_new_tokens, seed=cfg.train.seed)
+    evaluate_fn = episode_evaluation(env_factory, cfg.env, completion, run.say)
+    # The starting policy is evaluated before its (zero-initialised) adapters go on.
+    before = evaluate_before(run, base, tok, held_rows, options, evaluate_fn=evaluate_fn)
+    policy, tok, trainable = build_model(cfg, run.mesh, model=base, tokenizer=tok)
+    source = RFTSource(tok, PromptSampler(prompts, seed=cfg.train.seed), build_rewards(cfg.rewards), s, env=cfg.env)
+    trainer = make_trainer(cfg, Trainable(policy, logit_positions=64), make_rft_loss(), algorithm="RFT",
+                           trainable=trainable, mesh=run.mesh, log=run.say)
+    del base, policy  # the trainer holds the weights now
+    result = run.train(trainer, source, hooks=hooks)
+    rft_run = finish_policy(run, result, policy=trainer.model, source=source, tokenizer=tok, held_rows=held_rows,
+                            options=options, before=before, evaluate_fn=evaluate_fn)
     rewards = result.series("reward/total_mean")
     if rewards:
-        say(f"sampled reward per round: {rewards[0][1]:.2f} -> {rewards[-1][1]:.2f} over {len(rewards)} rounds")
-    say(f"done: run dir {run_dir} (curves: tempax plot {run_dir} --metrics {','.join(PLOT_METRICS[:3])})")
+        run.say(f"sampled reward per round: {rewards[0][1]:.2f} -> {rewards[-1][1]:.2f} over {len(rewards)} rounds")
+    run.say(f"done: run dir {run.run_dir} (curves: tempax plot {run.run_dir} --metrics {','.join(PLOT_METRICS[:3])})")
     return rft_run

@@ -45,6 +45,7 @@ from tempax.errors import TempaxError
 from tempax.envs.registry import EnvironmentSpec
 from tempax.rl.rollout import PromptSampler, Rollout, concat_rollouts, episode_metrics, sample_rollout
 from tempax.train.sources import decode_arrays, encode_arrays
+from tempax.train.view import TrainerView
 
 Batch = dict[str, np.ndarray]
 
@@ -131,14 +132,14 @@ class RFTSource:
         self.sampler = sampler
         self.reward_fn = reward_fn
         self.settings = settings
-        self.trainer: Any = None
+        self.trainer: TrainerView | None = None
         self.rounds_done = 0
         self.last_selection: Selection | None = None
         self._pending: list[Batch] = []
         self._metrics: dict[str, float] = {}
 
     # -- the protocol -----------------------------------------------------------------------------------------
-    def attach(self, trainer: Any) -> None:
+    def attach(self, trainer: TrainerView) -> None:
         self.trainer = trainer
 
     def __iter__(self) -> Iterator[Batch]:
@@ -167,7 +168,7 @@ class RFTSource:
         return self._metrics
 
     # -- pieces -----------------------------------------------------------------------------------------------
-    def _attached(self) -> Any:
+    def _attached(self) -> TrainerView:
         if self.trainer is None:
             raise RuntimeError("RFTSource.attach(trainer) must run first (Trainer.fit does it)")
         return self.trainer
@@ -179,7 +180,7 @@ class RFTSource:
         model = trainer.model
         parts = []
         for c, start in enumerate(range(0, len(problems), s.sampling_batch)):
-            seed = (trainer.config.seed * 1_000_003 + self.rounds_done * 101 + c) % (2**31 - 1)
+            seed = (trainer.seed * 1_000_003 + self.rounds_done * 101 + c) % (2**31 - 1)
             parts.append(sample_rollout(
                 model, self.tokenizer, problems[start:start + s.sampling_batch], self.reward_fn,
                 group_size=s.samples_per_problem, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
@@ -205,9 +206,9 @@ class RFTSource:
             if not examples:
                 continue
             self._pending = pack_round(
-                examples, batch_size=trainer.config.batch_size, seq_len=trainer.config.seq_len,
+                examples, batch_size=trainer.batch_size, seq_len=trainer.seq_len,
                 pad_id=self.tokenizer.pad_id, epochs=s.epochs_per_round,
-                seed=trainer.config.seed * 1_000_003 + self.rounds_done)
+                seed=trainer.seed * 1_000_003 + self.rounds_done)
             self._metrics = {**round_metrics(rollout, selection), "rft/round_steps": float(len(self._pending)),
                              "rft/empty_rounds_before": float(empty), "perf/rollout_s": time.perf_counter() - t0}
             return

@@ -24,7 +24,7 @@ import jax
 from flax import nnx
 
 from tempax.algorithms.common import ModelSpec, build_model
-from tempax.algorithms.run import Run, Training, run_algorithm, write_run_files
+from tempax.algorithms.run import make_trainer, start_run, write_run_files
 from tempax.algorithms.sft.losses import SFT_NORMALIZATIONS, causal_lm_loss
 from tempax.configlib import help_field
 from tempax.data.sft import DataSpec, build_data, read_data_rows
@@ -140,19 +140,16 @@ def main(
     tokenizer to train instead of loading `cfg.model` (`tempax demo` passes the model it evaluated).
     `result.extras` holds `data_report` and `model` (the trained model).
     """
-    def plan(run: Run) -> Training:
-        rows = read_data_rows(cfg.data)  # a wrong path fails here, before any model is loaded
-        base, tok, trainable = build_model(cfg, run.mesh, model=model, tokenizer=tokenizer)
-        t = cfg.train
-        data = build_data(cfg.data, tok, batch_size=t.batch_size, seq_len=t.seq_len, seed=t.seed, rows=rows)
-        write_run_files(run, data, tok)
-        loss = cfg.loss
-        return Training(Trainable(base, logit_positions=loss.chunk_len if loss.fused else None),
-                        make_sft_loss(loss.normalize, fused=loss.fused, chunk_len=loss.chunk_len), data.train,
-                        algorithm=type(cfg).__name__, trainable=trainable, eval_batches=data.eval_loader,
-                        kept={"data_report": data.report})
-
-    trained = run_algorithm(cfg, plan, hooks=hooks, log=log)
-    result = trained.result
-    result.extras.update(data_report=trained.kept["data_report"], model=trained.trainer.model)
+    run = start_run(cfg, log=log)
+    rows = read_data_rows(cfg.data)  # a wrong path fails here, before any model is loaded
+    base, tok, trainable = build_model(cfg, run.mesh, model=model, tokenizer=tokenizer)
+    t, loss = cfg.train, cfg.loss
+    data = build_data(cfg.data, tok, batch_size=t.batch_size, seq_len=t.seq_len, seed=t.seed, rows=rows)
+    write_run_files(run, data, tok)
+    trainer = make_trainer(cfg, Trainable(base, logit_positions=loss.chunk_len if loss.fused else None),
+                           make_sft_loss(loss.normalize, fused=loss.fused, chunk_len=loss.chunk_len),
+                           algorithm=type(cfg).__name__, trainable=trainable, mesh=run.mesh, log=run.say)
+    del base  # the trainer holds the weights now
+    result = run.train(trainer, data.train, hooks=hooks, eval_batches=data.eval_loader)
+    result.extras.update(data_report=data.report, model=trainer.model)
     return result
