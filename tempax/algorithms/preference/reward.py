@@ -184,7 +184,7 @@ def prepare(cfg: RewardModelConfig, *, log: Callable[[str], None] | None = None)
     # The backbone is the trunk; the scalar head reads hidden states: no vocabulary logits to plan for.
     trainer = make_trainer(cfg, Trainable(model, trunks=("backbone",), logit_positions=0), loss_fn,
                            algorithm="reward_model", trainable=trainable, mesh=mesh, log=say)
-    del model, backbone  # the trainer holds the weights now
+    del model  # the trainer holds the weights now
     # The trainer may have picked the micro-batch itself (auto_micro_batch); pairs must still stay whole.
     check_micro_batching(pairs, trainer.num_micro_batches)
     return RewardRun(trainer, loss_fn, loader, eval_batches, data, tokenizer)
