@@ -1,21 +1,22 @@
 """The package's import layering, read from the source with `ast` (nothing is imported):
 
-    cli -> algorithms -> rl -> {train, generate, rewards, data, eval} -> models -> parallel
+    cli -> {experiments, export} -> algorithms -> rl -> {train, generate, rewards, data, eval} -> models -> parallel
     cli -> serve -> generate
                             rl -> envs -> {rewards, models}
 
 with the top-level helpers `errors`, `configlib` and `progress` and the runtime layer `runtime` (CPU identity,
 process set-up, the cache folder; `tempax/__init__`'s lazy loaders aside) underneath as the foundation every layer
-may use. Each package may import only what `MAY_IMPORT` lists for it:
+may use. `experiments` (stages, pipelines, budgets, comparison tables: the demos) and `export` (exported models,
+model cards, model facts) read the algorithms' records and runs, so they sit above `algorithms`, beside each other,
+under `cli`. Each package may import only what `MAY_IMPORT` lists for it:
 no upward arrow, no sideways arrow other than the ones stated there (the RL layer samples with `generate`, trains
 with `train` and scores with `rewards`; evaluation generates and scores). The environments of agentic RL
 (`envs`: tool calls, tools, the environment protocol) sit below the RL layer: an environment scores with
 `rewards` and renders with the model's tokenizer but never samples or trains, so the RL layer drives
-environments and not the reverse. Function-local imports (and
-`if TYPE_CHECKING:` ones) count like module-level ones. Inside `algorithms`, an algorithm package
-(`algorithms/<name>/`) imports no other algorithm package; the shared modules beside them (`common`, `run`,
-`registry`, `recommend`, `episode_eval`) import none. Imports that run when a module is imported (module level, not under
-`if TYPE_CHECKING:`) form no cycle.
+environments and not the reverse. Function-local imports (and `if TYPE_CHECKING:` ones) count like module-level
+ones. Inside `algorithms`, an algorithm package (`algorithms/<name>/`) imports no other algorithm package; the
+shared modules beside them (`common`, `run`, `registry`, `recommend`, `episode_eval`, `validate`) import none.
+Imports that run when a module is imported (module level, not under `if TYPE_CHECKING:`) form no cycle.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ FOUNDATION = {"errors", "configlib", "progress", "runtime"}
 MIDDLE = {"train", "generate", "rewards", "data", "eval"}
 LOWER = {"models", "parallel"}
 MAY_IMPORT: dict[str, set[str]] = {
-    "cli": {"algorithms", "rl", "envs", "serve", *MIDDLE, *LOWER},
+    "cli": {"experiments", "export", "algorithms", "rl", "envs", "serve", *MIDDLE, *LOWER},
+    "experiments": {"algorithms", "rl", "envs", *MIDDLE, *LOWER},  # the demos: stages chained with budgets
+    "export": {"algorithms", "train", *LOWER},  # exported models and their cards, read from runs and records
     "serve": {"generate", *LOWER},  # the HTTP server and its batcher, on the generation engine
     "algorithms": {"rl", "envs", *MIDDLE, *LOWER},
     "rl": {"envs", "train", "generate", "rewards", "data", *LOWER},
@@ -47,7 +50,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "errors": set(),
     "__init__": {"models", "algorithms"},  # `tempax.load`, `tempax.train` and friends, imported on first use
 }
-SHARED_ALGORITHM_MODULES = {"common", "run", "registry", "recommend", "episode_eval"}
+SHARED_ALGORITHM_MODULES = {"common", "run", "registry", "recommend", "episode_eval", "validate"}
 
 
 def module_name(path: str) -> str:

@@ -17,6 +17,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from tempax.configlib import load_config
 from tempax.errors import ConfigError
 
 PACKAGE = "tempax.algorithms"
@@ -124,6 +125,12 @@ def resolve(command: str) -> tuple[type, Callable[..., Any]]:
     return algorithm.config_class(), algorithm.main_function()
 
 
+def load_recipe(command: str, recipe: str | None = None, overrides: Sequence[str] = ()) -> Any:
+    """The typed config of `command` from a recipe file (None: the defaults) plus `a.b=value` overrides, checked
+    as the command line checks them (a recipe whose `command:` key names another command is refused)."""
+    return load_config(get(command).config_class(), recipe, list(overrides), command=command)
+
+
 def train(command: str, recipe: str | None = None, overrides: Sequence[str] = (), **main_options: Any) -> Any:
     """Runs `tempax COMMAND --config RECIPE KEY=VALUE ...` from Python and returns what its `main` returns.
 
@@ -131,7 +138,4 @@ def train(command: str, recipe: str | None = None, overrides: Sequence[str] = ()
     algorithm's `main` (`hooks=`, `log=`, and for GRPO / RFT an already built `model=` / `tokenizer=`). A reward
     function defined in the running script is named `__main__:function` in `rewards.functions`.
     """
-    from tempax.configlib import load_config
-
-    cls, main = resolve(command)
-    return main(load_config(cls, recipe, list(overrides), command=command), **main_options)
+    return get(command).main_function()(load_recipe(command, recipe, overrides), **main_options)

@@ -15,6 +15,7 @@ import os
 import re
 from typing import Any
 
+from tempax.algorithms.registry import load_recipe
 from tempax.configlib import describe, load_config, recipe_command
 from tempax.data.clean import CleanConfig, clean_file
 from tempax.data.stats import dataset_stats, length_histogram
@@ -155,11 +156,10 @@ def _sampling_policy(cfg: Any, args: argparse.Namespace) -> tuple[Policy, Any]:
 
 
 def _episodes(args: argparse.Namespace) -> int:
-    from tempax.cli.train_cmds import load
     from tempax.rewards.registry import build_rewards
 
     command = recipe_command(args.config)
-    cfg = load(command or "grpo", args.config, list(args.overrides))
+    cfg = load_recipe(command or "grpo", args.config, list(args.overrides))
     if getattr(cfg, "env", None) is None or getattr(cfg, "task", None) is None:
         raise ConfigError(f"{args.config}: tempax data episodes needs a recipe with env: and task: (grpo or rft)")
     if args.attempts < 1:

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from tempax.algorithms.recommend import FULL_FT_MIN_TOKENS, recommend, write_recipe
-from tempax.cli.validate import check_recipe
+from tempax.algorithms.validate import check_recipe
 from tempax.data.stats import DataProfile
 from tempax.models.presets import get_preset
 from tempax.train.memory import GiB

@@ -165,7 +165,7 @@ def test_every_packaged_algorithm_keeps_the_contract_its_record_states():
 def test_the_model_card_lists_the_knobs_its_record_names(tmp_path):
     """An RFT run's card carries its `rft.*` settings (a hand-kept list of sections once left RFT out)."""
     from tempax.algorithms.rft.config import RFTConfig
-    from tempax.cli.model_card import gather
+    from tempax.export.model_card import gather
     from tempax.configlib import dump_yaml, load_config
 
     cfg = load_config(RFTConfig, os.path.join(ROOT, "recipes", "rft_arithmetic_smollm2.yaml"), command="rft")
