@@ -1,4 +1,5 @@
-"""`tempax demo --task arithmetic-tools`: does a calculator tool make SmolLM2-135M right where it is wrong alone?
+"""The tool demo pipeline (`tempax demo --task arithmetic-tools`): does a calculator tool make SmolLM2-135M right
+where it is wrong alone?
 
 Arithmetic word problems with operands past what the model computes reliably (`max_operand`, `max_factor`), and
 five stages, each evaluated greedily on the same held-out problems (answer accuracy with 95% Wilson intervals):
@@ -20,7 +21,6 @@ Everything is written to the run dir (outcomes.jsonl per stage as soon as it is 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -34,8 +34,7 @@ from tempax.algorithms.grpo.config import GRPOConfig, GRPOSettings
 from tempax.algorithms.grpo.main import main as grpo_main
 from tempax.algorithms.sft.main import SFTConfig
 from tempax.algorithms.sft.main import main as sft_main
-from tempax.cli.demo import interval_table
-from tempax.configlib import help_field, load_config
+from tempax.configlib import help_field
 from tempax.data.sft import DataSpec
 from tempax.data.tasks.arithmetic import ArithmeticConfig
 from tempax.data.tasks.spec import TaskSpec, load_task
@@ -43,19 +42,18 @@ from tempax.envs.environment import EpisodeLimits
 from tempax.envs.registry import EnvironmentSpec
 from tempax.envs.transcripts import play_transcript, write_transcripts
 from tempax.errors import ConfigError
-from tempax.eval.evaluate import EvalOptions
+from tempax.eval.evaluate import EvalOptions, TaskEvaluation
 from tempax.eval.spec import EvalSpec
-from tempax.models.lora import LoraConfig, merge_lora
+from tempax.experiments.budget import Stopwatch
+from tempax.experiments.pipeline import Pipeline
+from tempax.experiments.stages import in_memory_train, merged, write_sft_examples
+from tempax.models.lora import LoraConfig
 from tempax.rewards.registry import RewardSpec
-from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
+from tempax.train.config import OptimizerConfig
+
 
 TASK = "arithmetic-tools"
 STAGES = ("base, no tools", "warm-start with tools", "RL with tools", "warm-start, no tools", "RL without tools")
-
-
-def _train(**kw: Any) -> TrainConfig:
-    return TrainConfig(mesh=MeshConfig(num_devices=1), checkpoint=CheckpointConfig(save_at_end=False, resume=False),
-                       check_memory=False, **kw)
 
 
 def tools_task() -> TaskSpec:
@@ -68,7 +66,7 @@ def tools_sft_config() -> SFTConfig:
     """The warm-start of either arm: 8 LoRA SFT steps of 4 packed 512-token rows at lr 1e-3 (cosine)."""
     return SFTConfig(
         lora=LoraConfig(rank=16, alpha=32.0), data=DataSpec(path="<run_dir>/demonstrations.jsonl"),
-        train=_train(steps=8, batch_size=4, seq_len=512, optimizer=OptimizerConfig(
+        train=in_memory_train(steps=8, batch_size=4, seq_len=512, optimizer=OptimizerConfig(
             learning_rate=1e-3, warmup_steps=1, schedule="cosine", min_lr_ratio=0.1)),
     )
 
@@ -83,7 +81,7 @@ def tools_grpo_config() -> GRPOConfig:
         env=EnvironmentSpec(name="calculator", max_turns=2, max_episode_tokens=160),
         grpo=GRPOSettings(group_size=8, max_new_tokens=48, temperature=1.0, beta=0.0, max_prompt_len=512),
         eval=EvalSpec(num_problems=0, before=False, after=False),
-        train=_train(steps=8, batch_size=2, optimizer=OptimizerConfig(
+        train=in_memory_train(steps=8, batch_size=2, optimizer=OptimizerConfig(
             learning_rate=2e-4, schedule="constant", warmup_steps=0)),
     )
 
@@ -140,114 +138,90 @@ def main(cfg: ToolDemoConfig, *, say: Callable[[str], None] | None = None) -> di
     cfg.validate()
     run_dir = cfg.run_dir or os.path.join("runs", time.strftime("demo-tools-%Y%m%d-%H%M%S"))
     os.makedirs(run_dir, exist_ok=True)
-    t_start, cpu_start = time.perf_counter(), _cpu()
-    task = dataclasses.replace(cfg.grpo.task, seed=cfg.seed)
-    train_rows, held_rows = load_task(task, eval_problems=cfg.eval_problems)
-    model, tokenizer = cfg.model.build(seed=cfg.seed)
-    tool_env = cfg.grpo.env
-    plain_env = dataclasses.replace(tool_env, name="single_turn", max_turns=1, max_episode_tokens=None)
-    max_new = cfg.grpo.grpo.max_new_tokens
-    options = EvalOptions(max_new_tokens=max_new, greedy=True, num_samples=0, batch_size=cfg.eval_batch_size)
-    evaluations: list[tuple[str, Any]] = []
-    seconds: dict[str, float] = {}
-    counters: dict[str, dict[str, float]] = {}
+    watch = Stopwatch()
+    with watch("total"):
+        task = dataclasses.replace(cfg.grpo.task, seed=cfg.seed)
+        train_rows, held_rows = load_task(task, eval_problems=cfg.eval_problems)
+        model, tokenizer = cfg.model.build(seed=cfg.seed)
+        tool_env = cfg.grpo.env
+        plain_env = dataclasses.replace(tool_env, name="single_turn", max_turns=1, max_episode_tokens=None)
+        max_new = cfg.grpo.grpo.max_new_tokens
+        options = EvalOptions(max_new_tokens=max_new, greedy=True, num_samples=0, batch_size=cfg.eval_batch_size)
+        counters: dict[str, dict[str, float]] = {}
+        notes: dict[str, str] = {}  # a row -> the episode counters its evaluation said
 
-    def evaluate(name: str, policy: Any, env: EnvironmentSpec) -> None:
-        t0 = time.perf_counter()
-        factory = None if env.single_turn else env.build(tokenizer)
-        said: list[str] = []
-        r = evaluate_task(policy, tokenizer, held_rows, options, env_factory=factory, max_turns=env.max_turns,
-                          episode_tokens=env.episode_tokens(max_new, key="grpo.grpo.max_new_tokens"), label=name, log=said.append)
-        evaluations.append((name, r))
-        say(f"  {name}: answer {r.answer_accuracy:.1%}, format {r.format_accuracy:.1%} on {len(held_rows)} "
-            f"held-out problems ({time.perf_counter() - t0:.0f} s)" + (f"; {said[0]}" if said else ""))
-        with open(os.path.join(run_dir, "outcomes.jsonl"), "a") as f:
-            f.write(json.dumps({"stage": name, "correct": [bool(x.correct[0]) for x in r.greedy_records],
-                                "format_ok": [bool(x.format_ok[0]) for x in r.greedy_records]}) + "\n")
+        def evaluate(name: str, policy: Any, env: EnvironmentSpec) -> TaskEvaluation:
+            factory = None if env.single_turn else env.build(tokenizer)
+            said: list[str] = []
+            r = evaluate_task(policy, tokenizer, held_rows, options, env_factory=factory, max_turns=env.max_turns,
+                              episode_tokens=env.episode_tokens(max_new, key="grpo.grpo.max_new_tokens"), label=name,
+                              log=said.append)
+            if said:
+                notes[name] = said[0]
+            return r
 
-    def warm_start(name: str, env: EnvironmentSpec) -> Any:
-        path = os.path.join(run_dir, f"{name}.jsonl")
-        rows = train_rows[:cfg.demonstrations]
-        if env.single_turn:
-            with open(path, "w") as f:
-                for row in rows:
-                    f.write(json.dumps({"messages": [*row["prompt_messages"],
-                                                     {"role": "assistant", "content": row["target"]}]}) + "\n")
+        pipe = Pipeline(run_dir, watch=watch, say=say, evaluate=evaluate,
+                        line=lambda name, r, seconds: (
+                            f"  {name}: answer {r.answer_accuracy:.1%}, format {r.format_accuracy:.1%} on "
+                            f"{len(held_rows)} held-out problems ({seconds:.0f} s)"
+                            + (f"; {notes[name]}" if name in notes else "")))
+
+        def warm_start(name: str, env: EnvironmentSpec) -> Any:
+            path = os.path.join(run_dir, f"{name}.jsonl")
+            rows = train_rows[:cfg.demonstrations]
+            if env.single_turn:
+                write_sft_examples(rows, path, len(rows))
+            else:
+                factory, limits = env.build(tokenizer), EpisodeLimits(max_turns=env.max_turns, max_total_tokens=1 << 30)
+                write_transcripts(path, (play_transcript(factory(), row, calculator_policy, tokenizer=tokenizer,
+                                                         limits=limits) for row in rows))
+            sft = dataclasses.replace(cfg.sft, model=cfg.model, data=dataclasses.replace(cfg.sft.data, path=path),
+                                      train=dataclasses.replace(cfg.sft.train, run_dir=os.path.join(run_dir, name),
+                                                                seed=cfg.seed, progress_bar=False))
+            result = pipe.train(name, lambda: sft_main(sft, log=lambda text: None, model=model, tokenizer=tokenizer))
+            say(f"  SFT {name}: {cfg.demonstrations} demonstrations, {result.history[-1][0]} steps, final loss "
+                f"{result.history[-1][1].get('loss', float('nan')):.3f} ({watch.wall[name]:.0f} s)")
+            return merged(result.extras["model"], sft.lora)
+
+        def reinforce(name: str, start: Any, env: EnvironmentSpec) -> Any:
+            g = dataclasses.replace(cfg.grpo, model=cfg.model, task=task, env=env,
+                                    train=dataclasses.replace(cfg.grpo.train, run_dir=os.path.join(run_dir, name),
+                                                              seed=cfg.seed, progress_bar=False))
+            run = pipe.train(name, lambda: grpo_main(g, log=lambda text: None, model=start, tokenizer=tokenizer))
+            history = run.result.history
+            first, last = history[0][1], history[-1][1]
+            counters[name] = {k: v for k, v in last.items() if k.startswith(("episode/", "entropy/"))}
+            say(f"  GRPO {name}: {len(history)} steps in {watch.wall[name]:.0f} s; reward "
+                f"{first['reward/total_mean']:.2f} -> {last['reward/total_mean']:.2f} (first -> last step)"
+                + "".join(f", {k} {v:.2f}" for k, v in sorted(counters[name].items())))
+            return merged(run.policy, g.lora)
+
+        say(f"tempax demo --task {TASK}: {cfg.model.source}; {len(held_rows)} held-out problems; writing to {run_dir}")
+        say("[1/5] base model, no tools")
+        pipe.evaluate(STAGES[0], model, env=plain_env)
+        say(f"[2/5] warm-start on {cfg.demonstrations} tool-use episodes")
+        tool_start = warm_start("tool_demos", tool_env)
+        pipe.evaluate(STAGES[1], tool_start, env=tool_env, trained="tool_demos")
+        say("[3/5] GRPO with the calculator")
+        pipe.evaluate(STAGES[2], reinforce("grpo_tools", tool_start, tool_env), env=tool_env, trained="grpo_tools")
+        del tool_start
+        say(f"[4/5] warm-start on the same {cfg.demonstrations} problems' worked answers, no tools")
+        plain_start = warm_start("plain_demos", plain_env)
+        if cfg.evaluate_plain_warm_start:
+            pipe.evaluate(STAGES[3], plain_start, env=plain_env, trained="plain_demos")
         else:
-            factory, limits = env.build(tokenizer), EpisodeLimits(max_turns=env.max_turns, max_total_tokens=1 << 30)
-            write_transcripts(path, (play_transcript(factory(), row, calculator_policy, tokenizer=tokenizer,
-                                                     limits=limits) for row in rows))
-        sft = dataclasses.replace(cfg.sft, model=cfg.model, data=dataclasses.replace(cfg.sft.data, path=path),
-                                  train=dataclasses.replace(cfg.sft.train, run_dir=os.path.join(run_dir, name),
-                                                            seed=cfg.seed, progress_bar=False))
-        t0 = time.perf_counter()
-        result = sft_main(sft, log=lambda text: None, model=model, tokenizer=tokenizer)
-        seconds[name] = time.perf_counter() - t0
-        say(f"  SFT {name}: {cfg.demonstrations} demonstrations, {result.history[-1][0]} steps, final loss "
-            f"{result.history[-1][1].get('loss', float('nan')):.3f} ({seconds[name]:.0f} s)")
-        return merge_lora(result.extras["model"])
-
-    def reinforce(name: str, start: Any, env: EnvironmentSpec) -> Any:
-        g = dataclasses.replace(cfg.grpo, model=cfg.model, task=task, env=env,
-                                train=dataclasses.replace(cfg.grpo.train, run_dir=os.path.join(run_dir, name),
-                                                          seed=cfg.seed, progress_bar=False))
-        t0 = time.perf_counter()
-        run = grpo_main(g, log=lambda text: None, model=start, tokenizer=tokenizer)
-        seconds[name] = time.perf_counter() - t0
-        history = run.result.history
-        first, last = history[0][1], history[-1][1]
-        counters[name] = {k: v for k, v in last.items() if k.startswith(("episode/", "entropy/"))}
-        say(f"  GRPO {name}: {len(history)} steps in {seconds[name]:.0f} s; reward {first['reward/total_mean']:.2f}"
-            f" -> {last['reward/total_mean']:.2f} (first -> last step)"
-            + "".join(f", {k} {v:.2f}" for k, v in sorted(counters[name].items())))
-        return merge_lora(run.policy)
-
-    say(f"tempax demo --task {TASK}: {cfg.model.source}; {len(held_rows)} held-out problems; writing to {run_dir}")
-    say("[1/5] base model, no tools")
-    evaluate(STAGES[0], model, plain_env)
-    say(f"[2/5] warm-start on {cfg.demonstrations} tool-use episodes")
-    tool_start = warm_start("tool_demos", tool_env)
-    evaluate(STAGES[1], tool_start, tool_env)
-    say("[3/5] GRPO with the calculator")
-    evaluate(STAGES[2], reinforce("grpo_tools", tool_start, tool_env), tool_env)
-    del tool_start
-    say(f"[4/5] warm-start on the same {cfg.demonstrations} problems' worked answers, no tools")
-    plain_start = warm_start("plain_demos", plain_env)
-    if cfg.evaluate_plain_warm_start:
-        evaluate(STAGES[3], plain_start, plain_env)
-    else:
-        say("  not evaluated (evaluate_plain_warm_start=false)")
-    say("[5/5] GRPO without tools, same steps and samples")
-    evaluate(STAGES[4], reinforce("grpo_plain", plain_start, plain_env), plain_env)
-    wall, cpu = time.perf_counter() - t_start, _cpu() - cpu_start
-    table = interval_table(evaluations, {STAGES[1]: seconds["tool_demos"], STAGES[2]: seconds["grpo_tools"],
-                                         STAGES[3]: seconds["plain_demos"], STAGES[4]: seconds["grpo_plain"]})
+            say("  not evaluated (evaluate_plain_warm_start=false)")
+        say("[5/5] GRPO without tools, same steps and samples")
+        pipe.evaluate(STAGES[4], reinforce("grpo_plain", plain_start, plain_env), env=plain_env, trained="grpo_plain")
+    table = pipe.table()
     say("")
     say(f"Held-out arithmetic-tools problems ({len(held_rows)}, greedy; 95% Wilson intervals):")
     say(table)
-    say(f"total {wall:.0f} s wall, {cpu:.0f} s process CPU")
-    out = {"table": table, "wall_s": wall, "cpu_s": cpu, "seconds": seconds, "episode_metrics": counters,
-           "accuracy": {name: r.answer_accuracy for name, r in evaluations},
-           "examples": {name: [dataclasses.asdict(x) for x in r.greedy_records[:3]] for name, r in evaluations}}
+    say(f"total {watch.wall['total']:.0f} s wall, {watch.cpu['total']:.0f} s process CPU")
+    out = {"table": table, "wall_s": watch.wall["total"], "cpu_s": watch.cpu["total"],
+           "seconds": {name: watch.wall[name] for name in pipe.training}, "episode_metrics": counters,
+           "accuracy": {name: r.answer_accuracy for name, r in pipe.evaluations},
+           "examples": {name: [dataclasses.asdict(x) for x in r.greedy_records[:3]] for name, r in pipe.evaluations}}
     with open(os.path.join(run_dir, "results.json"), "w") as f:
         json.dump(out, f, indent=2, default=str)
     return out
-
-
-def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-def run(args: argparse.Namespace) -> int:
-    """`tempax demo --task arithmetic-tools [KEY=VALUE ...]`: the shortcuts --model, --steps, --sft-steps,
-    --eval-problems, --run-dir, --seed and --demonstrations map to this demo's keys."""
-    overrides: list[str] = []
-    for flag, key in (("model", "model.source"), ("steps", "grpo.train.steps"), ("sft_steps", "sft.train.steps"),
-                      ("eval_problems", "eval_problems"), ("run_dir", "run_dir"), ("seed", "seed"),
-                      ("demonstrations", "demonstrations"), ("advantage", "grpo.grpo.advantage")):
-        value = getattr(args, flag, None)
-        if value is not None:
-            overrides.append(f"{key}={value}")
-    main(load_config(ToolDemoConfig, None, overrides + list(getattr(args, "overrides", []) or [])))
-    return 0
