@@ -166,6 +166,28 @@ def test_no_import_cycles_at_module_level():
     assert not cycles, "module-level import cycles:\n" + "\n".join(cycles)
 
 
+def test_nothing_outside_the_cli_imports_it():
+    """The CLI only parses arguments and prints: what a library, a benchmark or a test of another package needs
+    lives below it. Only `tempax/cli` itself and its tests (`tests/cli`) import `tempax.cli`; others run the
+    command as a user does (`python -m tempax.cli.main` in a child process), which is not an import."""
+    repo = os.path.dirname(ROOT)
+    modules = all_modules()
+    wrong = []
+    for top in ("tempax", "bench", "tests"):
+        for folder, _, files in os.walk(os.path.join(repo, top)):
+            rel = os.path.relpath(folder, repo)
+            if rel.split(os.sep)[:2] in (["tempax", "cli"], ["tests", "cli"]):
+                continue
+            for f in sorted(files):
+                if not f.endswith(".py"):
+                    continue
+                path = os.path.join(folder, f)
+                wrong += [f"{os.path.relpath(path, repo)}:{line} imports {target}"
+                          for target, line, _ in imports_of(path, modules)
+                          if target == "tempax.cli" or target.startswith("tempax.cli.")]
+    assert not wrong, "imports of the CLI from outside it (move what they need below tempax/cli):\n" + "\n".join(wrong)
+
+
 def test_the_checker_sees_function_local_and_from_imports(tmp_path):
     """A function-local `from tempax.cli.main import main` inside a models file is found, named as the module it
     imports, and flagged as not module-level; a module-level one is flagged as such."""

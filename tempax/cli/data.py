@@ -13,16 +13,14 @@ import argparse
 import json
 import os
 import re
-from typing import Any
 
-from tempax.algorithms.registry import load_recipe
+from tempax.algorithms.registry import get, load_recipe
 from tempax.configlib import describe, load_config, recipe_command
 from tempax.data.clean import CleanConfig, clean_file
 from tempax.data.stats import dataset_stats, length_histogram
 from tempax.data.tasks.spec import load_task
-from tempax.envs.environment import EpisodeLimits, Message
 from tempax.envs.registry import load_object
-from tempax.envs.transcripts import Policy, play_transcript, write_transcripts
+from tempax.envs.transcripts import record_transcripts
 from tempax.errors import ConfigError
 from tempax.models.registry import load_tokenizer
 
@@ -137,51 +135,34 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sampling_policy(cfg: Any, args: argparse.Namespace) -> tuple[Policy, Any]:
-    """The recipe's model as a policy: one sampled reply per turn."""
-    from tempax.generate import SamplingConfig, generate  # only sampling loads the model and the engine
-
-    model, tokenizer = cfg.model.build(seed=args.seed)
-    settings = getattr(cfg, "grpo", None) or getattr(cfg, "rft", None)
-    max_new = args.max_new_tokens or getattr(settings, "max_new_tokens", None) or 128
-    calls = [0]
-
-    def reply(messages: list[Message], task_row: Any) -> str:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        calls[0] += 1
-        config = SamplingConfig(n=1, temperature=args.temperature, max_new_tokens=max_new, seed=args.seed + calls[0])
-        return generate(model, tokenizer, [ids], config).texts[0]
-
-    return reply, tokenizer
-
-
 def _episodes(args: argparse.Namespace) -> int:
     from tempax.rewards.registry import build_rewards
 
-    command = recipe_command(args.config)
-    cfg = load_recipe(command or "grpo", args.config, list(args.overrides))
+    command = recipe_command(args.config) or "grpo"
+    cfg = load_recipe(command, args.config, list(args.overrides))
     if getattr(cfg, "env", None) is None or getattr(cfg, "task", None) is None:
         raise ConfigError(f"{args.config}: tempax data episodes needs a recipe with env: and task: (grpo or rft)")
     if args.attempts < 1:
         raise ConfigError(f"--attempts must be >= 1, got {args.attempts}")
     if args.policy == "sample":
-        policy, tokenizer = _sampling_policy(cfg, args)
+        from tempax.generate.chat import sampled_replies  # only sampling loads the model and the engine
+
+        model, tokenizer = cfg.model.build(seed=args.seed)
+        # The reply length of the recipe's own sampling: a knobs section of its record that sets one.
+        recipe_max_new = next((getattr(getattr(cfg, k), "max_new_tokens") for k in get(command).knobs
+                               if hasattr(getattr(cfg, k, None), "max_new_tokens")), None)
+        policy = sampled_replies(model, tokenizer, temperature=args.temperature, seed=args.seed,
+                                 max_new_tokens=args.max_new_tokens or recipe_max_new or 128)
     else:
         policy = load_object(args.policy, "--policy")
         if not callable(policy):
             raise ConfigError(f"--policy={args.policy!r} is not a function (policy(messages, task_row) -> reply)")
         tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.source)
     rows, _ = load_task(cfg.task, eval_problems=0)
-    rows = rows[: args.limit] if args.limit else rows
-    make_env = cfg.env.build(tokenizer)
-    reward_fn = build_rewards(cfg.rewards) if cfg.rewards.functions else None
-    # The episode ends when the environment says so or after env.max_turns replies; SFT's train.seq_len bounds
-    # the length of what is trained, so no token budget is imposed here.
-    limits = EpisodeLimits(max_turns=cfg.env.max_turns, max_total_tokens=1 << 30)
-    transcripts = (play_transcript(make_env(), row, policy, tokenizer=tokenizer, limits=limits, reward_fn=reward_fn)
-                   for row in rows for _ in range(args.attempts))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    written, played = write_transcripts(args.out, transcripts, min_reward=args.min_reward)
+    written, played = record_transcripts(
+        args.out, cfg.env.build(tokenizer), rows[: args.limit] if args.limit else rows, policy, tokenizer=tokenizer,
+        max_turns=cfg.env.max_turns, attempts=args.attempts, min_reward=args.min_reward,
+        reward_fn=build_rewards(cfg.rewards) if cfg.rewards.functions else None)
     kept = f" (total reward >= {args.min_reward})" if args.min_reward is not None else ""
     print(f"{args.out}: {written} of {played} episodes{kept}")
     return 0

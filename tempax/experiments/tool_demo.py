@@ -38,9 +38,8 @@ from tempax.configlib import help_field
 from tempax.data.sft import DataSpec
 from tempax.data.tasks.arithmetic import ArithmeticConfig
 from tempax.data.tasks.spec import TaskSpec, load_task
-from tempax.envs.environment import EpisodeLimits
 from tempax.envs.registry import EnvironmentSpec
-from tempax.envs.transcripts import play_transcript, write_transcripts
+from tempax.envs.transcripts import record_transcripts
 from tempax.errors import ConfigError
 from tempax.eval.evaluate import EvalOptions, TaskEvaluation
 from tempax.eval.spec import EvalSpec
@@ -172,9 +171,8 @@ def main(cfg: ToolDemoConfig, *, say: Callable[[str], None] | None = None) -> di
             if env.single_turn:
                 write_sft_examples(rows, path, len(rows))
             else:
-                factory, limits = env.build(tokenizer), EpisodeLimits(max_turns=env.max_turns, max_total_tokens=1 << 30)
-                write_transcripts(path, (play_transcript(factory(), row, calculator_policy, tokenizer=tokenizer,
-                                                         limits=limits) for row in rows))
+                record_transcripts(path, env.build(tokenizer), rows, calculator_policy, tokenizer=tokenizer,
+                                   max_turns=env.max_turns)
             sft = dataclasses.replace(cfg.sft, model=cfg.model, data=dataclasses.replace(cfg.sft.data, path=path),
                                       train=dataclasses.replace(cfg.sft.train, run_dir=os.path.join(run_dir, name),
                                                                 seed=cfg.seed, progress_bar=False))

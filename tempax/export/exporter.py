@@ -35,9 +35,9 @@ def _to_stderr(text: str) -> None:
 
 def export(source: str, out: str, *, step: int | None = None, dtype: str | None = None, adapters_only: bool = False,
            gguf: bool = False, quant: str | None = None, command: str | None = None,
-           note: Callable[[str], None] = _to_stderr) -> str:
+           warn: Callable[[str], None] = _to_stderr) -> str:
     """Writes OUT (see the module docstring) and returns its path. `command` is the command line that repeats
-    this export (the card quotes it); `note` receives what the user should know about a file that was written
+    this export (the card quotes it); `warn` receives what the user should know about a file that was written
     anyway (a GGUF without a tokenizer)."""
     from tempax.models.lora import has_adapters, save_adapters
     from tempax.train.run_model import load_run, merged
@@ -67,9 +67,9 @@ def export(source: str, out: str, *, step: int | None = None, dtype: str | None 
     model = merged(model)
     card = model_card.gather(source=source, run_dir=run_dir, export_command=command)
     if gguf:
-        check_exportable(model.config)  # before the note below: a refused model is the one thing to say
+        check_exportable(model.config)  # before the warning below: a refused model is the one thing to say
         if tokenizer is None:
-            note(f"tempax export: {source} has no tokenizer, so the GGUF carries none and llama.cpp will not run it; "
+            warn(f"tempax export: {source} has no tokenizer, so the GGUF carries none and llama.cpp will not run it; "
                  "export a run or a model with a tokenizer")
 
         return save_gguf(model, out, tokenizer=tokenizer, quant=quant or "f16", metadata=model_card.gguf_metadata(card))

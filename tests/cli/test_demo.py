@@ -54,9 +54,3 @@ def test_budget_flag_maps_to_the_config():
     assert config_from_args(args).budget == "cpu"
     assert DemoConfig().reference is True
     assert load_config(DemoConfig, None, ["compare=true", "reference=false"]).reference is False
-
-
-def test_eval_command_parses():
-    args = build_parser().parse_args(["eval", "--model", "smollm2-135m-instruct", "--task", "arithmetic",
-                                      "--samples", "4", "--ks", "1,4"])
-    assert args.task == "arithmetic" and args.samples == 4 and args.ks == "1,4"

@@ -22,7 +22,7 @@ from tempax.algorithms.registry import algorithms
 from tests.documented_commands import README, code_block_commands
 from tests.cli.test_train_cmds import trained, workspace  # noqa: F401  (fixtures: a tiny LoRA SFT run)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def readme_commands() -> list[str]:
