@@ -6,8 +6,10 @@ The records name their config class and `main` as strings, and the packages' `__
 heavy, so listing the commands (`tempax --help`) imports neither JAX nor an algorithm's modules; `resolve`
 imports them when a command runs. `register` adds a record from elsewhere (a plugin or a test).
 
-`tempax <command>` (`tempax.cli.train_cmds`), `tempax --help` (`tempax.cli.main`), `tempax validate`, the
-recommend command and docs/adding-an-algorithm.md read this registry.
+The record is the algorithm's whole contract with the rest of the project: `tempax <command>` and `tempax --help`
+(the CLI), the recipe checks (`tempax.algorithms.validate`), the model card (`tempax.export.model_card`), the
+recommendations (`tempax.algorithms.recommend`), `tempax data episodes` and the reference-curve tests read it, and
+no module outside the algorithm's folder keeps a list of algorithms (docs/adding-an-algorithm.md).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class Algorithm:
       main: "module:function" of `main(config, *, hooks=(), log=None)`, which trains and returns the result.
       on_policy: it generates from the policy while training (GRPO, PPO); off-policy commands only train, and
         their processes are set up for training alone (`tempax.runtime.process.setup_process(job="train")`).
+      card: the model card's section on the method: what it optimises and from which signal, with its paper, in
+        a sentence or two (the card's "Training" section quotes it under the algorithm's name).
       knobs: the recipe sections that hold the algorithm's own settings (`grpo`, `dpo`, `loss`...): the model
         card lists their values as the run's hyper-parameters.
       renders_chat: its prompts are always rendered with the tokenizer's chat template, so `tempax validate`
@@ -42,6 +46,8 @@ class Algorithm:
         pins its behaviour on a tiny model.
       validate: optional "module:function" of extra checks `tempax validate` runs on a built config
         (`fn(config) -> list[str]` of warnings; a `ConfigError` refuses the recipe).
+      recommend: optional "module:object" of its `tempax.algorithms.recommend.Recommender`: for which data
+        `tempax recommend` proposes the command, and with which settings (None: it never proposes it).
     """
 
     command: str
@@ -49,10 +55,12 @@ class Algorithm:
     config: str
     main: str
     on_policy: bool = False
+    card: str = ""
     knobs: tuple[str, ...] = ()
     renders_chat: bool = False
     reference_curve: str | None = None
     validate: str | None = None
+    recommend: str | None = None
 
     def config_class(self) -> type:
         return _load(self.config, f"{self.command}'s config")
@@ -62,6 +70,10 @@ class Algorithm:
 
     def validate_function(self) -> Callable[[Any], list[str]] | None:
         return _load(self.validate, f"{self.command}'s validate") if self.validate else None
+
+    def recommender(self) -> Any:
+        """Its `Recommender` (None when the record names no `recommend` hook)."""
+        return _load(self.recommend, f"{self.command}'s recommend") if self.recommend else None
 
 
 def _load(ref: str, what: str) -> Any:

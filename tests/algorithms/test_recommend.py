@@ -7,7 +7,10 @@ import json
 
 import pytest
 
+from tempax.algorithms import registry
 from tempax.algorithms.recommend import FULL_FT_MIN_TOKENS, recommend, write_recipe
+from tempax.algorithms.registry import Algorithm
+from tempax.algorithms.sft.recommend import SFTRecommender
 from tempax.algorithms.validate import check_recipe
 from tempax.data.stats import DataProfile
 from tempax.models.presets import get_preset
@@ -97,3 +100,33 @@ def test_memory_picks_micro_batch_and_remat(tmp_path):
     assert roomy.hyperparameters["micro_batch_size"] == 16 and roomy.hyperparameters["remat"] == "none"
     assert (tight.hyperparameters["micro_batch_size"], tight.hyperparameters["remat"]) != (16, "none")
     assert tight.peak_bytes <= 3 * GiB
+
+
+class PlainTextRecommender(SFTRecommender):
+    """A recommend hook from outside the packaged algorithms: it claims raw text, which only the fallback
+    (continued pre-training) claims otherwise."""
+
+    command = "toy-text"
+    method = "toy training on text"
+
+    def suits(self, profile: DataProfile) -> tuple[list[str], list[str]] | None:
+        return (["the toy claims raw text"], []) if profile.kind == "text" else None
+
+
+TOY_TEXT = PlainTextRecommender()
+
+
+def test_a_registered_algorithms_hook_is_asked_like_the_packaged_ones(tmp_path):
+    """A record registered with a `recommend` hook is proposed for the data its hook claims, ahead of the fallback,
+    with nothing added to the recommend module; other data still goes where it went."""
+    toy = registry.register(Algorithm("toy-text", "a toy", config="tempax.algorithms.sft.main:SFTConfig",
+                                      main="tempax.algorithms.sft.main:main", recommend=f"{__name__}:TOY_TEXT"))
+    try:
+        rec = recommend(_profile(tmp_path, "text"), SMOL, model_source="smollm2-135m-instruct", capacity=64 * GiB)
+        assert rec.command == "toy-text" and rec.reasons[0] == "the toy claims raw text"
+        assert rec.method == "toy training on text with LoRA (rank 16)"
+        other = recommend(_profile(tmp_path, "qa", checkable=0.5), SMOL, model_source="smollm2-135m-instruct",
+                          capacity=64 * GiB)
+        assert other.command == "pretrain"
+    finally:
+        registry.unregister(toy.command)

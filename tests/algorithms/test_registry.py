@@ -100,37 +100,45 @@ def test_listing_the_commands_imports_neither_jax_nor_an_algorithm():
     assert out[1] == "[]", out[1]
 
 
+def packaged_records() -> list[Algorithm]:
+    """Every record of every package under tempax/algorithms, read from the packages themselves (not through the
+    registry, so a package the registry failed to find would still be checked)."""
+    import importlib
+    import pkgutil
+
+    import tempax.algorithms as package
+
+    return [record for info in pkgutil.iter_modules(package.__path__) if info.ispkg
+            for record in getattr(importlib.import_module(f"tempax.algorithms.{info.name}"), "ALGORITHMS", ())]
+
+
 def test_every_packaged_algorithm_keeps_the_contract_its_record_states():
     """The record is the one place an algorithm states what the rest of the project reads: each packaged
-    command has a shipped recipe, a stored reference curve that the curve test runs, knobs sections that its
-    config has (the model card lists them), and `renders_chat` where its prompts go through the chat template."""
+    command has a shipped recipe, a stored reference curve that the curve test runs, a model-card section (the
+    method in words, and knobs sections that its config has, whose values the card lists), `renders_chat` where
+    its prompts go through the chat template, and a `recommend` hook, where it has one, for its own command.
+    Nothing outside the algorithm's folder lists algorithms, so this is all docs/adding-an-algorithm.md asks."""
     import glob
 
+    from tempax.algorithms.recommend import Recommender
     from tempax.configlib import recipe_command
     from tests import reference_curves as rc
 
+    records = packaged_records()
+    assert {a.command for a in records} == set(registry.algorithms())
     shipped = {recipe_command(p) for p in glob.glob(os.path.join(ROOT, "recipes", "**", "*.yaml"), recursive=True)}
-    for command, algorithm in registry.algorithms().items():
+    for algorithm in records:
+        command = algorithm.command
         assert command in shipped, f"{command}: no recipe in recipes/ names `command: {command}`"
         assert algorithm.reference_curve in rc.NAMES, f"{command}: no reference curve run ({algorithm.reference_curve})"
         assert os.path.exists(rc.path_of(algorithm.reference_curve)), f"{command}: curve not stored"
+        assert len(algorithm.card.split()) >= 8 and algorithm.card.endswith("."), f"{command}: no model-card section"
         assert algorithm.knobs, f"{command}: its record names no knobs section"
         fields = {f.name for f in dataclasses.fields(algorithm.config_class())}
         assert set(algorithm.knobs) <= fields, f"{command}: knobs {algorithm.knobs} not all in its config {fields}"
-    assert {a.reference_curve for a in registry.algorithms().values()} == set(rc.NAMES)
-    chat = {c for c, a in registry.algorithms().items() if a.renders_chat}
+        hook = algorithm.recommender()
+        assert hook is None or (isinstance(hook, Recommender) and hook.command == command), command
+    assert {a.reference_curve for a in records} == set(rc.NAMES)
+    chat = {a.command for a in records if a.renders_chat}
     assert chat == {"dpo", "kto", "reward-model", "grpo", "rft", "ppo"}
-
-
-def test_the_model_card_lists_the_knobs_its_record_names(tmp_path):
-    """An RFT run's card carries its `rft.*` settings (a hand-kept list of sections once left RFT out)."""
-    from tempax.algorithms.rft.config import RFTConfig
-    from tempax.export.model_card import gather
-    from tempax.configlib import dump_yaml, load_config
-
-    cfg = load_config(RFTConfig, os.path.join(ROOT, "recipes", "rft_arithmetic_smollm2.yaml"), command="rft")
-    (tmp_path / "config.yaml").write_text(dump_yaml(cfg, command=None))
-    card = gather(source="smollm2-135m-instruct", run_dir=str(tmp_path))
-    assert card.algorithm == "rft"
-    assert card.hyperparameters["rft.samples_per_problem"] == cfg.rft.samples_per_problem
-    assert not [k for k in card.hyperparameters if k.startswith(("grpo.", "ppo."))]
+    assert {a.command for a in records if a.recommend} == {"sft", "pretrain", "dpo", "grpo"}
