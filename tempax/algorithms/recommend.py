@@ -66,6 +66,12 @@ class Recommendation:
     def fits(self) -> bool:
         return self.capacity is None or self.peak_bytes <= self.capacity * (1 - HEADROOM)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The recommendation as JSON-able data (without the memory plan's breakdown and the recipe's data)."""
+        return {"command": self.command, "method": self.method, "adaptation": self.adaptation,
+                "reasons": self.reasons, "alternatives": self.alternatives, "warnings": self.warnings,
+                "hyperparameters": self.hyperparameters, "peak_bytes": self.peak_bytes, "capacity": self.capacity}
+
 
 def round_up(x: float, multiple: int) -> int:
     """`x` rounded up to a multiple of `multiple` (at least one multiple)."""

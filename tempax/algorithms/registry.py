@@ -14,12 +14,14 @@ no module outside the algorithm's folder keeps a list of algorithms (docs/adding
 
 from __future__ import annotations
 
+import glob
 import importlib
+import os
 import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from tempax.configlib import load_config
+from tempax.configlib import load_config, recipe_command
 from tempax.errors import ConfigError
 
 PACKAGE = "tempax.algorithms"
@@ -141,6 +143,17 @@ def load_recipe(command: str, recipe: str | None = None, overrides: Sequence[str
     """The typed config of `command` from a recipe file (None: the defaults) plus `a.b=value` overrides, checked
     as the command line checks them (a recipe whose `command:` key names another command is refused)."""
     return load_config(get(command).config_class(), recipe, list(overrides), command=command)
+
+
+# The clone's root, where the shipped recipes are (`recipes/`).
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def recipes_for(command: str) -> list[str]:
+    """The shipped recipes whose `command:` key is `command` (paths relative to the clone, sorted): what a user
+    without a recipe is pointed to, and what every packaged algorithm must have one of."""
+    paths = sorted(glob.glob(os.path.join(REPOSITORY, "recipes", "**", "*.yaml"), recursive=True))
+    return [os.path.relpath(p, REPOSITORY) for p in paths if recipe_command(p) == command]
 
 
 def train(command: str, recipe: str | None = None, overrides: Sequence[str] = (), **main_options: Any) -> Any:

@@ -1,7 +1,7 @@
 """`tempax data clean IN OUT [--config C] [key=value ...] [--dry-run]`, `tempax data stats DATA --model M` and
 `tempax data episodes --config RECIPE --policy POLICY --out OUT.jsonl [key=value ...]`.
 
-The work is in `tempax.data.clean`, `tempax.data.stats` and `tempax.envs.transcripts`; this module parses
+The work is in `tempax.data.clean`, `tempax.data.stats` and `tempax.experiments.episodes`; this module parses
 arguments and prints. `episodes` plays the recipe's environment (`env:`) on its task rows (`task:`) with a
 scripted policy (`FILE.py:function` or `package.module:function`, called as `policy(messages, task_row)`) or
 with the recipe's model sampling (`sample`), and writes the tool-calling transcripts an SFT warm-start trains on.
@@ -14,13 +14,11 @@ import json
 import os
 import re
 
-from tempax.algorithms.registry import get, load_recipe
+from tempax.algorithms.registry import load_recipe
 from tempax.configlib import describe, load_config, recipe_command
 from tempax.data.clean import CleanConfig, clean_file
 from tempax.data.stats import dataset_stats, length_histogram
-from tempax.data.tasks.spec import load_task
 from tempax.envs.registry import load_object
-from tempax.envs.transcripts import record_transcripts
 from tempax.errors import ConfigError
 from tempax.models.registry import load_tokenizer
 
@@ -136,7 +134,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _episodes(args: argparse.Namespace) -> int:
-    from tempax.rewards.registry import build_rewards
+    from tempax.experiments.episodes import write_episodes  # loads the environments and rewards
 
     command = recipe_command(args.config) or "grpo"
     cfg = load_recipe(command, args.config, list(args.overrides))
@@ -144,25 +142,14 @@ def _episodes(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.config}: tempax data episodes needs a recipe with env: and task: (grpo or rft)")
     if args.attempts < 1:
         raise ConfigError(f"--attempts must be >= 1, got {args.attempts}")
-    if args.policy == "sample":
-        from tempax.generate.chat import sampled_replies  # only sampling loads the model and the engine
-
-        model, tokenizer = cfg.model.build(seed=args.seed)
-        # The reply length of the recipe's own sampling: a knobs section of its record that sets one.
-        recipe_max_new = next((getattr(getattr(cfg, k), "max_new_tokens") for k in get(command).knobs
-                               if hasattr(getattr(cfg, k, None), "max_new_tokens")), None)
-        policy = sampled_replies(model, tokenizer, temperature=args.temperature, seed=args.seed,
-                                 max_new_tokens=args.max_new_tokens or recipe_max_new or 128)
-    else:
+    policy = None  # --policy sample: the recipe's model
+    if args.policy != "sample":
         policy = load_object(args.policy, "--policy")
         if not callable(policy):
             raise ConfigError(f"--policy={args.policy!r} is not a function (policy(messages, task_row) -> reply)")
-        tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.source)
-    rows, _ = load_task(cfg.task, eval_problems=0)
-    written, played = record_transcripts(
-        args.out, cfg.env.build(tokenizer), rows[: args.limit] if args.limit else rows, policy, tokenizer=tokenizer,
-        max_turns=cfg.env.max_turns, attempts=args.attempts, min_reward=args.min_reward,
-        reward_fn=build_rewards(cfg.rewards) if cfg.rewards.functions else None)
+    written, played = write_episodes(cfg, command, args.out, policy=policy, limit=args.limit, attempts=args.attempts,
+                                     min_reward=args.min_reward, temperature=args.temperature,
+                                     max_new_tokens=args.max_new_tokens, seed=args.seed)
     kept = f" (total reward >= {args.min_reward})" if args.min_reward is not None else ""
     print(f"{args.out}: {written} of {played} episodes{kept}")
     return 0

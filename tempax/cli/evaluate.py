@@ -13,7 +13,6 @@ the model and the rows, and prints.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
 from tempax.data.tasks.spec import split_rows
@@ -73,22 +72,13 @@ def run(args: argparse.Namespace) -> int:
         model = merge_lora(load_adapters(model, args.adapters))
     rows = split_rows(args.task, args.split, args.num_problems, args.source, args.seed)
     result = evaluate(model, tokenizer, rows, options, label=f"eval {args.task}")
-    stages = []
-    if result.greedy is not None:
-        stages.append(("greedy", dataclasses.replace(result, sampled=None)))
-    if result.sampled is not None:
-        stages.append((f"sampled (T={args.temperature})", dataclasses.replace(result, greedy=None)))
-    print(format_table(stages))
+    print(format_table(result.by_mode(args.temperature)))
     for line in interval_lines(result):
         print(line)
     print(f"{len(rows)} {args.task} problems ({args.split}), {result.seconds:.0f} s")
     if args.out:
-        records = {
-            "greedy": [dataclasses.asdict(r) for r in result.greedy_records],
-            "sampled": [dataclasses.asdict(r) for r in result.sampled_records],
-        }
         with open(args.out, "w") as f:
             json.dump({"model": args.model, "adapters": args.adapters, "task": args.task, **result.to_dict(),
-                       "records": records}, f, indent=2)
+                       "records": result.records()}, f, indent=2)
         print(f"wrote {args.out}")
     return 0

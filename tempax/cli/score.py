@@ -1,16 +1,11 @@
 """`tempax score MODEL ...`: rate (prompt, response) pairs with a reward model saved by `tempax reward-model`
 (MODEL: that run's directory, or the `reward_model/` folder in it).
 
-Inputs, any mix:
-  --prompt TEXT --response TEXT        one pair from the command line (repeat both, in order, for more);
-  --input FILE                         a dataset (JSON Lines, JSON, parquet, gzip; see `tempax.data.sources`)
-                                       whose rows are either
-                                         {"prompt": str | messages, "response" | "completion": str | messages}
-                                       or preference pairs {"prompt"?, "chosen", "rejected"} (HH-RLHF dialogues
-                                       too), which get both sides scored plus pairwise accuracy.
-Malformed rows are skipped, counted and reported (never fatal unless nothing is left). Scores go to stdout, or
-one JSON object per row (the row plus `score`, or `chosen_score` / `rejected_score`) to `--output FILE`. The
-scoring is `tempax.eval.scoring.score_rows`; this module parses arguments, reads the inputs and prints.
+Inputs, any mix: `--prompt TEXT --response TEXT` pairs (repeat both, in order, for more) and `--input FILE`, a
+dataset of {prompt, response | completion} rows or preference pairs {prompt?, chosen, rejected}, which get both
+sides scored plus pairwise accuracy (the rows and the scoring: `tempax.eval.scoring`). Malformed rows are skipped,
+counted and reported (never fatal unless nothing is left). Scores go to stdout, or one JSON object per row (the
+row plus `score`, or `chosen_score` / `rejected_score`) to `--output FILE`.
 """
 
 from __future__ import annotations
@@ -19,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+from itertools import islice
 from typing import Any
 
 from tempax.data.sources import as_rows, iter_rows, read_rows
@@ -63,9 +59,6 @@ def run(args: argparse.Namespace) -> int:
     rows: list[Any] = [{"prompt": p, "response": r} for p, r in zip(args.prompt, args.response)]
     name = "command line"
     if args.input:
-        from itertools import islice
-
-
         if args.limit is None:
             read = read_rows(args.input, split=args.split)
         else:  # streamed: the rest of a large file is never read

@@ -10,8 +10,8 @@ import argparse
 import sys
 from typing import Any
 
-from tempax.algorithms.registry import load_recipe, resolve
-from tempax.configlib import describe, dump_yaml, recipe_command
+from tempax.algorithms.registry import load_recipe, recipes_for, resolve
+from tempax.configlib import describe, dump_yaml
 from tempax.errors import ConfigError
 
 # Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
@@ -19,17 +19,6 @@ from tempax.errors import ConfigError
 # Exit status of a run that a hook stopped before train.steps (`tempax.train.hooks.Stop`; the reason is in
 # <run_dir>/metrics.jsonl as `stop_reason` and in <run_dir>/summary.json; a checkpoint of that step is saved).
 STOPPED_EXIT_STATUS = 3
-
-
-def recipes_for(command: str) -> list[str]:
-    """The shipped recipes whose `command:` key is `command` (relative paths, sorted)."""
-    import glob
-    import os
-
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    paths = sorted(glob.glob(os.path.join(root, "recipes", "**", "*.yaml"), recursive=True))
-    return [os.path.relpath(p, root) for p in paths if recipe_command(p) == command]
 
 
 def defaults_summary(cfg: Any) -> str:
@@ -46,7 +35,7 @@ def defaults_summary(cfg: Any) -> str:
     return ", ".join(parts)
 
 
-def add_arguments(parser: argparse.ArgumentParser, name: str = "sft") -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", "-c", metavar="RECIPE",
                         help="YAML recipe (see recipes/); omitted: the defaults, which need at least one KEY=VALUE")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",

@@ -20,6 +20,7 @@ results (`check_timeouts`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -160,6 +161,21 @@ class TaskEvaluation:
 
         return {"greedy": one(self.greedy), "sampled": one(self.sampled), "seconds": self.seconds,
                 "check_timeouts": self.check_timeouts}
+
+    def records(self) -> dict[str, list[dict[str, Any]]]:
+        """Every problem's completions and verdicts, per decoding mode, as JSON-able data."""
+        return {"greedy": [dataclasses.asdict(r) for r in self.greedy_records],
+                "sampled": [dataclasses.asdict(r) for r in self.sampled_records]}
+
+    def by_mode(self, temperature: float) -> list[tuple[str, "TaskEvaluation"]]:
+        """One (label, evaluation) per decoding mode evaluated, greedy first, for `format_table`; the sampled
+        row's label names its `temperature`."""
+        rows = []
+        if self.greedy is not None:
+            rows.append(("greedy", dataclasses.replace(self, sampled=None)))
+        if self.sampled is not None:
+            rows.append((f"sampled (T={temperature})", dataclasses.replace(self, greedy=None)))
+        return rows
 
 
 def score_completions(

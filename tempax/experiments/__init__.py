@@ -7,6 +7,7 @@
     plots.py     a run's metric curves as a PNG
     demo.py      `tempax demo`: base -> SFT warm-start -> GRPO, and the scarce-demonstration comparison
     tool_demo.py `tempax demo --task arithmetic-tools`: RL with and without a calculator tool
+    episodes.py  a recipe's environment played with a policy, written as transcripts (`tempax data episodes`)
 
 The layer sits above `tempax.algorithms` (it calls their `main`s) and under `tempax.cli`, which only parses the
 demos' flags and runs them. Nothing heavy is imported here.
