@@ -110,7 +110,7 @@ def measure(name: str, mode: str, env: dict[str, str], data: str) -> dict:
 
 
 def demo_table(stdout: str) -> list[str]:
-    """The demo's before/after table (`tempax.cli.demo.interval_table`: a "stage ..." header, a dashed line, one
+    """The demo's before/after table (`tempax.experiments.tables.interval_table`: a "stage ..." header, a dashed line, one
     row per stage) without its "training s" column, spaces collapsed: what the compilation cache must leave
     unchanged."""
     lines = stdout.splitlines()

@@ -32,7 +32,7 @@ def _relative_error(got: np.ndarray, want: np.ndarray) -> float:
 def smollm2_table(folder: str) -> list[str]:
     import jax.numpy as jnp
 
-    from tempax.cli.export import export
+    from tempax.export.exporter import export
     from tempax.models.gguf_export import GGUF_QUANTS
     from tempax.models.registry import load
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from tempax.cli.demo import COMPARE_GRPO_STAGE, RFT_STAGE, SCARCE_STAGE  # noqa: E402
+from tempax.experiments.demo import COMPARE_GRPO_STAGE, RFT_STAGE, SCARCE_STAGE  # noqa: E402
 from tempax.eval.metrics import (  # noqa: E402
     Z_95, difference_interval, paired_difference_interval, wilson_interval,
 )

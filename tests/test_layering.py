@@ -1,12 +1,14 @@
 """The package's import layering, read from the source with `ast` (nothing is imported):
 
-    cli -> algorithms -> rl -> {train, generate, rewards, data, eval} -> models -> parallel
+    cli -> {experiments, export} -> algorithms -> rl -> {train, generate, rewards, data, eval} -> models -> parallel
     cli -> serve -> generate
                             rl -> envs -> {rewards, models}
 
 with the top-level helpers `errors`, `configlib` and `progress` and the runtime layer `runtime` (CPU identity,
 process set-up, the cache folder; `tempax/__init__`'s lazy loaders aside) underneath as the foundation every layer
-may use. Each package may import only what `MAY_IMPORT` lists for it:
+may use. `experiments` (stages, pipelines, budgets, comparison tables: the demos) and `export` (exported models,
+model cards, model facts) read the algorithms' records and runs, so they sit above `algorithms`, beside each other,
+under `cli`. Each package may import only what `MAY_IMPORT` lists for it:
 no upward arrow, no sideways arrow other than the ones stated there (the RL layer samples with `generate`, trains
 with `train` and scores with `rewards`; evaluation generates and scores). The environments of agentic RL
 (`envs`: tool calls, tools, the environment protocol) sit below the RL layer: an environment scores with
@@ -14,7 +16,7 @@ with `train` and scores with `rewards`; evaluation generates and scores). The en
 environments and not the reverse. Function-local imports (and
 `if TYPE_CHECKING:` ones) count like module-level ones. Inside `algorithms`, an algorithm package
 (`algorithms/<name>/`) imports no other algorithm package; the shared modules beside them (`common`, `run`,
-`registry`, `recommend`, `episode_eval`) import none.
+`registry`, `recommend`, `episode_eval`, `validate`) import none.
 
 No cycle: no module of tempax imports itself back through other modules of tempax, counting every import —
 module level, function-local and under `if TYPE_CHECKING:` (a type-only arrow back still makes a reader follow the
@@ -36,7 +38,9 @@ FOUNDATION = {"errors", "configlib", "progress", "runtime"}
 MIDDLE = {"train", "generate", "rewards", "data", "eval"}
 LOWER = {"models", "parallel"}
 MAY_IMPORT: dict[str, set[str]] = {
-    "cli": {"algorithms", "rl", "envs", "serve", *MIDDLE, *LOWER},
+    "cli": {"experiments", "export", "algorithms", "rl", "envs", "serve", *MIDDLE, *LOWER},
+    "experiments": {"algorithms", "rl", "envs", *MIDDLE, *LOWER},  # the demos: stages chained with budgets
+    "export": {"algorithms", "train", *LOWER},  # exported models and their cards, read from runs and records
     "serve": {"generate", *LOWER},  # the HTTP server and its batcher, on the generation engine
     "algorithms": {"rl", "envs", *MIDDLE, *LOWER},
     "rl": {"envs", "train", "generate", "rewards", "data", *LOWER},
@@ -54,12 +58,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "errors": set(),
     "__init__": {"models", "algorithms"},  # `tempax.load`, `tempax.train` and friends, imported on first use
 }
-SHARED_ALGORITHM_MODULES = {"common", "run", "registry", "recommend", "episode_eval"}
+SHARED_ALGORITHM_MODULES = {"common", "run", "registry", "recommend", "episode_eval", "validate"}
 # Cycles that exist and are removed by a change of their own (the modules of each, and why it is still here).
 KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"tempax.cli.demo", "tempax.cli.demo_tools"}):
-        "the tools demo imports the demo's table and the demo imports the tools demo to run it; both leave the CLI "
-        "for the experiments layer",
     frozenset({"tempax.models.tokenizer", "tempax.models.gguf_tokenizer"}):
         "gguf_tokenizer imports tokenizer.import_transformers inside a function; that helper moves below both",
 }
@@ -239,6 +240,28 @@ def test_the_cycle_check_counts_type_checking_and_function_local_imports(tmp_pat
         modules[f"tempax.{name}"] = str(path)
     groups = import_cycles(import_graph(modules))
     assert sorted(map(sorted, groups)) == [["tempax.a", "tempax.b"], ["tempax.c", "tempax.d"]]
+
+
+def test_nothing_outside_the_cli_imports_it():
+    """The CLI only parses arguments and prints: what a library, a benchmark or a test of another package needs
+    lives below it. Only `tempax/cli` itself and its tests (`tests/cli`) import `tempax.cli`; others run the
+    command as a user does (`python -m tempax.cli.main` in a child process), which is not an import."""
+    repo = os.path.dirname(ROOT)
+    modules = all_modules()
+    wrong = []
+    for top in ("tempax", "bench", "tests"):
+        for folder, _, files in os.walk(os.path.join(repo, top)):
+            rel = os.path.relpath(folder, repo)
+            if rel.split(os.sep)[:2] in (["tempax", "cli"], ["tests", "cli"]):
+                continue
+            for f in sorted(files):
+                if not f.endswith(".py"):
+                    continue
+                path = os.path.join(folder, f)
+                wrong += [f"{os.path.relpath(path, repo)}:{line} imports {target}"
+                          for target, line, _ in imports_of(path, modules)
+                          if target == "tempax.cli" or target.startswith("tempax.cli.")]
+    assert not wrong, "imports of the CLI from outside it (move what they need below tempax/cli):\n" + "\n".join(wrong)
 
 
 def test_the_checker_sees_function_local_and_from_imports(tmp_path):

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from tempax.algorithms.registry import algorithms
-from tempax.cli.validate import check_recipe
+from tempax.algorithms.validate import check_recipe
 from tempax.configlib import recipe_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

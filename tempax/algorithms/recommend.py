@@ -1,6 +1,8 @@
 """`tempax recommend`: the decision matrix of post-training made executable.
 
-What the data holds decides the method:
+What the data holds decides the method. Each training command that can be recommended says for which data in
+its record's `recommend` hook (a `Recommender`, kept beside the algorithm), so this module holds no list of
+methods; the packaged hooks give
 
   raw text                                   -> continued pre-training (`tempax pretrain`)
   demonstrations (chat, prompt/completion)   -> supervised fine-tuning (`tempax sft`)
@@ -9,6 +11,9 @@ What the data holds decides the method:
   question/answer rows without them          -> continued pre-training on question + answer text
   preference pairs                           -> DPO (`tempax dpo`); reward model + PPO is the alternative that
                                                 can keep improving past the fixed pairs, at twice the models
+
+The first hook (in the registry's order) that claims the data wins; a hook marked `fallback` (continued
+pre-training, which reads any text) wins only when no other claims it.
 
 How much data and memory decide full fine-tuning vs LoRA vs QLoRA: full fine-tuning only pays when there is
 a lot of data (>= `FULL_FT_MIN_TOKENS` training tokens; below that LoRA matches it and overfits less, Hu et al.
@@ -26,14 +31,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from tempax.algorithms.registry import resolve
+from tempax.algorithms.registry import algorithms, get, resolve
 from tempax.configlib import dump_yaml, from_dict
+from tempax.errors import ConfigError
 from tempax.data.stats import DataProfile
 from tempax.models.config import ModelConfig
 from tempax.train import memory as mem
 
 FULL_FT_MIN_TOKENS = 20_000_000  # below this many training tokens, LoRA is recommended even when full FT fits
-CHECKABLE_MIN_FRACTION = 0.9  # share of qa rows with a checkable answer for GRPO
 QLORA_BYTES_PER_PARAM = 0.5625  # NF4 in blocks of 64 with a float32 scale per block
 ADAPTATIONS = ("full", "lora", "qlora")
 # The memory plan is an estimate within ~25% (tempax/train/memory.py): a setting is chosen only when its predicted
@@ -61,80 +66,129 @@ class Recommendation:
     def fits(self) -> bool:
         return self.capacity is None or self.peak_bytes <= self.capacity * (1 - HEADROOM)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The recommendation as JSON-able data (without the memory plan's breakdown and the recipe's data)."""
+        return {"command": self.command, "method": self.method, "adaptation": self.adaptation,
+                "reasons": self.reasons, "alternatives": self.alternatives, "warnings": self.warnings,
+                "hyperparameters": self.hyperparameters, "peak_bytes": self.peak_bytes, "capacity": self.capacity}
 
-def _round_up(x: float, multiple: int) -> int:
+
+def round_up(x: float, multiple: int) -> int:
+    """`x` rounded up to a multiple of `multiple` (at least one multiple)."""
     return int(math.ceil(max(x, 1) / multiple) * multiple)
 
 
-def _method_of(profile: DataProfile) -> tuple[str, list[str], list[str]]:
-    """(command, reasons, alternatives) from what the data holds."""
-    n = f"{profile.rows:,} rows, ~{profile.total_tokens / 1e6:.1f}M tokens"
-    if profile.kind == "preference":
-        return "dpo", [
-            f"the data holds preference pairs (chosen / rejected; {n}): learn from the comparison directly with "
-            "DPO (Rafailov et al. 2023), which needs no reward model and no sampling",
-        ], [
-            "reward model + PPO: `tempax reward-model` on these pairs, then PPO against it; it can keep improving "
-            "past the fixed pairs with fresh samples, but holds policy, reference, reward and value models and is "
-            "far more expensive and fragile; this command writes the DPO recipe only",
-            "other DPO-family losses on the same recipe: dpo.loss=ipo | hinge | orpo | simpo",
-        ]
-    if profile.kind == "qa" and profile.checkable_fraction >= CHECKABLE_MIN_FRACTION:
-        return "grpo", [
-            f"the data holds prompts with checkable answers ({profile.checkable_fraction:.0%} of {n} end in "
-            "'#### <number>'): a verifiable reward (format + answer correctness) lets RL optimise what is "
-            "measured, with GRPO (Shao et al. 2024) needing no value model or reward model",
-            "GRPO learns only where some of a prompt's samples are right: a model that never solves a problem "
-            "gets no signal; watch groups/zero_spread_frac",
-        ], [
-            "SFT on the worked answers first (a warm-start teaching the answer format, as `tempax demo` does), "
-            "then GRPO from that checkpoint: needed when the base model almost never gets the format right",
-        ]
-    if profile.kind == "qa":
-        return "pretrain", [
-            f"question/answer rows without a checkable final answer ({n}): no verifiable reward, so train on "
-            "question + answer text (continued pre-training on the joined fields)",
-        ], ["convert the rows to prompt/completion and run SFT to train on the answers only"]
-    if profile.kind in ("messages", "prompt_completion"):
-        return "sft", [
-            f"the data holds demonstrations ({profile.kind.replace('_', '/')}; {n}): supervised fine-tuning "
-            f"on the assistant tokens ({profile.loss_token_share:.0%} of the tokens carry loss)",
-        ], ["with preference pairs of the same domain, DPO after SFT"]
-    return "pretrain", [
-        f"the data is raw text ({n}): continued pre-training, every token trained, documents packed and long "
-        "ones split",
-    ], ["for a new domain vocabulary, `tempax tokenizer extend` first and pre-train the extended model"]
+class Recommender:
+    """One training command's side of `recommend`: whether it suits a dataset and the settings where it differs
+    from the others. An algorithm's record names an instance in its `recommend` hook; the defaults are those of a
+    method that trains on packed rows of text (SFT).
+
+    Attributes:
+      command: the training command it recommends.
+      method: its name in the recommendation ("SFT", "DPO").
+      fallback: it suits data no other method claims (it is chosen only when none does).
+      unit: what one item of the batch is, in the memory line (" pairs", " prompts"; "" for rows).
+      batch: items a step before the data or the memory shrinks it.
+      rows_per_item: sequences one item puts through the model (a pair 2, a group of completions its size).
+      learning_rates: adaptation ("full", "lora", "qlora") -> learning rate.
+      loss_chunk_len: the loss's logit chunk, for the memory plan (None: the whole sequence at once).
+      evaluates_loss: the recipe evaluates a held-out loss during training (`train.eval_every`).
+    """
+
+    command: str = ""
+    method: str = ""
+    fallback: bool = False
+    unit: str = ""
+    batch: int = 16
+    rows_per_item: int = 1
+    learning_rates: dict[str, float]
+    loss_chunk_len: int | None = None
+    evaluates_loss: bool = True
+
+    def suits(self, profile: DataProfile) -> tuple[list[str], list[str]] | None:
+        """(reasons, alternatives) when the method suits what `profile` holds, else None."""
+        raise NotImplementedError
+
+    def seq_len(self, profile: DataProfile, context: int) -> int:
+        """The training sequence length for this data on a model of `context` positions."""
+        raise NotImplementedError
+
+    def items_per_epoch(self, profile: DataProfile, seq_len: int) -> float:
+        """Batch items one pass over the data gives (a small dataset caps the batch at it)."""
+        return profile.rows
+
+    def extra_bytes(self, model: ModelConfig, adaptation: str, rows: int, seq_len: int) -> int:
+        """Memory the train-step plan does not count (a frozen reference copy, a KV cache for sampling)."""
+        return 0
+
+    def schedule(self, profile: DataProfile, batch: int, seq_len: int) -> tuple[int, int]:
+        """(epochs, optimizer steps) of the recipe."""
+        raise NotImplementedError
+
+    def sections(self, profile: DataProfile, adaptation: str) -> dict[str, Any]:
+        """The recipe's sections besides `model`, `lora` and `train`: the data or task and the method's own."""
+        raise NotImplementedError
+
+    def hyperparameters(self, profile: DataProfile) -> dict[str, Any]:
+        """The method's own settings the recommendation lists beside the common ones."""
+        return {}
 
 
-def _plan_inputs(command: str, model: ModelConfig, adaptation: str, micro_rows: int, seq_len: int,
+def size_of(profile: DataProfile) -> str:
+    """The data's size in words, for a reason: rows and estimated tokens."""
+    return f"{profile.rows:,} rows, ~{profile.total_tokens / 1e6:.1f}M tokens"
+
+
+def data_section(profile: DataProfile, **settings: Any) -> dict[str, Any]:
+    """A recipe's `data:` section for the profiled file: its path, its split when it has one, then `settings`."""
+    return {"path": profile.path, **({"split": profile.split} if profile.split else {}), **settings}
+
+
+def reference_copy_bytes(model: ModelConfig, adaptation: str) -> int:
+    """A frozen float32 reference model kept beside the trained one under full fine-tuning (LoRA switches its
+    adapters off for the reference instead, so it costs nothing)."""
+    return model.num_params() * 4 if adaptation == "full" else 0
+
+
+def recommenders() -> list[Recommender]:
+    """The `Recommender` of every training command whose record has a `recommend` hook, in the registry's order."""
+    return [hook for a in algorithms().values() if (hook := a.recommender()) is not None]
+
+
+def _choose(profile: DataProfile) -> tuple[Recommender, list[str], list[str]]:
+    """(the method, why, the alternatives): the first hook that claims the data, else the first fallback."""
+    fallback = None
+    for hook in recommenders():
+        fit = hook.suits(profile)
+        if fit is None:
+            continue
+        if not hook.fallback:
+            return hook, *fit
+        fallback = fallback or (hook, *fit)
+    if fallback is None:
+        raise ConfigError(f"no training command here suits {profile.kind} data ({profile.path})")
+    return fallback
+
+
+def _plan_inputs(method: Recommender, model: ModelConfig, adaptation: str, micro_rows: int, seq_len: int,
                  precision: str, remat: str) -> mem.PlanInputs:
     trainable = None if adaptation == "full" else mem.lora_param_estimate(model, rank=16)
     return mem.PlanInputs(
         model=model, micro_batch_size=micro_rows, seq_len=seq_len, trainable_params=trainable, precision=precision,
         remat=remat, frozen_bytes_per_param=QLORA_BYTES_PER_PARAM if adaptation == "qlora" else None,
-        loss_chunk_len=64 if command in ("sft", "pretrain") else None,
+        loss_chunk_len=method.loss_chunk_len,
     )
 
 
-def _extra_bytes(command: str, model: ModelConfig, adaptation: str, rows: int, seq_len: int) -> int:
-    """Memory the train-step plan does not count: DPO/GRPO's frozen reference copy under full fine-tuning (LoRA
-    switches its adapters off instead) and GRPO's KV cache for sampling (float32 K and V per layer)."""
-    extra = 0
-    if command in ("dpo", "grpo") and adaptation == "full":
-        extra += model.num_params() * 4
-    if command == "grpo":
-        extra += 2 * model.num_layers * model.num_kv_heads * model.head_dim * rows * seq_len * 4
-    return extra
-
-
-def _fit(command: str, model: ModelConfig, adaptation: str, batch_rows: int, seq_len: int, precision: str,
-         capacity: int | None, rows_per_item: int) -> tuple[mem.MemoryPlan, int, int, str] | None:
+def _fit(method: Recommender, model: ModelConfig, adaptation: str, batch_rows: int, seq_len: int, precision: str,
+         capacity: int | None) -> tuple[mem.MemoryPlan, int, int, str] | None:
     """(plan, peak bytes, micro-batch in items, remat) with the largest micro-batch and least remat that fit."""
+    rows_per_item = method.rows_per_item
     for remat in ("none", "dots", "full"):
         for micro in mem.micro_batch_candidates(batch_rows, 1):
-            p = _plan_inputs(command, model, adaptation, micro * rows_per_item, seq_len, precision, remat)
+            p = _plan_inputs(method, model, adaptation, micro * rows_per_item, seq_len, precision, remat)
             plan = mem.plan_memory(p, capacity)
-            peak = plan.total + _extra_bytes(command, model, adaptation, micro * rows_per_item, seq_len)
+            peak = plan.total + method.extra_bytes(model, adaptation, micro * rows_per_item, seq_len)
             if capacity is None or peak <= capacity * (1 - HEADROOM):
                 return plan, peak, micro, remat
     return None
@@ -151,39 +205,25 @@ def recommend(
     run_dir: str | None = None,
 ) -> Recommendation:
     """The method, adaptation, hyper-parameters and recipe for `profile` on `model` with `capacity` bytes."""
-    command, reasons, alternatives = _method_of(profile)
+    method, reasons, alternatives = _choose(profile)
+    command = method.command
     warnings: list[str] = []
     precision = "bf16" if accelerator else "fp32"
     ctx = model.max_position_embeddings or 2048
-    if command == "grpo":
-        batch, group = 4, 8
-        rows_per_item = group
-        completion = _round_up(min(profile.p95_tokens, 1024) * 0.75, 64)
-        # The task's prompt adds a system turn on the answer format (~100 tokens) to the question.
-        prompt_len = _round_up(min(profile.p95_tokens, 1024) * 0.5 + 128, 64)
-        seq_len = min(prompt_len + completion, ctx)
-    elif command == "dpo":
-        batch, rows_per_item = 8, 2
-        seq_len = min(_round_up(profile.p95_tokens, 128), 2048, ctx)
-    else:
-        batch, rows_per_item = 16, 1
-        base = profile.p95_tokens if command == "sft" else 1024
-        seq_len = min(_round_up(max(base, 256), 128), 2048, ctx)
+    batch, seq_len = method.batch, method.seq_len(profile, ctx)
 
-    # A small dataset cannot fill the default batch: cap it at the rows one epoch gives (packed rows for
-    # SFT / pre-training, at a conservative 80% packing; pairs or prompts otherwise), as a power of two.
-    per_epoch = (profile.total_tokens * 0.8 / seq_len if command in ("sft", "pretrain")
-                 else profile.rows * (0.98 if command == "dpo" else 1.0))
+    # A small dataset cannot fill the default batch: cap it at the items one epoch gives, as a power of two.
+    per_epoch = method.items_per_epoch(profile, seq_len)
     if per_epoch < batch:
         batch = 2 ** int(math.log2(max(per_epoch, 1)))
         warnings.append(f"little data: one epoch gives ~{int(per_epoch)} batch rows, so batch_size is {batch}")
     big_data = profile.total_tokens >= FULL_FT_MIN_TOKENS
     order = ADAPTATIONS if big_data else ("lora", "qlora")
     chosen = None
-    full_fit = _fit(command, model, "full", batch, seq_len, precision, capacity, rows_per_item)
+    full_fit = _fit(method, model, "full", batch, seq_len, precision, capacity)
     for adaptation in order:
-        fit = full_fit if adaptation == "full" else _fit(command, model, adaptation, batch, seq_len, precision,
-                                                         capacity, rows_per_item)
+        fit = full_fit if adaptation == "full" else _fit(method, model, adaptation, batch, seq_len, precision,
+                                                         capacity)
         if fit is not None:
             chosen = (adaptation, fit)
             break
@@ -191,9 +231,9 @@ def recommend(
     cap = gib(capacity) if capacity else "unknown memory"
     params = f"{model.num_params() / 1e6:.0f}M-parameter model"
     if chosen is None:
-        plan = mem.plan_memory(_plan_inputs(command, model, "qlora", rows_per_item, seq_len, precision, "full"),
-                               capacity)
-        peak = plan.total + _extra_bytes(command, model, "qlora", rows_per_item, seq_len)
+        rows = method.rows_per_item
+        plan = mem.plan_memory(_plan_inputs(method, model, "qlora", rows, seq_len, precision, "full"), capacity)
+        peak = plan.total + method.extra_bytes(model, "qlora", rows, seq_len)
         chosen = ("qlora", (plan, peak, 1, "full"))
         warnings.append(f"nothing fits in {cap}: even QLoRA with micro-batch 1 and full remat needs ~{gib(peak)}; "
                         "use a machine with more memory, several devices (train.mesh.fsdp) or a shorter seq_len")
@@ -211,38 +251,24 @@ def recommend(
                        f"~{profile.total_tokens / 1e6:.1f}M tokens is little data (< {FULL_FT_MIN_TOKENS // 10**6}M): "
                        "LoRA matches full fine-tuning there, forgets less and needs a fraction of the memory")
     if micro < batch or remat != "none":
-        unit = " prompts" if command == "grpo" else " pairs" if command == "dpo" else ""
-        reasons.append(f"memory: micro-batch {micro} of {batch}{unit} (gradient accumulation), remat {remat}, "
+        reasons.append(f"memory: micro-batch {micro} of {batch}{method.unit} (gradient accumulation), remat {remat}, "
                        f"leaving {HEADROOM:.0%} of the memory free for the plan's error")
 
-    recipe, hparams = _recipe(command, profile, model_source, tokenizer_source, adaptation, batch, micro, remat,
+    recipe, hparams = _recipe(method, profile, model_source, tokenizer_source, adaptation, batch, micro, remat,
                               seq_len, precision, run_dir or f"runs/recommended_{command}")
-    if command == "grpo":
-        recipe["grpo"].update(group_size=group, max_prompt_len=prompt_len, max_new_tokens=completion)
-        hparams.update(group_size=group, max_prompt_len=prompt_len, max_new_tokens=completion, beta=0.04)
-    method = {"pretrain": "continued pre-training", "sft": "SFT", "dpo": "DPO", "grpo": "GRPO"}[command]
-    method += {"full": " (full fine-tuning)", "lora": " with LoRA (rank 16)",
-               "qlora": " with QLoRA (NF4 base, rank 16)"}[adaptation]
-    return Recommendation(command=command, method=method, adaptation=adaptation, reasons=reasons,
+    name = method.method + {"full": " (full fine-tuning)", "lora": " with LoRA (rank 16)",
+                            "qlora": " with QLoRA (NF4 base, rank 16)"}[adaptation]
+    return Recommendation(command=command, method=name, adaptation=adaptation, reasons=reasons,
                           hyperparameters=hparams, peak_bytes=peak, capacity=capacity, plan=plan, recipe=recipe,
                           alternatives=alternatives, warnings=warnings)
 
 
-def _recipe(command: str, profile: DataProfile, source: str, tokenizer: str | None, adaptation: str, batch: int,
-            micro: int, remat: str, seq_len: int, precision: str,
+def _recipe(method: Recommender, profile: DataProfile, source: str, tokenizer: str | None, adaptation: str,
+            batch: int, micro: int, remat: str, seq_len: int, precision: str,
             run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(recipe data, the main hyper-parameters)."""
-    lr = {("pretrain", "full"): 2e-5, ("sft", "full"): 2e-5, ("dpo", "full"): 5e-7, ("grpo", "full"): 1e-6}.get(
-        (command, adaptation), {"pretrain": 2e-4, "sft": 2e-4, "dpo": 5e-5, "grpo": 5e-5}[command])
-    if command in ("sft", "pretrain"):
-        epochs = 1 if command == "pretrain" or profile.total_tokens >= 5_000_000 else 2
-        steps = max(math.ceil(epochs * profile.total_tokens / (batch * seq_len * 0.9)), 1)
-    elif command == "dpo":
-        epochs = 1
-        steps = max(math.ceil(profile.rows / batch), 1)
-    else:
-        epochs = 1
-        steps = max(min(math.ceil(profile.rows / batch), 500), 1)
+    lr = method.learning_rates[adaptation]
+    epochs, steps = method.schedule(profile, batch, seq_len)
     warmup = max(int(0.03 * steps), 1)
     recipe: dict[str, Any] = {"model": {"source": source, **({"tokenizer": tokenizer} if tokenizer else {})}}
     if adaptation != "full":
@@ -252,34 +278,9 @@ def _recipe(command: str, profile: DataProfile, source: str, tokenizer: str | No
         if adaptation == "qlora":
             lora["quantize_base"] = "nf4"
         recipe["lora"] = lora
-    elif command == "grpo":
-        recipe["lora"] = None
-    path = profile.path
-    if command == "grpo":
-        folder = path if os.path.isdir(path) else os.path.dirname(path)
-        has_test = os.path.isfile(os.path.join(folder, "test.jsonl"))
-        recipe["task"] = {"name": "gsm8k", "source": folder if has_test else path}
-        recipe["grpo"] = {"beta": 0.04, "temperature": 1.0}  # lengths and group size: set by `recommend`
-        recipe["eval"] = {"num_problems": 200 if has_test else 0}
-    elif command == "dpo":
-        # Held-out pairs: the folder's test split when it has one, else 2% of the rows (never the default
-        # eval_path, which is HH-RLHF's test file whatever the data).
-        held = ({"eval_path": path, "eval_split": "test"} if profile.split and _has_split(path, "test")
-                else {"eval_path": None, "eval_fraction": 0.02})
-        recipe["data"] = {"path": path, **({"split": profile.split} if profile.split else {}), **held,
-                          "max_eval_rows": 200, "overlong": "truncate"}
-        recipe["dpo"] = {"loss": "sigmoid", "beta": 0.1,
-                         "reference": "adapters_off" if adaptation != "full" else "batch"}
-    else:
-        data: dict[str, Any] = {"path": path, **({"split": profile.split} if profile.split else {}),
-                                "eval_fraction": 0.02}
-        if command == "pretrain":
-            data.update(format="text", train_on="all", overlong="split")
-            if profile.kind == "qa":
-                data["text_fields"] = ["question", "answer"]
-        else:
-            data["train_on"] = "assistant"
-        recipe["data"] = data
+    elif getattr(get(method.command).config_class()(), "lora", None) is not None:
+        recipe["lora"] = None  # the command trains adapters by default: full fine-tuning says so
+    recipe.update(method.sections(profile, adaptation))
     train: dict[str, Any] = {
         "steps": steps, "batch_size": batch, "seq_len": seq_len, "precision": precision, "remat": remat,
         "run_dir": run_dir,
@@ -289,20 +290,15 @@ def _recipe(command: str, profile: DataProfile, source: str, tokenizer: str | No
     }
     if micro < batch:
         train["micro_batch_size"] = micro
-    if command in ("sft", "pretrain", "dpo"):
+    if method.evaluates_loss:
         train["eval_every"] = max(steps // 4, 1)
     recipe["train"] = train
     hparams = {"learning_rate": lr, "epochs": epochs, "steps": steps, "batch_size": batch, "micro_batch_size": micro,
                "seq_len": seq_len, "precision": precision, "remat": remat}
     if adaptation != "full":
         hparams.update(lora_rank=16, lora_alpha=32)
-    if command == "dpo":
-        hparams.update(beta=0.1, loss="sigmoid")
+    hparams.update(method.hyperparameters(profile))
     return recipe, hparams
-
-
-def _has_split(folder: str, split: str) -> bool:
-    return os.path.isdir(folder) and any(n.split(".", 1)[0] == split for n in os.listdir(folder))
 
 
 def write_recipe(rec: Recommendation, path: str) -> str:

@@ -6,17 +6,22 @@ The records name their config class and `main` as strings, and the packages' `__
 heavy, so listing the commands (`tempax --help`) imports neither JAX nor an algorithm's modules; `resolve`
 imports them when a command runs. `register` adds a record from elsewhere (a plugin or a test).
 
-`tempax <command>` (`tempax.cli.train_cmds`), `tempax --help` (`tempax.cli.main`), `tempax validate`, the
-recommend command and docs/adding-an-algorithm.md read this registry.
+The record is the algorithm's whole contract with the rest of the project: `tempax <command>` and `tempax --help`
+(the CLI), the recipe checks (`tempax.algorithms.validate`), the model card (`tempax.export.model_card`), the
+recommendations (`tempax.algorithms.recommend`), `tempax data episodes` and the reference-curve tests read it, and
+no module outside the algorithm's folder keeps a list of algorithms (docs/adding-an-algorithm.md).
 """
 
 from __future__ import annotations
 
+import glob
 import importlib
+import os
 import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from tempax.configlib import load_config, recipe_command
 from tempax.errors import ConfigError
 
 PACKAGE = "tempax.algorithms"
@@ -33,6 +38,8 @@ class Algorithm:
       main: "module:function" of `main(config, *, hooks=(), log=None)`, which trains and returns the result.
       on_policy: it generates from the policy while training (GRPO, PPO); off-policy commands only train, and
         their processes are set up for training alone (`tempax.runtime.process.setup_process(job="train")`).
+      card: the model card's section on the method: what it optimises and from which signal, with its paper, in
+        a sentence or two (the card's "Training" section quotes it under the algorithm's name).
       knobs: the recipe sections that hold the algorithm's own settings (`grpo`, `dpo`, `loss`...): the model
         card lists their values as the run's hyper-parameters.
       renders_chat: its prompts are always rendered with the tokenizer's chat template, so `tempax validate`
@@ -41,6 +48,8 @@ class Algorithm:
         pins its behaviour on a tiny model.
       validate: optional "module:function" of extra checks `tempax validate` runs on a built config
         (`fn(config) -> list[str]` of warnings; a `ConfigError` refuses the recipe).
+      recommend: optional "module:object" of its `tempax.algorithms.recommend.Recommender`: for which data
+        `tempax recommend` proposes the command, and with which settings (None: it never proposes it).
     """
 
     command: str
@@ -48,10 +57,12 @@ class Algorithm:
     config: str
     main: str
     on_policy: bool = False
+    card: str = ""
     knobs: tuple[str, ...] = ()
     renders_chat: bool = False
     reference_curve: str | None = None
     validate: str | None = None
+    recommend: str | None = None
 
     def config_class(self) -> type:
         return _load(self.config, f"{self.command}'s config")
@@ -61,6 +72,10 @@ class Algorithm:
 
     def validate_function(self) -> Callable[[Any], list[str]] | None:
         return _load(self.validate, f"{self.command}'s validate") if self.validate else None
+
+    def recommender(self) -> Any:
+        """Its `Recommender` (None when the record names no `recommend` hook)."""
+        return _load(self.recommend, f"{self.command}'s recommend") if self.recommend else None
 
 
 def _load(ref: str, what: str) -> Any:
@@ -124,6 +139,23 @@ def resolve(command: str) -> tuple[type, Callable[..., Any]]:
     return algorithm.config_class(), algorithm.main_function()
 
 
+def load_recipe(command: str, recipe: str | None = None, overrides: Sequence[str] = ()) -> Any:
+    """The typed config of `command` from a recipe file (None: the defaults) plus `a.b=value` overrides, checked
+    as the command line checks them (a recipe whose `command:` key names another command is refused)."""
+    return load_config(get(command).config_class(), recipe, list(overrides), command=command)
+
+
+# The clone's root, where the shipped recipes are (`recipes/`).
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def recipes_for(command: str) -> list[str]:
+    """The shipped recipes whose `command:` key is `command` (paths relative to the clone, sorted): what a user
+    without a recipe is pointed to, and what every packaged algorithm must have one of."""
+    paths = sorted(glob.glob(os.path.join(REPOSITORY, "recipes", "**", "*.yaml"), recursive=True))
+    return [os.path.relpath(p, REPOSITORY) for p in paths if recipe_command(p) == command]
+
+
 def train(command: str, recipe: str | None = None, overrides: Sequence[str] = (), **main_options: Any) -> Any:
     """Runs `tempax COMMAND --config RECIPE KEY=VALUE ...` from Python and returns what its `main` returns.
 
@@ -131,7 +163,4 @@ def train(command: str, recipe: str | None = None, overrides: Sequence[str] = ()
     algorithm's `main` (`hooks=`, `log=`, and for GRPO / RFT an already built `model=` / `tokenizer=`). A reward
     function defined in the running script is named `__main__:function` in `rewards.functions`.
     """
-    from tempax.configlib import load_config
-
-    cls, main = resolve(command)
-    return main(load_config(cls, recipe, list(overrides), command=command), **main_options)
+    return get(command).main_function()(load_recipe(command, recipe, overrides), **main_options)

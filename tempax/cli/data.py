@@ -1,7 +1,7 @@
 """`tempax data clean IN OUT [--config C] [key=value ...] [--dry-run]`, `tempax data stats DATA --model M` and
 `tempax data episodes --config RECIPE --policy POLICY --out OUT.jsonl [key=value ...]`.
 
-The work is in `tempax.data.clean`, `tempax.data.stats` and `tempax.envs.transcripts`; this module parses
+The work is in `tempax.data.clean`, `tempax.data.stats` and `tempax.experiments.episodes`; this module parses
 arguments and prints. `episodes` plays the recipe's environment (`env:`) on its task rows (`task:`) with a
 scripted policy (`FILE.py:function` or `package.module:function`, called as `policy(messages, task_row)`) or
 with the recipe's model sampling (`sample`), and writes the tool-calling transcripts an SFT warm-start trains on.
@@ -13,15 +13,12 @@ import argparse
 import json
 import os
 import re
-from typing import Any
 
+from tempax.algorithms.registry import load_recipe
 from tempax.configlib import describe, load_config, recipe_command
 from tempax.data.clean import CleanConfig, clean_file
 from tempax.data.stats import dataset_stats, length_histogram
-from tempax.data.tasks.spec import load_task
-from tempax.envs.environment import EpisodeLimits, Message
 from tempax.envs.registry import load_object
-from tempax.envs.transcripts import Policy, play_transcript, write_transcripts
 from tempax.errors import ConfigError
 from tempax.models.registry import load_tokenizer
 
@@ -136,52 +133,23 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sampling_policy(cfg: Any, args: argparse.Namespace) -> tuple[Policy, Any]:
-    """The recipe's model as a policy: one sampled reply per turn."""
-    from tempax.generate import SamplingConfig, generate  # only sampling loads the model and the engine
-
-    model, tokenizer = cfg.model.build(seed=args.seed)
-    settings = getattr(cfg, "grpo", None) or getattr(cfg, "rft", None)
-    max_new = args.max_new_tokens or getattr(settings, "max_new_tokens", None) or 128
-    calls = [0]
-
-    def reply(messages: list[Message], task_row: Any) -> str:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        calls[0] += 1
-        config = SamplingConfig(n=1, temperature=args.temperature, max_new_tokens=max_new, seed=args.seed + calls[0])
-        return generate(model, tokenizer, [ids], config).texts[0]
-
-    return reply, tokenizer
-
-
 def _episodes(args: argparse.Namespace) -> int:
-    from tempax.cli.train_cmds import load
-    from tempax.rewards.registry import build_rewards
+    from tempax.experiments.episodes import write_episodes  # loads the environments and rewards
 
-    command = recipe_command(args.config)
-    cfg = load(command or "grpo", args.config, list(args.overrides))
+    command = recipe_command(args.config) or "grpo"
+    cfg = load_recipe(command, args.config, list(args.overrides))
     if getattr(cfg, "env", None) is None or getattr(cfg, "task", None) is None:
         raise ConfigError(f"{args.config}: tempax data episodes needs a recipe with env: and task: (grpo or rft)")
     if args.attempts < 1:
         raise ConfigError(f"--attempts must be >= 1, got {args.attempts}")
-    if args.policy == "sample":
-        policy, tokenizer = _sampling_policy(cfg, args)
-    else:
+    policy = None  # --policy sample: the recipe's model
+    if args.policy != "sample":
         policy = load_object(args.policy, "--policy")
         if not callable(policy):
             raise ConfigError(f"--policy={args.policy!r} is not a function (policy(messages, task_row) -> reply)")
-        tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.source)
-    rows, _ = load_task(cfg.task, eval_problems=0)
-    rows = rows[: args.limit] if args.limit else rows
-    make_env = cfg.env.build(tokenizer)
-    reward_fn = build_rewards(cfg.rewards) if cfg.rewards.functions else None
-    # The episode ends when the environment says so or after env.max_turns replies; SFT's train.seq_len bounds
-    # the length of what is trained, so no token budget is imposed here.
-    limits = EpisodeLimits(max_turns=cfg.env.max_turns, max_total_tokens=1 << 30)
-    transcripts = (play_transcript(make_env(), row, policy, tokenizer=tokenizer, limits=limits, reward_fn=reward_fn)
-                   for row in rows for _ in range(args.attempts))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    written, played = write_transcripts(args.out, transcripts, min_reward=args.min_reward)
+    written, played = write_episodes(cfg, command, args.out, policy=policy, limit=args.limit, attempts=args.attempts,
+                                     min_reward=args.min_reward, temperature=args.temperature,
+                                     max_new_tokens=args.max_new_tokens, seed=args.seed)
     kept = f" (total reward >= {args.min_reward})" if args.min_reward is not None else ""
     print(f"{args.out}: {written} of {played} episodes{kept}")
     return 0

@@ -6,18 +6,16 @@
 
 Greedy decoding gives the usual accuracy; `--samples N` adds N sampled completions per problem (at
 `--temperature`) for unbiased pass@k. Results print as a table and, with `--out FILE.json`, are written with
-every completion and its verdict.
+every completion and its verdict. The evaluation is `tempax.eval.evaluate`; this module parses arguments, loads
+the model and the rows, and prints.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-from typing import Any
 
-from tempax.data.tasks import generate_arithmetic, load_gsm8k
-from tempax.data.tasks.code import generate_code_problems
+from tempax.data.tasks.spec import split_rows
 from tempax.errors import ConfigError
 
 # Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
@@ -46,32 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="write the results with every completion to this JSON file")
 
 
-def load_rows(task: str, split: str, num_problems: int, source: str | None = None, seed: int = 0) -> list[dict]:
-    if task == "arithmetic":
-        return generate_arithmetic(num_problems, split="test" if split == "test" else "train", seed=seed)
-    if task == "code":
-        return generate_code_problems(num_problems, split="test" if split == "test" else "train", seed=seed)
-    return list(load_gsm8k(split, source, limit=num_problems))
-
-
-def interval_lines(result: Any) -> list[str]:
-    """pass@1 of the greedy completions and pass@k of the sampled ones, each with its 95% interval over problems
-    (`tempax.eval.metrics.pass_at_k_interval`)."""
-    from tempax.eval.metrics import pass_at_k_interval
-
-    lines = []
-    if result.greedy is not None:
-        m, low, high = pass_at_k_interval([r.correct for r in result.greedy_records], 1)
-        lines.append(f"greedy pass@1 {m:.1%} (95% CI [{low:.1%}, {high:.1%}])")
-    if result.sampled is not None:
-        for k in sorted(result.sampled.pass_at_k):
-            m, low, high = pass_at_k_interval([r.correct for r in result.sampled_records], k)
-            lines.append(f"sampled pass@{k} {m:.1%} (95% CI [{low:.1%}, {high:.1%}])")
-    return lines
-
-
 def run(args: argparse.Namespace) -> int:
-    from tempax.eval.evaluate import EvalOptions, evaluate, format_table
+    from tempax.eval.evaluate import EvalOptions, evaluate, format_table, interval_lines
     from tempax.train.run_model import load_source
 
     if args.source_model and args.model and args.source_model != args.model:
@@ -96,24 +70,15 @@ def run(args: argparse.Namespace) -> int:
         from tempax.models.lora import load_adapters, merge_lora
 
         model = merge_lora(load_adapters(model, args.adapters))
-    rows = load_rows(args.task, args.split, args.num_problems, args.source, args.seed)
+    rows = split_rows(args.task, args.split, args.num_problems, args.source, args.seed)
     result = evaluate(model, tokenizer, rows, options, label=f"eval {args.task}")
-    stages = []
-    if result.greedy is not None:
-        stages.append(("greedy", dataclasses.replace(result, sampled=None)))
-    if result.sampled is not None:
-        stages.append((f"sampled (T={args.temperature})", dataclasses.replace(result, greedy=None)))
-    print(format_table(stages))
+    print(format_table(result.by_mode(args.temperature)))
     for line in interval_lines(result):
         print(line)
     print(f"{len(rows)} {args.task} problems ({args.split}), {result.seconds:.0f} s")
     if args.out:
-        records = {
-            "greedy": [dataclasses.asdict(r) for r in result.greedy_records],
-            "sampled": [dataclasses.asdict(r) for r in result.sampled_records],
-        }
         with open(args.out, "w") as f:
             json.dump({"model": args.model, "adapters": args.adapters, "task": args.task, **result.to_dict(),
-                       "records": records}, f, indent=2)
+                       "records": result.records()}, f, indent=2)
         print(f"wrote {args.out}")
     return 0

@@ -97,13 +97,8 @@ def _print_batch(result: Any, prompts: list[str], args: argparse.Namespace, temp
     for r, text in enumerate(result.texts):
         i, j = divmod(r, result.n)
         if args.json:
-            n_tok = int(result.lengths[r])
-            out.write(json.dumps({
-                "prompt_index": i, "sample": j, "prompt": prompts[i], "text": text,
-                "token_ids": result.token_ids[r, :n_tok].tolist(),
-                "logprobs": [round(float(x), 6) for x in result.logprobs[r, :n_tok]],
-                "finish_reason": result.finish_reasons[r], "chat_template": templated,
-            }) + "\n")
+            out.write(json.dumps({"prompt_index": i, "sample": j, "prompt": prompts[i], **result.completion(r),
+                                  "chat_template": templated}) + "\n")
         else:
             label = f"[{i}]" if result.n == 1 else f"[{i}.{j}]"
             out.write(f"{label} {prompts[i]!r}\n{text}\n\n")

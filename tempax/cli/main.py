@@ -90,14 +90,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                 raise
             p.set_defaults(_missing=True)
             continue
-        mod.add_arguments(p, name) if _takes_name(mod.add_arguments) else mod.add_arguments(p)
+        mod.add_arguments(p)  # the command's name reaches `run` as args._command
     return parser
-
-
-def _takes_name(fn) -> bool:
-    import inspect
-
-    return len(inspect.signature(fn).parameters) >= 2
 
 
 def main(argv: list[str] | None = None) -> int:

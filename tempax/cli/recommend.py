@@ -42,13 +42,7 @@ def run(args: argparse.Namespace) -> int:
                     accelerator=jax.default_backend() != "cpu", run_dir=args.run_dir)
     path = write_recipe(rec, args.out or f"recommended_{rec.command}.yaml")
     if args.json:
-        print(json.dumps({"command": rec.command, "method": rec.method, "adaptation": rec.adaptation,
-                          "reasons": rec.reasons, "alternatives": rec.alternatives, "warnings": rec.warnings,
-                          "hyperparameters": rec.hyperparameters, "peak_bytes": rec.peak_bytes,
-                          "capacity": rec.capacity, "recipe": path,
-                          "data": {"kind": profile.kind, "rows": profile.rows, "tokens": profile.total_tokens,
-                                   "p95_tokens": profile.p95_tokens,
-                                   "checkable_fraction": round(profile.checkable_fraction, 3)}}, indent=2))
+        print(json.dumps({**rec.to_dict(), "recipe": path, "data": profile.summary()}, indent=2))
         return 0
     cap = f"{capacity / GiB:.2f} GiB" if capacity else "unknown"
     print(f"data:   {profile.path}{f' [{profile.split}]' if profile.split else ''}: {profile.kind}, "

@@ -9,13 +9,7 @@ import argparse
 import json
 import time
 from tempax.data.tokenizer_train import (
-    corpus_texts,
-    describe_tokenizer,
-    extend_model,
-    roundtrip_exact,
-    save_tokenizer,
-    tokens_per_char,
-    train_bpe,
+    corpus_texts, describe_tokenizer, extend_model, heldout_report, save_tokenizer, train_bpe,
 )
 from tempax.models.registry import load_tokenizer
 
@@ -48,11 +42,8 @@ def _train(args: argparse.Namespace) -> int:
     save_tokenizer(tok, args.out)
     out = {"out": args.out, **describe_tokenizer(tok), "train_seconds": round(time.perf_counter() - start, 1)}
     if args.heldout:
-        texts = list(corpus_texts(args.heldout))
-        exact, n = roundtrip_exact(tok, texts)
-        out.update(heldout_texts=n, roundtrip_exact=exact, tokens_per_char=round(tokens_per_char(tok, texts), 4))
-        if args.compare:
-            out[f"tokens_per_char[{args.compare}]"] = round(tokens_per_char(load_tokenizer(args.compare), texts), 4)
+        compare = {args.compare: load_tokenizer(args.compare)} if args.compare else None
+        out.update(heldout_report(tok, list(corpus_texts(args.heldout)), compare))
     print(json.dumps(out, indent=2))
     return 0
 

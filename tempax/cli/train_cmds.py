@@ -10,8 +10,8 @@ import argparse
 import sys
 from typing import Any
 
-from tempax.algorithms.registry import resolve
-from tempax.configlib import describe, dump_yaml, load_config, recipe_command
+from tempax.algorithms.registry import load_recipe, recipes_for, resolve
+from tempax.configlib import describe, dump_yaml
 from tempax.errors import ConfigError
 
 # Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
@@ -19,23 +19,6 @@ from tempax.errors import ConfigError
 # Exit status of a run that a hook stopped before train.steps (`tempax.train.hooks.Stop`; the reason is in
 # <run_dir>/metrics.jsonl as `stop_reason` and in <run_dir>/summary.json; a checkpoint of that step is saved).
 STOPPED_EXIT_STATUS = 3
-
-
-def load(command: str, config: str | None, overrides: list[str]) -> Any:
-    """The typed config of `command` from a recipe file plus overrides."""
-    cls, _ = resolve(command)
-    return load_config(cls, config, overrides, command=command)
-
-
-def recipes_for(command: str) -> list[str]:
-    """The shipped recipes whose `command:` key is `command` (relative paths, sorted)."""
-    import glob
-    import os
-
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    paths = sorted(glob.glob(os.path.join(root, "recipes", "**", "*.yaml"), recursive=True))
-    return [os.path.relpath(p, root) for p in paths if recipe_command(p) == command]
 
 
 def defaults_summary(cfg: Any) -> str:
@@ -52,7 +35,7 @@ def defaults_summary(cfg: Any) -> str:
     return ", ".join(parts)
 
 
-def add_arguments(parser: argparse.ArgumentParser, name: str = "sft") -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", "-c", metavar="RECIPE",
                         help="YAML recipe (see recipes/); omitted: the defaults, which need at least one KEY=VALUE")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
@@ -69,10 +52,10 @@ def run(args: argparse.Namespace) -> int:
     if args.config is None and not args.overrides and not args.print_config:
         raise ConfigError(
             f"tempax {command} needs a recipe: --config RECIPE ({', '.join(recipes_for(command)) or 'see recipes/'}). "
-            f"Without one every key keeps its default ({defaults_summary(load(command, None, []))}); to train on "
+            f"Without one every key keeps its default ({defaults_summary(load_recipe(command))}); to train on "
             f"those, say so with at least one override, e.g. tempax {command} train.run_dir=runs/{command}-defaults"
         )
-    cfg = load(command, args.config, list(args.overrides))
+    cfg = load_recipe(command, args.config, list(args.overrides))
     if args.config is None and not args.print_config:
         print(f"tempax {command}: no --config; every key not overridden keeps its default: {defaults_summary(cfg)}",
               file=sys.stderr)

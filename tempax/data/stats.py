@@ -205,6 +205,11 @@ class DataProfile:
         """Estimated tokens of the whole dataset."""
         return int(self.tokens_per_row * self.rows)
 
+    def summary(self) -> dict[str, Any]:
+        """What the profile found, as JSON-able data: kind, rows, estimated tokens, p95 length, checkable share."""
+        return {"kind": self.kind, "rows": self.rows, "tokens": self.total_tokens, "p95_tokens": self.p95_tokens,
+                "checkable_fraction": round(self.checkable_fraction, 3)}
+
 
 def default_split(path: str) -> str | None:
     """"train" for a folder holding a train file next to other splits (e.g. gsm8k/{train,test}.jsonl), else None."""

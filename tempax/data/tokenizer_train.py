@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from tempax.data.kinds import content_strings, row_kind
 from tempax.data.sources import iter_rows
@@ -115,6 +115,18 @@ def roundtrip_exact(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[int, in
     exact = sum(tokenizer.decode(tokenizer.encode(t, add_special_tokens=False), skip_special_tokens=False) == t
                 for t in texts)
     return exact, len(texts)
+
+
+def heldout_report(tokenizer: Tokenizer, texts: Sequence[str],
+                   compare: Mapping[str, Tokenizer] | None = None) -> dict[str, Any]:
+    """How a tokenizer does on held-out `texts`: how many round-trip exactly, and its tokens per character beside
+    those of the `compare` tokenizers (name -> tokenizer), each rounded to 4 places."""
+    exact, n = roundtrip_exact(tokenizer, texts)
+    report: dict[str, Any] = {"heldout_texts": n, "roundtrip_exact": exact,
+                              "tokens_per_char": round(tokens_per_char(tokenizer, texts), 4)}
+    for name, other in (compare or {}).items():
+        report[f"tokens_per_char[{name}]"] = round(tokens_per_char(other, texts), 4)
+    return report
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ parts plus the task's reward functions on the final reply, so a caller can keep 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -135,3 +136,25 @@ def write_transcripts(
                 written += 1
     return written, played
 
+
+def record_transcripts(
+    path: str,
+    env_factory: Callable[[], Any],
+    rows: Sequence[Mapping[str, Any]],
+    policy: Policy,
+    *,
+    tokenizer: Tokenizer,
+    max_turns: int,
+    attempts: int = 1,
+    reward_fn: Callable[..., Any] | None = None,
+    min_reward: float | None = None,
+) -> tuple[int, int]:
+    """Plays `attempts` episodes of a fresh environment per task row with `policy` and writes their transcripts to
+    `path` (`write_transcripts`); returns (written, played). An episode ends when the environment says so or after
+    `max_turns` replies: no token budget is imposed, since what trains on the transcripts (SFT's train.seq_len)
+    bounds the length of what is trained."""
+    limits = EpisodeLimits(max_turns=max_turns, max_total_tokens=1 << 30)
+    transcripts = (play_transcript(env_factory(), row, policy, tokenizer=tokenizer, limits=limits, reward_fn=reward_fn)
+                   for row in rows for _ in range(attempts))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return write_transcripts(path, transcripts, min_reward=min_reward)

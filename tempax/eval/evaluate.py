@@ -20,12 +20,13 @@ results (`check_timeouts`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tempax.errors import ConfigError, DataError
-from tempax.eval.metrics import EvalSummary, summarize
+from tempax.eval.metrics import EvalSummary, pass_at_k_interval, summarize
 from tempax.generate import SamplingConfig, generate
 from tempax.parallel.process import is_writer
 from tempax.progress import work_bar
@@ -161,6 +162,21 @@ class TaskEvaluation:
         return {"greedy": one(self.greedy), "sampled": one(self.sampled), "seconds": self.seconds,
                 "check_timeouts": self.check_timeouts}
 
+    def records(self) -> dict[str, list[dict[str, Any]]]:
+        """Every problem's completions and verdicts, per decoding mode, as JSON-able data."""
+        return {"greedy": [dataclasses.asdict(r) for r in self.greedy_records],
+                "sampled": [dataclasses.asdict(r) for r in self.sampled_records]}
+
+    def by_mode(self, temperature: float) -> list[tuple[str, "TaskEvaluation"]]:
+        """One (label, evaluation) per decoding mode evaluated, greedy first, for `format_table`; the sampled
+        row's label names its `temperature`."""
+        rows = []
+        if self.greedy is not None:
+            rows.append(("greedy", dataclasses.replace(self, sampled=None)))
+        if self.sampled is not None:
+            rows.append((f"sampled (T={temperature})", dataclasses.replace(self, greedy=None)))
+        return rows
+
 
 def score_completions(
     completions: Sequence[str], answer: Any, *, timeout_s: float | None = CHECK_TIMEOUT_S
@@ -275,3 +291,17 @@ def render_rows(lines: Sequence[Sequence[str]]) -> str:
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
+
+
+def interval_lines(result: TaskEvaluation) -> list[str]:
+    """pass@1 of the greedy completions and pass@k of the sampled ones, each with its 95% interval over problems
+    (`tempax.eval.metrics.pass_at_k_interval`)."""
+    lines = []
+    if result.greedy is not None:
+        m, low, high = pass_at_k_interval([r.correct for r in result.greedy_records], 1)
+        lines.append(f"greedy pass@1 {m:.1%} (95% CI [{low:.1%}, {high:.1%}])")
+    if result.sampled is not None:
+        for k in sorted(result.sampled.pass_at_k):
+            m, low, high = pass_at_k_interval([r.correct for r in result.sampled_records], k)
+            lines.append(f"sampled pass@{k} {m:.1%} (95% CI [{low:.1%}, {high:.1%}])")
+    return lines

@@ -73,6 +73,14 @@ class GenerationResult:
         """texts as [P][n]: the n completions of each prompt."""
         return [self.texts[i * self.n:(i + 1) * self.n] for i in range(len(self.prompt_ids))]
 
+    def completion(self, row: int) -> dict[str, Any]:
+        """Row `row`'s completion as JSON-able data: its text, token ids and log-probs (its tokens only, log-probs
+        to 6 places) and why it ended."""
+        n_tok = int(self.lengths[row])
+        return {"text": self.texts[row], "token_ids": self.token_ids[row, :n_tok].tolist(),
+                "logprobs": [round(float(x), 6) for x in self.logprobs[row, :n_tok]],
+                "finish_reason": self.finish_reasons[row]}
+
 
 def _prompt_ids(tokenizer: Any, prompts: Sequence[Prompt]) -> list[list[int]]:
     if isinstance(prompts, str):

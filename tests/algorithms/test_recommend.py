@@ -4,12 +4,14 @@ recipe it writes passing `tempax validate`."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
+from tempax.algorithms import registry
 from tempax.algorithms.recommend import FULL_FT_MIN_TOKENS, recommend, write_recipe
-from tempax.cli.validate import check_recipe
+from tempax.algorithms.registry import Algorithm
+from tempax.algorithms.sft.recommend import SFTRecommender
+from tempax.algorithms.validate import check_recipe
 from tempax.data.stats import DataProfile
 from tempax.models.presets import get_preset
 from tempax.train.memory import GiB
@@ -100,46 +102,31 @@ def test_memory_picks_micro_batch_and_remat(tmp_path):
     assert tight.peak_bytes <= 3 * GiB
 
 
-def test_cli_recommend_on_raw_text(tmp_path, capsys, monkeypatch):
-    from tempax.cli.main import main
+class PlainTextRecommender(SFTRecommender):
+    """A recommend hook from outside the packaged algorithms: it claims raw text, which only the fallback
+    (continued pre-training) claims otherwise."""
 
-    monkeypatch.chdir(tmp_path)
-    with open("notes.jsonl", "w") as f:
-        for i in range(40):
-            f.write(json.dumps({"text": f"Field note {i}: the river rose {i} cm overnight after the storm."}) + "\n")
-    assert main(["recommend", "notes.jsonl", "--memory-gib", "16", "--out", "rec.yaml", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["command"] == "pretrain" and out["data"]["kind"] == "text" and out["data"]["rows"] == 40
-    assert main(["validate", "rec.yaml"]) == 0
-    assert "valid `tempax pretrain` recipe" in capsys.readouterr().out
-    with open("rec.yaml") as f:
-        assert "# Run:  tempax pretrain --config rec.yaml" in f.read()
+    command = "toy-text"
+    method = "toy training on text"
+
+    def suits(self, profile: DataProfile) -> tuple[list[str], list[str]] | None:
+        return (["the toy claims raw text"], []) if profile.kind == "text" else None
 
 
-@pytest.mark.parametrize("kind", ["messages", "text"])
-def test_written_recipe_runs(tmp_path, monkeypatch, kind):
-    """The recipe `recommend` writes for a tiny checkpoint runs with the command it names (2 steps)."""
-    from tempax.cli.main import main
-    from tempax.data.stats import profile_dataset
-    from tempax.models.hf_io import save_hf_checkpoint
-    from tests.kit.models import tiny_tempax_model
-    from tests.kit.tokenizers import tiny_chat_tokenizer
+TOY_TEXT = PlainTextRecommender()
 
-    monkeypatch.chdir(tmp_path)
-    tok = tiny_chat_tokenizer()
-    folder = save_hf_checkpoint(tiny_tempax_model("llama", vocab_size=tok.vocab_size), str(tmp_path / "tiny"),
-                                tokenizer=tok)
-    with open("rows.jsonl", "w") as f:
-        for i in range(20):
-            row = ({"messages": [{"role": "user", "content": f"What is {i} + 1?"},
-                                 {"role": "assistant", "content": f"It is {i + 1}."}]} if kind == "messages"
-                   else {"text": f"Note {i}: the quick brown fox jumps over the lazy dog."})
-            f.write(json.dumps(row) + "\n")
-    profile = profile_dataset("rows.jsonl", tok)
-    rec = recommend(profile, tiny_tempax_model("llama").config, model_source=folder, capacity=8 * GiB,
-                    run_dir=str(tmp_path / "run"))
-    assert rec.command == ("sft" if kind == "messages" else "pretrain")
-    path = write_recipe(rec, "rec.yaml")
-    assert main([rec.command, "--config", path, "train.steps=2", "train.progress_bar=false",
-                 "train.tensorboard=false", "train.mesh.num_devices=1", "train.checkpoint.save_at_end=false"]) == 0
-    assert os.path.isfile(tmp_path / "run" / "metrics.jsonl")
+
+def test_a_registered_algorithms_hook_is_asked_like_the_packaged_ones(tmp_path):
+    """A record registered with a `recommend` hook is proposed for the data its hook claims, ahead of the fallback,
+    with nothing added to the recommend module; other data still goes where it went."""
+    toy = registry.register(Algorithm("toy-text", "a toy", config="tempax.algorithms.sft.main:SFTConfig",
+                                      main="tempax.algorithms.sft.main:main", recommend=f"{__name__}:TOY_TEXT"))
+    try:
+        rec = recommend(_profile(tmp_path, "text"), SMOL, model_source="smollm2-135m-instruct", capacity=64 * GiB)
+        assert rec.command == "toy-text" and rec.reasons[0] == "the toy claims raw text"
+        assert rec.method == "toy training on text with LoRA (rank 16)"
+        other = recommend(_profile(tmp_path, "qa", checkable=0.5), SMOL, model_source="smollm2-135m-instruct",
+                          capacity=64 * GiB)
+        assert other.command == "pretrain"
+    finally:
+        registry.unregister(toy.command)

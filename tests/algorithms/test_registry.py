@@ -1,6 +1,7 @@
-"""The algorithm registry: every packaged record resolves, listing the commands imports no JAX, and a toy
-algorithm registered from this test module appears in `tempax --help`, passes `tempax validate` and trains two
-steps through `tempax toy --config RECIPE`.
+"""The algorithm registry: every packaged record resolves and keeps the contract it states, listing the commands
+imports no JAX, and a toy algorithm is registered from this test module (tests/cli/test_train_cmds.py sees it in
+`tempax --help`, has `tempax validate` accept its recipe and trains it two steps through `tempax toy --config
+RECIPE`).
 
 The toy is what docs/adding-an-algorithm.md walks through, in one file: a config, a loss (mean next-token
 negative log-likelihood over the supervised tokens), a `main` that calls the shared steps in order, and a record.
@@ -9,7 +10,6 @@ negative log-likelihood over the supervised tokens), a `main` that calls the sha
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -30,8 +30,6 @@ from tempax.models.logprobs import masked_mean, token_logprobs
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
 from tempax.train.loop import TrainResult
-from tempax.train.metrics import read_metrics
-from tests.kit.tokenizers import tiny_chat_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -102,75 +100,41 @@ def test_listing_the_commands_imports_neither_jax_nor_an_algorithm():
     assert out[1] == "[]", out[1]
 
 
-def test_a_registered_toy_algorithm_is_listed_validated_and_trains_two_steps(toy, tmp_path, capsys):
-    from tempax.cli.main import main as cli
+def packaged_records() -> list[Algorithm]:
+    """Every record of every package under tempax/algorithms, read from the packages themselves (not through the
+    registry, so a package the registry failed to find would still be checked)."""
+    import importlib
+    import pkgutil
 
-    with pytest.raises(SystemExit) as exit_info:
-        cli(["--help"])
-    assert exit_info.value.code == 0
-    assert "toy" in capsys.readouterr().out
+    import tempax.algorithms as package
 
-    tok = tmp_path / "tokenizer"
-    tiny_chat_tokenizer().hf.save_pretrained(str(tok))
-    data = tmp_path / "chats.jsonl"
-    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus 1?"},
-                                                     {"role": "assistant", "content": f"{i + 1}."}]}) + "\n"
-                            for i in range(8)))
-    recipe = tmp_path / "toy.yaml"
-    recipe.write_text(f"""# The toy algorithm on eight tiny chats.
-# Run: tempax toy --config {recipe}
-command: toy
-model: {{source: preset:tiny-llama, tokenizer: {tok}, overrides: {{vocab_size: 400, num_layers: 1}}}}
-data: {{path: {data}, packing: false}}
-train:
-  steps: 2
-  batch_size: 2
-  seq_len: 32
-  run_dir: {tmp_path / "run"}
-  progress_bar: false
-  tensorboard: false
-  mesh: {{num_devices: 1}}
-  checkpoint: {{save_at_end: false}}
-""")
-    assert cli(["validate", str(recipe)]) == 0
-    assert "valid `tempax toy` recipe" in capsys.readouterr().out
-    assert cli(["toy", "--config", str(recipe)]) == 0
-    records = [r for r in read_metrics(str(tmp_path / "run")) if "loss" in r]
-    assert [r["step"] for r in records] == [1, 2]
-    assert all(jnp.isfinite(r["loss"]) for r in records)
+    return [record for info in pkgutil.iter_modules(package.__path__) if info.ispkg
+            for record in getattr(importlib.import_module(f"tempax.algorithms.{info.name}"), "ALGORITHMS", ())]
 
 
 def test_every_packaged_algorithm_keeps_the_contract_its_record_states():
     """The record is the one place an algorithm states what the rest of the project reads: each packaged
-    command has a shipped recipe, a stored reference curve that the curve test runs, knobs sections that its
-    config has (the model card lists them), and `renders_chat` where its prompts go through the chat template."""
-    import glob
-
-    from tempax.configlib import recipe_command
+    command has a shipped recipe, a stored reference curve that the curve test runs, a model-card section (the
+    method in words, and knobs sections that its config has, whose values the card lists), `renders_chat` where
+    its prompts go through the chat template, and a `recommend` hook, where it has one, for its own command.
+    Nothing outside the algorithm's folder lists algorithms, so this is all docs/adding-an-algorithm.md asks."""
+    from tempax.algorithms.recommend import Recommender
     from tests import reference_curves as rc
 
-    shipped = {recipe_command(p) for p in glob.glob(os.path.join(ROOT, "recipes", "**", "*.yaml"), recursive=True)}
-    for command, algorithm in registry.algorithms().items():
-        assert command in shipped, f"{command}: no recipe in recipes/ names `command: {command}`"
+    records = packaged_records()
+    assert {a.command for a in records} == set(registry.algorithms())
+    for algorithm in records:
+        command = algorithm.command
+        assert registry.recipes_for(command), f"{command}: no recipe in recipes/ names `command: {command}`"
         assert algorithm.reference_curve in rc.NAMES, f"{command}: no reference curve run ({algorithm.reference_curve})"
         assert os.path.exists(rc.path_of(algorithm.reference_curve)), f"{command}: curve not stored"
+        assert len(algorithm.card.split()) >= 8 and algorithm.card.endswith("."), f"{command}: no model-card section"
         assert algorithm.knobs, f"{command}: its record names no knobs section"
         fields = {f.name for f in dataclasses.fields(algorithm.config_class())}
         assert set(algorithm.knobs) <= fields, f"{command}: knobs {algorithm.knobs} not all in its config {fields}"
-    assert {a.reference_curve for a in registry.algorithms().values()} == set(rc.NAMES)
-    chat = {c for c, a in registry.algorithms().items() if a.renders_chat}
+        hook = algorithm.recommender()
+        assert hook is None or (isinstance(hook, Recommender) and hook.command == command), command
+    assert {a.reference_curve for a in records} == set(rc.NAMES)
+    chat = {a.command for a in records if a.renders_chat}
     assert chat == {"dpo", "kto", "reward-model", "grpo", "rft", "ppo"}
-
-
-def test_the_model_card_lists_the_knobs_its_record_names(tmp_path):
-    """An RFT run's card carries its `rft.*` settings (a hand-kept list of sections once left RFT out)."""
-    from tempax.algorithms.rft.config import RFTConfig
-    from tempax.cli.model_card import gather
-    from tempax.configlib import dump_yaml, load_config
-
-    cfg = load_config(RFTConfig, os.path.join(ROOT, "recipes", "rft_arithmetic_smollm2.yaml"), command="rft")
-    (tmp_path / "config.yaml").write_text(dump_yaml(cfg, command=None))
-    card = gather(source="smollm2-135m-instruct", run_dir=str(tmp_path))
-    assert card.algorithm == "rft"
-    assert card.hyperparameters["rft.samples_per_problem"] == cfg.rft.samples_per_problem
-    assert not [k for k in card.hyperparameters if k.startswith(("grpo.", "ppo."))]
+    assert {a.command for a in records if a.recommend} == {"sft", "pretrain", "dpo", "grpo"}

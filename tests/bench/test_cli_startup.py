@@ -30,7 +30,7 @@ def test_commands_and_table(tmp_path):
 
 
 def test_the_demo_table_is_read_without_its_timing_column(tmp_path):
-    """The demo's rows (as `tempax.cli.demo.interval_table` prints them) minus "training s", which varies between
+    """The demo's rows (as `tempax.experiments.tables.interval_table` prints them) minus "training s", which varies between
     runs; lines around the table are ignored."""
     out = """step 3 loss 1.2
 stage       format % [95% CI]     answer % [95% CI]  problems  training s

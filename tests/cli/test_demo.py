@@ -1,16 +1,11 @@
-"""`tempax demo` and `tempax eval`: argument parsing, and a shortened demo end to end on a tiny model."""
+"""`tempax demo` and `tempax eval`: the flags map to the demo's config keys (the pipelines themselves:
+tests/experiments/test_demo.py and test_tool_demo.py)."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-
-import pytest
-
-from tempax.cli.demo import DEFAULT_MODEL, DemoConfig, config_from_args, main
+from tempax.cli.demo import config_from_args
 from tempax.cli.main import build_parser
-from tempax.errors import ConfigError
+from tempax.experiments.demo import DEFAULT_MODEL, DemoConfig
 
 
 def test_demo_takes_no_arguments_and_maps_its_flags():
@@ -51,23 +46,6 @@ def test_demo_takes_no_arguments_and_maps_its_flags():
     assert rloo.grpo.grpo.advantage == "rloo"
 
 
-def test_demo_rejects_bad_values():
-    from tempax.configlib import load_config
-
-    with pytest.raises(ConfigError, match="steps"):
-        load_config(DemoConfig, None, ["grpo.train.steps=0"])
-    with pytest.raises(ConfigError, match="name"):
-        load_config(DemoConfig, None, ["grpo.task.name=mmlu"])
-    with pytest.raises(ConfigError, match="eval-problems"):
-        load_config(DemoConfig, None, ["grpo.eval.num_problems=0"])
-    with pytest.raises(ConfigError, match="advantage"):
-        load_config(DemoConfig, None, ["grpo.grpo.advantage=ppo"])
-    with pytest.raises(ConfigError, match="--compare .*warm-start"):
-        load_config(DemoConfig, None, ["compare=true", "sft=null"])
-    with pytest.raises(ConfigError, match="budget must be one of .*'cpu'.*'gpu'"):
-        load_config(DemoConfig, None, ["budget=gpu"])
-
-
 def test_budget_flag_maps_to_the_config():
     from tempax.configlib import load_config
 
@@ -76,173 +54,3 @@ def test_budget_flag_maps_to_the_config():
     assert config_from_args(args).budget == "cpu"
     assert DemoConfig().reference is True
     assert load_config(DemoConfig, None, ["compare=true", "reference=false"]).reference is False
-
-
-def test_grpo_difficulty_changes_only_the_grpo_stage_training_problems():
-    """The curriculum lever: grpo_difficulty sets the GRPO stage's training problems; the held-out problems,
-    demonstrations and RFT keep the task's difficulty."""
-    from tempax.cli.demo import grpo_training
-    from tempax.configlib import load_config
-    from tempax.data.tasks.arithmetic import ArithmeticConfig
-
-    cfg = load_config(DemoConfig, None, ["compare=true", "grpo_difficulty.max_steps=1",
-                                         "grpo_difficulty.max_operand=20"])
-    assert cfg.grpo_difficulty == ArithmeticConfig(max_steps=1, max_operand=20)
-    _, grpo, _ = cfg.stages("/tmp/x")
-    trained = grpo_training(grpo, cfg.grpo_difficulty)
-    assert trained.task.arithmetic == cfg.grpo_difficulty and trained.task.seed == grpo.task.seed
-    assert grpo.task.arithmetic == ArithmeticConfig() and cfg.compare_stages("/tmp/x")[1].task == grpo.task
-    assert grpo_training(grpo, None) is grpo
-    with pytest.raises(ConfigError, match="grpo_difficulty .*task gsm8k"):
-        load_config(DemoConfig, None, ["grpo.task.name=gsm8k", "grpo_difficulty.max_steps=1"])
-
-
-@pytest.mark.parametrize("kind", ["wall", "cpu"])
-def test_stage_budget_stops_at_the_step_whose_midpoint_passes_the_budget(monkeypatch, kind):
-    """A 10 s budget on a fake clock: created at 100, steps end at 103, 106, 108.5, 111.5 (3, 3, 2.5, 3 s).
-    After step 2 used = 6, 6 + 3/2 = 7.5 < 10: go on; after step 3 used = 8.5, 8.5 + 2.5/2 = 9.75 < 10: go on;
-    after step 4 used = 11.5 >= 10: stop. A 9.5 s budget stops after step 3 (9.75 >= 9.5)."""
-    from tempax.cli import demo
-    from tempax.train.hooks import Stop
-
-    for seconds, stop_after in ((10.0, 4), (9.5, 3)):
-        ticks = iter([100.0, 103.0, 106.0, 108.5, 111.5])
-        monkeypatch.setitem(demo.BUDGET_CLOCKS, kind, lambda: next(ticks))
-        hook = demo.StageBudget(seconds, kind)
-        results = [hook(None) for _ in range(stop_after)]
-        assert results[:-1] == [None] * (stop_after - 1)
-        assert isinstance(results[-1], Stop) and f"budget of {seconds:.0f} s spent" in results[-1].reason
-        assert ("CPU-time" in results[-1].reason) == (kind == "cpu")
-
-
-def test_cpu_budget_counts_this_process_threads_and_not_sleep():
-    """The cpu clock is the process's CPU time: another thread's 0.2 s of CPU advances it, a sleep does not."""
-    import threading
-    import time
-
-    from tempax.cli.demo import BUDGET_CLOCKS
-
-    cpu = BUDGET_CLOCKS["cpu"]
-    t0 = cpu()
-    time.sleep(0.3)
-    assert cpu() - t0 < 0.1
-
-    def spin() -> None:  # until this thread alone has used 0.2 s of CPU, however loaded the machine is
-        end = time.thread_time() + 0.2
-        while time.thread_time() < end:
-            pass
-
-    worker = threading.Thread(target=spin)
-    t1 = cpu()
-    worker.start()
-    worker.join()
-    assert cpu() - t1 >= 0.2
-
-
-def test_eval_command_parses():
-    args = build_parser().parse_args(["eval", "--model", "smollm2-135m-instruct", "--task", "arithmetic",
-                                      "--samples", "4", "--ks", "1,4"])
-    assert args.task == "arithmetic" and args.samples == 4 and args.ks == "1,4"
-
-
-def tiny_demo_config(tmp_path, *, grpo_steps: int, train_problems: int, compare: bool = False) -> DemoConfig:
-    """The demo on a random-init tiny model: 2 SFT steps, `grpo_steps` GRPO steps of 2 samples x 4 tokens,
-    4 held-out problems."""
-    from tempax.algorithms.common import ModelSpec
-    from tempax.configlib import from_dict
-    from tests.kit.tokenizers import tiny_chat_tokenizer
-
-    tok_dir = tmp_path / "tokenizer"
-    tiny_chat_tokenizer().hf.save_pretrained(str(tok_dir))
-    spec = ModelSpec(source="preset:tiny-llama", tokenizer=str(tok_dir),
-                     overrides={"vocab_size": 400, "max_position_embeddings": 1024})
-    lora = {"rank": 2, "alpha": 4.0}
-    sft_train = {"batch_size": 2, "seq_len": 512}
-    return from_dict(DemoConfig, {
-        "model": spec, "run_dir": str(tmp_path / "demo"), "progress_bar": False, "compare": compare,
-        "sft": {"lora": lora, "train": {"steps": 2, **sft_train}},
-        "baseline": {"lora": lora, "train": sft_train}, "scarce_sft": {"lora": lora, "train": sft_train},
-        "demonstrations": 8,
-        # A random-init model passes no real checker: accept everything, so RFT has rounds to train on.
-        "rft": {"lora": lora, "rft": {"samples_per_problem": 2, "problems_per_round": 2, "max_new_tokens": 4,
-                                      "threshold": 0.0, "keep_truncated": True}, "train": sft_train},
-        "grpo": {"lora": lora, "task": {"num_train_problems": train_problems},
-                 "grpo": {"group_size": 2, "max_new_tokens": 4},
-                 "eval": {"num_problems": 4, "max_new_tokens": 4}, "train": {"steps": grpo_steps}},
-    })
-
-
-@pytest.mark.slow
-def test_short_demo_runs_end_to_end_on_a_tiny_model(tmp_path):
-    """Base -> SFT -> GRPO on a random-init tiny model (2 SFT steps, 2 GRPO steps, 4 problems): the table has
-    the three stages, and the run dir holds the reward curve, the GRPO metrics and results.json."""
-    cfg = tiny_demo_config(tmp_path, grpo_steps=2, train_problems=16)
-    lines: list[str] = []
-    result = main(cfg, say=lines.append)
-    assert [name for name, _ in result.evaluations] == ["base model", "after SFT", "after GRPO"]
-    table = result.table.splitlines()
-    assert len(table) == 5 and "after GRPO" in table[-1]
-    for key in ("reward_curve", "metrics", "results"):
-        assert os.path.getsize(result.files[key]) > 0, key
-    with open(result.files["results"]) as f:
-        saved = json.load(f)
-    assert set(saved["stages"]) == {"base model", "after SFT", "after GRPO"}
-    assert {"load", "sft", "grpo", "total"} <= set(saved["seconds"])
-    assert any("Held-out" in line for line in lines)
-
-
-@pytest.mark.slow
-def test_compare_demo_runs_the_scarce_demonstration_comparison(tmp_path):
-    """--compare on a random-init tiny model: a warm-start on the 8 demonstrations, GRPO, then (a) SFT on the same
-    8, (c) RFT and the reference SFT on fresh solutions, each until GRPO's process CPU seconds are spent
-    (budget=cpu; the budget hook, not train.steps=1000, ends them), all evaluated on the same problems; the table has six stages with Wilson
-    intervals and the paired (b) - (a), (c) - (a) lines."""
-    from tempax.cli.demo import COMPARE_GRPO_STAGE, REFERENCE_STAGE, RFT_STAGE, SCARCE_STAGE
-
-    cfg = dataclasses.replace(tiny_demo_config(tmp_path, grpo_steps=3, train_problems=64, compare=True),
-                              budget="cpu")
-    result = main(cfg, say=lambda text: None)
-    assert [name for name, _ in result.evaluations] == ["base model", "after SFT", COMPARE_GRPO_STAGE, SCARCE_STAGE,
-                                                        RFT_STAGE, REFERENCE_STAGE]
-    budget = result.budget
-    for name in (SCARCE_STAGE, RFT_STAGE, REFERENCE_STAGE):
-        stage = budget["stages"][name]
-        assert 1 <= stage["steps"] < 1000, name
-        # budget=cpu: it stops at the first step whose midpoint passes GRPO's process CPU seconds, so within one
-        # step (an RFT step may carry a round's sampling) of them.
-        step_cpu = stage["cpu_seconds"] / stage["steps"]
-        assert budget["clock"] == "cpu" and budget["budget_seconds"] == budget["grpo_cpu_seconds"]
-        assert abs(stage["cpu_seconds"] - budget["grpo_cpu_seconds"]) <= step_cpu + 5.0, name
-    with open(os.path.join(cfg.run_dir, "sft_examples.jsonl")) as f:
-        assert sum(1 for _ in f) == 8  # the warm-start saw only the N demonstrations
-    with open(os.path.join(cfg.run_dir, "scarce_examples.jsonl")) as f:
-        assert sum(1 for _ in f) == 8  # and (a) the same N
-    lines = result.table.splitlines()
-    assert RFT_STAGE in lines[6] and "[" in lines[6]
-    assert lines[8].startswith(f"{COMPARE_GRPO_STAGE} minus {SCARCE_STAGE}, answers") and "95% CI" in lines[8]
-    assert any(line.startswith(f"{RFT_STAGE} minus {SCARCE_STAGE}, answers") for line in lines)
-    with open(result.files["results"]) as f:
-        saved = json.load(f)
-    with open(os.path.join(cfg.run_dir, "outcomes.jsonl")) as f:
-        written = [json.loads(line) for line in f]
-    assert [w["stage"] for w in written] == [name for name, _ in result.evaluations]
-    assert all(len(w["correct"]) == 4 for w in written)
-    paired = saved["comparison"][f"{RFT_STAGE} minus {SCARCE_STAGE}"]["answers"]
-    assert paired["both"] + paired["only_a"] + paired["only_b"] + paired["neither"] == 4
-    assert paired["low"] <= paired["difference"] <= paired["high"]
-
-
-def test_compare_needs_a_task_with_sft_targets(tmp_path):
-    """GSM8K rows carry no ideal completions, so there is nothing to continue SFT on: a clear error before the
-    model is loaded (the model source below does not exist)."""
-    from tempax.configlib import load_config
-
-    data = tmp_path / "gsm8k"
-    data.mkdir()
-    for split in ("train", "test"):
-        (data / f"{split}.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
-    cfg = load_config(DemoConfig, None, ["compare=true", "grpo.task.name=gsm8k", f"grpo.task.source={data}",
-                                         "grpo.eval.num_problems=1", f"run_dir={tmp_path / 'run'}",
-                                         "model.source=/nonexistent/model"])
-    with pytest.raises(ConfigError, match="--compare trains SFT on the task's ideal completions; task gsm8k"):
-        main(cfg, say=lambda text: None)

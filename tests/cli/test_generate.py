@@ -13,6 +13,7 @@ from tempax.models.hf_io import save_hf_checkpoint
 from tempax.models.registry import load
 from tests.generate.conftest import peaked_tiny_model
 from tests.kit.tokenizers import tiny_chat_tokenizer
+from tests.train.test_run_model import _run_dir
 
 
 @pytest.fixture(scope="module")
@@ -148,16 +149,16 @@ def test_chat_streams_replies_with_the_template(checkpoint, capsys, monkeypatch)
 
 _CHAT_DRIVER = """
 import sys, time
-import tempax.generate
+import tempax.generate.chat
 from tempax.cli import chat, generate
 from tempax.cli.main import main
 
-real_stream, real_config = tempax.generate.stream, generate.sampling_config
+real_stream, real_config = tempax.generate.chat.stream, generate.sampling_config
 def slow_stream(*args, **kwargs):  # the tiny model is fast: 50 ms a piece leaves time for a Ctrl-C mid-reply
     for piece in real_stream(*args, **kwargs):
         time.sleep(0.05)
         yield piece
-tempax.generate.stream = slow_stream
+tempax.generate.chat.stream = slow_stream
 chat.sampling_config = lambda args: real_config(args).replace(ignore_eos=True)  # every reply runs its full length
 sys.exit(main(["chat", sys.argv[1], "--max-new-tokens", "200", "--chunk", "1", "--temperature", "0"]))
 """
@@ -211,26 +212,10 @@ def test_ctrl_c_during_a_reply_stops_it_and_keeps_the_conversation(checkpoint, t
     assert seen.count(b"assistant> ") == 2 and b"interrupted" not in err
 
 
-def test_ctrl_c_in_a_reply_keeps_the_part_said_in_the_conversation(monkeypatch):
-    """The stream is interrupted after "Hel" + "lo": the session says the reply stopped, the next turn's prompt
-    holds the user turn and the partial reply "Hello", and the session goes on to /exit."""
-    from tempax.cli.chat import chat_loop
-    from tests.kit.tokenizers import tiny_chat_tokenizer as tokenizer_factory
-
-    rendered = []
-
-    def fake_stream(model, tokenizer, ids, config, chunk_size):
-        rendered.append(tokenizer.decode(ids, skip_special_tokens=False))
-        yield "Hel"
-        yield "lo"
-        if len(rendered) == 1:
-            raise KeyboardInterrupt
-        yield "!"
-
-    monkeypatch.setattr("tempax.generate.stream", fake_stream)
-    out = io.StringIO()
-    chat_loop(None, tokenizer_factory(), SamplingConfig(max_new_tokens=4), system=None, chunk=1,
-              inp=io.StringIO("hi\nmore\n/exit\n"), out=out)
-    assert out.getvalue() == ("you> assistant> Hello\n(reply stopped; Ctrl-C at the prompt or /exit quits)\n"
-                              "you> assistant> Hello!\nyou> ")
-    assert "<|im_start|>assistant\nHello<|im_end|>" in rendered[1] and "more" in rendered[1]
+def test_a_reward_model_run_is_one_line_naming_the_command_that_scores_it(tmp_path, capfd):
+    """`tempax generate` on a reward-model run: exit 2 and one line naming `tempax score RUN` and its base."""
+    run = _run_dir(tmp_path, "rm", {"model": {"source": "smollm2-135m-instruct"}, "reward": {"margin": 0.0},
+                                    "train": {}})
+    assert main(["generate", run, "--prompt", "hi"]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and f"`tempax score {run}`" in err and "smollm2-135m-instruct" in err

@@ -1,61 +1,15 @@
-"""`tempax launch`: the environment each process gets, and that one failing or hanging process ends the run."""
+"""`tempax launch`: the command is registered with its options, and a `tempax` command run under it prints its
+report once (the launcher itself: tests/parallel/test_launch.py)."""
 
 from __future__ import annotations
 
-import sys
-import time
-
-from tempax.cli.launch import command_argv, launch, process_env
 from tempax.cli.main import build_parser
+from tempax.parallel.launch import launch
 
 
-def test_each_process_gets_jax_coordinator_settings_and_its_device_count():
-    env = process_env({"XLA_FLAGS": "--xla_foo=1 --xla_force_host_platform_device_count=8"},
-                      coordinator="127.0.0.1:1234", nproc=2, index=1, devices_per_process=2)
-    assert env["JAX_COORDINATOR_ADDRESS"] == "127.0.0.1:1234"
-    assert (env["JAX_NUM_PROCESSES"], env["JAX_PROCESS_ID"]) == ("2", "1")
-    assert env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] == "gloo"
-    assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_force_host_platform_device_count=2"
-    assert command_argv(["tempax", "sft", "-c", "r.yaml"]) == [sys.executable, "-m", "tempax.cli.main", "sft",
-                                                               "-c", "r.yaml"]
-
-
-def test_a_failing_process_stops_the_others_and_gives_its_status():
-    """Process 1 exits with status 3 at once; process 0 would sleep 60 s: the launcher returns 3 within seconds."""
-    script = "import os, sys, time; sys.exit(3) if os.environ['JAX_PROCESS_ID'] == '1' else time.sleep(60)"
-    start = time.monotonic()
-    assert launch([sys.executable, "-c", script], nproc=2, grace=2.0) == 3
-    assert time.monotonic() - start < 30
-
-
-def test_timeout_stops_a_hung_run_with_status_124():
-    start = time.monotonic()
-    assert launch([sys.executable, "-c", "import time; time.sleep(60)"], nproc=2, timeout=1.0, grace=2.0) == 124
-    assert time.monotonic() - start < 30
-
-
-def test_all_processes_succeeding_is_status_0_and_the_command_is_registered():
-    assert launch([sys.executable, "-c", "pass"], nproc=2) == 0
+def test_the_command_is_registered():
     args = build_parser().parse_args(["launch", "--nproc", "2", "--", "tempax", "sft", "--config", "r.yaml"])
     assert args.cmd[-4:] == ["tempax", "sft", "--config", "r.yaml"] and args.nproc == 2
-
-
-def test_process_0_prints_and_the_others_only_warn_behind_their_rank(capfd):
-    """Two processes each print an info line to stdout and stderr and raise one warning, as a `tempax` command
-    does: the info lines appear once (process 0's), the warning twice, process 1's behind its rank."""
-    script = ("import sys, warnings\n"
-              "from tempax.runtime.process import quiet_unless_first_process\n"
-              "quiet_unless_first_process()\n"
-              "print('a table on stdout')\n"
-              "print('resumed from step 3', file=sys.stderr)\n"
-              "warnings.warn('careful with that axe')\n")
-    capfd.readouterr()
-    assert launch([sys.executable, "-c", script], nproc=2) == 0
-    out, err = capfd.readouterr()
-    assert out.count("a table on stdout") == 1 and err.count("resumed from step 3") == 1
-    warned = [line for line in err.splitlines() if "UserWarning: careful with that axe" in line]
-    assert len(warned) == 2 and sum(line.startswith("[process 1] ") for line in warned) == 1, err
-    assert not any(line.startswith("[process 1] ") for line in err.splitlines() if "resumed" in line)
 
 
 def test_a_tempax_command_under_launch_prints_once(capfd, tmp_path):

@@ -41,3 +41,11 @@ def test_a_command_help_imports_only_that_command():
     assert "usage: tempax model-info" in help_text
     assert "tempax.cli.model_info" in modules
     assert not {"tempax.cli.train_cmds", "tempax.cli.demo", "tempax.cli.chat"} & modules
+
+
+def test_the_cli_names_its_training_commands():
+    from tempax.cli.main import commands, training_commands
+
+    training = training_commands()
+    assert set(training) <= set(commands())
+    assert "sft" in training and "generate" not in training and "grpo" not in training

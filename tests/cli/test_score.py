@@ -9,32 +9,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tempax.models.reward_model import RewardModel, load_reward_model, save_reward_model
-from tempax.rewards.reward_model import RewardScorer
 from tempax.cli.main import main as cli
-from tempax.cli.score import score_rows
+from tempax.models.reward_model import RewardModel, save_reward_model
+from tests.eval.test_scoring import SMALL, rm_folder, scorer  # noqa: F401  (the fixtures: a tiny reward model)
 from tests.kit.models import tiny_tempax_model
 from tests.kit.tokenizers import tiny_chat_tokenizer
 
-SMALL = {"vocab_size": 400, "num_layers": 1, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1,
-         "head_dim": 16, "intermediate_size": 64}
-
-
-@pytest.fixture(scope="module")
-def rm_folder(tmp_path_factory):
-    tok = tiny_chat_tokenizer()
-    model = RewardModel(tiny_tempax_model("llama", **SMALL), rngs=nnx.Rngs(1))
-    return save_reward_model(model, str(tmp_path_factory.mktemp("score") / "rm"), tokenizer=tok.hf,
-                             extra={"max_length": 64})
-
-
-@pytest.fixture(scope="module")
-def scorer(rm_folder):
-    model, tok = load_reward_model(rm_folder)
-    return RewardScorer(model, tok, max_length=64, batch_size=4)
-
-
-def test_command_line_pairs_match_the_scorer(rm_folder, scorer, capsys):
+def test_command_line_pairs_match_the_scorer(rm_folder, scorer, capsys):  # noqa: F811
     code = cli(["score", rm_folder, "--prompt", "What is bread?", "--response", "Flour, water, salt and yeast.",
                 "--prompt", "Capital of France?", "--response", "Paris."])
     assert code == 0
@@ -45,7 +26,7 @@ def test_command_line_pairs_match_the_scorer(rm_folder, scorer, capsys):
     assert json.loads(err.strip().splitlines()[-1])["num_scored"] == 2
 
 
-def test_input_file_with_pairs_singles_and_bad_rows(rm_folder, scorer, tmp_path, capsys):
+def test_input_file_with_pairs_singles_and_bad_rows(rm_folder, scorer, tmp_path, capsys):  # noqa: F811
     rows = [
         {"prompt": "hi", "response": "hello there"},
         {"prompt": [{"role": "user", "content": "hi"}], "completion": "hey"},
@@ -71,21 +52,11 @@ def test_input_file_with_pairs_singles_and_bad_rows(rm_folder, scorer, tmp_path,
     assert summary["num_scored"] == 2 and summary["num_pairs"] == 2 and 0.0 <= summary["accuracy"] <= 1.0
 
 
-def test_hh_dialogues_score_the_final_replies(scorer):
-    """An HH-RLHF row's prompt is the shared dialogue and each side's final assistant turn is what gets scored."""
-    dialogue = "\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Bake bread?\n\nAssistant: "
-    records, report, summary = score_rows(scorer, [{"chosen": dialogue + "Mix flour.", "rejected": dialogue + "No."}])
-    prompt = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-              {"role": "user", "content": "Bake bread?"}]
-    assert records[0]["chosen_score"] == pytest.approx(scorer([prompt], ["Mix flour."])[0], abs=1e-5)
-    assert report.kept == 1 and summary["num_pairs"] == 1
-
-
 @pytest.mark.parametrize("argv, message", [
     (["--prompt", "a"], "pass them in pairs"),
     ([], "nothing to score"),
 ])
-def test_user_mistakes_exit_2_with_a_message(rm_folder, capsys, argv, message):
+def test_user_mistakes_exit_2_with_a_message(rm_folder, capsys, argv, message):  # noqa: F811
     assert cli(["score", rm_folder, *argv]) == 2
     assert message in capsys.readouterr().err
 
@@ -95,7 +66,7 @@ def test_a_folder_that_is_not_a_reward_model(tmp_path, capsys):
     assert "not a tempax reward model" in capsys.readouterr().err
 
 
-def test_limit_scores_the_first_rows_under_a_labelled_bar(rm_folder, tmp_path, capsys, monkeypatch):
+def test_limit_scores_the_first_rows_under_a_labelled_bar(rm_folder, tmp_path, capsys, monkeypatch):  # noqa: F811
     """--limit 3 of 10 rows: three scores, one line saying so, and (on a terminal) a bar naming the file."""
     import tempax.progress
 

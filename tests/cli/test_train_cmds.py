@@ -1,4 +1,6 @@
-"""`tempax sft|pretrain|validate|plot|export` through the real CLI entry point, on a tiny model."""
+"""The training commands (`tempax sft|pretrain|dpo|kto|reward-model|grpo|...`), and `validate`, `plot` and `export`
+on their runs, through the real CLI entry point on a tiny model: a registered algorithm's command, the recipe
+listing without one, `--print-config`, the done line and exit status 3 for a run a hook stopped."""
 
 from __future__ import annotations
 
@@ -11,7 +13,12 @@ import pytest
 from numpy.testing import assert_allclose
 
 from tempax.cli.main import main
+from tempax.train.metrics import read_metrics
+from tests.algorithms.grpo.test_objective import tok  # noqa: F401  (the fixture: the tiny chat tokenizer)
+from tests.algorithms.test_registry import toy  # noqa: F401  (the fixture: the toy algorithm, registered)
 from tests.kit.tokenizers import tiny_chat_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DIALOGUES = [
     [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "Paris."}],
@@ -287,3 +294,107 @@ def test_validate_takes_a_run_dir_as_model_source(workspace, trained, tmp_path, 
     assert main(["validate", str(recipe), f"model.source={reward_run}", "model.tokenizer=null",
                  "model.overrides={}"]) == 2
     assert f"model.source: {reward_run} is a reward-model run" in capsys.readouterr().err
+
+
+def test_training_command_without_a_recipe_refuses_and_lists_the_recipes(capsys):
+    assert main(["sft"]) == 2
+    err = capsys.readouterr().err
+    assert "tempax sft needs a recipe: --config RECIPE (recipes/sft_full_tiny.yaml, recipes/sft_lora_smollm2" in err
+    assert "model smollm2-135m-instruct, full fine-tuning, 100 steps of 8 x 512 tokens" in err
+    assert main(["sft", "--print-config"]) == 0  # looking at the defaults needs no recipe
+    assert "run_dir: runs/run" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_cli_exits_3_when_the_collapse_guard_stops_a_run(tok, tmp_path, capsys):  # noqa: F811
+    """`tempax grpo ... guard.action=stop` with a guard that fires at once (min_entropy 100 nats, window 1):
+    the run stops after step 1 of 3 with a checkpoint, the reason in summary.json, and exit status 3."""
+    import json
+
+    from tempax.cli.main import main as cli
+
+    tok_dir = tmp_path / "tokenizer"
+    tok.hf.save_pretrained(str(tok_dir))
+    run_dir = tmp_path / "run"
+    status = cli([
+        "grpo", "model.source=preset:tiny-llama", f"model.tokenizer={tok_dir}", "model.overrides={vocab_size: 400}",
+        "lora.rank=2", "lora.alpha=4", "task.name=arithmetic", "task.num_train_problems=8", "grpo.group_size=2",
+        "grpo.max_new_tokens=4", "eval.num_problems=0", "train.steps=3", "train.batch_size=2",
+        "train.mesh.num_devices=1", f"train.run_dir={run_dir}", "train.progress_bar=false", "train.tensorboard=false",
+        "train.check_memory=false", "guard.action=stop", "guard.min_entropy=100", "guard.window=1",
+    ])
+    assert status == 3
+    assert "stopped early: collapse guard at step 1: entropy collapse" in capsys.readouterr().err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["step"] == 1 and summary["stop_reason"].startswith("collapse guard at step 1")
+    assert (run_dir / "checkpoints" / "1").is_dir()
+
+
+def test_dpo_print_config_shows_the_overrides(capsys):
+    """`tempax dpo --config RECIPE --print-config key=value` shows the overrides in the resolved config."""
+    from tempax.cli.main import main as cli
+    from tempax.algorithms.registry import algorithms
+
+    assert "dpo" in algorithms()
+    recipe = os.path.join(ROOT, "recipes", "dpo_smollm2_lora.yaml")
+    assert cli(["dpo", "--config", recipe, "--print-config", "dpo.loss=simpo", "dpo.beta=2.0"]) == 0
+    printed = capsys.readouterr().out
+    assert "loss: simpo" in printed and "reference: adapters_off" in printed
+
+
+def test_kto_print_config_shows_the_overrides(capsys):
+    from tempax.cli.main import main as cli
+
+    recipe = os.path.join(ROOT, "recipes", "kto_smollm2_lora.yaml")
+    assert cli(["kto", "--config", recipe, "--print-config", "kto.desirable_weight=1.33"]) == 0
+    printed = capsys.readouterr().out
+    assert "desirable_weight: 1.33" in printed and "convert_pairs: true" in printed
+
+
+def test_reward_model_print_config_shows_the_overrides(capsys):
+    """`tempax reward-model --config RECIPE --print-config key=value` shows the override in the resolved config."""
+    from tempax.cli.main import main as cli
+    from tempax.algorithms.registry import algorithms
+
+    assert "reward-model" in algorithms()
+    recipe = os.path.join(ROOT, "recipes", "reward_model_smollm2_lora.yaml")
+    assert cli(["reward-model", "--config", recipe, "--print-config", "reward.margin=0.5"]) == 0
+    assert "margin: 0.5" in capsys.readouterr().out
+
+
+def test_a_registered_toy_algorithm_is_listed_validated_and_trains_two_steps(toy, tmp_path, capsys):  # noqa: F811
+    from tempax.cli.main import main as cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["--help"])
+    assert exit_info.value.code == 0
+    assert "toy" in capsys.readouterr().out
+
+    tok = tmp_path / "tokenizer"
+    tiny_chat_tokenizer().hf.save_pretrained(str(tok))
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus 1?"},
+                                                     {"role": "assistant", "content": f"{i + 1}."}]}) + "\n"
+                            for i in range(8)))
+    recipe = tmp_path / "toy.yaml"
+    recipe.write_text(f"""# The toy algorithm on eight tiny chats.
+# Run: tempax toy --config {recipe}
+command: toy
+model: {{source: preset:tiny-llama, tokenizer: {tok}, overrides: {{vocab_size: 400, num_layers: 1}}}}
+data: {{path: {data}, packing: false}}
+train:
+  steps: 2
+  batch_size: 2
+  seq_len: 32
+  run_dir: {tmp_path / "run"}
+  progress_bar: false
+  tensorboard: false
+  mesh: {{num_devices: 1}}
+  checkpoint: {{save_at_end: false}}
+""")
+    assert cli(["validate", str(recipe)]) == 0
+    assert "valid `tempax toy` recipe" in capsys.readouterr().out
+    assert cli(["toy", "--config", str(recipe)]) == 0
+    records = [r for r in read_metrics(str(tmp_path / "run")) if "loss" in r]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(jnp.isfinite(r["loss"]) for r in records)

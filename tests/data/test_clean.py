@@ -293,24 +293,6 @@ def test_too_many_malformed_rows(tmp_path):
         clean_file(src, None)
 
 
-def test_cli_data_clean(tmp_path, capsys):
-    from tempax.cli.main import main
-
-    src = _write_jsonl(tmp_path / "in.jsonl", [{"text": "first document text"}, {"text": "first document text"}])
-    out = str(tmp_path / "out.jsonl")
-    assert main(["data", "clean", src, out, "near_dedup.enabled=false"]) == 0
-    printed = capsys.readouterr().out
-    assert "exact_duplicate" in printed and "report:" in printed
-    report = json.load(open(out + ".report.json"))
-    assert report["kept"] == 1 and report["config"]["near_dedup"]["enabled"] is False
-    assert main(["data", "clean", src]) == 2  # neither OUT nor --dry-run: a clear message, exit status 2
-    assert "needs OUT" in capsys.readouterr().err
-    # Options before IN, and overrides after an option, both work.
-    assert main(["data", "clean", "--dry-run", src, "--report", str(tmp_path / "r.json"), "exact_dedup=false",
-                 "near_dedup.enabled=false"]) == 0
-    assert json.load(open(tmp_path / "r.json"))["kept"] == 2
-
-
 def test_example_clean_config_loads():
     from tempax.configlib import load_config
 

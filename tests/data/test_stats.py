@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -92,15 +91,3 @@ def test_profile_counts_rows_and_checkable_answers(tmp_path):
     assert p.kind == "qa" and p.rows == 10 and p.sample_rows == 4 and p.split == "train"
     assert p.checkable_fraction == pytest.approx(0.9)
     assert p.total_tokens == int(p.tokens_per_row * 10) and p.p95_tokens > 0
-
-
-def test_cli_data_stats(tmp_path, capsys):
-    from tempax.cli.main import main
-
-    tok_dir = str(tmp_path / "tok")
-    tiny_chat_tokenizer().hf.save_pretrained(tok_dir)
-    path = _write(tmp_path / "chat.jsonl", CHATS)
-    png = str(tmp_path / "plots" / "lengths.png")
-    assert main(["data", "stats", path, "--model", tok_dir, "--seq-len", "50", "--png", png, "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["rows"] == 3 and out["share_longer_than_50"] == round(1 / 3, 4) and os.path.isfile(png)

@@ -118,14 +118,3 @@ def test_bad_tool_specs_are_refused_when_the_recipe_is_read(tmp_path, monkeypatc
             EnvironmentSpec(name="tools", tools=tools).validate()
     with pytest.raises(ConfigError, match="set env.name=tools"):
         EnvironmentSpec(name="calculator", tools=("untyped.py:price_of",)).validate()
-
-
-def test_a_bad_tool_spec_is_one_line_from_the_command(tmp_path, monkeypatch, capsys):
-    """`tempax validate RECIPE env.tools=[...]` with a function that has no type hints: exit 2 and one line."""
-    from tempax.cli.main import main
-
-    monkeypatch.chdir(ROOT)
-    (tmp_path / "untyped.py").write_text('def price_of(item):\n    """Price.\n\n    Args:\n      item: name.\n    """\n')
-    code = main(["validate", "recipes/grpo_price_tools.yaml", f"env.tools=[{tmp_path}/untyped.py:price_of]"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1 and "parameter 'item' has no type hint" in err

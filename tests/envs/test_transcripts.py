@@ -8,7 +8,6 @@ import os
 
 import pytest
 
-from tempax.cli.main import main
 from tempax.data.formats import tokenize_rows
 from tempax.envs.environment import EpisodeLimits
 from tempax.envs.registry import EnvironmentSpec, load_object
@@ -79,14 +78,3 @@ def test_min_reward_keeps_only_the_episodes_that_reach_it(played, tmp_path):
     path = str(tmp_path / "out.jsonl")
     assert write_transcripts(path, [t, wrong, t], min_reward=1.0) == (2, 3)
     assert [json.loads(line)["reward"] for line in open(path)] == [1.0, 1.0]
-
-
-def test_the_command_writes_the_shipped_warm_start_set(tmp_path, monkeypatch, capsys):
-    """`tempax data episodes` with the price recipe and the scripted policy writes what examples/
-    price_episodes.jsonl holds: all 48 task rows correct (the correctness reward scores each 1)."""
-    monkeypatch.chdir(ROOT)
-    out = str(tmp_path / "episodes.jsonl")
-    assert main(["data", "episodes", "--config", "recipes/grpo_price_tools.yaml", "--policy",
-                 "examples/price_tools.py:scripted_reply", "--out", out, "--min-reward", "1"]) == 0
-    assert capsys.readouterr().out.strip().endswith("48 of 48 episodes (total reward >= 1.0)")
-    assert open(out).read() == open("examples/price_episodes.jsonl").read()

@@ -152,11 +152,3 @@ def test_each_mode_runs_under_a_bar_naming_it(monkeypatch, capsys):
              label="eval after")
     err = capsys.readouterr().err
     assert "eval after greedy:   0%|" in err and "eval after sampled x2:   0%|" in err and "0/3 [" in err
-
-
-def test_eval_command_takes_limit():
-    from tempax.cli.main import build_parser
-
-    args = build_parser(["eval"]).parse_args(["eval", "smollm2-135m-instruct", "--limit", "7"])
-    assert args.num_problems == 7
-    assert "--limit" in build_parser(["eval"])._subparsers._group_actions[0].choices["eval"].format_help()

@@ -58,7 +58,7 @@ def test_a_second_chat_loads_every_turns_programs_and_says_the_same(model, token
     longer prompt bucket; the first session stores each bucket's pair, a second one traces nothing."""
     import io
 
-    from tempax.cli.chat import chat_loop
+    from tempax.generate.chat import chat_loop
 
     turns = "hello there\n" + "tell me more about that, and then some more words to pass a bucket\n" * 3
     config = SamplingConfig(max_new_tokens=12, temperature=0.0)

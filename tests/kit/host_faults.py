@@ -10,9 +10,9 @@ runs on the host (`Host.kill_all`).
 
 from __future__ import annotations
 
+import runpy
 import sys
 
-from tempax.cli.main import main
 from tests.kit.kill_points import install_kill
 
 
@@ -20,5 +20,7 @@ if __name__ == "__main__":
     fault, at_step, dash, *command = sys.argv[1:]
     assert dash == "--", "usage: python -m tests.kit.host_faults FAULT STEP -- COMMAND ..."
     install_kill(fault, int(at_step))
-    sys.argv = ["tempax", *command]  # set the process up as the `tempax` command does
-    sys.exit(main())
+    # The command runs as `python -m tempax.cli.main COMMAND ...` runs it (the process set up as the `tempax`
+    # command does), in this process, so the kill points installed above are in place.
+    sys.argv = ["tempax", *command]
+    runpy.run_module("tempax.cli.main", run_name="__main__", alter_sys=True)

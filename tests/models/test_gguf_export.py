@@ -239,7 +239,7 @@ def test_transformers_loads_the_export(tmp_path, family, quant):
 def test_smollm2_export_round_trip(tmp_path):
     """SmolLM2 (its shipped Q4_1 file, dequantised) exported to q8_0: same tokenizer metadata as the source file,
     logits within q8_0's tolerance, and the same greedy first tokens."""
-    from tempax.cli.export import export
+    from tempax.export.exporter import export
     from tempax.models.registry import load
 
     source = smollm2_gguf_path()

@@ -45,14 +45,6 @@ def test_training_jobs_get_huge_pages_unless_turned_off(thp):
     assert process.tuned_env({}, job="train") == {"XLA_FLAGS": FLAG}
 
 
-def test_the_cli_names_its_training_commands():
-    from tempax.cli.main import commands, training_commands
-
-    training = training_commands()
-    assert set(training) <= set(commands())
-    assert "sft" in training and "generate" not in training and "grpo" not in training
-
-
 def test_per_cpu_flags():
     """oneDNN's products on an AVX-512 Intel CPU only; the AMD EPYC measured gets none."""
     assert process.cpu_xla_flags(INTEL_AMX) == [process.ONEDNN_FLAG]

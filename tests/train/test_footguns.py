@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from tempax.cli.main import main
 from tempax.errors import ConfigError
 from tempax.models.config import ModelConfig
 from tempax.train.config import OptimizerConfig, TrainConfig
@@ -56,12 +55,3 @@ def test_trainer_says_the_warnings_and_refuses_long_rows(capsys):
     assert said[0].startswith("warning: train.optimizer.learning_rate=0")
     with pytest.raises(ConfigError, match="max_position_embeddings=32"):
         Trainer(model, make_sft_loss(), tiny_train_config(seq_len=64), log=said.append)
-
-
-def test_training_command_without_a_recipe_refuses_and_lists_the_recipes(capsys):
-    assert main(["sft"]) == 2
-    err = capsys.readouterr().err
-    assert "tempax sft needs a recipe: --config RECIPE (recipes/sft_full_tiny.yaml, recipes/sft_lora_smollm2" in err
-    assert "model smollm2-135m-instruct, full fine-tuning, 100 steps of 8 x 512 tokens" in err
-    assert main(["sft", "--print-config"]) == 0  # looking at the defaults needs no recipe
-    assert "run_dir: runs/run" in capsys.readouterr().out

@@ -16,5 +16,8 @@ ALGORITHMS = (
     Algorithm("distill", "knowledge distillation of a teacher into a (layer-pruned) student from a recipe",
               config="tempax.algorithms.distill.main:DistillConfig",
               main="tempax.algorithms.distill.main:main",
+              card="Knowledge distillation (Hinton et al. 2015; on-policy GKD, Agarwal et al. 2024): a student "
+                   "trained to match a frozen teacher's token distributions (forward or reverse KL, generalised "
+                   "JSD) on the data, on teacher generations or on its own samples.",
               knobs=("mode", "loss", "sequence", "on_policy"), reference_curve="distill"),
 )

@@ -16,5 +16,9 @@ from tempax.algorithms.registry import Algorithm
 ALGORITHMS = (
     Algorithm("grpo", "GRPO / DAPO / GSPO with verifiable rewards from a recipe",
               config="tempax.algorithms.grpo.config:GRPOConfig", main="tempax.algorithms.grpo.main:main",
-              on_policy=True, knobs=("grpo",), renders_chat=True, reference_curve="grpo"),
+              card="Group Relative Policy Optimization (Shao et al. 2024): groups of completions sampled per "
+                   "prompt and scored by reward functions, each completion's advantage its reward relative to its "
+                   "group's, a clipped policy-gradient step (variants: Dr. GRPO, DAPO, GSPO).",
+              on_policy=True, knobs=("grpo",), renders_chat=True, reference_curve="grpo",
+              recommend="tempax.algorithms.grpo.recommend:GRPO"),
 )

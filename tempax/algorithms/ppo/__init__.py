@@ -16,5 +16,8 @@ from tempax.algorithms.registry import Algorithm
 ALGORITHMS = (
     Algorithm("ppo", "RLHF with PPO against a trained reward model from a recipe",
               config="tempax.algorithms.ppo.config:PPOConfig", main="tempax.algorithms.ppo.main:main",
+              card="Proximal Policy Optimization for RLHF (Schulman et al. 2017; Ziegler et al. 2019): replies "
+                   "sampled from the policy, scored by a trained reward model less a KL penalty to the reference, "
+                   "advantages from a value head (GAE), clipped policy and value updates.",
               on_policy=True, knobs=("ppo",), renders_chat=True, reference_curve="ppo"),
 )

@@ -18,12 +18,22 @@ ALGORITHMS = (
     Algorithm("dpo", "preference tuning (DPO, IPO, hinge, ORPO, SimPO) from a recipe",
               config="tempax.algorithms.preference.dpo:DPOConfig",
               main="tempax.algorithms.preference.dpo:main",
-              knobs=("dpo",), renders_chat=True, reference_curve="dpo"),
+              card="Direct Preference Optimization (Rafailov et al. 2023) or a variant of its loss (IPO, hinge, "
+                   "ORPO, SimPO): the policy's log-probability margin between chosen and rejected replies, "
+                   "relative to a frozen reference, pushed up; no reward model, no sampling.",
+              knobs=("dpo",), renders_chat=True, reference_curve="dpo",
+              recommend="tempax.algorithms.preference.recommend:DPO"),
     Algorithm("kto", "KTO on unpaired desirable / undesirable feedback from a recipe",
               config="tempax.algorithms.preference.kto:KTOConfig", main="tempax.algorithms.preference.kto:main",
+              card="Kahneman-Tversky Optimization (Ethayarajh et al. 2024): unpaired desirable and undesirable "
+                   "replies, each pushed above or below a reference point (a KL estimate to the frozen reference) "
+                   "through a prospect-theory value function.",
               knobs=("kto",), renders_chat=True, reference_curve="kto"),
     Algorithm("reward-model", "train a Bradley-Terry reward model from a recipe",
               config="tempax.algorithms.preference.reward:RewardModelConfig",
               main="tempax.algorithms.preference.reward:main",
+              card="A Bradley-Terry reward model (Ouyang et al. 2022): a scalar head on the language model, "
+                   "trained so that chosen replies score above rejected ones; its scores rank replies and reward "
+                   "PPO.",
               knobs=("reward",), renders_chat=True, reference_curve="reward_model"),
 )

@@ -16,5 +16,8 @@ from tempax.algorithms.registry import Algorithm
 ALGORITHMS = (
     Algorithm("rft", "rejection-sampling fine-tuning (RFT / STaR / ReST-EM) with a checker from a recipe",
               config="tempax.algorithms.rft.config:RFTConfig", main="tempax.algorithms.rft.main:main",
+              card="Rejection-sampling fine-tuning (STaR, Zelikman et al. 2022; ReST-EM, Singh et al. 2023): "
+                   "completions sampled from the current policy, those a checker accepts kept, and the model "
+                   "fine-tuned on them with the SFT loss, round after round.",
               on_policy=True, knobs=("rft",), renders_chat=True, reference_curve="rft"),
 )

@@ -11,8 +11,12 @@ from tempax.algorithms.registry import Algorithm
 ALGORITHMS = (
     Algorithm("sft", "supervised fine-tuning (full, LoRA, QLoRA) from a recipe",
               config="tempax.algorithms.sft.main:SFTConfig", main="tempax.algorithms.sft.main:main",
-              knobs=("loss",), reference_curve="sft"),
+              card="Supervised fine-tuning: next-token cross-entropy on the demonstrations' target tokens (the "
+                   "assistant turns of chats, the completions of prompt/completion rows).",
+              knobs=("loss",), reference_curve="sft", recommend="tempax.algorithms.sft.recommend:SFT"),
     Algorithm("pretrain", "continued pre-training on plain text from a recipe",
               config="tempax.algorithms.sft.main:PretrainConfig", main="tempax.algorithms.sft.main:main",
-              knobs=("loss",), reference_curve="pretrain"),
+              card="Continued pre-training: next-token cross-entropy on every token of plain-text documents, "
+                   "packed into rows, long ones split.",
+              knobs=("loss",), reference_curve="pretrain", recommend="tempax.algorithms.sft.recommend:PRETRAIN"),
 )

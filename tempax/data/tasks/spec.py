@@ -67,6 +67,18 @@ def load_task(spec: TaskSpec, *, eval_problems: int) -> tuple[list[dict[str, Any
     return train, held
 
 
+def split_rows(name: str, split: str, num_problems: int, source: str | None = None,
+               seed: int = 0) -> list[dict[str, Any]]:
+    """The first `num_problems` rows of one split of task `name` (what `tempax eval` scores): a generated task's
+    "test" split is its held-out problems and any other split its training problems; gsm8k reads `split` of
+    `source` (as `TaskSpec.source`)."""
+    if name == "arithmetic":
+        return generate_arithmetic(num_problems, split="test" if split == "test" else "train", seed=seed)
+    if name == "code":
+        return generate_code_problems(num_problems, split="test" if split == "test" else "train", seed=seed)
+    return list(load_gsm8k(split, source, limit=num_problems))
+
+
 def read_task_rows(path: str) -> list[dict[str, Any]]:
     """Every line of a .jsonl file as one task row (a JSON object), blank lines skipped."""
     try:

@@ -268,7 +268,7 @@ def test_on_policy_mode_trains_on_student_samples(tmp_path, teacher_dir, data_pa
 
 def test_validate_checks_the_teacher_and_student_sources(monkeypatch):
     """`tempax validate` resolves both models of a distillation recipe (student.source=teacher is the copy)."""
-    from tempax.cli.validate import check_recipe
+    from tempax.algorithms.validate import check_recipe
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     monkeypatch.chdir(root)

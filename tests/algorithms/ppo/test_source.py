@@ -242,7 +242,7 @@ def test_main_trains_and_evaluates_against_a_reward_model(reward_model_dir, tok,
     assert [r["stage"] for r in rows] == ["before"] * 3 + ["after"] * 3
     assert rows[3]["response"] == run.after.texts[0] and rows[3]["prompt"][-1]["role"] == "user"
     from tempax.rewards.reward_model import RewardScorer
-    from tempax.cli.score import score_rows
+    from tempax.eval.scoring import score_rows
 
     rescored, _, _ = score_rows(RewardScorer.from_folder(reward_model_dir), [dict(r) for r in rows])
     np.testing.assert_allclose([r["score"] for r in rescored], [r["score"] for r in rows], atol=1e-4)

@@ -359,15 +359,3 @@ def test_dpo_recipes_parse_and_say_how_to_run(path):
     text = open(path).read()
     assert text.startswith("#") and f"tempax dpo --config recipes/{os.path.basename(path)}" in text
     assert cfg.train.batch_size % 2 == 0
-
-
-def test_cli_prints_the_resolved_recipe(capsys):
-    """`tempax dpo --config RECIPE --print-config key=value` shows the overrides in the resolved config."""
-    from tempax.cli.main import main as cli
-    from tempax.algorithms.registry import algorithms
-
-    assert "dpo" in algorithms()
-    recipe = os.path.join(ROOT, "recipes", "dpo_smollm2_lora.yaml")
-    assert cli(["dpo", "--config", recipe, "--print-config", "dpo.loss=simpo", "dpo.beta=2.0"]) == 0
-    printed = capsys.readouterr().out
-    assert "loss: simpo" in printed and "reference: adapters_off" in printed

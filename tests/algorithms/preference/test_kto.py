@@ -154,12 +154,3 @@ def test_kto_recipes_parse_and_say_how_to_run(path):
     text = open(path).read()
     assert text.startswith("#") and f"tempax kto --config recipes/{os.path.basename(path)}" in text
     assert cfg.train.batch_size % 2 == 0
-
-
-def test_cli_prints_the_resolved_recipe(capsys):
-    from tempax.cli.main import main as cli
-
-    recipe = os.path.join(ROOT, "recipes", "kto_smollm2_lora.yaml")
-    assert cli(["kto", "--config", recipe, "--print-config", "kto.desirable_weight=1.33"]) == 0
-    printed = capsys.readouterr().out
-    assert "desirable_weight: 1.33" in printed and "convert_pairs: true" in printed

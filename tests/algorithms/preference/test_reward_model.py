@@ -218,14 +218,3 @@ def test_reward_model_recipes_parse_and_say_how_to_run(path):
     text = open(path).read()
     assert text.startswith("#") and f"tempax reward-model --config recipes/{os.path.basename(path)}" in text
     assert cfg.train.batch_size % 2 == 0
-
-
-def test_cli_prints_the_resolved_recipe(capsys):
-    """`tempax reward-model --config RECIPE --print-config key=value` shows the override in the resolved config."""
-    from tempax.cli.main import main as cli
-    from tempax.algorithms.registry import algorithms
-
-    assert "reward-model" in algorithms()
-    recipe = os.path.join(ROOT, "recipes", "reward_model_smollm2_lora.yaml")
-    assert cli(["reward-model", "--config", recipe, "--print-config", "reward.margin=0.5"]) == 0
-    assert "margin: 0.5" in capsys.readouterr().out

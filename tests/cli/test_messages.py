@@ -19,14 +19,14 @@ from tempax.cli.main import build_parser
 from tempax.algorithms.registry import algorithms, resolve
 from tempax.configlib import _all_keys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCES = sorted(glob.glob(os.path.join(ROOT, "tempax", "**", "*.py"), recursive=True))
 MESSAGE_CALLS = {"say", "_say", "print", "warn", "log"}
 
 
 def _config_keys() -> set[str]:
     """Every key (and section) of a config a command reads KEY=VALUE overrides into."""
-    from tempax.cli.demo import DemoConfig
+    from tempax.experiments.demo import DemoConfig
 
     keys: set[str] = set()
     for cls in [resolve(command)[0] for command in algorithms()] + [DemoConfig]:

@@ -1,12 +1,15 @@
 """The model card `tempax export` writes: README.md in a Hugging Face folder, `general.*` metadata in a GGUF file.
 
 Everything on the card is read from what the run left in its directory, never re-measured:
-  config.yaml         the recipe in effect (algorithm inferred from which training config it is), hyper-parameters;
+  config.yaml         the recipe in effect (algorithm inferred from which training config it is), hyper-parameters
+                      (the sections its record names as `knobs`);
   data_report.json    each data set's path and its row counts before and after cleaning;
   summary.json        the steps trained;
   eval_summary.json   held-out loss metrics before and after training (SFT, DPO, KTO, reward models);
   eval.json           generation-based evaluations before and after training (GRPO, PPO).
-A model exported straight from a source (no run) gets a card naming the source and the conversion.
+The algorithm's own words come from its record (`tempax.algorithms.registry.Algorithm.card`: what the method
+optimises, with its paper), so a new algorithm's card needs nothing here. A model exported straight from a source
+(no run) gets a card naming the source and the conversion.
 
 The README's YAML front matter holds the fields the Hugging Face Hub renders (base_model, library_name, license,
 tags, datasets, pipeline_tag); `base_model` and `datasets` name Hub repos only, since the Hub links them, and
@@ -40,6 +43,7 @@ class ModelCard:
       base_model: the base model's Hugging Face Hub repo id, when known.
       license: the base model's license, when its files say it.
       algorithm: the training command (sft, dpo, grpo...), None for a plain conversion.
+      method: what the algorithm is, from its record's `card` ("" when unknown).
       recipe: config.yaml's text; empty for a plain conversion.
       lora: the LoRA settings trained ({} without adapters).
       hyperparameters: the key training settings, name -> value.
@@ -54,6 +58,7 @@ class ModelCard:
     base_model: str | None = None
     license: str | None = None
     algorithm: str | None = None
+    method: str = ""
     recipe: str = ""
     lora: dict[str, Any] = field(default_factory=dict)
     hyperparameters: dict[str, Any] = field(default_factory=dict)
@@ -227,6 +232,7 @@ def gather(*, source: str, run_dir: str | None = None, export_command: str | Non
         base_model=base,
         license=license_,
         algorithm=algorithm,
+        method=algorithms()[algorithm].card if algorithm in algorithms() else "",
         recipe=recipe,
         lora={k: v for k, v in (raw.get("lora") or {}).items()},
         hyperparameters=_hyperparameters(raw, algorithm),
@@ -294,6 +300,8 @@ def readme(card: ModelCard) -> str:
         lines.append(f"- license: {card.license}")
     if card.algorithm:
         lines += ["", "## Training", "", f"- algorithm: `{card.algorithm}`"]
+        if card.method:
+            lines.append(f"- method: {card.method}")
         if card.lora:
             lines.append("- adapters: " + ", ".join(f"{k}={v}" for k, v in card.lora.items()))
         lines += ["", "### Data", "", "| data | rows | rows after cleaning |", "|---|---|---|"]
@@ -337,7 +345,8 @@ def gguf_metadata(card: ModelCard) -> dict[str, Any]:
             if _is_hub_id(str(d["path"])):
                 meta[f"general.dataset.{i}.repo_url"] = f"https://huggingface.co/datasets/{d['path']}"
     training = {
-        "algorithm": card.algorithm, "recipe": card.recipe or None, "steps": card.steps,
+        "algorithm": card.algorithm, "method": card.method or None, "recipe": card.recipe or None,
+        "steps": card.steps,
         "lora": json.dumps(card.lora) if card.lora else None,
         "hyperparameters": json.dumps(card.hyperparameters, default=str) if card.hyperparameters else None,
         "data": json.dumps(card.data, default=str) if card.data else None,

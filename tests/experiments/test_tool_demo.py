@@ -3,7 +3,7 @@ policy plays with the calculator environment."""
 
 from __future__ import annotations
 
-from tempax.cli.demo_tools import ToolDemoConfig, calculator_expression, calculator_policy
+from tempax.experiments.tool_demo import ToolDemoConfig, calculator_expression, calculator_policy
 from tempax.configlib import load_config
 from tempax.data.formats import encode_chat
 from tempax.data.tasks.common import format_target

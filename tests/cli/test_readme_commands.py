@@ -22,7 +22,7 @@ from tempax.algorithms.registry import algorithms
 from tests.documented_commands import README, code_block_commands
 from tests.cli.test_train_cmds import trained, workspace  # noqa: F401  (fixtures: a tiny LoRA SFT run)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def readme_commands() -> list[str]:
@@ -76,10 +76,10 @@ def test_command_parses_and_builds(command, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     argv = argv_of(command, SOURCE="smollm2-135m-instruct", RUN_DIR="runs/x", OUT_DIR="out")
     if argv[0] in algorithms():
-        from tempax.cli.train_cmds import load
+        from tempax.algorithms.registry import load_recipe
 
         args = build_parser().parse_args(argv)
-        load(argv[0], args.config, list(args.overrides))  # raises ConfigError for a key or value that is wrong
+        load_recipe(argv[0], args.config, list(args.overrides))  # raises ConfigError for a key or value that is wrong
         return
     build_parser().parse_args(argv)  # an unknown flag or a missing argument exits here
     with pytest.raises(SystemExit) as info:
