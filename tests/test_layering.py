@@ -1,12 +1,14 @@
 """The package's import layering, read from the source with `ast` (nothing is imported):
 
-    cli -> algorithms -> rl -> {train, generate, rewards, data, eval} -> models -> parallel
+    cli -> algorithms -> rl -> {train, generate, rewards, data, eval} -> models -> {ops, parallel}
     cli -> serve -> generate
                             rl -> envs -> {rewards, models}
 
 with the top-level helpers `errors`, `configlib` and `progress` and the runtime layer `runtime` (CPU identity,
 process set-up, the cache folder; `tempax/__init__`'s lazy loaders aside) underneath as the foundation every layer
-may use. Each package may import only what `MAY_IMPORT` lists for it:
+may use. `ops` (the numerical ops and their per-platform variants) sits under `models` beside `parallel` and
+imports neither: arrays in, arrays out, so the losses of the layers above may use it too. Each package may import
+only what `MAY_IMPORT` lists for it:
 no upward arrow, no sideways arrow other than the ones stated there (the RL layer samples with `generate`, trains
 with `train` and scores with `rewards`; evaluation generates and scores). The environments of agentic RL
 (`envs`: tool calls, tools, the environment protocol) sit below the RL layer: an environment scores with
@@ -27,7 +29,7 @@ from collections import defaultdict
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tempax")
 FOUNDATION = {"errors", "configlib", "progress", "runtime"}
 MIDDLE = {"train", "generate", "rewards", "data", "eval"}
-LOWER = {"models", "parallel"}
+LOWER = {"models", "ops", "parallel"}
 MAY_IMPORT: dict[str, set[str]] = {
     "cli": {"algorithms", "rl", "envs", "serve", *MIDDLE, *LOWER},
     "serve": {"generate", *LOWER},  # the HTTP server and its batcher, on the generation engine
@@ -39,7 +41,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "generate": set(LOWER),
     "rewards": set(LOWER),
     "data": set(LOWER),
-    "models": {"parallel"},
+    "models": {"ops", "parallel"},
+    "ops": set(),  # jax and the foundation only: models, parallel and everything above build on it
     "parallel": set(),
     "configlib": {"errors"},
     "progress": set(),  # progress bars: tqdm and the standard library only

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from tempax import ops
 from tempax.errors import GenerationError
 from tempax.generate.config import SamplingConfig
 from tempax.generate.program_store import decode_key, default_store, program_key, single_device
@@ -213,10 +214,11 @@ def _first_token_state(cache, logits, keys, live, knobs: _Knobs, spec: SamplerSp
 
 
 def use_decode_layout(model: Any, config: SamplingConfig) -> bool:
-    """Whether a request's decode steps use the Decoder's `decode_layout`: asked for, or "auto" on a CPU."""
+    """Whether a request's decode steps use the Decoder's `decode_layout`: asked for, or "auto" where the platform
+    prefers it (`tempax.ops.table_on_left_in_decode`)."""
     if config.decode_layout == "off" or not isinstance(model, Decoder):
         return False
-    return config.decode_layout == "on" or jax.default_backend() == "cpu"
+    return config.decode_layout == "on" or ops.table_on_left_in_decode()
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec", "layout"), donate_argnames=("state",))

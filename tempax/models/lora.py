@@ -48,9 +48,10 @@ import numpy as np
 from flax import nnx
 
 from tempax.errors import CheckpointError, ConfigError
-from tempax.models.decoder import Decoder, as_dtype, matmul
+from tempax.models.decoder import Decoder, as_dtype
 from tempax.models.quant import QUANT_KINDS, QuantizedLinear
 from tempax.models.weights import abstract_model
+from tempax.ops import matmul
 from tempax.parallel.process import host_array, is_writer
 from tempax.models.hf_io import save_safetensors
 
