@@ -48,9 +48,9 @@ from tempax.generate.program_store import decode_key, default_store, program_key
 from tempax.generate.sampling import SamplerSpec, row_keys, row_uniforms, sample_from_logits
 from tempax.models.cache import KVCache
 from tempax.models.decoder import Decoder
-from tempax.parallel.host_memory import release_free_heap
 from tempax.parallel.process import host_array
 from tempax.parallel.rules import shard
+from tempax.runtime.host_memory import release_free_heap
 
 _TRACES: collections.Counter[str] = collections.Counter()
 # (prefill, decode) executables this process took from (or put in) the program store, by prefill key.

@@ -30,9 +30,10 @@ from jax.sharding import Mesh
 
 from tempax.errors import TempaxError
 from tempax.progress import work_bar
-from tempax.parallel.host_memory import release_free_heap
-from tempax.parallel.process import global_batch, host_tree, is_writer, jax_cache_in_use
+from tempax.parallel.process import global_batch, host_tree, is_writer
 from tempax.parallel.rules import batch_sharding, use_mesh
+from tempax.runtime.caches import jax_cache_in_use
+from tempax.runtime.host_memory import release_free_heap
 from tempax.train import memory as mem
 from tempax.train.checkpoint import Checkpointer, CheckpointSaveFailed, unfinished_saves
 from tempax.train.config import TrainConfig
