@@ -553,8 +553,8 @@ class DecodeRun:
         otherwise None, and jit's caches serve the calls.
 
         A process's peak memory was otherwise its first request: compiling prefill and then the decode loop (all
-        layers in one while body) takes transient host memory (65 and 63 MiB on bench-small) on top of the
-        weights, the KV cache and the decode state. Compiled here, that transient comes and goes before the
+        layers in one while body) takes transient host memory on top of the weights, the KV cache and the decode
+        state (`docs/measurements/memory.md`, "Decoding"). Compiled here, that transient comes and goes before the
         cache exists; jit's caches then serve the calls themselves (nothing compiles twice: tests check it, on
         one device and on a mesh). A shape an earlier request traced is a cache hit and returns at once.
         """
