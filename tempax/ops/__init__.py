@@ -7,11 +7,11 @@ forms, optimization barriers). The functions below choose between them when they
 
     op                       CPU variant, where it applies                               default
     projection_dot, matmul   x^T g weight gradients; bf16 from a row-major x^T           autodiff (bf16: mixed VJP)
-    gated                    both gradients behind a barrier                              autodiff
-    attention                bf16 q, k, v: heads-first bf16 custom VJP (training);        einsum; or
-                             one query over the cache: multiply-and-sum (decode step)     jax.nn (attention_impl)
-    tied_lm_head             the table on the left (decode steps)                               h @ E^T
-    fused_causal_lm_loss     one exp pass for bf16; dL/dW summed in XLA:CPU's layout      the head's layout
+    gated                    both gradients behind a barrier                             autodiff
+    attention                bf16 q, k, v: heads-first bf16 custom VJP (training);       einsum; or
+                             one query over the cache: multiply-and-sum (decode step)    jax.nn (attention_impl)
+    tied_lm_head             the table on the left (decode steps)                        h @ E^T
+    fused_causal_lm_loss     one exp pass for bf16; dL/dW summed in XLA:CPU's layout     the head's layout
 
 `variant()` is the rule: "cpu" where JAX's default backend is XLA:CPU, "plain" on every other backend (GPUs,
 TPUs), whose compilers pick their own layouts. Both variants compute the same function, to float rounding
@@ -68,7 +68,8 @@ def use_variant(name: Variant) -> Iterator[None]:
 
 def table_on_left_in_decode() -> bool:
     """Whether decode steps should multiply a tied LM head with the table on the left (`tied_lm_head`): XLA:CPU
-    streams the table faster that way in few-row products; other backends gain nothing from it."""
+    streams the table faster that way in few-row products, a rule of its own; other backends' compilers choose
+    their layouts themselves."""
     return variant() == "cpu"
 
 

@@ -2,10 +2,10 @@
 the forward pass.
 
 `causal_lm_loss(logits, ...)` needs the [B, T, V] float32 logits, and autodiff then keeps them (or their softmax)
-for the backward pass and writes a second [B, T, V] array for d loss / d logits. At V = 49k and 2k tokens per
-micro-batch that is 4 B T V bytes per copy (most of a gigabyte) and several memory passes. Because the loss is linear in the per-token NLLs
-with coefficients known up front (the loss mask over its normaliser), the gradient with respect to the logits is
-known as soon as they are:
+for the backward pass and writes a second [B, T, V] array for d loss / d logits: 4 B T V bytes per copy (at
+V = 49k and 2k tokens per micro-batch, several hundred MB) and several memory passes. Because the loss is linear
+in the per-token NLLs with coefficients known up front (the loss mask over its normaliser), the gradient with
+respect to the logits is known as soon as they are:
 
     z = h W                                    logits of one chunk   [C, V]   (W: [D, V], or the tied [V, D]^T)
     nll_i = logsumexp(z_i) - z_i[y_i]
