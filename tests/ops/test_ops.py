@@ -22,7 +22,7 @@ from tempax import ops
 from tempax.models.cache import KVCache
 from tempax.models.decoder import lm_head_of
 from tempax.ops import use_variant, variant
-from tests.kit.models import random_ids, tiny_tempax_model
+from tests.kit.models import random_ids, tiny_config, tiny_tempax_model
 
 BF16 = jnp.bfloat16
 
@@ -150,10 +150,10 @@ def test_fused_head_forms_agree(dtype, vocab_major):
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma2"])
 def test_whole_model_agrees_across_variants(family):
-    """The tiny Qwen2 (tied head) and Gemma 2 (soft-caps, sliding windows), float32: the fused SFT-style loss and
-    every weight's gradient within 1e-5 (relative) between the variants, and a prefill plus two decode steps give
-    the same logits (decode steps with the CPU variant's tied head on the left)."""
-    model = tiny_tempax_model(family)
+    """The tiny Qwen2 (tied head) and Gemma 2 (soft-caps, a sliding and a full layer), float32, two layers each:
+    the fused SFT-style loss and every weight's gradient within 1e-5 (relative) between the variants, and a prefill
+    plus two decode steps give the same logits (decode steps with the CPU variant's tied head on the left)."""
+    model = tiny_tempax_model(family, num_layers=2, layer_types=tiny_config(family).layer_types[:2])
     tokens = jnp.asarray(random_ids((2, 8)))
     segments = jnp.array([[1, 1, 1, 1, 1, 2, 2, 2], [0, 0, 1, 1, 1, 1, 1, 1]], jnp.int32)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
