@@ -1,11 +1,11 @@
 """One layer's training attention, forward + backward, at bench-small shapes: wall ms per call, float32 and bf16.
 
-    python bench/attention.py                          # this checkout's tempax.models.decoder.attention
+    python bench/attention.py                          # this checkout's tempax.ops.attention (the CPU variant)
     PYTHONPATH=/path/to/other/checkout python bench/attention.py   # another version's, for a before / after pair
 
 B 8, T 256, 9 query heads sharing 3 kv heads of 64 (SmolLM2-135M's), causal; the gradient of sum(out * c) with
 respect to q, k and v under `jax.jit`, best and median of 20 calls after two warm-up calls
-(tests/models/test_attention_bf16.py checks which kernels the bf16 program's dots compile to).
+(tests/ops/cpu/test_attention.py checks which kernels the bf16 program's dots compile to).
 """
 
 from __future__ import annotations
@@ -20,7 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from tempax.runtime.host import cpu_line
-from tempax.models.decoder import attention
+
+try:
+    from tempax.ops import attention
+except ImportError:  # a checkout from before tempax.ops, measured for a before / after pair
+    from tempax.models.decoder import attention
 
 B, T, N, K, H = 8, 256, 9, 3, 64
 

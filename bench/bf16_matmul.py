@@ -7,7 +7,7 @@ For the two layer shapes of bench-small ([2048, 576] x [576, 1536] and [2048, 15
 each of the forward x W, the input gradient dy W^T and the weight gradient x^T dy, as one jitted
 `lax.dot_general` in three forms: float32; bf16 operands with a bf16 result; bf16 operands with a float32
 result (`preferred_element_type`). The weight gradient also as "wgrad_rowmajor": x^T handed over already
-transposed, the layout `tempax.models.decoder.projection_dot` gives it. PyTorch: `torch.matmul` on the same
+transposed, the layout `tempax.ops.projection_dot` gives it on a CPU. PyTorch: `torch.matmul` on the same
 operands (bf16 and float32). Best of 5; prints one JSON object per library.
 """
 

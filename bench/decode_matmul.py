@@ -5,7 +5,7 @@
 For 8 rows (the decode workload's batch) times 30 distinct float32 weight matrices of bench-small's shapes (the
 tied LM head: 3), prints milliseconds per product and the weight bytes streamed per second for
   * `x @ W`            W stored [in, out], the usual layout (flax kernels);
-  * `W_t @ x.T`        W stored [out, in] on the left (`tempax.models.fast_decode.project`);
+  * `W_t @ x.T`        W stored [out, in] on the left (`tempax.ops.cpu.lm_head.table_on_left`);
   * `x @ W_t.T`        W stored [out, in] on the right.
 The matrices are distinct so that none stays in cache between products, as in a real step.
 """

@@ -237,6 +237,81 @@ def test_the_readme_python_quick_start_is_the_shipped_example():
     assert block.group(1) == body
 
 
+# What a docstring or comment under tempax/ does not quote: a figure measured on one machine (a time, a rate, a
+# speed or size ratio, an amount of memory, the CPU it ran on). It belongs on a docs page beside its CPU and the
+# command that repeats it (docs/measurements/, docs/results.md); the code states the rule, the reason and where
+# the measurement lives. Narrow on purpose, so that what code must say stays sayable: shapes ("1024 x 1024",
+# "[2048, 576] x [576, 1536]"), counts, bits, formulas and numbered defaults are not figures, nor are percentages
+# (confidence levels, tolerances, defaults) or whole powers of two in bytes (page and block sizes: 4 KiB, 2 MiB).
+_NUMBER = r"(?<![\w.-])~?\d+(?:\.\d+)?(?:\s?(?:-|to)\s?~?\d+(?:\.\d+)?)?"
+CODE_FIGURES: dict[str, re.Pattern] = {
+    "a duration": re.compile(_NUMBER + r" ?(?:ns|us|µs|ms|s|secs?|seconds?|mins?|minutes?|hours?|h)\b(?![-/'])"),
+    "a rate": re.compile(_NUMBER + r" ?(?:tokens/s|tok/s|tokens per second|steps?/s|s/step|it/s|[KMGT]i?B/s"
+                                   r"|[GT]FLOP/s)"),
+    "a speed or size ratio": re.compile(_NUMBER + r" ?x\b(?! ?[\d\[(])"),
+    "an amount of memory": re.compile(_NUMBER + r" ?[KMGT]i?B\b(?!/)"),
+    "a CPU or accelerator model": re.compile(r"\b(?:EPYC|Xeon|Ryzen|Threadripper|Zen ?\d|Core i\d|Graviton"
+                                             r"|Apple M\d|[AHV]100|H200|TPU ?v\d)\b"),
+}
+# (path, the figure as matched) -> why it is still there (empty: a figure in code is always moved to a docs page).
+CODE_FIGURES_LEFT: dict[tuple[str, str], str] = {
+}
+
+
+def _whole_power_of_two_bytes(figure: str) -> bool:
+    number = re.match(r"~?(\d+(?:\.\d+)?)(?: ?[KMGT]i?B)$", figure)
+    return number is not None and float(number.group(1)).is_integer() and int(float(number.group(1))) > 0 and (
+        int(float(number.group(1))) & (int(float(number.group(1))) - 1)) == 0
+
+
+def code_figures(path: str) -> list[str]:
+    """`path:line: what: figure` for every measured figure in the comments and docstrings of a Python file."""
+    prose, _ = python_prose(open(os.path.join(ROOT, path), encoding="utf-8").read())
+    found = []
+    for line, text in prose:
+        text = URL.sub("URL", text)
+        for what, rule in CODE_FIGURES.items():
+            for match in rule.finditer(text):
+                figure = match.group(0)
+                if what == "an amount of memory" and _whole_power_of_two_bytes(figure):
+                    continue
+                if (path, figure) not in CODE_FIGURES_LEFT:
+                    found.append(f"{path}:{line + text.count(chr(10), 0, match.start())}: {what}: {figure!r}")
+    return found
+
+
+@pytest.mark.parametrize("text", [
+    "4.9 ms against 0.7 ms", "about 7x slower", "at ~8 GB/s of cache", "+0.27 GiB peak", "1.2-1.8 s of CPU",
+    "on an AMD EPYC Zen 5", "23-38 MB on the tiny model", "349.2 tokens/s", "took 0.531 x their bfloat16 bytes",
+    "GRPO step 4.82 s/step", "an H200 took over 200 s",
+])
+def test_the_code_figure_rules_catch_figures(text):
+    assert any(rule.search(text) for rule in CODE_FIGURES.values())
+
+
+@pytest.mark.parametrize("text", [
+    "[2048, 576] x [576, 1536]", "a 16-layer 1024 x 1024 stack", "4.5 bits per weight", "2 x 8 completions",
+    "95% Wilson intervals", "CRC-32s of every file", "0x1f", "max_new_tokens=256", "tolerance 1e-5",
+    "theta^(-2i/d)", "jaxlib 0.10", "x86-64 with AVX-512", "q [B, T, N, H] x k", "4 B T V bytes per copy",
+])
+def test_the_code_figure_rules_keep_code_prose(text):
+    assert not [what for what, rule in CODE_FIGURES.items() if rule.search(text)]
+
+
+def test_page_and_block_sizes_are_not_figures():
+    assert _whole_power_of_two_bytes("4 KiB") and _whole_power_of_two_bytes("2 MiB")
+    assert not _whole_power_of_two_bytes("0.27 GiB") and not _whole_power_of_two_bytes("68 MB")
+
+
+def test_code_quotes_no_measured_figures():
+    """Docstrings and comments under tempax/ state the rule and its reason and point to the page of the
+    measurement; the figure itself lives on that page, beside its CPU and command."""
+    found = [line for path in scanned_files() if path.startswith("tempax/") and path.endswith(".py")
+             for line in code_figures(path)]
+    assert not found, ("measured figures in code (move them to docs/measurements/ or docs/results.md, beside the CPU "
+                       "and the command, and point there):\n" + "\n".join(found))
+
+
 def test_the_results_page_is_what_the_records_give():
     """docs/results.md is written by `python bench/results.py` from bench/records/, never by hand."""
     import subprocess

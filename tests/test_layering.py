@@ -1,14 +1,16 @@
 """The package's import layering, read from the source with `ast` (nothing is imported):
 
-    cli -> {experiments, export} -> algorithms -> rl -> {train, generate, rewards, data, eval} -> models -> parallel
+    cli -> {experiments, export} -> algorithms -> rl -> {train, generate, rewards, data, eval} -> models -> {ops, parallel}
     cli -> serve -> generate
                             rl -> envs -> {rewards, models}
 
 with the top-level helpers `errors`, `configlib` and `progress` and the runtime layer `runtime` (CPU identity,
 process set-up, the cache folder; `tempax/__init__`'s lazy loaders aside) underneath as the foundation every layer
-may use. `experiments` (stages, pipelines, budgets, comparison tables: the demos) and `export` (exported models,
-model cards, model facts) read the algorithms' records and runs, so they sit above `algorithms`, beside each other,
-under `cli`. Each package may import only what `MAY_IMPORT` lists for it:
+may use. `ops` (the numerical ops and their per-platform variants) sits under `models` beside `parallel` and
+imports neither: arrays in, arrays out, so the losses of the layers above may use it too. `experiments` (stages,
+pipelines, budgets, comparison tables: the demos) and `export` (exported models, model cards, model facts) read
+the algorithms' records and runs, so they sit above `algorithms`, beside each other, under `cli`. Each package may
+import only what `MAY_IMPORT` lists for it:
 no upward arrow, no sideways arrow other than the ones stated there (the RL layer samples with `generate`, trains
 with `train` and scores with `rewards`; evaluation generates and scores). The environments of agentic RL
 (`envs`: tool calls, tools, the environment protocol) sit below the RL layer: an environment scores with
@@ -36,7 +38,7 @@ from collections import defaultdict
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tempax")
 FOUNDATION = {"errors", "configlib", "progress", "runtime"}
 MIDDLE = {"train", "generate", "rewards", "data", "eval"}
-LOWER = {"models", "parallel"}
+LOWER = {"models", "ops", "parallel"}
 MAY_IMPORT: dict[str, set[str]] = {
     "cli": {"experiments", "export", "algorithms", "rl", "envs", "serve", *MIDDLE, *LOWER},
     "experiments": {"algorithms", "rl", "envs", *MIDDLE, *LOWER},  # the demos: stages chained with budgets
@@ -50,7 +52,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "generate": set(LOWER),
     "rewards": set(LOWER),
     "data": set(LOWER),
-    "models": {"parallel"},
+    "models": {"ops", "parallel"},
+    "ops": set(),  # jax and the foundation only: models, parallel and everything above build on it
     "parallel": set(),
     "configlib": {"errors"},
     "progress": set(),  # progress bars: tqdm and the standard library only

@@ -35,9 +35,9 @@ class SamplingConfig:
       ignore_eos: never stop on a token id (benchmarks that must generate exactly max_new_tokens).
       max_len: cap on prompt + completion length, below the model's context; None = the model's context.
       logprobs: compute per-token log-probabilities (two log-sum-exps over the vocabulary per step).
-      decode_layout: "auto" (on CPU), "on" or "off": decode steps multiply a tied LM head with the embedding
-        table as the left operand (`tempax.models.fast_decode`), which XLA:CPU streams several times faster in
-        few-row products; same logits, no copy of any weight. tempax `Decoder`s only.
+      decode_layout: "auto" (where the platform prefers it: XLA:CPU), "on" or "off": decode steps multiply a
+        tied LM head with the embedding table as the left operand (`tempax.ops.tied_lm_head`), which XLA:CPU
+        streams faster in few-row products; same logits, no copy of any weight. tempax `Decoder`s only.
     """
 
     max_new_tokens: int = 256

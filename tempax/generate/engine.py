@@ -41,15 +41,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from tempax import ops
 from tempax.errors import GenerationError
 from tempax.generate.config import SamplingConfig
 from tempax.generate.program_store import decode_key, default_store, program_key, single_device
 from tempax.generate.sampling import SamplerSpec, row_keys, row_uniforms, sample_from_logits
 from tempax.models.cache import KVCache
 from tempax.models.decoder import Decoder
-from tempax.parallel.host_memory import release_free_heap
 from tempax.parallel.process import host_array
 from tempax.parallel.rules import shard
+from tempax.runtime.host_memory import release_free_heap
 
 _TRACES: collections.Counter[str] = collections.Counter()
 # (prefill, decode) executables this process took from (or put in) the program store, by prefill key.
@@ -213,10 +214,11 @@ def _first_token_state(cache, logits, keys, live, knobs: _Knobs, spec: SamplerSp
 
 
 def use_decode_layout(model: Any, config: SamplingConfig) -> bool:
-    """Whether a request's decode steps use the Decoder's `decode_layout`: asked for, or "auto" on a CPU."""
+    """Whether a request's decode steps use the Decoder's `decode_layout`: asked for, or "auto" where the platform
+    prefers it (`tempax.ops.table_on_left_in_decode`)."""
     if config.decode_layout == "off" or not isinstance(model, Decoder):
         return False
-    return config.decode_layout == "on" or jax.default_backend() == "cpu"
+    return config.decode_layout == "on" or ops.table_on_left_in_decode()
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec", "layout"), donate_argnames=("state",))
@@ -551,8 +553,8 @@ class DecodeRun:
         otherwise None, and jit's caches serve the calls.
 
         A process's peak memory was otherwise its first request: compiling prefill and then the decode loop (all
-        layers in one while body) takes transient host memory (65 and 63 MiB on bench-small) on top of the
-        weights, the KV cache and the decode state. Compiled here, that transient comes and goes before the
+        layers in one while body) takes transient host memory on top of the weights, the KV cache and the decode
+        state (`docs/measurements/memory.md`, "Decoding"). Compiled here, that transient comes and goes before the
         cache exists; jit's caches then serve the calls themselves (nothing compiles twice: tests check it, on
         one device and on a mesh). A shape an earlier request traced is a cache hit and returns at once.
         """

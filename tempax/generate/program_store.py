@@ -32,7 +32,7 @@ from typing import Any
 
 import jax
 
-from tempax.parallel.process import jax_cache_in_use
+from tempax.runtime.caches import jax_cache_in_use
 
 PROGRAMS_DIR_ENV = "TEMPAX_PROGRAMS_DIR"
 _FORMAT = 1  # bump when the file layout changes

@@ -8,22 +8,24 @@ names (`vocab`, `embed`, `q_heads`, `kv_heads`, `mlp`, `norm`) that `tempax.para
 Attention masking is expressed with segment ids instead of a boolean mask: `segment_ids[b, t]` is 0 for
 padding and 1..n for the packed examples of a row, so a token attends to earlier tokens (by array index) of the
 same segment. Left-padded batches, packed sequences and the KV cache all reduce to this one rule.
+
+The numerical ops (the projections' products, attention, the gated activation, the tied LM head) come from
+`tempax.ops`, which computes each in the form the platform runs fastest (XLA:CPU's layouts and custom gradients on
+a CPU, plain JAX elsewhere); this file is the model, its tuning lives there.
 """
 
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tempax.models.attention_bf16 import bf16_attention
+from tempax import ops
 from tempax.models.cache import KVCache
 from tempax.models.config import ModelConfig, RopeConfig
-from tempax.models.fast_decode import project
 from tempax.parallel.rules import shard
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -37,102 +39,6 @@ def as_dtype(name: str | Any) -> Any:
 
 def _init(names: tuple[str, ...], scale: float = 0.02) -> Any:
     return nnx.with_partitioning(nnx.initializers.normal(scale), names)
-
-
-BF16 = jnp.dtype(jnp.bfloat16)
-
-
-def _f32_dot(lhs: jax.Array, rhs: jax.Array, lhs_dim: int, rhs_dim: int) -> jax.Array:
-    return jax.lax.dot_general(lhs, rhs, (((lhs_dim,), (rhs_dim,)), ((), ())), preferred_element_type=jnp.float32)
-
-
-def _rows(a: jax.Array) -> jax.Array:
-    return a.reshape(-1, a.shape[-1])
-
-
-def row_major_transpose(x_mk: jax.Array) -> jax.Array:
-    """x^T [K, M] materialised row-major, e.g. for a bf16 weight gradient's left operand.
-
-    A plain `x.T` is folded into the dot (contracting axis major again: the float32-upcast path). Reversing an
-    axis twice is the identity, but XLA:CPU's bf16 dot check runs before the simplifier, so it sees a row-major
-    [K, M] operand; one transposing copy remains. tests/models/test_projection_bf16.py checks the compiled dots' types.
-    The copy is made in float32 behind an optimization barrier, then cast back: XLA:CPU transposed bf16 elements
-    about 7x slower than float32 ones ([2048, 1536]: 4.9 ms against 0.7 ms for the float32 round trip, AMD EPYC
-    Zen 5), and without the barrier the simplifier drops the round trip and leaves a bf16 dot XLA cannot run.
-    """
-    x_km = jax.lax.optimization_barrier(jnp.flip(jnp.flip(x_mk.astype(jnp.float32).T, 1), 1))
-    return x_km.astype(x_mk.dtype)
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _project(x: jax.Array, kernel: jax.Array, bf16: bool) -> jax.Array:
-    return _project_fwd(x, kernel, bf16)[0]
-
-
-def _project_fwd(x, kernel, bf16):
-    if not bf16:
-        return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ()))), (x, kernel)
-    xc, wc = x.astype(BF16), kernel.astype(BF16)  # the kernel's bf16 copy, made once and kept for the backward
-    # Zero-size arrays carry the primal dtypes into the backward pass (residuals must be arrays).
-    return _f32_dot(xc, wc, x.ndim - 1, 0).astype(x.dtype), (xc, wc, jnp.zeros((0,), x.dtype),
-                                                              jnp.zeros((0,), kernel.dtype))
-
-
-def _project_bwd(bf16, residuals, g):
-    if not bf16:
-        x, kernel = residuals
-        d_x = jax.lax.dot_general(g, kernel, (((g.ndim - 1,), (1,)), ((), ())))
-        d_kernel = jax.lax.dot_general(_rows(x), _rows(g), (((0,), (0,)), ((), ())))
-        return d_x, d_kernel
-    xc, wc, x_like, kernel_like = residuals
-    gc = g.astype(BF16)
-    d_x = _f32_dot(gc, wc, gc.ndim - 1, 1).astype(x_like.dtype)
-    d_kernel = _f32_dot(row_major_transpose(_rows(xc)), _rows(gc), 1, 0).astype(kernel_like.dtype)
-    return d_x, d_kernel
-
-
-_project.defvjp(_project_fwd, _project_bwd)
-
-
-def projection_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
-    """`lax.dot_general` for the projections' x [..., in] @ kernel [in, out], with the kernel's gradient made as
-    x^T g over all tokens at once, [in, tokens] x [tokens, out].
-
-    Plain autodiff of the same product builds that gradient transposed, as (g^T x)^T, and XLA:CPU then copies
-    every [tokens, out] g into [out, tokens] first, at about 1 GB/s: a large share of a training step
-    (`bench/profile_step.py`). Written this way XLA multiplies both operands in the layout they have. Other
-    products (other dimension numbers, a requested output type or sharding) go to `lax.dot_general` unchanged.
-
-    A bfloat16 x (`train.precision=bf16`) makes all three products bf16 x bf16 with float32 accumulation: the
-    kernel (float32 master, left uncast by `keep_kernel_dtype`) is cast to bf16 once and that copy reused by the
-    backward; y and d x come out in x's dtype, d kernel in the kernel's (float32 for a float32 master). XLA:CPU
-    (jaxlib 0.10) runs a bf16 dot at bf16 speed only when it asks for a float32 result and its left operand's
-    contracting axis is the minor one; otherwise it upcasts both operands to float32 first, so the weight
-    gradient contracts a row-major x^T (`row_major_transpose`) rather than autodiff's token axis. GFLOP/s of
-    each form: `python bench/bf16_matmul.py`, recorded in `docs/measurements/performance-history.md`.
-    """
-    plain = (((lhs.ndim - 1,), (0,)), ((), ()))
-    bf16 = lhs.dtype == BF16 and jnp.issubdtype(rhs.dtype, jnp.floating)
-    if (dimension_numbers != plain or rhs.ndim != 2 or (lhs.dtype != rhs.dtype and not bf16)
-            or precision is not None or preferred_element_type not in (None, lhs.dtype) or out_sharding is not None):
-        return jax.lax.dot_general(lhs, rhs.astype(lhs.dtype) if bf16 else rhs, dimension_numbers,
-                                   precision=precision, preferred_element_type=preferred_element_type,
-                                   out_sharding=out_sharding)
-    return _project(lhs, rhs, bf16)
-
-
-def keep_kernel_dtype(arrays: tuple[Any, ...], *, dtype: Any = None, inexact: bool = True) -> tuple[Any, ...]:
-    """`nnx.Linear(promote_dtype=...)` for bf16 compute: casts the input (and bias) to `dtype` and leaves the
-    kernel in its float32 master dtype, so `projection_dot` returns the kernel's gradient in float32."""
-    del inexact
-    inputs, kernel, *rest = arrays
-    cast = lambda a: a if a is None or dtype is None else jnp.asarray(a, dtype)  # noqa: E731
-    return (cast(inputs), kernel, *(cast(a) for a in rest))
-
-
-def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """x [..., in] @ kernel [in, out] through `projection_dot` (the kernel's gradient without transposing copies)."""
-    return projection_dot(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
 
 
 class RMSNorm(nnx.Module):
@@ -182,10 +88,6 @@ def apply_rope(x_btnh: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) 
     return (x32 * cos + rotated * sin).astype(x_btnh.dtype)
 
 
-def softcap(x: jax.Array, cap: float | None) -> jax.Array:
-    return x if cap is None else cap * jnp.tanh(x / cap)
-
-
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, layer_index: int, *, rngs: nnx.Rngs):
         pd, dt = as_dtype(cfg.param_dtype), as_dtype(cfg.dtype)
@@ -193,7 +95,7 @@ class Attention(nnx.Module):
 
         def linear(i: int, o: int, names: tuple[str, str], bias: bool) -> nnx.Linear:
             return nnx.Linear(
-                i, o, use_bias=bias, dtype=dt, param_dtype=pd, rngs=rngs, dot_general=projection_dot,
+                i, o, use_bias=bias, dtype=dt, param_dtype=pd, rngs=rngs, dot_general=ops.projection_dot,
                 kernel_init=_init(names), bias_init=nnx.with_partitioning(nnx.initializers.zeros, names[1:]),
             )
 
@@ -243,114 +145,13 @@ class Attention(nnx.Module):
             new_kv = (keys, vals)
             k_index = jnp.arange(keys.shape[2])
             keys, vals = keys.astype(q.dtype), vals.astype(q.dtype)
-        if kv is None and self.attention_impl != "tempax":  # a forward pass (training, scoring): no cache
-            mask = attention_mask(q_index, k_index, q_segments, k_segments, self.window)
-            out = library_attention(q, keys, vals, mask, scale=self.scale, implementation=self.attention_impl)
-        else:
-            out = attention(
-                q, keys, vals, q_index=q_index, k_index=k_index, q_segments=q_segments, k_segments=k_segments,
-                scale=self.scale, logit_cap=self.softcap, window=self.window, kv_heads_first=kv is not None,
-            )
+        out = ops.attention(
+            q, keys, vals, q_index=q_index, k_index=k_index, q_segments=q_segments, k_segments=k_segments,
+            scale=self.scale, logit_cap=self.softcap, window=self.window, kv_heads_first=kv is not None,
+            implementation=self.attention_impl,
+        )
         out = out.reshape(b, t, n * h)
         return self.o_proj(out), new_kv
-
-
-def attention(
-    q_btnh: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    *,
-    q_index: jax.Array,
-    k_index: jax.Array,
-    q_segments: jax.Array,
-    k_segments: jax.Array,
-    scale: float,
-    logit_cap: float | None = None,
-    window: int | None = None,
-    kv_heads_first: bool = False,
-) -> jax.Array:
-    """Grouped-query attention with causal + segment (+ sliding-window) masking.
-
-    q is [B, T, N, H]; k and v are [B, S, K, H], or [B, K, S, H] with `kv_heads_first` (the KV cache's layout).
-    A query at index i in segment s sees key j when j <= i, segment(j) == s != 0 and (window) i - j < window.
-    Scores and softmax are in float32. Fully masked query rows (padding) get a uniform, finite distribution.
-    bfloat16 q, k, v [B, S, K, H] (`train.precision=bf16`) go to `bf16_attention`, whose products, forward and
-    backward, all run on XLA:CPU's bf16 kernels.
-    """
-    b, t, n, h = q_btnh.shape
-    kh = k.shape[1] if kv_heads_first else k.shape[2]
-    kv = "bksh" if kv_heads_first else "bskh"
-    g = n // kh
-    mask = attention_mask(q_index, k_index, q_segments, k_segments, window)
-    if not kv_heads_first and q_btnh.dtype == k.dtype == v.dtype == BF16:
-        return bf16_attention(q_btnh, k, v, mask, scale=scale, logit_cap=logit_cap)  # training at bf16
-    q = q_btnh.reshape(b, t, kh, g, h)
-    scores = jnp.einsum(f"btkgh,{kv}->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-    scores = softcap(scores, logit_cap)
-    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    if t == 1 and kv_heads_first:
-        # One decode step: XLA:CPU ran the [G, S] x [S, H] product per (batch, kv head) as a plain dot thunk at
-        # ~8 GB/s of cache; a multiply-and-sum over S reads the cache once as one fused loop.
-        out = jnp.sum(probs[:, :, :, 0, :, None] * v[:, :, None], axis=3)[:, None]  # [B, 1, K, G, H]
-        return out.reshape(b, t, n, h)
-    out = jnp.einsum(f"bkgts,{kv}->btkgh", probs, v)
-    return out.reshape(b, t, n, h)
-
-
-def attention_mask(q_index: jax.Array, k_index: jax.Array, q_segments: jax.Array, k_segments: jax.Array,
-                   window: int | None) -> jax.Array:
-    """[B, T, S] bool: query i in segment s sees key j when j <= i, segment(j) == s != 0 and (window) i - j <
-    window."""
-    visible = k_index[None, :] <= q_index[:, None]  # [T, S]
-    if window is not None:
-        visible &= (q_index[:, None] - k_index[None, :]) < window
-    same = (q_segments[:, :, None] == k_segments[:, None, :]) & (k_segments[:, None, :] != 0)  # [B, T, S]
-    return visible[None] & same
-
-
-def library_attention(q_btnh: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scale: float,
-                      implementation: str) -> jax.Array:
-    """`attention`'s result (no soft-capping) from `jax.nn.dot_product_attention`: XLA's version ("xla") or
-    cuDNN's fused flash attention ("cudnn", NVIDIA GPUs), chosen by `ModelConfig.attention_impl`.
-
-    q [B, T, N, H], k and v [B, S, K, H] (grouped heads: K divides N), `mask` [B, T, S] from `attention_mask`;
-    rows it masks entirely (padding) come out finite, as in `attention`.
-    """
-    return jax.nn.dot_product_attention(q_btnh, k, v, mask=mask[:, None], scale=scale,
-                                        implementation=implementation)
-
-
-def _activation(name: str):
-    return jax.nn.silu if name == "silu" else (lambda x: jax.nn.gelu(x, approximate=True))
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(2,))
-def gated(gate: jax.Array, up: jax.Array, activation: str) -> jax.Array:
-    """act(gate) * up, the gated MLP's hidden state (act = silu or tanh-gelu), with its gradient made in the
-    activations' own [..., M] layout.
-
-    Plain autodiff gives the same numbers, but XLA:CPU fuses the elementwise gradient d/d gate = g * up *
-    act'(gate) into the transposing copy the gate projection's weight gradient reads it through, and that fused,
-    transposed loop ran at a small fraction of memory speed: on bench-tiny `sft_full` 31 ms a layer against 2 ms
-    for the same copy of d/d up (`bench/profile_step.py sft_full tiny`, AMD EPYC Zen 5). Here the backward makes
-    both gradients first and puts them behind an optimization barrier, so the transpose is a plain copy.
-    """
-    return _activation(activation)(gate) * up
-
-
-def _gated_fwd(gate, up, activation):
-    return gated(gate, up, activation), (gate, up)
-
-
-def _gated_bwd(activation, residuals, g):
-    gate, up = residuals
-    act, act_vjp = jax.vjp(_activation(activation), gate)
-    (d_gate,) = act_vjp(g * up)
-    return jax.lax.optimization_barrier((d_gate, g * act))
-
-
-gated.defvjp(_gated_fwd, _gated_bwd)
 
 
 class MLP(nnx.Module):
@@ -363,7 +164,7 @@ class MLP(nnx.Module):
         def linear(i: int, o: int, names: tuple[str, str]) -> nnx.Linear:
             return nnx.Linear(
                 i, o, use_bias=cfg.mlp_bias, dtype=dt, param_dtype=pd, rngs=rngs, kernel_init=_init(names),
-                dot_general=projection_dot,
+                dot_general=ops.projection_dot,
                 bias_init=nnx.with_partitioning(nnx.initializers.zeros, names[1:]),
             )
 
@@ -374,7 +175,7 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         gate, up = self.gate_proj(x), self.up_proj(x)
-        hidden = gated(gate, up, self.activation)
+        hidden = ops.gated(gate, up, self.activation)
         return self.down_proj(hidden)
 
 
@@ -441,8 +242,8 @@ class Decoder(nnx.Module):
       segment_ids: [B, T], 0 = padding, equal ids attend to each other causally; default all ones.
       cache: a `KVCache` to read and extend (decoding); None for a plain forward pass.
       last_only: return logits for the last position only ([B, 1, V]), as generation needs.
-      decode_layout: few-row products for CPU decoding: a tied LM head multiplies with the embedding table on the
-        left (`tempax.models.fast_decode`); same logits, no copy of any weight.
+      decode_layout: a tied LM head multiplies with the embedding table on the left (`tempax.ops.tied_lm_head`),
+        the form XLA:CPU runs fastest in few-row decode products; same logits, no copy of any weight.
     Returns logits [B, T, V] in float32 and the updated cache (None without one).
     """
 
@@ -505,15 +306,13 @@ class Decoder(nnx.Module):
 
     def logits(self, hidden: jax.Array, decode_layout: bool = False) -> jax.Array:
         """LM head (tied or untied) and final soft-capping; float32 logits. `decode_layout`: see `Decoder`."""
-        if self.lm_head is None and decode_layout:
+        if self.lm_head is None:
             embed = self.embed_tokens  # the same dtype promotion as `embed.attend`
             query, table = embed.promote_dtype((hidden, embed.embedding[...]), dtype=embed.dtype)
-            logits = project(query, table)
-        elif self.lm_head is None:
-            logits = self.embed_tokens.attend(hidden)
+            logits = ops.tied_lm_head(query, table, table_on_left=decode_layout)
         else:
             logits = self.lm_head(hidden)
-        logits = softcap(logits.astype(jnp.float32), self.config.final_logit_softcap)
+        logits = ops.softcap(logits.astype(jnp.float32), self.config.final_logit_softcap)
         return shard(logits, ("batch", "seq", "act_vocab"))
 
     def __call__(
@@ -556,3 +355,13 @@ def default_positions(segment_ids: jax.Array) -> jax.Array:
     )
     start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
     return jnp.where(segment_ids != 0, idx - start_idx, 0)
+
+
+def lm_head_of(model: Decoder, *, master: bool = False) -> tuple[jax.Array, bool]:
+    """(head weight, vocab_major) of a `Decoder`: the tied embedding table [V, D] or the untied `lm_head` kernel
+    [D, V], in the model's compute dtype, or with `master` in its stored dtype (for
+    `tempax.ops.fused_causal_lm_loss`, which casts it itself and returns its gradient in that dtype)."""
+    dtype = jnp.dtype(model.config.dtype)
+    weight, vocab_major = ((model.embed_tokens.embedding[...], True) if model.lm_head is None
+                           else (model.lm_head.kernel[...], False))
+    return (weight if master else weight.astype(dtype)), vocab_major

@@ -2,8 +2,9 @@
 
 A GGUF file is a little-endian header (key/value metadata, then one info record per tensor: name, dims,
 GGML type, offset) followed by aligned tensor data. We parse the header ourselves with `struct` over an mmap:
-`gguf.GGUFReader` builds two numpy views per string of the embedded vocabulary and spends ~11 s on
-SmolLM2's 98k tokenizer strings, while this parser needs a fraction of a second. Tensor data is dequantised by
+`gguf.GGUFReader` builds two numpy views per string of the embedded vocabulary, which makes reading a header with
+a 100k-token vocabulary take seconds; this parser reads the strings in one pass (the figures:
+`docs/measurements/performance-history.md`, "Start-up"). Tensor data is dequantised by
 `gguf.quants.dequantize` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants, IQ*, TQ*, MXFP4...), one
 tensor at a time from its own memory map, so host memory peaks at the model plus one float32 tensor.
 
@@ -494,7 +495,8 @@ def dequantize_q4_1(raw: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     byte j - 16) + m for the rest (ggml-quants.c `dequantize_row_q4_1`).
 
     The whole tensor in a few array passes; the gguf package's version (equal bit for bit, tests check it)
-    works 16 rows at a time through Python and took 2.4x the CPU time on SmolLM2-135M's 210 Q4_1 tensors.
+    works 16 rows at a time through Python, which costs more CPU time per tensor (`docs/measurements/
+    performance-history.md`, "Start-up").
     """
     blocks = np.asarray(raw, np.uint8).reshape(-1, 20)
     d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # [blocks, 1]
@@ -580,7 +582,7 @@ def load_gguf(
     use_cache = cached and os.path.isfile(path)
     entry = weight_cache.entry_dir(cached, path, f"{param_dtype}|{dtype}") if use_cache else None
     if entry is not None and (cfg := weight_cache.cached_config(entry)) is not None:
-        model = abstract_model(cfg)  # the header is not read at all: its vocabulary alone takes 0.25 s to parse
+        model = abstract_model(cfg)  # the header is not read at all: parsing its vocabulary is most of its cost
         if weight_cache.fill_from_cache(model, entry):
             return model
     header = read_gguf_header(path)

@@ -2,9 +2,9 @@
 
 Compiling the whole constructor as one program (`jax.jit(lambda: nnx.split(Decoder(cfg, rngs))[1])`) costs
 compile time in proportion to the depth: every weight's random draw is its own piece of the program, and XLA
-optimises and generates code for each of them (on CPU about 0.5 s a layer of the Llama-3.2-1B shape; on an H200
-the SmolLM2 constructor took over 200 s). `init_decoder` compiles three small programs instead and calls the
-per-layer one once per layer:
+optimises and generates code for each of them, on a CPU and on a GPU alike (`docs/measurements/
+performance-history.md`, "Start-up and a 1B shape on a CPU"; `docs/measurements/gpu-h200.md`). `init_decoder`
+compiles three small programs instead and calls the per-layer one once per layer:
 
     embedding(rngs)      -> embedding weights, rngs advanced
     layer(rngs)          -> one DecoderLayer's weights, rngs advanced   (compiled once, called num_layers times)

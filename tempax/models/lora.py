@@ -17,17 +17,15 @@ What we do differently from PEFT: A is initialised like PEFT's default (kaiming-
 U(-1/sqrt(in), 1/sqrt(in))), but from JAX's random stream, so values differ; dropout follows `model.train()` /
 `model.eval()` (nnx's `deterministic` switch) and is on by default, as nnx.Dropout is.
 
-Why hand-written rather than qwix 0.1.8 (`qwix.LoraProvider` + `weight_qtype="nf4"`), measured on XLA:CPU with
-jax 0.10.2 (bench-tiny, batch 8 x 256, rank 16, alpha 32, all 7 projections, float32):
+Why hand-written rather than qwix 0.1.8 (`qwix.LoraProvider` + `weight_qtype="nf4"`) on XLA:CPU with jax 0.10.2
+(the comparison's figures: `docs/measurements/memory.md`, "QLoRA against qwix"):
   * QLoRA memory: qwix stores NF4 codes as `jnp.uint4`, one byte per code on XLA:CPU, so its quantized
-    projections took 0.531 x their bfloat16 bytes; the packed codes here take 0.281 x (4.5 bits per weight).
+    projections take (8 + 0.5) / 16 of their bfloat16 bytes; the packed codes here take 4.5 / 16 (4.5 bits per
+    weight).
   * qwix adapters attach only to a kernel qwix itself quantized (its `find_param` looks for `nnx.Param` or its
     own `WithAux`), so the packed NF4 base rules out qwix adapters, and keeping one adapter implementation for
     LoRA and QLoRA keeps disable / merge / save / load written once.
-  * Speed: no difference. One jitted forward+backward+adamw step (LoRA, float base) took a median 5.53
-    CPU-seconds with qwix and 5.67 here (4 interleaved steps each, on 2 cores shared at load 9, so wall times,
-    14.3 s and 14.5 s, mean little); both compute x W + ((x A) B) * alpha / r. Compiled temp memory of the step
-    was equal too (1377 MB LoRA, 1392 MB QLoRA, dominated by the [8, 256, 32000] logits).
+  * Speed and step memory: no difference beyond noise; both compute x W + ((x A) B) * alpha / r.
   * From qwix's source: its adapter dropout is always on (`nnx.Dropout(rate, deterministic=False)`, no eval
     mode), and its adapters take the base parameter dtype, so with float32 parameters and bfloat16 compute it
     adds a float32 delta to each bfloat16 matmul output, promoting the residual stream to float32.
@@ -48,9 +46,10 @@ import numpy as np
 from flax import nnx
 
 from tempax.errors import CheckpointError, ConfigError
-from tempax.models.decoder import Decoder, as_dtype, matmul
+from tempax.models.decoder import Decoder, as_dtype
 from tempax.models.quant import QUANT_KINDS, QuantizedLinear
 from tempax.models.weights import abstract_model
+from tempax.ops import matmul
 from tempax.parallel.process import host_array, is_writer
 from tempax.models.hf_io import save_safetensors
 
@@ -261,8 +260,8 @@ def apply_lora(model: Decoder, cfg: LoraConfig, *, rngs: nnx.Rngs) -> Decoder:
 def quantize_base(model: Decoder, kind: str = "nf4", block_size: int = 64) -> Decoder:
     """A copy of `model` with every attention and MLP projection stored blockwise-quantized and frozen
     (`QuantizedLinear`; embeddings, norms and the LM head stay float). QLoRA's base without adapters, e.g. a
-    frozen distillation teacher in ~0.28x the bytes of bfloat16. Drop your reference to `model` to free its float
-    kernels."""
+    frozen distillation teacher in 4.5 / 16 of bfloat16's bytes (NF4). Drop your reference to `model` to free its
+    float kernels."""
     if kind not in QUANT_KINDS:
         raise ConfigError(f"quantization kind must be one of {', '.join(QUANT_KINDS)}, got {kind!r}")
     model = nnx.clone(model)

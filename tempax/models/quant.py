@@ -9,8 +9,8 @@ block is stored as codes plus one float32 scale s = max|w| over the block (absma
 NF4 levels are the 16 values of QLoRA Appendix E: quantiles of N(0, 1) rescaled to [-1, 1], with an exact 0, so a
 normally distributed block loses as little as possible. A code is the nearest level to w / s.
 
-Storage per weight: nf4 4 bits + 32 / block_size bits of scale (4.5 bits at block 64, 0.28 x bfloat16);
-int8 8.5 bits. The input dimension is zero-padded to a multiple of `block_size` (padding never raises a block's
+Storage per weight: nf4 4 bits + 32 / block_size bits of scale (4.5 bits at block 64, 4.5 / 16 of bfloat16's
+bytes); int8 8.5 bits. The input dimension is zero-padded to a multiple of `block_size` (padding never raises a block's
 absmax) and cut off again when dequantizing.
 
 What we do differently from QLoRA: no second ("double") quantization of the scales (it saves 0.37 bits per
@@ -19,12 +19,13 @@ weight at the price of another lookup per block).
 `quantized_matmul` has its own backward pass that recomputes the dequantized kernel from the codes, with
 optimization barriers tying each dequantization to its layer's input (forward) or output gradient (backward),
 so that a compiler need not keep a float copy of every kernel from the forward to the backward pass. XLA:CPU
-removes those barriers before scheduling and dequantizes all kernels up front either way (compiled temp memory
-of a 16-layer 1024 x 1024 stack: 68 MB with or without them); whether GPU/TPU keep them is not yet measured.
+removes those barriers before scheduling and dequantizes all kernels up front either way (a 16-layer
+1024 x 1024 stack compiles to the same temp memory with or without them: `docs/measurements/memory.md`, "QLoRA
+against qwix"); whether GPU/TPU keep them is not yet measured.
 
 Why not qwix (`weight_qtype="nf4"`), measured with qwix 0.1.8 on jax 0.10.2 / XLA:CPU: qwix stores NF4 codes as
 `jnp.uint4`, which occupies one byte per element (`on_device_size_in_bytes` of a 1024 x 1024 uint4 array is
-1,048,576), so its NF4 kernels took 0.53 x the bytes of bfloat16 instead of 0.28.
+1,048,576), so its NF4 kernels take (8 + 0.5) / 16 of bfloat16's bytes instead of 4.5 / 16.
 """
 
 from __future__ import annotations

@@ -318,8 +318,8 @@ def _load_resolved(
             raise ConfigError(f"model.overrides: {e}") from None
         cfg = _with_dtypes(cfg, dtype, param_dtype)
         # As the CLI builds presets: the eager `Decoder(cfg, rngs=nnx.Rngs(seed))`'s random draws (equal within 1 ulp),
-        # made by three compiled programs, which leave less resident than one eager op per weight (23-38 MB on
-        # bench-small); sharded over `mesh` when given.
+        # made by three compiled programs, which leave less resident than one eager op per weight
+        # (`docs/measurements/memory.md`, "Decoding"); sharded over `mesh` when given.
         return init_decoder(cfg, seed, mesh), None
     if resolved.kind == "gguf":
         return load_gguf(resolved.location, dtype=dtype, param_dtype=param_dtype, progress=progress), resolved.location
@@ -351,7 +351,7 @@ def load(
     resolved = fetch(resolve_source(source))
     if resolved.kind == "gguf":
         # The tokenizer loads on a second thread while the weights load: the first load of a GGUF builds it with
-        # `transformers` (0.6 s to import), and the weights' copies leave the interpreter free part of the time.
+        # `transformers` (slow to import), and the weights' copies leave the interpreter free part of the time.
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tempax-tokenizer") as pool:
             pending = pool.submit(_load_tokenizer, resolved.location)
             try:

@@ -228,8 +228,8 @@ def _generic_fast_class(folder: str) -> Any:
     """The generic fast tokenizer class when a local folder names it and has no model config, else None.
 
     AutoTokenizer resolves such a folder to exactly that class, but its lookup imports the model-config
-    machinery, which imports PyTorch wherever PyTorch is installed (+0.19 GiB resident and ~0.7 s for nothing
-    tempax uses). With a config.json beside it, AutoTokenizer may pick a model-specific class instead, so that
+    machinery, which imports PyTorch wherever PyTorch is installed (resident memory and start-up time for nothing
+    tempax uses: `docs/measurements/memory.md`, "Decoding"). With a config.json beside it, AutoTokenizer may pick a model-specific class instead, so that
     case stays with AutoTokenizer.
     """
     config_path = os.path.join(folder, "tokenizer_config.json")

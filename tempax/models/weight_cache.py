@@ -1,11 +1,12 @@
 """GGUF weights kept dequantised on disk, so a second load of the same file skips the dequantisation.
 
 A GGUF file holds its weights quantised (SmolLM2-135M-Instruct: Q4_1); tempax computes in float32 or bfloat16,
-so every load dequantises every tensor, undoes llama.cpp's q/k permutation and transposes the linears: 1.2-1.8 s
-of CPU on 2 cores for SmolLM2-135M, the largest part of a warm `tempax generate`'s time to its first token.
+so every load dequantises every tensor, undoes llama.cpp's q/k permutation and transposes the linears, the
+largest part of a warm `tempax generate`'s time to its first token (`docs/measurements/performance-history.md`,
+"Start-up").
 After the first load the model's parameters, in tempax's own layout and dtype, are written to one raw file
-beside a JSON index and the model's config; later loads read neither the GGUF header (0.25 s for the vocabulary
-it holds) nor its tensors, and copy each parameter straight into its array.
+beside a JSON index and the model's config; later loads read neither the GGUF header (its vocabulary is most of
+its parsing) nor its tensors, and copy each parameter straight into its array.
 
 An entry is keyed by the GGUF file's absolute path, size and modification time, the dtypes asked for and a digest
 of the loading code (`gguf_io.py`, `weights.py`, `config.py`, this file), so an edited model file or loader never
@@ -121,7 +122,7 @@ def fill_from_cache(model: Decoder, folder: str) -> bool:
                 raise ValueError(f"{name}: {e['dtype']}{e['shape']}, the model wants {np.dtype(dtype)}{var.shape}")
         values = []
         # Read one array at a time (not a map of the whole file, whose pages would count in the process's
-        # resident memory beside the copies: +0.27 GiB peak for SmolLM2-135M); all are checked before any is set.
+        # resident memory beside the copies: `docs/measurements/memory.md`); all are checked before any is set.
         with open(data_path, "rb") as f:
             for e in entries:
                 count = int(np.prod(e["shape"], dtype=np.int64))

@@ -68,7 +68,8 @@ def abstract_model(cfg: ModelConfig) -> Decoder:
     constructor; tests compare the two). One trace of the whole constructor takes time quadratic in the depth:
     every random draw advances a traced counter, flax compares that counter's `sharding`, and on a tracer JAX
     answers with an AttributeError whose message walks the whole trace so far. For SmolLM2-135M (30 layers)
-    that was most of the 1.9-2.3 s of CPU the abstract model took, a cost every `tempax generate` paid at start.
+    that was most of the abstract model's time, a cost every `tempax generate` paid at start
+    (`docs/measurements/performance-history.md`, "Start-up").
 
     Layers differ only by their kind (`cfg.layer_type(i)`: full or sliding attention) and that kind's rotary
     setting, so one layer of each kind is traced and the others are copies of it (`nnx.clone` of shapes is a

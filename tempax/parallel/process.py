@@ -17,19 +17,12 @@ shards in every process and no process can read it whole with `np.asarray`. Thre
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
-
-
-def jax_cache_in_use() -> bool:
-    """Whether JAX's persistent compilation cache is on in this process (the `tempax` command turns it on for
-    every command but generation: `tempax.runtime.process.compilation_cache_env`)."""
-    return bool(jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR"))
 
 
 def is_writer() -> bool:

@@ -14,7 +14,7 @@ import of `preload` modules never count). A worker past its item's deadline is k
 alone is reported as timed out, the others are unaffected. Workers are fresh Python processes (never forks of a
 process running JAX threads, and not multiprocessing children, which re-run the caller's main script unless it
 has an `if __name__ == "__main__"` guard). The pool is persistent, so start-up (a fresh Python
-process importing sympy, about 1-3 s) is paid once per worker, not per call; `shared_pool()` is the one the
+process importing sympy, slow to import) is paid once per worker, not per call; `shared_pool()` is the one the
 reward and evaluation code use. Functions and arguments travel by pickle, so the function must be importable by
 name (a module-level function); a raise inside it comes back as `Outcome.error`.
 """

@@ -76,7 +76,7 @@ def reference_answer(answer: Any) -> str:
 
 def _math_verify_equal(prediction: str, reference: str) -> bool:
     """math-verify equality, accepted only when its parse covers the whole answer as one numeric value."""
-    # Imported here: math-verify pulls in sympy (~1 s), which `import tempax.rewards` should not pay.
+    # Imported here: math-verify pulls in sympy, slow to import, which `import tempax.rewards` should not pay.
     import sympy
     from math_verify import parse, verify
 

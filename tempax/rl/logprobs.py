@@ -82,10 +82,10 @@ def completion_logprobs(
     return logp.reshape(p, g, t), (entropy.reshape(p, g, t) if with_entropy else None)
 
 
-# Completion rows whose [rows, T, V] logits exist at once. All rows at once is 0.1-0.2 GB of float32 at V = 49k
-# (8 rows x 64-128 tokens), kept by autodiff for the backward beside a second array for its gradient; a chunk
-# under jax.checkpoint keeps only its hidden states and recomputes its logits in the backward (one more head
-# product, ~1% of a bench-small GRPO step).
+# Completion rows whose [rows, T, V] logits exist at once. All rows at once is 4 rows T V bytes of float32 (a
+# large share of a GRPO step's memory at V = 49k), kept by autodiff for the backward beside a second array for its
+# gradient; a chunk under jax.checkpoint keeps only its hidden states and recomputes its logits in the backward
+# (one more head product, a small share of a GRPO step: `docs/measurements/memory.md`, "GRPO").
 LOGIT_CHUNK_ROWS = 2
 
 

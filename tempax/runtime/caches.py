@@ -10,3 +10,11 @@ import os
 def cache_root() -> str:
     """tempax's cache folder: `$TEMPAX_CACHE`, default `~/.cache/tempax`."""
     return os.environ.get("TEMPAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tempax")
+
+
+def jax_cache_in_use() -> bool:
+    """Whether JAX's persistent compilation cache is on in this process (the `tempax` command turns it on for
+    every command but generation: `tempax.runtime.process.compilation_cache_env`)."""
+    import jax  # imported here: the runtime layer loads before JAX starts, and only a running program asks this
+
+    return bool(jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR"))

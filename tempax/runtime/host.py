@@ -64,7 +64,7 @@ def cpu_class(info: dict) -> str:
 
 
 def cpu_line() -> str:
-    """One line naming the CPU for a benchmark table, e.g. "AMD EPYC, 2 cores, avx512f avx512_bf16"."""
+    """One line naming the CPU for a benchmark table: "<model> (<vendor>), <cores> cores, <AVX-512 and AMX flags>"."""
     info = cpu_info()
     flags = " ".join(f for f in info["flags"] if f.startswith(("avx512f", "avx512_bf16", "amx"))) or "no AVX-512"
     return f"{info['model']} ({info['vendor']}), {info['cores']} cores, {flags}"

@@ -16,7 +16,7 @@ of XLA:CPU's matrix-product library, and glibc's malloc on transparent huge page
 * Matrix-product library, per CPU (`cpu_xla_flags`). XLA:CPU's default float32 products are kept where no
   alternative is faster on the training step's own shapes (`bench/matmul_shapes.py`); on Intel CPUs with AVX-512
   `--xla_cpu_use_onednn=true` is added, the one flag measured faster there (the float32 step and the 4096^3
-  product, on an AMX Xeon); on AVX2-only CPUs oneDNN made the step slower, so nothing is added. The before/after
+  product, on an Intel CPU with AMX); on AVX2-only CPUs oneDNN made the step slower, so nothing is added. The before/after
   pairs: `docs/performance.md` (per CPU class), earlier ones `docs/measurements/performance-history.md`.
 
 * Persistent compilation cache, on for the `tempax` command (`compilation_cache_env`): JAX writes every compiled
@@ -113,8 +113,8 @@ def compilation_cache_env(
     pair per prompt-length bucket (`TEMPAX_PROGRAMS_DIR`, the `programs/` folder), which also skips their tracing
     and lowering; what else those commands compile is a handful of tiny programs (tens of ms together, measured
     with `JAX_LOG_COMPILES=1` on a two-turn chat), left uncached. Every other command uses JAX's persistent
-    cache, for every program however fast it compiled (JAX's default keeps only those over 1 s; the many small
-    ones add up on 2 cores); a large training step gains little from it with the pinned jaxlib, whose loader
+    cache, for every program however fast it compiled (JAX's default, `jax_persistent_cache_min_compile_time_secs`,
+    keeps only the slow ones; the many small ones add up on a few cores); a large training step gains little from it with the pinned jaxlib, whose loader
     looks up each YNNPACK fusion by a walk over the whole module (the figures: `docs/performance.md`). Never both
     in one process: a program compiled where JAX has loaded executables from its cache can serialise
     incompletely (XLA:CPU then fails with "Function ... not found" when the stored copy runs)."""

@@ -108,7 +108,7 @@ class TrainConfig:
     seq_len: int = help_field("Tokens per row.", 512)
     precision: Literal["fp32", "bf16"] = help_field(
         "fp32: everything float32. bf16: bfloat16 activations and matmuls (bf16 operands, float32 accumulation "
-        "and weight gradients: decoder.projection_dot) with float32 master weights and optimizer state.",
+        "and weight gradients: ops.projection_dot) with float32 master weights and optimizer state.",
         "fp32",
     )
     remat: Literal["none", "full", "dots"] | None = help_field(

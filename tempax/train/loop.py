@@ -34,9 +34,10 @@ from jax.sharding import Mesh
 
 from tempax.errors import TempaxError
 from tempax.progress import work_bar
-from tempax.parallel.host_memory import release_free_heap
-from tempax.parallel.process import global_batch, host_tree, is_writer, jax_cache_in_use
+from tempax.parallel.process import global_batch, host_tree, is_writer
 from tempax.parallel.rules import batch_sharding, use_mesh
+from tempax.runtime.caches import jax_cache_in_use
+from tempax.runtime.host_memory import release_free_heap
 from tempax.train import memory as mem
 from tempax.train.checkpoint import Checkpointer, CheckpointSaveFailed, unfinished_saves
 from tempax.train.config import TrainConfig
@@ -283,9 +284,9 @@ class Trainer:
             self.state, metrics = self._step(self.state, self.rest, self.put_batch(batch))
         if not self._heap_released and jax_cache_in_use():
             # The first call loaded the step from JAX's persistent cache, whose loader leaves freed heap behind on
-            # its own thread's arena: handed back now, while the step runs, it no longer adds to the peak (2-step
-            # SmolLM2 LoRA sft: 3.15 -> 2.70 GiB). Without the cache the same call gained less (2.89 -> 2.73 GiB)
-            # and the GRPO step measured 0.756 against 0.713 s in 4 alternated rounds, so it is left as it was.
+            # its own thread's arena: handed back now, while the step runs, it no longer adds to the peak. Without
+            # the cache the same call gained little and may have cost step time, so it is left as it was
+            # (docs/measurements/memory.md).
             release_free_heap()
             self._heap_released = True
         return metrics

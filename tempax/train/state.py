@@ -27,7 +27,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tempax.parallel.rules import Rules, logical_to_spec, param_shardings, variable_logical_names
-from tempax.models.decoder import BF16, as_dtype, keep_kernel_dtype, projection_dot
+from tempax.models.decoder import as_dtype
+from tempax.ops import BF16, keep_kernel_dtype, projection_dot
 
 Params = dict[str, jax.Array]
 
@@ -157,7 +158,7 @@ def set_compute_dtype(model: nnx.Module, dtype: str) -> None:
 
     NNX layers cast their weights and inputs to their `dtype` attribute when called, so bf16 compute over
     float32 master weights is this attribute on every Linear/Embed plus the decoder's config. Under bfloat16 each
-    `nnx.Linear` computes through `tempax.models.decoder.projection_dot` with its kernel left float32 (bf16
+    `nnx.Linear` computes through `tempax.ops.projection_dot` with its kernel left float32 (bf16
     operands, float32 accumulation and weight gradient, in the layouts XLA:CPU runs at bf16 speed). Done once,
     before the model is split for training.
     """

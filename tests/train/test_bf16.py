@@ -11,7 +11,8 @@ from numpy.testing import assert_allclose
 
 from tempax.algorithms.sft.main import make_sft_loss
 from tempax.data.loader import sft_loader
-from tempax.models.decoder import Decoder, projection_dot
+from tempax.models.decoder import Decoder
+from tempax.ops import projection_dot
 from tempax.models.presets import PRESETS
 from tempax.train.config import CheckpointConfig, OptimizerConfig
 from tempax.train.loop import Trainer

@@ -27,7 +27,7 @@ as soon as the student gives any probability to a token outside the teacher's to
 chunk over sequence positions, so neither model's [B, T, V] float32 logits exist whole: inside one `lax.scan`
 each chunk's logits of both models are formed, the chunk's loss and its gradient with respect to the student's
 hidden states and head are taken locally, and only d L / d h [B, T, D] and d L / d W (the head's own size) are
-kept for the backward pass (the pattern of `tempax.models.fused_head`, with autodiff inside the chunk instead of
+kept for the backward pass (the pattern of `tempax.ops.fused_head`, with autodiff inside the chunk instead of
 a hand-written gradient, so every divergence shares it). The teacher's inputs get no gradient.
 """
 
@@ -41,7 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tempax.models.fused_head import chunk_size, head_logits, lm_head_of, split_chunks, unsplit_chunks
+from tempax.models.decoder import lm_head_of
+from tempax.ops.fused_head import chunk_size, head_logits, split_chunks, unsplit_chunks
 from tempax.errors import ConfigError
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")
@@ -293,7 +294,7 @@ def chunked_distillation_loss(
     chunk_len: int | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`distillation_loss(student logits, teacher logits, ...)` from final hidden states, `chunk_len` positions at
-    a time (the largest divisor of T not above it; `tempax.models.fused_head.chunk_size`); None: whole rows.
+    a time (the largest divisor of T not above it; `tempax.ops.fused_head.chunk_size`); None: whole rows.
 
     Args:
       student_hidden_btd, teacher_hidden_btd: [batch, time, hidden] final-norm hidden states of each model (their

@@ -6,8 +6,8 @@ jitted step runs the teacher's forward pass and the student's forward and backwa
 weights are never differentiated, donated or checkpointed, and the memory plan sees their bytes.
 
 Teacher storage (`TeacherSpec.storage`): float32 as loaded, bfloat16 (half the bytes; bf16 matmuls), or NF4 /
-int8 blockwise-quantized projections (`tempax.models.lora.quantize_base`, QLoRA's frozen base: ~0.28x the bytes
-of bfloat16 for the projections; embeddings and norms stay float).
+int8 blockwise-quantized projections (`tempax.models.lora.quantize_base`, QLoRA's frozen base: NF4 takes 4.5 of
+bfloat16's 16 bits per projection weight, the block scales included; embeddings and norms stay float).
 
 Student (`StudentSpec`): a copy of the teacher (`source: teacher`), a preset, or any model source; optionally cut
 to a subset of its layers (`keep_layers: every 3`, `tempax.models.surgery.keep_layers`). Its vocabulary must be

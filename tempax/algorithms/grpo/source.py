@@ -48,9 +48,9 @@ from tempax.envs.registry import EnvironmentSpec
 from tempax.rl.logprobs import completion_logprobs, logprobs_no_grad
 from tempax.rl.rollout import PromptSampler, Rollout, build_batch, fill_with_spread, rollout_metrics, sample_rollout
 from tempax.errors import ConfigError
-from tempax.parallel.host_memory import release_free_heap
 from tempax.parallel.process import host_array
 from tempax.parallel.rules import use_mesh
+from tempax.runtime.host_memory import release_free_heap
 from tempax.rl.async_source import RolloutQueue
 from tempax.rl.rollout_state import prompt_from_json, prompt_to_json, rollout_from_json, rollout_to_json
 from tempax.rl.throughput import ThroughputSplit
@@ -238,7 +238,7 @@ class GRPOSource:
         batch, extra_s = self.make_batch(rollout)
         self.last_rollout, self._batch, self._passes_left = rollout, batch, self.settings.num_iterations
         # Generation and the reference pass freed their temporaries; give those heap pages back before the
-        # train step's temporaries arrive on top of them (tempax.parallel.host_memory.release_free_heap).
+        # train step's temporaries arrive on top of them (tempax.runtime.host_memory.release_free_heap).
         release_free_heap()
         self._metrics = {**rollout_metrics(rollout), **_perf(rollout, extra_s, time.perf_counter() - t0),
                          **self._queue_metrics}

@@ -24,7 +24,8 @@ from tempax.algorithms.rft.source import RFTSource
 from tempax.algorithms.run import PolicyRun, evaluate_before, finish_policy, make_trainer, start_run, task_prompts
 from tempax.errors import ConfigError
 from tempax.eval.spec import eval_options
-from tempax.models.fused_head import fused_causal_lm_loss, lm_head_of
+from tempax.models.decoder import lm_head_of
+from tempax.ops import fused_causal_lm_loss
 from tempax.rewards.registry import build_rewards
 from tempax.rl.rollout import PromptSampler, round_up
 from tempax.train.trainable import Trainable

@@ -1,6 +1,6 @@
 """Supervised fine-tuning and continued pre-training: next-token cross-entropy on the shared training core.
 
-    losses.py   pure math: `causal_lm_loss` (the fused, chunked form is `tempax.models.fused_head`)
+    losses.py   pure math: `causal_lm_loss` (the fused, chunked form is `tempax.ops.fused_head`)
     main.py     SFTConfig / PretrainConfig and main: `tempax sft|pretrain --config RECIPE.yaml`
 
 Distillation is `tempax.algorithms.distill`. Nothing heavy is imported here (the registry reads `ALGORITHMS`).

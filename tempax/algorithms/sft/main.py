@@ -29,8 +29,9 @@ from tempax.algorithms.sft.losses import SFT_NORMALIZATIONS, causal_lm_loss
 from tempax.configlib import help_field
 from tempax.data.sft import DataSpec, build_data, read_data_rows
 from tempax.errors import ConfigError
-from tempax.models.fused_head import fused_causal_lm_loss, lm_head_of
+from tempax.models.decoder import lm_head_of
 from tempax.models.lora import LoraConfig
+from tempax.ops import fused_causal_lm_loss
 from tempax.train.config import TrainConfig
 from tempax.train.loop import TrainResult
 from tempax.train.trainable import Trainable

@@ -1,4 +1,4 @@
-"""tempax.parallel.host_memory: giving glibc's free heap back to the OS."""
+"""tempax.runtime.host_memory: giving glibc's free heap back to the OS."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tempax.parallel.host_memory import release_free_heap
+from tempax.runtime.host_memory import release_free_heap
 
 
 def test_release_free_heap_trims_where_glibc_is_the_c_library():

@@ -1,10 +1,13 @@
-"""Training attention for bfloat16 compute (`train.precision=bf16`) on XLA:CPU's bf16 matmul kernels.
+"""Attention in the forms XLA:CPU runs fast: training attention at bfloat16, and one decode step over the cache.
 
-XLA:CPU (jaxlib 0.10) runs a bf16 dot at bf16 speed only when the dot asks for a float32 result and its left
-operand's contracting axis is the minor one (see `projection_dot` in `tempax.models.decoder`); otherwise it
-upcasts both operands to float32 first, which is slower than float32 throughout. Plain autodiff of
-`tempax.models.decoder.attention` at bf16 misses this on every product: p @ v asks for a bf16 result, and the
-backward mixes float32 cotangents with bf16 operands and contracts the query or key axis of the [T, S] arrays.
+Both compute `tempax.ops.plain.attention` (tests/ops/test_ops.py, tests/ops/cpu/test_attention.py).
+
+**bf16 training attention** (`bf16_attention`, `train.precision=bf16`). XLA:CPU (jaxlib 0.10) runs a bf16 dot at
+bf16 speed only when the dot asks for a float32 result and its left operand's contracting axis is the minor one
+(`tempax.ops.cpu.matmul`); otherwise it upcasts both operands to float32 first, which is slower than float32
+throughout. Plain autodiff of the einsum attention at bf16 misses this on every product: p @ v asks for a bf16
+result, and the backward mixes float32 cotangents with bf16 operands and contracts the query or key axis of the
+[T, S] arrays.
 
 `bf16_attention` computes the same function as a custom VJP. Heads go first ([B, K, G*T, H] for the queries of a
 kv group, [B, K, S, H] for keys and values), so that each of the six products contracts the left operand's minor
@@ -24,9 +27,12 @@ swapping the operands (ds then contracts its major axis, and the dot fails at ru
 Softmax and its gradient are in float32: ds = p * (dp - sum_s(p * dp)), the softmax's vector-Jacobian product,
 then the soft-cap's factor 1 - tanh^2 and the scale; p and ds are rounded to bf16 for the products, whose sums
 accumulate in float32. Residuals: q, k, v (bf16) and p (bf16, [GT, S]); soft-capped scores are recomputed.
+Autodiff of the einsum form at bf16 is slower than this on a CPU with AVX512-BF16, and no faster than the
+float32 path (`python bench/attention.py`; figures in `docs/measurements/performance-history.md`).
 
-Autodiff of the einsum form at bf16 runs about half as fast as this on a CPU with AVX512-BF16, and no faster
-than the float32 path (`python bench/attention.py`; figures in `docs/measurements/performance-history.md`).
+**One decode step** (`decode_step_attention`). XLA:CPU runs the [G, S] x [S, H] product p v of one query per
+(batch, kv head) as a plain dot thunk that streams the cache slowly; a multiply-and-sum over S reads the cache
+once as one fused loop.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-BF16 = jnp.dtype(jnp.bfloat16)
+from tempax.ops.plain import BF16, attention_probs
 
 
 def _bdot(lhs: jax.Array, rhs: jax.Array, lhs_dim: int, rhs_dim: int) -> jax.Array:
@@ -122,3 +128,14 @@ def bf16_attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, mask
     k, v = _row_major(k_bskh.swapaxes(1, 2)), _row_major(v_bskh.swapaxes(1, 2))
     out = _attend(q, k, v, mask_bts, scale, logit_cap, g)  # [B, K, G*T, H]
     return out.reshape(b, kh, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+def decode_step_attention(q_btnh: jax.Array, k_bksh: jax.Array, v_bksh: jax.Array, mask_bts: jax.Array, *,
+                          scale: float, logit_cap: float | None) -> jax.Array:
+    """`tempax.ops.plain.attention` of one query position (T = 1) over the KV cache's [B, K, S, H] keys and
+    values, p v made as a multiply-and-sum over S. Returns [B, 1, N, H]."""
+    b, t, n, h = q_btnh.shape
+    probs = attention_probs(q_btnh, k_bksh, mask_bts, scale=scale, logit_cap=logit_cap, kv_layout="bksh",
+                            dtype=v_bksh.dtype)  # [B, K, G, 1, S]
+    out = jnp.sum(probs[:, :, :, 0, :, None] * v_bksh[:, :, None], axis=3)[:, None]  # [B, 1, K, G, H]
+    return out.reshape(b, t, n, h)

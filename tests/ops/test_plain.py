@@ -7,7 +7,8 @@ import pytest
 from flax import nnx
 
 from tempax.errors import ConfigError
-from tempax.models.decoder import attention, attention_mask, library_attention
+from tempax.ops import attention, attention_mask
+from tempax.ops.plain import library_attention
 from tests.kit.models import tiny_config, tiny_tempax_model
 
 

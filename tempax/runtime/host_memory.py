@@ -4,7 +4,8 @@ XLA:CPU allocates buffers (model construction, compilation, a step's temporaries
 freed blocks below its mmap threshold (which rises as large blocks are freed) in the heap instead of unmapping
 them, so they stay in the resident set and the next program's buffers land on top of them. Loops that
 alternate programs (a generation request, a reference pass, a train step) call `release_free_heap` between
-them. Shared by generation and training, hence here at the bottom of the import order.
+them. Process tuning rather than a feature of any layer, so it sits in the runtime layer beneath them all
+(generation, training and the RL sources call it).
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ import pytest
 from flax import nnx
 from numpy.testing import assert_allclose
 
-from tempax.models.fused_head import chunk_size, fused_causal_lm_loss
 from tempax.algorithms.sft.main import make_sft_loss
 from tempax.models.decoder import Decoder
+from tempax.ops import fused_causal_lm_loss
+from tempax.ops.fused_head import chunk_size
 from tempax.models.presets import PRESETS
 from tests.train.helpers import random_batch
 
@@ -77,7 +78,7 @@ def test_float32_master_head_gets_its_gradient_in_float32(vocab_major):
 def test_sft_loss_hands_the_fused_loss_the_float32_master_head():
     """Under bf16 compute the SFT loss passes the stored float32 head (so its gradient is never rounded to bf16
     on the way back through a cast); `lm_head_of` alone still gives the compute-dtype copy."""
-    from tempax.models.fused_head import lm_head_of
+    from tempax.models.decoder import lm_head_of
     from tempax.train.state import training_view
 
     cfg = PRESETS["tiny-qwen2"]

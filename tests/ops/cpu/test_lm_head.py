@@ -11,17 +11,17 @@ from flax import nnx
 from numpy.testing import assert_allclose
 
 from tempax.models.cache import KVCache
-from tempax.models.fast_decode import project
+from tempax.ops.cpu.lm_head import table_on_left
 from tempax.models.lora import LoraConfig, apply_lora, disable_adapters
 from tests.kit.models import random_ids, tiny_tempax_model
 
 
-def test_project_is_x_times_transposed_weight():
+def test_table_on_left_is_x_times_transposed_weight():
     x = jnp.asarray([[1.0, 2.0], [3.0, -1.0]])
     w_out_in = jnp.asarray([[1.0, 0.0], [0.5, 2.0], [-1.0, 1.0]])  # 3 outputs, 2 inputs
     # row 0: [1, 0.5 + 4, -1 + 2]; row 1: [3, 1.5 - 2, -3 - 1]
-    assert_allclose(project(x, w_out_in), [[1.0, 4.5, 1.0], [3.0, -0.5, -4.0]])
-    assert project(x[None], w_out_in).shape == (1, 2, 3)
+    assert_allclose(table_on_left(x, w_out_in), [[1.0, 4.5, 1.0], [3.0, -0.5, -4.0]])
+    assert table_on_left(x[None], w_out_in).shape == (1, 2, 3)
 
 
 def _decode_logits(model, use_layout: bool) -> np.ndarray:

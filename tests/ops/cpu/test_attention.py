@@ -1,4 +1,4 @@
-"""Training attention at bfloat16 (`tempax.models.attention_bf16`, reached through `decoder.attention` with bf16
+"""Training attention at bfloat16 (`tempax.ops.cpu.attention`, reached through `tempax.ops.attention` with bf16
 q, k, v): values and gradients against float32 autodiff of the float32 path, with every mask the families use,
 and compiled products that keep bf16 operands (XLA:CPU's bf16 kernels, no float32 upcast)."""
 
@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tempax.models.decoder import attention
-from tests.models.test_projection_bf16 import _dot_operand_types
+from tempax.ops import attention
+from tests.ops.cpu.test_matmul import _dot_operand_types
 
 BF16 = jnp.bfloat16
 B, T, N, K, H = 2, 8, 4, 2, 8
