@@ -40,7 +40,7 @@ from typing import Any, Iterator, Mapping
 
 from tempax.errors import ConfigError
 from tempax.train.storage import write_atomic
-from tempax.configlib import dump_yaml, read_yaml, to_dict
+from tempax.configlib import dump_yaml, read_yaml, to_dict, upgrade_keys
 
 CONFIG_FILE = "config.yaml"
 CHANGES_FILE = "config_changes.jsonl"
@@ -178,12 +178,16 @@ def save_run_config(run_dir: str, cfg: Any, *, say: Any = None) -> list[Change]:
     A run dir with checkpoints is a resume: the new config is checked against the saved one (`check_resume`, which
     refuses trajectory-changing differences unless `cfg.train.allow_config_change`), accepted changes are said and
     appended to config_changes.jsonl, then config.yaml holds the config now in effect. Returns the changes.
+
+    The saved config is read with the renamed keys of the config's class under their new names
+    (`tempax.configlib.upgrade_keys`): a key that was renamed since the run started is the same setting, not a
+    change.
     """
     path = os.path.join(run_dir, CONFIG_FILE)
     steps = checkpoint_steps(run_dir) if getattr(cfg.train.checkpoint, "resume", True) else []
     changes: list[Change] = []
     if steps and os.path.isfile(path):
-        saved = read_yaml(path) or {}
+        saved, _ = upgrade_keys(type(cfg), read_yaml(path) or {})
         new = to_dict(cfg)
         changes = check_resume(saved, new, step=steps[-1], allow=cfg.train.allow_config_change, run_dir=run_dir)
         for line in describe_changes(changes, step=steps[-1], new=new):
