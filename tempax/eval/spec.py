@@ -1,4 +1,4 @@
-"""The generation-based evaluation of a verifiable-reward run (`EvalSpec`) and its `EvalOptions` (`eval_options`):
+"""The generation-based evaluation of a verifiable-reward run (`EvalConfig`) and its `EvalOptions` (`eval_options`):
 shared by the algorithms that evaluate answers to held-out problems (GRPO, RFT) and by the demo."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tempax.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class EvalSpec:
+class EvalConfig:
     """Generation-based evaluation on the held-out split, before and after training."""
 
     num_problems: int = help_field("Held-out problems to evaluate (0: no evaluation).", 200)
@@ -33,7 +33,7 @@ class EvalSpec:
             raise ConfigError(f"eval.batch_size must be >= 1, got {self.batch_size}")
 
 
-def eval_options(spec: EvalSpec, default_max_new_tokens: int, seed: int = 0) -> Any:
+def eval_options(spec: EvalConfig, default_max_new_tokens: int, seed: int = 0) -> Any:
     """The `EvalOptions` of a spec (`max_new_tokens` null: the run's sampling budget)."""
     from tempax.eval.evaluate import EvalOptions  # imports the generator and JAX: configs stay light to parse
 

@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import pytest
 
 from tempax.algorithms import registry
-from tempax.algorithms.common import ModelSpec, build_model
+from tempax.algorithms.common import ModelSourceConfig, build_model
 from tempax.algorithms.registry import Algorithm
 from tempax.algorithms.run import make_trainer, start_run, write_run_files
 from tempax.configlib import help_field
-from tempax.data.sft import DataSpec, build_data, read_data_rows
+from tempax.data.sft import SFTDataConfig, build_data, read_data_rows
 from tempax.models.logprobs import masked_mean, token_logprobs
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
@@ -38,9 +38,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 class ToyConfig:
     """A toy algorithm: maximum likelihood on chat rows, written from the shared pieces."""
 
-    model: ModelSpec = help_field("The model to train.", default_factory=ModelSpec)
+    model: ModelSourceConfig = help_field("The model to train.", default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field("LoRA adapters; null: full fine-tuning.", None)
-    data: DataSpec = help_field("The data.", default_factory=DataSpec)
+    data: SFTDataConfig = help_field("The data.", default_factory=SFTDataConfig)
     train: TrainConfig = help_field("The training loop.", default_factory=TrainConfig)
 
 

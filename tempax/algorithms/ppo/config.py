@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from tempax.algorithms.common import ModelSpec
+from tempax.algorithms.common import ModelSourceConfig
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
@@ -30,7 +30,7 @@ from tempax.train.guards import CollapseGuardConfig
 
 
 @dataclass(frozen=True)
-class PPOSettings:
+class PPOKnobsConfig:
     """The algorithm: sampling, reward shaping, GAE, the clipped losses and the value function."""
 
     value: Literal["head", "critic"] = help_field(
@@ -91,7 +91,7 @@ class PPOSettings:
 
 
 @dataclass(frozen=True)
-class PromptSpec:
+class PromptDataConfig:
     """Where the prompts come from: the shared prompt of preference pairs (HH-RLHF dialogues) or chat rows."""
 
     path: str = help_field(
@@ -112,7 +112,7 @@ class PromptSpec:
 
 
 @dataclass(frozen=True)
-class PPOEvalSpec:
+class PPOEvalConfig:
     """Held-out evaluation: one sampled response per prompt, scored by the reward model, KL to the reference."""
 
     before: bool = help_field("Evaluate the starting policy.", True)
@@ -137,7 +137,8 @@ class PPOEvalSpec:
 class PPOConfig:
     """RLHF with PPO: a policy (full, LoRA or QLoRA) and a value function against a trained reward model."""
 
-    model: ModelSpec = help_field("The policy's starting model (also the reference).", default_factory=ModelSpec)
+    model: ModelSourceConfig = help_field("The policy's starting model (also the reference).",
+                                          default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field(
         "LoRA/QLoRA adapters (the reference is then the base with adapters off); null: full-weight training.",
         default_factory=lambda: LoraConfig(rank=16, alpha=32.0),
@@ -146,9 +147,9 @@ class PPOConfig:
         "The reward model: a `tempax reward-model` run dir or the reward_model folder inside it.",
         "runs/reward_model_smollm2_lora",
     )
-    prompts: PromptSpec = help_field("Training and held-out prompts.", default_factory=PromptSpec)
-    ppo: PPOSettings = help_field("The algorithm.", default_factory=PPOSettings)
-    eval: PPOEvalSpec = help_field("Held-out evaluation before and after.", default_factory=PPOEvalSpec)
+    prompts: PromptDataConfig = help_field("Training and held-out prompts.", default_factory=PromptDataConfig)
+    ppo: PPOKnobsConfig = help_field("The algorithm.", default_factory=PPOKnobsConfig)
+    eval: PPOEvalConfig = help_field("Held-out evaluation before and after.", default_factory=PPOEvalConfig)
     guard: CollapseGuardConfig = help_field(
         "Entropy-collapse guard (tempax.train.guards): watches the policy's entropy and the completion length; "
         "PPO supports action warn (default) or stop.",

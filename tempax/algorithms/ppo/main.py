@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from tempax.algorithms.common import build_model
-from tempax.algorithms.ppo.config import PPOConfig, PPOEvalSpec
+from tempax.algorithms.ppo.config import PPOConfig, PPOEvalConfig
 from tempax.algorithms.ppo.model import ActorCritic, critic_from_reward_model, trainable_filter
 from tempax.algorithms.ppo.source import PPORollouts, make_ppo_loss
 from tempax.algorithms.run import make_trainer, start_run
@@ -36,7 +36,7 @@ from tempax.errors import ConfigError, DataError
 from tempax.models.lora import apply_lora
 from tempax.models.reward_model import is_reward_model_folder
 from tempax.parallel.process import is_writer
-from tempax.rewards.registry import REWARD_MODEL_PREFIX, RewardSpec, build_rewards
+from tempax.rewards.registry import REWARD_MODEL_PREFIX, RewardsConfig, build_rewards
 from tempax.rl.rollout import Prompt, PromptSampler, build_batch, encode_prompts, round_up
 from tempax.rl.throughput import ThroughputSplit
 from tempax.train.guards import CollapseGuard, CollapseGuardConfig
@@ -65,7 +65,7 @@ def build_reward(cfg: PPOConfig) -> Any:
     """The `CombinedReward`: the reward model's score (`reward_model`) plus `ppo.reward_functions`."""
 
     folder = reward_model_folder(cfg.reward_model)
-    spec = RewardSpec(functions=(REWARD_MODEL_PREFIX + folder, *cfg.ppo.reward_functions))
+    spec = RewardsConfig(functions=(REWARD_MODEL_PREFIX + folder, *cfg.ppo.reward_functions))
     return build_rewards(spec)
 
 
@@ -128,7 +128,7 @@ class PolicyEval:
         }
 
 
-def evaluate_policy(source: PPORollouts, prompts: Sequence[Prompt], spec: PPOEvalSpec) -> PolicyEval:
+def evaluate_policy(source: PPORollouts, prompts: Sequence[Prompt], spec: PPOEvalConfig) -> PolicyEval:
     """One sampled response per prompt from the source's current policy (seeded, so before/after runs draw the
     same random streams), scored by the reward functions; KL to the reference from the source's no-grad passes."""
     scores, kls, lengths, truncated, texts = [], [], [], [], []

@@ -42,7 +42,7 @@ from flax import nnx
 
 from tempax.rl.logprobs import completion_logprobs, logprobs_no_grad
 from tempax.rl.rollout import Prompt, PromptSampler, Rollout, build_batch, sample_rollout
-from tempax.algorithms.ppo.config import PPOSettings
+from tempax.algorithms.ppo.config import PPOKnobsConfig
 from tempax.algorithms.ppo.losses import (
     adaptive_kl_coef,
     explained_variance,
@@ -68,7 +68,7 @@ _FORWARD_KEYS = ("prompt_tokens", "prompt_segments", "completion_tokens", "compl
 _INT_KEYS = ("prompt_tokens", "prompt_segments", "completion_tokens")
 
 
-def make_ppo_loss(settings: PPOSettings) -> Callable[[ActorCritic, Batch], tuple[jax.Array, dict[str, jax.Array]]]:
+def make_ppo_loss(settings: PPOKnobsConfig) -> Callable[[ActorCritic, Batch], tuple[jax.Array, dict[str, jax.Array]]]:
     """`loss_fn(model, batch)` for `tempax.train.Trainer`: `ppo_loss` of one mini-batch, plus the entropy.
 
     Both terms are token means over the same mask, so `loss_weight` is the token count and gradient accumulation
@@ -116,7 +116,7 @@ class PPORollouts:
         self,
         tokenizer: Any,
         reward_fn: Any,
-        settings: PPOSettings,
+        settings: PPOKnobsConfig,
         sampler: PromptSampler,
         *,
         prompt_len: int,

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tempax.algorithms.common import ModelSpec
+from tempax.algorithms.common import ModelSourceConfig
 from tempax.algorithms.preference.batches import (
     REF_LOGPS,
     AnnotatedPair,
@@ -36,7 +36,7 @@ from tempax.algorithms.preference.batches import (
     sequence_logps,
     split_pairs,
 )
-from tempax.algorithms.preference.data import UnpairedDataSpec, build_unpaired_data, pairs_per_batch
+from tempax.algorithms.preference.data import UnpairedDataConfig, build_unpaired_data, pairs_per_batch
 from tempax.algorithms.preference.losses import kto_loss
 from tempax.algorithms.preference.dpo import (
     DPOLoss,
@@ -61,7 +61,7 @@ DESIRABLE = "desirable"
 
 
 @dataclass(frozen=True)
-class KTOSpec:
+class KTOKnobsConfig:
     """The KTO loss and its reference model."""
 
     beta: float = help_field("Strength of the implicit KL penalty (the paper's beta, typically 0.1).", 0.1)
@@ -90,11 +90,12 @@ class KTOSpec:
 class KTOConfig:
     """KTO on unpaired feedback with full weights, LoRA or QLoRA."""
 
-    model: ModelSpec = help_field("The policy model (also the reference, see kto.reference).", default_factory=ModelSpec)
+    model: ModelSourceConfig = help_field("The policy model (also the reference, see kto.reference).",
+                                          default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field("LoRA/QLoRA adapters; null: full fine-tuning.", None)
-    data: UnpairedDataSpec = help_field("Unpaired rows (or pairs to split) and held-out pairs.",
-                                   default_factory=UnpairedDataSpec)
-    kto: KTOSpec = help_field("The KTO loss.", default_factory=KTOSpec)
+    data: UnpairedDataConfig = help_field("Unpaired rows (or pairs to split) and held-out pairs.",
+                                   default_factory=UnpairedDataConfig)
+    kto: KTOKnobsConfig = help_field("The KTO loss.", default_factory=KTOKnobsConfig)
     train: TrainConfig = help_field(
         "The training loop; batch_size and micro_batch_size count rows, two per example (its completion and a "
         "mismatched one).",

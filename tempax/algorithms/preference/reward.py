@@ -35,13 +35,13 @@ from tempax.algorithms.preference.batches import (
     split_pairs,
 )
 from tempax.algorithms.preference.data import (
-    PreferenceDataSpec,
+    PreferenceDataConfig,
     build_preference_data,
     check_enough_pairs,
     pairs_per_batch,
     report_data,
 )
-from tempax.algorithms.common import ModelSpec, build_model
+from tempax.algorithms.common import ModelSourceConfig, build_model
 from tempax.algorithms.preference.losses import bradley_terry_loss
 from tempax.algorithms.run import make_trainer, start_run
 from tempax.errors import DataError
@@ -86,7 +86,7 @@ class RewardLoss:
 
 
 @dataclass(frozen=True)
-class RewardTrainingSpec:
+class RewardModelKnobsConfig:
     """The Bradley-Terry loss and where the trained reward model goes."""
 
     margin: float = help_field("Constant margin m in -log sigmoid(r_c - r_r - m); 0 = plain Bradley-Terry.", 0.0)
@@ -102,10 +102,10 @@ class RewardTrainingSpec:
 class RewardModelConfig:
     """Bradley-Terry reward-model training with full weights, LoRA or QLoRA."""
 
-    model: ModelSpec = help_field("The backbone the scalar head sits on.", default_factory=ModelSpec)
+    model: ModelSourceConfig = help_field("The backbone the scalar head sits on.", default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field("LoRA/QLoRA adapters on the backbone; null: full fine-tuning.", None)
-    data: PreferenceDataSpec = help_field("Preference pairs.", default_factory=PreferenceDataSpec)
-    reward: RewardTrainingSpec = help_field("The loss and saving.", default_factory=RewardTrainingSpec)
+    data: PreferenceDataConfig = help_field("Preference pairs.", default_factory=PreferenceDataConfig)
+    reward: RewardModelKnobsConfig = help_field("The loss and saving.", default_factory=RewardModelKnobsConfig)
     train: TrainConfig = help_field(
         "The training loop; batch_size and micro_batch_size count rows, two per pair.", default_factory=TrainConfig
     )
@@ -218,5 +218,5 @@ def main(cfg: RewardModelConfig, *, hooks: tuple = (), log: Callable[[str], None
     return result
 
 
-__all__ = ["RewardModelConfig", "RewardRun", "RewardTrainingSpec", "build_reward_model", "main", "prepare",
+__all__ = ["RewardModelConfig", "RewardRun", "RewardModelKnobsConfig", "build_reward_model", "main", "prepare",
            "save_trained"]

@@ -21,20 +21,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from tempax.algorithms.common import ModelSpec
+from tempax.algorithms.common import ModelSourceConfig
 from tempax.algorithms.rft.selection import WEIGHTINGS
 from tempax.configlib import help_field
-from tempax.data.tasks.spec import TaskSpec
-from tempax.envs.registry import EnvironmentSpec
+from tempax.data.tasks.spec import TaskConfig
+from tempax.envs.registry import EnvironmentConfig
 from tempax.errors import ConfigError
-from tempax.eval.spec import EvalSpec
+from tempax.eval.spec import EvalConfig
 from tempax.models.lora import LoraConfig
-from tempax.rewards.registry import RewardSpec
+from tempax.rewards.registry import RewardsConfig
 from tempax.train.config import TrainConfig
 
 
 @dataclass(frozen=True)
-class RFTSettings:
+class RFTKnobsConfig:
     """The algorithm: how a round samples, which completions it keeps, and how long it trains on them."""
 
     samples_per_problem: int = help_field(
@@ -82,17 +82,17 @@ class RFTSettings:
 class RFTConfig:
     """Rejection-sampling fine-tuning with a checker: sample, keep what passes, SFT on it, repeat."""
 
-    model: ModelSpec = help_field("The policy's starting model.", default_factory=ModelSpec)
+    model: ModelSourceConfig = help_field("The policy's starting model.", default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field(
         "LoRA/QLoRA adapters; null: full-weight training.", default_factory=lambda: LoraConfig(rank=16, alpha=32.0))
-    task: TaskSpec = help_field("Problems and reference answers.", default_factory=TaskSpec)
-    rewards: RewardSpec = help_field("The checker's reward functions (summed with weights).",
-                                     default_factory=RewardSpec)
-    env: EnvironmentSpec = help_field(
+    task: TaskConfig = help_field("Problems and reference answers.", default_factory=TaskConfig)
+    rewards: RewardsConfig = help_field("The checker's reward functions (summed with weights).",
+                                     default_factory=RewardsConfig)
+    env: EnvironmentConfig = help_field(
         "The environment samples are episodes of (single_turn: one reply; calculator; a user FILE.py:Class); a "
-        "kept episode is trained on the policy's replies only.", default_factory=EnvironmentSpec)
-    rft: RFTSettings = help_field("The algorithm.", default_factory=RFTSettings)
-    eval: EvalSpec = help_field("Evaluation before and after training.", default_factory=EvalSpec)
+        "kept episode is trained on the policy's replies only.", default_factory=EnvironmentConfig)
+    rft: RFTKnobsConfig = help_field("The algorithm.", default_factory=RFTKnobsConfig)
+    eval: EvalConfig = help_field("Evaluation before and after training.", default_factory=EvalConfig)
     train: TrainConfig = help_field(
         "The training loop: batch_size packed rows of seq_len tokens a step; steps counts optimizer updates over "
         "all rounds.", default_factory=lambda: TrainConfig(steps=100, batch_size=4, seq_len=256))

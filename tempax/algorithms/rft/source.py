@@ -37,12 +37,12 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from tempax.algorithms.rft.config import RFTSettings
+from tempax.algorithms.rft.config import RFTKnobsConfig
 from tempax.algorithms.rft.selection import Selection, completion_weights, select_completions
 from tempax.data.formats import Example
 from tempax.data.packing import collate_rows, plan_packing
 from tempax.errors import TempaxError
-from tempax.envs.registry import EnvironmentSpec
+from tempax.envs.registry import EnvironmentConfig
 from tempax.rl.rollout import PromptSampler, Rollout, concat_rollouts, episode_metrics, sample_rollout
 from tempax.train.sources import decode_arrays, encode_arrays
 from tempax.train.view import TrainerView
@@ -124,8 +124,8 @@ class RFTSource:
       settings: the algorithm knobs.
     """
 
-    def __init__(self, tokenizer: Any, sampler: PromptSampler, reward_fn: Any, settings: RFTSettings,
-                 env: EnvironmentSpec = EnvironmentSpec()):
+    def __init__(self, tokenizer: Any, sampler: PromptSampler, reward_fn: Any, settings: RFTKnobsConfig,
+                 env: EnvironmentConfig = EnvironmentConfig()):
         self.tokenizer = tokenizer
         self.env = env
         self.env_factory = None if env.single_turn else env.build(tokenizer)
