@@ -146,7 +146,7 @@ def main(cfg: ToolDemoConfig, *, say: Callable[[str], None] | None = None) -> di
         tool_env = cfg.grpo.env
         plain_env = dataclasses.replace(tool_env, name="single_turn", max_turns=1, max_episode_tokens=None)
         max_new = cfg.grpo.grpo.max_new_tokens
-        options = EvalOptions(max_new_tokens=max_new, greedy=True, num_samples=0, batch_size=cfg.eval_batch_size)
+        options = EvalOptions(max_new_tokens=max_new, greedy=True, group_size=0, batch_size=cfg.eval_batch_size)
         counters: dict[str, dict[str, float]] = {}
         notes: dict[str, str] = {}  # a row -> the episode counters its evaluation said
 

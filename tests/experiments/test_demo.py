@@ -68,7 +68,7 @@ def tiny_demo_config(tmp_path, *, grpo_steps: int, train_problems: int, compare:
         "baseline": {"lora": lora, "train": sft_train}, "scarce_sft": {"lora": lora, "train": sft_train},
         "demonstrations": 8,
         # A random-init model passes no real checker: accept everything, so RFT has rounds to train on.
-        "rft": {"lora": lora, "rft": {"samples_per_problem": 2, "problems_per_round": 2, "max_new_tokens": 4,
+        "rft": {"lora": lora, "rft": {"group_size": 2, "problems_per_round": 2, "max_new_tokens": 4,
                                       "threshold": 0.0, "keep_truncated": True}, "train": sft_train},
         "grpo": {"lora": lora, "task": {"num_train_problems": train_problems},
                  "grpo": {"group_size": 2, "max_new_tokens": 4},

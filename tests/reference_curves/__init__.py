@@ -128,7 +128,7 @@ def raw_configs(workdir: str) -> dict[str, tuple[str, dict[str, Any]]]:
         # Every sample passes (length reward >= 0): the curve pins sampling, selection and the weighted SFT step.
         "rft": ("rft", {"model": _model(tok), "lora": {"rank": 2, "alpha": 4.0},
                         "task": {"name": "arithmetic", "num_train_problems": 8},
-                        "rft": {"samples_per_problem": 2, "problems_per_round": 4, "sampling_batch": 4,
+                        "rft": {"group_size": 2, "problems_per_round": 4, "sampling_batch": 4,
                                 "max_new_tokens": 4, "threshold": 0.0, "keep_truncated": True},
                         "rewards": {"functions": ["length"]}, "eval": {"num_problems": 0},
                         "train": _train(run("rft"), batch_size=2, seq_len=224)}),

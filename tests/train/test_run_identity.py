@@ -71,6 +71,31 @@ def test_save_run_config_records_allowed_changes_with_their_step(tmp_path):
     assert to_dict(_cfg(tmp_path))["train"]["allow_config_change"] is False
 
 
+def test_a_key_renamed_since_the_run_started_is_the_same_setting_on_resume(tmp_path):
+    """An RFT run saved when `rft.group_size` was `rft.samples_per_problem` and `eval.group_size` was
+    `eval.num_samples` resumes with no difference; changing the value is still refused, under the new name; and
+    config.yaml then holds the new names."""
+    from tempax.algorithms.rft.config import RFTConfig
+
+    def rft(group_size):
+        return from_dict(RFTConfig, {"train": {"run_dir": str(tmp_path)}, "rft": {"group_size": group_size},
+                                     "eval": {"group_size": 2, "ks": [1, 2]}})
+
+    save_run_config(str(tmp_path), rft(4))
+    saved = read_yaml(tmp_path / "config.yaml")
+    saved["rft"] = {("samples_per_problem" if k == "group_size" else k): v for k, v in saved["rft"].items()}
+    saved["eval"] = {("num_samples" if k == "group_size" else k): v for k, v in saved["eval"].items()}
+    (tmp_path / "config.yaml").write_text(json.dumps(saved))  # JSON is YAML: an old run's dump
+    os.makedirs(tmp_path / "checkpoints" / "3")
+    with pytest.raises(ConfigError, match=r"\n  rft.group_size: 4 -> 6\n") as refused:
+        save_run_config(str(tmp_path), rft(6))
+    assert "samples_per_problem" not in str(refused.value) and "num_samples" not in str(refused.value)
+    said = []
+    assert save_run_config(str(tmp_path), rft(4), say=said.append) == [] and said == []
+    assert read_yaml(tmp_path / "config.yaml")["rft"]["group_size"] == 4
+    assert "samples_per_problem" not in read_yaml(tmp_path / "config.yaml")["rft"]
+
+
 def test_a_failed_start_leaves_nothing_behind(tmp_path):
     from tempax.train.run_identity import clean_failed_start
 

@@ -10,7 +10,7 @@ A recipe is a `PPOConfig`:
     train:        {steps: 24, batch_size: 8, optimizer: {learning_rate: 1.0e-4}}
 
 Counting: `train.batch_size` is prompts per optimizer step (a mini-batch; each prompt brings
-`ppo.samples_per_prompt` completions), `train.steps` counts optimizer updates. Each rollout samples
+`ppo.group_size` completions), `train.steps` counts optimizer updates. Each rollout samples
 `batch_size x mini_batches` prompts and is trained on for `epochs` passes of `mini_batches` mini-batches, so the
 run samples steps / (epochs x mini_batches) rollouts. `train.seq_len` is not used: the row shape comes from the
 prompts and `ppo.max_new_tokens`.
@@ -18,8 +18,9 @@ prompts and `ppo.max_new_tokens`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from tempax.algorithms.common import ModelSourceConfig
 from tempax.configlib import help_field
@@ -33,13 +34,15 @@ from tempax.train.guards import CollapseGuardConfig
 class PPOKnobsConfig:
     """The algorithm: sampling, reward shaping, GAE, the clipped losses and the value function."""
 
+    RENAMED_KEYS: ClassVar[Mapping[str, str]] = {"samples_per_prompt": "group_size"}
+
     value: Literal["head", "critic"] = help_field(
         "head: a scalar value head on the policy's own trunk (one forward pass gives log-probs and values; "
         "cheapest). critic: a separate decoder initialised from the reward model's folder (backbone and score "
         "head), trained beside the policy (LoRA too when lora is set); twice the forward/backward work.",
         "head",
     )
-    samples_per_prompt: int = help_field("Completions per prompt; they share one prefill.", 1)
+    group_size: int = help_field("Completions sampled per prompt (G); they share one prefill.", 1)
     max_new_tokens: int = help_field("Most tokens per completion.", 64)
     max_prompt_len: int = help_field("Prompts longer than this (tokens, chat template included) are dropped.", 256)
     temperature: float = help_field("Sampling temperature (> 0); log-probs in the loss use the same one.", 1.0)
@@ -70,8 +73,8 @@ class PPOKnobsConfig:
     reward_batch_size: int = help_field("Rows per reward-model forward pass.", 8)
 
     def validate(self) -> None:
-        if self.samples_per_prompt < 1 or self.epochs < 1 or self.mini_batches < 1:
-            raise ConfigError("ppo.samples_per_prompt, ppo.epochs and ppo.mini_batches must be >= 1")
+        if self.group_size < 1 or self.epochs < 1 or self.mini_batches < 1:
+            raise ConfigError("ppo.group_size, ppo.epochs and ppo.mini_batches must be >= 1")
         if self.max_new_tokens < 1 or self.max_prompt_len < 1:
             raise ConfigError("ppo.max_new_tokens and ppo.max_prompt_len must be >= 1")
         if not self.temperature > 0:

@@ -234,7 +234,7 @@ def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     held_bytes = reward_fn.functions[0].fn.nbytes + (_nbytes(source.reference[1]) if source.reference else 0)
     out = PPORun(result=None, source=source, files=run.files)
     # A row holds the prompt once plus its completions.
-    tokens_per_row = prompt_len + s.samples_per_prompt * s.max_new_tokens
+    tokens_per_row = prompt_len + s.group_size * s.max_new_tokens
     trainer = make_trainer(cfg, Trainable(model, tokens_per_row=tokens_per_row, held_bytes=held_bytes),
                            make_ppo_loss(s), algorithm="PPO", trainable=trainable, mesh=run.mesh, log=say)
     del model  # the trainer holds the weights now

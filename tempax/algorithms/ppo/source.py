@@ -8,7 +8,7 @@
 The source yields fixed-shape mini-batches. When the previous rollout's mini-batches are used up it makes a new
 one with the trainer's current weights:
 
-  1. sample `samples_per_prompt` completions for each of batch_size x mini_batches prompts (the shared
+  1. sample `group_size` completions for each of batch_size x mini_batches prompts (the shared
      generation engine; `tempax.rl.rollout.sample_rollout`, which also scores them with the reward
      functions: the reward model, plus any others);
   2. one no-grad forward pass of the policy and value function: log pi_old and V_old of every completion token;
@@ -215,7 +215,7 @@ class PPORollouts:
         """Completions of `prompts` from the current policy, scored by the reward functions."""
         s = self.settings
         return sample_rollout(
-            self.policy, self.tokenizer, prompts, self.reward_fn, group_size=s.samples_per_prompt,
+            self.policy, self.tokenizer, prompts, self.reward_fn, group_size=s.group_size,
             max_new_tokens=s.max_new_tokens, temperature=s.temperature if temperature is None else temperature,
             top_p=s.top_p, seed=seed,
         )

@@ -7,7 +7,7 @@ A recipe is an `RFTConfig`:
     lora:    {rank: 16, alpha: 32}
     task:    {name: arithmetic}
     rewards: {functions: [format, correctness]}     # the checker
-    rft:     {samples_per_problem: 8, problems_per_round: 16, threshold: 2.0, max_per_problem: 4}
+    rft:     {group_size: 8, problems_per_round: 16, threshold: 2.0, max_per_problem: 4}
     eval:    {num_problems: 200}
     train:   {steps: 60, batch_size: 4, seq_len: 256, optimizer: {learning_rate: 5.0e-4}}
 
@@ -18,8 +18,9 @@ the number of rounds follows from how much each round keeps.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from tempax.algorithms.common import ModelSourceConfig
 from tempax.algorithms.rft.selection import WEIGHTINGS
@@ -37,11 +38,13 @@ from tempax.train.config import TrainConfig
 class RFTKnobsConfig:
     """The algorithm: how a round samples, which completions it keeps, and how long it trains on them."""
 
-    samples_per_problem: int = help_field(
+    RENAMED_KEYS: ClassVar[Mapping[str, str]] = {"samples_per_problem": "group_size"}
+
+    group_size: int = help_field(
         "Completions sampled per problem (k); they share one prefill of the prompt.", 8)
     problems_per_round: int = help_field("Problems sampled per round (each k times).", 16)
     sampling_batch: int = help_field(
-        "Problems per generation call (x samples_per_problem sequences decoded together); bounds the KV cache.", 8)
+        "Problems per generation call (x group_size sequences decoded together); bounds the KV cache.", 8)
     max_new_tokens: int = help_field("Most tokens per completion; a completion cut here is never kept.", 256)
     max_prompt_len: int = help_field(
         "Prompts longer than this (in tokens, chat template included) are dropped from the task and counted.", 512)
@@ -64,7 +67,7 @@ class RFTKnobsConfig:
         "samples).", 5)
 
     def validate(self) -> None:
-        for name in ("samples_per_problem", "problems_per_round", "sampling_batch", "max_new_tokens",
+        for name in ("group_size", "problems_per_round", "sampling_batch", "max_new_tokens",
                      "max_prompt_len", "epochs_per_round", "max_empty_rounds"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"rft.{name} must be >= 1, got {getattr(self, name)}")

@@ -183,7 +183,7 @@ class RFTSource:
             seed = (trainer.seed * 1_000_003 + self.rounds_done * 101 + c) % (2**31 - 1)
             parts.append(sample_rollout(
                 model, self.tokenizer, problems[start:start + s.sampling_batch], self.reward_fn,
-                group_size=s.samples_per_problem, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                group_size=s.group_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                 top_p=s.top_p, seed=seed,
                 advantage="dr_grpo",  # unused by RFT; the one estimator defined for a single sample per problem
                 env_factory=self.env_factory, max_turns=self.env.max_turns,
@@ -216,7 +216,7 @@ class RFTSource:
         raise NothingAccepted(
             f"rft: {s.max_empty_rounds} rounds in a row kept no completion (none reached rft.threshold="
             f"{float(s.threshold)}{stop}); warm-start the policy with SFT on the answer format, lower rft.threshold, or "
-            "raise rft.samples_per_problem")
+            "raise rft.group_size")
 
 
 def round_metrics(rollout: Rollout, selection: Selection) -> dict[str, float]:

@@ -480,7 +480,7 @@ def test_main_trains_and_evaluates_a_tiny_model(tok, tmp_path):
         "lora": {"rank": 2, "alpha": 4.0},
         "task": {"name": "arithmetic", "num_train_problems": 8},
         "grpo": {"group_size": 2, "max_new_tokens": 4, "beta": 0.04},
-        "eval": {"num_problems": 2, "num_samples": 2, "ks": [1, 2], "max_new_tokens": 4},
+        "eval": {"num_problems": 2, "group_size": 2, "ks": [1, 2], "max_new_tokens": 4},
         "train": {"steps": 2, "batch_size": 2, "mesh": {"num_devices": 1}, "run_dir": str(tmp_path / "run"),
                   "progress_bar": False, "tensorboard": False, "check_memory": False,
                   "checkpoint": {"save_at_end": True, "async_save": False}},

@@ -46,7 +46,7 @@ def e_fraction(prompts, completions, **columns):
 
 
 # lam = 1: Monte-Carlo advantages (score - V), since the zero-initialised value head knows nothing at first.
-SETTINGS = PPOKnobsConfig(samples_per_prompt=8, max_new_tokens=8, kl_coef=0.01, epochs=2, mini_batches=2,
+SETTINGS = PPOKnobsConfig(group_size=8, max_new_tokens=8, kl_coef=0.01, epochs=2, mini_batches=2,
                        vf_coef=0.1, lam=1.0)
 
 
