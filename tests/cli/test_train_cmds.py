@@ -277,7 +277,7 @@ def test_dpo_and_kto_commands_end_with_the_done_line(tmp_path, capsys):
                      f"model.overrides={{{overrides}}}", f"data.path={pairs}", f"data.eval_path={pairs}", "train.steps=2", "train.batch_size=4",
                      f"train.seq_len={SEQ}", f"train.run_dir={run_dir}", "train.progress_bar=false",
                      "train.tensorboard=false", "train.mesh.num_devices=1", "train.checkpoint.save_at_end=false",
-                     "eval_before=false"]) == 0
+                     "eval.before=false"]) == 0
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert last.startswith("done: step 2, loss ") and last.endswith(f"; run dir {run_dir} (curves: tempax plot "
                                                                        f"{run_dir})")

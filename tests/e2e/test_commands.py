@@ -59,7 +59,7 @@ CASES = [
     Case("tempax kto --config recipes/kto_smollm2_lora.yaml", f"kto --config recipes/kto_smollm2_lora.yaml {PAIRS_SMALL}",
          steps=2, files=("{run}/eval_summary.json",)),
     Case("tempax ppo --config recipes/ppo_hh_smollm2_lora.yaml",
-         "ppo --config recipes/ppo_hh_smollm2_lora.yaml reward_model={rm} prompts.num_eval=2 ppo.max_new_tokens=8 "
+         "ppo --config recipes/ppo_hh_smollm2_lora.yaml reward_model={rm} eval.num_prompts=2 ppo.max_new_tokens=8 "
          "ppo.max_prompt_len=64 ppo.epochs=1 ppo.mini_batches=1 train.batch_size=2 eval.batch_size=2", steps=2),
     Case("tempax score RUN_DIR/reward_model --input ../shared/data/hh-rlhf/test.jsonl.gz --limit 200",
          "score {rm}/reward_model --input ../shared/data/hh-rlhf/test.jsonl.gz --limit 4 --output {tmp}/scores.jsonl",

@@ -5,8 +5,9 @@ A recipe is a `PPOConfig`:
     model:        {source: smollm2-135m-instruct}
     lora:         {rank: 16, alpha: 32}              # null: full-weight training
     reward_model: runs/reward_model_smollm2_lora     # a `tempax reward-model` run dir (or its reward_model/)
-    prompts:      {path: ../shared/data/hh-rlhf/train.jsonl.gz, eval_path: ..., num_eval: 64}
+    data:         {path: ../shared/data/hh-rlhf/train.jsonl.gz, eval_path: ../shared/data/hh-rlhf/test.jsonl.gz}
     ppo:          {value: head, kl_coef: 0.05, gamma: 1.0, lam: 0.95, epochs: 2, mini_batches: 2, ...}
+    eval:         {num_prompts: 64, before: true, after: true}
     train:        {steps: 24, batch_size: 8, optimizer: {learning_rate: 1.0e-4}}
 
 Counting: `train.batch_size` is prompts per optimizer step (a mini-batch; each prompt brings
@@ -105,19 +106,20 @@ class PromptDataConfig:
     eval_path: str | None = help_field("Held-out prompts (same kinds); null: no evaluation.",
                                   "../shared/data/hh-rlhf/test.jsonl.gz")
     max_rows: int | None = help_field("Use only the first N training rows; null: all.", None)
-    num_eval: int = help_field("Held-out prompts to evaluate before and after (0: none).", 64)
 
     def validate(self) -> None:
         if self.max_rows is not None and self.max_rows < 1:
-            raise ConfigError(f"prompts.max_rows must be >= 1 or null, got {self.max_rows}")
-        if self.num_eval < 0:
-            raise ConfigError(f"prompts.num_eval must be >= 0, got {self.num_eval}")
+            raise ConfigError(f"data.max_rows must be >= 1 or null, got {self.max_rows}")
 
 
 @dataclass(frozen=True)
 class PPOEvalConfig:
     """Held-out evaluation: one sampled response per prompt, scored by the reward model, KL to the reference."""
 
+    num_prompts: int = help_field(
+        "Held-out prompts to evaluate before and after: the first N of data.eval_path that fit ppo.max_prompt_len "
+        "(0: none). They count in the prompt length rollout rows are padded to, so they are read even with before "
+        "and after off.", 64)
     before: bool = help_field("Evaluate the starting policy.", True)
     after: bool = help_field("Evaluate the trained policy.", True)
     temperature: float = help_field(
@@ -130,6 +132,8 @@ class PPOEvalConfig:
     seed: int = help_field("Sampling seed (the same for before and after).", 1234)
 
     def validate(self) -> None:
+        if self.num_prompts < 0:
+            raise ConfigError(f"eval.num_prompts must be >= 0, got {self.num_prompts}")
         if not self.temperature > 0:
             raise ConfigError(f"eval.temperature must be > 0, got {self.temperature}")
         if self.batch_size < 1 or self.show < 0:
@@ -139,6 +143,11 @@ class PPOEvalConfig:
 @dataclass(frozen=True)
 class PPOConfig:
     """RLHF with PPO: a policy (full, LoRA or QLoRA) and a value function against a trained reward model."""
+
+    RENAMED_KEYS: ClassVar[Mapping[str, str]] = {"prompts.num_eval": "eval.num_prompts", "prompts": "data"}
+    # The held-out prompts size the rollout rows (the prompt length covers them), so for PPO these keys change
+    # the trajectory, though tempax.train.run_identity takes held-out keys as bookkeeping for other commands.
+    TRAJECTORY_KEYS: ClassVar[tuple[str, ...]] = ("data.eval_path", "eval.num_prompts")
 
     model: ModelSourceConfig = help_field("The policy's starting model (also the reference).",
                                           default_factory=ModelSourceConfig)
@@ -150,7 +159,7 @@ class PPOConfig:
         "The reward model: a `tempax reward-model` run dir or the reward_model folder inside it.",
         "runs/reward_model_smollm2_lora",
     )
-    prompts: PromptDataConfig = help_field("Training and held-out prompts.", default_factory=PromptDataConfig)
+    data: PromptDataConfig = help_field("Training and held-out prompts.", default_factory=PromptDataConfig)
     ppo: PPOKnobsConfig = help_field("The algorithm.", default_factory=PPOKnobsConfig)
     eval: PPOEvalConfig = help_field("Held-out evaluation before and after.", default_factory=PPOEvalConfig)
     guard: CollapseGuardConfig = help_field(

@@ -218,12 +218,12 @@ def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     say = run.say
     reward_fn = build_reward(cfg)
     model, tokenizer, trainable = build_actor_critic(cfg, run.mesh)
-    prompts, dropped = load_prompts(cfg.prompts.path, tokenizer, max_prompt_len=s.max_prompt_len,
-                                    limit=cfg.prompts.max_rows)
+    prompts, dropped = load_prompts(cfg.data.path, tokenizer, max_prompt_len=s.max_prompt_len,
+                                    limit=cfg.data.max_rows)
     held: list[Prompt] = []
-    if cfg.prompts.eval_path and cfg.prompts.num_eval:
-        held, _ = load_prompts(cfg.prompts.eval_path, tokenizer, max_prompt_len=s.max_prompt_len,
-                               limit=cfg.prompts.num_eval)
+    if cfg.data.eval_path and cfg.eval.num_prompts:
+        held, _ = load_prompts(cfg.data.eval_path, tokenizer, max_prompt_len=s.max_prompt_len,
+                               limit=cfg.eval.num_prompts)
     say(f"prompts: {len(prompts)} for training ({dropped} rows dropped: malformed or longer than "
         f"ppo.max_prompt_len={s.max_prompt_len}), {len(held)} held out")
     prompt_len = min(round_up(max(len(p.ids) for p in prompts + held), 8), round_up(s.max_prompt_len, 8))

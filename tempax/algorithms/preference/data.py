@@ -1,4 +1,5 @@
-"""Preference data for DPO-family, KTO and reward-model runs: the `data:` section of their recipes and what it builds.
+"""Preference data for DPO-family, KTO and reward-model runs: the `data:` section of their recipes and what it builds,
+and the `eval:` section of what is done with the held-out pairs.
 
 Rows are pairs {prompt, chosen, rejected} (text or chat messages), two full conversations {chosen, rejected}, or
 Anthropic HH-RLHF dialogues; `tempax.data.preference` parses, renders and length-fits them (over-long pairs lose
@@ -56,6 +57,15 @@ class PreferenceDataConfig:
                 raise ConfigError(f"{key} must be >= 1 or null, got {value}")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ConfigError(f"max_bad_fraction must be in [0, 1], got {self.max_bad_fraction}")
+
+
+@dataclass(frozen=True)
+class PreferenceEvalConfig:
+    """What a preference run does with its held-out pairs (`data.eval_path` or `data.eval_fraction`): the loss's
+    metrics on them at the end, every `train.eval_every` steps, and before the first step when asked."""
+
+    before: bool = help_field("Evaluate the held-out pairs before the first step and print a before/after table.",
+                              True)
 
 
 @dataclass

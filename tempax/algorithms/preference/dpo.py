@@ -25,8 +25,9 @@ ORPO and SimPO need no reference; none is computed for them.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +47,7 @@ from tempax.algorithms.preference.batches import (
 )
 from tempax.algorithms.preference.data import (
     PreferenceDataConfig,
+    PreferenceEvalConfig,
     build_preference_data,
     check_enough_pairs,
     pairs_per_batch,
@@ -154,16 +156,17 @@ class DPOKnobsConfig:
 class DPOConfig:
     """Preference tuning (DPO, IPO, hinge, ORPO, SimPO) with full weights, LoRA or QLoRA."""
 
+    RENAMED_KEYS: ClassVar[Mapping[str, str]] = {"eval_before": "eval.before"}
+
     model: ModelSourceConfig = help_field("The policy model (also the reference, see dpo.reference).",
                                           default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field("LoRA/QLoRA adapters; null: full fine-tuning.", None)
     data: PreferenceDataConfig = help_field("Preference pairs.", default_factory=PreferenceDataConfig)
     dpo: DPOKnobsConfig = help_field("The preference loss.", default_factory=DPOKnobsConfig)
+    eval: PreferenceEvalConfig = help_field("The held-out pairs' evaluation.", default_factory=PreferenceEvalConfig)
     train: TrainConfig = help_field(
         "The training loop; batch_size and micro_batch_size count rows, two per pair.", default_factory=TrainConfig
     )
-    eval_before: bool = help_field("Evaluate the held-out pairs before the first step and print a before/after table.",
-                              True)
 
     def validate(self) -> None:
         pairs = pairs_per_batch(self.train.batch_size)
@@ -343,7 +346,7 @@ def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     dpo = prepare(cfg, log=run.say)
     run.save_tokenizer(dpo.tokenizer)
     result = run.train(dpo.trainer, dpo.train_batches, hooks=hooks, eval_batches=dpo.eval_batches,
-                       evaluate_before=cfg.eval_before)
+                       evaluate_before=cfg.eval.before)
     return report_pairs(run, dpo, result, what=f"{cfg.dpo.loss} loss", extra={"loss": cfg.dpo.loss})
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,7 @@ from tempax.algorithms.preference.batches import (
 )
 from tempax.algorithms.preference.data import (
     PreferenceDataConfig,
+    PreferenceEvalConfig,
     build_preference_data,
     check_enough_pairs,
     pairs_per_batch,
@@ -102,15 +104,16 @@ class RewardModelKnobsConfig:
 class RewardModelConfig:
     """Bradley-Terry reward-model training with full weights, LoRA or QLoRA."""
 
+    RENAMED_KEYS: ClassVar[Mapping[str, str]] = {"eval_before": "eval.before"}
+
     model: ModelSourceConfig = help_field("The backbone the scalar head sits on.", default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field("LoRA/QLoRA adapters on the backbone; null: full fine-tuning.", None)
     data: PreferenceDataConfig = help_field("Preference pairs.", default_factory=PreferenceDataConfig)
     reward: RewardModelKnobsConfig = help_field("The loss and saving.", default_factory=RewardModelKnobsConfig)
+    eval: PreferenceEvalConfig = help_field("The held-out pairs' evaluation.", default_factory=PreferenceEvalConfig)
     train: TrainConfig = help_field(
         "The training loop; batch_size and micro_batch_size count rows, two per pair.", default_factory=TrainConfig
     )
-    eval_before: bool = help_field("Evaluate the held-out pairs before the first step and print a before/after table.",
-                              True)
 
     def validate(self) -> None:
         pairs = pairs_per_batch(self.train.batch_size)
@@ -206,7 +209,7 @@ def main(cfg: RewardModelConfig, *, hooks: tuple = (), log: Callable[[str], None
     run = start_run(cfg, log=log)
     rm = prepare(cfg, log=run.say)
     result = run.train(rm.trainer, rm.train_batches, hooks=hooks, eval_batches=rm.eval_batches,
-                       evaluate_before=cfg.eval_before)
+                       evaluate_before=cfg.eval.before)
     folder = None
     if cfg.reward.save:
         folder = save_trained(rm, cfg.reward.save_dir or run.path("reward_model"), max_length=cfg.train.seq_len)
