@@ -122,7 +122,7 @@ def demo_rft_config() -> RFTConfig:
         lora=_DEMO_LORA, task=TaskConfig(name="arithmetic", num_train_problems=2000),
         rewards=RewardsConfig(functions=("format", "correctness")),
         rft=RFTKnobsConfig(group_size=8, problems_per_round=8, sampling_batch=8, max_new_tokens=48,
-                        temperature=1.0, threshold=2.0, max_per_problem=4),
+                           temperature=1.0, threshold=2.0, max_per_problem=4),
         eval=EvalConfig(num_problems=0, before=False, after=False),
         train=in_memory_train(steps=1000, batch_size=4, seq_len=256, optimizer=OptimizerConfig(
             learning_rate=5e-4, warmup_steps=1, schedule="constant")),

@@ -58,7 +58,7 @@ STAGES = ("base, no tools", "warm-start with tools", "RL with tools", "warm-star
 def tools_task() -> TaskConfig:
     """Two-step problems with amounts up to 999 and products of factors up to 99 ("37 boxes of 48 stickers")."""
     return TaskConfig(name="arithmetic", num_train_problems=2000,
-                    arithmetic=ArithmeticConfig(max_operand=999, max_factor=99, max_steps=2))
+                      arithmetic=ArithmeticConfig(max_operand=999, max_factor=99, max_steps=2))
 
 
 def tools_sft_config() -> SFTConfig:

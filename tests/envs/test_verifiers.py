@@ -29,7 +29,7 @@ from tests.kit.models import tiny_tempax_model
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "recipes", "grpo_verifiers_shop.yaml")
 SHOP = EnvironmentConfig(name="verifiers:examples/verifiers_shop_taskset.py:ShopTaskset", max_turns=4,
-                       options={"baskets": 4})
+                         options={"baskets": 4})
 
 
 def call(item: str) -> str:

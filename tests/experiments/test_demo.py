@@ -59,7 +59,7 @@ def tiny_demo_config(tmp_path, *, grpo_steps: int, train_problems: int, compare:
     tok_dir = tmp_path / "tokenizer"
     tiny_chat_tokenizer().hf.save_pretrained(str(tok_dir))
     spec = ModelSourceConfig(source="preset:tiny-llama", tokenizer=str(tok_dir),
-                     overrides={"vocab_size": 400, "max_position_embeddings": 1024})
+                             overrides={"vocab_size": 400, "max_position_embeddings": 1024})
     lora = {"rank": 2, "alpha": 4.0}
     sft_train = {"batch_size": 2, "seq_len": 512}
     return from_dict(DemoConfig, {

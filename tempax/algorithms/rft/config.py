@@ -90,7 +90,7 @@ class RFTConfig:
         "LoRA/QLoRA adapters; null: full-weight training.", default_factory=lambda: LoraConfig(rank=16, alpha=32.0))
     task: TaskConfig = help_field("Problems and reference answers.", default_factory=TaskConfig)
     rewards: RewardsConfig = help_field("The checker's reward functions (summed with weights).",
-                                     default_factory=RewardsConfig)
+                                        default_factory=RewardsConfig)
     env: EnvironmentConfig = help_field(
         "The environment samples are episodes of (single_turn: one reply; calculator; a user FILE.py:Class); a "
         "kept episode is trained on the policy's replies only.", default_factory=EnvironmentConfig)

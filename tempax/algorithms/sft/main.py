@@ -82,7 +82,7 @@ class PretrainConfig(SFTConfig):
     data: SFTDataConfig = help_field(
         "The data (plain text).",
         default_factory=lambda: SFTDataConfig(path="../shared/data/gsm8k/train.jsonl", format="text", train_on="all",
-                                         text_fields=("question", "answer"), overlong="split"),
+                                              text_fields=("question", "answer"), overlong="split"),
     )
 
 

@@ -29,7 +29,7 @@ from tests.algorithms.grpo.test_objective import model, tok  # noqa: F401 - the 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 RECIPE = os.path.join(ROOT, "recipes", "grpo_guess_number_env.yaml")
 GUESS = EnvironmentConfig(name=os.path.join(ROOT, "examples", "guess_number_env.py") + ":GuessNumberEnvironment",
-                        max_turns=2, max_episode_tokens=48)
+                          max_turns=2, max_episode_tokens=48)
 SETTINGS = GRPOKnobsConfig(group_size=2, max_new_tokens=4, temperature=1.0, beta=0.0, num_iterations=2)
 
 

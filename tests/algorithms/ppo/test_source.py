@@ -47,7 +47,7 @@ def e_fraction(prompts, completions, **columns):
 
 # lam = 1: Monte-Carlo advantages (score - V), since the zero-initialised value head knows nothing at first.
 SETTINGS = PPOKnobsConfig(group_size=8, max_new_tokens=8, kl_coef=0.01, epochs=2, mini_batches=2,
-                       vf_coef=0.1, lam=1.0)
+                          vf_coef=0.1, lam=1.0)
 
 
 def build(tok, prompts, tmp_path, *, steps, lr=1e-2, settings=SETTINGS, lora=False, seed=0, **train_kw):

@@ -27,7 +27,7 @@ from tests.kit.tokenizers import tiny_chat_tokenizer
 QUESTIONS = ["The quick brown fox", "How do I bake bread?", "Paris", "Numbers 0123"]
 
 SETTINGS = RFTKnobsConfig(group_size=8, problems_per_round=4, sampling_batch=4, max_new_tokens=4,
-                       threshold=0.15, keep_truncated=True, max_per_problem=2, max_empty_rounds=3)
+                          threshold=0.15, keep_truncated=True, max_per_problem=2, max_empty_rounds=3)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_a_checker_that_accepts_nothing_stops_with_a_clear_message(model, tok, p
     """Threshold 2.0 on a reward in [0, 1]: no round can keep anything; after max_empty_rounds=2 rounds the run
     stops with `NothingAccepted` naming the knob to change."""
     settings = RFTKnobsConfig(group_size=2, problems_per_round=2, sampling_batch=2, max_new_tokens=4,
-                           threshold=2.0, max_empty_rounds=2)
+                              threshold=2.0, max_empty_rounds=2)
     with pytest.raises(NothingAccepted, match="rft.threshold=2"):
         run(model, tok, prompts, tmp_path / "nothing", steps=2, settings=settings)
 
