@@ -63,7 +63,7 @@ def build(size: str, remat: str = "full", micro_batch_size: int | None = 1, *, s
     sys.path.insert(0, ROOT)
     from flax import nnx
 
-    from tempax.algorithms.grpo.config import GRPOSettings
+    from tempax.algorithms.grpo.config import GRPOKnobsConfig
     from tempax.rl.rollout import Prompt, PromptSampler
     from tempax.algorithms.grpo.source import GRPOSource, make_grpo_trainer
     from tempax.models.decoder import Decoder
@@ -95,7 +95,7 @@ def build(size: str, remat: str = "full", micro_batch_size: int | None = 1, *, s
         rngs=nnx.Rngs(1),
     )
     opt = spec["optimizer"]
-    settings = GRPOSettings(
+    settings = GRPOKnobsConfig(
         group_size=group, num_iterations=w["num_iterations"], max_new_tokens=new, max_prompt_len=prompt_len,
         temperature=w["temperature"], beta=w["beta"], epsilon=w["epsilon"], log_entropy=False,
         **(settings_changes or {}),

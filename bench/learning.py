@@ -72,7 +72,7 @@ def _recipe(path: str, *overrides: str) -> tuple[str, ...]:
 
 
 # Preference rows score 200 held-out hh-rlhf pairs (the recipes' quick default is 64).
-_PAIRS = ("eval_before=true", "data.max_eval_rows=200")
+_PAIRS = ("eval.before=true", "data.max_eval_rows=200")
 
 ROWS = (
     Row("SFT", "sft", _recipe("recipes/sft_lora_smollm2.yaml"), "hh-rlhf-sft dialogues", "loss", key="loss"),

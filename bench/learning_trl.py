@@ -92,7 +92,7 @@ class PeerRow:
     kind: str = "proportion"
     evaluate: Callable[[Any, str, str], dict[str, list]] | None = None
     tie_before: bool = False  # implicit rewards: before training every pair is a tie
-    tempax_only: tuple[str, ...] = ("eval_before=false", "data.eval_path=null")
+    tempax_only: tuple[str, ...] = ("eval.before=false", "data.eval_path=null")
     export_adapters: bool = True  # tempax's adapters are exported for the evaluation (else its run saved a model)
     setup: Callable[[Any, str], list[str]] | None = None  # (cfg, row_dir) -> overrides both sides then get
     missing: str = ""  # why the row has no TRL side yet

@@ -65,7 +65,7 @@ def measure(workload: str, size: str, remat: str | None = None, memory_only: boo
     from flax import nnx
 
     from tempax.runtime.process import settings_in_effect
-    from tempax.algorithms.sft.main import LossSpec, make_sft_loss
+    from tempax.algorithms.sft.main import SFTLossConfig, make_sft_loss
     from tempax.models.presets import PRESETS
     from tempax.parallel import make_mesh
     from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
@@ -118,7 +118,7 @@ def measure(workload: str, size: str, remat: str | None = None, memory_only: boo
         checkpoint=CheckpointConfig(save_at_end=False),
     )
     plan_lines: list[str] = []
-    loss = LossSpec()  # the SFT recipe defaults: fused head + cross-entropy
+    loss = SFTLossConfig()  # the SFT recipe defaults: fused head + cross-entropy
     trainer = Trainer(Trainable(model, logit_positions=loss.chunk_len),
                       make_sft_loss(loss.normalize, fused=loss.fused, chunk_len=loss.chunk_len), train_cfg,
                       trainable=trainable, mesh=mesh, log=plan_lines.append)

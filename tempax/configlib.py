@@ -11,6 +11,11 @@ type fails at parse time with a message naming the dotted key (`optimizer.learni
 training. A dataclass may define `validate(self)` for cross-field checks; it runs right after construction and
 raises `ConfigError`. Configs are parsed once and never mutated afterwards.
 
+A recipe key that was renamed keeps working: the class declares `RENAMED_KEYS = {"old": "new"}` (dotted keys
+relative to the class, so a key can also move into another section), and `from_dict` / `load_config` read the
+old key as the new one with one warning line naming the new key (`upgrade_keys`; giving both is an error). Old
+recipes, `a.b=value` overrides and the `config.yaml` of old runs all go through it.
+
 Numbers follow YAML 1.2 rather than PyYAML's YAML 1.1 default: `1e-4` is a float, not the string "1e-4".
 """
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import logging
 import math
 import re
 import types
@@ -31,10 +37,12 @@ import yaml
 
 from tempax.errors import ConfigError
 
-__all__ = ["ConfigError", "describe", "dump_yaml", "from_dict", "load_config", "parse_overrides", "read_yaml",
-           "to_dict"]
+__all__ = ["ConfigError", "RENAMED_KEYS", "describe", "dump_yaml", "from_dict", "load_config", "parse_overrides",
+           "read_yaml", "renamed_keys", "to_dict", "upgrade_keys"]
 
 T = TypeVar("T")
+
+_log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -144,6 +152,113 @@ def _dataclass_arm(tp: Any) -> type | None:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Renamed keys
+
+# The class attribute a config class declares its renamed recipe keys in:
+#
+#     @dataclass(frozen=True)
+#     class PPOKnobsConfig:
+#         RENAMED_KEYS: ClassVar[Mapping[str, str]] = {"samples_per_prompt": "group_size"}
+#
+# Keys are dotted and relative to the class: "old" -> "new" renames a field, "eval_before" -> "eval.before" moves
+# one into a section, "prompts" -> "data" renames a section. Renames apply in the order given, each class's
+# before its sections', and a subclass inherits its base's.
+RENAMED_KEYS = "RENAMED_KEYS"
+
+
+def renamed_keys(cls: type) -> Mapping[str, str]:
+    """The renamed recipe keys `cls` declares, old -> new (dotted, relative to `cls`); empty when none."""
+    return getattr(cls, RENAMED_KEYS, None) or {}
+
+
+def upgrade_keys(cls: type, data: Any, *, path: str = "") -> tuple[Any, list[tuple[str, str]]]:
+    """`data` (plain nested mappings for `cls`) with every renamed key of `cls` and its sections under its new
+    name, and the (old, new) dotted keys that moved, in order. `data` itself is not changed.
+
+    This is the whole of the renamed-key rule: `from_dict` runs it (and warns once per moved key), and code that
+    compares a stored config with a new one (`tempax.train.run_identity`, the model card) runs it quietly, so an
+    old name is the same setting as its new one everywhere.
+
+    Raises:
+        ConfigError: a mapping gives both a key and its old name (which one is meant is not knowable).
+    """
+    if not isinstance(data, Mapping) or not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
+        return data, []
+    out = _copy_mappings(data)
+    moved: list[tuple[str, str]] = []
+    for old, new in renamed_keys(cls).items():
+        found, value = _pop_dotted(out, old)
+        if not found:
+            continue
+        if _has_dotted(out, new):
+            raise ConfigError(f"config keys '{_key(path, old)}' and '{_key(path, new)}' are both given, and "
+                              f"'{_key(path, old)}' is the old name of '{_key(path, new)}'; keep only "
+                              f"'{_key(path, new)}'")
+        _put_dotted(out, new, value, path)
+        moved.append((_key(path, old), _key(path, new)))
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.init and f.name in out:
+            sub = _dataclass_arm(hints[f.name])
+            if sub is not None:
+                out[f.name], inner = upgrade_keys(sub, out[f.name], path=_key(path, f.name))
+                moved.extend(inner)
+    return out, moved
+
+
+def _warn_renamed(moved: Sequence[tuple[str, str]], where: str = "") -> None:
+    prefix = f"{where}: " if where else ""
+    for old, new in moved:
+        _log.warning("%sconfig key '%s' is renamed '%s'; its value is used as '%s' (write '%s' to silence this "
+                     "warning)", prefix, old, new, new, new)
+
+
+def _copy_mappings(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _copy_mappings(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+
+
+def _pop_dotted(tree: dict[str, Any], dotted: str) -> tuple[bool, Any]:
+    """(found, value) of `dotted` in `tree`, removed from it; a section left empty by the removal goes too (it
+    held only the moved key, and an empty mapping would otherwise replace a recipe's section when merged)."""
+    *parents, leaf = dotted.split(".")
+    chain = [tree]
+    for part in parents:
+        child = chain[-1].get(part)
+        if not isinstance(child, dict):
+            return False, None
+        chain.append(child)
+    if leaf not in chain[-1]:
+        return False, None
+    value = chain[-1].pop(leaf)
+    for parent, part, child in reversed(list(zip(chain[:-1], parents, chain[1:]))):
+        if child:
+            break
+        del parent[part]
+    return True, value
+
+
+def _has_dotted(tree: Mapping[str, Any], dotted: str) -> bool:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _put_dotted(tree: dict[str, Any], dotted: str, value: Any, path: str) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for i, part in enumerate(parents):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"config key '{_key(path, '.'.join(parents[: i + 1]))}' must be a mapping (it holds "
+                              f"'{_key(path, dotted)}'), got {_show(child)}")
+        node = child
+    node[leaf] = value
+
+
+# --------------------------------------------------------------------------------------------------------------
 # from_dict
 
 
@@ -151,16 +266,19 @@ def from_dict(cls: type[T], data: Mapping[str, Any] | None, *, path: str = "") -
     """Build the dataclass `cls` from plain data, coercing and validating every value.
 
     Nested dataclasses are built from nested mappings; a nested mapping is merged over the field's default
-    instance, so a partial `optimizer: {learning_rate: 1e-4}` keeps the other optimizer defaults. `validate()`
-    runs on every dataclass right after it is built. `path` is the dotted prefix used in error messages.
+    instance, so a partial `optimizer: {learning_rate: 1e-4}` keeps the other optimizer defaults. A renamed key
+    is read under its new name with a warning (`upgrade_keys`). `validate()` runs on every dataclass right after
+    it is built. `path` is the dotted prefix used in error messages.
 
     Raises:
         ConfigError: an unknown key (with the nearest valid keys), a missing required key, a value of the wrong
-            type, or a failed `validate()`.
+            type, a key given under both its old and its new name, or a failed `validate()`.
     """
     if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
         raise TypeError(f"from_dict needs a dataclass type, got {cls!r}")
-    return _build(cls, {} if data is None else data, path, (cls, path))
+    data, moved = upgrade_keys(cls, {} if data is None else data, path=path)
+    _warn_renamed(moved)
+    return _build(cls, data, path, (cls, path))
 
 
 def _build(cls: type[T], data: Any, path: str, root: tuple[type, str]) -> T:
@@ -416,15 +534,24 @@ def _is_text(tp: Any) -> bool:
 
 
 def _field_type(cls: type, dotted: str) -> Any:
-    """The annotation of `dotted` inside `cls`, or None when the path names no field."""
+    """The annotation of `dotted` inside `cls` (a renamed key's: that of its new name), or None when the path
+    names no field."""
     tp: Any = cls
-    for part in dotted.split("."):
+    parts = dotted.split(".")
+    i = 0
+    while i < len(parts):
         sub = _dataclass_arm(tp)
         if sub is None:
             return None
-        tp = _hints(sub).get(part)
+        rest = ".".join(parts[i:])
+        for old, new in renamed_keys(sub).items():
+            if rest == old or rest.startswith(old + "."):
+                parts = parts[:i] + new.split(".") + parts[i + old.count(".") + 1:]
+                break
+        tp = _hints(sub).get(parts[i])
         if tp is None:
             return None
+        i += 1
     return tp
 
 
@@ -483,7 +610,9 @@ def load_config(
     """Read `yaml_path` (optional), apply `a.b.c=value` overrides on top, and build `cls`.
 
     The YAML's top level maps straight onto the fields of `cls`, except the recipe's `command:` key, which is
-    checked against `command` (when given) and not passed on; an empty file means all defaults.
+    checked against `command` (when given) and not passed on; an empty file means all defaults. Renamed keys are
+    read under their new names in the recipe and in the overrides separately, before the overrides apply, so an
+    override under a key's new name replaces the recipe's value under the old one.
 
     Raises:
         ConfigError: the file is missing or is not valid YAML, it is a recipe for another command, an override is
@@ -494,7 +623,11 @@ def load_config(
     if yaml_path is not None:
         data = dict(read_recipe(yaml_path))
         named = data.pop(COMMAND_KEY, None)
-    data = _deep_merge(data, parse_overrides(overrides, cls))
+        data, moved = upgrade_keys(cls, data)
+        _warn_renamed(moved, str(yaml_path))
+    given, moved = upgrade_keys(cls, parse_overrides(overrides, cls))
+    _warn_renamed(moved, "override")
+    data = _deep_merge(data, given)
     if named is None or command is None or named == command:
         return from_dict(cls, data)
     # A recipe written for another command is used when its settings fit this command's config too (an SFT

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import enum
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 import pytest
 
-from tempax.configlib import describe, dump_yaml, from_dict, load_config, parse_overrides, recipe_command, to_dict
+from tempax.configlib import (
+    describe,
+    dump_yaml,
+    from_dict,
+    load_config,
+    parse_overrides,
+    recipe_command,
+    to_dict,
+    upgrade_keys,
+)
 from tempax.errors import ConfigError, TempaxError
 
 
@@ -288,3 +299,96 @@ def test_import_callable_reads_a_file_a_module_and_names_what_is_wrong(tmp_path,
     for ref, message in cases:
         with pytest.raises(ConfigError, match=f"^k: .*{message}"):
             import_callable(ref, key="k")
+
+
+# A config whose keys were renamed: a field (samples -> group_size), a section (prompts -> data) after one of its
+# keys moved into another section (prompts.num_eval -> eval.num_prompts), and a top-level key moved into a section
+# (eval_before -> eval.before).
+@dataclass(frozen=True)
+class SamplingKnobsConfig:
+    RENAMED_KEYS: ClassVar[Mapping[str, str]] = {"samples": "group_size"}
+
+    group_size: int = field(default=1, metadata={"help": "Completions per prompt."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
+
+
+@dataclass(frozen=True)
+class PromptDataConfig:
+    path: str = field(default="train.jsonl", metadata={"help": "Training prompts."})
+    eval_path: Optional[str] = field(default=None, metadata={"help": "Held-out prompts."})
+
+
+@dataclass(frozen=True)
+class HeldOutConfig:
+    before: bool = field(default=True, metadata={"help": "Evaluate the starting model."})
+    num_prompts: int = field(default=64, metadata={"help": "Held-out prompts to evaluate."})
+
+
+@dataclass(frozen=True)
+class RenamedConfig:
+    RENAMED_KEYS: ClassVar[Mapping[str, str]] = {
+        "prompts.num_eval": "eval.num_prompts", "prompts": "data", "eval_before": "eval.before"}
+
+    data: PromptDataConfig = field(default_factory=PromptDataConfig, metadata={"help": "Prompts."})
+    knobs: SamplingKnobsConfig = field(default_factory=SamplingKnobsConfig, metadata={"help": "Sampling."})
+    eval: HeldOutConfig = field(default_factory=HeldOutConfig, metadata={"help": "Evaluation."})
+
+
+OLD_RECIPE = {"prompts": {"path": "p.jsonl", "num_eval": 2}, "knobs": {"samples": 4}, "eval_before": False}
+NEW_RECIPE = {"data": {"path": "p.jsonl"}, "knobs": {"group_size": 4}, "eval": {"num_prompts": 2, "before": False}}
+
+
+def test_a_renamed_key_is_read_under_its_new_name_with_one_warning_line_each(caplog):
+    """Every old key of OLD_RECIPE builds the config NEW_RECIPE builds; each says its new name once, on one line;
+    the dump (config.yaml, `--print-config`) uses the new names only."""
+    with caplog.at_level(logging.WARNING, logger="tempax.configlib"):
+        cfg = from_dict(RenamedConfig, OLD_RECIPE)
+    assert cfg == from_dict(RenamedConfig, NEW_RECIPE)
+    assert cfg.data == PromptDataConfig(path="p.jsonl") and cfg.knobs.group_size == 4
+    assert cfg.eval == HeldOutConfig(before=False, num_prompts=2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split("'")[1:4:2] for line in lines] == [
+        ["prompts.num_eval", "eval.num_prompts"], ["prompts", "data"], ["eval_before", "eval.before"],
+        ["knobs.samples", "knobs.group_size"]]
+    assert all("\n" not in line and "is renamed" in line for line in lines)
+    assert set(to_dict(cfg)) == {"data", "knobs", "eval"} and "samples" not in to_dict(cfg)["knobs"]
+
+
+def test_upgrade_keys_moves_without_warning_and_leaves_its_input_alone(caplog):
+    """What code comparing a stored config uses: the same moves, quietly, on a copy. A section left empty by a
+    move goes (an empty mapping would replace the recipe's section when overrides merge)."""
+    with caplog.at_level(logging.WARNING, logger="tempax.configlib"):
+        upgraded, moved = upgrade_keys(RenamedConfig, OLD_RECIPE)
+        only_moved, _ = upgrade_keys(RenamedConfig, {"prompts": {"num_eval": 3}})
+    assert caplog.records == []
+    assert upgraded == NEW_RECIPE and OLD_RECIPE["prompts"] == {"path": "p.jsonl", "num_eval": 2}
+    assert moved[-1] == ("knobs.samples", "knobs.group_size")
+    assert only_moved == {"eval": {"num_prompts": 3}}
+    assert upgrade_keys(RenamedConfig, NEW_RECIPE) == (NEW_RECIPE, [])
+
+
+def test_a_key_given_under_both_names_is_an_error_naming_both():
+    with pytest.raises(ConfigError, match=r"config keys 'knobs.samples' and 'knobs.group_size' are both given, "
+                                          r"and 'knobs.samples' is the old name of 'knobs.group_size'; keep only "
+                                          r"'knobs.group_size'"):
+        from_dict(RenamedConfig, {"knobs": {"samples": 2, "group_size": 4}})
+    with pytest.raises(ConfigError, match="'eval_before' and 'eval.before' are both given"):
+        from_dict(RenamedConfig, {"eval_before": True, "eval": {"before": False}})
+
+
+def test_old_keys_in_a_recipe_and_in_overrides(tmp_path, caplog):
+    """The recipe and the overrides are each read under the new names before the overrides apply: an old
+    recipe takes a new-name override (which wins), an old-name override is typed by its new key's field (a text
+    field keeps `2024` as text), and the warning names where the old key was."""
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text("prompts: {path: p.jsonl, num_eval: 2}\nknobs: {samples: 4}\n")
+    with caplog.at_level(logging.WARNING, logger="tempax.configlib"):
+        cfg = load_config(RenamedConfig, recipe, ["knobs.group_size=8", "prompts.eval_path=2024"])
+    assert cfg.knobs.group_size == 8 and cfg.data == PromptDataConfig(path="p.jsonl", eval_path="2024")
+    assert cfg.eval.num_prompts == 2
+    lines = [r.getMessage() for r in caplog.records]
+    assert f"{recipe}: config key 'knobs.samples' is renamed 'knobs.group_size'" in "\n".join(lines)
+    assert "override: config key 'prompts' is renamed 'data'" in "\n".join(lines)
+    assert parse_overrides(["prompts.eval_path=2024"], RenamedConfig) == {"prompts": {"eval_path": "2024"}}
+    assert load_config(RenamedConfig, None, ["knobs.samples=3"]).knobs.group_size == 3
+    assert "RENAMED_KEYS" not in describe(RenamedConfig)

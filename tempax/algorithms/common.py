@@ -1,4 +1,4 @@
-"""What every algorithm's config shares: the model to train (`ModelSpec`) and building it with its adapters.
+"""What every algorithm's config shares: the model to train (`ModelSourceConfig`) and building it with its adapters.
 
 SFT, DPO, reward models and GRPO all name their model the same way (`model.source`, `model.tokenizer`) and
 apply LoRA/QLoRA the same way (`lora:`), so the code lives here rather than in one algorithm's module.
@@ -19,7 +19,7 @@ from tempax.train.run_model import load_source
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSourceConfig:
     """Which model to train and its tokenizer."""
 
     source: str = help_field(
@@ -52,7 +52,7 @@ class ModelSpec:
 
 
 def base_model(cfg: Any, mesh: Any = None, *, model: nnx.Module | None = None, tokenizer: Any = None) -> tuple[nnx.Module, Any]:
-    """(model, tokenizer) of an algorithm config with `model: ModelSpec`, before any adapters: the `model` /
+    """(model, tokenizer) of an algorithm config with `model: ModelSourceConfig`, before any adapters: the `model` /
     `tokenizer` given (already built, e.g. the demo's), or built from `cfg.model` on `mesh`."""
     if model is None:
         model, built_tokenizer = cfg.model.build(seed=cfg.train.seed, mesh=mesh)
@@ -65,7 +65,7 @@ def base_model(cfg: Any, mesh: Any = None, *, model: nnx.Module | None = None, t
 def build_model(
     cfg: Any, mesh: Any = None, *, model: nnx.Module | None = None, tokenizer: Any = None
 ) -> tuple[nnx.Module, Any, Any]:
-    """(model, tokenizer, trainable filter) of an algorithm config with `model: ModelSpec`, `lora: LoraConfig |
+    """(model, tokenizer, trainable filter) of an algorithm config with `model: ModelSourceConfig`, `lora: LoraConfig |
     None` and `train: TrainConfig`: `base_model`, then LoRA/QLoRA applied when configured (adapters initialised
     from seed train.seed + 1)."""
     model, tokenizer = base_model(cfg, mesh, model=model, tokenizer=tokenizer)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from tempax.envs.registry import EnvFactory, EnvironmentSpec
+from tempax.envs.registry import EnvFactory, EnvironmentConfig
 from tempax.errors import DataError
 from tempax.eval.evaluate import EvalOptions, Scored, TaskEvaluation, evaluate, score_row
 from tempax.eval.metrics import summarize
@@ -77,7 +77,7 @@ def evaluate_task(
 
 
 def episode_evaluation(
-    env_factory: EnvFactory | None, env: EnvironmentSpec, episode_tokens: int, log: Callable[[str], None]
+    env_factory: EnvFactory | None, env: EnvironmentConfig, episode_tokens: int, log: Callable[[str], None]
 ) -> Callable[..., TaskEvaluation] | None:
     """The evaluation function of a run that plays `env` (`evaluate`'s signature), or None for one-turn tasks
     (the plain `tempax.eval.evaluate.evaluate` then)."""

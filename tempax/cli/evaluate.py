@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="problems to evaluate, the first N of the split (default 200)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="generation budget (default 256)")
     parser.add_argument("--no-greedy", action="store_true", help="skip the greedy evaluation")
-    parser.add_argument("--samples", type=int, default=0, help="sampled completions per problem for pass@k")
+    parser.add_argument("--samples", type=int, default=0,
+                        help="sampled completions per problem for pass@k (a recipe's eval.group_size)")
     parser.add_argument("--ks", default=None, help="comma-separated k of pass@k (default 1 and --samples)")
     parser.add_argument("--temperature", type=float, default=1.0, help="temperature of sampled completions")
     parser.add_argument("--batch-size", type=int, default=64, help="prompts per generation call (default 64)")
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         ks = tuple(sorted({1, args.samples})) if args.samples else (1,)
     options = EvalOptions(
-        max_new_tokens=args.max_new_tokens, greedy=not args.no_greedy, num_samples=args.samples,
+        max_new_tokens=args.max_new_tokens, greedy=not args.no_greedy, group_size=args.samples,
         temperature=args.temperature, ks=ks, batch_size=args.batch_size, seed=args.seed,
     )
     model, tokenizer = load_source(args.model)

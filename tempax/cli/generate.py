@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_sampling_arguments(parser, temperature=1.0, max_new_tokens=128)
     parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     parser.add_argument("--prompts-file", help="a text file with one prompt per line")
-    parser.add_argument("--n", type=int, default=1, help="completions per prompt")
+    parser.add_argument("--n", type=int, default=1, help="completions per prompt (a recipe's group_size)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--chat", action="store_true",
                       help="wrap each prompt in the chat template as a user turn (the default when there is one)")

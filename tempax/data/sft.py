@@ -16,7 +16,7 @@ from tempax.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class DataSpec:
+class SFTDataConfig:
     """Training rows and how they become batches."""
 
     path: str = help_field(
@@ -71,13 +71,13 @@ class SFTData:
     eval_loader: Callable[[], Any] | None
 
 
-def read_data_rows(spec: DataSpec) -> list[Any]:
+def read_data_rows(spec: SFTDataConfig) -> list[Any]:
     """The dataset's rows (raises `DataError` naming the path when it does not exist)."""
     return read_rows(spec.path, split=spec.split)
 
 
 def build_data(
-    spec: DataSpec, tokenizer: Any, *, batch_size: int, seq_len: int, seed: int = 0, rows: list[Any] | None = None,
+    spec: SFTDataConfig, tokenizer: Any, *, batch_size: int, seq_len: int, seed: int = 0, rows: list[Any] | None = None,
     eval_rows: list[Any] | None = None,
 ) -> SFTData:
     """Rows -> examples -> a resumable loader of packed batches, and held-out batches: of `eval_rows` when given

@@ -1,4 +1,4 @@
-"""Which environment a run's episodes play (`EnvironmentSpec`), reachable from a recipe's `env:` block.
+"""Which environment a run's episodes play (`EnvironmentConfig`), reachable from a recipe's `env:` block.
 
     env: {name: single_turn}                                  # the task's prompt, one reply (the default)
     env: {name: calculator, max_turns: 3, max_episode_tokens: 256}
@@ -62,7 +62,7 @@ EnvFactory = Callable[[], Environment]
 
 
 @dataclass(frozen=True)
-class EnvironmentSpec:
+class EnvironmentConfig:
     """The environment of a run and the bounds on its episodes."""
 
     name: str = help_field(

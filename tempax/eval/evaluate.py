@@ -1,13 +1,13 @@
 """Generation-based evaluation on a verifiable task: format accuracy, answer accuracy and pass@k.
 
-    result = evaluate(model, tokenizer, rows, EvalOptions(max_new_tokens=256, num_samples=4, ks=(1, 4)))
+    result = evaluate(model, tokenizer, rows, EvalOptions(max_new_tokens=256, group_size=4, ks=(1, 4)))
     print(result.summary_line())
 
 Rows are task rows (`tempax.data.tasks`: `prompt_messages` and `answer`). Each prompt is rendered with the chat
 template and answered
 
   * greedily (temperature 0): the model's most likely completion, the usual "accuracy" number;
-  * and/or with `num_samples` sampled completions per problem (at `temperature`), for unbiased pass@k
+  * and/or with `group_size` sampled completions per problem (at `temperature`), for unbiased pass@k
     (`tempax.eval.metrics.pass_at_k`) and the mean sampled accuracy (= pass@1).
 
 A completion is in format when `tempax.rewards.strict_format_ok` accepts it (the exact
@@ -41,9 +41,10 @@ class EvalOptions:
     Attributes:
       max_new_tokens: generation budget per completion.
       greedy: evaluate the greedy completion.
-      num_samples: sampled completions per problem (0: none).
+      group_size: sampled completions per problem (0: none); a recipe's `eval.group_size`, `--samples` of
+        `tempax eval`.
       temperature, top_p: knobs of the sampled completions.
-      ks: pass@k values to report (each <= num_samples); pass@k needs sampled completions.
+      ks: pass@k values to report (each <= group_size); pass@k needs sampled completions.
       batch_size: prompts per generation call.
       seed: sampling seed.
       check_timeout_s: deadline of one completion's format and answer check, in seconds (None: no deadline).
@@ -51,7 +52,7 @@ class EvalOptions:
 
     max_new_tokens: int = 256
     greedy: bool = True
-    num_samples: int = 0
+    group_size: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     ks: tuple[int, ...] = (1,)
@@ -62,12 +63,12 @@ class EvalOptions:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.greedy and not self.num_samples:
-            raise ConfigError("nothing to evaluate: enable eval.greedy or set eval.num_samples > 0 (tempax eval: drop "
+        if not self.greedy and not self.group_size:
+            raise ConfigError("nothing to evaluate: enable eval.greedy or set eval.group_size > 0 (tempax eval: drop "
                               "--no-greedy or pass --samples)")
-        if self.num_samples and any(k < 1 or k > self.num_samples for k in self.ks):
-            raise ConfigError(f"pass@k needs 1 <= k <= num_samples={self.num_samples}; got ks={self.ks}")
-        if self.num_samples and not self.temperature > 0:
+        if self.group_size and any(k < 1 or k > self.group_size for k in self.ks):
+            raise ConfigError(f"pass@k needs 1 <= k <= group_size={self.group_size}; got ks={self.ks}")
+        if self.group_size and not self.temperature > 0:
             raise ConfigError(f"sampled evaluation needs temperature > 0, got {self.temperature}")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
@@ -257,13 +258,13 @@ def evaluate(
         config = SamplingConfig(max_new_tokens=options.max_new_tokens, temperature=0.0, n=1, logprobs=False)
         greedy, greedy_records = _run(model, tokenizer, rows, ids, config, options.batch_size, (1,),
                                       options.check_timeout_s, f"{label} greedy")
-    if options.num_samples:
+    if options.group_size:
         config = SamplingConfig(
             max_new_tokens=options.max_new_tokens, temperature=options.temperature, top_p=options.top_p,
-            n=options.num_samples, seed=options.seed, logprobs=False,
+            n=options.group_size, seed=options.seed, logprobs=False,
         )
         sampled, sampled_records = _run(model, tokenizer, rows, ids, config, options.batch_size, options.ks,
-                                        options.check_timeout_s, f"{label} sampled x{options.num_samples}")
+                                        options.check_timeout_s, f"{label} sampled x{options.group_size}")
     return TaskEvaluation(greedy, sampled, greedy_records, sampled_records, time.perf_counter() - t0)
 
 

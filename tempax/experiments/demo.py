@@ -59,24 +59,24 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tempax.algorithms.common import ModelSpec
-from tempax.algorithms.grpo.config import GRPOConfig, GRPOSettings
-from tempax.algorithms.rft.config import RFTConfig, RFTSettings
+from tempax.algorithms.common import ModelSourceConfig
+from tempax.algorithms.grpo.config import GRPOConfig, GRPOKnobsConfig
+from tempax.algorithms.rft.config import RFTConfig, RFTKnobsConfig
 from tempax.algorithms.sft.main import SFTConfig
 from tempax.configlib import help_field, to_dict
-from tempax.data.sft import DataSpec
+from tempax.data.sft import SFTDataConfig
 from tempax.data.tasks.arithmetic import ArithmeticConfig
-from tempax.data.tasks.spec import TaskSpec, load_task
+from tempax.data.tasks.spec import TaskConfig, load_task
 from tempax.errors import ConfigError
 from tempax.eval.evaluate import evaluate
-from tempax.eval.spec import EvalSpec, eval_options
+from tempax.eval.spec import EvalConfig, eval_options
 from tempax.experiments.budget import BUDGET_CLOCKS, Budget, Stopwatch
 from tempax.experiments.pipeline import Pipeline
 from tempax.experiments.plots import plot_rewards
 from tempax.experiments.stages import in_memory_train, last_step, merged, run_grpo, run_rft, run_sft
 from tempax.experiments.tables import Evaluation
 from tempax.models.lora import LoraConfig
-from tempax.rewards.registry import RewardSpec
+from tempax.rewards.registry import RewardsConfig
 from tempax.train.config import OptimizerConfig, TrainConfig
 from tempax.train.loop import TrainResult
 
@@ -88,7 +88,7 @@ _DEMO_LORA = LoraConfig(rank=16, alpha=32.0)
 def demo_sft_config() -> SFTConfig:
     """Stage 2: 6 LoRA SFT steps of 4 packed 256-token rows at lr 1e-3 (cosine, 1 warm-up step, down to 10%)."""
     return SFTConfig(
-        lora=_DEMO_LORA, data=DataSpec(path="<run_dir>/sft_examples.jsonl"),
+        lora=_DEMO_LORA, data=SFTDataConfig(path="<run_dir>/sft_examples.jsonl"),
         train=in_memory_train(steps=6, batch_size=4, seq_len=256, optimizer=OptimizerConfig(
             learning_rate=1e-3, warmup_steps=1, schedule="cosine", min_lr_ratio=0.1)),
     )
@@ -100,7 +100,7 @@ def demo_baseline_config() -> SFTConfig:
     middle of the warm-start's cosine), 4 packed 256-token rows a step, until the GRPO stage's wall time is spent.
     `train.steps` is only an upper bound: the wall-time budget ends the run."""
     return SFTConfig(
-        lora=_DEMO_LORA, data=DataSpec(path="<run_dir>/baseline_examples.jsonl"),
+        lora=_DEMO_LORA, data=SFTDataConfig(path="<run_dir>/baseline_examples.jsonl"),
         train=in_memory_train(steps=1000, batch_size=4, seq_len=256, optimizer=OptimizerConfig(
             learning_rate=5e-4, warmup_steps=1, schedule="constant")),
     )
@@ -110,7 +110,7 @@ def demo_scarce_sft_config() -> SFTConfig:
     """(a) of `--compare`: SFT continued from the warm-start on the same N worked solutions (epoch after epoch),
     with the baseline's settings (constant LoRA lr 5e-4, 4 packed 256-token rows a step) until the budget is
     spent; `train.steps` is only an upper bound."""
-    return dataclasses.replace(demo_baseline_config(), data=DataSpec(path="<run_dir>/scarce_examples.jsonl"))
+    return dataclasses.replace(demo_baseline_config(), data=SFTDataConfig(path="<run_dir>/scarce_examples.jsonl"))
 
 
 def demo_rft_config() -> RFTConfig:
@@ -119,11 +119,11 @@ def demo_rft_config() -> RFTConfig:
     distinct, at most 4 per problem, fine-tuned at the baseline SFT's lr (constant 5e-4, 4 packed 256-token rows a
     step) until the budget is spent; `train.steps` is only an upper bound."""
     return RFTConfig(
-        lora=_DEMO_LORA, task=TaskSpec(name="arithmetic", num_train_problems=2000),
-        rewards=RewardSpec(functions=("format", "correctness")),
-        rft=RFTSettings(samples_per_problem=8, problems_per_round=8, sampling_batch=8, max_new_tokens=48,
-                        temperature=1.0, threshold=2.0, max_per_problem=4),
-        eval=EvalSpec(num_problems=0, before=False, after=False),
+        lora=_DEMO_LORA, task=TaskConfig(name="arithmetic", num_train_problems=2000),
+        rewards=RewardsConfig(functions=("format", "correctness")),
+        rft=RFTKnobsConfig(group_size=8, problems_per_round=8, sampling_batch=8, max_new_tokens=48,
+                           temperature=1.0, threshold=2.0, max_per_problem=4),
+        eval=EvalConfig(num_problems=0, before=False, after=False),
         train=in_memory_train(steps=1000, batch_size=4, seq_len=256, optimizer=OptimizerConfig(
             learning_rate=5e-4, warmup_steps=1, schedule="constant")),
     )
@@ -132,10 +132,10 @@ def demo_rft_config() -> RFTConfig:
 def demo_grpo_config() -> GRPOConfig:
     """Stage 3: 10 GRPO steps of 2 prompts x 8 completions (48 new tokens, temperature 1, no KL) at LoRA lr 2e-4."""
     return GRPOConfig(
-        lora=_DEMO_LORA, task=TaskSpec(name="arithmetic", num_train_problems=2000),
-        rewards=RewardSpec(functions=("format", "correctness")),
-        grpo=GRPOSettings(group_size=8, max_new_tokens=48, temperature=1.0, beta=0.0, max_prompt_len=512),
-        eval=EvalSpec(num_problems=48, max_new_tokens=48, after=True),
+        lora=_DEMO_LORA, task=TaskConfig(name="arithmetic", num_train_problems=2000),
+        rewards=RewardsConfig(functions=("format", "correctness")),
+        grpo=GRPOKnobsConfig(group_size=8, max_new_tokens=48, temperature=1.0, beta=0.0, max_prompt_len=512),
+        eval=EvalConfig(num_problems=48, max_new_tokens=48, after=True),
         train=in_memory_train(steps=10, batch_size=2, optimizer=OptimizerConfig(
             learning_rate=2e-4, schedule="constant", warmup_steps=0)),
     )
@@ -146,8 +146,8 @@ class DemoConfig:
     """The demo: the model, the held-out evaluation, and the two algorithm configs it runs (`sft.main`, then
     `grpo.main` on the SFT model). Any key is an override: `tempax demo grpo.train.optimizer.learning_rate=1e-4`."""
 
-    model: ModelSpec = help_field("The model to post-train (both stages).",
-                             default_factory=lambda: ModelSpec(source=DEFAULT_MODEL))
+    model: ModelSourceConfig = help_field("The model to post-train (both stages).",
+                             default_factory=lambda: ModelSourceConfig(source=DEFAULT_MODEL))
     sft: SFTConfig | None = help_field(
         "Stage 2, the SFT warm-start on the task's ideal completions (its data.path and run_dir are set by the "
         "demo); null skips it (as --sft-steps 0 does, and a task without SFT targets).",

@@ -28,26 +28,26 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tempax.algorithms.common import ModelSpec
+from tempax.algorithms.common import ModelSourceConfig
 from tempax.algorithms.episode_eval import evaluate_task
-from tempax.algorithms.grpo.config import GRPOConfig, GRPOSettings
+from tempax.algorithms.grpo.config import GRPOConfig, GRPOKnobsConfig
 from tempax.algorithms.grpo.main import main as grpo_main
 from tempax.algorithms.sft.main import SFTConfig
 from tempax.algorithms.sft.main import main as sft_main
 from tempax.configlib import help_field
-from tempax.data.sft import DataSpec
+from tempax.data.sft import SFTDataConfig
 from tempax.data.tasks.arithmetic import ArithmeticConfig
-from tempax.data.tasks.spec import TaskSpec, load_task
-from tempax.envs.registry import EnvironmentSpec
+from tempax.data.tasks.spec import TaskConfig, load_task
+from tempax.envs.registry import EnvironmentConfig
 from tempax.envs.transcripts import record_transcripts
 from tempax.errors import ConfigError
 from tempax.eval.evaluate import EvalOptions, TaskEvaluation
-from tempax.eval.spec import EvalSpec
+from tempax.eval.spec import EvalConfig
 from tempax.experiments.budget import Stopwatch
 from tempax.experiments.pipeline import Pipeline
 from tempax.experiments.stages import in_memory_train, merged, write_sft_examples
 from tempax.models.lora import LoraConfig
-from tempax.rewards.registry import RewardSpec
+from tempax.rewards.registry import RewardsConfig
 from tempax.train.config import OptimizerConfig
 
 
@@ -55,16 +55,16 @@ TASK = "arithmetic-tools"
 STAGES = ("base, no tools", "warm-start with tools", "RL with tools", "warm-start, no tools", "RL without tools")
 
 
-def tools_task() -> TaskSpec:
+def tools_task() -> TaskConfig:
     """Two-step problems with amounts up to 999 and products of factors up to 99 ("37 boxes of 48 stickers")."""
-    return TaskSpec(name="arithmetic", num_train_problems=2000,
-                    arithmetic=ArithmeticConfig(max_operand=999, max_factor=99, max_steps=2))
+    return TaskConfig(name="arithmetic", num_train_problems=2000,
+                      arithmetic=ArithmeticConfig(max_operand=999, max_factor=99, max_steps=2))
 
 
 def tools_sft_config() -> SFTConfig:
     """The warm-start of either arm: 8 LoRA SFT steps of 4 packed 512-token rows at lr 1e-3 (cosine)."""
     return SFTConfig(
-        lora=LoraConfig(rank=16, alpha=32.0), data=DataSpec(path="<run_dir>/demonstrations.jsonl"),
+        lora=LoraConfig(rank=16, alpha=32.0), data=SFTDataConfig(path="<run_dir>/demonstrations.jsonl"),
         train=in_memory_train(steps=8, batch_size=4, seq_len=512, optimizer=OptimizerConfig(
             learning_rate=1e-3, warmup_steps=1, schedule="cosine", min_lr_ratio=0.1)),
     )
@@ -76,10 +76,10 @@ def tools_grpo_config() -> GRPOConfig:
     2e-4."""
     return GRPOConfig(
         lora=LoraConfig(rank=16, alpha=32.0), task=tools_task(),
-        rewards=RewardSpec(functions=("format", "correctness")),
-        env=EnvironmentSpec(name="calculator", max_turns=2, max_episode_tokens=160),
-        grpo=GRPOSettings(group_size=8, max_new_tokens=48, temperature=1.0, beta=0.0, max_prompt_len=512),
-        eval=EvalSpec(num_problems=0, before=False, after=False),
+        rewards=RewardsConfig(functions=("format", "correctness")),
+        env=EnvironmentConfig(name="calculator", max_turns=2, max_episode_tokens=160),
+        grpo=GRPOKnobsConfig(group_size=8, max_new_tokens=48, temperature=1.0, beta=0.0, max_prompt_len=512),
+        eval=EvalConfig(num_problems=0, before=False, after=False),
         train=in_memory_train(steps=8, batch_size=2, optimizer=OptimizerConfig(
             learning_rate=2e-4, schedule="constant", warmup_steps=0)),
     )
@@ -89,7 +89,8 @@ def tools_grpo_config() -> GRPOConfig:
 class ToolDemoConfig:
     """The tool demo (module docstring): the model, the warm-start and RL configs, the held-out problems."""
 
-    model: ModelSpec = help_field("The model.", default_factory=lambda: ModelSpec(source="smollm2-135m-instruct"))
+    model: ModelSourceConfig = help_field(
+        "The model.", default_factory=lambda: ModelSourceConfig(source="smollm2-135m-instruct"))
     demonstrations: int = help_field("Training problems the warm-starts use (tool episodes / ideal answers).", 32)
     sft: SFTConfig = help_field("The warm-start of both arms (data.path and run_dir set by the demo).",
                                 default_factory=tools_sft_config)
@@ -145,11 +146,11 @@ def main(cfg: ToolDemoConfig, *, say: Callable[[str], None] | None = None) -> di
         tool_env = cfg.grpo.env
         plain_env = dataclasses.replace(tool_env, name="single_turn", max_turns=1, max_episode_tokens=None)
         max_new = cfg.grpo.grpo.max_new_tokens
-        options = EvalOptions(max_new_tokens=max_new, greedy=True, num_samples=0, batch_size=cfg.eval_batch_size)
+        options = EvalOptions(max_new_tokens=max_new, greedy=True, group_size=0, batch_size=cfg.eval_batch_size)
         counters: dict[str, dict[str, float]] = {}
         notes: dict[str, str] = {}  # a row -> the episode counters its evaluation said
 
-        def evaluate(name: str, policy: Any, env: EnvironmentSpec) -> TaskEvaluation:
+        def evaluate(name: str, policy: Any, env: EnvironmentConfig) -> TaskEvaluation:
             factory = None if env.single_turn else env.build(tokenizer)
             said: list[str] = []
             r = evaluate_task(policy, tokenizer, held_rows, options, env_factory=factory, max_turns=env.max_turns,
@@ -165,7 +166,7 @@ def main(cfg: ToolDemoConfig, *, say: Callable[[str], None] | None = None) -> di
                             f"{len(held_rows)} held-out problems ({seconds:.0f} s)"
                             + (f"; {notes[name]}" if name in notes else "")))
 
-        def warm_start(name: str, env: EnvironmentSpec) -> Any:
+        def warm_start(name: str, env: EnvironmentConfig) -> Any:
             path = os.path.join(run_dir, f"{name}.jsonl")
             rows = train_rows[:cfg.demonstrations]
             if env.single_turn:
@@ -181,7 +182,7 @@ def main(cfg: ToolDemoConfig, *, say: Callable[[str], None] | None = None) -> di
                 f"{result.history[-1][1].get('loss', float('nan')):.3f} ({watch.wall[name]:.0f} s)")
             return merged(result.extras["model"], sft.lora)
 
-        def reinforce(name: str, start: Any, env: EnvironmentSpec) -> Any:
+        def reinforce(name: str, start: Any, env: EnvironmentConfig) -> Any:
             g = dataclasses.replace(cfg.grpo, model=cfg.model, task=task, env=env,
                                     train=dataclasses.replace(cfg.grpo.train, run_dir=os.path.join(run_dir, name),
                                                               seed=cfg.seed, progress_bar=False))

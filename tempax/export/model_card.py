@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 from tempax.algorithms.registry import algorithms, resolve
-from tempax.configlib import from_dict, to_dict
+from tempax.configlib import from_dict, to_dict, upgrade_keys
 from tempax.models.gguf_io import read_gguf_header
 from tempax.models.registry import MODELS, resolve_source
 
@@ -103,16 +103,18 @@ def infer_algorithm(raw: dict[str, Any]) -> str | None:
     """The training command whose config class reads config.yaml back to exactly itself.
 
     config.yaml is a full dump of the run's typed config, so only the classes of its shape round-trip it unchanged
-    (others reject a key or add one). Commands that share a shape (sft and pretrain differ in defaults only) are
-    told apart by how many of the run's values are the class's own defaults. None when no class fits.
+    (others reject a key or add one); the dump of an older run is read with the class's renamed keys under their
+    new names (`tempax.configlib.upgrade_keys`). Commands that share a shape (sft and pretrain differ in defaults
+    only) are told apart by how many of the run's values are the class's own defaults. None when no class fits.
     """
     scored = []
     for command in algorithms():
         cls, _ = resolve(command)
         try:
-            if to_dict(from_dict(cls, raw)) != raw:
+            current, _ = upgrade_keys(cls, raw)
+            if to_dict(from_dict(cls, current)) != current:
                 continue
-            scored.append((_shared_leaves(to_dict(cls()), raw), command))
+            scored.append((_shared_leaves(to_dict(cls()), current), command))
         except Exception:  # noqa: BLE001 - any refusal means "not this class"
             continue
     return max(scored)[1] if scored else None
@@ -221,6 +223,8 @@ def gather(*, source: str, run_dir: str | None = None, export_command: str | Non
     model_source = str((raw.get("model") or {}).get("source") or source)
     base, license_ = _base_model_facts(model_source)
     algorithm = infer_algorithm(raw)
+    if algorithm is not None:  # an older run's renamed keys under their names now, as the hyper-parameters show them
+        raw, _ = upgrade_keys(algorithms()[algorithm].config_class(), raw)
     evaluation: dict[str, Any] = {}
     for name in ("eval_summary.json", "eval.json"):
         found = _read_json(os.path.join(run_dir, name))

@@ -25,7 +25,8 @@ class SamplingConfig:
       top_p: nucleus sampling, keep the smallest set of most likely tokens whose probability reaches top_p;
         1.0 disables it. Must lie in (0, 1].
       min_p: keep tokens whose probability is at least min_p times the most likely token's; 0 disables it.
-      n: completions per prompt (a GRPO group). They share one prefill of the prompt.
+      n: completions per prompt (a recipe's `group_size`). They share one prefill of the prompt. Named `n` as in
+        the OpenAI API and vLLM's sampling parameters, whose requests `tempax serve` takes as they are.
       seed: base of the random stream. Row (prompt i, sample j) draws from
         `fold_in(fold_in(key(seed), i), j)`, so results are reproducible and do not depend on how a request is
         split into calls (see `generate`'s `prompt_offset` / `sample_offset`).

@@ -26,7 +26,7 @@ from tempax.rewards.reward_model import reward_model_reward
 
 
 @dataclass(frozen=True)
-class RewardSpec:
+class RewardsConfig:
     """Reward functions, summed with weights. Names: format, correctness, length (bench), or module:function."""
 
     functions: tuple[str, ...] = help_field(
@@ -72,7 +72,7 @@ def reward_model_function(path: str) -> Any:
     return reward_model_reward(reward_model_folder(path))
 
 
-def build_rewards(spec: RewardSpec) -> Any:
+def build_rewards(spec: RewardsConfig) -> Any:
     """A `CombinedReward` of the named functions (built-in names, 'model:RUN_DIR' for a trained reward model's
     score, or 'package.module:function')."""
     if not spec.functions:

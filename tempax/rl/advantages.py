@@ -5,7 +5,7 @@ Shapes: rewards are flat [B = P * G] arrays, prompt-major (rows g*G .. g*G + G -
 whose group's rewards are all equal (such a group carries no learning signal; the group-relative estimators give
 it exactly 0, never the float residue of r - mean(r)).
 
-Which to use (all plug into the same clipped objective; `GRPOSettings.advantage` picks one):
+Which to use (all plug into the same clipped objective; `GRPOKnobsConfig.advantage` picks one):
 
     grpo          (r - mean_g) / std_g        GRPO's default. Every prompt gets unit-scale advantages, so rare
                                               successes on hard prompts and rare failures on easy ones count

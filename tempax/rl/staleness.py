@@ -12,7 +12,7 @@ temperature-scaled softmax p_tau. With top_p < 1 or top_k > 0 the token is drawn
 mu(y) = p_tau(y) / Z (Z the kept mass), so log p_tau understates log mu by log Z, differently at every step, and
 pi / p_tau is not the importance ratio of what was sampled (the bias reported for other async trainers). Tokens
 outside the nucleus have mu = 0 and can never be sampled, so no weight can correct for them. tempax therefore
-refuses an off-policy (max_staleness > 0) run with top_p < 1 (`GRPOSettings.validate`): the weights below are
+refuses an off-policy (max_staleness > 0) run with top_p < 1 (`GRPOKnobsConfig.validate`): the weights below are
 only ever computed against the log-probs of the distribution actually sampled from.
 """
 

@@ -9,7 +9,8 @@ two kinds:
   that its remaining learning rates follow the new length);
 * everything else: the optimizer, the data, the model, seq_len, the batch, the algorithm's settings. Those change
   the trajectory, and resuming with them is refused (`ConfigError` listing each difference) unless the new config
-  sets `train.allow_config_change=true`.
+  sets `train.allow_config_change=true`. A config class whose run does read one of the bookkeeping keys below
+  into its training steps names it in `TRAJECTORY_KEYS` (PPO: its held-out prompts size the rollout rows).
 
 Either way nothing is silent: each accepted difference is appended to `<run_dir>/config_changes.jsonl` with the
 step it takes effect after, before `config.yaml` is replaced by the config now in effect. Both files are written
@@ -36,11 +37,11 @@ import shutil
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 from tempax.errors import ConfigError
 from tempax.train.storage import write_atomic
-from tempax.configlib import dump_yaml, read_yaml, to_dict
+from tempax.configlib import dump_yaml, read_yaml, to_dict, upgrade_keys
 
 CONFIG_FILE = "config.yaml"
 CHANGES_FILE = "config_changes.jsonl"
@@ -52,9 +53,12 @@ BOOKKEEPING = (
     "train.log_every", "train.eval_every", "train.eval_batches", "train.eval_at_start", "train.run_dir",
     "train.tensorboard", "train.report_to", "train.run_name", "train.progress_bar", "train.check_memory",
     "train.micro_batch_size", "train.auto_micro_batch", "train.remat", "train.checkpoint.", "train.mesh.",
-    "eval.", "eval_before", "task.eval_split", "data.eval_path", "data.eval_split", "data.max_eval_rows",
+    "eval.", "task.eval_split", "data.eval_path", "data.eval_split", "data.max_eval_rows",
     "grpo.show_completion_every", "grpo.log_entropy",
 )
+# The class attribute where a config class names keys (or prefixes ending in ".") of BOOKKEEPING that change its
+# trajectory all the same.
+TRAJECTORY_KEYS = "TRAJECTORY_KEYS"
 RUN_LENGTH = "train.steps"
 ALLOW_KEY = "train.allow_config_change"
 
@@ -97,12 +101,20 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def is_bookkeeping(key: str) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in BOOKKEEPING)
+def _matches(key: str, keys: Sequence[str]) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in keys)
 
 
-def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
-    """The differences between a saved and a new config (nested plain dicts), sorted by key."""
+def is_bookkeeping(key: str, trajectory_keys: Sequence[str] = ()) -> bool:
+    """Whether a change of `key` leaves every step's result as it was: it is in BOOKKEEPING and not among the
+    config's own `trajectory_keys`."""
+    return _matches(key, BOOKKEEPING) and not _matches(key, trajectory_keys)
+
+
+def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any], *,
+                   trajectory_keys: Sequence[str] = ()) -> list[Change]:
+    """The differences between a saved and a new config (nested plain dicts), sorted by key; `trajectory_keys`
+    are the config class's `TRAJECTORY_KEYS`."""
     a, b = flatten(saved), flatten(new)
     out = []
     for key in sorted(set(a) | set(b)):
@@ -111,15 +123,15 @@ def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any]) -> list[Cha
         old, cur = a.get(key, _ABSENT), b.get(key, _ABSENT)
         if old == cur or (isinstance(old, (int, float)) and isinstance(cur, (int, float)) and float(old) == float(cur)):
             continue
-        out.append(Change(key, old, cur, trajectory=not (is_bookkeeping(key) or key == RUN_LENGTH)))
+        out.append(Change(key, old, cur, trajectory=not (is_bookkeeping(key, trajectory_keys) or key == RUN_LENGTH)))
     return out
 
 
 def check_resume(saved: Mapping[str, Any], new: Mapping[str, Any], *, step: int, allow: bool,
-                 run_dir: str = "this run dir") -> list[Change]:
+                 run_dir: str = "this run dir", trajectory_keys: Sequence[str] = ()) -> list[Change]:
     """The changes a resume at `step` would apply; raises `ConfigError` listing the trajectory-changing ones unless
     `allow`."""
-    changes = config_changes(saved, new)
+    changes = config_changes(saved, new, trajectory_keys=trajectory_keys)
     changing = [c for c in changes if c.trajectory]
     if changing and not allow:
         lines = "\n".join(f"  {c}" for c in changing)
@@ -178,14 +190,19 @@ def save_run_config(run_dir: str, cfg: Any, *, say: Any = None) -> list[Change]:
     A run dir with checkpoints is a resume: the new config is checked against the saved one (`check_resume`, which
     refuses trajectory-changing differences unless `cfg.train.allow_config_change`), accepted changes are said and
     appended to config_changes.jsonl, then config.yaml holds the config now in effect. Returns the changes.
+
+    The saved config is read with the renamed keys of the config's class under their new names
+    (`tempax.configlib.upgrade_keys`): a key that was renamed since the run started is the same setting, not a
+    change.
     """
     path = os.path.join(run_dir, CONFIG_FILE)
     steps = checkpoint_steps(run_dir) if getattr(cfg.train.checkpoint, "resume", True) else []
     changes: list[Change] = []
     if steps and os.path.isfile(path):
-        saved = read_yaml(path) or {}
+        saved, _ = upgrade_keys(type(cfg), read_yaml(path) or {})
         new = to_dict(cfg)
-        changes = check_resume(saved, new, step=steps[-1], allow=cfg.train.allow_config_change, run_dir=run_dir)
+        changes = check_resume(saved, new, step=steps[-1], allow=cfg.train.allow_config_change, run_dir=run_dir,
+                               trajectory_keys=getattr(type(cfg), TRAJECTORY_KEYS, ()))
         for line in describe_changes(changes, step=steps[-1], new=new):
             (say or print)(line)
         record_changes(run_dir, changes, step=steps[-1])

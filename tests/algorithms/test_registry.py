@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import pytest
 
 from tempax.algorithms import registry
-from tempax.algorithms.common import ModelSpec, build_model
+from tempax.algorithms.common import ModelSourceConfig, build_model
 from tempax.algorithms.registry import Algorithm
 from tempax.algorithms.run import make_trainer, start_run, write_run_files
 from tempax.configlib import help_field
-from tempax.data.sft import DataSpec, build_data, read_data_rows
+from tempax.data.sft import SFTDataConfig, build_data, read_data_rows
 from tempax.models.logprobs import masked_mean, token_logprobs
 from tempax.models.lora import LoraConfig
 from tempax.train.config import TrainConfig
@@ -38,9 +38,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 class ToyConfig:
     """A toy algorithm: maximum likelihood on chat rows, written from the shared pieces."""
 
-    model: ModelSpec = help_field("The model to train.", default_factory=ModelSpec)
+    model: ModelSourceConfig = help_field("The model to train.", default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field("LoRA adapters; null: full fine-tuning.", None)
-    data: DataSpec = help_field("The data.", default_factory=DataSpec)
+    data: SFTDataConfig = help_field("The data.", default_factory=SFTDataConfig)
     train: TrainConfig = help_field("The training loop.", default_factory=TrainConfig)
 
 
@@ -138,3 +138,61 @@ def test_every_packaged_algorithm_keeps_the_contract_its_record_states():
     chat = {a.command for a in records if a.renders_chat}
     assert chat == {"dpo", "kto", "reward-model", "grpo", "rft", "ppo"}
     assert {a.command for a in records if a.recommend} == {"sft", "pretrain", "dpo", "grpo"}
+
+
+# Names that meant "completions sampled per prompt" before `group_size` became the one name, and the names other
+# libraries give it (the OpenAI API's and vLLM's `n` stays on `tempax generate` and the server, outside recipes).
+OTHER_NAMES_OF_GROUP_SIZE = {"samples_per_prompt", "samples_per_problem", "num_samples", "n", "num_generations",
+                             "num_return_sequences", "num_completions"}
+
+
+def recipe_blocks(cls: type, path: str = "") -> dict[str, type]:
+    """Dotted key -> class of every block of the recipe `cls` describes: the dataclasses its fields reach."""
+    from tempax.configlib import _dataclass_arm, _hints
+
+    blocks = {}
+    for f in dataclasses.fields(cls):
+        sub = _dataclass_arm(_hints(cls)[f.name])
+        if sub is not None:
+            key = f"{path}{f.name}"
+            blocks[key] = sub
+            blocks.update(recipe_blocks(sub, key + "."))
+    return blocks
+
+
+def test_every_packaged_algorithm_follows_the_config_scheme():
+    """docs/CONTRIBUTING.md's rule for config classes and the one recipe schema, for every packaged command: each
+    block of its recipe is a `...Config` (one class per name across the commands), its own section (named after
+    the command) is `<Command>KnobsConfig` beside `<Command>Config`; the sections are `model` (or a distillation's
+    `teacher` and `student`), `lora`, `data` or `task`, its knobs, `train`, and an `eval` whose `before` evaluates
+    the starting model; `group_size` is the one recipe key for completions per prompt; the renamed keys a block
+    declares lead to keys it has; and no shipped recipe uses an old name."""
+    from tempax.configlib import _all_keys, read_recipe, renamed_keys, upgrade_keys
+
+    by_name: dict[str, type] = {}
+    for algorithm in packaged_records():
+        command, top = algorithm.command, algorithm.config_class()
+        blocks = recipe_blocks(top)
+        assert top.__name__.endswith("Config"), command
+        assert not [f"{k}: {c.__name__}" for k, c in blocks.items() if not c.__name__.endswith("Config")], command
+        for cls in (top, *blocks.values()):
+            assert by_name.setdefault(cls.__name__, cls) is cls, f"two config classes named {cls.__name__}"
+        own = [s for s in algorithm.knobs if s in blocks and command.startswith(s)]
+        for section in own:
+            assert blocks[section].__name__ == top.__name__.removesuffix("Config") + "KnobsConfig", (command, section)
+        assert own or command in ("sft", "pretrain", "distill"), f"{command}: no section named after the command"
+
+        sections = {f.name for f in dataclasses.fields(top)}
+        assert "train" in sections and set(algorithm.knobs) <= sections, command
+        assert "model" in sections or {"teacher", "student"} <= sections, command
+        assert ("data" in sections) != ("task" in sections), f"{command}: one of data or task, got {sections}"
+        assert "eval" not in blocks or "before" in {f.name for f in dataclasses.fields(blocks["eval"])}, command
+
+        keys = _all_keys(top)
+        assert not [k for k in keys if k.rsplit(".", 1)[-1] in OTHER_NAMES_OF_GROUP_SIZE], command
+        for prefix, cls in [("", top), *((k + ".", c) for k, c in blocks.items())]:
+            for old, new in renamed_keys(cls).items():
+                assert prefix + new in keys and prefix + old not in keys, f"{command}: {cls.__name__} {old} -> {new}"
+        for recipe in registry.recipes_for(command):
+            data = {k: v for k, v in read_recipe(os.path.join(ROOT, recipe)).items() if k != "command"}
+            assert upgrade_keys(top, data)[1] == [], f"{recipe} uses an old key name"

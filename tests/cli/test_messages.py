@@ -123,7 +123,7 @@ def test_the_checks_catch_a_bad_suggestion(text):
     assert missing
 
 
-# A suggestion: a verb that asks for a change, then a key ("raise max_bad_fraction", "set num_samples > 0"), or
+# A suggestion: a verb that asks for a change, then a key ("raise max_bad_fraction", "set group_size > 0"), or
 # "or key=value". The lookaheads let one verb's match overlap the next ("fix the file or raise max_rows").
 SUGGESTION = re.compile(
     r"(?=\b(?:raise|lower|set|increase|reduce|decrease|loosen|shorten|pass|use|drop|enable|disable)\s+`?"

@@ -172,11 +172,11 @@ def test_eval_and_model_info_take_a_run_dir(trained, capsys):
 def test_a_run_dir_is_the_model_source_of_a_second_run(workspace, trained, exported, tmp_path):
     """A recipe's model.source=RUN_DIR starts from the run's trained weights, adapters merged (the model its export
     holds), and a run started so is a model source in turn (the chain is followed to its start)."""
-    from tempax.algorithms.common import ModelSpec
+    from tempax.algorithms.common import ModelSourceConfig
     from tempax.models.hf_io import load_hf_checkpoint
 
     _, recipe, _ = workspace
-    start, tokenizer = ModelSpec(source=str(trained)).build()
+    start, tokenizer = ModelSourceConfig(source=str(trained)).build()
     tokens = jnp.asarray(np.arange(12, dtype=np.int32).reshape(2, 6) + 5)
     assert_allclose(start(tokens)[0], load_hf_checkpoint(str(exported))(tokens)[0], atol=1e-4)
     assert tokenizer.encode("Paris.") == tiny_chat_tokenizer().encode("Paris.")
@@ -277,7 +277,7 @@ def test_dpo_and_kto_commands_end_with_the_done_line(tmp_path, capsys):
                      f"model.overrides={{{overrides}}}", f"data.path={pairs}", f"data.eval_path={pairs}", "train.steps=2", "train.batch_size=4",
                      f"train.seq_len={SEQ}", f"train.run_dir={run_dir}", "train.progress_bar=false",
                      "train.tensorboard=false", "train.mesh.num_devices=1", "train.checkpoint.save_at_end=false",
-                     "eval_before=false"]) == 0
+                     "eval.before=false"]) == 0
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert last.startswith("done: step 2, loss ") and last.endswith(f"; run dir {run_dir} (curves: tempax plot "
                                                                        f"{run_dir})")

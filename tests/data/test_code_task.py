@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tempax.data.tasks.code import FAMILIES, CodeTaskConfig, generate_code_problems, reference_source
-from tempax.data.tasks.spec import TaskSpec, load_task
+from tempax.data.tasks.spec import TaskConfig, load_task
 from tempax.errors import ConfigError
 from tempax.rewards.code import CodeRewardConfig, CodeTestsReward
 
@@ -46,7 +46,7 @@ def test_every_target_passes_its_hidden_tests_in_the_sandbox():
 
 
 def test_the_task_spec_loads_it_and_bad_sizes_are_refused():
-    train, held = load_task(TaskSpec(name="code", num_train_problems=12, code=CodeTaskConfig(tests_per_problem=3)),
+    train, held = load_task(TaskConfig(name="code", num_train_problems=12, code=CodeTaskConfig(tests_per_problem=3)),
                             eval_problems=5)
     assert len(train) == 12 and len(held) == 5 and all(len(r["tests"]) == 3 for r in train + held)
     with pytest.raises(ConfigError, match="tests_per_problem must be >= 1"):

@@ -28,11 +28,11 @@ DEMO_SMALL = f"{DEMO_STAGES} sft.train.seq_len=128"
 COMPARE_SMALL = (f"--demonstrations 4 {DEMO_SMALL} " + " ".join(
     f"{stage}.train.batch_size=2 {stage}.train.seq_len=128 {stage}.train.steps=1"
     for stage in ("scarce_sft", "baseline", "rft"))
-    + " rft.rft.samples_per_problem=2 rft.rft.problems_per_round=2 rft.rft.sampling_batch=2 rft.rft.max_new_tokens=16"
+    + " rft.rft.group_size=2 rft.rft.problems_per_round=2 rft.rft.sampling_batch=2 rft.rft.max_new_tokens=16"
     + " rft.rft.threshold=0 rft.rft.keep_truncated=true")  # a 1-step warm-start: no full score, no stop in 16
 DEMO_TABLE = r"after GRPO"
 # rft.threshold=0 keeps every sample: a 2-step run from a model that does not know the format yet keeps none at 2.0.
-RFT_SMALL = ("rft.threshold=0 rft.samples_per_problem=2 rft.problems_per_round=2 rft.sampling_batch=2 rft.max_new_tokens=16 "
+RFT_SMALL = ("rft.threshold=0 rft.group_size=2 rft.problems_per_round=2 rft.sampling_batch=2 rft.max_new_tokens=16 "
              "eval.max_new_tokens=16 train.batch_size=2 train.seq_len=128")
 PAIRS_SMALL = f"{SMALL_TRAIN} data.max_rows=4 data.max_eval_rows=4"
 README_EXPORT, README_GGUF = "tempax export RUN_DIR OUT_DIR", "tempax export RUN_DIR MODEL.gguf --quant q8_0"
@@ -59,7 +59,7 @@ CASES = [
     Case("tempax kto --config recipes/kto_smollm2_lora.yaml", f"kto --config recipes/kto_smollm2_lora.yaml {PAIRS_SMALL}",
          steps=2, files=("{run}/eval_summary.json",)),
     Case("tempax ppo --config recipes/ppo_hh_smollm2_lora.yaml",
-         "ppo --config recipes/ppo_hh_smollm2_lora.yaml reward_model={rm} prompts.num_eval=2 ppo.max_new_tokens=8 "
+         "ppo --config recipes/ppo_hh_smollm2_lora.yaml reward_model={rm} eval.num_prompts=2 ppo.max_new_tokens=8 "
          "ppo.max_prompt_len=64 ppo.epochs=1 ppo.mini_batches=1 train.batch_size=2 eval.batch_size=2", steps=2),
     Case("tempax score RUN_DIR/reward_model --input ../shared/data/hh-rlhf/test.jsonl.gz --limit 200",
          "score {rm}/reward_model --input ../shared/data/hh-rlhf/test.jsonl.gz --limit 4 --output {tmp}/scores.jsonl",
@@ -73,7 +73,7 @@ CASES = [
           "tempax rft --config recipes/rft_arithmetic_smollm2.yaml train.steps=2 eval.num_problems=8"),
          f"rft --config recipes/rft_arithmetic_smollm2.yaml model.source={{sft}} train.steps=2 eval.num_problems=2 "
          f"{RFT_SMALL}", steps=2, metrics=("loss", "rft/accept_rate")),
-    Case("tempax rft --describe", "rft --describe", expect=(r"rft\.samples_per_problem",)),
+    Case("tempax rft --describe", "rft --describe", expect=(r"rft\.group_size",)),
     Case("tempax eval SOURCE --task gsm8k", "eval {sft} --task gsm8k --limit 4 --max-new-tokens 16 --out {tmp}/eval.json",
          files=("{tmp}/eval.json",), expect=(r"answer acc", r"4 gsm8k problems")),
     Case("tempax data clean ../shared/data/gsm8k/train.jsonl OUT.jsonl --config examples/clean_sft.yaml",

@@ -20,7 +20,7 @@ from tempax.envs.environment import (
 from tempax.envs.lookup import lookup_tool
 from tempax.errors import ConfigError, DataError
 from tempax.rewards.combine import combine_rewards
-from tempax.rewards.registry import RewardSpec, build_rewards
+from tempax.rewards.registry import RewardsConfig, build_rewards
 from tests.kit.tokenizers import tiny_chat_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -118,7 +118,7 @@ def test_single_turn_tasks_are_one_turn_episodes():
     """An arithmetic task row with the built-in rewards: a correct, well-formatted reply scores format 1 and
     correctness 1 in one turn."""
     tok = tiny_chat_tokenizer()
-    env = SingleTurnEnvironment(tok, build_rewards(RewardSpec(functions=("format", "correctness"))))
+    env = SingleTurnEnvironment(tok, build_rewards(RewardsConfig(functions=("format", "correctness"))))
     reply, _ = scripted("<reasoning>\n12 * 34 = 408\n</reasoning>\n<answer>\n408\n</answer>")
     episode = run_episode(env, ROW, reply, tokenizer=tok)
     assert episode.turns == 1 and episode.truncated is None

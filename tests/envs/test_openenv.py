@@ -14,14 +14,14 @@ from pydantic import Field
 
 from tempax.envs.environment import EpisodeLimits, run_episode
 from tempax.envs.openenv import OpenEnvEnvironment
-from tempax.envs.registry import EnvironmentSpec
+from tempax.envs.registry import EnvironmentConfig
 from tempax.errors import ConfigError
 from tests.algorithms.grpo.test_episodes import two_tiny_steps
 from tests.algorithms.grpo.test_objective import model, tok  # noqa: F401 - the shared tiny fixtures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "recipes", "grpo_openenv_reverse.yaml")
-REVERSE = EnvironmentSpec(name="openenv:examples/openenv_reverse_env.py:make_env", max_turns=2)
+REVERSE = EnvironmentConfig(name="openenv:examples/openenv_reverse_env.py:make_env", max_turns=2)
 
 
 def test_an_openenv_episode_gives_its_observations_as_messages_and_its_rubric_as_reward(tok, monkeypatch):
@@ -121,11 +121,11 @@ def test_an_action_a_reply_cannot_make_is_refused_and_a_reply_it_rejects_is_answ
 
 
 @pytest.mark.parametrize("spec, message", [
-    (EnvironmentSpec(name="openenv:make_env"), "name the function that builds the OpenEnv environment"),
-    (EnvironmentSpec(name="openenv:examples/openenv_reverse_env.py:make_env", options={"colour": "red"}),
+    (EnvironmentConfig(name="openenv:make_env"), "name the function that builds the OpenEnv environment"),
+    (EnvironmentConfig(name="openenv:examples/openenv_reverse_env.py:make_env", options={"colour": "red"}),
      "env.options do not fit"),
-    (EnvironmentSpec(name="openenv:examples/openenv_reverse_env.py:WORDS"), "a tuple is not a function or class"),
-    (EnvironmentSpec(name="openenv:examples/price_tools.py:write_tasks", options={"path": os.devnull}),
+    (EnvironmentConfig(name="openenv:examples/openenv_reverse_env.py:WORDS"), "a tuple is not a function or class"),
+    (EnvironmentConfig(name="openenv:examples/price_tools.py:write_tasks", options={"path": os.devnull}),
      "NoneType is not an OpenEnv environment"),
 ])
 def test_bad_openenv_names_are_refused_with_the_fix(spec, message, tok, monkeypatch):

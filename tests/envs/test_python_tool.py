@@ -7,7 +7,7 @@ import json
 
 from tempax.envs.environment import run_episode
 from tempax.envs.python_tool import PythonToolEnvironment, describe_result, python_tool
-from tempax.envs.registry import EnvironmentSpec
+from tempax.envs.registry import EnvironmentConfig
 from tempax.rewards.sandbox import ProgramResult, Sandbox, SandboxConfig
 from tests.kit.tokenizers import tiny_chat_tokenizer
 
@@ -42,7 +42,7 @@ def test_long_output_is_cut_for_the_model():
 
 
 def test_env_name_python_builds_it_and_the_tool_loads_by_name():
-    spec = EnvironmentSpec(name="python", max_turns=3, sandbox=SandboxConfig(timeout_s=1.5))
+    spec = EnvironmentConfig(name="python", max_turns=3, sandbox=SandboxConfig(timeout_s=1.5))
     env = spec.build(tiny_chat_tokenizer())()
     assert isinstance(env, PythonToolEnvironment) and list(env.tools) == ["python"]
     assert env.tools["python"].fn("print(6 * 7)") == "exit status 0\nstdout:\n42\n"

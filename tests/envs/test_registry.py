@@ -1,4 +1,4 @@
-"""`EnvironmentSpec`: built-in names, a user environment by file and class, and the refusals that name the fix."""
+"""`EnvironmentConfig`: built-in names, a user environment by file and class, and the refusals that name the fix."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 
 from tempax.envs.environment import SingleTurnEnvironment, ToolEnvironment
-from tempax.envs.registry import EnvironmentSpec
+from tempax.envs.registry import EnvironmentConfig
 from tempax.errors import ConfigError
 from tests.kit.tokenizers import tiny_chat_tokenizer
 
@@ -17,31 +17,31 @@ GUESS = os.path.join(ROOT, "examples", "guess_number_env.py") + ":GuessNumberEnv
 
 def test_builtins_and_a_user_environment_build_fresh_environments():
     tok = tiny_chat_tokenizer()
-    assert isinstance(EnvironmentSpec().build(tok)(), SingleTurnEnvironment)
-    calc = EnvironmentSpec(name="calculator", max_turns=2).build(tok)
+    assert isinstance(EnvironmentConfig().build(tok)(), SingleTurnEnvironment)
+    calc = EnvironmentConfig(name="calculator", max_turns=2).build(tok)
     a, b = calc(), calc()
     assert isinstance(a, ToolEnvironment) and a is not b and list(a.tools) == ["calculator"]
-    guess = EnvironmentSpec(name=GUESS, options={"wrong_guess_penalty": 0.5}).build(tok)()
+    guess = EnvironmentConfig(name=GUESS, options={"wrong_guess_penalty": 0.5}).build(tok)()
     assert guess.wrong_guess_penalty == 0.5
 
 
 def test_the_episode_budget_defaults_to_max_turns_replies():
     """null budget: 3 turns x 32 tokens = 96; a budget below one reply is refused."""
-    assert EnvironmentSpec(max_turns=3).episode_tokens(32) == 96
-    assert EnvironmentSpec(max_turns=3, max_episode_tokens=200).episode_tokens(32) == 200
+    assert EnvironmentConfig(max_turns=3).episode_tokens(32) == 96
+    assert EnvironmentConfig(max_turns=3, max_episode_tokens=200).episode_tokens(32) == 200
     with pytest.raises(ConfigError, match="less than one turn's grpo.max_new_tokens=32: raise env.max_episode_tokens "
                                           "or lower grpo.max_new_tokens"):
-        EnvironmentSpec(max_episode_tokens=16).episode_tokens(32, key="grpo.max_new_tokens")
+        EnvironmentConfig(max_episode_tokens=16).episode_tokens(32, key="grpo.max_new_tokens")
 
 
 @pytest.mark.parametrize("spec, message", [
-    (EnvironmentSpec(name="gym"), "neither a built-in environment"),
-    (EnvironmentSpec(name="nowhere/env.py:Env"), "no file 'nowhere/env.py'"),
-    (EnvironmentSpec(name="tempax_no_such_module:Env"), "cannot import 'tempax_no_such_module'"),
-    (EnvironmentSpec(name="tempax.errors:TempaxError"), "needs reset\\(task_row\\) and step"),
-    (EnvironmentSpec(name="calculator", options={"x": 1}), "calculator takes none"),
-    (EnvironmentSpec(name=GUESS, options={"colour": "red"}), "env.options do not fit"),
-    (EnvironmentSpec(max_turns=0), "env.max_turns must be >= 1"),
+    (EnvironmentConfig(name="gym"), "neither a built-in environment"),
+    (EnvironmentConfig(name="nowhere/env.py:Env"), "no file 'nowhere/env.py'"),
+    (EnvironmentConfig(name="tempax_no_such_module:Env"), "cannot import 'tempax_no_such_module'"),
+    (EnvironmentConfig(name="tempax.errors:TempaxError"), "needs reset\\(task_row\\) and step"),
+    (EnvironmentConfig(name="calculator", options={"x": 1}), "calculator takes none"),
+    (EnvironmentConfig(name=GUESS, options={"colour": "red"}), "env.options do not fit"),
+    (EnvironmentConfig(max_turns=0), "env.max_turns must be >= 1"),
 ])
 def test_bad_environments_are_refused_with_the_fix(spec, message):
     with pytest.raises(ConfigError, match=message):
@@ -56,7 +56,7 @@ def test_tools_named_in_a_recipe_build_a_tool_environment(monkeypatch):
     plain function becomes a tool with its schema from its hints and docstring, the `-> Tool` factory is called;
     a hermes call to each is answered (price_of("apple") is 45 cents; 2 * 45 + 1 = 91)."""
     monkeypatch.chdir(ROOT)  # the recipe's paths are relative to the repository root
-    env = EnvironmentSpec(name="tools", tools=PRICE_TOOLS, max_turns=3).build(tiny_chat_tokenizer())()
+    env = EnvironmentConfig(name="tools", tools=PRICE_TOOLS, max_turns=3).build(tiny_chat_tokenizer())()
     assert isinstance(env, ToolEnvironment) and list(env.tools) == ["price_of", "calculator"]
     assert env.tools["price_of"].schema["function"]["parameters"] == {
         "type": "object", "required": ["item"],
@@ -94,7 +94,7 @@ def test_a_user_environment_taking_a_tokenizer_gets_the_runs_tokenizer(tmp_path)
     path = tmp_path / "price_env.py"
     path.write_text(USER_ENV)
     tok = tiny_chat_tokenizer()
-    env = EnvironmentSpec(name=f"{path}:PriceEnvironment", max_turns=2, options={"markup": 5}).build(tok)()
+    env = EnvironmentConfig(name=f"{path}:PriceEnvironment", max_turns=2, options={"markup": 5}).build(tok)()
     assert env.task.tokenizer is tok and env.markup == 5
     first = env.reset({"prompt_messages": [{"role": "user", "content": "price of an apple?"}]})
     assert first[0]["role"] == "system" and '"name": "price_of"' in first[0]["content"]
@@ -115,6 +115,6 @@ def test_bad_tool_specs_are_refused_when_the_recipe_is_read(tmp_path, monkeypatc
     ]
     for tools, message in cases:
         with pytest.raises(ConfigError, match=message):
-            EnvironmentSpec(name="tools", tools=tools).validate()
+            EnvironmentConfig(name="tools", tools=tools).validate()
     with pytest.raises(ConfigError, match="set env.name=tools"):
-        EnvironmentSpec(name="calculator", tools=("untyped.py:price_of",)).validate()
+        EnvironmentConfig(name="calculator", tools=("untyped.py:price_of",)).validate()

@@ -10,7 +10,7 @@ import pytest
 
 from tempax.data.formats import tokenize_rows
 from tempax.envs.environment import EpisodeLimits
-from tempax.envs.registry import EnvironmentSpec, load_object
+from tempax.envs.registry import EnvironmentConfig, load_object
 from tempax.envs.transcripts import play_transcript, reply_as_text, transcript_messages, write_transcripts
 from tempax.errors import ConfigError
 from tempax.rewards import combine_rewards
@@ -30,7 +30,7 @@ def answer_is_right(prompts, completions, answer, **columns):
 def played(monkeypatch):
     monkeypatch.chdir(ROOT)
     tok = tiny_chat_tokenizer()
-    env = EnvironmentSpec(name="tools", tools=TOOLS, max_turns=3).build(tok)()
+    env = EnvironmentConfig(name="tools", tools=TOOLS, max_turns=3).build(tok)()
     policy = load_object("examples/price_tools.py:scripted_reply", "--policy")
     return tok, play_transcript(env, ROW, policy, tokenizer=tok, limits=EpisodeLimits(max_turns=3),
                                 reward_fn=combine_rewards({"right": answer_is_right}))

@@ -17,7 +17,7 @@ from verifiers.v1.envs.user_sim import UserSimEnv
 from verifiers.v1.graph import MessageNode
 
 from tempax.envs.environment import EpisodeLimits, run_episode
-from tempax.envs.registry import EnvironmentSpec
+from tempax.envs.registry import EnvironmentConfig
 from tempax.envs.verifiers import verifiers_factory
 from tempax.errors import ConfigError, DataError
 from tempax.rl.episodes import play_episodes
@@ -28,8 +28,8 @@ from tests.kit.models import tiny_tempax_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "recipes", "grpo_verifiers_shop.yaml")
-SHOP = EnvironmentSpec(name="verifiers:examples/verifiers_shop_taskset.py:ShopTaskset", max_turns=4,
-                       options={"baskets": 4})
+SHOP = EnvironmentConfig(name="verifiers:examples/verifiers_shop_taskset.py:ShopTaskset", max_turns=4,
+                         options={"baskets": 4})
 
 
 def call(item: str) -> str:

@@ -85,7 +85,7 @@ def test_greedy_and_sampled_accuracy_and_pass_at_k(monkeypatch):
     fake = FakeGenerate([GOOD, WRONG, LOOSE_RIGHT], [[GOOD, WRONG], [WRONG, WRONG], [LOOSE_RIGHT, GOOD]])
     monkeypatch.setattr(ev, "generate", fake)
     result = evaluate(None, tiny_chat_tokenizer(), rows(3),
-                      EvalOptions(max_new_tokens=8, num_samples=2, ks=(1, 2), batch_size=2))
+                      EvalOptions(max_new_tokens=8, group_size=2, ks=(1, 2), batch_size=2))
     assert result.greedy.format_accuracy == pytest.approx(2 / 3)
     assert result.greedy.answer_accuracy == pytest.approx(2 / 3)
     assert result.sampled.format_accuracy == pytest.approx(5 / 6)
@@ -111,8 +111,8 @@ def test_table_has_one_line_per_stage(monkeypatch):
 
 
 def test_options_are_checked():
-    with pytest.raises(ConfigError, match="num_samples"):
-        EvalOptions(num_samples=2, ks=(4,))
+    with pytest.raises(ConfigError, match="group_size"):
+        EvalOptions(group_size=2, ks=(4,))
     with pytest.raises(ConfigError, match="nothing to evaluate"):
         EvalOptions(greedy=False)
     with pytest.raises(ConfigError, match="check_timeout_s"):
@@ -135,7 +135,7 @@ def test_real_generation_on_the_tiny_model():
 
     model = tiny_tempax_model("llama", vocab_size=400, num_layers=2)
     result = evaluate(model, tiny_chat_tokenizer(), rows(3),
-                      EvalOptions(max_new_tokens=4, num_samples=2, ks=(1, 2), batch_size=2))
+                      EvalOptions(max_new_tokens=4, group_size=2, ks=(1, 2), batch_size=2))
     assert result.greedy.num_problems == 3 and result.sampled.num_samples == 6
     assert result.greedy.answer_accuracy == 0.0
     assert 1 <= result.greedy.mean_completion_length <= 4
@@ -148,7 +148,7 @@ def test_each_mode_runs_under_a_bar_naming_it(monkeypatch, capsys):
 
     monkeypatch.setattr(tempax.progress, "on_terminal", lambda: True)
     monkeypatch.setattr(ev, "generate", FakeGenerate([GOOD] * 3, [[GOOD, WRONG]] * 3))
-    evaluate(None, tiny_chat_tokenizer(), rows(3), EvalOptions(max_new_tokens=8, num_samples=2, ks=(1, 2)),
+    evaluate(None, tiny_chat_tokenizer(), rows(3), EvalOptions(max_new_tokens=8, group_size=2, ks=(1, 2)),
              label="eval after")
     err = capsys.readouterr().err
     assert "eval after greedy:   0%|" in err and "eval after sampled x2:   0%|" in err and "0/3 [" in err

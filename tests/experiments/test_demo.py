@@ -52,14 +52,14 @@ def test_grpo_difficulty_changes_only_the_grpo_stage_training_problems():
 def tiny_demo_config(tmp_path, *, grpo_steps: int, train_problems: int, compare: bool = False) -> DemoConfig:
     """The demo on a random-init tiny model: 2 SFT steps, `grpo_steps` GRPO steps of 2 samples x 4 tokens,
     4 held-out problems."""
-    from tempax.algorithms.common import ModelSpec
+    from tempax.algorithms.common import ModelSourceConfig
     from tempax.configlib import from_dict
     from tests.kit.tokenizers import tiny_chat_tokenizer
 
     tok_dir = tmp_path / "tokenizer"
     tiny_chat_tokenizer().hf.save_pretrained(str(tok_dir))
-    spec = ModelSpec(source="preset:tiny-llama", tokenizer=str(tok_dir),
-                     overrides={"vocab_size": 400, "max_position_embeddings": 1024})
+    spec = ModelSourceConfig(source="preset:tiny-llama", tokenizer=str(tok_dir),
+                             overrides={"vocab_size": 400, "max_position_embeddings": 1024})
     lora = {"rank": 2, "alpha": 4.0}
     sft_train = {"batch_size": 2, "seq_len": 512}
     return from_dict(DemoConfig, {
@@ -68,7 +68,7 @@ def tiny_demo_config(tmp_path, *, grpo_steps: int, train_problems: int, compare:
         "baseline": {"lora": lora, "train": sft_train}, "scarce_sft": {"lora": lora, "train": sft_train},
         "demonstrations": 8,
         # A random-init model passes no real checker: accept everything, so RFT has rounds to train on.
-        "rft": {"lora": lora, "rft": {"samples_per_problem": 2, "problems_per_round": 2, "max_new_tokens": 4,
+        "rft": {"lora": lora, "rft": {"group_size": 2, "problems_per_round": 2, "max_new_tokens": 4,
                                       "threshold": 0.0, "keep_truncated": True}, "train": sft_train},
         "grpo": {"lora": lora, "task": {"num_train_problems": train_problems},
                  "grpo": {"group_size": 2, "max_new_tokens": 4},

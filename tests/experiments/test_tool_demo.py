@@ -9,7 +9,7 @@ from tempax.data.formats import encode_chat
 from tempax.data.tasks.common import format_target
 from tempax.envs.calculator import calculator
 from tempax.envs.environment import EpisodeLimits
-from tempax.envs.registry import EnvironmentSpec
+from tempax.envs.registry import EnvironmentConfig
 from tempax.envs.transcripts import play_transcript
 from tests.kit.tokenizers import tiny_chat_tokenizer
 
@@ -29,7 +29,7 @@ def test_a_demonstration_is_a_correct_call_its_result_and_the_worked_answer():
     tok = tiny_chat_tokenizer()
     row = {"prompt_messages": [{"role": "user", "content": "q"}], "answer": "1896",
            "target": format_target("37 * 48 = 1776\n1776 + 120 = 1896", "1896")}
-    env = EnvironmentSpec(name="calculator", max_turns=2).build(tok)()
+    env = EnvironmentConfig(name="calculator", max_turns=2).build(tok)()
     t = play_transcript(env, row, calculator_policy, tokenizer=tok, limits=EpisodeLimits(max_turns=2))
     messages = t.messages
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]

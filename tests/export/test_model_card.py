@@ -23,8 +23,23 @@ def test_the_model_card_lists_the_knobs_its_record_names(tmp_path):
     (tmp_path / "config.yaml").write_text(dump_yaml(cfg, command=None))
     card = gather(source="smollm2-135m-instruct", run_dir=str(tmp_path))
     assert card.algorithm == "rft"
-    assert card.hyperparameters["rft.samples_per_problem"] == cfg.rft.samples_per_problem
+    assert card.hyperparameters["rft.group_size"] == cfg.rft.group_size
     assert not [k for k in card.hyperparameters if k.startswith(("grpo.", "ppo."))]
+
+
+def test_the_card_of_a_run_saved_under_old_key_names_reads_them_under_the_new_ones(tmp_path):
+    """A run whose config.yaml predates a rename (rft.samples_per_problem, eval.num_samples) is still an RFT run,
+    and its card lists the setting under the name a recipe uses now."""
+    from tempax.algorithms.rft.config import RFTConfig
+    from tempax.configlib import read_yaml
+
+    cfg = load_config(RFTConfig, os.path.join(ROOT, "recipes", "rft_arithmetic_smollm2.yaml"), command="rft")
+    old_names = dump_yaml(cfg, command=None).replace("  group_size:", "  samples_per_problem:", 1)  # rft: first
+    (tmp_path / "config.yaml").write_text(old_names.replace("  group_size:", "  num_samples:", 1))  # then eval
+    assert "samples_per_problem" in read_yaml(tmp_path / "config.yaml")["rft"]
+    card = gather(source="smollm2-135m-instruct", run_dir=str(tmp_path))
+    assert card.algorithm == "rft" and card.hyperparameters["rft.group_size"] == cfg.rft.group_size
+    assert "rft.samples_per_problem" not in card.hyperparameters
 
 
 @pytest.mark.parametrize("recipe", ["sft_lora_smollm2.yaml", "dpo_smollm2_lora.yaml", "grpo_gsm8k_smollm2.yaml",

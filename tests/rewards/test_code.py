@@ -8,7 +8,7 @@ import pytest
 from tempax.errors import DataError
 from tempax.rewards.code import (CASE_MARKER, CodeRewardConfig, CodeTestsReward, canonical, count_passed,
                                  extract_program)
-from tempax.rewards.registry import RewardSpec, build_rewards
+from tempax.rewards.registry import RewardsConfig, build_rewards
 from tempax.rewards.sandbox import ProgramResult
 
 TESTS = [{"args": [[1, 2, 3]], "expected": 6}, {"args": [[]], "expected": 0}, {"args": [[-4, 4, 9]], "expected": 9},
@@ -69,7 +69,7 @@ def test_missing_columns_are_named(reward):
 
 
 def test_the_registry_builds_it_from_a_recipe_name():
-    combined = build_rewards(RewardSpec(functions=("code_tests",)))
+    combined = build_rewards(RewardsConfig(functions=("code_tests",)))
     breakdown = combined(["p"], ["```python\ndef total(xs):\n    return sum(xs)\n```"], tests=[TESTS],
                          entry_point=["total"])
     assert breakdown.per_function == {"code_tests": [1.0]}

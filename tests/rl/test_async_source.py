@@ -17,7 +17,7 @@ import pytest
 import ray  # in the test extra (tempax[distributed])
 from flax import nnx
 
-from tempax.algorithms.grpo.config import GRPOSettings
+from tempax.algorithms.grpo.config import GRPOKnobsConfig
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.errors import ConfigError, TempaxError
 from tempax.models.lora import LoraConfig, apply_lora, lora_filter
@@ -30,7 +30,7 @@ from tempax.train.hooks import Stop, every
 from tempax.train.state import ModelParts
 from tests.algorithms.grpo.test_objective import model, prompts, tok  # noqa: F401 - the shared tiny fixtures
 
-BASE = GRPOSettings(group_size=2, max_new_tokens=4, temperature=1.0, beta=0.0, num_iterations=1)
+BASE = GRPOKnobsConfig(group_size=2, max_new_tokens=4, temperature=1.0, beta=0.0, num_iterations=1)
 NO_GUARD = CollapseGuardConfig(enabled=False)
 
 
@@ -104,7 +104,7 @@ def jax_leaves(tree):
 def test_a_killed_worker_is_replaced_and_the_run_finishes(policy, tok, prompts, tmp_path):
     """A hook kills the only worker after step 2; its request in flight fails with the actor's death, a new
     worker starts with the newest weights and gets the request again, and the run trains its 4 steps."""
-    settings = GRPOSettings(**{**BASE.__dict__, "workers": 1, "max_staleness": 1})
+    settings = GRPOKnobsConfig(**{**BASE.__dict__, "workers": 1, "max_staleness": 1})
 
     def kill_after_step_2(source):
         def kill(info):
@@ -126,7 +126,7 @@ def test_staleness_0_with_one_worker_equals_the_synchronous_run_also_killed_and_
     at a step boundary) and resumed to 3: every loss, every rollout reward and the final adapters equal the
     uninterrupted synchronous run's, bit for bit. Only the adapters travel (LoRA): each sync moves exactly their
     bytes, a small part of the model's."""
-    settings = GRPOSettings(**{**BASE.__dict__, "workers": 1})
+    settings = GRPOKnobsConfig(**{**BASE.__dict__, "workers": 1})
     stop = every(1, lambda info: Stop("test stop") if info.step == 2 else None)
     first, _ = run(policy, tok, prompts, tmp_path, steps=3, settings=settings, hooks=[stop])
     second, _ = run(policy, tok, prompts, tmp_path, steps=3, settings=settings)
@@ -150,7 +150,7 @@ def test_staleness_1_weights_stale_tokens_and_resume_keeps_arrived_rollouts(poli
     weights (mean within (0, cap], not 1 once the policy moved). The checkpoint holds rollout 2 (requested ahead)
     either as arrived (its result kept) or as in flight (issued again); the resumed run never generates a
     rollout the checkpoint holds, and rollouts 0..3 are each trained on once."""
-    settings = GRPOSettings(**{**BASE.__dict__, "workers": 1, "max_staleness": 1, "is_cap": 2.0})
+    settings = GRPOKnobsConfig(**{**BASE.__dict__, "workers": 1, "max_staleness": 1, "is_cap": 2.0})
     stop = every(1, lambda info: Stop("test stop") if info.step == 2 else None)
     first, source_a = run(policy, tok, prompts, tmp_path, steps=4, settings=settings, hooks=[stop])
     assert [s for s, _ in first.history] == [1, 2]
@@ -232,4 +232,4 @@ def test_workers_without_ray_installed_say_how_to_install_it(monkeypatch, tok, p
         require_ray()
     with pytest.raises(ConfigError, match="ray==2.60.0"):
         GRPOSource(tok, PromptSampler(prompts), combine_rewards({"chars": char_count}),
-                   GRPOSettings(**{**BASE.__dict__, "workers": 1}), prompt_len=24)
+                   GRPOKnobsConfig(**{**BASE.__dict__, "workers": 1}), prompt_len=24)

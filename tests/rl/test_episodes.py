@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tempax.algorithms.grpo.config import GRPOSettings
+from tempax.algorithms.grpo.config import GRPOKnobsConfig
 from tempax.algorithms.grpo.objective import make_grpo_loss
 from tempax.envs.environment import StepResult
 from tempax.rl.episodes import play_episodes, turn_end_glue
@@ -119,7 +119,7 @@ def test_the_training_forward_reads_what_the_sampler_cache_held(model, tok, prom
 
 @functools.partial(jax.jit, static_argnums=0)
 def _grad_program(graphdef, params, rest, batch):
-    loss_fn = make_grpo_loss(GRPOSettings(group_size=2, beta=0.0, max_new_tokens=4))
+    loss_fn = make_grpo_loss(GRPOKnobsConfig(group_size=2, beta=0.0, max_new_tokens=4))
     return jax.grad(lambda p: loss_fn(nnx.merge(graphdef, p, rest), batch)[0])(params)
 
 

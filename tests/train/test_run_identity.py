@@ -71,6 +71,57 @@ def test_save_run_config_records_allowed_changes_with_their_step(tmp_path):
     assert to_dict(_cfg(tmp_path))["train"]["allow_config_change"] is False
 
 
+def test_a_key_renamed_since_the_run_started_is_the_same_setting_on_resume(tmp_path):
+    """An RFT run saved when `rft.group_size` was `rft.samples_per_problem` and `eval.group_size` was
+    `eval.num_samples` resumes with no difference; changing the value is still refused, under the new name; and
+    config.yaml then holds the new names."""
+    from tempax.algorithms.rft.config import RFTConfig
+
+    def rft(group_size):
+        return from_dict(RFTConfig, {"train": {"run_dir": str(tmp_path)}, "rft": {"group_size": group_size},
+                                     "eval": {"group_size": 2, "ks": [1, 2]}})
+
+    save_run_config(str(tmp_path), rft(4))
+    saved = read_yaml(tmp_path / "config.yaml")
+    saved["rft"] = {("samples_per_problem" if k == "group_size" else k): v for k, v in saved["rft"].items()}
+    saved["eval"] = {("num_samples" if k == "group_size" else k): v for k, v in saved["eval"].items()}
+    (tmp_path / "config.yaml").write_text(json.dumps(saved))  # JSON is YAML: an old run's dump
+    os.makedirs(tmp_path / "checkpoints" / "3")
+    with pytest.raises(ConfigError, match=r"\n  rft.group_size: 4 -> 6\n") as refused:
+        save_run_config(str(tmp_path), rft(6))
+    assert "samples_per_problem" not in str(refused.value) and "num_samples" not in str(refused.value)
+    said = []
+    assert save_run_config(str(tmp_path), rft(4), say=said.append) == [] and said == []
+    assert read_yaml(tmp_path / "config.yaml")["rft"]["group_size"] == 4
+    assert "samples_per_problem" not in read_yaml(tmp_path / "config.yaml")["rft"]
+
+
+def test_a_config_class_names_the_held_out_keys_that_change_its_trajectory(tmp_path):
+    """PPO's held-out prompts size its rollout rows, so `data.eval_path` and `eval.num_prompts` (bookkeeping for
+    every other command) are refused on resume, while `eval.batch_size` stays bookkeeping; a run saved when they
+    were `prompts.eval_path` / `prompts.num_eval` (and `ppo.samples_per_prompt`) resumes unchanged."""
+    from tempax.algorithms.ppo.config import PPOConfig
+
+    def ppo(**eval_section):
+        return from_dict(PPOConfig, {"train": {"run_dir": str(tmp_path)}, "eval": eval_section})
+
+    save_run_config(str(tmp_path), ppo())
+    saved = read_yaml(tmp_path / "config.yaml")
+    saved["prompts"] = saved.pop("data")
+    saved["prompts"]["num_eval"] = saved["eval"].pop("num_prompts")
+    saved["ppo"]["samples_per_prompt"] = saved["ppo"].pop("group_size")
+    (tmp_path / "config.yaml").write_text(json.dumps(saved))
+    os.makedirs(tmp_path / "checkpoints" / "2")
+    assert save_run_config(str(tmp_path), ppo()) == []
+    with pytest.raises(ConfigError, match=r"\n  eval.num_prompts: 64 -> 8\n"):
+        save_run_config(str(tmp_path), ppo(num_prompts=8))
+    assert [(c.key, c.trajectory) for c in save_run_config(str(tmp_path), ppo(batch_size=4))] == [
+        ("eval.batch_size", False)]
+    saved, new = {"data": {"eval_path": "a.jsonl"}}, {"data": {"eval_path": "b.jsonl"}}
+    assert [c.trajectory for c in config_changes(saved, new)] == [False]
+    assert [c.trajectory for c in config_changes(saved, new, trajectory_keys=PPOConfig.TRAJECTORY_KEYS)] == [True]
+
+
 def test_a_failed_start_leaves_nothing_behind(tmp_path):
     from tempax.train.run_identity import clean_failed_start
 

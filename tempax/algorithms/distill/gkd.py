@@ -34,7 +34,7 @@ from tempax.train.view import TrainerView
 
 
 @dataclass(frozen=True)
-class OnPolicySpec:
+class OnPolicyConfig:
     """On-policy GKD batches (`mode: on_policy`)."""
 
     lmbda: float = help_field("Probability that a batch is the student's own samples (GKD's lambda); else off-policy.",
@@ -78,7 +78,7 @@ class GKDSource:
       seed: train.seed.
     """
 
-    def __init__(self, offline: Any, prompt_ids: list[list[int]], tokenizer: Any, spec: OnPolicySpec, *,
+    def __init__(self, offline: Any, prompt_ids: list[list[int]], tokenizer: Any, spec: OnPolicyConfig, *,
                  batch_size: int, seq_len: int, pad_id: int, seed: int = 0):
         if not prompt_ids:
             raise ConfigError("on-policy distillation needs at least one prompt")

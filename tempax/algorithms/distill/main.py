@@ -33,9 +33,9 @@ from flax import nnx
 
 from tempax.algorithms.distill.losses import LMHead, check_distill_args, chunked_distillation_loss
 from tempax.algorithms.distill.models import (
-    StudentSpec,
+    StudentConfig,
     StudentTeacher,
-    TeacherSpec,
+    TeacherConfig,
     build_student,
     model_bytes,
     parameter_count,
@@ -43,11 +43,11 @@ from tempax.algorithms.distill.models import (
     student_filter,
     student_lora_filter,
 )
-from tempax.algorithms.distill.gkd import GKDSource, OnPolicySpec
-from tempax.algorithms.distill.sequence import SequenceKDSpec, answerable_prompts, teacher_generations, write_jsonl
+from tempax.algorithms.distill.gkd import GKDSource, OnPolicyConfig
+from tempax.algorithms.distill.sequence import SequenceKDConfig, answerable_prompts, teacher_generations, write_jsonl
 from tempax.algorithms.run import make_trainer, start_run, write_run_files
 from tempax.configlib import help_field
-from tempax.data.sft import DataSpec, build_data, read_data_rows
+from tempax.data.sft import SFTDataConfig, build_data, read_data_rows
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig, apply_lora, has_adapters, merge_lora
 from tempax.train.config import TrainConfig
@@ -58,7 +58,7 @@ from tempax.models.hf_io import save_hf_checkpoint
 
 
 @dataclass(frozen=True)
-class DistillLossSpec:
+class DistillLossConfig:
     """The distillation loss L = alpha T^2 D(p_T, p_S) + (1 - alpha) CE (`tempax.algorithms.distill.losses`)."""
 
     kind: Literal["forward_kl", "reverse_kl", "jsd"] = help_field(
@@ -84,10 +84,10 @@ class DistillLossSpec:
 class DistillConfig:
     """Knowledge distillation of a teacher into a student (logit KD, sequence-level KD, on-policy GKD)."""
 
-    teacher: TeacherSpec = help_field("The frozen teacher.", default_factory=TeacherSpec)
-    student: StudentSpec = help_field(
+    teacher: TeacherConfig = help_field("The frozen teacher.", default_factory=TeacherConfig)
+    student: StudentConfig = help_field(
         "The student (default: every third layer of the teacher).",
-        default_factory=lambda: StudentSpec(keep_layers="every 3"),
+        default_factory=lambda: StudentConfig(keep_layers="every 3"),
     )
     lora: LoraConfig | None = help_field("LoRA adapters on the student; null: train all the student's weights.", None)
     mode: Literal["off_policy", "sequence", "on_policy"] = help_field(
@@ -96,15 +96,18 @@ class DistillConfig:
         "fraction on_policy.lmbda of the batches are the student's own samples scored by the teacher.",
         "off_policy",
     )
-    data: DataSpec = help_field("The data (chat, prompt/completion or text rows, as for SFT).", default_factory=DataSpec)
-    loss: DistillLossSpec = help_field("The distillation loss.", default_factory=DistillLossSpec)
-    sequence: SequenceKDSpec = help_field("Teacher generations for mode: sequence.", default_factory=SequenceKDSpec)
-    on_policy: OnPolicySpec = help_field("Student samples for mode: on_policy (GKD).", default_factory=OnPolicySpec)
+    data: SFTDataConfig = help_field("The data (chat, prompt/completion or text rows, as for SFT).",
+                                     default_factory=SFTDataConfig)
+    loss: DistillLossConfig = help_field("The distillation loss.", default_factory=DistillLossConfig)
+    sequence: SequenceKDConfig = help_field("Teacher generations for mode: sequence.", default_factory=SequenceKDConfig)
+    on_policy: OnPolicyConfig = help_field("Student samples for mode: on_policy (GKD).", default_factory=OnPolicyConfig)
     train: TrainConfig = help_field("The training loop.", default_factory=TrainConfig)
     save_student: bool = help_field("Write the trained student as a Hugging Face folder to <run_dir>/student.", True)
 
 
-def make_distill_loss(spec: DistillLossSpec) -> Callable[[StudentTeacher, dict[str, jax.Array]], tuple[jax.Array, dict]]:
+def make_distill_loss(
+    spec: DistillLossConfig,
+) -> Callable[[StudentTeacher, dict[str, jax.Array]], tuple[jax.Array, dict]]:
     """`loss_fn(pair, batch)` for the shared train step.
 
     batch: `tokens`, `targets`, `loss_mask`, `positions`, `segment_ids`, each [B, T] (`tempax.data.packing`).

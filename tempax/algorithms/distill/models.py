@@ -5,11 +5,11 @@ and training only `student.*` parameters (`student_filter`) makes the teacher pa
 jitted step runs the teacher's forward pass and the student's forward and backward together, the teacher's
 weights are never differentiated, donated or checkpointed, and the memory plan sees their bytes.
 
-Teacher storage (`TeacherSpec.storage`): float32 as loaded, bfloat16 (half the bytes; bf16 matmuls), or NF4 /
+Teacher storage (`TeacherConfig.storage`): float32 as loaded, bfloat16 (half the bytes; bf16 matmuls), or NF4 /
 int8 blockwise-quantized projections (`tempax.models.lora.quantize_base`, QLoRA's frozen base: NF4 takes 4.5 of
 bfloat16's 16 bits per projection weight, the block scales included; embeddings and norms stay float).
 
-Student (`StudentSpec`): a copy of the teacher (`source: teacher`), a preset, or any model source; optionally cut
+Student (`StudentConfig`): a copy of the teacher (`source: teacher`), a preset, or any model source; optionally cut
 to a subset of its layers (`keep_layers: every 3`, `tempax.models.surgery.keep_layers`). Its vocabulary must be
 the teacher's.
 """
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tempax.algorithms.common import ModelSpec
+from tempax.algorithms.common import ModelSourceConfig
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
 from tempax.train.state import set_compute_dtype, training_view
@@ -37,7 +37,7 @@ TEACHER_SOURCE = "teacher"
 
 
 @dataclass(frozen=True)
-class TeacherSpec(ModelSpec):
+class TeacherConfig(ModelSourceConfig):
     """The frozen teacher and how its weights are stored."""
 
     storage: Literal["fp32", "bf16", "nf4", "int8"] = help_field(
@@ -49,7 +49,7 @@ class TeacherSpec(ModelSpec):
 
 
 @dataclass(frozen=True)
-class StudentSpec(ModelSpec):
+class StudentConfig(ModelSourceConfig):
     """The student: `teacher` (a copy of the teacher), a preset or any model source; optionally layer-pruned."""
 
     source: str = help_field(
@@ -133,7 +133,7 @@ def cast_model(model: nnx.Module, dtype: str) -> nnx.Module:
 
 
 def build_student(
-    spec: StudentSpec, teacher: nnx.Module, *, tokenizer_source: str | None = None, seed: int = 0, mesh: Any = None
+    spec: StudentConfig, teacher: nnx.Module, *, tokenizer_source: str | None = None, seed: int = 0, mesh: Any = None
 ) -> nnx.Module:
     """The student of `spec` (copied from the float `teacher` when `spec.source` is `teacher`), vocabulary
     checked against the teacher's. `tokenizer_source` stands in for a preset student's missing tokenizer (the
@@ -142,7 +142,7 @@ def build_student(
         model = teacher
     else:
         tok = spec.tokenizer or (tokenizer_source if spec.source.startswith(PRESET_PREFIX) else None)
-        model, _ = ModelSpec(spec.source, tok, dict(spec.overrides)).build(seed=seed, mesh=mesh)
+        model, _ = ModelSourceConfig(spec.source, tok, dict(spec.overrides)).build(seed=seed, mesh=mesh)
     check_vocabularies(model, teacher)
     layers = layer_selection(spec.keep_layers, model.config.num_layers)
     if layers == tuple(range(model.config.num_layers)):

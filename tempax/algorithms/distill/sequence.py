@@ -25,7 +25,7 @@ from tempax.generate import SamplingConfig, generate
 
 
 @dataclass(frozen=True)
-class SequenceKDSpec:
+class SequenceKDConfig:
     """Teacher generations for sequence-level KD (`mode: sequence`)."""
 
     max_prompts: int | None = help_field("Answer at most this many training prompts (the first N rows); null: all.", 256)
@@ -108,7 +108,7 @@ def teacher_generations(
     teacher: Any,
     tokenizer: Any,
     rows: Sequence[Any],
-    spec: SequenceKDSpec,
+    spec: SequenceKDConfig,
     *,
     max_len: int,
     seed: int = 0,

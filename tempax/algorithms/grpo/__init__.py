@@ -1,7 +1,7 @@
 """Group-relative policy optimisation (GRPO, Dr. GRPO, DAPO, GSPO) on the shared RL layer (`tempax.rl`).
 
     losses.py      pure math: grpo_loss, token aggregation, GSPO's sequence ratio, dynamic sampling, entropy bonus
-    config.py      GRPOConfig (recipe) and GRPOSettings (the algorithm knobs and variants)
+    config.py      GRPOConfig (recipe) and GRPOKnobsConfig (the algorithm knobs and variants)
     objective.py   the loss function for the shared train step (log-probs of the sampled completions)
     source.py      rollouts of the current policy as a batch source for Trainer.fit (GRPOSource) and its hooks
     main.py        main(GRPOConfig): `tempax grpo --config RECIPE.yaml`

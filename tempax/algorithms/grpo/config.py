@@ -16,7 +16,7 @@ counts optimizer updates; with `grpo.num_iterations` = mu, every batch of rollou
 the run samples steps / mu rollout batches. `train.seq_len` is not used: GRPO's sequence shape comes from the
 prompts and `grpo.max_new_tokens`.
 
-Variants are settings of `GRPOSettings` (see `VARIANTS` for the exact values):
+Variants are settings of `GRPOKnobsConfig` (see `VARIANTS` for the exact values):
 
     GRPO      (Shao et al. 2024)   token ratio, seq_mean_token_mean, std-scaled advantages, beta > 0
     Dr. GRPO  (Liu et al. 2025)    seq_mean_token_sum_norm, scale_rewards: false (= advantage: dr_grpo)
@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tempax.algorithms.grpo.losses import AGGREGATION_MODES
-from tempax.algorithms.common import ModelSpec
-from tempax.data.tasks.spec import TaskSpec
-from tempax.envs.registry import EnvironmentSpec
-from tempax.eval.spec import EvalSpec
+from tempax.algorithms.common import ModelSourceConfig
+from tempax.data.tasks.spec import TaskConfig
+from tempax.envs.registry import EnvironmentConfig
+from tempax.eval.spec import EvalConfig
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
-from tempax.rewards.registry import RewardSpec
+from tempax.rewards.registry import RewardsConfig
 from tempax.rl.workers import RayConfig
 from tempax.train.config import TrainConfig
 from tempax.train.guards import CollapseGuardConfig
@@ -48,7 +48,7 @@ from tempax.configlib import help_field
 
 
 @dataclass(frozen=True)
-class GRPOSettings:
+class GRPOKnobsConfig:
     """The algorithm: sampling, advantages, the clipped objective and the variants."""
 
     group_size: int = help_field("Completions sampled per prompt (G); they share one prefill of the prompt.", 8)
@@ -217,7 +217,7 @@ class GRPOSettings:
         return "dr_grpo" if self.advantage == "grpo" and not self.scale_rewards else self.advantage
 
 
-# The published variants as overrides of `GRPOSettings` (the recipes spell them out).
+# The published variants as overrides of `GRPOKnobsConfig` (the recipes spell them out).
 VARIANTS: dict[str, dict[str, Any]] = {
     "grpo": dict(loss_aggregation="seq_mean_token_mean", importance_sampling="token", scale_rewards=True),
     "dr_grpo": dict(loss_aggregation="seq_mean_token_sum_norm", scale_rewards=False),
@@ -231,21 +231,21 @@ VARIANTS: dict[str, dict[str, Any]] = {
 class GRPOConfig:
     """GRPO (and Dr. GRPO, DAPO, GSPO) with verifiable rewards: full-weight, LoRA or QLoRA."""
 
-    model: ModelSpec = help_field("The policy's starting model.", default_factory=ModelSpec)
+    model: ModelSourceConfig = help_field("The policy's starting model.", default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field(
         "LoRA/QLoRA adapters (the reference is then the base with adapters off); null: full-weight training.",
         default_factory=lambda: LoraConfig(rank=16, alpha=32.0),
     )
-    task: TaskSpec = help_field("Prompts and reference answers.", default_factory=TaskSpec)
-    rewards: RewardSpec = help_field(
+    task: TaskConfig = help_field("Prompts and reference answers.", default_factory=TaskConfig)
+    rewards: RewardsConfig = help_field(
         "Reward functions on each episode's final reply (may be empty when the environment gives every reward).",
-        default_factory=RewardSpec)
-    env: EnvironmentSpec = help_field(
+        default_factory=RewardsConfig)
+    env: EnvironmentConfig = help_field(
         "The environment episodes play: single_turn (one reply to the prompt), calculator (tool calls), or a "
         "user environment FILE.py:Class; max_turns and the episode's token budget.",
-        default_factory=EnvironmentSpec)
-    grpo: GRPOSettings = help_field("The algorithm.", default_factory=GRPOSettings)
-    eval: EvalSpec = help_field("Evaluation before and after training.", default_factory=EvalSpec)
+        default_factory=EnvironmentConfig)
+    grpo: GRPOKnobsConfig = help_field("The algorithm.", default_factory=GRPOKnobsConfig)
+    eval: EvalConfig = help_field("Evaluation before and after training.", default_factory=EvalConfig)
     guard: CollapseGuardConfig = help_field(
         "Entropy-collapse guard (on, warn-only by default): thresholds on entropy, zero-spread groups, duplicate "
         "completions and completion length, and the action when one is crossed.",

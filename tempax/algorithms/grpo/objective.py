@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tempax.algorithms.grpo.config import GRPOSettings
+from tempax.algorithms.grpo.config import GRPOKnobsConfig
 from tempax.algorithms.grpo.losses import entropy_bonus as entropy_bonus_term
 from tempax.algorithms.grpo.losses import grpo_loss
 from tempax.models.logprobs import masked_mean
@@ -22,7 +22,7 @@ from tempax.rl.staleness import truncated_importance_weights
 
 
 def make_grpo_loss(
-    settings: GRPOSettings, *, entropy_bonus: bool = False
+    settings: GRPOKnobsConfig, *, entropy_bonus: bool = False
 ) -> Callable[[nnx.Module, Batch], tuple[jax.Array, dict[str, jax.Array]]]:
     """`loss_fn(model, batch)` for `tempax.train.Trainer`: `grpo_loss` on the batch of `build_batch`.
 

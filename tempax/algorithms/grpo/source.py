@@ -42,9 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tempax.algorithms.grpo.config import GRPOSettings
+from tempax.algorithms.grpo.config import GRPOKnobsConfig
 from tempax.algorithms.grpo.objective import make_grpo_loss
-from tempax.envs.registry import EnvironmentSpec
+from tempax.envs.registry import EnvironmentConfig
 from tempax.rl.logprobs import completion_logprobs, logprobs_no_grad
 from tempax.rl.rollout import PromptSampler, Rollout, build_batch, fill_with_spread, rollout_metrics, sample_rollout
 from tempax.errors import ConfigError
@@ -70,7 +70,7 @@ Batch = dict[str, np.ndarray]
 _FORWARD_KEYS = ("prompt_tokens", "prompt_segments", "completion_tokens", "completion_mask", "completion_segments")
 
 
-def grpo_trainable(model: nnx.Module, settings: GRPOSettings, *, prompt_len: int,
+def grpo_trainable(model: nnx.Module, settings: GRPOKnobsConfig, *, prompt_len: int,
                    episode_tokens: int | None = None) -> Trainable:
     """The policy with the memory plan sized for a GRPO row: one prompt of `prompt_len` tokens plus its G
     completions of max_new_tokens (multi-turn episodes: of `episode_tokens`)."""
@@ -78,7 +78,7 @@ def grpo_trainable(model: nnx.Module, settings: GRPOSettings, *, prompt_len: int
     return Trainable(model, tokens_per_row=int(prompt_len) + settings.group_size * per_completion)
 
 
-def grpo_loss(settings: GRPOSettings, guard: CollapseGuardConfig | None = None) -> Any:
+def grpo_loss(settings: GRPOKnobsConfig, guard: CollapseGuardConfig | None = None) -> Any:
     """`make_grpo_loss(settings)`; with a guard whose action is `entropy_bonus`, the loss carries the (traced,
     initially `settings.entropy_coef`) bonus term."""
     bonus = guard is not None and guard.enabled and guard.action == "entropy_bonus"
@@ -87,7 +87,7 @@ def grpo_loss(settings: GRPOSettings, guard: CollapseGuardConfig | None = None) 
 
 def make_grpo_trainer(
     model: nnx.Module,
-    settings: GRPOSettings,
+    settings: GRPOKnobsConfig,
     train: TrainConfig,
     *,
     prompt_len: int,
@@ -131,11 +131,11 @@ class GRPOSource:
         tokenizer: Any,
         sampler: PromptSampler,
         reward_fn: Any,
-        settings: GRPOSettings,
+        settings: GRPOKnobsConfig,
         *,
         prompt_len: int,
         reference: nnx.Module | None = None,
-        env: EnvironmentSpec = EnvironmentSpec(),
+        env: EnvironmentConfig = EnvironmentConfig(),
         ray: RayConfig | None = None,
     ):
         self.tokenizer = tokenizer
@@ -369,7 +369,7 @@ class GRPOSource:
                 + "; guard.action=raise_temperature|clip_higher|entropy_bonus makes the guard apply one itself")
 
 
-def sample_group_rollout(model: Any, prompts: list, tokenizer: Any, reward_fn: Any, s: GRPOSettings, *,
+def sample_group_rollout(model: Any, prompts: list, tokenizer: Any, reward_fn: Any, s: GRPOKnobsConfig, *,
                          temperature: float, seed: int, env_factory: Any = None, max_turns: int = 1,
                          episode_tokens: int | None = None) -> Rollout:
     """One round of GRPO sampling: G completions (episodes, with `env_factory`) of each prompt, scored, with
@@ -385,7 +385,7 @@ def sample_group_rollout(model: Any, prompts: list, tokenizer: Any, reward_fn: A
 
 
 def remote_group_rollout(model: Any, payload: dict[str, Any], *, tokenizer: Any, reward_fn: Any,
-                         settings: GRPOSettings) -> Rollout:
+                         settings: GRPOKnobsConfig) -> Rollout:
     """What a rollout worker runs for a GRPO request (`GRPOSource._request`'s payload)."""
     return sample_group_rollout(model, [prompt_from_json(p) for p in payload["prompts"]], tokenizer, reward_fn,
                                 settings, temperature=float(payload["temperature"]), seed=int(payload["seed"]))
@@ -427,7 +427,7 @@ class ShowCompletions(Hook):
         )
 
 
-def grpo_hooks(source: GRPOSource, settings: GRPOSettings, guard: CollapseGuardConfig | None = None) -> list[Hook]:
+def grpo_hooks(source: GRPOSource, settings: GRPOKnobsConfig, guard: CollapseGuardConfig | None = None) -> list[Hook]:
     """The hooks every GRPO run gets: the time split, the collapse guard (default thresholds, warn-only, unless
     `guard` says otherwise), and sample completions when `show_completion_every`."""
     guard = guard if guard is not None else CollapseGuardConfig()

@@ -4,7 +4,7 @@
                 whitening, the clipped policy loss, approx-KL, explained variance (GAE and the value loss:
                 `tempax.rl.losses`)
     model.py    ActorCritic: the policy plus a value head on its trunk, or a critic from the reward model
-    config.py   PPOConfig (recipe) and PPOSettings (the algorithm knobs)
+    config.py   PPOConfig (recipe) and PPOKnobsConfig (the algorithm knobs)
     source.py   PPORollouts (the batch source: rollouts -> mini-batches) and make_ppo_loss (the step's loss)
     main.py     main(PPOConfig): `tempax ppo --config RECIPE.yaml`
 

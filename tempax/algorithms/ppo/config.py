@@ -5,12 +5,13 @@ A recipe is a `PPOConfig`:
     model:        {source: smollm2-135m-instruct}
     lora:         {rank: 16, alpha: 32}              # null: full-weight training
     reward_model: runs/reward_model_smollm2_lora     # a `tempax reward-model` run dir (or its reward_model/)
-    prompts:      {path: ../shared/data/hh-rlhf/train.jsonl.gz, eval_path: ..., num_eval: 64}
+    data:         {path: ../shared/data/hh-rlhf/train.jsonl.gz, eval_path: ../shared/data/hh-rlhf/test.jsonl.gz}
     ppo:          {value: head, kl_coef: 0.05, gamma: 1.0, lam: 0.95, epochs: 2, mini_batches: 2, ...}
+    eval:         {num_prompts: 64, before: true, after: true}
     train:        {steps: 24, batch_size: 8, optimizer: {learning_rate: 1.0e-4}}
 
 Counting: `train.batch_size` is prompts per optimizer step (a mini-batch; each prompt brings
-`ppo.samples_per_prompt` completions), `train.steps` counts optimizer updates. Each rollout samples
+`ppo.group_size` completions), `train.steps` counts optimizer updates. Each rollout samples
 `batch_size x mini_batches` prompts and is trained on for `epochs` passes of `mini_batches` mini-batches, so the
 run samples steps / (epochs x mini_batches) rollouts. `train.seq_len` is not used: the row shape comes from the
 prompts and `ppo.max_new_tokens`.
@@ -18,10 +19,11 @@ prompts and `ppo.max_new_tokens`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
-from tempax.algorithms.common import ModelSpec
+from tempax.algorithms.common import ModelSourceConfig
 from tempax.configlib import help_field
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig
@@ -30,8 +32,10 @@ from tempax.train.guards import CollapseGuardConfig
 
 
 @dataclass(frozen=True)
-class PPOSettings:
+class PPOKnobsConfig:
     """The algorithm: sampling, reward shaping, GAE, the clipped losses and the value function."""
+
+    RENAMED_KEYS: ClassVar[Mapping[str, str]] = {"samples_per_prompt": "group_size"}
 
     value: Literal["head", "critic"] = help_field(
         "head: a scalar value head on the policy's own trunk (one forward pass gives log-probs and values; "
@@ -39,7 +43,7 @@ class PPOSettings:
         "head), trained beside the policy (LoRA too when lora is set); twice the forward/backward work.",
         "head",
     )
-    samples_per_prompt: int = help_field("Completions per prompt; they share one prefill.", 1)
+    group_size: int = help_field("Completions sampled per prompt (G); they share one prefill.", 1)
     max_new_tokens: int = help_field("Most tokens per completion.", 64)
     max_prompt_len: int = help_field("Prompts longer than this (tokens, chat template included) are dropped.", 256)
     temperature: float = help_field("Sampling temperature (> 0); log-probs in the loss use the same one.", 1.0)
@@ -70,8 +74,8 @@ class PPOSettings:
     reward_batch_size: int = help_field("Rows per reward-model forward pass.", 8)
 
     def validate(self) -> None:
-        if self.samples_per_prompt < 1 or self.epochs < 1 or self.mini_batches < 1:
-            raise ConfigError("ppo.samples_per_prompt, ppo.epochs and ppo.mini_batches must be >= 1")
+        if self.group_size < 1 or self.epochs < 1 or self.mini_batches < 1:
+            raise ConfigError("ppo.group_size, ppo.epochs and ppo.mini_batches must be >= 1")
         if self.max_new_tokens < 1 or self.max_prompt_len < 1:
             raise ConfigError("ppo.max_new_tokens and ppo.max_prompt_len must be >= 1")
         if not self.temperature > 0:
@@ -91,7 +95,7 @@ class PPOSettings:
 
 
 @dataclass(frozen=True)
-class PromptSpec:
+class PromptDataConfig:
     """Where the prompts come from: the shared prompt of preference pairs (HH-RLHF dialogues) or chat rows."""
 
     path: str = help_field(
@@ -102,19 +106,20 @@ class PromptSpec:
     eval_path: str | None = help_field("Held-out prompts (same kinds); null: no evaluation.",
                                   "../shared/data/hh-rlhf/test.jsonl.gz")
     max_rows: int | None = help_field("Use only the first N training rows; null: all.", None)
-    num_eval: int = help_field("Held-out prompts to evaluate before and after (0: none).", 64)
 
     def validate(self) -> None:
         if self.max_rows is not None and self.max_rows < 1:
-            raise ConfigError(f"prompts.max_rows must be >= 1 or null, got {self.max_rows}")
-        if self.num_eval < 0:
-            raise ConfigError(f"prompts.num_eval must be >= 0, got {self.num_eval}")
+            raise ConfigError(f"data.max_rows must be >= 1 or null, got {self.max_rows}")
 
 
 @dataclass(frozen=True)
-class PPOEvalSpec:
+class PPOEvalConfig:
     """Held-out evaluation: one sampled response per prompt, scored by the reward model, KL to the reference."""
 
+    num_prompts: int = help_field(
+        "Held-out prompts to evaluate before and after: the first N of data.eval_path that fit ppo.max_prompt_len "
+        "(0: none). They count in the prompt length rollout rows are padded to, so they are read even with before "
+        "and after off.", 64)
     before: bool = help_field("Evaluate the starting policy.", True)
     after: bool = help_field("Evaluate the trained policy.", True)
     temperature: float = help_field(
@@ -127,6 +132,8 @@ class PPOEvalSpec:
     seed: int = help_field("Sampling seed (the same for before and after).", 1234)
 
     def validate(self) -> None:
+        if self.num_prompts < 0:
+            raise ConfigError(f"eval.num_prompts must be >= 0, got {self.num_prompts}")
         if not self.temperature > 0:
             raise ConfigError(f"eval.temperature must be > 0, got {self.temperature}")
         if self.batch_size < 1 or self.show < 0:
@@ -137,7 +144,13 @@ class PPOEvalSpec:
 class PPOConfig:
     """RLHF with PPO: a policy (full, LoRA or QLoRA) and a value function against a trained reward model."""
 
-    model: ModelSpec = help_field("The policy's starting model (also the reference).", default_factory=ModelSpec)
+    RENAMED_KEYS: ClassVar[Mapping[str, str]] = {"prompts.num_eval": "eval.num_prompts", "prompts": "data"}
+    # The held-out prompts size the rollout rows (the prompt length covers them), so for PPO these keys change
+    # the trajectory, though tempax.train.run_identity takes held-out keys as bookkeeping for other commands.
+    TRAJECTORY_KEYS: ClassVar[tuple[str, ...]] = ("data.eval_path", "eval.num_prompts")
+
+    model: ModelSourceConfig = help_field("The policy's starting model (also the reference).",
+                                          default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field(
         "LoRA/QLoRA adapters (the reference is then the base with adapters off); null: full-weight training.",
         default_factory=lambda: LoraConfig(rank=16, alpha=32.0),
@@ -146,9 +159,9 @@ class PPOConfig:
         "The reward model: a `tempax reward-model` run dir or the reward_model folder inside it.",
         "runs/reward_model_smollm2_lora",
     )
-    prompts: PromptSpec = help_field("Training and held-out prompts.", default_factory=PromptSpec)
-    ppo: PPOSettings = help_field("The algorithm.", default_factory=PPOSettings)
-    eval: PPOEvalSpec = help_field("Held-out evaluation before and after.", default_factory=PPOEvalSpec)
+    data: PromptDataConfig = help_field("Training and held-out prompts.", default_factory=PromptDataConfig)
+    ppo: PPOKnobsConfig = help_field("The algorithm.", default_factory=PPOKnobsConfig)
+    eval: PPOEvalConfig = help_field("Held-out evaluation before and after.", default_factory=PPOEvalConfig)
     guard: CollapseGuardConfig = help_field(
         "Entropy-collapse guard (tempax.train.guards): watches the policy's entropy and the completion length; "
         "PPO supports action warn (default) or stop.",

@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from tempax.algorithms.common import build_model
-from tempax.algorithms.ppo.config import PPOConfig, PPOEvalSpec
+from tempax.algorithms.ppo.config import PPOConfig, PPOEvalConfig
 from tempax.algorithms.ppo.model import ActorCritic, critic_from_reward_model, trainable_filter
 from tempax.algorithms.ppo.source import PPORollouts, make_ppo_loss
 from tempax.algorithms.run import make_trainer, start_run
@@ -36,7 +36,7 @@ from tempax.errors import ConfigError, DataError
 from tempax.models.lora import apply_lora
 from tempax.models.reward_model import is_reward_model_folder
 from tempax.parallel.process import is_writer
-from tempax.rewards.registry import REWARD_MODEL_PREFIX, RewardSpec, build_rewards
+from tempax.rewards.registry import REWARD_MODEL_PREFIX, RewardsConfig, build_rewards
 from tempax.rl.rollout import Prompt, PromptSampler, build_batch, encode_prompts, round_up
 from tempax.rl.throughput import ThroughputSplit
 from tempax.train.guards import CollapseGuard, CollapseGuardConfig
@@ -65,7 +65,7 @@ def build_reward(cfg: PPOConfig) -> Any:
     """The `CombinedReward`: the reward model's score (`reward_model`) plus `ppo.reward_functions`."""
 
     folder = reward_model_folder(cfg.reward_model)
-    spec = RewardSpec(functions=(REWARD_MODEL_PREFIX + folder, *cfg.ppo.reward_functions))
+    spec = RewardsConfig(functions=(REWARD_MODEL_PREFIX + folder, *cfg.ppo.reward_functions))
     return build_rewards(spec)
 
 
@@ -128,7 +128,7 @@ class PolicyEval:
         }
 
 
-def evaluate_policy(source: PPORollouts, prompts: Sequence[Prompt], spec: PPOEvalSpec) -> PolicyEval:
+def evaluate_policy(source: PPORollouts, prompts: Sequence[Prompt], spec: PPOEvalConfig) -> PolicyEval:
     """One sampled response per prompt from the source's current policy (seeded, so before/after runs draw the
     same random streams), scored by the reward functions; KL to the reference from the source's no-grad passes."""
     scores, kls, lengths, truncated, texts = [], [], [], [], []
@@ -218,12 +218,12 @@ def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     say = run.say
     reward_fn = build_reward(cfg)
     model, tokenizer, trainable = build_actor_critic(cfg, run.mesh)
-    prompts, dropped = load_prompts(cfg.prompts.path, tokenizer, max_prompt_len=s.max_prompt_len,
-                                    limit=cfg.prompts.max_rows)
+    prompts, dropped = load_prompts(cfg.data.path, tokenizer, max_prompt_len=s.max_prompt_len,
+                                    limit=cfg.data.max_rows)
     held: list[Prompt] = []
-    if cfg.prompts.eval_path and cfg.prompts.num_eval:
-        held, _ = load_prompts(cfg.prompts.eval_path, tokenizer, max_prompt_len=s.max_prompt_len,
-                               limit=cfg.prompts.num_eval)
+    if cfg.data.eval_path and cfg.eval.num_prompts:
+        held, _ = load_prompts(cfg.data.eval_path, tokenizer, max_prompt_len=s.max_prompt_len,
+                               limit=cfg.eval.num_prompts)
     say(f"prompts: {len(prompts)} for training ({dropped} rows dropped: malformed or longer than "
         f"ppo.max_prompt_len={s.max_prompt_len}), {len(held)} held out")
     prompt_len = min(round_up(max(len(p.ids) for p in prompts + held), 8), round_up(s.max_prompt_len, 8))
@@ -234,7 +234,7 @@ def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     held_bytes = reward_fn.functions[0].fn.nbytes + (_nbytes(source.reference[1]) if source.reference else 0)
     out = PPORun(result=None, source=source, files=run.files)
     # A row holds the prompt once plus its completions.
-    tokens_per_row = prompt_len + s.samples_per_prompt * s.max_new_tokens
+    tokens_per_row = prompt_len + s.group_size * s.max_new_tokens
     trainer = make_trainer(cfg, Trainable(model, tokens_per_row=tokens_per_row, held_bytes=held_bytes),
                            make_ppo_loss(s), algorithm="PPO", trainable=trainable, mesh=run.mesh, log=say)
     del model  # the trainer holds the weights now

@@ -8,7 +8,7 @@
 The source yields fixed-shape mini-batches. When the previous rollout's mini-batches are used up it makes a new
 one with the trainer's current weights:
 
-  1. sample `samples_per_prompt` completions for each of batch_size x mini_batches prompts (the shared
+  1. sample `group_size` completions for each of batch_size x mini_batches prompts (the shared
      generation engine; `tempax.rl.rollout.sample_rollout`, which also scores them with the reward
      functions: the reward model, plus any others);
   2. one no-grad forward pass of the policy and value function: log pi_old and V_old of every completion token;
@@ -42,7 +42,7 @@ from flax import nnx
 
 from tempax.rl.logprobs import completion_logprobs, logprobs_no_grad
 from tempax.rl.rollout import Prompt, PromptSampler, Rollout, build_batch, sample_rollout
-from tempax.algorithms.ppo.config import PPOSettings
+from tempax.algorithms.ppo.config import PPOKnobsConfig
 from tempax.algorithms.ppo.losses import (
     adaptive_kl_coef,
     explained_variance,
@@ -68,7 +68,7 @@ _FORWARD_KEYS = ("prompt_tokens", "prompt_segments", "completion_tokens", "compl
 _INT_KEYS = ("prompt_tokens", "prompt_segments", "completion_tokens")
 
 
-def make_ppo_loss(settings: PPOSettings) -> Callable[[ActorCritic, Batch], tuple[jax.Array, dict[str, jax.Array]]]:
+def make_ppo_loss(settings: PPOKnobsConfig) -> Callable[[ActorCritic, Batch], tuple[jax.Array, dict[str, jax.Array]]]:
     """`loss_fn(model, batch)` for `tempax.train.Trainer`: `ppo_loss` of one mini-batch, plus the entropy.
 
     Both terms are token means over the same mask, so `loss_weight` is the token count and gradient accumulation
@@ -116,7 +116,7 @@ class PPORollouts:
         self,
         tokenizer: Any,
         reward_fn: Any,
-        settings: PPOSettings,
+        settings: PPOKnobsConfig,
         sampler: PromptSampler,
         *,
         prompt_len: int,
@@ -215,7 +215,7 @@ class PPORollouts:
         """Completions of `prompts` from the current policy, scored by the reward functions."""
         s = self.settings
         return sample_rollout(
-            self.policy, self.tokenizer, prompts, self.reward_fn, group_size=s.samples_per_prompt,
+            self.policy, self.tokenizer, prompts, self.reward_fn, group_size=s.group_size,
             max_new_tokens=s.max_new_tokens, temperature=s.temperature if temperature is None else temperature,
             top_p=s.top_p, seed=seed,
         )

@@ -1,10 +1,11 @@
-"""Preference data for DPO-family, KTO and reward-model runs: the `data:` section of their recipes and what it builds.
+"""Preference data for DPO-family, KTO and reward-model runs: the `data:` section of their recipes and what it builds,
+and the `eval:` section of what is done with the held-out pairs.
 
 Rows are pairs {prompt, chosen, rejected} (text or chat messages), two full conversations {chosen, rejected}, or
 Anthropic HH-RLHF dialogues; `tempax.data.preference` parses, renders and length-fits them (over-long pairs lose
 prompt tokens from the left; identical pairs are dropped; malformed rows — a missing side, an empty response, a
 dialogue without an assistant turn — are skipped). Every outcome is counted in a `DataReport` that runs print and
-write to `<run_dir>/data_report.json`, for the training and the held-out split alike. KTO's `UnpairedDataSpec` reads
+write to `<run_dir>/data_report.json`, for the training and the held-out split alike. KTO's `UnpairedDataConfig` reads
 unpaired {prompt, completion, label} rows (`tempax.data.unpaired`) or splits such pairs into them.
 """
 
@@ -24,7 +25,7 @@ from tempax.data.unpaired import tokenize_unpaired_rows
 
 
 @dataclass(frozen=True)
-class PreferenceDataSpec:
+class PreferenceDataConfig:
     """Preference pairs for training and a held-out split for evaluation."""
 
     path: str = help_field(
@@ -58,6 +59,15 @@ class PreferenceDataSpec:
             raise ConfigError(f"max_bad_fraction must be in [0, 1], got {self.max_bad_fraction}")
 
 
+@dataclass(frozen=True)
+class PreferenceEvalConfig:
+    """What a preference run does with its held-out pairs (`data.eval_path` or `data.eval_fraction`): the loss's
+    metrics on them at the end, every `train.eval_every` steps, and before the first step when asked."""
+
+    before: bool = help_field("Evaluate the held-out pairs before the first step and print a before/after table.",
+                              True)
+
+
 @dataclass
 class PreferenceData:
     """Tokenised pairs of a run.
@@ -77,7 +87,7 @@ class PreferenceData:
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def _read_splits(spec: PreferenceDataSpec, seed: int) -> tuple[list[Any], list[Any], str]:
+def _read_splits(spec: PreferenceDataConfig, seed: int) -> tuple[list[Any], list[Any], str]:
     """(training rows, held-out rows, the held-out split's name) per `spec` (path, eval_path or eval_fraction)."""
     rows = read_rows(spec.path, split=spec.split)
     if spec.max_rows is not None:
@@ -94,7 +104,7 @@ def _read_splits(spec: PreferenceDataSpec, seed: int) -> tuple[list[Any], list[A
     return rows, eval_rows, eval_name
 
 
-def _options(spec: PreferenceDataSpec, seq_len: int) -> Any:
+def _options(spec: PreferenceDataConfig, seq_len: int) -> Any:
     return PreferenceOptions(max_length=seq_len, overlong=spec.overlong, max_bad_fraction=spec.max_bad_fraction)
 
 
@@ -105,7 +115,7 @@ def _held_out_pairs(eval_rows: list[Any], tokenizer: Any, options: Any, name: st
     return tokenize_preference_rows(eval_rows, tokenizer, options, name=name, check=False)
 
 
-def build_preference_data(spec: PreferenceDataSpec, tokenizer: Any, *, seq_len: int, seed: int = 0) -> PreferenceData:
+def build_preference_data(spec: PreferenceDataConfig, tokenizer: Any, *, seq_len: int, seed: int = 0) -> PreferenceData:
     """Reads, splits and tokenises the pairs of `spec` (see the module docstring).
 
     Raises:
@@ -120,7 +130,7 @@ def build_preference_data(spec: PreferenceDataSpec, tokenizer: Any, *, seq_len: 
 
 
 @dataclass(frozen=True)
-class UnpairedDataSpec(PreferenceDataSpec):
+class UnpairedDataConfig(PreferenceDataConfig):
     """Unpaired feedback for KTO (or preference pairs split into it) and held-out preference pairs."""
 
     convert_pairs: bool = help_field(
@@ -141,7 +151,7 @@ class UnpairedDataSpec(PreferenceDataSpec):
             )
 
 
-def build_unpaired_data(spec: UnpairedDataSpec, tokenizer: Any, *, seq_len: int, seed: int = 0) -> PreferenceData:
+def build_unpaired_data(spec: UnpairedDataConfig, tokenizer: Any, *, seq_len: int, seed: int = 0) -> PreferenceData:
     """The training rows of `spec` as `tempax.data.unpaired.UnpairedExample`s (each with its mismatched partner),
     the held-out rows as preference pairs.
 

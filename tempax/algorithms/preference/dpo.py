@@ -25,8 +25,9 @@ ORPO and SimPO need no reference; none is computed for them.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -45,14 +46,15 @@ from tempax.algorithms.preference.batches import (
     split_pairs,
 )
 from tempax.algorithms.preference.data import (
-    PreferenceDataSpec,
+    PreferenceDataConfig,
+    PreferenceEvalConfig,
     build_preference_data,
     check_enough_pairs,
     pairs_per_batch,
     report_data,
 )
 from tempax.algorithms.preference.losses import PREFERENCE_LOSS_NAMES, preference_loss_needs_reference
-from tempax.algorithms.common import ModelSpec, build_model
+from tempax.algorithms.common import ModelSourceConfig, build_model
 from tempax.algorithms.run import Run, make_trainer, start_run
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig, disable_adapters
@@ -64,7 +66,7 @@ ReferenceMode = Literal["auto", "adapters_off", "precomputed", "frozen_copy"]
 
 
 def reference_field() -> Any:
-    """The documented `reference` field of DPO and KTO specs (one definition for both)."""
+    """The documented `reference` field of DPO's and KTO's knobs (one definition for both)."""
     return help_field(
         "Reference log-probs: auto (adapters_off with LoRA, precomputed otherwise), adapters_off (LoRA: the base "
         "with adapters disabled), precomputed (one pass before training, stored with the data), frozen_copy "
@@ -98,7 +100,7 @@ def resolve_reference(reference: str, *, needs_reference: bool, has_adapters: bo
 
 
 @dataclass(frozen=True)
-class DPOSpec:
+class DPOKnobsConfig:
     """The preference loss and its reference model."""
 
     loss: Literal["sigmoid", "ipo", "hinge", "orpo", "simpo"] = help_field(
@@ -154,15 +156,17 @@ class DPOSpec:
 class DPOConfig:
     """Preference tuning (DPO, IPO, hinge, ORPO, SimPO) with full weights, LoRA or QLoRA."""
 
-    model: ModelSpec = help_field("The policy model (also the reference, see dpo.reference).", default_factory=ModelSpec)
+    RENAMED_KEYS: ClassVar[Mapping[str, str]] = {"eval_before": "eval.before"}
+
+    model: ModelSourceConfig = help_field("The policy model (also the reference, see dpo.reference).",
+                                          default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field("LoRA/QLoRA adapters; null: full fine-tuning.", None)
-    data: PreferenceDataSpec = help_field("Preference pairs.", default_factory=PreferenceDataSpec)
-    dpo: DPOSpec = help_field("The preference loss.", default_factory=DPOSpec)
+    data: PreferenceDataConfig = help_field("Preference pairs.", default_factory=PreferenceDataConfig)
+    dpo: DPOKnobsConfig = help_field("The preference loss.", default_factory=DPOKnobsConfig)
+    eval: PreferenceEvalConfig = help_field("The held-out pairs' evaluation.", default_factory=PreferenceEvalConfig)
     train: TrainConfig = help_field(
         "The training loop; batch_size and micro_batch_size count rows, two per pair.", default_factory=TrainConfig
     )
-    eval_before: bool = help_field("Evaluate the held-out pairs before the first step and print a before/after table.",
-                              True)
 
     def validate(self) -> None:
         pairs = pairs_per_batch(self.train.batch_size)
@@ -190,7 +194,7 @@ class DPOLoss:
     reference: Literal["none", "batch", "adapters_off"] = "batch"
 
     @classmethod
-    def from_spec(cls, spec: DPOSpec, mode: str) -> "DPOLoss":
+    def from_spec(cls, spec: DPOKnobsConfig, mode: str) -> "DPOLoss":
         reference = {"none": "none", "adapters_off": "adapters_off"}.get(mode, "batch")
         return cls(spec.loss, tuple(sorted(spec.hparams().items())), reference)
 
@@ -263,7 +267,7 @@ def prepare_run(
     KTO; no training step yet).
 
     Args:
-      cfg: a config with `model`, `lora`, `data` (a `PreferenceDataSpec`) and `train`.
+      cfg: a config with `model`, `lora`, `data` (a `PreferenceDataConfig`) and `train`.
       mode_of: has_adapters -> the reference mode ('none', 'adapters_off', 'precomputed', 'frozen_copy').
       build_data: `build_preference_data`-like (spec, tokenizer, seq_len=, seed=) -> `PreferenceData`.
       items_of: the training examples -> stacked-batch items (`PreferencePair` / `AnnotatedPair`).
@@ -342,7 +346,7 @@ def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     dpo = prepare(cfg, log=run.say)
     run.save_tokenizer(dpo.tokenizer)
     result = run.train(dpo.trainer, dpo.train_batches, hooks=hooks, eval_batches=dpo.eval_batches,
-                       evaluate_before=cfg.eval_before)
+                       evaluate_before=cfg.eval.before)
     return report_pairs(run, dpo, result, what=f"{cfg.dpo.loss} loss", extra={"loss": cfg.dpo.loss})
 
 

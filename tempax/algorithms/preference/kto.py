@@ -20,14 +20,15 @@ pairs split into two such rows (`data.convert_pairs`). The run is the DPO machin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tempax.algorithms.common import ModelSpec
+from tempax.algorithms.common import ModelSourceConfig
 from tempax.algorithms.preference.batches import (
     REF_LOGPS,
     AnnotatedPair,
@@ -36,7 +37,12 @@ from tempax.algorithms.preference.batches import (
     sequence_logps,
     split_pairs,
 )
-from tempax.algorithms.preference.data import UnpairedDataSpec, build_unpaired_data, pairs_per_batch
+from tempax.algorithms.preference.data import (
+    PreferenceEvalConfig,
+    UnpairedDataConfig,
+    build_unpaired_data,
+    pairs_per_batch,
+)
 from tempax.algorithms.preference.losses import kto_loss
 from tempax.algorithms.preference.dpo import (
     DPOLoss,
@@ -61,7 +67,7 @@ DESIRABLE = "desirable"
 
 
 @dataclass(frozen=True)
-class KTOSpec:
+class KTOKnobsConfig:
     """The KTO loss and its reference model."""
 
     beta: float = help_field("Strength of the implicit KL penalty (the paper's beta, typically 0.1).", 0.1)
@@ -90,18 +96,20 @@ class KTOSpec:
 class KTOConfig:
     """KTO on unpaired feedback with full weights, LoRA or QLoRA."""
 
-    model: ModelSpec = help_field("The policy model (also the reference, see kto.reference).", default_factory=ModelSpec)
+    RENAMED_KEYS: ClassVar[Mapping[str, str]] = {"eval_before": "eval.before"}
+
+    model: ModelSourceConfig = help_field("The policy model (also the reference, see kto.reference).",
+                                          default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field("LoRA/QLoRA adapters; null: full fine-tuning.", None)
-    data: UnpairedDataSpec = help_field("Unpaired rows (or pairs to split) and held-out pairs.",
-                                   default_factory=UnpairedDataSpec)
-    kto: KTOSpec = help_field("The KTO loss.", default_factory=KTOSpec)
+    data: UnpairedDataConfig = help_field("Unpaired rows (or pairs to split) and held-out pairs.",
+                                   default_factory=UnpairedDataConfig)
+    kto: KTOKnobsConfig = help_field("The KTO loss.", default_factory=KTOKnobsConfig)
+    eval: PreferenceEvalConfig = help_field("The held-out pairs' evaluation.", default_factory=PreferenceEvalConfig)
     train: TrainConfig = help_field(
         "The training loop; batch_size and micro_batch_size count rows, two per example (its completion and a "
         "mismatched one).",
         default_factory=TrainConfig,
     )
-    eval_before: bool = help_field("Evaluate the held-out pairs before the first step and print a before/after table.",
-                              True)
 
     def validate(self) -> None:
         check_micro_batching(pairs_per_batch(self.train.batch_size), self.train.accumulation_steps)
@@ -188,5 +196,5 @@ def main(cfg: KTOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
             " (the paper recommends 1 to 4/3)")
     run.save_tokenizer(kto.tokenizer)
     result = run.train(kto.trainer, kto.train_batches, hooks=hooks, eval_batches=kto.eval_batches,
-                       evaluate_before=cfg.eval_before)
+                       evaluate_before=cfg.eval.before)
     return report_pairs(run, kto, result, what="implicit rewards of the KTO policy", extra={"loss": "kto"})

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -35,13 +36,14 @@ from tempax.algorithms.preference.batches import (
     split_pairs,
 )
 from tempax.algorithms.preference.data import (
-    PreferenceDataSpec,
+    PreferenceDataConfig,
+    PreferenceEvalConfig,
     build_preference_data,
     check_enough_pairs,
     pairs_per_batch,
     report_data,
 )
-from tempax.algorithms.common import ModelSpec, build_model
+from tempax.algorithms.common import ModelSourceConfig, build_model
 from tempax.algorithms.preference.losses import bradley_terry_loss
 from tempax.algorithms.run import make_trainer, start_run
 from tempax.errors import DataError
@@ -86,7 +88,7 @@ class RewardLoss:
 
 
 @dataclass(frozen=True)
-class RewardTrainingSpec:
+class RewardModelKnobsConfig:
     """The Bradley-Terry loss and where the trained reward model goes."""
 
     margin: float = help_field("Constant margin m in -log sigmoid(r_c - r_r - m); 0 = plain Bradley-Terry.", 0.0)
@@ -102,15 +104,16 @@ class RewardTrainingSpec:
 class RewardModelConfig:
     """Bradley-Terry reward-model training with full weights, LoRA or QLoRA."""
 
-    model: ModelSpec = help_field("The backbone the scalar head sits on.", default_factory=ModelSpec)
+    RENAMED_KEYS: ClassVar[Mapping[str, str]] = {"eval_before": "eval.before"}
+
+    model: ModelSourceConfig = help_field("The backbone the scalar head sits on.", default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field("LoRA/QLoRA adapters on the backbone; null: full fine-tuning.", None)
-    data: PreferenceDataSpec = help_field("Preference pairs.", default_factory=PreferenceDataSpec)
-    reward: RewardTrainingSpec = help_field("The loss and saving.", default_factory=RewardTrainingSpec)
+    data: PreferenceDataConfig = help_field("Preference pairs.", default_factory=PreferenceDataConfig)
+    reward: RewardModelKnobsConfig = help_field("The loss and saving.", default_factory=RewardModelKnobsConfig)
+    eval: PreferenceEvalConfig = help_field("The held-out pairs' evaluation.", default_factory=PreferenceEvalConfig)
     train: TrainConfig = help_field(
         "The training loop; batch_size and micro_batch_size count rows, two per pair.", default_factory=TrainConfig
     )
-    eval_before: bool = help_field("Evaluate the held-out pairs before the first step and print a before/after table.",
-                              True)
 
     def validate(self) -> None:
         pairs = pairs_per_batch(self.train.batch_size)
@@ -206,7 +209,7 @@ def main(cfg: RewardModelConfig, *, hooks: tuple = (), log: Callable[[str], None
     run = start_run(cfg, log=log)
     rm = prepare(cfg, log=run.say)
     result = run.train(rm.trainer, rm.train_batches, hooks=hooks, eval_batches=rm.eval_batches,
-                       evaluate_before=cfg.eval_before)
+                       evaluate_before=cfg.eval.before)
     folder = None
     if cfg.reward.save:
         folder = save_trained(rm, cfg.reward.save_dir or run.path("reward_model"), max_length=cfg.train.seq_len)
@@ -218,5 +221,5 @@ def main(cfg: RewardModelConfig, *, hooks: tuple = (), log: Callable[[str], None
     return result
 
 
-__all__ = ["RewardModelConfig", "RewardRun", "RewardTrainingSpec", "build_reward_model", "main", "prepare",
+__all__ = ["RewardModelConfig", "RewardRun", "RewardModelKnobsConfig", "build_reward_model", "main", "prepare",
            "save_trained"]

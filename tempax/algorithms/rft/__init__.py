@@ -4,7 +4,7 @@ per problem), fine-tune on them with the SFT loss, repeat.
 
     selection.py  pure: accept / dedup / cap masks and per-completion loss weights
     losses.py     pure: the weighted SFT loss
-    config.py     RFTConfig (recipe) and RFTSettings (the algorithm knobs)
+    config.py     RFTConfig (recipe) and RFTKnobsConfig (the algorithm knobs)
     source.py     rounds of the current policy's accepted samples as a batch source for Trainer.fit (RFTSource)
     main.py       make_rft_loss and main(RFTConfig): `tempax rft --config RECIPE.yaml`
 

@@ -7,7 +7,7 @@ A recipe is an `RFTConfig`:
     lora:    {rank: 16, alpha: 32}
     task:    {name: arithmetic}
     rewards: {functions: [format, correctness]}     # the checker
-    rft:     {samples_per_problem: 8, problems_per_round: 16, threshold: 2.0, max_per_problem: 4}
+    rft:     {group_size: 8, problems_per_round: 16, threshold: 2.0, max_per_problem: 4}
     eval:    {num_problems: 200}
     train:   {steps: 60, batch_size: 4, seq_len: 256, optimizer: {learning_rate: 5.0e-4}}
 
@@ -18,30 +18,33 @@ the number of rounds follows from how much each round keeps.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
-from tempax.algorithms.common import ModelSpec
+from tempax.algorithms.common import ModelSourceConfig
 from tempax.algorithms.rft.selection import WEIGHTINGS
 from tempax.configlib import help_field
-from tempax.data.tasks.spec import TaskSpec
-from tempax.envs.registry import EnvironmentSpec
+from tempax.data.tasks.spec import TaskConfig
+from tempax.envs.registry import EnvironmentConfig
 from tempax.errors import ConfigError
-from tempax.eval.spec import EvalSpec
+from tempax.eval.spec import EvalConfig
 from tempax.models.lora import LoraConfig
-from tempax.rewards.registry import RewardSpec
+from tempax.rewards.registry import RewardsConfig
 from tempax.train.config import TrainConfig
 
 
 @dataclass(frozen=True)
-class RFTSettings:
+class RFTKnobsConfig:
     """The algorithm: how a round samples, which completions it keeps, and how long it trains on them."""
 
-    samples_per_problem: int = help_field(
+    RENAMED_KEYS: ClassVar[Mapping[str, str]] = {"samples_per_problem": "group_size"}
+
+    group_size: int = help_field(
         "Completions sampled per problem (k); they share one prefill of the prompt.", 8)
     problems_per_round: int = help_field("Problems sampled per round (each k times).", 16)
     sampling_batch: int = help_field(
-        "Problems per generation call (x samples_per_problem sequences decoded together); bounds the KV cache.", 8)
+        "Problems per generation call (x group_size sequences decoded together); bounds the KV cache.", 8)
     max_new_tokens: int = help_field("Most tokens per completion; a completion cut here is never kept.", 256)
     max_prompt_len: int = help_field(
         "Prompts longer than this (in tokens, chat template included) are dropped from the task and counted.", 512)
@@ -64,7 +67,7 @@ class RFTSettings:
         "samples).", 5)
 
     def validate(self) -> None:
-        for name in ("samples_per_problem", "problems_per_round", "sampling_batch", "max_new_tokens",
+        for name in ("group_size", "problems_per_round", "sampling_batch", "max_new_tokens",
                      "max_prompt_len", "epochs_per_round", "max_empty_rounds"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"rft.{name} must be >= 1, got {getattr(self, name)}")
@@ -82,17 +85,17 @@ class RFTSettings:
 class RFTConfig:
     """Rejection-sampling fine-tuning with a checker: sample, keep what passes, SFT on it, repeat."""
 
-    model: ModelSpec = help_field("The policy's starting model.", default_factory=ModelSpec)
+    model: ModelSourceConfig = help_field("The policy's starting model.", default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field(
         "LoRA/QLoRA adapters; null: full-weight training.", default_factory=lambda: LoraConfig(rank=16, alpha=32.0))
-    task: TaskSpec = help_field("Problems and reference answers.", default_factory=TaskSpec)
-    rewards: RewardSpec = help_field("The checker's reward functions (summed with weights).",
-                                     default_factory=RewardSpec)
-    env: EnvironmentSpec = help_field(
+    task: TaskConfig = help_field("Problems and reference answers.", default_factory=TaskConfig)
+    rewards: RewardsConfig = help_field("The checker's reward functions (summed with weights).",
+                                        default_factory=RewardsConfig)
+    env: EnvironmentConfig = help_field(
         "The environment samples are episodes of (single_turn: one reply; calculator; a user FILE.py:Class); a "
-        "kept episode is trained on the policy's replies only.", default_factory=EnvironmentSpec)
-    rft: RFTSettings = help_field("The algorithm.", default_factory=RFTSettings)
-    eval: EvalSpec = help_field("Evaluation before and after training.", default_factory=EvalSpec)
+        "kept episode is trained on the policy's replies only.", default_factory=EnvironmentConfig)
+    rft: RFTKnobsConfig = help_field("The algorithm.", default_factory=RFTKnobsConfig)
+    eval: EvalConfig = help_field("Evaluation before and after training.", default_factory=EvalConfig)
     train: TrainConfig = help_field(
         "The training loop: batch_size packed rows of seq_len tokens a step; steps counts optimizer updates over "
         "all rounds.", default_factory=lambda: TrainConfig(steps=100, batch_size=4, seq_len=256))

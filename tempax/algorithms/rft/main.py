@@ -18,7 +18,7 @@ import jax
 from flax import nnx
 
 from tempax.algorithms.common import base_model, build_model
-from tempax.algorithms.rft.config import RFTConfig, RFTSettings
+from tempax.algorithms.rft.config import RFTConfig, RFTKnobsConfig
 from tempax.algorithms.episode_eval import episode_evaluation
 from tempax.algorithms.rft.source import RFTSource
 from tempax.algorithms.run import PolicyRun, evaluate_before, finish_policy, make_trainer, start_run, task_prompts
@@ -30,7 +30,7 @@ from tempax.rewards.registry import build_rewards
 from tempax.rl.rollout import PromptSampler, round_up
 from tempax.train.trainable import Trainable
 
-__all__ = ["RFTConfig", "PolicyRun", "RFTSettings", "main", "make_rft_loss", "PLOT_METRICS"]
+__all__ = ["RFTConfig", "PolicyRun", "RFTKnobsConfig", "main", "make_rft_loss", "PLOT_METRICS"]
 
 # The curves worth plotting (`tempax plot RUN_DIR --metrics ...`).
 PLOT_METRICS = ("reward/total_mean", "rft/accept_rate", "rft/kept_per_problem", "loss", "rft/duplicates_dropped")

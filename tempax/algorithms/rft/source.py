@@ -37,12 +37,12 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from tempax.algorithms.rft.config import RFTSettings
+from tempax.algorithms.rft.config import RFTKnobsConfig
 from tempax.algorithms.rft.selection import Selection, completion_weights, select_completions
 from tempax.data.formats import Example
 from tempax.data.packing import collate_rows, plan_packing
 from tempax.errors import TempaxError
-from tempax.envs.registry import EnvironmentSpec
+from tempax.envs.registry import EnvironmentConfig
 from tempax.rl.rollout import PromptSampler, Rollout, concat_rollouts, episode_metrics, sample_rollout
 from tempax.train.sources import decode_arrays, encode_arrays
 from tempax.train.view import TrainerView
@@ -124,8 +124,8 @@ class RFTSource:
       settings: the algorithm knobs.
     """
 
-    def __init__(self, tokenizer: Any, sampler: PromptSampler, reward_fn: Any, settings: RFTSettings,
-                 env: EnvironmentSpec = EnvironmentSpec()):
+    def __init__(self, tokenizer: Any, sampler: PromptSampler, reward_fn: Any, settings: RFTKnobsConfig,
+                 env: EnvironmentConfig = EnvironmentConfig()):
         self.tokenizer = tokenizer
         self.env = env
         self.env_factory = None if env.single_turn else env.build(tokenizer)
@@ -183,7 +183,7 @@ class RFTSource:
             seed = (trainer.seed * 1_000_003 + self.rounds_done * 101 + c) % (2**31 - 1)
             parts.append(sample_rollout(
                 model, self.tokenizer, problems[start:start + s.sampling_batch], self.reward_fn,
-                group_size=s.samples_per_problem, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                group_size=s.group_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                 top_p=s.top_p, seed=seed,
                 advantage="dr_grpo",  # unused by RFT; the one estimator defined for a single sample per problem
                 env_factory=self.env_factory, max_turns=self.env.max_turns,
@@ -216,7 +216,7 @@ class RFTSource:
         raise NothingAccepted(
             f"rft: {s.max_empty_rounds} rounds in a row kept no completion (none reached rft.threshold="
             f"{float(s.threshold)}{stop}); warm-start the policy with SFT on the answer format, lower rft.threshold, or "
-            "raise rft.samples_per_problem")
+            "raise rft.group_size")
 
 
 def round_metrics(rollout: Rollout, selection: Selection) -> dict[str, float]:

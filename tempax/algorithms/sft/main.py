@@ -23,11 +23,11 @@ from typing import Any, Callable, Literal
 import jax
 from flax import nnx
 
-from tempax.algorithms.common import ModelSpec, build_model
+from tempax.algorithms.common import ModelSourceConfig, build_model
 from tempax.algorithms.run import make_trainer, start_run, write_run_files
 from tempax.algorithms.sft.losses import SFT_NORMALIZATIONS, causal_lm_loss
 from tempax.configlib import help_field
-from tempax.data.sft import DataSpec, build_data, read_data_rows
+from tempax.data.sft import SFTDataConfig, build_data, read_data_rows
 from tempax.errors import ConfigError
 from tempax.models.decoder import lm_head_of
 from tempax.models.lora import LoraConfig
@@ -42,7 +42,7 @@ from tempax.train.trainable import Trainable
 
 
 @dataclass(frozen=True)
-class LossSpec:
+class SFTLossConfig:
     """The SFT loss."""
 
     normalize: Literal["tokens", "sequences"] = help_field(
@@ -68,10 +68,10 @@ class LossSpec:
 class SFTConfig:
     """Supervised fine-tuning (full, LoRA, QLoRA)."""
 
-    model: ModelSpec = help_field("The model.", default_factory=ModelSpec)
+    model: ModelSourceConfig = help_field("The model.", default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field("LoRA/QLoRA adapters; null: full fine-tuning.", None)
-    data: DataSpec = help_field("The data.", default_factory=DataSpec)
-    loss: LossSpec = help_field("The loss.", default_factory=LossSpec)
+    data: SFTDataConfig = help_field("The data.", default_factory=SFTDataConfig)
+    loss: SFTLossConfig = help_field("The loss.", default_factory=SFTLossConfig)
     train: TrainConfig = help_field("The training loop.", default_factory=TrainConfig)
 
 
@@ -79,10 +79,10 @@ class SFTConfig:
 class PretrainConfig(SFTConfig):
     """Continued pre-training on plain text: every token is trained."""
 
-    data: DataSpec = help_field(
+    data: SFTDataConfig = help_field(
         "The data (plain text).",
-        default_factory=lambda: DataSpec(path="../shared/data/gsm8k/train.jsonl", format="text", train_on="all",
-                                         text_fields=("question", "answer"), overlong="split"),
+        default_factory=lambda: SFTDataConfig(path="../shared/data/gsm8k/train.jsonl", format="text", train_on="all",
+                                              text_fields=("question", "answer"), overlong="split"),
     )
 
 

@@ -1,4 +1,4 @@
-"""Which task a verifiable-reward run trains and evaluates on (`TaskSpec`), and its rows (`load_task`): shared by
+"""Which task a verifiable-reward run trains and evaluates on (`TaskConfig`), and its rows (`load_task`): shared by
 the algorithms that sample answers to problems and check them (GRPO, RFT) and by the demo."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tempax.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class TaskSpec:
+class TaskConfig:
     """Where the prompts and reference answers come from."""
 
     name: Literal["gsm8k", "arithmetic", "code", "jsonl"] = help_field(
@@ -47,7 +47,7 @@ class TaskSpec:
             raise ConfigError("task.name=jsonl needs task.source, the .jsonl file of task rows")
 
 
-def load_task(spec: TaskSpec, *, eval_problems: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def load_task(spec: TaskConfig, *, eval_problems: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(training rows, held-out rows) of the task."""
     if spec.name == "arithmetic":
         train = generate_arithmetic(spec.num_train_problems, split="train", seed=spec.seed, config=spec.arithmetic)
@@ -71,7 +71,7 @@ def split_rows(name: str, split: str, num_problems: int, source: str | None = No
                seed: int = 0) -> list[dict[str, Any]]:
     """The first `num_problems` rows of one split of task `name` (what `tempax eval` scores): a generated task's
     "test" split is its held-out problems and any other split its training problems; gsm8k reads `split` of
-    `source` (as `TaskSpec.source`)."""
+    `source` (as `TaskConfig.source`)."""
     if name == "arithmetic":
         return generate_arithmetic(num_problems, split="test" if split == "test" else "train", seed=seed)
     if name == "code":

@@ -14,7 +14,7 @@ from flax import nnx
 from numpy.testing import assert_allclose
 
 from tempax.algorithms.distill.models import (
-    StudentSpec,
+    StudentConfig,
     StudentTeacher,
     build_student,
     model_bytes,
@@ -22,7 +22,7 @@ from tempax.algorithms.distill.models import (
     store_teacher,
     student_filter,
 )
-from tempax.algorithms.distill.sequence import SequenceKDSpec, prompt_turns, teacher_generations
+from tempax.algorithms.distill.sequence import SequenceKDConfig, prompt_turns, teacher_generations
 from tempax.algorithms.distill.main import DistillConfig, main
 from tempax.configlib import from_dict, to_dict
 from tempax.data.sources import as_rows
@@ -158,21 +158,21 @@ def test_prompt_turns_and_rows_without_prompts():
     with pytest.raises(RowError):
         prompt_turns({"text": "plain"})
     with pytest.raises(DataError, match="none of the 1 rows"):
-        teacher_generations(None, tiny_chat_tokenizer(), as_rows([{"text": "plain"}]), SequenceKDSpec(), max_len=64,
+        teacher_generations(None, tiny_chat_tokenizer(), as_rows([{"text": "plain"}]), SequenceKDConfig(), max_len=64,
                             say=lambda _: None)
 
 
 def test_vocabulary_mismatch_names_both_sizes(teacher_dir):
     """A preset student (vocabulary 128) of a 400-token teacher: the error names both sizes."""
     teacher = tiny_tempax_model(vocab_size=VOCAB)
-    spec = StudentSpec(source="preset:tiny-llama")
+    spec = StudentConfig(source="preset:tiny-llama")
     with pytest.raises(ConfigError, match=r"student's vocabulary has 128 tokens but the teacher's has 400"):
         build_student(spec, teacher, tokenizer_source=teacher_dir)
 
 
 def test_student_spec_validation():
     with pytest.raises(ConfigError, match="student.overrides"):
-        StudentSpec(source="teacher", overrides={"num_layers": 2}).validate()
+        StudentConfig(source="teacher", overrides={"num_layers": 2}).validate()
 
 
 @pytest.mark.parametrize("storage", ["bf16", "nf4"])
@@ -229,10 +229,10 @@ def test_completion_batch_trains_the_completion_only():
 def test_gkd_draws_on_policy_batches_with_probability_lambda_reproducibly():
     """Over 2000 batches about lambda of them are on-policy; 0 and 1 give none and all; the draws depend only on
     (seed, batch index), so a restored source continues with the same choices and prompt order."""
-    from tempax.algorithms.distill.gkd import GKDSource, OnPolicySpec
+    from tempax.algorithms.distill.gkd import GKDSource, OnPolicyConfig
 
     def source(lmbda, seed=0):
-        return GKDSource(iter(()), [[1], [2], [3]], None, OnPolicySpec(lmbda=lmbda), batch_size=2, seq_len=8,
+        return GKDSource(iter(()), [[1], [2], [3]], None, OnPolicyConfig(lmbda=lmbda), batch_size=2, seq_len=8,
                          pad_id=0, seed=seed)
 
     frac = np.mean([source(0.3).is_on_policy(i) for i in range(2000)])
@@ -246,7 +246,7 @@ def test_gkd_draws_on_policy_batches_with_probability_lambda_reproducibly():
     a_next, b_next = a._next_prompts(), b._next_prompts()
     assert a_next == b_next and len(first) == 2
     with pytest.raises(ConfigError, match="lmbda"):
-        OnPolicySpec(lmbda=1.5).validate()
+        OnPolicyConfig(lmbda=1.5).validate()
 
 
 @pytest.mark.slow
@@ -283,13 +283,13 @@ def test_validate_checks_the_teacher_and_student_sources(monkeypatch):
 def test_micro_batches_give_the_full_batch_step():
     """One step on 4 ragged rows as one pass vs 2 micro-batches of 2: the token-weighted accumulation (loss_weight
     = supervised tokens) gives the same loss, KD metrics, gradient norm and updated student weights."""
-    from tempax.algorithms.distill.main import DistillLossSpec, make_distill_loss
+    from tempax.algorithms.distill.main import DistillLossConfig, make_distill_loss
     from tempax.train.loop import Trainer
     from tests.train.helpers import host, random_batch, tiny_train_config
     from tempax.train.config import OptimizerConfig
 
     batch = random_batch(4, 16, seed=3)
-    loss_fn = make_distill_loss(DistillLossSpec(kind="jsd", temperature=2.0, alpha=0.5, top_k=8, chunk_len=4))
+    loss_fn = make_distill_loss(DistillLossConfig(kind="jsd", temperature=2.0, alpha=0.5, top_k=8, chunk_len=4))
     sgd = OptimizerConfig(name="sgd", learning_rate=1.0, schedule="constant", weight_decay=0.0, grad_clip_norm=None)
     out = []
     for micro in (None, 2):

@@ -53,7 +53,7 @@ def test_the_grpo_loss_carries_the_bonus_with_its_gradient():
     holds one (the guard's knob), and the bonus changes the gradient."""
     from flax import nnx
 
-    from tempax.algorithms.grpo.config import GRPOSettings
+    from tempax.algorithms.grpo.config import GRPOKnobsConfig
     from tempax.algorithms.grpo.objective import make_grpo_loss
     from tests.kit.models import tiny_tempax_model
 
@@ -66,7 +66,7 @@ def test_the_grpo_loss_carries_the_bonus_with_its_gradient():
         "completion_mask": jnp.ones((1, 2, 3), jnp.float32),
         "advantages": jnp.asarray([[1.0, -1.0]]),
     }
-    settings = GRPOSettings(group_size=2, max_new_tokens=3, beta=0.0, loss_aggregation="token_mean")
+    settings = GRPOKnobsConfig(group_size=2, max_new_tokens=3, beta=0.0, loss_aggregation="token_mean")
     loss_fn = make_grpo_loss(settings, entropy_bonus=True)
     grad = nnx.jit(nnx.value_and_grad(loss_fn, has_aux=True))  # one program for both coefficients
     (l0, m0), g0 = grad(model, {**batch, "entropy_coef": jnp.asarray([0.0])})

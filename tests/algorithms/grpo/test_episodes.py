@@ -12,15 +12,15 @@ import os
 import numpy as np
 import pytest
 
-from tempax.algorithms.grpo.config import GRPOConfig, GRPOSettings
+from tempax.algorithms.grpo.config import GRPOConfig, GRPOKnobsConfig
 from tempax.algorithms.grpo.main import main as grpo_main
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
-from tempax.algorithms.rft.config import RFTSettings
+from tempax.algorithms.rft.config import RFTKnobsConfig
 from tempax.algorithms.rft.source import RFTSource, kept_examples
 from tempax.algorithms.rft.selection import completion_weights, select_completions
 from tempax.configlib import load_config
 from tempax.data.tasks.spec import read_task_rows
-from tempax.envs.registry import EnvironmentSpec
+from tempax.envs.registry import EnvironmentConfig
 from tempax.rewards import combine_rewards
 from tempax.rl.rollout import PromptSampler, encode_prompts, sample_rollout
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
@@ -28,9 +28,9 @@ from tests.algorithms.grpo.test_objective import model, tok  # noqa: F401 - the 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 RECIPE = os.path.join(ROOT, "recipes", "grpo_guess_number_env.yaml")
-GUESS = EnvironmentSpec(name=os.path.join(ROOT, "examples", "guess_number_env.py") + ":GuessNumberEnvironment",
-                        max_turns=2, max_episode_tokens=48)
-SETTINGS = GRPOSettings(group_size=2, max_new_tokens=4, temperature=1.0, beta=0.0, num_iterations=2)
+GUESS = EnvironmentConfig(name=os.path.join(ROOT, "examples", "guess_number_env.py") + ":GuessNumberEnvironment",
+                          max_turns=2, max_episode_tokens=48)
+SETTINGS = GRPOKnobsConfig(group_size=2, max_new_tokens=4, temperature=1.0, beta=0.0, num_iterations=2)
 
 
 def reply_chars(prompts, completions, **columns):
@@ -131,5 +131,5 @@ def test_rft_keeps_episodes_with_the_loss_on_the_policy_tokens_only(model, tok, 
         length = int(rollout.lengths[i, j])
         assert len(example.tokens) == n + length
         assert list(example.loss_mask[n:]) == list(rollout.completion_mask[i, j, :length].astype(bool))
-    assert RFTSource(tok, PromptSampler(prompts), combine_rewards({"chars": reply_chars}), RFTSettings(),
+    assert RFTSource(tok, PromptSampler(prompts), combine_rewards({"chars": reply_chars}), RFTKnobsConfig(),
                      env=GUESS).env_factory is not None

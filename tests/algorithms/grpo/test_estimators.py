@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tempax.algorithms.grpo.config import GRPOSettings
+from tempax.algorithms.grpo.config import GRPOKnobsConfig
 from tempax.rl.rollout import PromptSampler
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.rewards import combine_rewards
@@ -35,7 +35,7 @@ def compile_once(tmp_path_factory):
 
 
 def train(model, tok, prompts, run_dir, rewards, **settings):
-    s = GRPOSettings(group_size=8, max_new_tokens=8, temperature=1.0, beta=0.0, **settings)
+    s = GRPOKnobsConfig(group_size=8, max_new_tokens=8, temperature=1.0, beta=0.0, **settings)
     cfg = TrainConfig(
         steps=STEPS, batch_size=4, mesh=MeshConfig(num_devices=1), run_dir=str(run_dir), tensorboard=False,
         progress_bar=False, check_memory=False, optimizer=OptimizerConfig(learning_rate=3e-2, schedule="constant"),

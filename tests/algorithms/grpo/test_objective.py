@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tempax.algorithms.grpo.config import GRPOConfig, GRPOSettings, VARIANTS
+from tempax.algorithms.grpo.config import GRPOConfig, GRPOKnobsConfig, VARIANTS
 from tempax.algorithms.grpo.objective import make_grpo_loss
 from tempax.rl.logprobs import completion_logprobs, logprobs_no_grad
 from tempax.algorithms.grpo.losses import grpo_loss
@@ -205,7 +205,7 @@ def _random_tokens(shape, seed: int) -> np.ndarray:
 _LOSS_AND_GRAD = {}
 
 
-def loss_and_grad(settings: GRPOSettings):
+def loss_and_grad(settings: GRPOKnobsConfig):
     """One jitted value-and-grad per settings (shared by the tests that use the same settings)."""
     if settings not in _LOSS_AND_GRAD:
         loss_fn = make_grpo_loss(settings)
@@ -217,7 +217,7 @@ def test_zero_spread_group_contributes_no_gradient(model):
     """Group 0 rewards [1, 0] (spread), group 1 [2, 2] (zero spread: advantages exactly 0). With beta = 0 the
     gradient does not change when group 1's completions are replaced by other tokens, and a batch of only
     zero-spread groups has exactly zero gradient."""
-    settings = GRPOSettings(beta=0.0, group_size=2, max_new_tokens=4)
+    settings = GRPOKnobsConfig(beta=0.0, group_size=2, max_new_tokens=4)
     fn = loss_and_grad(settings)
     mask = np.ones((2, 2, 4), np.int32)
     mask[0, 1, 3] = 0
@@ -283,7 +283,7 @@ def test_loss_weight_makes_prompt_micro_batches_reproduce_the_full_batch(model):
     ro = hand_rollout([[1.0, 0.0], [0.5, 2.0]], tokens, mask, [[5, 6, 7], [8, 9]])
     graphdef, state = nnx.split(model)
     modes = ("seq_mean_token_mean", "token_mean")
-    loss_fns = [make_grpo_loss(GRPOSettings(beta=0.0, group_size=2, max_new_tokens=4, loss_aggregation=mode))
+    loss_fns = [make_grpo_loss(GRPOKnobsConfig(beta=0.0, group_size=2, max_new_tokens=4, loss_aggregation=mode))
                 for mode in modes]
     # Both losses in one executable (the shared forward pass is compiled once).
     run = jax.jit(lambda st, b: [fn(nnx.merge(graphdef, st), b) for fn in loss_fns])
@@ -308,7 +308,7 @@ def test_one_group_per_pass_with_remat_gives_the_unsplit_update(model, tmp_path)
     ro = hand_rollout([[1.0, 0.0], [0.5, 2.0]], _random_tokens((2, 2, 4), 5), mask, [[5, 6, 7], [8, 9]])
     batch = {k: np.asarray(v) for k, v in _batch_of(ro).items()}
     batch["ref_logp"] = np.full((2, 2, 4), -6.0, np.float32)
-    settings = GRPOSettings(beta=0.04, group_size=2, max_new_tokens=4, loss_aggregation="token_mean")
+    settings = GRPOKnobsConfig(beta=0.04, group_size=2, max_new_tokens=4, loss_aggregation="token_mean")
 
     def one_step(**train_kw):
         cfg = train_config(tmp_path, optimizer=OptimizerConfig(name="sgd", learning_rate=1.0, schedule="constant"),
@@ -334,7 +334,7 @@ def test_one_group_per_pass_with_remat_gives_the_unsplit_update(model, tmp_path)
 def test_every_variant_gives_a_finite_loss_and_gradient(model, variant):
     """GRPO, Dr. GRPO, DAPO and GSPO settings, with old and reference log-probs in the batch."""
     fields = {k: v for k, v in VARIANTS[variant].items() if k != "overlong_penalty_tokens"}
-    settings = GRPOSettings(group_size=2, max_new_tokens=4, **{"beta": 0.04, **fields})
+    settings = GRPOKnobsConfig(group_size=2, max_new_tokens=4, **{"beta": 0.04, **fields})
     ro = hand_rollout([[1.0, 0.0], [0.5, 2.0]], _random_tokens((2, 2, 4), 3), np.ones((2, 2, 4)), [[5, 6], [7]])
     batch = _batch_of(ro)
     batch["old_logp"] = jnp.full((2, 2, 4), -5.0)
@@ -368,7 +368,7 @@ def test_reference_is_the_base_model_with_adapters_off(model, tok, prompts, tmp_
     policy = apply_lora(model, LoraConfig(rank=2, alpha=4.0), rngs=nnx.Rngs(1))
     for _, layer in lora_layers(policy):
         layer.lora_b.set_value(jnp.full(layer.lora_b.shape, 0.05, jnp.float32))
-    settings = GRPOSettings(group_size=2, max_new_tokens=4)
+    settings = GRPOKnobsConfig(group_size=2, max_new_tokens=4)
     source = GRPOSource(tok, PromptSampler(prompts), combine_rewards({"e": e_fraction}), settings, prompt_len=24)
     trainer = make_grpo_trainer(policy, settings, train_config(tmp_path), prompt_len=24, trainable=lora_filter,
                                 log=lambda s: None)
@@ -391,7 +391,7 @@ def test_grpo_drives_a_checkable_reward_up_despite_a_broken_reward_function(mode
     from tempax.train.metrics import read_metrics
 
     reward = combine_rewards({"e": e_fraction, "broken": always_raises})
-    settings = GRPOSettings(group_size=8, max_new_tokens=8, temperature=1.0, beta=0.001)
+    settings = GRPOKnobsConfig(group_size=8, max_new_tokens=8, temperature=1.0, beta=0.001)
     cfg = train_config(tmp_path, steps=12, batch_size=4,
                        optimizer=OptimizerConfig(learning_rate=3e-2, schedule="constant"))
     result = fit_grpo(model, tok, prompts, reward, settings, cfg, reference=model)
@@ -412,7 +412,7 @@ def test_grpo_drives_a_checkable_reward_up_despite_a_broken_reward_function(mode
 def test_several_passes_per_rollout_use_the_sampling_logprobs_as_old_policy(model, tok, prompts, tmp_path):
     """num_iterations = 2: two optimizer steps per rollout; the first pass has ratio 1 (no clipping), the
     second sees the updated policy (ratio moves away from 1); rollout metrics are logged on the first pass."""
-    settings = GRPOSettings(group_size=4, max_new_tokens=8, beta=0.0, num_iterations=2)
+    settings = GRPOKnobsConfig(group_size=4, max_new_tokens=8, beta=0.0, num_iterations=2)
     cfg = train_config(tmp_path, steps=2, batch_size=2, optimizer=OptimizerConfig(learning_rate=5e-2,
                                                                                   schedule="constant"))
     source = GRPOSource(tok, PromptSampler(prompts, seed=1), combine_rewards({"e": e_fraction}), settings,
@@ -480,7 +480,7 @@ def test_main_trains_and_evaluates_a_tiny_model(tok, tmp_path):
         "lora": {"rank": 2, "alpha": 4.0},
         "task": {"name": "arithmetic", "num_train_problems": 8},
         "grpo": {"group_size": 2, "max_new_tokens": 4, "beta": 0.04},
-        "eval": {"num_problems": 2, "num_samples": 2, "ks": [1, 2], "max_new_tokens": 4},
+        "eval": {"num_problems": 2, "group_size": 2, "ks": [1, 2], "max_new_tokens": 4},
         "train": {"steps": 2, "batch_size": 2, "mesh": {"num_devices": 1}, "run_dir": str(tmp_path / "run"),
                   "progress_bar": False, "tensorboard": False, "check_memory": False,
                   "checkpoint": {"save_at_end": True, "async_save": False}},

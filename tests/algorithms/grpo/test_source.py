@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from tempax.algorithms.grpo.config import GRPOSettings
+from tempax.algorithms.grpo.config import GRPOKnobsConfig
 from tempax.rl.rollout import PromptSampler
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.rewards import combine_rewards
@@ -23,7 +23,7 @@ from tempax.train.sources import decode_arrays, encode_arrays
 from tests.algorithms.grpo.test_objective import model, prompts, tok  # noqa: F401 - the shared tiny fixtures
 from tests.kit.compile_cache import persistent_compile_cache
 
-SETTINGS = GRPOSettings(group_size=2, max_new_tokens=4, temperature=1.0, beta=0.0, num_iterations=2)
+SETTINGS = GRPOKnobsConfig(group_size=2, max_new_tokens=4, temperature=1.0, beta=0.0, num_iterations=2)
 
 
 def char_count(prompts, completions, **columns):

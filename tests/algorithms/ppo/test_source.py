@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from tempax.rl.rollout import PromptSampler, encode_prompts
-from tempax.algorithms.ppo.config import PPOSettings
+from tempax.algorithms.ppo.config import PPOKnobsConfig
 from tempax.algorithms.ppo.model import ActorCritic, trainable_filter
 from tempax.algorithms.ppo.source import BATCH_KEYS, PPORollouts, make_ppo_loss
 from tempax.rewards import combine_rewards
@@ -46,8 +46,8 @@ def e_fraction(prompts, completions, **columns):
 
 
 # lam = 1: Monte-Carlo advantages (score - V), since the zero-initialised value head knows nothing at first.
-SETTINGS = PPOSettings(samples_per_prompt=8, max_new_tokens=8, kl_coef=0.01, epochs=2, mini_batches=2,
-                       vf_coef=0.1, lam=1.0)
+SETTINGS = PPOKnobsConfig(group_size=8, max_new_tokens=8, kl_coef=0.01, epochs=2, mini_batches=2,
+                          vf_coef=0.1, lam=1.0)
 
 
 def build(tok, prompts, tmp_path, *, steps, lr=1e-2, settings=SETTINGS, lora=False, seed=0, **train_kw):
@@ -179,7 +179,7 @@ def test_grpo_can_use_a_reward_model_as_a_reward_function(reward_model_dir, tok)
     above it, and given the prompt's chat messages (the `prompt_messages` column) rather than its rendered text."""
     import os
 
-    from tempax.rewards.registry import RewardSpec
+    from tempax.rewards.registry import RewardsConfig
     from tempax.rewards.registry import build_rewards
     from tempax.rewards.reward_model import RewardScorer
 
@@ -187,11 +187,12 @@ def test_grpo_can_use_a_reward_model_as_a_reward_function(reward_model_dir, tok)
     messages = [{"role": "user", "content": "How do I bake bread?"}]
     expected = scorer.score_ids([scorer.encode(messages, "Knead it.")])[0]
     for path in (reward_model_dir, os.path.dirname(reward_model_dir)):
-        reward = build_rewards(RewardSpec(functions=(f"model:{path}", "length"), timeout_s=5.0))
+        reward = build_rewards(RewardsConfig(functions=(f"model:{path}", "length"), timeout_s=5.0))
         out = reward(["<rendered prompt>"], ["Knead it."], prompt_messages=[messages])
         assert out.per_function["reward_model"][0] == pytest.approx(expected, abs=1e-5)
         assert out.total[0] == pytest.approx(expected + len("Knead it.") / 100, abs=1e-5)
-    plain = build_rewards(RewardSpec(functions=(f"model:{reward_model_dir}",)))(["How do I bake bread?"], ["Knead it."])
+    plain = build_rewards(RewardsConfig(functions=(f"model:{reward_model_dir}",)))(["How do I bake bread?"],
+                                                                                  ["Knead it."])
     assert plain.per_function["reward_model"][0] == pytest.approx(expected, abs=1e-5)
 
 
@@ -220,9 +221,9 @@ def test_main_trains_and_evaluates_against_a_reward_model(reward_model_dir, tok,
         "model": {"source": "preset:tiny-llama", "tokenizer": str(tok_dir), "overrides": {"vocab_size": 400}},
         "lora": {"rank": 2, "alpha": 4.0},
         "reward_model": os.path.dirname(reward_model_dir),
-        "prompts": {"path": str(data), "eval_path": str(data), "num_eval": 3},
+        "data": {"path": str(data), "eval_path": str(data)},
         "ppo": {"value": value, "max_new_tokens": 4, "max_prompt_len": 64, "epochs": 1, "mini_batches": 2},
-        "eval": {"batch_size": 2, "show": 2},
+        "eval": {"num_prompts": 3, "batch_size": 2, "show": 2},
         "train": {"steps": 2, "batch_size": 2, "mesh": {"num_devices": 1}, "run_dir": str(tmp_path / "run"),
                   "progress_bar": False, "tensorboard": False,
                   "checkpoint": {"save_at_end": True, "async_save": False}},

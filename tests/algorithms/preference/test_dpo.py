@@ -26,7 +26,7 @@ from tempax.algorithms.preference.batches import (
     pair_preference_loss,
 )
 from tempax.algorithms.preference.losses import dpo_loss
-from tempax.algorithms.preference.dpo import DPOConfig, DPOLoss, DPOSpec, main, prepare
+from tempax.algorithms.preference.dpo import DPOConfig, DPOKnobsConfig, DPOLoss, main, prepare
 from tempax.configlib import from_dict, load_config
 from tempax.data.packing import pad_examples
 from tempax.data.preference import PreferenceOptions, collate_pairs, tokenize_preference_rows
@@ -194,7 +194,7 @@ def test_precomputed_reference_travels_with_its_rows(tok):
 
 @pytest.mark.parametrize("name", ["ipo", "hinge", "orpo", "simpo"])
 def test_every_loss_gives_finite_loss_and_gradients(tok, name):
-    spec = DPOSpec(loss=name, beta=2.0 if name == "simpo" else 0.1)
+    spec = DPOKnobsConfig(loss=name, beta=2.0 if name == "simpo" else 0.1)
     mode = spec.reference_mode(has_adapters=False)
     assert mode == ("none" if name in ("orpo", "simpo") else "precomputed")
     loss_fn = DPOLoss.from_spec(spec, mode)
@@ -349,8 +349,8 @@ def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="dpo.loss"):
         from_dict(DPOConfig, {"dpo": {"loss": "kto"}})
     with pytest.raises(ConfigError, match="adapters_off needs LoRA"):
-        DPOSpec(reference="adapters_off").reference_mode(has_adapters=False)
-    assert DPOSpec(loss="orpo", reference="frozen_copy").reference_mode(has_adapters=False) == "none"
+        DPOKnobsConfig(reference="adapters_off").reference_mode(has_adapters=False)
+    assert DPOKnobsConfig(loss="orpo", reference="frozen_copy").reference_mode(has_adapters=False) == "none"
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "recipes", "dpo_*.yaml"))))

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from tempax.algorithms.preference.batches import REF_LOGPS, collate_annotated, jit_sequence_logps
-from tempax.algorithms.preference.kto import DESIRABLE, KTOConfig, KTOLoss, KTOSpec, kto_items, main
+from tempax.algorithms.preference.kto import DESIRABLE, KTOConfig, KTOKnobsConfig, KTOLoss, kto_items, main
 from tempax.algorithms.preference.losses import kto_loss
 from tempax.configlib import from_dict, load_config
 from tempax.data.preference import PreferenceOptions
@@ -144,8 +144,8 @@ def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="eval_fraction"):
         from_dict(KTOConfig, {"data": {"convert_pairs": False, "eval_path": None, "eval_fraction": 0.1}})
     with pytest.raises(ConfigError, match="kto.reference=adapters_off needs LoRA"):
-        KTOSpec(reference="adapters_off").reference_mode(has_adapters=False)
-    assert KTOSpec().reference_mode(has_adapters=True) == "adapters_off"
+        KTOKnobsConfig(reference="adapters_off").reference_mode(has_adapters=False)
+    assert KTOKnobsConfig().reference_mode(has_adapters=True) == "adapters_off"
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "recipes", "kto_*.yaml"))))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tempax.rl.rollout import PromptSampler, encode_prompts
-from tempax.algorithms.rft.config import RFTSettings
+from tempax.algorithms.rft.config import RFTKnobsConfig
 from tempax.algorithms.rft.source import NothingAccepted, RFTSource
 from tempax.algorithms.rft.main import make_rft_loss
 from tempax.rewards import combine_rewards
@@ -26,8 +26,8 @@ from tests.kit.tokenizers import tiny_chat_tokenizer
 
 QUESTIONS = ["The quick brown fox", "How do I bake bread?", "Paris", "Numbers 0123"]
 
-SETTINGS = RFTSettings(samples_per_problem=8, problems_per_round=4, sampling_batch=4, max_new_tokens=4,
-                       threshold=0.15, keep_truncated=True, max_per_problem=2, max_empty_rounds=3)
+SETTINGS = RFTKnobsConfig(group_size=8, problems_per_round=4, sampling_batch=4, max_new_tokens=4,
+                          threshold=0.15, keep_truncated=True, max_per_problem=2, max_empty_rounds=3)
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +108,8 @@ def test_reward_rises_over_rounds_and_a_killed_run_resumes_exactly(model, tok, p
 def test_a_checker_that_accepts_nothing_stops_with_a_clear_message(model, tok, prompts, tmp_path):
     """Threshold 2.0 on a reward in [0, 1]: no round can keep anything; after max_empty_rounds=2 rounds the run
     stops with `NothingAccepted` naming the knob to change."""
-    settings = RFTSettings(samples_per_problem=2, problems_per_round=2, sampling_batch=2, max_new_tokens=4,
-                           threshold=2.0, max_empty_rounds=2)
+    settings = RFTKnobsConfig(group_size=2, problems_per_round=2, sampling_batch=2, max_new_tokens=4,
+                              threshold=2.0, max_empty_rounds=2)
     with pytest.raises(NothingAccepted, match="rft.threshold=2"):
         run(model, tok, prompts, tmp_path / "nothing", steps=2, settings=settings)
 

@@ -12,9 +12,9 @@ import pytest
 from flax import nnx
 from numpy.testing import assert_allclose
 
-from tempax.algorithms.common import ModelSpec
-from tempax.algorithms.sft.main import LossSpec, SFTConfig, main, make_sft_loss
-from tempax.data.sft import DataSpec
+from tempax.algorithms.common import ModelSourceConfig
+from tempax.algorithms.sft.main import SFTConfig, SFTLossConfig, main, make_sft_loss
+from tempax.data.sft import SFTDataConfig
 from tempax.configlib import from_dict
 from tempax.data.packing import collate_rows, plan_packing
 from tempax.errors import DataError
@@ -121,8 +121,8 @@ def test_sequence_normalisation_weights_examples():
     batch = collate_rows([[e] for e in random_examples(3, seed=1)], seq_len=16, pad_id=0, num_rows=4)
     _, metrics = make_sft_loss("sequences")(model, {k: jnp.asarray(v) for k, v in batch.items()})
     assert float(metrics["loss_weight"]) == 3.0
-    assert LossSpec().normalize == "tokens" and DataSpec().packing
-    assert ModelSpec().source == "smollm2-135m-instruct"
+    assert SFTLossConfig().normalize == "tokens" and SFTDataConfig().packing
+    assert ModelSourceConfig().source == "smollm2-135m-instruct"
 
 
 @pytest.mark.slow
