@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=4, help="sampled completions per problem (pass@k)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="as the recipes train with")
     parser.add_argument("--record", metavar="FILE", help="append the table as a bench/results.py record")
+    parser.add_argument("--notes", default="", help="what else the record should say (e.g. the machine's load)")
     args = parser.parse_args(argv)
     out = args.table or args.out
     if not args.table:
@@ -156,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
                   "code_tests reward, held-out problems", "columns": COLUMNS, "rows": table_rows(out),
                   "command": "python bench/code_task.py", "cpu": cpu_line(),
                   "notes": "recipes as shipped (recipes/grpo_code_smollm2.yaml, recipes/rft_code_smollm2.yaml); "
-                           "every model scored by tempax eval --task code on the same problems"}
+                           "every model scored by tempax eval --task code on the same problems; the held-out "
+                           "problems are new parameters and tests of the same function families the training "
+                           "problems come from (tempax/data/tasks/code.py), so the gain is on those families, not "
+                           "on new kinds of function" + (f"; {args.notes}" if args.notes else "")}
         with open(args.record, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
     return 0
