@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from tempax.cli.generate import load_source
@@ -16,6 +17,19 @@ from tempax.cli.generate import load_source
 # Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class ServerStopped(Exception):
+    """Raised in the main thread by a stop signal: leaves `serve_forever` so the server closes."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise ServerStopped(signum)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,9 +62,18 @@ def run(args: argparse.Namespace) -> int:
     if args.host not in LOOPBACK:
         print(f"warning: listening on {args.host}, reachable from other machines; tempax serve has no "
               "authentication", file=sys.stderr)
+    # Ctrl-C and SIGTERM (docker stop, Kubernetes, systemd) both stop the server. The handlers are installed here
+    # rather than left to Python's default: a server started in the background by a script inherits SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt for it, so Ctrl-C / kill -INT would do nothing.
+    previous = {signum: signal.signal(signum, _raise_stopped) for signum in STOP_SIGNALS}
     print(f"serving {name} on http://{host}:{port}/v1 (Ctrl-C stops)", file=sys.stderr)
     try:
         server.serve_forever()
+    except ServerStopped as stopped:
+        print(f"tempax serve: stopped ({stopped})", file=sys.stderr)
+        return 0
     finally:
+        for signum, handler in previous.items():  # a second Ctrl-C while closing is the usual interrupt
+            signal.signal(signum, handler)
         server.close()
     return 0

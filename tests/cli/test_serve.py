@@ -1,8 +1,18 @@
-"""`tempax serve` refuses impossible settings with exit status 2 and a message naming the flag."""
+"""`tempax serve` refuses impossible settings with exit status 2 and a message naming the flag, and stops on
+Ctrl-C or SIGTERM however it was started."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
 
 from tempax.cli.main import main
 from tempax.models.hf_io import save_hf_checkpoint
@@ -20,3 +30,35 @@ def test_serve_refuses_a_context_beyond_the_model_and_a_busy_port(tmp_path, caps
         port = busy.getsockname()[1]
         assert main(["serve", folder, "--port", str(port)]) == 2
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_serve_stops_on_a_signal_even_when_started_with_sigint_ignored(tmp_path, signum):
+    """A server a script starts in the background inherits SIGINT ignored (POSIX shells do that to `cmd &`), and
+    Python then installs no KeyboardInterrupt: Ctrl-C / kill -INT used to leave it running. Started that way, it
+    answers /health, then each signal stops it: one line naming the signal, exit status 0, no traceback."""
+    folder = save_hf_checkpoint(peaked_tiny_model(), str(tmp_path / "tiny"), tokenizer=tiny_chat_tokenizer())
+    env = {**os.environ, "PYTHONPATH": ROOT, "TEMPAX_REEXEC": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "tempax.cli.main", "serve", folder, "--port", "0",
+                             "--max-model-len", "32", "--max-batch", "2"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        deadline, line = time.monotonic() + 240, ""
+        while time.monotonic() < deadline and "serving" not in line and proc.poll() is None:
+            line = proc.stderr.readline()
+        url = re.search(r"on (http://\S+)/v1", line)
+        assert url, line
+        with urllib.request.urlopen(url.group(1) + "/health", timeout=30) as response:
+            assert response.status == 200
+        proc.send_signal(signum)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert f"tempax serve: stopped ({signal.Signals(signum).name})" in err and "Traceback" not in err
