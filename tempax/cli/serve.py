@@ -20,8 +20,10 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class ServerStopped(Exception):
-    """Raised in the main thread by a stop signal: leaves `serve_forever` so the server closes."""
+class ServerStopped(BaseException):
+    """Raised in the main thread by a stop signal: leaves `serve_forever` so the server closes. A BaseException,
+    as KeyboardInterrupt is, because socketserver answers an `Exception` raised while it hands a request to its
+    thread by logging it and serving on: a signal landing at that moment would be swallowed."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)

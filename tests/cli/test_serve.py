@@ -9,7 +9,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -35,6 +37,14 @@ def test_serve_refuses_a_context_beyond_the_model_and_a_busy_port(tmp_path, caps
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _ask_until_refused(url: str) -> None:
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=5).close()
+        except (urllib.error.URLError, OSError):
+            return
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_serve_stops_on_a_signal_even_when_started_with_sigint_ignored(tmp_path, signum):
     """A server a script starts in the background inherits SIGINT ignored (POSIX shells do that to `cmd &`), and
@@ -54,8 +64,14 @@ def test_serve_stops_on_a_signal_even_when_started_with_sigint_ignored(tmp_path,
         assert url, line
         with urllib.request.urlopen(url.group(1) + "/health", timeout=30) as response:
             assert response.status == 200
+        # Requests keep arriving while the signal lands, so it may find the main thread handing one to its
+        # thread, where socketserver would swallow an ordinary exception.
+        busy = threading.Thread(target=_ask_until_refused, args=(url.group(1) + "/health",), daemon=True)
+        busy.start()
+        time.sleep(0.5)
         proc.send_signal(signum)
         err = proc.communicate(timeout=60)[1]
+        busy.join(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
