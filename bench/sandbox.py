@@ -61,6 +61,7 @@ def figure_records(lines: list[dict], command: str) -> list[dict]:
          "command": command, "cpu": empty["cpu"]},
     ]
 
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--programs", type=int, default=32)

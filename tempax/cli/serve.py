@@ -25,13 +25,9 @@ class ServerStopped(BaseException):
     as KeyboardInterrupt is, because socketserver answers an `Exception` raised while it hands a request to its
     thread by logging it and serving on: a signal landing at that moment would be swallowed."""
 
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
 
 def _raise_stopped(signum: int, frame: object) -> None:
-    raise ServerStopped(signum)
+    raise ServerStopped(signal.Signals(signum).name)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
