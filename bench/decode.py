@@ -205,6 +205,21 @@ def measure_long_tail(size: str, completions: int = 40, slots: int = 8, chunk: i
             "load_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
 
 
+def long_tail_record(line: dict) -> dict:
+    """A long-tail measurement as a figure record of the results page's "serving" topic."""
+    from tempax.runtime.host import cpu_line
+
+    short, long = line["max_new_tokens_short_long"]
+    return {"kind": "figure", "topic": "serving",
+            "what": f"a long-tail rollout on bench-{line['size']}: {line['completions']} completions, every tenth "
+                    f"{long} tokens and the rest {short}, {line['slots']} at a time; continuous batching against "
+                    "static batches",
+            "figure": f"{line['continuous_vs_static']}x the generated tokens/s ({line['continuous_tokens_per_s']} "
+                      f"against {line['static_tokens_per_s']}; 1-min load {line['load_1min_before_after'][0]} before, "
+                      f"{line['load_1min_before_after'][1]} after)",
+            "command": f"python bench/decode.py --long-tail {line['size']}", "cpu": cpu_line()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=("tiny", "small", "all"), default="all")
@@ -213,9 +228,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-logprobs", action="store_true", help="skip per-token log-probs (not the default)")
     parser.add_argument("--bandwidth", action="store_true", help="print the measured read bandwidth and exit")
     parser.add_argument("--long-tail", metavar="SIZE", help="the long-tail rollout, static vs continuous (JSON line)")
+    parser.add_argument("--record", default=None,
+                        help="with --long-tail: append the figure to this records file (topic 'serving')")
     args = parser.parse_args(argv)
     if args.long_tail:
-        print(json.dumps(measure_long_tail(args.long_tail)), flush=True)
+        line = measure_long_tail(args.long_tail)
+        print(json.dumps(line), flush=True)
+        if args.record:
+            with open(args.record, "a", encoding="utf-8") as f:
+                f.write(json.dumps(long_tail_record(line)) + "\n")
         return 0
     if args.bandwidth:
         print(json.dumps({"read_bandwidth_bytes_per_s": read_bandwidth()}), flush=True)

@@ -3,6 +3,7 @@
     python bench/learning.py                        # every row below but the long one, at its recipe's settings
     python bench/learning.py --only dpo,kto         # some rows (the others are listed as not run)
     python bench/learning.py --table runs/learning  # print the table of runs already made there, run nothing
+    python bench/learning.py --after-sft RUN[,RUN...]   # (d) - (a) of `tempax demo --compare rl_after_sft=true` runs
 
 Each row runs `python -m tempax.cli.main COMMAND ARGS` in a child process (ARGS: the recipe, the row's run dir
 and the row's overrides), takes its wall time and its CPU time (user + system of the child,
@@ -17,7 +18,8 @@ run wrote:
     and after, the paired gain +- its standard error and the KL to the reference;
   * "compare" (GRPO and RFT where demonstrations are scarce): `tempax demo --compare`'s outcomes.jsonl (and
     results.json for the stages' budgets): answers of the warm-start, (b) GRPO and (c) RFT on the same held-out
-    problems, each against (a), SFT repeated on the same demonstrations with the same budget.
+    problems, each against (a), SFT repeated on the same demonstrations with the same budget and kept at its best
+    validation score; and (d), GRPO started from (a) with (b)'s budget, against (a): does RL add to the best SFT?
 Intervals are 95%: for proportions Newcombe's (`tempax.eval.metrics`; paired where the per-problem outcomes are
 written, else the independent-samples one, which over-states the uncertainty of a before/after on the same items,
 so a gain beyond it is a real gain); for PPO's paired score gain +-1.96 s.e.; held-out losses are means over
@@ -41,7 +43,7 @@ from dataclasses import dataclass, field
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from tempax.experiments.demo import COMPARE_GRPO_STAGE, RFT_STAGE, SCARCE_STAGE  # noqa: E402
+from tempax.experiments.demo import AFTER_SFT_STAGE, COMPARE_GRPO_STAGE, RFT_STAGE, SCARCE_STAGE  # noqa: E402
 from tempax.eval.metrics import (  # noqa: E402
     Z_95, difference_interval, paired_difference_interval, wilson_interval,
 )
@@ -89,9 +91,10 @@ ROWS = (
         long="200 GRPO steps of 2 x 8 completions of up to 192 tokens: hours on 2 cores; run it with --only grpo"),
     Row("GRPO and RFT, scarce demonstrations", "demo",
         ("--compare", "--budget", "cpu", "--eval-problems", "200", "--run-dir", "{run_dir}", "evaluate_base=false",
-         "progress_bar=false"),
+         "progress_bar=false", "validation_problems=100", "rl_after_sft=true", "reference=false"),
         "64 worked arithmetic solutions, then problems + checker", "compare",
-        baseline="(a) SFT again on the same 64, same CPU seconds"),
+        baseline="(a) SFT again on the same 64, kept at its best answer accuracy on 100 validation problems, "
+                 "within the same CPU seconds"),
     Row("distillation", "distill", _recipe("recipes/distill_smollm2.yaml"), "hh-rlhf-sft dialogues", "loss",
         key="ce_loss", baseline_args=("loss.alpha=0",), baseline="CE-only training of the same student"),
 )
@@ -282,6 +285,20 @@ def _compare_lines(row: Row, run_dir: str) -> list[Line]:
                           f"answer accuracy: {_percent((sum(warm), len(warm)))} (warm-start) -> "
                           f"{_percent((sum(after), len(after)))}",
                           _points(gain.difference, gain.low, gain.high) + ", paired", baseline))
+    if AFTER_SFT_STAGE in outcomes and SCARCE_STAGE in outcomes:
+        a, d = outcomes[SCARCE_STAGE], outcomes[AFTER_SFT_STAGE]
+        gain = paired_difference_interval(d, a)
+        versus = "-"
+        if COMPARE_GRPO_STAGE in outcomes:
+            b = outcomes[COMPARE_GRPO_STAGE]
+            vb = paired_difference_interval(d, b)
+            versus = (f"(b) GRPO from the warm-start, same CPU seconds: {_percent((sum(b), len(b)))}; difference "
+                      f"{_points(vb.difference, vb.low, vb.high)}")
+        lines.append(Line("GRPO after the best SFT", row.data, _budget(wall.get("grpo after sft"),
+                                                                     cpu.get("grpo after sft")),
+                          f"answer accuracy: {_percent((sum(a), len(a)))} ((a), SFT kept on validation) -> "
+                          f"{_percent((sum(d), len(d)))}",
+                          _points(gain.difference, gain.low, gain.high) + ", paired, against (a)", versus))
     return lines
 
 
@@ -404,7 +421,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the table of the runs already in OUT, run nothing")
     parser.add_argument("--page", default="", help="also write the table to this docs page (e.g. "
                         "docs/measurements/learning-table.md)")
+    parser.add_argument("--after-sft", default=None, metavar="RUN[,RUN...]",
+                        help="table (d) GRPO after the best SFT against (a) for these `tempax demo --compare "
+                             "rl_after_sft=true` run dirs (one lever each), run nothing")
+    parser.add_argument("--record", default=None, metavar="FILE",
+                        help="also append the rows that ran as a table record of the results page (topic 'learning')")
+    parser.add_argument("--notes", default=None, help="with --record: what the table shows, in words, on the page")
     args = parser.parse_args(argv)
+    if args.after_sft:
+        from tempax.runtime.host import cpu_line
+
+        record = after_sft_record(args.after_sft.split(","), cpu_line())
+        if args.notes:
+            record["notes"] = args.notes
+        print(f"{record['title']} ({record['cpu']})")
+        for row in [record["columns"], *record["rows"]]:
+            print("| " + " | ".join(str(cell) for cell in row) + " |")
+        if args.record:
+            with open(args.record, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        return 0
     chosen = selected(args.only)
     outcomes = []
     for row in ROWS:
@@ -417,9 +453,59 @@ def main(argv: list[str] | None = None) -> int:
             outcomes.append(read_outcome(row, args.out))
     text = table(outcomes, cpu_name())
     print(text)
+    command = "python bench/learning.py" + (f" --only {args.only}" if args.only else "")
     if args.page:
-        write_page(args.page, text, "python bench/learning.py" + (f" --only {args.only}" if args.only else ""))
+        write_page(args.page, text, command)
+    if args.record:
+        with open(args.record, "a", encoding="utf-8") as f:
+            record = table_record(outcomes, cpu_name(), command)
+            if args.notes:
+                record["notes"] = args.notes
+            f.write(json.dumps(record) + "\n")
     return 0
+
+
+def after_sft_record(run_dirs: list[str], cpu: str) -> dict:
+    """RL on top of SFT, one row per `tempax demo --compare rl_after_sft=true` run (each a lever on (d)): (a)'s
+    and (d)'s held-out answers, the paired (d) - (a), (d)'s steps and seconds against the budget, and the step
+    (a) kept on validation."""
+    rows = []
+    for run_dir in run_dirs:
+        with open(os.path.join(run_dir, "results.json")) as f:
+            saved = json.load(f)
+        outcomes = {}
+        with open(os.path.join(run_dir, "outcomes.jsonl")) as f:
+            for line in f:
+                record = json.loads(line)
+                outcomes[record["stage"]] = record["correct"]
+        a, d = outcomes[SCARCE_STAGE], outcomes[AFTER_SFT_STAGE]
+        gain = paired_difference_interval(d, a)
+        budget = saved["comparison"]["budget"]
+        after = budget["stages"][AFTER_SFT_STAGE]
+        validation = budget.get("validation")
+        rows.append([", ".join(saved["config"].get("after_sft_overrides") or []) or "as (b)",
+                     _percent((sum(a), len(a))), _percent((sum(d), len(d))),
+                     _points(gain.difference, gain.low, gain.high),
+                     f"{after['steps']} steps, {after['cpu_seconds']:.0f} s CPU (budget {budget['budget_seconds']:.0f})",
+                     f"step {validation['kept_step']} ({100 * validation['kept_score']:.1f}% of "
+                     f"{validation['problems']})" if validation else "last step (no validation)"])
+    return {"kind": "table", "topic": "learning",
+            "title": "RL on top of SFT: (d) GRPO started from (a), SFT on the 64 demonstrations kept at its best "
+                     "validation score, for (b) GRPO's CPU seconds; held-out arithmetic answers, greedy",
+            "columns": ["(d)'s settings beyond the demo's GRPO", "(a) answers", "(d) answers", "(d) - (a), paired",
+                        "(d) trained", "(a) kept at, validation answers"],
+            "rows": rows, "command": "tempax demo --compare --budget cpu --eval-problems 200 evaluate_base=false "
+            "validation_problems=100 rl_after_sft=true reference=false [rft=null after_sft_overrides=[...]]; "
+            "python bench/learning.py --after-sft RUN,...", "cpu": cpu}
+
+
+def table_record(outcomes: list[Outcome], cpu: str, command: str) -> dict:
+    """The lines of the rows that ran as a table record of the results page (`bench/results.py`)."""
+    rows = [[x.algorithm, x.data, x.budget, x.metric, x.gain, x.baseline]
+            for o in outcomes if not o.error for x in o.lines]
+    return {"kind": "table", "topic": "learning", "title": "The learning table, rows of one run",
+            "columns": ["algorithm", "data", "budget wall / CPU s", "metric before -> after", "gain, 95% interval",
+                        "baseline"], "rows": rows, "command": command, "cpu": cpu}
 
 
 if __name__ == "__main__":

@@ -314,10 +314,20 @@ def _mean_loss(values: list[float]) -> str:
     return f"{sum(values) / len(values):.4f} of {len(values)}"
 
 
+# Per-example losses that differ by less than this (nats) are the same model: float32 summation order alone moves
+# a mean token loss by ~1e-6, and a paired t interval of such gaps can exclude 0 without meaning anything.
+SAME_LOSS_NATS = 1e-4
+
+
 def _loss_difference(ours: list[float], theirs: list[float]) -> str:
-    """tempax - TRL of the per-item losses with the paired t interval; lower is better."""
+    """tempax - TRL of the per-item losses with the paired t interval; lower is better. When no item differs by
+    SAME_LOSS_NATS the verdict says so, with the largest gap, instead of a side."""
     d = paired_mean_difference_interval(ours, theirs)
-    verdict = "tempax lower" if d.high < 0 else ("TRL lower" if d.low > 0 else "inside its interval")
+    largest = max(abs(a - b) for a, b in zip(ours, theirs))
+    if largest < SAME_LOSS_NATS:
+        verdict = f"the same to float rounding: no example differs by more than {largest:.1e}"
+    else:
+        verdict = "tempax lower" if d.high < 0 else ("TRL lower" if d.low > 0 else "inside its interval")
     return f"{d.difference:+.4f} [{d.low:+.4f}, {d.high:+.4f}] nats ({verdict}), paired t"
 
 

@@ -1,8 +1,9 @@
 """`tempax serve` throughput and latency with 1, 4, 16 and 64 concurrent clients on SmolLM2-135M-Instruct, through the
 `openai` client, with continuous batching and with static batches, in one run.
 
-    python bench/serve.py                        # the table of docs/measurements/serving-throughput.md
+    python bench/serve.py                        # the table: every level, both schemes
     python bench/serve.py --clients 1,4 --max-tokens 32 --requests 8
+    python bench/serve.py --record bench/records/serving.jsonl   # ... and the table onto docs/results.md
 
 The server runs in this process on loopback (the real HTTP path: JSON in, server-sent events or JSON out). Each
 client is a thread that sends chat requests one after another (greedy, `max_tokens` each, distinct questions of
@@ -30,14 +31,6 @@ import time
 QUESTIONS = ["Explain why the sky is blue to a child", "Describe how a bicycle gear works", "Tell a story about a"
              " lighthouse keeper", "Explain what a prime number is", "Describe the water cycle step by step",
              "Explain how bread rises", "Tell a story about a lost robot", "Describe how a compass works"]
-
-
-def cpu_name() -> str:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def measure(client, clients: int, requests: int, max_tokens: int) -> dict:
@@ -80,6 +73,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16, help="requests per level (at least one per client)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--record", default=None, help="append the table to this records file (topic 'serving')")
     args = parser.parse_args()
 
     import openai
@@ -110,18 +104,40 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
         server.shutdown()
         server.close()
+    if args.record:
+        with open(args.record, "a", encoding="utf-8") as f:
+            f.write(json.dumps(table_record(rows, args)) + "\n")
     if args.json:
         return
+    record = table_record(rows, args)
+    print(f"{record['title']}; {record['cpu']}")
+    print("| " + " | ".join(record["columns"]) + " |")
+    print("|" + "---|" * len(record["columns"]))
+    for row in record["rows"]:
+        print("| " + " | ".join(str(cell) for cell in row) + " |")
+
+
+def table_record(rows: list[dict], args: argparse.Namespace) -> dict:
+    """The run as a table record of the results page's "serving" topic: per level and batching, throughput, its
+    ratio to one client's, and the latencies, with the 1-minute load beside each."""
+    from tempax.runtime.host import cpu_line
+
     one = {r["batching"]: r["tokens_per_s"] for r in rows if r["clients"] == 1}
-    print(f"tempax serve, SmolLM2-135M-Instruct (float32), greedy, max_tokens={args.max_tokens}, "
-          f"--max-batch {args.max_batch}, {args.requests} requests per level; {cpu_name()}, {os.cpu_count()} cores")
-    print("| clients | batching | tokens/s | vs 1 client | requests/s | p50 latency (s) | p95 latency (s) |"
-          " mean live rows at a join | load |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        ratio = f"{r['tokens_per_s'] / one[r['batching']]:.2f}x" if r["batching"] in one else "-"
-        print(f"| {r['clients']} | {r['batching']} | {r['tokens_per_s']} | {ratio} | {r['requests_per_s']} | "
-              f"{r['latency_p50_s']} | {r['latency_p95_s']} | {r['mean_live_rows']} | {r['load_1min']} |")
+    solo = {r["batching"]: r["latency_p50_s"] for r in rows if r["clients"] == 1}
+    table = [[r["clients"], r["batching"], r["tokens_per_s"],
+              f"{r['tokens_per_s'] / one[r['batching']]:.2f}x" if r["batching"] in one else "-",
+              r["latency_p50_s"], r["latency_p95_s"],
+              f"{r['latency_p95_s'] / solo[r['batching']]:.2f}x" if r["batching"] in solo else "-",
+              r["mean_live_rows"], r["load_1min"]] for r in rows]
+    return {"kind": "table", "topic": "serving",
+            "title": f"`tempax serve` under concurrent clients: SmolLM2-135M-Instruct (float32), greedy, "
+                     f"max_tokens={args.max_tokens}, {args.max_batch} slots, at least {args.requests} requests per "
+                     "level, continuous batching against static batches in one run",
+            "columns": ["clients", "batching", "tokens/s", "vs 1 client", "p50 latency (s)", "p95 latency (s)",
+                        "p95 vs 1 client's p50", "mean live rows at a join", "1-min load"],
+            "rows": table, "command": "python bench/serve.py", "cpu": cpu_line(),
+            "notes": "A load above the core count makes a level's figures pessimistic; the bench's own threads "
+                     "keep it near 1.5 on 2 cores."}
 
 
 if __name__ == "__main__":

@@ -641,6 +641,17 @@ def load_config(
         ) from None
 
 
+def with_overrides(cfg: T, overrides: Sequence[str], *, where: str = "") -> T:
+    """A copy of the config `cfg` with `a.b=value` overrides applied (parsed and checked as `load_config` does);
+    `where` names the overrides' origin in an error (e.g. "after_sft_overrides")."""
+    try:
+        given, moved = upgrade_keys(type(cfg), parse_overrides(overrides, type(cfg)))
+        _warn_renamed(moved, where or "override")
+        return from_dict(type(cfg), _deep_merge(to_dict(cfg), given))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}" if where else str(e)) from None
+
+
 def to_dict(cfg: Any) -> Any:
     """Plain YAML-ready data for a config: dataclasses -> dicts, tuples -> lists, enums -> their values."""
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):

@@ -392,3 +392,16 @@ def test_old_keys_in_a_recipe_and_in_overrides(tmp_path, caplog):
     assert parse_overrides(["prompts.eval_path=2024"], RenamedConfig) == {"prompts": {"eval_path": "2024"}}
     assert load_config(RenamedConfig, None, ["knobs.samples=3"]).knobs.group_size == 3
     assert "RENAMED_KEYS" not in describe(RenamedConfig)
+
+
+def test_with_overrides_changes_a_copy_and_names_the_origin_of_a_bad_key():
+    from tempax.algorithms.grpo.config import GRPOConfig
+    from tempax.configlib import with_overrides
+
+    base = GRPOConfig()
+    changed = with_overrides(base, ["grpo.beta=0.04", "train.optimizer.learning_rate=5e-5"], where="after_sft_overrides")
+    assert changed.grpo.beta == 0.04 and changed.train.optimizer.learning_rate == 5e-5
+    assert base.grpo.beta != 0.04 or base.train.optimizer.learning_rate != 5e-5
+    assert changed.lora == base.lora and changed.task == base.task
+    with pytest.raises(ConfigError, match="^after_sft_overrides: .*grpo.betta"):
+        with_overrides(base, ["grpo.betta=1"], where="after_sft_overrides")

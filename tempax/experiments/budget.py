@@ -74,6 +74,13 @@ class StageBudget(Hook):
             return Stop(f"{'wall-time' if self.kind == 'wall' else 'CPU-time'} budget of {self.seconds:.0f} s spent")
         return None
 
+    def pause(self, wall_seconds: float, cpu_seconds: float) -> None:
+        """Leaves out of the budget work done between two steps that is not training (a validation evaluation):
+        the seconds of this hook's clock are added back, to the budget and to the step being timed."""
+        spent = wall_seconds if self.kind == "wall" else cpu_seconds
+        self.started += spent
+        self.last += spent
+
 
 @dataclass(frozen=True)
 class Budget:

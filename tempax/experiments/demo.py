@@ -27,6 +27,17 @@ and, as a labelled reference row, SFT on fresh worked solutions of the next prob
 demonstrations, the one setting in which RL is not needed). All are evaluated on the same held-out problems, and
 the table adds (b) - (a) and (c) - (a) with paired intervals.
 
+Users run RL after SFT, not instead of it. Two settings ask whether RL adds to the best SFT model:
+  * `validation_problems=V` makes (a) the SFT a user would keep: it is scored (greedy answer accuracy) on V
+    validation problems every `validation_every` steps, keeps the weights of its best score and stops after
+    `validation_patience` scores without improvement (or when the budget is spent; the scoring's seconds are not
+    counted in it). The validation problems are the last V training problems: never among the demonstrations,
+    never the test problems, which stay untouched until each chosen model is evaluated once;
+  * `rl_after_sft=true` adds (d): GRPO (the `grpo` settings, fresh LoRA adapters, (a) as its reference) started
+    from (a)'s kept weights, for the same budget as (b); the table adds (d) - (a) and (d) - (b).
+    `after_sft_overrides=[KEY=VALUE, ...]` changes the grpo settings of (d) alone (a lever: completions per
+    prompt, dynamic sampling, learning rate, KL), and `rft=null` skips (c).
+
 It prints a table of format accuracy and answer accuracy per stage, each with its 95% Wilson interval
 (`tempax.eval.metrics.wilson_interval`), and, with --compare, the paired differences with Newcombe's interval for
 paired proportions (`paired_difference_interval`: both are scored on the same problems, whose
@@ -63,7 +74,7 @@ from tempax.algorithms.common import ModelSourceConfig
 from tempax.algorithms.grpo.config import GRPOConfig, GRPOKnobsConfig
 from tempax.algorithms.rft.config import RFTConfig, RFTKnobsConfig
 from tempax.algorithms.sft.main import SFTConfig
-from tempax.configlib import help_field, to_dict
+from tempax.configlib import help_field, to_dict, with_overrides
 from tempax.data.sft import SFTDataConfig
 from tempax.data.tasks.arithmetic import ArithmeticConfig
 from tempax.data.tasks.spec import TaskConfig, load_task
@@ -75,6 +86,7 @@ from tempax.experiments.pipeline import Pipeline
 from tempax.experiments.plots import plot_rewards
 from tempax.experiments.stages import in_memory_train, last_step, merged, run_grpo, run_rft, run_sft
 from tempax.experiments.tables import Evaluation
+from tempax.experiments.validation import BestOnValidation
 from tempax.models.lora import LoraConfig
 from tempax.rewards.registry import RewardsConfig
 from tempax.train.config import OptimizerConfig, TrainConfig
@@ -179,9 +191,10 @@ class DemoConfig:
         "demo; its train.steps is an upper bound, the budget ends it).",
         default_factory=demo_scarce_sft_config,
     )
-    rft: RFTConfig = help_field(
+    rft: RFTConfig | None = help_field(
         "(c) of --compare: rejection-sampling fine-tuning with the GRPO stage's task and checker (its task, "
-        "rewards, model and run_dir are set by the demo; train.steps is an upper bound, the budget ends it).",
+        "rewards, model and run_dir are set by the demo; train.steps is an upper bound, the budget ends it); null "
+        "skips (c).",
         default_factory=demo_rft_config,
     )
     baseline: SFTConfig = help_field(
@@ -200,6 +213,23 @@ class DemoConfig:
     reference: bool = help_field(
         "--compare: also run the reference row (SFT on fresh worked solutions, `baseline`); false saves one "
         "budget and one evaluation.", True)
+    validation_problems: int = help_field(
+        "--compare: V validation problems (the last V training problems; never demonstrations, never test "
+        "problems) on which (a) is scored every validation_every steps; (a) keeps its best-scoring weights and "
+        "stops after validation_patience scores without improvement. 0: (a) trains for the whole budget and keeps "
+        "its last weights.", 0)
+    validation_every: int = help_field("--compare with validation_problems: (a)'s steps between scores.", 8)
+    validation_patience: int = help_field(
+        "--compare with validation_problems: scores in a row without improvement that end (a) (0: only the "
+        "budget ends it; the best weights are still kept).", 2)
+    rl_after_sft: bool = help_field(
+        "--compare: add (d), GRPO started from (a)'s kept weights (fresh adapters, (a) as the reference) for (b)'s "
+        "budget: does RL add to the best SFT model? The table adds (d) - (a) and (d) - (b). Pair it with "
+        "validation_problems, so that (a) is the SFT a user would keep.", False)
+    after_sft_overrides: tuple[str, ...] = help_field(
+        "--compare with rl_after_sft: key=value overrides of the grpo settings for (d) only, to try a lever on "
+        "RL after SFT without changing (b) or the budget, e.g. after_sft_overrides=[grpo.dynamic_sampling=true].",
+        ())
     evaluate_base: bool = help_field("Evaluate the base model first (it does not know the answer format).", True)
     seed: int = help_field("Seed of data generation, initialisation and sampling (both stages' train.seed).", 0)
     run_dir: str | None = help_field("Where everything is written; null: runs/demo-<date>-<time>.", None)
@@ -227,6 +257,14 @@ class DemoConfig:
                               "(drop grpo_difficulty)")
         if self.demonstrations < 1:
             raise ConfigError(f"demonstrations must be >= 1, got {self.demonstrations}")
+        if self.validation_problems < 0 or self.validation_every < 1 or self.validation_patience < 0:
+            raise ConfigError("validation_problems >= 0, validation_every >= 1 and validation_patience >= 0, got "
+                              f"{self.validation_problems}, {self.validation_every}, {self.validation_patience}")
+        if self.after_sft_overrides:
+            with_overrides(self.grpo, self.after_sft_overrides, where="after_sft_overrides")  # a bad key fails now
+        if (self.validation_problems or self.rl_after_sft) and not self.compare:
+            raise ConfigError("validation_problems and rl_after_sft are settings of --compare's (a) and (d); "
+                              "add --compare")
 
     def stages(self, run_dir: str) -> tuple[SFTConfig | None, GRPOConfig, SFTConfig | None]:
         """The algorithm configs (warm-start SFT, GRPO, the --compare baseline SFT) with the demo's model, seed,
@@ -253,20 +291,30 @@ class DemoConfig:
             baseline = dataclasses.replace(b, model=self.model, data=data, train=train(b.train, "baseline_sft"))
         return sft, grpo, baseline
 
-    def compare_stages(self, run_dir: str) -> tuple[SFTConfig, RFTConfig]:
-        """(a) and (c) of --compare, with the demo's model, seed and run dirs, and (c) with GRPO's task and checker."""
+    def compare_stages(self, run_dir: str) -> tuple[SFTConfig, RFTConfig | None]:
+        """(a) and (c) of --compare, with the demo's model, seed and run dirs, and (c) with GRPO's task and checker
+        (None: rft is null)."""
         a = self.scarce_sft
         a = dataclasses.replace(
             a, model=self.model, data=dataclasses.replace(a.data, path=os.path.join(run_dir, "scarce_examples.jsonl")),
             train=dataclasses.replace(a.train, run_dir=os.path.join(run_dir, "scarce_sft"), seed=self.seed,
                                       progress_bar=self.progress_bar))
         c = self.rft
+        if c is None:
+            return a, None
         c = dataclasses.replace(
             c, model=self.model, task=dataclasses.replace(self.grpo.task, seed=self.seed), rewards=self.grpo.rewards,
             eval=dataclasses.replace(c.eval, num_problems=0, before=False, after=False),
             train=dataclasses.replace(c.train, run_dir=os.path.join(run_dir, "rft"), seed=self.seed,
                                       progress_bar=self.progress_bar))
         return a, c
+
+    def after_sft_stage(self, grpo: GRPOConfig) -> GRPOConfig:
+        """(d) of --compare: the GRPO stage's settings (as `stages` filled them in) with `after_sft_overrides`, in
+        its own run dir, its steps only an upper bound (the budget ends it)."""
+        run_dir = os.path.join(os.path.dirname(grpo.train.run_dir), "grpo_after_sft")
+        grpo = with_overrides(grpo, self.after_sft_overrides, where="after_sft_overrides")
+        return dataclasses.replace(grpo, train=dataclasses.replace(grpo.train, run_dir=run_dir, steps=1000))
 
 
 @dataclass
@@ -304,12 +352,15 @@ def main(cfg: DemoConfig, *, say: Callable[[str], None] | None = None) -> DemoRe
 
 GRPO_STAGE = "after GRPO"
 # The --compare rows (scarce demonstrations): (a), (b), (c) and the reference.
-SCARCE_STAGE, COMPARE_GRPO_STAGE, RFT_STAGE, REFERENCE_STAGE = (
-    "(a) SFT again on the N", "(b) GRPO", "(c) RFT", "ref: SFT on fresh demos")
+SCARCE_STAGE, COMPARE_GRPO_STAGE, RFT_STAGE, REFERENCE_STAGE, AFTER_SFT_STAGE = (
+    "(a) SFT again on the N", "(b) GRPO", "(c) RFT", "ref: SFT on fresh demos", "(d) GRPO after (a)")
 # Stopwatch name of each budgeted stage.
-_WATCH = {SCARCE_STAGE: "scarce sft", RFT_STAGE: "rft", REFERENCE_STAGE: "baseline sft"}
-# The paired differences --compare reports: (b) - (a), (c) - (a), and each against the reference row.
-COMPARISONS = ((COMPARE_GRPO_STAGE, SCARCE_STAGE), (RFT_STAGE, SCARCE_STAGE), (COMPARE_GRPO_STAGE, REFERENCE_STAGE),
+_WATCH = {SCARCE_STAGE: "scarce sft", RFT_STAGE: "rft", REFERENCE_STAGE: "baseline sft",
+          AFTER_SFT_STAGE: "grpo after sft"}
+# The paired differences --compare reports: (b) - (a), (c) - (a), (d) - (a), (d) - (b), and (b), (c) against the
+# reference row.
+COMPARISONS = ((COMPARE_GRPO_STAGE, SCARCE_STAGE), (RFT_STAGE, SCARCE_STAGE), (AFTER_SFT_STAGE, SCARCE_STAGE),
+               (AFTER_SFT_STAGE, COMPARE_GRPO_STAGE), (COMPARE_GRPO_STAGE, REFERENCE_STAGE),
                (RFT_STAGE, REFERENCE_STAGE))
 
 
@@ -321,9 +372,13 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
     # The demo evaluates every stage itself, so the GRPO stage's wall time is training alone.
     grpo_cfg = dataclasses.replace(grpo_cfg, eval=dataclasses.replace(grpo_cfg.eval, after=False))
     compare = baseline_cfg is not None
-    n_stages = (6 if cfg.reference else 5) if compare else 3
+    n_stages = 4 + (cfg.rft is not None) + cfg.reference + cfg.rl_after_sft if compare else 3
     say(f"tempax demo: {cfg.model.source} on {cfg.task}; writing to {run_dir}")
     train_rows, held_rows = load_task(grpo_cfg.task, eval_problems=grpo_cfg.eval.num_problems)
+    validation_rows = train_rows[len(train_rows) - cfg.validation_problems:] if cfg.validation_problems else []
+    if validation_rows and len(train_rows) - len(validation_rows) < cfg.demonstrations:
+        raise ConfigError(f"validation_problems={cfg.validation_problems} leaves fewer than the {cfg.demonstrations} "
+                          f"demonstrations among the task's {len(train_rows)} training problems; lower it")
     if compare and not any(r.get("target") for r in train_rows):
         raise ConfigError(f"--compare trains SFT on the task's ideal completions; task {cfg.task} has none "
                           "(use --task arithmetic, or drop --compare)")
@@ -379,10 +434,46 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
                   "budget_seconds": equal.seconds}
         seconds, spent = equal.seconds, equal.spent
 
-        say(f"[4/{n_stages}] (a) SFT continued on the same {n_demos} worked solutions for GRPO's {seconds:.0f} s of {spent}")
-        pipe.budgeted(SCARCE_STAGE, _WATCH[SCARCE_STAGE], equal, lambda hook: run_sft(
-            model, tokenizer, train_rows, scarce_cfg, say, hooks=(hook,), label="SFT on the same demonstrations",
-            limit=n_demos))
+        number = iter(range(4, n_stages + 1))
+        kept: dict[str, Any] = {}
+
+        def train_scarce(hook: Any) -> tuple[Any, int]:
+            best = None
+            if validation_rows:
+                val_options = dataclasses.replace(options, greedy=True, group_size=0, ks=(1,),
+                                                  batch_size=len(validation_rows))
+                best = BestOnValidation(
+                    every=cfg.validation_every, patience=cfg.validation_patience, budget=hook, say=say,
+                    score=lambda m: evaluate(m, tokenizer, validation_rows, val_options,
+                                             label="validation").answer_accuracy)
+            trained, steps = run_sft(model, tokenizer, train_rows, scarce_cfg, say, hooks=(hook,) if best is None
+                                     else (hook, best), label="SFT on the same demonstrations", limit=n_demos)
+            if best is not None:
+                trained = merged(best.best_model(), scarce_cfg.lora)
+                budget["validation"] = {"problems": len(validation_rows), "scores": best.history,
+                                        "kept_step": best.best_step, "kept_score": best.best_score,
+                                        "seconds": best.wall_seconds, "cpu_seconds": best.cpu_seconds}
+                say(f"  kept the weights of step {best.best_step} of {steps} (validation answers "
+                    f"{best.best_score:.1%} on {len(validation_rows)} problems; the scoring took "
+                    f"{best.wall_seconds:.0f} s wall, {best.cpu_seconds:.0f} s process CPU, outside the budget)")
+            kept["a"] = trained
+            return trained, steps
+
+        say(f"[{next(number)}/{n_stages}] (a) SFT continued on the same {n_demos} worked solutions for GRPO's "
+            f"{seconds:.0f} s of {spent}" + (f", kept at its best score on {len(validation_rows)} validation problems"
+                                             if validation_rows else ""))
+        pipe.budgeted(SCARCE_STAGE, _WATCH[SCARCE_STAGE], equal, train_scarce)
+
+        if cfg.rl_after_sft:
+            after_cfg = grpo_training(cfg.after_sft_stage(grpo_cfg), cfg.grpo_difficulty)
+
+            def train_after(hook: Any) -> tuple[Any, int]:
+                run = run_grpo(kept.pop("a"), tokenizer, after_cfg, hooks=(hook,))
+                return merged(run.policy, after_cfg.lora), last_step(run.result)
+
+            say(f"[{next(number)}/{n_stages}] (d) GRPO from (a)'s weights for GRPO's {seconds:.0f} s of {spent}")
+            pipe.budgeted(AFTER_SFT_STAGE, _WATCH[AFTER_SFT_STAGE], equal, train_after)
+        kept.clear()
 
         def train_rft(hook: Any) -> tuple[Any, int]:
             trained, rft_result = run_rft(model, tokenizer, rft_cfg, say, hooks=(hook,))
@@ -390,10 +481,11 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
                              ("reward/total_mean", "rft/accept_rate", "rft/kept", "rft/round_steps")}
             return trained, last_step(rft_result)
 
-        say(f"[5/{n_stages}] (c) RFT with the same checker for GRPO's {seconds:.0f} s of {spent}")
-        pipe.budgeted(RFT_STAGE, _WATCH[RFT_STAGE], equal, train_rft)
+        if rft_cfg is not None:
+            say(f"[{next(number)}/{n_stages}] (c) RFT with the same checker for GRPO's {seconds:.0f} s of {spent}")
+            pipe.budgeted(RFT_STAGE, _WATCH[RFT_STAGE], equal, train_rft)
         if cfg.reference:
-            say(f"[6/{n_stages}] reference: SFT on fresh worked solutions (unlimited demonstrations) for GRPO's "
+            say(f"[{next(number)}/{n_stages}] reference: SFT on fresh worked solutions (unlimited demonstrations) for GRPO's "
                 f"{seconds:.0f} s of {spent}")
             pipe.budgeted(REFERENCE_STAGE, _WATCH[REFERENCE_STAGE], equal, lambda hook: run_sft(
                 model, tokenizer, train_rows[n_demos:], baseline_cfg, say, hooks=(hook,),
@@ -433,12 +525,24 @@ def _report(cfg: DemoConfig, pipe: Pipeline, result: TrainResult, held_rows: lis
     for line in lines:
         say(line)
     if budget is not None:
-        say(f"Scarce demonstrations: the warm-start and (a) had {budget['demonstrations']} worked solutions; (b) "
-            f"and (c) unlimited problems with the checker; the reference row unlimited worked solutions.")
+        ran = budget["stages"]
+        say(f"Scarce demonstrations: the warm-start and (a) had {budget['demonstrations']} worked solutions; "
+            + ", ".join(x for x, stage in (("(b)", None), ("(c)", RFT_STAGE), ("(d)", AFTER_SFT_STAGE))
+                           if stage is None or stage in ran)
+            + " unlimited problems with the checker"
+            + ("; the reference row unlimited worked solutions" if REFERENCE_STAGE in ran else "") + "."
+            + (" (d) is GRPO started from (a)'s kept weights." if AFTER_SFT_STAGE in ran else ""))
+        if "validation" in budget:
+            v = budget["validation"]
+            say(f"(a) kept the weights of step {v['kept_step']}, its best validation score ({v['kept_score']:.1%} "
+                f"answers on {v['problems']} validation problems; scores by step: "
+                + ", ".join(f"{step} {score:.1%}" for step, score in v["scores"]) + ").")
         say(f"Equal {'wall time' if budget['clock'] == 'wall' else 'process CPU seconds'} (budget={budget['clock']}): "
             f"GRPO trained {budget['grpo_steps']} steps in {budget['seconds']:.0f} s wall, "
             f"{budget['grpo_cpu_seconds']:.0f} s CPU; "
             + "; ".join(f"{name} {v['steps']} steps in {v['seconds']:.0f} s wall, {v['cpu_seconds']:.0f} s CPU"
+                        + (f" (of which validation scoring {budget['validation']['cpu_seconds']:.0f} s CPU, outside "
+                           "the budget)" if name == SCARCE_STAGE and "validation" in budget else "")
                         for name, v in budget["stages"].items()) + ", all from the same warm-start, in this run.")
     say("")
     say(f"total {watch.wall['total']:.0f} s (process CPU time {watch.cpu['total']:.0f} s). Files: "

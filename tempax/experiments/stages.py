@@ -66,9 +66,10 @@ def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: SFTConf
     return merged(result.extras["model"], cfg.lora), step
 
 
-def run_grpo(model: Any, tokenizer: Any, cfg: GRPOConfig, write: Callable[[str], None] | None = None) -> Any:
-    """`grpo.main` on the in-memory model (the reference), with a progress line every ~1/6 of the steps (through
-    `write`, or above the progress bar); returns its run (`.policy`, `.result`)."""
+def run_grpo(model: Any, tokenizer: Any, cfg: GRPOConfig, write: Callable[[str], None] | None = None, *,
+             hooks: tuple = ()) -> Any:
+    """`grpo.main` on the in-memory model (the reference), with `hooks` (a budget) and a progress line every ~1/6
+    of the steps (through `write`, or above the progress bar); returns its run (`.policy`, `.result`)."""
     steps = cfg.train.steps
 
     def report(info: Any) -> None:
@@ -79,7 +80,7 @@ def run_grpo(model: Any, tokenizer: Any, cfg: GRPOConfig, write: Callable[[str],
             f"spread {m['groups/zero_spread_frac']:.0%}, entropy {m.get('entropy', float('nan')):.2f}, "
             f"{m['perf/step_s']:.0f} s/step")
 
-    return grpo_main(cfg, hooks=(every(max(1, steps // 6), report, at_end=True),), log=_quiet,
+    return grpo_main(cfg, hooks=(*hooks, every(max(1, steps // 6), report, at_end=True)), log=_quiet,
                      model=model, tokenizer=tokenizer)
 
 

@@ -2,7 +2,7 @@
 
 import json
 
-from bench.learning import ROWS, Outcome, main, read_counts, read_outcome, run_dir_of, table
+from bench.learning import ROWS, Outcome, main, read_counts, read_outcome, run_dir_of, table, table_record
 
 
 def row(name):
@@ -58,7 +58,7 @@ def test_reads_loss_score_and_compare_runs(tmp_path):
     CE-only baseline run ends at 7.0: -0.300 against it. PPO: gain 0.1 +- 0.04 s.e. -> 0.1 -+ 1.96 * 0.04 =
     [+0.022, +0.178], 2.5 s.e., beyond. Compare (10 problems): warm-start 2 right, (b) GRPO 4, (a) 6, (c) RFT 7;
     RFT gains 7/10 - 2/10 = +50.0 points over the warm-start and 7/10 - 6/10 = +10.0 over (a); GRPO 4/10 - 6/10
-    = -20.0 against (a)."""
+    = -20.0 against (a); (d) GRPO after (a) 9/10: +30.0 over (a), +50.0 over (b)."""
     sft = tmp_path / "SFT"
     sft.mkdir()
     (sft / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in (
@@ -82,6 +82,9 @@ def test_reads_loss_score_and_compare_runs(tmp_path):
                {"stage": "(b) GRPO", "correct": right(4), "trained_seconds": {"sft": 30.0, "grpo": 300.0},
                 "trained_cpu_seconds": {"sft": 20.0, "grpo": 120.0}},
                {"stage": "(a) SFT again on the N", "correct": right(6)},
+               {"stage": "(d) GRPO after (a)", "correct": right(9),
+                "trained_seconds": {"grpo": 300.0, "grpo after sft": 290.0},
+                "trained_cpu_seconds": {"grpo": 120.0, "grpo after sft": 119.0}},
                {"stage": "(c) RFT", "correct": right(7), "trained_seconds": {"grpo": 300.0, "rft": 280.0},
                 "trained_cpu_seconds": {"grpo": 120.0, "rft": 121.0}}]
     (compare / "outcomes.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
@@ -94,11 +97,19 @@ def test_reads_loss_score_and_compare_runs(tmp_path):
     assert distill.baseline.endswith(": 7.000")
     (ppo,) = lines["PPO"]
     assert ppo.gain == "+0.100 [+0.022, +0.178] (beyond its interval; 2.5 s.e.)" and "KL to the reference 2.50" in ppo.metric
-    grpo, rft = lines["GRPO and RFT, scarce demonstrations"]
+    grpo, rft, after = lines["GRPO and RFT, scarce demonstrations"]
     assert grpo.algorithm == "GRPO, scarce demonstrations" and grpo.budget == "300 / 120"
     assert "20.0% [" in grpo.metric and "-> 40.0% [" in grpo.metric and "difference -20.0 [" in grpo.baseline
     assert rft.budget == "280 / 121" and rft.gain.startswith("+50.0 [") and rft.gain.endswith(", paired")
     assert "60.0% [" in rft.baseline and "difference +10.0 [" in rft.baseline
+    assert after.algorithm == "GRPO after the best SFT" and after.budget == "290 / 119"
+    assert after.metric.startswith("answer accuracy: 60.0% [") and "-> 90.0% [" in after.metric
+    assert after.gain.startswith("+30.0 [") and after.gain.endswith(", paired, against (a)")
+    assert "40.0% [" in after.baseline and "difference +50.0 [" in after.baseline
+    record = table_record(outcomes, "Some CPU, 2 cores", "python bench/learning.py --only demo")
+    assert [r[0] for r in record["rows"]] == ["SFT", "PPO", "GRPO, scarce demonstrations",
+                                              "RFT, scarce demonstrations", "GRPO after the best SFT", "distillation"]
+    assert record["topic"] == "learning" and len(record["columns"]) == len(record["rows"][0])
     assert [o.row.name for o in outcomes if not o.lines] == ["DPO", "KTO", "reward model", "GRPO (GSM8K)"]
 
 
@@ -141,3 +152,30 @@ def test_a_preference_row_also_names_the_untrained_models_own_ranking(tmp_path):
     line = read_outcome(row("DPO"), str(tmp_path)).lines[0]
     assert "own ranking (higher mean log-prob on the chosen reply) 59.8% [" in line.baseline
     assert line.baseline.endswith("difference +1.0 [-8.5, +10.5] (inside its interval)")
+
+
+def test_after_sft_runs_become_one_row_each(tmp_path):
+    """Two `demo --compare rl_after_sft=true` runs on 10 problems: (a) 6 right in both; (d) 7 and 5 right, so
+    +10.0 and -10.0 points, paired; the lever is read from the run's config ("as (b)" when it had none)."""
+    from bench.learning import after_sft_record
+
+    def right(k):
+        return [True] * k + [False] * (10 - k)
+
+    runs = []
+    for name, overrides, d in (("r1", None, 7), ("r2", ["grpo.dynamic_sampling=true"], 5)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "outcomes.jsonl").write_text("\n".join(json.dumps(r) for r in (
+            {"stage": "(a) SFT again on the N", "correct": right(6)},
+            {"stage": "(d) GRPO after (a)", "correct": right(d)})) + "\n")
+        write(run / "results.json", {"config": {"after_sft_overrides": overrides}, "comparison": {"budget": {
+            "budget_seconds": 200.0, "stages": {"(d) GRPO after (a)": {"steps": 11, "cpu_seconds": 205.0}},
+            "validation": {"kept_step": 16, "kept_score": 0.57, "problems": 100}}}})
+        runs.append(str(run))
+    record = after_sft_record(runs, "Some CPU, 2 cores")
+    first, second = record["rows"]
+    assert first[0] == "as (b)" and second[0] == "grpo.dynamic_sampling=true"
+    assert first[3].startswith("+10.0 [") and second[3].startswith("-10.0 [")
+    assert first[1].startswith("60.0% [") and first[4] == "11 steps, 205 s CPU (budget 200)"
+    assert first[5] == "step 16 (57.0% of 100)" and len(record["columns"]) == len(first)

@@ -255,3 +255,15 @@ def test_tiny_smoke_run_trains_both_sides_alike_and_scores_both_with_tempax(tmp_
             assert ours[0] == pytest.approx(first, abs=1e-5)
         line = next(x for x in printed.splitlines() if x.startswith(f"| {name.replace('_', ' ')} |"))
         assert "paired" in line and "not run" not in line and "failed" not in line, line
+
+
+def test_losses_equal_to_float_rounding_name_no_winner():
+    """Per-example gaps of a few 1e-6 nats (float32 summation order) can give a paired t interval that excludes 0;
+    below SAME_LOSS_NATS the cell says the losses are the same, with the largest gap."""
+    from bench.learning_trl import _loss_difference
+
+    ours = [2.0 + 1e-6, 1.5 + 2e-6, 3.0 + 1.5e-6, 2.5 + 1e-6]
+    theirs = [2.0, 1.5, 3.0, 2.5]
+    cell = _loss_difference(ours, theirs)
+    assert "the same to float rounding: no example differs by more than 2.0e-06" in cell
+    assert "TRL lower" in _loss_difference([x + 0.01 for x in theirs], [x - 0.001 * i for i, x in enumerate(theirs)])

@@ -43,6 +43,10 @@ CASES = [
          expect=(DEMO_TABLE,), files=("{tmp}/demo",)),
     Case("tempax demo --compare --eval-problems 200",
          f"demo --compare {COMPARE_SMALL}", expect=(r"Held-out arithmetic problems", r"Scarce demonstrations:")),
+    # (a) scored on 2 validation problems after its one step, then (d) GRPO from it for (b)'s seconds.
+    Case("tempax demo --compare --eval-problems 200 validation_problems=100 rl_after_sft=true",
+         f"demo --compare {COMPARE_SMALL} validation_problems=2 validation_every=1 rl_after_sft=true reference=false",
+         expect=(r"\(a\) kept the weights of step 1", r"\(d\) GRPO after \(a\) minus \(a\)")),
     # Tool episodes are longer than 128 tokens: the tools demo keeps its warm-start's sequence length.
     Case("tempax demo --task arithmetic-tools --eval-problems 200",
          f"demo --task arithmetic-tools {DEMO_STAGES}", expect=(r"RL with tools", r"RL without tools")),

@@ -46,3 +46,22 @@ def test_cpu_budget_counts_this_process_threads_and_not_sleep():
     worker.start()
     worker.join()
     assert cpu() - t1 >= 0.2
+
+
+@pytest.mark.parametrize("kind", ["wall", "cpu"])
+def test_a_paused_interval_is_left_out_of_the_budget_and_of_the_step(monkeypatch, kind):
+    """A 12 s budget created at 100; steps end at 103 and 106, then 5 s of validation (paused: the pause of the
+    hook's own clock counts, the other clock's seconds are ignored) until 111, and the next steps end at 114 and
+    117. Without the pause step 3 would stop the run (used 14 s). With it, after step 3 used = 14 - 5 = 9 and the
+    step took 3 s (not 8): 9 + 1.5 < 12, go on; after step 4 used = 12: stop."""
+    from tempax.experiments import budget
+    from tempax.train.hooks import Stop
+
+    ticks = iter([100.0, 103.0, 106.0, 114.0, 117.0])
+    monkeypatch.setitem(budget.BUDGET_CLOCKS, kind, lambda: next(ticks))
+    hook = budget.StageBudget(12.0, kind)
+    assert hook(None) is None and hook(None) is None
+    hook.pause(5.0 if kind == "wall" else 99.0, 5.0 if kind == "cpu" else 99.0)
+    assert (hook.started, hook.last) == (105.0, 111.0)
+    assert hook(None) is None
+    assert isinstance(hook(None), Stop)

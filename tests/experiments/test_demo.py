@@ -28,6 +28,12 @@ def test_demo_rejects_bad_values():
         load_config(DemoConfig, None, ["compare=true", "sft=null"])
     with pytest.raises(ConfigError, match="budget must be one of .*'cpu'.*'gpu'"):
         load_config(DemoConfig, None, ["budget=gpu"])
+    with pytest.raises(ConfigError, match="add --compare"):
+        load_config(DemoConfig, None, ["rl_after_sft=true"])
+    with pytest.raises(ConfigError, match="after_sft_overrides: .*grpo.betta"):
+        load_config(DemoConfig, None, ["compare=true", "rl_after_sft=true", "after_sft_overrides=[grpo.betta=1]"])
+    with pytest.raises(ConfigError, match="validation_every >= 1"):
+        load_config(DemoConfig, None, ["compare=true", "validation_problems=10", "validation_every=0"])
 
 
 def test_grpo_difficulty_changes_only_the_grpo_stage_training_problems():
@@ -134,6 +140,39 @@ def test_compare_demo_runs_the_scarce_demonstration_comparison(tmp_path):
     paired = saved["comparison"][f"{RFT_STAGE} minus {SCARCE_STAGE}"]["answers"]
     assert paired["both"] + paired["only_a"] + paired["only_b"] + paired["neither"] == 4
     assert paired["low"] <= paired["difference"] <= paired["high"]
+
+
+@pytest.mark.slow
+def test_compare_keeps_a_at_its_best_validation_score_and_runs_grpo_after_it(tmp_path):
+    """validation_problems and rl_after_sft on a random-init tiny model: (a) is scored on the last 4 training
+    problems after every step and stops after one score without improvement (or at GRPO's budget), keeping its best
+    weights; (d) GRPO, at its own learning rate (after_sft_overrides), starts from them and trains until GRPO's CPU
+    seconds are spent; the table adds (d) - (a) and (d) - (b). rft=null skips (c)."""
+    from tempax.experiments.demo import AFTER_SFT_STAGE, COMPARE_GRPO_STAGE, SCARCE_STAGE
+
+    cfg = dataclasses.replace(tiny_demo_config(tmp_path, grpo_steps=3, train_problems=64, compare=True),
+                              budget="cpu", reference=False, validation_problems=4, validation_every=1,
+                              validation_patience=1, rl_after_sft=True, rft=None,
+                              after_sft_overrides=("train.optimizer.learning_rate=3e-5",))
+    lines: list[str] = []
+    result = main(cfg, say=lines.append)
+    assert [name for name, _ in result.evaluations] == ["base model", "after SFT", COMPARE_GRPO_STAGE, SCARCE_STAGE,
+                                                        AFTER_SFT_STAGE]
+    validation = result.budget["validation"]
+    steps = result.budget["stages"][SCARCE_STAGE]["steps"]
+    assert validation["problems"] == 4 and [s for s, _ in validation["scores"]] == list(range(1, steps + 1))
+    scores = [v for _, v in validation["scores"]]
+    assert validation["kept_score"] == max(scores) and validation["scores"][scores.index(max(scores))][0] == \
+        validation["kept_step"]
+    after = result.budget["stages"][AFTER_SFT_STAGE]
+    assert 1 <= after["steps"] < 1000
+    with open(os.path.join(cfg.run_dir, "grpo_after_sft", "metrics.jsonl")) as f:
+        rates = {json.loads(line).get("lr") for line in f} - {None}
+    assert len(rates) == 1 and rates.pop() == pytest.approx(3e-5)
+    table = result.table.splitlines()
+    assert any(line.startswith(f"{AFTER_SFT_STAGE} minus {SCARCE_STAGE}, answers") for line in table)
+    assert any(line.startswith(f"{AFTER_SFT_STAGE} minus {COMPARE_GRPO_STAGE}, answers") for line in table)
+    assert any(line.startswith(f"(a) kept the weights of step {validation['kept_step']}") for line in lines)
 
 
 def test_compare_needs_a_task_with_sft_targets(tmp_path):
