@@ -104,12 +104,12 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
         server.shutdown()
         server.close()
+    record = table_record(rows, args)
     if args.record:
         with open(args.record, "a", encoding="utf-8") as f:
-            f.write(json.dumps(table_record(rows, args)) + "\n")
+            f.write(json.dumps(record) + "\n")
     if args.json:
         return
-    record = table_record(rows, args)
     print(f"{record['title']}; {record['cpu']}")
     print("| " + " | ".join(record["columns"]) + " |")
     print("|" + "---|" * len(record["columns"]))
