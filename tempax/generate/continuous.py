@@ -83,6 +83,8 @@ class SlotKnobs:
     limit: jax.Array  # int32 max_new_tokens
     seed: jax.Array  # uint32
     sample: jax.Array  # int32 sample index within the request (n)
+    stream: jax.Array  # int32 the request's prompt index in a batch of prompts (0 for a served request)
+    turn: jax.Array  # int32 turns the row has continued (`extend`): each folds its stream once more
     stop_ids: jax.Array  # [K] int32, -1 = unused
     pad_id: jax.Array  # int32 scalar
 
@@ -121,11 +123,16 @@ def sample_rows(logits_bv: jax.Array, u_b: jax.Array, knobs: SlotKnobs) -> tuple
 
 
 def _uniforms(knobs: SlotKnobs, steps: jax.Array) -> jax.Array:
-    """[B] numbers in (0, 1]: row b's stream `row_keys(seed, 0, sample)` folded with its own step, as
-    `row_uniforms` draws a `DecodeRun` row's."""
-    keys = row_keys(knobs.seed, jnp.zeros_like(knobs.sample), knobs.sample)
-    draw = lambda k, s: jax.random.uniform(jax.random.fold_in(k, s), (), jnp.float32)
-    return 1.0 - jax.vmap(draw)(keys, steps)
+    """[B] numbers in (0, 1]: row b's stream `row_keys(seed, stream, sample)`, folded with 1, 2, ..., turn (as
+    `DecodeRun.continue_with` folds a row's key once per turn), then with its own step, as `row_uniforms` draws a
+    `DecodeRun` row's."""
+    keys = row_keys(knobs.seed, knobs.stream, knobs.sample)
+
+    def draw(key: jax.Array, turn: jax.Array, step: jax.Array) -> jax.Array:
+        key = jax.lax.fori_loop(1, turn + 1, lambda t, k: jax.random.fold_in(k, t), key)
+        return jax.random.uniform(jax.random.fold_in(key, step), (), jnp.float32)
+
+    return 1.0 - jax.vmap(draw)(keys, knobs.turn, steps)
 
 
 def _stack_rows(cache: KVCache) -> KVCache:
@@ -241,6 +248,44 @@ def _insert(state: SlotState, row: KVCache, first: jax.Array, lp: jax.Array, raw
                      raw_logprobs=fresh(state.raw_logprobs, raw, 0.0))
 
 
+def _extend(graphdef: Any, params: Any, state: SlotState, slot: jax.Array, tokens: jax.Array, count: jax.Array,
+            keep: jax.Array, knobs: SlotKnobs) -> SlotState:
+    """The next turn of the row in `slot`: its cache keeps its first `keep` positions (what the row has fed so far;
+    positions a finished row was fed padding in since are masked out), then takes the `count` new tokens of
+    `tokens` [1, W] (right-padded) at positions keep, keep + 1, ...; the row's next token is sampled from the last
+    new token's logits with its own knobs (its `turn` already counted), and its completion buffers restart.
+
+    Positions equal cache indices in a slot (`_insert` puts the prompt first), so the row sees exactly its
+    conversation so far, as a prefill of the whole conversation would. The padding after the new tokens is
+    written with segment 0 and overwritten by the next decode steps (the write index goes on from keep + count).
+    """
+    model = _merge(graphdef, params)
+    cache = state.cache
+    take = lambda x: jax.lax.dynamic_index_in_dim(x, slot, axis=0, keepdims=False)
+    segments = take(cache.segment_ids)
+    row = KVCache(k=tuple(take(x) for x in cache.k), v=tuple(take(x) for x in cache.v),
+                  segment_ids=jnp.where(jnp.arange(segments.shape[-1])[None] < keep, segments, 0),
+                  length=keep, next_position=jnp.full((1,), keep, jnp.int32))
+    width = tokens.shape[1]
+    new_segments = (jnp.arange(width)[None] < count).astype(jnp.int32)
+    hidden, row = model.hidden_states(tokens, segment_ids=new_segments, cache=row)
+    last = jax.lax.dynamic_slice_in_dim(hidden, count - 1, 1, axis=1)
+    logits = model.logits(last)[:, -1].astype(jnp.float32)
+    first, lp, raw = _first(logits, knobs)
+    put = lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x.astype(buf.dtype), slot, axis=0)
+    cache = KVCache(k=tuple(put(c, r) for c, r in zip(cache.k, row.k)),
+                    v=tuple(put(c, r) for c, r in zip(cache.v, row.v)),
+                    segment_ids=put(cache.segment_ids, row.segment_ids), length=cache.length.at[slot].set(keep + count),
+                    next_position=put(cache.next_position, row.next_position))
+    width_out = state.tokens.shape[1]
+    fresh = lambda buf, x, empty: put(buf, jnp.full((width_out,), empty, buf.dtype).at[0].set(x[slot].astype(buf.dtype)))
+    done = _is_stop(first[slot][None], knobs.stop_ids)[0] | (knobs.limit[slot] <= 1)
+    return SlotState(cache=cache, last_token=state.last_token.at[slot].set(first[slot]),
+                     step=state.step.at[slot].set(1), done=state.done.at[slot].set(done),
+                     tokens=fresh(state.tokens, first, knobs.pad_id), logprobs=fresh(state.logprobs, lp, 0.0),
+                     raw_logprobs=fresh(state.raw_logprobs, raw, 0.0))
+
+
 def _grow(state: SlotState, *, cache_len: int) -> SlotState:
     """The same slots in a longer cache (positions appended, masked out)."""
     extra = cache_len - state.tokens.shape[1]
@@ -293,7 +338,8 @@ class SlotEngine:
         self._knobs = SlotKnobs(
             temperature=np.ones(b, np.float32), top_p=np.ones(b, np.float32), min_p=np.zeros(b, np.float32),
             top_k=np.full(b, self.vocab, np.int32), greedy=np.ones(b, bool), limit=np.ones(b, np.int32),
-            seed=np.zeros(b, np.uint32), sample=np.zeros(b, np.int32), stop_ids=stop, pad_id=np.int32(pad_id))
+            seed=np.zeros(b, np.uint32), sample=np.zeros(b, np.int32), stream=np.zeros(b, np.int32),
+            turn=np.zeros(b, np.int32), stop_ids=stop, pad_id=np.int32(pad_id))
         self._programs: dict[tuple, Any] = {}
         self.compiles = 0
         self.compile_s: dict[str, float] = {}  # seconds spent compiling, by program kind
@@ -369,13 +415,18 @@ class SlotEngine:
         """Whether a row can ever run here (its need within the largest cache bucket)."""
         return self.need(prompt_len, max_new_tokens) <= self.cache_buckets[-1]
 
-    def join(self, prompt_ids: Sequence[int], configs: Sequence[SamplingConfig], owners: Sequence[Any]) -> list[int]:
+    def join(self, prompt_ids: Sequence[int], configs: Sequence[SamplingConfig], owners: Sequence[Any], *,
+             stream: int = 0, extra: int = 0) -> list[int]:
         """Starts one row per config (`n` samples of one prompt: config j draws as sample j) in free slots, from
-        one prefill of the prompt; returns their slots. The caller checks there are enough free slots."""
+        one prefill of the prompt; returns their slots. The caller checks there are enough free slots.
+
+        `stream`: the prompt's index in a batch of prompts, so that its rows draw what `DecodeRun` draws for that
+        prompt. `extra`: cache positions the rows will take beyond prompt + completion (later turns, `extend`)."""
         free = [i for i, r in enumerate(self.rows) if r is None][: len(configs)]
-        if len(free) < len(configs) or not self.fits(len(prompt_ids), max(c.max_new_tokens for c in configs)):
+        longest = max(c.max_new_tokens for c in configs) + extra
+        if len(free) < len(configs) or not self.fits(len(prompt_ids), longest):
             raise GenerationError(f"{len(configs)} rows of a {len(prompt_ids)}-token prompt do not fit the free slots")
-        need = max(self.need(len(prompt_ids), c.max_new_tokens) for c in configs)
+        need = self.need(len(prompt_ids), longest)
         if need > self.cache_len:
             self._resize(next(s for s in self.cache_buckets if s >= need))
         k = self._knobs
@@ -385,6 +436,7 @@ class SlotEngine:
             k.top_k[slot] = c.top_k if 0 < c.top_k < self.vocab else self.vocab
             k.greedy[slot], k.limit[slot] = c.greedy, c.max_new_tokens
             k.seed[slot], k.sample[slot] = np.uint32(c.seed), j
+            k.stream[slot], k.turn[slot] = stream, 0
         p = slot_bucket(len(prompt_ids))
         tokens, segments = np.full((1, p), self.pad_id, np.int32), np.zeros((1, p), np.int32)
         tokens[0, p - len(prompt_ids):], segments[0, p - len(prompt_ids):] = prompt_ids, 1
@@ -396,8 +448,53 @@ class SlotEngine:
                                 np.int32(len(prompt_ids)), targets, self._knobs, donate=(0,))
         for slot, owner in zip(free, owners):
             self.rows[slot] = SlotRow(owner, len(prompt_ids))
+            self._fed[slot] = len(prompt_ids)
         self._done = host_array(self._state.done)
         return free
+
+    def extend(self, slot: int, new_ids: Sequence[int]) -> None:
+        """Continues the finished row in `slot` with a next turn: its reply's last token (sampled, never fed) and
+        `new_ids` (e.g. a tool result and the next assistant header) are prefilled into the slot's cache, and the
+        row decodes its next reply from there with the same knobs (its random stream folded once more, as
+        `DecodeRun.continue_with` folds it). Only this row's new tokens are computed; other rows keep decoding.
+        """
+        if self.rows[slot] is None:
+            raise GenerationError(f"slot {slot} holds no row to continue")
+        steps = int(host_array(self._state.step)[slot])
+        if steps < 1 or not self._done[slot]:
+            raise GenerationError(f"slot {slot}'s row has not finished its turn")
+        last = int(host_array(self._state.tokens)[slot, steps - 1])
+        inputs = [last, *(int(t) for t in new_ids)]
+        keep = self._fed[slot] + steps - 1  # the prompt and every fed token; the last sampled one is fed now
+        width = slot_bucket(len(inputs))
+        need = keep + max(width, len(inputs) + int(self._knobs.limit[slot]))
+        if need > self.cache_buckets[-1]:
+            raise GenerationError(f"the next turn needs {need} cache positions but the engine holds "
+                                  f"{self.cache_buckets[-1]}; build it with a longer context")
+        if need > self.cache_len:
+            self._resize(next(s for s in self.cache_buckets if s >= need))
+        tokens = np.full((1, width), self.pad_id, np.int32)
+        tokens[0, : len(inputs)] = inputs
+        self._knobs.turn[slot] += 1
+        fn = functools.partial(_extend, self._graphdef)
+        self._state = self._run(("extend", self.cache_len, width), fn, self._params, self._state, np.int32(slot),
+                                tokens, np.int32(len(inputs)), np.int32(keep), self._knobs, donate=(1,))
+        self._fed[slot] = keep + len(inputs)
+        self._done = host_array(self._state.done)
+
+    def load(self, model: Any) -> None:
+        """Decodes with `model`'s weights from now on (an updated policy of the same structure reuses every
+        compiled program; another structure starts a fresh program table)."""
+        graphdef, params = nnx.split(model)
+        if graphdef != self._graphdef:
+            self._programs.clear()
+            self._graphdef = graphdef
+        self.model, self._params = model, params
+
+    def unload(self) -> None:
+        """Lets go of the weights (a rollout engine kept between training steps must not keep an old policy's
+        arrays alive); `load` gives it the next ones."""
+        self.model = self._params = None
 
     def _resize(self, cache_len: int) -> None:
         if self.live() == 0:  # nothing to keep: start over at the size asked for
@@ -411,6 +508,7 @@ class SlotEngine:
         """Every slot free and the cache back to its smallest bucket (after a failed step: a donated state may be
         gone)."""
         self.rows: list[SlotRow | None] = [None] * self.slots
+        self._fed = [0] * self.slots  # cache positions each row has fed (prompt, tokens, continued turns)
         self.cache_len = self.cache_buckets[0]
         self._state = self._run(("init", self.cache_len), self._init_fn(self.cache_len), self._knobs.pad_id)
         self._done = np.ones(self.slots, bool)
@@ -439,6 +537,10 @@ class SlotEngine:
 
     def raw_logprobs(self) -> np.ndarray:
         return host_array(self._state.raw_logprobs)
+
+    def logprobs(self) -> np.ndarray:
+        """[B, S] the sampling-time log p_tau of each slot's tokens this turn (log p_1 on greedy rows)."""
+        return host_array(self._state.logprobs)
 
     def score(self, prompt_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(log p of each prompt token given those before [T] (entry 0 is 0), top ids [T, 5], their log-probs

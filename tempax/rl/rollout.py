@@ -286,6 +286,8 @@ def sample_rollout(
     env_factory: EnvFactory | None = None,
     max_turns: int = 1,
     episode_tokens: int | None = None,
+    engine: str = "batch",
+    slots: int = 0,
 ) -> Rollout:
     """Plays `group_size` episodes per prompt (one shared prefill each), scores them, computes advantages.
 
@@ -312,6 +314,8 @@ def sample_rollout(
       env_factory: a fresh environment per episode (None: the one-turn task).
       max_turns: most replies per episode.
       episode_tokens: T, the batch's completion length (None: max_new_tokens x max_turns).
+      engine, slots: the decode engine ("batch" or the continuously batched "slots") and its slots
+        (`play_episodes`).
     """
     p, g = len(prompts), group_size
     t = episode_tokens or max_new_tokens * max_turns
@@ -319,7 +323,8 @@ def sample_rollout(
     episodes = play_episodes(
         model, tokenizer, [q.ids for q in prompts], [q.columns for q in prompts],
         env_factory or (lambda: SingleTurnEnvironment(tokenizer)), group_size=g, max_new_tokens=max_new_tokens,
-        max_turns=max_turns, episode_tokens=t, temperature=temperature, top_p=top_p, seed=seed,
+        max_turns=max_turns, episode_tokens=t, temperature=temperature, top_p=top_p, seed=seed, engine=engine,
+        slots=slots,
     )
     t1 = time.perf_counter()
     shape3 = (p, g, t)

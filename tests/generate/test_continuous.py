@@ -112,9 +112,25 @@ def test_sample_rows_picks_each_rows_own_filter():
         temperature=np.ones(4, np.float32), top_p=np.ones(4, np.float32),
         min_p=np.array([0, 0, 0, 0.3], np.float32), top_k=np.array([4, 1, 4, 4], np.int32),
         greedy=np.array([True, False, False, False]), limit=np.ones(4, np.int32), seed=np.zeros(4, np.uint32),
-        sample=np.zeros(4, np.int32), stop_ids=np.full(8, -1, np.int32), pad_id=np.int32(0))
+        sample=np.zeros(4, np.int32), stream=np.zeros(4, np.int32), turn=np.zeros(4, np.int32),
+        stop_ids=np.full(8, -1, np.int32), pad_id=np.int32(0))
     tokens, _, raw = sample_rows(logits, np.full(4, 0.5, np.float32), knobs)
     assert tokens.tolist() == [3, 3, 3, 3]
     np.testing.assert_allclose(raw, np.log(np.exp(3) / np.exp(np.arange(4)).sum()), rtol=1e-6)
     tokens, _, _ = sample_rows(logits, np.full(4, 0.1, np.float32), knobs)
     assert tokens.tolist() == [3, 3, 1, 2]
+
+
+def test_loaded_weights_decode_without_compiling(engine, model, tokenizer):
+    """`load` swaps in another model of the same structure (an updated policy): the next request gives what that
+    model gives alone, and nothing compiles."""
+    from tests.generate.conftest import peaked_tiny_model
+
+    other = peaked_tiny_model(seed=1)
+    before = engine.compiles
+    engine.load(other)
+    try:
+        assert _run(engine, [(0, GREEDY)])[0] == _alone(other, tokenizer, GREEDY)
+        assert engine.compiles == before
+    finally:
+        engine.load(model)

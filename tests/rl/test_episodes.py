@@ -17,6 +17,7 @@ from flax import nnx
 from tempax.algorithms.grpo.config import GRPOKnobsConfig
 from tempax.algorithms.grpo.objective import make_grpo_loss
 from tempax.envs.environment import StepResult
+from tempax.errors import TempaxError
 from tempax.rl.episodes import play_episodes, turn_end_glue
 from tempax.rl.logprobs import completion_logprobs
 from tempax.rl.rollout import build_batch, encode_prompts, episode_metrics, rollout_metrics, sample_rollout
@@ -152,3 +153,65 @@ def test_tool_result_tokens_carry_no_gradient(model):
     trained_on = _grads(model, batch([300, 301, 302], mask_tool=1.0))
     assert any(not np.array_equal(np.asarray(a), np.asarray(b))
                for a, b in zip(jax.tree.leaves(base), jax.tree.leaves(trained_on)))
+
+
+class _ManyStops:
+    """The tiny tokenizer with tokens 2..59 all ending a turn, so replies end at many different lengths."""
+
+    def __init__(self, tok):
+        self._tok = tok
+        self.stop_ids = tuple(range(2, 60))
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+class UnevenEnvironment(ScriptedEnvironment):
+    """One to three turns: after each reply a tool result whose length depends on the reply, until the episode has
+    had 1 + (characters of the first reply mod 3) replies."""
+
+    def step(self, reply: str) -> StepResult:
+        self.replies.append(reply)
+        if len(self.replies) >= 1 + len(self.replies[0]) % 3:
+            return StepResult(rewards={"final": float(len(reply))}, done=True)
+        return StepResult(messages=({"role": "tool", "name": "echo", "content": "x " * (1 + len(reply) % 5)},))
+
+
+def test_the_slot_engine_plays_the_same_episodes_as_the_batch(model, tok):
+    """Rows that end their turns at different lengths, episodes of one to three turns, fewer slots than rows (groups
+    wait for free slots) and a chunk that does not divide the replies: the slot engine gives every episode token
+    for token, with the same masks and sampling log-probs, as the turn-by-turn batch, because a row's random stream
+    depends only on its prompt, sample index and turn; and it prefills the same tokens."""
+    many = _ManyStops(tok)
+    rows = [{"question": q} for q in ("Paris", "The quick brown fox", "one two three", "a")]
+    prompts, _ = encode_prompts(many, rows, max_prompt_len=64, env_factory=UnevenEnvironment)
+    args = (model, many, [p.ids for p in prompts], [p.columns for p in prompts], UnevenEnvironment)
+    kw = dict(group_size=2, max_new_tokens=6, max_turns=3, episode_tokens=48, temperature=1.0, seed=7)
+    batch = play_episodes(*args, **kw)
+    assert len(set(batch.lengths.tolist())) >= 3 and len(set(batch.turns.tolist())) >= 2  # the case is uneven
+    for slots in (2, 0):
+        slot = play_episodes(*args, engine="slots", slots=slots, chunk=3, **kw)
+        np.testing.assert_array_equal(slot.tokens, batch.tokens)
+        np.testing.assert_array_equal(slot.mask, batch.mask)
+        np.testing.assert_array_equal(slot.turn_of, batch.turn_of)
+        np.testing.assert_allclose(slot.logprobs, batch.logprobs, atol=1e-5)
+        assert slot.turn_rewards == batch.turn_rewards and slot.final_texts == batch.final_texts
+        assert (slot.prefilled_tokens, slot.reprefill_tokens) == (batch.prefilled_tokens, batch.reprefill_tokens)
+
+
+def test_a_slot_rollout_trains_on_what_its_cache_held(model, tok, prompts):
+    """The training forward gives each policy token of a slot-engine episode the log-prob it was sampled with:
+    a continued row's cache (kept positions, new tokens, positions) was right."""
+    rollout = sample_rollout(model, tok, prompts, None, group_size=2, max_new_tokens=4, temperature=1.0, seed=5,
+                             env_factory=ScriptedEnvironment, max_turns=2, episode_tokens=32, engine="slots", slots=2)
+    batch = build_batch(rollout, prompt_len=24, pad_id=tok.pad_id, with_old_logp=False)
+    logp = np.asarray(completion_logprobs(model, {k: jnp.asarray(v) for k, v in batch.items()}, temperature=1.0)[0])
+    on = rollout.completion_mask.astype(bool)
+    np.testing.assert_allclose(logp[on], rollout.logprobs[on], atol=2e-5)
+
+
+def test_too_few_slots_for_a_group_is_a_clear_error(model, tok, prompts):
+    with pytest.raises(TempaxError, match="group_size=2"):
+        play_episodes(model, tok, [p.ids for p in prompts], [p.columns for p in prompts], ScriptedEnvironment,
+                      group_size=2, max_new_tokens=4, max_turns=1, episode_tokens=4, temperature=1.0, engine="slots",
+                      slots=1)

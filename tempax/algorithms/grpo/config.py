@@ -131,6 +131,18 @@ class GRPOKnobsConfig:
         "keeps the policy exploring; 0: off. The collapse guard's entropy_bonus action switches it on mid-run.",
         0.0,
     )
+    rollout_engine: Literal["batch", "slots"] = help_field(
+        "How rollouts decode. batch: all prompts x group_size completions as one batch, turn by turn; slots: on the "
+        "continuously batched slot engine, where a finished completion frees its slot for the next group and a "
+        "multi-turn episode goes on after its tool call without waiting for the other rows' turns. Both give the "
+        "same completions (each row's random stream is its own). Measured on the results page.",
+        "batch",
+    )
+    rollout_slots: int = help_field(
+        "With rollout_engine: slots, the rows decoded together (0: every completion of the rollout at once; "
+        "otherwise at least group_size, and groups wait for free slots).",
+        0,
+    )
     show_completion_every: int = help_field("Print one sampled completion with its reward every N steps (0: never).", 0)
     workers: int = help_field(
         "Rollout workers (Ray actors, each a process with a policy copy and the generation engine) that sample "
@@ -156,6 +168,10 @@ class GRPOKnobsConfig:
                               f"{self.group_size}")
         if self.num_iterations < 1:
             raise ConfigError(f"grpo.num_iterations must be >= 1, got {self.num_iterations}")
+        if self.rollout_slots and self.rollout_slots < self.group_size:
+            raise ConfigError(f"grpo.rollout_slots={self.rollout_slots} is below grpo.group_size={self.group_size}: a "
+                              "group's completions decode together (they share its prompt's prefill); set it to 0 "
+                              f"(all at once) or at least {self.group_size}")
         if self.max_new_tokens < 1 or self.max_prompt_len < 1:
             raise ConfigError("grpo.max_new_tokens and grpo.max_prompt_len must be >= 1")
         if not self.temperature > 0:

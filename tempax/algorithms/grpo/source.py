@@ -380,7 +380,7 @@ def sample_group_rollout(model: Any, prompts: list, tokenizer: Any, reward_fn: A
         reward_combination=s.reward_combination,
         reward_weights=dict(zip(reward_fn.names, reward_fn.weights)) if reward_fn is not None else None,
         overlong_penalty_tokens=s.overlong_penalty_tokens, env_factory=env_factory, max_turns=max_turns,
-        episode_tokens=episode_tokens,
+        episode_tokens=episode_tokens, engine=s.rollout_engine, slots=s.rollout_slots,
     )
 
 

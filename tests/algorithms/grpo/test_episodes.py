@@ -21,6 +21,7 @@ from tempax.algorithms.rft.selection import completion_weights, select_completio
 from tempax.configlib import load_config
 from tempax.data.tasks.spec import read_task_rows
 from tempax.envs.registry import EnvironmentConfig
+from tempax.errors import ConfigError
 from tempax.rewards import combine_rewards
 from tempax.rl.rollout import PromptSampler, encode_prompts, sample_rollout
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
@@ -133,3 +134,21 @@ def test_rft_keeps_episodes_with_the_loss_on_the_policy_tokens_only(model, tok, 
         assert list(example.loss_mask[n:]) == list(rollout.completion_mask[i, j, :length].astype(bool))
     assert RFTSource(tok, PromptSampler(prompts), combine_rewards({"chars": reply_chars}), RFTKnobsConfig(),
                      env=GUESS).env_factory is not None
+
+
+def test_the_recipe_on_the_slot_engine_samples_what_the_batch_samples(model, tok, tmp_path, monkeypatch):
+    """`grpo.rollout_engine=slots` with the recipe's group of 4 in 4 slots (one group at a time): the first step's episodes come from the same
+    weights and random streams as on the batch engine, so its rollout metrics are equal; training goes on."""
+    monkeypatch.chdir(ROOT)
+    batch = two_tiny_steps(RECIPE, model, tok, tmp_path / "batch").result.history[0][1]
+    slots = two_tiny_steps(RECIPE, model, tok, tmp_path / "slots", "grpo.rollout_engine=slots",
+                           "grpo.rollout_slots=4").result
+    first = slots.history[0][1]
+    for key in ("reward/total_mean", "episode/turns_mean", "completion/length_mean", "episode/policy_token_frac"):
+        assert first[key] == pytest.approx(batch[key], abs=1e-6), key
+    assert np.isfinite(slots.losses).all()
+
+
+def test_fewer_slots_than_a_group_is_refused():
+    with pytest.raises(ConfigError, match="rollout_slots=2 is below grpo.group_size=4"):
+        GRPOKnobsConfig(group_size=4, rollout_engine="slots", rollout_slots=2).validate()
