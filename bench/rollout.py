@@ -127,7 +127,10 @@ def table_record(rows: list[dict], repeats: int) -> dict:
                       ", ".join(str(x) for x in r["load_1min_before_after"])] for r in rows],
             "command": "python bench/rollout.py", "cpu": cpu_line(),
             "notes": "tool turns: each reply is answered by a short tool message until the episode has had 1, 2 or "
-                     "3 replies (by question). The engines play the same episodes token for token."}
+                     "3 replies (by question). A row draws the same random stream on both engines, but the batched and the "
+                     "per-slot decode round differently in float32, so a near-tie can flip a sampled token and the "
+                     "episodes' policy tokens differ a little (tests/rl/test_episodes.py checks them equal token for "
+                     "token on a tiny model)."}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -210,7 +210,8 @@ def play_episodes(
         the continuously batched `SlotEngine`: a group joins as soon as G slots are free, a finished episode frees
         its slot at once, and a row whose turn ended continues (environment step, then its new tokens) while the
         others keep decoding, so neither a long reply nor a tool call holds the batch. Both draw the same random
-        streams (a row's tokens depend only on its prompt, sample index and turn).
+        streams (a row's stream depends only on its prompt, sample index and turn), so they play the same
+        episodes up to float rounding.
       slots: rows decoded together on the slot engine (0: every row, P x G); at least G.
       chunk: tokens decoded between two looks at the slots (the slot engine).
     """

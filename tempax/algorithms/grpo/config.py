@@ -134,8 +134,9 @@ class GRPOKnobsConfig:
     rollout_engine: Literal["batch", "slots"] = help_field(
         "How rollouts decode. batch: all prompts x group_size completions as one batch, turn by turn; slots: on the "
         "continuously batched slot engine, where a finished completion frees its slot for the next group and a "
-        "multi-turn episode goes on after its tool call without waiting for the other rows' turns. Both give the "
-        "same completions (each row's random stream is its own). Measured on the results page.",
+        "multi-turn episode goes on after its tool call without waiting for the other rows' turns. Each row draws "
+        "its own random stream on both, so they give the same completions up to float rounding. Measured on the "
+        "results page (docs/serving.md).",
         "batch",
     )
     rollout_slots: int = help_field(
