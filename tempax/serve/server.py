@@ -13,6 +13,7 @@ the batcher and writes its answer: one JSON body, or server-sent events (`data: 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -54,6 +55,17 @@ class OpenAIServer(ThreadingHTTPServer):
     def close(self) -> None:
         self.server_close()
         self.batcher.close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that failed below HTTP (the client went away, or the server closed its socket while
+        stopping on a signal) gets one line, not socketserver's traceback; anything else is socketserver's."""
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            host = client_address[0] if isinstance(client_address, tuple) and client_address else client_address
+            print(f"tempax serve: a connection from {host} ended before its answer was sent ({error})",
+                  file=sys.stderr)
+            return
+        super().handle_error(request, client_address)
 
     def start_in_thread(self) -> threading.Thread:
         """Serves from a daemon thread (tests and benchmarks); returns it."""

@@ -194,3 +194,18 @@ def test_echo_returns_the_prompt_with_its_log_probs(served):
     scored = client.completions.create(model="tiny", prompt=ids, max_tokens=0, echo=True, logprobs=0)
     assert scored.usage.completion_tokens == 0 and scored.choices[0].logprobs.top_logprobs is None
     assert scored.choices[0].logprobs.token_logprobs[1:] == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_connection_closed_under_a_request_is_one_line_not_a_traceback(capsys):
+    """A request thread whose socket was closed (the client went away, or the server stopped on a signal while
+    handing it over) ends with one line on stderr; socketserver would print a traceback."""
+    from tempax.serve.server import OpenAIServer
+
+    server = OpenAIServer.__new__(OpenAIServer)  # handle_error reads nothing the constructor sets
+    try:
+        raise OSError(9, "Bad file descriptor")
+    except OSError:
+        server.handle_error(None, ("127.0.0.1", 44226))
+    err = capsys.readouterr().err
+    assert err == ("tempax serve: a connection from 127.0.0.1 ended before its answer was sent ([Errno 9] Bad file "
+                   "descriptor)\n")
