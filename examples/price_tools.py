@@ -49,6 +49,15 @@ def scripted_reply(messages: list[dict[str, Any]], task_row: dict[str, Any]) -> 
     return f"<answer>\n{results[-1]}\n</answer>"
 
 
+def basket_row(items: list[list[Any]]) -> dict[str, Any]:
+    """The task row asking what a basket ([[name, count], ...]) costs, with its reference total in `answer`."""
+    basket = " and ".join(f"{n} {name}" for name, n in items)
+    question = (f"At the shop, what do {basket} cost together, in cents? Look up each price with price_of and add "
+                "them up with the calculator; then give only the total between <answer> and </answer>.")
+    return {"prompt_messages": [{"role": "user", "content": question}], "items": items,
+            "answer": str(sum(n * PRICES_CENTS[name] for name, n in items))}
+
+
 def write_tasks(path: str, count: int = 48) -> None:
     """Writes `count` basket questions of two or three items (deterministic: the same file every time)."""
     names = sorted(PRICES_CENTS)
@@ -56,13 +65,7 @@ def write_tasks(path: str, count: int = 48) -> None:
         for i in range(count):
             picked = [names[(i * 5 + k * 7) % len(names)] for k in range(2 + i % 2)]
             items = [[name, 1 + (i + k) % 4] for k, name in enumerate(picked)]
-            basket = " and ".join(f"{n} {name}" for name, n in items)
-            total = sum(n * PRICES_CENTS[name] for name, n in items)
-            question = (f"At the shop, what do {basket} cost together, in cents? Look up each price with price_of "
-                        "and add them up with the calculator; then give only the total between <answer> and "
-                        "</answer>.")
-            f.write(json.dumps({"prompt_messages": [{"role": "user", "content": question}], "items": items,
-                                "answer": str(total)}) + "\n")
+            f.write(json.dumps(basket_row(items)) + "\n")
 
 
 if __name__ == "__main__":

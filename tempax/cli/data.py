@@ -134,7 +134,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _episodes(args: argparse.Namespace) -> int:
-    from tempax.experiments.episodes import write_episodes  # loads the environments and rewards
+    from tempax.experiments.episodes import reply_limit_warning, write_episodes  # loads the environments, rewards
 
     command = recipe_command(args.config) or "grpo"
     cfg = load_recipe(command, args.config, list(args.overrides))
@@ -147,9 +147,13 @@ def _episodes(args: argparse.Namespace) -> int:
         policy = load_object(args.policy, "--policy")
         if not callable(policy):
             raise ConfigError(f"--policy={args.policy!r} is not a function (policy(messages, task_row) -> reply)")
-    written, played = write_episodes(cfg, command, args.out, policy=policy, limit=args.limit, attempts=args.attempts,
-                                     min_reward=args.min_reward, temperature=args.temperature,
-                                     max_new_tokens=args.max_new_tokens, seed=args.seed)
+    recorded = write_episodes(cfg, command, args.out, policy=policy, limit=args.limit, attempts=args.attempts,
+                              min_reward=args.min_reward, temperature=args.temperature,
+                              max_new_tokens=args.max_new_tokens, seed=args.seed)
     kept = f" (total reward >= {args.min_reward})" if args.min_reward is not None else ""
-    print(f"{args.out}: {written} of {played} episodes{kept}")
+    print(f"{args.out}: {recorded.written} of {recorded.played} episodes{kept}; the longest reply takes "
+          f"{recorded.longest_reply_tokens} tokens")
+    warning = reply_limit_warning(recorded, cfg, command)
+    if warning:
+        print(warning)
     return 0

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from tempax.envs.environment import PROMPT_COLUMN, Episode, EpisodeLimits, Message, run_episode
 from tempax.envs.tool_calls import parse_tool_calls
@@ -137,6 +137,36 @@ def write_transcripts(
     return written, played
 
 
+class RecordedTranscripts(NamedTuple):
+    """What `record_transcripts` wrote: episodes written and played; the most tokens one assistant reply of a
+    written episode took in the model's own format (its end-of-turn token included), which an RL recipe's
+    per-turn token limit must hold; and the latest point after the prompt at which a written episode's reply
+    starts (`last_reply_start`), which with that limit is what the recipe's episode budget must hold."""
+
+    written: int
+    played: int
+    longest_reply_tokens: int
+    latest_reply_start: int
+
+
+def reply_tokens(episode: Episode, tokenizer: Tokenizer) -> int:
+    """The most tokens one of the episode's assistant replies takes as the model writes it, plus its end of turn."""
+    return max((len(tokenizer.encode(m["content"], add_special_tokens=False)) + 1
+                for m in episode.messages if m["role"] == "assistant"), default=0)
+
+
+def last_reply_start(episode: Episode, tokenizer: Tokenizer) -> int:
+    """Tokens the episode holds after its prompt when its last assistant reply starts: the earlier replies, the
+    environment's messages and the chat template's turn headers, as the conversation renders."""
+    messages = episode.messages
+    starts = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not starts:
+        return 0
+    rendered = lambda upto: len(tokenizer.apply_chat_template(list(messages[:upto]), add_generation_prompt=True,
+                                                             tokenize=True))
+    return rendered(starts[-1]) - rendered(starts[0])
+
+
 def record_transcripts(
     path: str,
     env_factory: Callable[[], Any],
@@ -148,13 +178,25 @@ def record_transcripts(
     attempts: int = 1,
     reward_fn: Callable[..., Any] | None = None,
     min_reward: float | None = None,
-) -> tuple[int, int]:
+) -> RecordedTranscripts:
     """Plays `attempts` episodes of a fresh environment per task row with `policy` and writes their transcripts to
-    `path` (`write_transcripts`); returns (written, played). An episode ends when the environment says so or after
-    `max_turns` replies: no token budget is imposed, since what trains on the transcripts (SFT's train.seq_len)
-    bounds the length of what is trained."""
+    `path` (`write_transcripts`). An episode ends when the environment says so or after `max_turns` replies: no
+    token budget is imposed, since what trains on the transcripts (SFT's train.seq_len) bounds the length of what
+    is trained; the longest written reply is measured instead (`RecordedTranscripts`)."""
     limits = EpisodeLimits(max_turns=max_turns, max_total_tokens=1 << 30)
-    transcripts = (play_transcript(env_factory(), row, policy, tokenizer=tokenizer, limits=limits, reward_fn=reward_fn)
-                   for row in rows for _ in range(attempts))
+    longest = latest = 0
+
+    def played() -> Iterator[Transcript]:
+        nonlocal longest, latest
+        for row in rows:
+            for _ in range(attempts):
+                t = play_transcript(env_factory(), row, policy, tokenizer=tokenizer, limits=limits,
+                                    reward_fn=reward_fn)
+                if min_reward is None or t.reward >= min_reward:
+                    longest = max(longest, reply_tokens(t.episode, tokenizer))
+                    latest = max(latest, last_reply_start(t.episode, tokenizer))
+                yield t
+
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    return write_transcripts(path, transcripts, min_reward=min_reward)
+    written, count = write_transcripts(path, played(), min_reward=min_reward)
+    return RecordedTranscripts(written, count, longest, latest)
