@@ -2,7 +2,7 @@
 worked example (`examples/price_tools.py`: a user's `price_of` tool beside the calculator), every model scored on
 the same held-out baskets.
 
-    python bench/tool_rl.py                            # the three stages below and their evaluations (about 1 h)
+    python bench/tool_rl.py                            # the three stages below and their evaluations (over 1 h)
     python bench/tool_rl.py --table runs/tool_rl       # the table of a finished (or stopped) run, run nothing
     python bench/tool_rl.py --table runs/tool_rl --record bench/records/tools.jsonl   # ... and onto the page
 
