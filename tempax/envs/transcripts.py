@@ -140,7 +140,7 @@ def write_transcripts(
 class RecordedTranscripts(NamedTuple):
     """What `record_transcripts` wrote: episodes written and played; the most tokens one assistant reply of a
     written episode took in the model's own format (its end-of-turn token included), which an RL recipe's
-    per-turn token limit must hold; and the latest point after the prompt at which a written episode's reply
+    per-turn token limit must hold; and the latest point after the prompt at which a written episode's last reply
     starts (`last_reply_start`), which with that limit is what the recipe's episode budget must hold."""
 
     written: int

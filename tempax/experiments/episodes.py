@@ -32,8 +32,9 @@ def write_episodes(cfg: Any, command: str, out: str, *, policy: Policy | None = 
                    max_new_tokens: int | None = None, seed: int = 0) -> RecordedTranscripts:
     """Plays `attempts` episodes on each of the first `limit` task rows (None: all) of the recipe `cfg` of
     `command` with `policy` (None: its model samples, at `temperature`, `max_new_tokens` a reply or the
-    recipe's), writes those whose total reward reaches `min_reward` (None: all) to `out`; returns the counts and
-    the longest written reply in tokens (`reply_limit_warning` compares it with the recipe's reply length)."""
+    recipe's), writes those whose total reward reaches `min_reward` (None: all) to `out`; returns the counts, the
+    longest written reply and the latest reply start in tokens (`reply_limit_warning` checks them against the
+    recipe's limits)."""
     if policy is None:
         from tempax.generate.chat import sampled_replies  # only sampling loads the model and the engine
 
@@ -61,12 +62,12 @@ def reply_limit_warning(recorded: RecordedTranscripts, cfg: Any, command: str) -
     if limit is None:
         return None
     knobs = next(k for k in get(command).knobs if hasattr(getattr(cfg, k, None), "max_new_tokens"))
+    budget = cfg.env.episode_tokens(limit, key=f"{knobs}.max_new_tokens")  # the recipe's own, before any raise
     problems = []
     if recorded.longest_reply_tokens > limit:
         problems.append(f"the longest reply takes {recorded.longest_reply_tokens} tokens, more than the recipe's "
                         f"{knobs}.max_new_tokens={limit}: set it to {recorded.longest_reply_tokens} or more")
         limit = recorded.longest_reply_tokens
-    budget = cfg.env.max_episode_tokens if cfg.env.max_episode_tokens is not None else limit * cfg.env.max_turns
     if recorded.latest_reply_start + limit > budget:
         problems.append(f"a last reply starts about {recorded.latest_reply_start} tokens into its episode, and a "
                         f"turn starts only when {knobs}.max_new_tokens={limit} more fit: set env.max_episode_tokens "
