@@ -127,11 +127,14 @@ def _merge(graphdef: Any, params: Any) -> Any:
     return model
 
 
-def _call_model(model: Any, tokens: jax.Array, segment_ids: jax.Array | None, cache: KVCache, layout: bool = False):
+def _call_model(model: Any, tokens: jax.Array, segment_ids: jax.Array | None, cache: KVCache, layout: bool = False,
+                fresh: bool = False):
     """Next-token logits [B, V] at the last position (a tempax Decoder skips the LM head elsewhere); `layout`: the
-    Decoder's `decode_layout` (see `use_decode_layout`)."""
+    Decoder's `decode_layout` (see `use_decode_layout`); `fresh`: the cache is empty (the Decoder's
+    `fresh_cache`)."""
     if isinstance(model, Decoder):
-        logits, cache = model(tokens, segment_ids=segment_ids, cache=cache, last_only=True, decode_layout=layout)
+        logits, cache = model(tokens, segment_ids=segment_ids, cache=cache, last_only=True, decode_layout=layout,
+                              fresh_cache=fresh)
     else:
         logits, cache = model(tokens, segment_ids=segment_ids, cache=cache)
     return logits[:, -1].astype(jnp.float32), cache
@@ -186,7 +189,7 @@ def _prefill(
     keys = row_keys(seed, prompt_index, sample_index)
     model = _merge(graphdef, params)
     cache = _shard_cache(KVCache.init(model.config, tokens.shape[0], cache_len))
-    logits, cache = _call_model(model, tokens, segment_ids, cache)
+    logits, cache = _call_model(model, tokens, segment_ids, cache, fresh=True)
     if n > 1:
         logits = jnp.repeat(logits, n, axis=0)
         cache = _shard_cache(cache.repeat(n))
@@ -275,7 +278,9 @@ def _check_prompt_configs(config: SamplingConfig, prompt_configs: Sequence[Sampl
             )
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
+# `state` is donated: the new turn's tokens are written into the same cache, which would otherwise be held twice
+# while the turn's prefill runs (the CHANGELOG has what it saved on a batch of tool episodes).
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"), donate_argnames=("state",))
 def _extend(
     graphdef: Any,
     params: Any,
@@ -502,6 +507,7 @@ class DecodeRun:
         if len(new_ids) != self.rows:
             raise GenerationError(f"continue_with got {len(new_ids)} rows of new tokens for {self.rows} rows")
         lengths = host_array(self._state.lengths)
+        generated = host_array(self._state.tokens)
         cache = self._state.cache
         written = int(host_array(cache.length))  # prefill's slots, then one per decode step
         segments = np.array(host_array(cache.segment_ids))
@@ -517,7 +523,7 @@ class DecodeRun:
             keep_until = self._turn_start + int(lengths[r]) - 1
             segments[r, keep_until:written] = 0
             self._context[r] += int(lengths[r]) - 1
-            last = int(host_array(self._state.tokens)[r, int(lengths[r]) - 1])
+            last = int(generated[r, int(lengths[r]) - 1])
             inputs.append([last, *(int(t) for t in ids)])
         width = bucket_length(max(len(x) for x in inputs))
         if written + width + bucket_length(self.config.max_new_tokens) > cache.max_len:

@@ -124,8 +124,12 @@ class Attention(nnx.Module):
         q_index: jax.Array,
         q_segments: jax.Array,
         kv: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None,
+        fresh_cache: bool = False,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """Attends x [B,T,D] to itself, or to the cache `kv` = (k, v, k_segments, write_at) when decoding."""
+        """Attends x [B,T,D] to itself, or to the cache `kv` = (k, v, k_segments, write_at) when decoding.
+        `fresh_cache` (static): the cache held nothing before this call (a prefill), so the queries attend to the
+        keys written now only, not to the whole buffer with its empty slots masked: a prefill into a cache that
+        reserves room for later turns would otherwise form [T, max_len] scores instead of [T, T]."""
         b, t, _ = x.shape
         n, k, h = self.num_heads, self.num_kv_heads, self.head_dim
         q, key, val = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -143,7 +147,11 @@ class Attention(nnx.Module):
             keys = jax.lax.dynamic_update_slice(cache_k, heads_first(key, cache_k), (0, 0, write_at, 0))
             vals = jax.lax.dynamic_update_slice(cache_v, heads_first(val, cache_v), (0, 0, write_at, 0))
             new_kv = (keys, vals)
-            k_index = jnp.arange(keys.shape[2])
+            if fresh_cache:  # the slots written now, as the buffer holds them (same casts as a cache read)
+                keys, vals = heads_first(key, cache_k), heads_first(val, cache_v)
+                k_index, k_segments = q_index, q_segments
+            else:
+                k_index = jnp.arange(keys.shape[2])
             keys, vals = keys.astype(q.dtype), vals.astype(q.dtype)
         out = ops.attention(
             q, keys, vals, q_index=q_index, k_index=k_index, q_segments=q_segments, k_segments=k_segments,
@@ -195,8 +203,8 @@ class DecoderLayer(nnx.Module):
             self.post_feedforward_layernorm = None
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, q_index, q_segments, kv):
-        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, q_index, q_segments, kv)
+    def __call__(self, x, positions, q_index, q_segments, kv, fresh_cache: bool = False):
+        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, q_index, q_segments, kv, fresh_cache)
         if self.pre_feedforward_layernorm is not None:
             x = x + self.post_attention_layernorm(attn)
             x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
@@ -244,6 +252,7 @@ class Decoder(nnx.Module):
       last_only: return logits for the last position only ([B, 1, V]), as generation needs.
       decode_layout: a tied LM head multiplies with the embedding table on the left (`tempax.ops.tied_lm_head`),
         the form XLA:CPU runs fastest in few-row decode products; same logits, no copy of any weight.
+      fresh_cache: `cache` is known to hold nothing yet (a prefill): attention reads only the keys written now.
     Returns logits [B, T, V] in float32 and the updated cache (None without one).
     """
 
@@ -264,8 +273,10 @@ class Decoder(nnx.Module):
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         cache: KVCache | None = None,
+        fresh_cache: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:
-        """Final-norm hidden states [B, T, D] (what the LM head and a reward head read)."""
+        """Final-norm hidden states [B, T, D] (what the LM head and a reward head read). `fresh_cache`: `cache`
+        is known to be empty (a prefill; see `Attention.__call__`)."""
         cfg = self.config
         b, t = tokens.shape
         if segment_ids is None:
@@ -288,9 +299,9 @@ class Decoder(nnx.Module):
                 # Also with a cache: GRPO's and PPO's training pass runs the prompts into a cache and the
                 # completions against it. Without differentiation jax.checkpoint adds nothing: decoding under
                 # a remat config compiles to the same program (tests/models/test_remat.py).
-                x, layer_kv = _remat_layer(layer, x, positions, q_index, segment_ids, kv, cfg.remat)
+                x, layer_kv = _remat_layer(layer, x, positions, q_index, segment_ids, kv, cfg.remat, fresh_cache)
             else:
-                x, layer_kv = layer(x, positions, q_index, segment_ids, kv)
+                x, layer_kv = layer(x, positions, q_index, segment_ids, kv, fresh_cache)
             if layer_kv is not None:
                 new_k.append(layer_kv[0])
                 new_v.append(layer_kv[1])
@@ -324,8 +335,10 @@ class Decoder(nnx.Module):
         cache: KVCache | None = None,
         last_only: bool = False,
         decode_layout: bool = False,
+        fresh_cache: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:
-        hidden, cache = self.hidden_states(tokens, positions=positions, segment_ids=segment_ids, cache=cache)
+        hidden, cache = self.hidden_states(tokens, positions=positions, segment_ids=segment_ids, cache=cache,
+                                           fresh_cache=fresh_cache)
         if last_only:
             # Generation needs only the next-token logits; skipping the LM head elsewhere saves a
             # [B, T, V] matmul in prefill (most of a small model's prefill FLOPs).
@@ -333,11 +346,12 @@ class Decoder(nnx.Module):
         return self.logits(hidden, decode_layout), cache
 
 
-def _remat_layer(layer: DecoderLayer, x, positions, q_index, segment_ids, kv, policy_name: str):
+def _remat_layer(layer: DecoderLayer, x, positions, q_index, segment_ids, kv, policy_name: str,
+                 fresh_cache: bool = False):
     graphdef, state = nnx.split(layer)
 
     def run(state, x, positions, q_index, segment_ids, kv):
-        return nnx.merge(graphdef, state)(x, positions, q_index, segment_ids, kv)
+        return nnx.merge(graphdef, state)(x, positions, q_index, segment_ids, kv, fresh_cache)
 
     return jax.checkpoint(run, policy=_remat_policy(policy_name))(state, x, positions, q_index, segment_ids, kv)
 

@@ -55,3 +55,19 @@ def test_a_turn_that_does_not_fit_is_refused():
         run.continue_with([[5] * 40, None, None])
     with pytest.raises(GenerationError, match="got 1 rows of new tokens for 3 rows"):
         run.continue_with([[5]])
+
+
+def test_the_next_turn_is_written_into_the_same_cache():
+    """`continue_with` hands the cache to the next turn's prefill (donated), which writes in place: a run never
+    holds two caches (without it a large batch of multi-turn episodes held its cache twice)."""
+    model = peaked_tiny_model(seed=3)
+    run = DecodeRun(model, PROMPTS, GREEDY, stop_ids=(), pad_id=0, reserve=32)
+    run.advance()
+    before = run._state.cache
+    where = [x.unsafe_buffer_pointer() for x in (*before.k, *before.v)]
+    run.continue_with([[11, 12], [13], [14]])
+    after = run._state.cache
+    assert all(x.is_deleted() for x in (*before.k, *before.v))
+    assert [x.unsafe_buffer_pointer() for x in (*after.k, *after.v)] == where
+    run.advance()
+    assert run.output().lengths.tolist() == [6, 6, 6]

@@ -95,3 +95,30 @@ def test_kv_cache_decoding_matches_full_forward(pair):
         steps.append(np.asarray(logits))
     got = np.concatenate(steps, axis=1)
     np.testing.assert_allclose(got[mask == 1], expected[mask == 1], atol=TOL, rtol=0)
+
+
+def test_a_prefill_into_a_fresh_cache_reads_only_the_keys_it_wrote(pair):
+    """`fresh_cache=True` (the engine's prefill) attends to the 4 keys just written instead of the 64-slot buffer
+    with its empty slots masked: the same logits and the same cached keys and values at the real tokens as the
+    full-buffer prefill, and decoding from it gives transformers' logits."""
+    family, ref, model = pair
+    ids = random_ids((2, 6), seed=5)
+    mask = np.ones_like(ids)
+    mask[1, :2] = 0
+    ids[1, :2] = 0
+    expected = _ref_logits(ref, ids, mask)
+    prompt, prompt_mask = jnp.asarray(ids[:, :4]), jnp.asarray(mask[:, :4])
+    fresh_logits, fresh = model(prompt, segment_ids=prompt_mask, cache=KVCache.init(model.config, 2, 64),
+                                fresh_cache=True)
+    full_logits, full = model(prompt, segment_ids=prompt_mask, cache=KVCache.init(model.config, 2, 64))
+    real = mask[:, :4] == 1  # a padding query attends to other padding either way; nothing reads its output
+    np.testing.assert_allclose(np.asarray(fresh_logits)[real], np.asarray(full_logits)[real], atol=1e-6, rtol=0)
+    for a, b in zip((*fresh.k, *fresh.v), (*full.k, *full.v)):  # [B, K, S, H]: the real tokens' slots
+        np.testing.assert_allclose(np.asarray(a)[:, :, :4].swapaxes(1, 2)[real],
+                                   np.asarray(b)[:, :, :4].swapaxes(1, 2)[real], atol=1e-6, rtol=0)
+    steps, cache = [np.asarray(fresh_logits)], fresh
+    for t in (4, 5):
+        logits, cache = model(jnp.asarray(ids[:, t:t + 1]), segment_ids=jnp.asarray(mask[:, t:t + 1]), cache=cache)
+        steps.append(np.asarray(logits))
+    got = np.concatenate(steps, axis=1)
+    np.testing.assert_allclose(got[mask == 1], expected[mask == 1], atol=TOL, rtol=0)
