@@ -14,7 +14,7 @@ What is held equal, per row:
     the batches; TRL gets those token ids pre-tokenised in that order (its `_prepare_dataset` is bypassed,
     `train_sampling_strategy` is sequential): DPO's pairs, KTO's rows with tempax's mismatched rows for the KL
     reference point, SFT's packed rows with their per-example lengths, the reward model's chosen / rejected
-    sequences;
+    sequences; GRPO's prompts as tempax's sampler draws them, as tempax's token ids;
   * the starting trainable weights: tempax's seeded LoRA adapters read into PEFT (rank / alpha / target modules
     match by construction, dropout 0), and for the reward model tempax's initial scalar head as transformers'
     `score` layer; AdamW (betas, eps, weight decay, clipping), the learning rate of every update (tempax's warm-up
@@ -26,8 +26,10 @@ What is held equal, per row:
 
 Rows and their metric: DPO and KTO, preference accuracy of the implicit rewards beta (log pi - log ref) on the
 held-out pairs (>= 200 in the full run); the reward model, the preference accuracy of its scores on the same
-pairs; SFT, each held-out example's mean token loss (200 examples split off the recipe's rows). GRPO on the
-arithmetic task is listed and prints "not run" (its TRL side is not built). For each row: metric before -> after
+pairs; SFT, each held-out example's mean token loss (200 examples split off the recipe's rows); GRPO on the
+demo's arithmetic task (the demo's GRPO stage from its SFT warm-start, which the preparation writes as the row's
+start), greedy answer accuracy on 200 held-out problems. GRPO's sampling cannot be equal across the libraries, so
+its row compares one run of each, not one run twice (bench/trl_sides/grpo.py). For each row: metric before -> after
 for both, the paired difference tempax - TRL with its 95% interval (Newcombe's for paired proportions,
 `tempax.eval.metrics`; for losses the paired t interval), the wall and CPU seconds (user + system of the training
 process) of each side, the versions of both libraries and the CPU.
@@ -59,6 +61,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.trl_sides.common import SIDES, TrlSide, train_trl, write_inputs  # noqa: E402
+from bench.trl_sides.grpo import GRPO_SIDE, evaluate_answers, warm_start  # noqa: E402
 from bench.trl_sides.preference import DPO_SIDE, KTO_SIDE, evaluate_implicit_rewards  # noqa: E402
 from bench.trl_sides.reward_model import REWARD_SIDE, evaluate_reward_accuracy  # noqa: E402
 from bench.trl_sides.sft import SFT_SIDE, evaluate_held_out_loss, split_rows  # noqa: E402
@@ -96,10 +99,23 @@ class PeerRow:
     export_adapters: bool = True  # tempax's adapters are exported for the evaluation (else its run saved a model)
     setup: Callable[[Any, str], list[str]] | None = None  # (cfg, row_dir) -> overrides both sides then get
     missing: str = ""  # why the row has no TRL side yet
+    # The per-step training curve of the last column: (its name, tempax's metrics.jsonl key, TRL's log key).
+    # "loss" shows that the two runs are one run; GRPO's loss is 0 at every step (beta 0, one pass), so its row
+    # shows the mean sampled reward instead.
+    curve: tuple[str, str, str] = ("loss", "loss", "loss")
 
 
 # Preference rows score 200 held-out hh-rlhf pairs, as in bench/learning.py.
 _PAIRS = ("data.max_eval_rows=200",)
+# The GSM8K GRPO recipe turned into the demo's GRPO stage: the arithmetic task, format + correctness weighted
+# alike, 10 steps of 2 prompts x 8 completions of up to 48 tokens at a constant LoRA lr 2e-4, the whole batch in
+# one pass (the demo's loop settings), the answers of 200 held-out problems.
+_GRPO = ("task.name=arithmetic", "task.num_train_problems=2000", "rewards.weights=null", "grpo.max_new_tokens=48",
+         "grpo.max_prompt_len=512", "grpo.show_completion_every=0", "eval.num_problems=200", "eval.max_new_tokens=48",
+         "train.steps=10", "train.micro_batch_size=null", "train.remat=null", "train.optimizer.learning_rate=2e-4",
+         "train.optimizer.warmup_steps=0", "train.optimizer.grad_clip_norm=1.0", "train.checkpoint.every=0")
+_TINY_GRPO = ("train.steps=2", "train.batch_size=1", "grpo.group_size=2", "grpo.max_new_tokens=8",
+              "eval.num_problems=6", "eval.max_new_tokens=8", "task.num_train_problems=40")
 
 ROWS = (
     # 200 held-out dialogues (the recipe's 2% of 2000 would give 40): enough for a paired interval.
@@ -112,8 +128,11 @@ ROWS = (
             evaluate=evaluate_implicit_rewards, tie_before=True),
     PeerRow("reward model", "reward-model", "recipes/reward_model_smollm2_lora.yaml", _PAIRS, trl=REWARD_SIDE,
             metric="reward accuracy", evaluate=evaluate_reward_accuracy, export_adapters=False),
-    PeerRow("GRPO, arithmetic", "grpo", "", missing="the TRL side (GRPOTrainer on the demo's task) is not built: "
-            "docs/measurements/learning-vs-trl.md says why"),
+    # The demo's GRPO stage (`tempax.experiments.demo.demo_grpo_config`; a test checks the two agree) from the demo's
+    # SFT warm-start, scored on 200 held-out problems.
+    PeerRow("GRPO, arithmetic", "grpo", "recipes/grpo_gsm8k_smollm2.yaml", _GRPO, tiny=_TINY_GRPO, trl=GRPO_SIDE,
+            metric="answer accuracy", evaluate=evaluate_answers, tempax_only=("eval.before=false", "eval.after=false"),
+            setup=warm_start, curve=("reward", "reward/total_mean", "reward")),
 )
 
 
@@ -159,12 +178,14 @@ def _overrides(row: PeerRow, base: str, tiny: bool, extra: tuple[str, ...]) -> l
 
 
 def _config_class(command: str) -> Any:
+    from tempax.algorithms.grpo.config import GRPOConfig
     from tempax.algorithms.preference.dpo import DPOConfig
     from tempax.algorithms.preference.kto import KTOConfig
     from tempax.algorithms.preference.reward import RewardModelConfig
     from tempax.algorithms.sft.main import SFTConfig
 
-    return {"dpo": DPOConfig, "kto": KTOConfig, "reward-model": RewardModelConfig, "sft": SFTConfig}[command]
+    return {"dpo": DPOConfig, "kto": KTOConfig, "reward-model": RewardModelConfig, "sft": SFTConfig,
+            "grpo": GRPOConfig}[command]
 
 
 def load_row_config(row: PeerRow, overrides: list[str]) -> Any:
@@ -201,23 +222,25 @@ def _with_setup(row_dir: str, overrides: list[str]) -> list[str]:
 def evaluate_row(row: PeerRow, row_dir: str, overrides: list[str]) -> dict[str, Any]:
     """The row's per-item values before and for each side's final model, and both sides' training losses."""
     result = row.evaluate(load_row_config(row, overrides), _base_of(overrides), row_dir)
-    result["train_loss"] = training_losses(row_dir)
+    result["train_" + row.curve[0]] = training_losses(row_dir, row.curve[1:])
     return result
 
 
-def training_losses(row_dir: str) -> dict[str, list[float]]:
-    """Each side's training loss per step: tempax's metrics.jsonl, TRL's log history (same start, same rows and
-    the same optimiser: the first losses agree to float rounding, a check that the two runs are the same run)."""
+def training_losses(row_dir: str, keys: tuple[str, str] = ("loss", "loss")) -> dict[str, list[float]]:
+    """Each side's training loss per step (`keys`: another per-step value of tempax's metrics and of TRL's log):
+    tempax's metrics.jsonl, TRL's log history (same start, same rows and the same optimiser: the first losses agree
+    to float rounding, a check that the two runs are the same run)."""
+    ours, theirs = keys
     losses: dict[str, list[float]] = {}
     try:
         with open(os.path.join(row_dir, "tempax", "metrics.jsonl")) as f:
             records = [json.loads(line) for line in f]
-        losses["tempax"] = [float(r["loss"]) for r in records if "loss" in r and "step" in r]
+        losses["tempax"] = [float(r[ours]) for r in records if ours in r and "step" in r]
     except OSError:
         pass
     try:
         with open(os.path.join(row_dir, "trl", "log_history.json")) as f:
-            losses["trl"] = [float(r["loss"]) for r in json.load(f) if "loss" in r]
+            losses["trl"] = [float(r[theirs]) for r in json.load(f) if theirs in r]
     except OSError:
         pass
     return losses
@@ -345,16 +368,18 @@ def _first_last(losses: list[float] | None) -> str:
     return f"{losses[0]:.6f} .. {losses[-1]:.4f}" if losses else "-"
 
 
-def table_line(row: PeerRow, out: str) -> str:
-    """One Markdown line: the row's before -> after for both sides, tempax - TRL, both budgets, both losses."""
+def table_line(row: PeerRow, out: str, label: str = "") -> str:
+    """One Markdown line: the row's before -> after for both sides, tempax - TRL, both budgets, both losses
+    (`label`: added to the row's name, e.g. the run's folder when a table shows several runs of a row)."""
     row_dir = os.path.join(out, row_slug(row))
+    name = f"{row.name} ({label})" if label else row.name
     if row.trl is None:
-        return f"| {row.name} | not run ({row.missing}) | - | - | - | - | - |"
+        return f"| {name} | not run ({row.missing}) | - | - | - | - | - |"
     try:
         with open(os.path.join(row_dir, "outcomes.json")) as f:
             outcomes = json.load(f)
     except OSError:
-        return f"| {row.name} | not run | - | - | - | - | - |"
+        return f"| {name} | not run | - | - | - | - | - |"
     budgets = {side: _budget_of(row_dir, side) for side in SIDES}
     cells = []
     for side in SIDES:
@@ -370,24 +395,33 @@ def table_line(row: PeerRow, out: str) -> str:
         else:
             d = paired_difference_interval(outcomes["tempax"], outcomes["trl"])
             difference = _learning()._points(d.difference, d.low, d.high) + ", paired"
-    losses = outcomes.get("train_loss", {})
+    losses = outcomes.get("train_" + row.curve[0], {})
     first_last = " / ".join(_first_last(losses.get(side)) for side in SIDES)
-    return (f"| {row.name} | {row.metric}, tempax: {cells[0]} | TRL: {cells[1]} | {difference} | "
+    if row.curve[0] != "loss":
+        first_last = f"{row.curve[0]}: " + " / ".join(
+            f"{v[0]:.2f} .. {v[-1]:.2f}" if (v := losses.get(side)) else "-" for side in SIDES)
+    return (f"| {name} | {row.metric}, tempax: {cells[0]} | TRL: {cells[1]} | {difference} | "
             f"{_seconds(budgets['tempax'])} | {_seconds(budgets['trl'])} | {first_last} |")
 
 
-def table(rows: tuple[PeerRow, ...], out: str, cpu: str) -> str:
+def table(rows: tuple[PeerRow, ...], out: str, cpu: str, more: tuple[str, ...] = ()) -> str:
+    """The Markdown table of the runs in `out`, then the rows that ran in each folder of `more` (other runs of
+    the same rows, e.g. with another `train.seed`), labelled with that folder's name."""
     lines = [f"tempax against TRL, same start, rows, order and budget ({cpu}; {versions()}; 95% intervals):", "",
              "| row | tempax: before -> after | TRL: before -> after | tempax - TRL, 95% interval | "
              "tempax wall / CPU s | TRL wall / CPU s | training loss first .. last, tempax / TRL |",
              "|---|---|---|---|---|---|---|"]
     lines += [table_line(row, out) for row in rows]
+    for folder in more:
+        lines += [table_line(row, folder, os.path.basename(folder.rstrip(os.sep))) for row in rows
+                  if os.path.isfile(os.path.join(folder, row_slug(row), "outcomes.json"))]
     return "\n".join(lines)
 
 
-def table_record(rows: tuple[PeerRow, ...], out: str, cpu: str, command: str) -> dict[str, Any]:
+def table_record(rows: tuple[PeerRow, ...], out: str, cpu: str, command: str,
+                 more: tuple[str, ...] = ()) -> dict[str, Any]:
     """The table as a `bench/results.py` record (topic "learning"), the rows that were run only."""
-    lines = table(rows, out, cpu).splitlines()
+    lines = table(rows, out, cpu, more).splitlines()
     cells = [[c.strip() for c in line.strip("|").split(" | ")] for line in lines[2:]]
     run = [row for row in cells[2:] if row[1] != "not run" and not row[1].startswith("not run (")]
     return {"kind": "table", "topic": "learning", "title": "tempax against TRL: same start, rows, order and budget",
@@ -402,8 +436,9 @@ def selected(only: str | None) -> list[PeerRow]:
 
 
 def _base_of(overrides: list[str]) -> str:
-    """The starting folder: the `model.source=` override every child gets first."""
-    return overrides[0].split("=", 1)[1]
+    """The starting folder: the last `model.source=` override, the one tempax's run takes (every child gets the
+    shared base first; a row's setup may add its own start, e.g. GRPO's warm-start)."""
+    return [o for o in overrides if o.startswith("model.source=")][-1].split("=", 1)[1]
 
 
 def _row_named(name: str) -> PeerRow:
@@ -417,7 +452,10 @@ def main(argv: list[str] | None = None) -> int:
                         "whose TRL side exists)")
     parser.add_argument("--out", default="runs/learning_trl", help="where the runs go")
     parser.add_argument("--tiny", action="store_true", help="smoke mode: a tiny model, 2 steps a row")
-    parser.add_argument("--table", default=None, metavar="OUT", help="print the table of the runs in OUT, run nothing")
+    parser.add_argument("--table", default=None, metavar="OUT[,OUT...]", help="print the table of the runs in OUT, "
+                        "run nothing; later folders add the rows that ran there (other runs, e.g. other seeds)")
+    parser.add_argument("--command", default=None, help="with --record: the command(s) that made the runs, as the "
+                        "record names them (default: this command's --only)")
     parser.add_argument("--record", default=None, metavar="FILE", help="also append the table, rows that ran, as a "
                         "bench/results.py record to FILE (e.g. bench/records/learning.jsonl)")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
@@ -439,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(args.run, "outcomes.json"), "w") as f:
             json.dump(outcomes, f)
         return 0
-    out = os.path.abspath(args.table or args.out)  # the children run in the repository root
+    folders = [os.path.abspath(f) for f in (args.table or args.out).split(",")]  # children run in the repo root
+    out, more = folders[0], tuple(folders[1:])
     if not args.table:
         os.makedirs(out, exist_ok=True)
         base = write_base(os.path.abspath(os.path.join(out, "base")), tiny=args.tiny)
@@ -447,11 +486,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"running {row.name}: tempax {row.command} and TRL", file=sys.stderr, flush=True)
             run_row(row, out, base, args.tiny, tuple(args.overrides))
     cpu = _learning().cpu_name()
-    print(table(ROWS, out, cpu))
+    print(table(ROWS, out, cpu, more))
     if args.record:
-        command = "python bench/learning_trl.py --peer trl" + (f" --only {args.only}" if args.only else "")
+        command = args.command or ("python bench/learning_trl.py --peer trl" + (f" --only {args.only}" if args.only
+                                                                               else ""))
         with open(args.record, "a", encoding="utf-8") as f:
-            f.write(json.dumps(table_record(ROWS, out, cpu, command)) + "\n")
+            f.write(json.dumps(table_record(ROWS, out, cpu, command, more)) + "\n")
     return 0
 
 

@@ -96,6 +96,9 @@ class TrlSide:
     rows: Callable[[Any, str], tuple[list[dict], dict[str, Any]]]
     initial: Callable[[Any, str], str] = initial_adapters
     reward_head: bool = False
+    # (trainer class, prepared inputs) -> (its subclass, extra constructor arguments): what a trainer needs beyond
+    # rows in tempax's order (GRPO: tempax's prompt tokens and the reward functions). Runs in TRL's child.
+    specialise: Callable[[type, dict[str, Any]], tuple[type, dict[str, Any]]] | None = None
 
 
 def write_inputs(side: TrlSide, cfg: Any, base: str, out: str) -> None:
@@ -133,6 +136,9 @@ def train_trl(side: TrlSide, base: str, out: str) -> None:
                     optimizer or self.optimizer, lambda k: factors[min(k, len(factors) - 1)])
             return self.lr_scheduler
 
+    extra: dict[str, Any] = {}
+    if side.specialise is not None:
+        PreTokenised, extra = side.specialise(PreTokenised, inputs)
     start = os.path.join(out, INITIAL_ADAPTERS)
     if side.reward_head:
         model = transformers.AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype="float32")
@@ -150,7 +156,7 @@ def train_trl(side: TrlSide, base: str, out: str) -> None:
         policy.get_base_model().score.weight.requires_grad_(True)
     trainer = PreTokenised(model=policy, args=config_cls(output_dir=out, **inputs["arguments"]),
                            train_dataset=datasets.Dataset.from_list(inputs["rows"]),
-                           processing_class=transformers.AutoTokenizer.from_pretrained(base))
+                           processing_class=transformers.AutoTokenizer.from_pretrained(base), **extra)
     if side.reward_head:
         check_last_tokens(inputs["rows"], trainer.model.config.get_text_config().pad_token_id)
     trainer.train()
@@ -170,3 +176,15 @@ def check_last_tokens(rows: list[dict], pad_id: int | None) -> None:
     if ending:
         raise SystemExit(f"{len(ending)} pairs end with the pad id {pad_id}: transformers would score an earlier token "
                          "than tempax; the reward-model row cannot be held equal with this tokenizer")
+
+
+def side_outcomes(outcomes: Callable[[Any, str, str | None], list], cfg: Any, base: str,
+                  row_dir: str) -> dict[str, list]:
+    """A row's per-item outcomes: `outcomes(cfg, base, adapters)` of the start (no adapters, "before") and of each
+    side's final adapters (ROW/SIDE/adapters) that exist."""
+    result: dict[str, list] = {"before": outcomes(cfg, base, None)}
+    for side in SIDES:
+        folder = os.path.join(row_dir, side, "adapters")
+        if os.path.isdir(folder):
+            result[side] = outcomes(cfg, base, folder)
+    return result

@@ -3,10 +3,9 @@ and KTOTrainer, and the rows' metric, the implicit-reward preference accuracy on
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from bench.trl_sides.common import SIDES, TrlSide, ordered, trl_arguments
+from bench.trl_sides.common import TrlSide, ordered, side_outcomes, trl_arguments
 
 
 def split_completion(example: Any) -> tuple[list[int], list[int]]:
@@ -89,9 +88,4 @@ def pair_outcomes(cfg: Any, base: str, adapters: str | None) -> list[bool]:
 
 def evaluate_implicit_rewards(cfg: Any, base: str, row_dir: str) -> dict[str, list[bool]]:
     """Per-pair outcomes before training (a tie: the policy is the reference) and of each side's final adapters."""
-    result: dict[str, list[bool]] = {"before": pair_outcomes(cfg, base, None)}
-    for side in SIDES:
-        folder = os.path.join(row_dir, side, "adapters")
-        if os.path.isdir(folder):
-            result[side] = pair_outcomes(cfg, base, folder)
-    return result
+    return side_outcomes(pair_outcomes, cfg, base, row_dir)

@@ -1,9 +1,10 @@
-"""bench/learning_trl.py: its table from hand-made outcomes; TRL's side of the KTO, SFT and reward-model rows on a
+"""bench/learning_trl.py: its table from hand-made outcomes; TRL's side of the KTO, SFT, reward-model and GRPO rows on a
 tiny model (tempax's tokens, order and initial weights in, TRL's first loss equal to tempax's, the trained adapter
 read back by tempax); and (slow) the --tiny smoke run of every built row through both libraries."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -15,6 +16,7 @@ import pytest
 from bench.learning_trl import (ROWS, _overrides, load_row_config, main, prepare_row, row_slug, selected, table,
                                 table_record, write_base)
 from bench.trl_sides.common import HEAD_FILE, INITIAL_ADAPTERS, train_trl, write_inputs
+from bench.trl_sides.grpo import answer_outcomes
 from bench.trl_sides.preference import pair_outcomes
 from tests.algorithms.preference.test_dpo import WORDS, synthetic_rows, write_jsonl
 
@@ -74,13 +76,57 @@ def test_rows_not_built_or_not_run_print_not_run_and_paired_differences_are_judg
     assert "| +0.2000 [-0.1437, +0.5437] nats (inside its interval), paired t |" in line
     assert "| 10 / 12 | 20 / 25 |" in line
     assert "| not run |" in by_name["DPO"] and "| not run |" in by_name["reward model"]
-    assert "not run (the TRL side" in by_name["GRPO, arithmetic"]
-    assert [r.name for r in selected(None)] == ["SFT", "DPO", "KTO", "reward model"]
+    assert "| not run |" in by_name["GRPO, arithmetic"]
+    # GRPO's last column is the mean sampled reward of the first and last step (its loss is 0 at every step).
+    grpo = tmp_path / row_slug(row("GRPO, arithmetic"))
+    grpo.mkdir()
+    (grpo / "outcomes.json").write_text(json.dumps({
+        "before": [False] * 4, "tempax": [True, True, False, False], "trl": [True, False, False, False],
+        "train_reward": {"tempax": [0.35, 0.9, 1.51], "trl": [0.514, 1.246]}}))
+    line = table(ROWS, str(tmp_path), "Some CPU, 2 cores").splitlines()[-1]
+    assert line.startswith("| GRPO, arithmetic | answer accuracy, tempax: 0.0% [") and "-> 50.0% [" in line
+    assert line.endswith("| - | - | reward: 0.35 .. 1.51 / 0.51 .. 1.25 |"), line
+    assert [r.name for r in selected(None)] == ["SFT", "DPO", "KTO", "reward model", "GRPO, arithmetic"]
     assert [r.name for r in selected("kto,reward-model")] == ["KTO", "reward model"]
     record = table_record(ROWS, str(tmp_path), "Some CPU, 2 cores", "python bench/learning_trl.py --peer trl")
     assert record["columns"][0] == "row" and len(record["columns"]) == 7
-    assert [r[0] for r in record["rows"]] == ["SFT", "KTO"] and record["rows"][1][4:6] == ["30 / 41", "71 / 90"]
+    assert [r[0] for r in record["rows"]] == ["SFT", "KTO", "GRPO, arithmetic"] and record["rows"][1][4:6] == ["30 / 41", "71 / 90"]
     assert record["cpu"] == "Some CPU, 2 cores" and record["topic"] == "learning"
+
+
+def test_a_table_of_several_runs_adds_the_rows_that_ran_in_the_later_folders(tmp_path):
+    """`--table A,B`: A's table as always, then B's GRPO run (its only row with outcomes) labelled with B's name;
+    the record keeps both GRPO rows."""
+    for folder, tempax_right in (("first", 2), ("seed1", 3)):
+        grpo = tmp_path / folder / row_slug(row("GRPO, arithmetic"))
+        grpo.mkdir(parents=True)
+        (grpo / "outcomes.json").write_text(json.dumps({
+            "before": [False] * 4, "tempax": [True] * tempax_right + [False] * (4 - tempax_right),
+            "trl": [True, False, False, False], "train_reward": {"tempax": [0.5, 1.0], "trl": [0.5, 0.9]}}))
+    first, later = str(tmp_path / "first"), str(tmp_path / "seed1")
+    lines = table(ROWS, first, "Some CPU", (later,)).splitlines()
+    assert len(lines) == 4 + len(ROWS) + 1
+    assert lines[-2].startswith("| GRPO, arithmetic | answer accuracy, tempax: 0.0% [") and "-> 50.0% [" in lines[-2]
+    assert lines[-1].startswith("| GRPO, arithmetic (seed1) | answer accuracy, tempax: 0.0% [") and "-> 75.0% [" in lines[-1]
+    record = table_record(ROWS, first, "Some CPU", "the commands", (later,))
+    assert [r[0] for r in record["rows"]] == ["GRPO, arithmetic", "GRPO, arithmetic (seed1)"]
+    assert record["command"] == "the commands"
+
+
+def test_the_grpo_row_is_the_demos_grpo_stage():
+    """The GRPO row's overrides turn the GSM8K recipe into `tempax demo`'s GRPO stage: the same algorithm settings,
+    adapters, rewards, task, optimiser and loop (10 steps of 2 prompts, the whole batch in one pass), scored on
+    200 held-out problems with the demo's 48-token budget."""
+    from tempax.experiments.demo import demo_grpo_config
+
+    grpo = row("GRPO, arithmetic")
+    cfg = load_row_config(grpo, _overrides(grpo, "BASE", False, ()))
+    demo = demo_grpo_config()
+    assert cfg.grpo == demo.grpo and cfg.lora == demo.lora and cfg.rewards == demo.rewards and cfg.task == demo.task
+    assert cfg.train.optimizer == demo.train.optimizer
+    loop = lambda t: (t.steps, t.batch_size, t.micro_batch_size, t.remat, t.precision, t.seed)
+    assert loop(cfg.train) == loop(demo.train)
+    assert cfg.eval.max_new_tokens == demo.eval.max_new_tokens and cfg.eval.num_problems == 200
 
 
 def test_overrides_scoped_to_commands_reach_those_rows_only():
@@ -140,6 +186,54 @@ def test_trl_kto_side_trains_on_tempaxs_rows_from_tempaxs_adapters_and_reads_bac
     assert inputs["lr_factors"] == [pytest.approx(1.0), pytest.approx(1.0)]
     assert [r["learning_rate"] for r in history] == [pytest.approx(peak), pytest.approx(peak)]
     outcomes = pair_outcomes(cfg, tiny_files["base"], os.path.join(out, "adapters"))
+    assert len(outcomes) == 6 and all(isinstance(x, bool) for x in outcomes)
+
+
+@pytest.mark.needs_torch
+def test_trl_grpo_side_samples_tempaxs_prompts_in_order_and_scores_them_with_the_demos_rewards(tiny_files):
+    """TRL's GRPOTrainer gets the 2 prompts tempax's sampler draws over 2 steps of 1 prompt, in that order, as
+    tempax's token ids (its own tokenisation of the text is bypassed: the spy sees those ids, once per step), and
+    the demo's two reward functions take TRL's call as they are (TRL logs a mean for each); its adapter loads into
+    tempax and answers the 6 held-out problems."""
+    from tempax.data.tasks.spec import load_task
+    from tempax.models.registry import load_tokenizer
+    from tempax.rl.rollout import PromptSampler, encode_prompts
+
+    grpo = row("GRPO, arithmetic")
+    overrides = [f"model.source={tiny_files['base']}", *grpo.overrides, *grpo.tiny]
+    cfg = load_row_config(grpo, overrides)
+    out = str(tiny_files["dir"] / "trl_grpo")
+    write_inputs(grpo.trl, cfg, tiny_files["base"], out)
+    inputs = json.loads(open(os.path.join(out, "trl_inputs.json")).read())
+    train_rows, _ = load_task(cfg.task, eval_problems=cfg.eval.num_problems)
+    prompts, _ = encode_prompts(load_tokenizer(tiny_files["base"]), train_rows, max_prompt_len=512)
+    sampler = PromptSampler(prompts, seed=cfg.train.seed)
+    drawn = [sampler.next(1)[0] for _ in range(2)]
+    assert [r["prompt_ids"] for r in inputs["rows"]] == [list(p.ids) for p in drawn]
+    assert [r["answer"] for r in inputs["rows"]] == [p.columns["answer"] for p in drawn]
+    args = inputs["arguments"]
+    assert (args["per_device_train_batch_size"], args["num_generations"], args["max_completion_length"]) == (2, 2, 8)
+    assert (args["loss_type"], args["beta"], args["shuffle_dataset"], args["bf16"]) == ("grpo", 0.0, False, False)
+
+    seen: list[list[int]] = []
+
+    def spy(trainer_cls, prepared):
+        cls, extra = grpo.trl.specialise(trainer_cls, prepared)
+
+        class Spied(cls):
+            def _tokenize_prompts(self, texts):
+                ids, images, fields = super()._tokenize_prompts(texts)
+                seen.extend(ids)
+                return ids, images, fields
+
+        return Spied, extra
+
+    train_trl(dataclasses.replace(grpo.trl, specialise=spy), tiny_files["base"], out)
+    assert seen == [r["prompt_ids"] for r in inputs["rows"] for _ in range(2)]  # each prompt x 2 completions
+    history = _trl_history(out)
+    assert len(history) == 2
+    assert all("rewards/format_reward/mean" in r and "rewards/answer_correctness_reward/mean" in r for r in history)
+    outcomes = answer_outcomes(cfg, tiny_files["base"], os.path.join(out, "adapters"))
     assert len(outcomes) == 6 and all(isinstance(x, bool) for x in outcomes)
 
 
@@ -229,7 +323,7 @@ def test_trl_reward_side_starts_from_tempaxs_head_and_its_first_loss_is_tempaxs(
 @pytest.mark.needs_torch
 def test_tiny_smoke_run_trains_both_sides_alike_and_scores_both_with_tempax(tmp_path, capsys, monkeypatch):
     """Both libraries train 2 steps of every built row on the same tiny base, rows, order and initial weights;
-    tempax scores both final models on the same held-out items (6 pairs; 6 dialogues for SFT). The same run on
+    tempax scores both final models on the same held-out items (6 pairs; 6 dialogues for SFT; 6 problems for GRPO). The same run on
     both sides: the first losses agree to 1e-5 (KTO 0.5 and DPO log 2 = 0.693147 exactly, since the policy starts
     as the reference; SFT and the reward model whatever the starting weights give) and the second to 1e-4."""
     # The children train on this machine's devices, not the eight virtual ones of the test process (conftest):
@@ -255,6 +349,13 @@ def test_tiny_smoke_run_trains_both_sides_alike_and_scores_both_with_tempax(tmp_
             assert ours[0] == pytest.approx(first, abs=1e-5)
         line = next(x for x in printed.splitlines() if x.startswith(f"| {name.replace('_', ' ')} |"))
         assert "paired" in line and "not run" not in line and "failed" not in line, line
+    # GRPO samples on each side (its first loss is 0 on both: beta 0, one pass): both trained from the warm-start
+    # the preparation wrote, and tempax scored both on the 6 held-out problems.
+    outcomes = json.loads((out / "GRPO" / "outcomes.json").read_text())
+    assert len(outcomes["tempax"]) == len(outcomes["trl"]) == len(outcomes["before"]) == 6
+    assert (out / "GRPO" / "start" / "config.json").is_file()
+    line = next(x for x in printed.splitlines() if x.startswith("| GRPO, arithmetic |"))
+    assert "paired" in line and "not run" not in line and "failed" not in line, line
 
 
 def test_losses_equal_to_float_rounding_name_no_winner():
