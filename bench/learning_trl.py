@@ -419,13 +419,15 @@ def table(rows: tuple[PeerRow, ...], out: str, cpu: str, more: tuple[str, ...] =
 
 
 def table_record(rows: tuple[PeerRow, ...], out: str, cpu: str, command: str,
-                 more: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The table as a `bench/results.py` record (topic "learning"), the rows that were run only."""
+                 more: tuple[str, ...] = (), notes: str = "") -> dict[str, Any]:
+    """The table as a `bench/results.py` record (topic "learning"), the rows that were run only; `notes` (what the
+    table shows, in words) go before the versions."""
     lines = table(rows, out, cpu, more).splitlines()
     cells = [[c.strip() for c in line.strip("|").split(" | ")] for line in lines[2:]]
     run = [row for row in cells[2:] if row[1] != "not run" and not row[1].startswith("not run (")]
     return {"kind": "table", "topic": "learning", "title": "tempax against TRL: same start, rows, order and budget",
-            "columns": cells[0], "rows": run, "command": command, "cpu": cpu, "notes": versions()}
+            "columns": cells[0], "rows": run, "command": command, "cpu": cpu,
+            "notes": f"{notes.rstrip('. ')}. {versions()}" if notes else versions()}
 
 
 def selected(only: str | None) -> list[PeerRow]:
@@ -458,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                         "record names them (default: this command's --only)")
     parser.add_argument("--record", default=None, metavar="FILE", help="also append the table, rows that ran, as a "
                         "bench/results.py record to FILE (e.g. bench/records/learning.jsonl)")
+    parser.add_argument("--notes", default="", help="with --record: what the table shows, in words, on the page")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--evaluate", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--prepare", default=None, help=argparse.SUPPRESS)
@@ -491,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         command = args.command or ("python bench/learning_trl.py --peer trl" + (f" --only {args.only}" if args.only
                                                                                else ""))
         with open(args.record, "a", encoding="utf-8") as f:
-            f.write(json.dumps(table_record(ROWS, out, cpu, command, more)) + "\n")
+            f.write(json.dumps(table_record(ROWS, out, cpu, command, more, args.notes)) + "\n")
     return 0
 
 

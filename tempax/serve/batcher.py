@@ -63,6 +63,12 @@ class _Row:
     emitted: int = 0  # characters of text already streamed
 
 
+def stopping_error() -> APIError:
+    """A request the server cannot answer because it is stopping (a signal, or `close()`)."""
+    return APIError("the server is stopping; retry against a running server", status=503, type="server_error",
+                    code="server_stopping")
+
+
 class Batcher:
     """Runs requests on `model` with continuous batching from a worker thread; `submit` is safe from any thread.
 
@@ -90,6 +96,7 @@ class Batcher:
         self._waiting: collections.deque[Job] = collections.deque()
         self._rows: dict[int, _Row] = {}  # slot -> row
         self._thread: threading.Thread | None = None
+        self._closing = False
 
     def warm_up(self) -> int:
         """Compiles every program serving needs (before the server answers); returns how many compiled."""
@@ -100,6 +107,8 @@ class Batcher:
         self._thread.start()
 
     def submit(self, request: CompletionRequest) -> Job:
+        if self._closing:
+            raise stopping_error()
         rows = len(request.prompts) * request.sampling.n
         if rows > self.max_rows:
             raise APIError(f"the request asks for {rows} completions (prompts x n); this "
@@ -109,9 +118,31 @@ class Batcher:
         return job
 
     def close(self) -> None:
+        """Stops the worker. Every request it has not answered, decoding, waiting or still queued, ends with a 503
+        error event, so no connection thread is left waiting for an answer that will not come."""
+        self._closing = True
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(timeout=30)
+            if self._thread.is_alive():
+                return  # a device call outlived the wait: the worker fails the rest when it sees the None
+        self._fail_all()
+
+    def _fail_all(self) -> None:
+        """Ends every request not yet answered with the server's stop (the worker's last act, or close's once the
+        worker is gone): those running, those waiting and those still queued."""
+        error = stopping_error()
+        for job in [row.job for row in self._rows.values()] + list(self._waiting):
+            self._fail(job, error)
+        self._rows.clear()
+        self._waiting.clear()
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                self._fail(job, error)
 
     # -- the worker --------------------------------------------------------------------------------------------
     def _work(self) -> None:
@@ -122,6 +153,7 @@ class Batcher:
                     job = self._queue.get() if block else self._queue.get_nowait()
                     block = False
                     if job is None:
+                        self._fail_all()
                         return
                     self._waiting.append(job)
             except queue.Empty:

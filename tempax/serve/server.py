@@ -13,8 +13,10 @@ the batcher and writes its answer: one JSON body, or server-sent events (`data: 
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -43,18 +45,63 @@ class OpenAIServer(ThreadingHTTPServer):
       limits: context and per-request limits.
     """
 
-    daemon_threads = True
+    daemon_threads = True  # a connection thread that outlives `close`'s wait does not hold the process open
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], *, tokenizer: Any, batcher: Batcher, model_name: str,
                  limits: Limits):
         self.tokenizer, self.batcher, self.model_name, self.limits = tokenizer, batcher, model_name, limits
         self.created = 0
+        # Each connection and the thread serving it, kept until the thread has finished (not only the connection):
+        # see `close`.
+        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._connections_lock = threading.Lock()
         super().__init__(address, _Handler)
 
-    def close(self) -> None:
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Serves the connection from its own thread, remembered so that `close` can end the connection and wait
+        for the thread."""
+        thread = threading.Thread(target=self.process_request_thread, args=(request, client_address),
+                                  name="tempax-connection", daemon=True)
+        with self._connections_lock:
+            for conn, old in list(self._connections.items()):
+                if not old.is_alive():
+                    del self._connections[conn]
+            self._connections[request] = thread
+        thread.start()
+
+    @property
+    def open_connections(self) -> int:
+        """Connections whose threads are still running."""
+        with self._connections_lock:
+            return sum(thread.is_alive() for thread in self._connections.values())
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stops serving: no new connections; every request not yet answered gets a 503 (`Batcher.close`); idle
+        keep-alive connections are ended; then every connection thread is waited for until it has finished (up to
+        `timeout` seconds in all).
+
+        Why wait for the threads, not just the connections: a thread's target is this server's bound method, so
+        the last thread to finish can hold the last reference to the server, its batcher and the model. Were that
+        thread still running when the interpreter exits, the model's arrays would be freed in it during
+        finalisation, where jaxlib's array destructor cannot take the interpreter lock back and the process
+        aborts ("terminate called ... FATAL: exception not rethrown", status -6)."""
         self.server_close()
         self.batcher.close()
+        with self._connections_lock:
+            connections = dict(self._connections)
+        for conn, thread in connections.items():
+            if thread.is_alive():
+                try:
+                    conn.shutdown(socket.SHUT_RD)  # a wait for the next request reads the end; answers still go out
+                except OSError:
+                    pass  # its thread closed it meanwhile
+        deadline = time.monotonic() + timeout
+        for thread in connections.values():
+            try:
+                thread.join(max(deadline - time.monotonic(), 0.0))
+            except RuntimeError:
+                pass  # registered, but the stop signal came before it was started: it never runs
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A connection that failed below HTTP (the client went away, or the server closed its socket while

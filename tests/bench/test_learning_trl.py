@@ -110,7 +110,9 @@ def test_a_table_of_several_runs_adds_the_rows_that_ran_in_the_later_folders(tmp
     assert lines[-1].startswith("| GRPO, arithmetic (seed1) | answer accuracy, tempax: 0.0% [") and "-> 75.0% [" in lines[-1]
     record = table_record(ROWS, first, "Some CPU", "the commands", (later,))
     assert [r[0] for r in record["rows"]] == ["GRPO, arithmetic", "GRPO, arithmetic (seed1)"]
-    assert record["command"] == "the commands"
+    assert record["command"] == "the commands" and record["notes"].startswith("tempax ")  # the versions alone
+    noted = table_record(ROWS, first, "Some CPU", "the commands", (later,), notes="Both sides end level.")
+    assert noted["notes"].startswith("Both sides end level. tempax ")
 
 
 def test_the_grpo_row_is_the_demos_grpo_stage():

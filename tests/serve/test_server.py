@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 
 import jax
 import numpy as np
@@ -209,3 +210,48 @@ def test_a_connection_closed_under_a_request_is_one_line_not_a_traceback(capsys)
     err = capsys.readouterr().err
     assert err == ("tempax serve: a connection from 127.0.0.1 ended before its answer was sent ([Errno 9] Bad file "
                    "descriptor)\n")
+
+
+def test_closing_answers_a_request_in_flight_with_a_503_and_ends_every_connection():
+    """`close()` while a request decodes and a keep-alive connection idles between requests: the request gets
+    OpenAI's error shape with status 503 (code server_stopping) rather than a dropped connection, the idle
+    connection is ended, no connection thread is left running (one still running when the interpreter exits can
+    abort the process), and the batcher refuses a request that comes after."""
+    from tempax.serve.protocol import APIError, parse_completion
+
+    others = set(threading.enumerate())  # e.g. the module's server's connections
+    server = start_server(peaked_tiny_model(), tiny_chat_tokenizer(), port=0, model_name="tiny",
+                          max_model_len=CONTEXT, chunk=1, max_batch=2)
+    engine, decoding = server.batcher.engine, threading.Event()
+    advance = engine.advance
+
+    def slow_advance(steps):  # a token every 50 ms: the request is still decoding when the server closes
+        decoding.set()
+        advance(steps)
+        time.sleep(0.05)
+
+    engine.advance = slow_advance
+    server.start_in_thread()
+    port = server.server_address[1]
+    idle = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    idle.request("GET", "/health")
+    assert json.loads(idle.getresponse().read()) == {"status": "ok"}
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 60}
+    answer: dict[str, object] = {}
+    asking = threading.Thread(target=lambda: answer.update(
+        zip(("status", "body"), _post(port, "/v1/completions", json.dumps(body).encode()))))
+    asking.start()
+    assert decoding.wait(60)
+    assert server.open_connections == 2
+    server.shutdown()
+    server.close()
+    asking.join(60)
+    assert answer["status"] == 503 and answer["body"]["error"]["code"] == "server_stopping", answer
+    assert server.open_connections == 0
+    assert not [t for t in threading.enumerate() if t.name == "tempax-connection" and t not in others]
+    with pytest.raises((http.client.HTTPException, OSError)):  # the idle connection was ended by the server
+        idle.request("GET", "/health")
+        idle.getresponse()
+    with pytest.raises(APIError, match="the server is stopping") as refused:
+        server.batcher.submit(parse_completion(body, server.tokenizer, "tiny", server.limits))
+    assert refused.value.status == 503
