@@ -103,10 +103,16 @@ def assert_weights_published(run_dir: str, steps: int) -> None:
 
 
 def rollout_workers(pid: int) -> list[psutil.Process]:
+    """The Ray actor processes of the rollout workers under `pid`. A process a worker starts (e.g. a reward's
+    bounded subprocess) inherits the worker's process title, so only those whose parent is not a worker count."""
+    def is_worker(process: psutil.Process) -> bool:
+        return "RolloutWorker" in " ".join(process.cmdline())
+
     out = []
     for child in psutil.Process(pid).children(recursive=True):
         try:
-            if "RolloutWorker" in " ".join(child.cmdline()):
+            parent = child.parent()
+            if is_worker(child) and not (parent is not None and is_worker(parent)):
                 out.append(child)
         except psutil.NoSuchProcess:
             pass
