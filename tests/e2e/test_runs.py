@@ -103,8 +103,8 @@ def assert_weights_published(run_dir: str, steps: int) -> None:
 
 
 def rollout_workers(pid: int) -> list[psutil.Process]:
-    """The Ray actor processes of the rollout workers under `pid`. A process a worker starts (e.g. a reward's
-    bounded subprocess) inherits the worker's process title, so only those whose parent is not a worker count."""
+    """The Ray actor processes of the rollout workers under `pid`. A process a worker forks carries the worker's
+    process title until it execs, so only those whose parent is not a worker count."""
     def is_worker(process: psutil.Process) -> bool:
         return "RolloutWorker" in " ".join(process.cmdline())
 
