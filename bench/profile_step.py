@@ -3,8 +3,10 @@
     python bench/profile_step.py decode small          # 40 decode steps of the decode workload
     python bench/profile_step.py sft_full small        # the 4th training step of bench/sft.py's run
     python bench/profile_step.py sft_full small --precision bf16   # the same at train.precision=bf16
+    python bench/profile_step.py recipe recipes/dpo_smollm2_lora.yaml train.steps=5   # any training command
 
-Runs the workload as `bench/decode.py` / `bench/sft.py` define it, with XLA's per-thunk trace on
+Runs the workload as `bench/decode.py` / `bench/sft.py` define it (`recipe CONFIG [key=value ...]`: the 4th
+training step of `tempax COMMAND --config CONFIG`, the command read from the file, on the real model it names), with XLA's per-thunk trace on
 (`--xla_cpu_enable_xprof_traceme=true`, set here before JAX starts) and the optimized HLO dumped to a temporary
 folder, then prints milliseconds per step:
   * by kind of operation (the fusion name without its number: `ynn_fusion` = matrix products, `dot` = other
@@ -102,10 +104,10 @@ def profile_decode(size: str, trace_dir: str, steps: int = 40) -> int:
     return steps
 
 
-def profile_training(workload: str, size: str, trace_dir: str, precision: str = "fp32", traced_step: int = 4) -> int:
+def trace_step(trace_dir: str, what: str, traced_step: int = 4) -> None:
+    """Traces the `traced_step`-th call of `Trainer.train_step` (every algorithm's step) from now on."""
     import jax
 
-    import sft
     from tempax.train import loop
 
     original = loop.Trainer.train_step
@@ -119,19 +121,40 @@ def profile_training(workload: str, size: str, trace_dir: str, precision: str = 
         start = time.perf_counter()
         out = original(self, batch)
         jax.block_until_ready(self.state.params)
-        print(f"{workload} {size}: step {traced_step} took {time.perf_counter() - start:.2f} s (wall, traced)")
+        print(f"{what}: step {traced_step} took {time.perf_counter() - start:.2f} s (wall, traced)")
         jax.profiler.stop_trace()
         return out
 
     loop.Trainer.train_step = traced
+
+
+def profile_training(workload: str, size: str, trace_dir: str, precision: str = "fp32") -> int:
+    import sft
+
+    trace_step(trace_dir, f"{workload} {size}")
     sft.measure(workload, size, precision=precision)
+    return 1
+
+
+def profile_recipe(config: str, overrides: list[str], trace_dir: str) -> int:
+    """The 4th step of the training command `config` names (its `command:` key), run as `tempax` would run it."""
+    import yaml
+
+    from tempax.algorithms import registry
+
+    with open(config) as f:
+        command = yaml.safe_load(f)["command"]
+    run_dir = os.path.join(os.path.dirname(trace_dir), "run")
+    trace_step(trace_dir, f"{command} ({config})")
+    registry.train(command, config, [f"train.run_dir={run_dir}", *overrides])
     return 1
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload", choices=("decode", "sft_full", "sft_lora"))
-    parser.add_argument("size", choices=("tiny", "small"))
+    parser.add_argument("workload", choices=("decode", "sft_full", "sft_lora", "recipe"))
+    parser.add_argument("size", help="tiny or small; for `recipe`, the recipe's YAML file")
+    parser.add_argument("overrides", nargs="*", help="`recipe` only: key=value overrides of the recipe")
     parser.add_argument("--top", type=int, default=15, help="rows per table")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="train.precision (training)")
     args = parser.parse_args()
@@ -140,8 +163,12 @@ def main() -> int:
     os.environ["XLA_FLAGS"] = " ".join(
         [os.environ.get("XLA_FLAGS", ""), "--xla_cpu_enable_xprof_traceme=true", f"--xla_dump_to={dump_dir}"]
     ).strip()
+    if args.workload != "recipe" and (args.size not in ("tiny", "small") or args.overrides):
+        parser.error(f"{args.workload} takes a size, tiny or small, and no overrides")
     if args.workload == "decode":
         steps, module = profile_decode(args.size, trace_dir), "_decode"
+    elif args.workload == "recipe":
+        steps, module = profile_recipe(args.size, args.overrides, trace_dir), "step"
     else:
         steps, module = profile_training(args.workload, args.size, trace_dir, args.precision), "step"
     summarize(trace_dir, dump_dir, module, steps, args.top)

@@ -12,6 +12,7 @@ forms, optimization barriers). The functions below choose between them when they
                              one query over the cache: multiply-and-sum (decode step)    jax.nn (attention_impl)
     tied_lm_head             the table on the left (decode steps)                        h @ E^T
     fused_causal_lm_loss     one exp pass for bf16; dL/dW summed in XLA:CPU's layout     the head's layout
+    fused_token_logprobs     (one form: the plain one)                                   masked positions only
 
 `variant()` is the rule: "cpu" where JAX's default backend is XLA:CPU, "plain" on every other backend (GPUs,
 TPUs), whose compilers pick their own layouts. Both variants compute the same function, to float rounding
@@ -34,7 +35,7 @@ from tempax.ops.cpu import lm_head as cpu_lm_head
 from tempax.ops.cpu import matmul as cpu_matmul
 from tempax.ops.plain import BF16, attention_mask, keep_kernel_dtype, softcap
 
-__all__ = ["BF16", "Variant", "attention", "attention_mask", "fused_causal_lm_loss", "gated", "keep_kernel_dtype",
+__all__ = ["BF16", "Variant", "attention", "attention_mask", "fused_causal_lm_loss", "fused_token_logprobs", "gated", "keep_kernel_dtype",
            "matmul", "projection_dot", "softcap", "table_on_left_in_decode", "tied_lm_head", "use_variant", "variant"]
 
 Variant = Literal["plain", "cpu"]
@@ -179,3 +180,31 @@ def fused_causal_lm_loss(
     forms = cpu_lm_head.CPU_FORMS if variant() == "cpu" else fused_head.PLAIN_FORMS
     return fused_head.fused_causal_lm_loss(forms, hidden_btd, head, targets_bt, loss_mask_bt, vocab_major, normalize,
                                            chunk_len, softcap)
+
+
+def fused_token_logprobs(
+    hidden_btd: jax.Array,
+    head: jax.Array,
+    targets_bt: jax.Array,
+    mask_bt: jax.Array,
+    *,
+    vocab_major: bool,
+    chunk_len: int | None = None,
+    softcap: float | None = None,
+) -> jax.Array:
+    """`token_logprobs(hidden @ head, targets)` at the positions of `mask_bt` (0 elsewhere), computed only there
+    and without materialising the logits: the masked positions are gathered, the head applied in chunks of them,
+    and d log p / d hidden formed in the forward pass (`tempax.ops.fused_head`).
+
+    Args:
+      hidden_btd: [batch, time, hidden] final-norm hidden states.
+      head: the LM head, [vocab, hidden] when `vocab_major` (a tied embedding table), else [hidden, vocab]; in
+        hidden's dtype or a float32 master of bf16 hidden states (gradient returned in the master's dtype).
+      targets_bt, mask_bt: [batch, time] next-token targets and the 0/1 mask of the positions wanted.
+      chunk_len: at most this many masked positions per chunk (`fused_head.chunk_size`); None: all at once.
+      softcap: final-logit soft-cap (Gemma 2), or None.
+
+    Returns:
+      [batch, time] float32 log-probabilities, 0 where the mask is 0.
+    """
+    return fused_head.fused_token_logprobs(hidden_btd, head, targets_bt, mask_bt, vocab_major, chunk_len, softcap)

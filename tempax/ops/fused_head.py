@@ -27,6 +27,20 @@ Gemma-2-style final soft-capping z = cap tanh(z' / cap) is applied inside, with 
 This is the same quantity as `tempax.algorithms.sft.losses.causal_lm_loss` (tested equal, value and gradients);
 only the way it is computed differs. Liger-Kernel's "fused linear cross-entropy" is the same idea on GPUs.
 
+Only the positions the loss reads (`compact_positions`). A loss mask often covers a small part of a batch:
+assistant turns of a dialogue, a preference pair's two replies (about a quarter of the positions of
+`recipes/dpo_smollm2_lora.yaml`'s batches, where prompts and padding fill the rest). The head's three products
+and the [C, V] softmax cost the same at every position, so both fused forms first gather the masked positions of
+each group of rows to the front (in order, a stable sort of the mask) and skip every chunk that holds none
+(`jax.lax.cond` inside the scan), then put the results back in place. The values are unchanged: a position
+outside the mask contributes nothing to the loss, and its reported NLL / log-prob is 0. A group is the whole
+batch on one device; under a mesh each device's share of the rows is its own group (`compaction_groups`), so no
+device gathers another's rows.
+
+`fused_token_logprobs` is the same idea for log p(y_t) itself (the preference losses' per-row sums of reply
+log-probs): its forward pass keeps each position's d log p / d h, so a LoRA run's backward pass is a product
+by the incoming cotangent, and only a trained head (full fine-tuning) recomputes the chunk's logits for dL/dW.
+
 Two steps have more than one form (`HeadForms`): each chunk's softmax and how dL/dW is summed. The plain forms
 here compute exp once more and sum dL/dW in the head's own layout; `tempax.ops.cpu.lm_head.CPU_FORMS` are the
 ones XLA:CPU runs fast. `tempax.ops.fused_causal_lm_loss` passes the forms of the platform's variant.
@@ -108,28 +122,75 @@ def unsplit_chunks(x: jax.Array) -> jax.Array:
     return x.swapaxes(0, 1).reshape(b, n * c, *x.shape[3:])
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _weighted_nll(h, w, targets, coef, chunk, vocab_major, softcap, forms):
+def compaction_groups(rows: int) -> int:
+    """How many groups of rows `compact_positions` sorts separately: 1 on one device; under an active mesh
+    (`jax.set_mesh`) one per device, each device's contiguous share of the (batch-sharded) rows, so the sort and
+    gather stay on the device; one per row when the rows do not split evenly."""
+    mesh = jax.sharding.get_abstract_mesh()
+    devices = 1 if mesh.empty else mesh.size
+    return devices if rows % devices == 0 else rows
+
+
+def compact_positions(mask_bt: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
+    """(order [G, N], counts [G]): within each of `groups` groups of rows, flattened to N = rows / G * T
+    positions, the indices of the positions whose mask is set, in order, followed by the others; and how many are
+    set. A stable sort, so `take_positions(x, order)` keeps the masked positions in sequence order."""
+    b, t = mask_bt.shape
+    unset = (mask_bt.reshape(groups, (b // groups) * t) <= 0).astype(jnp.int32)
+    return jnp.argsort(unset, axis=-1, stable=True), jnp.sum(1 - unset, axis=-1)
+
+
+def take_positions(x_bt: jax.Array, order: jax.Array) -> jax.Array:
+    """x [B, T, ...] -> [G, N, ...] in `order` (`compact_positions`)."""
+    g, n = order.shape
+    flat = x_bt.reshape(g, n, *x_bt.shape[2:])
+    index = order.reshape(g, n, *([1] * (x_bt.ndim - 2)))
+    return jnp.take_along_axis(flat, index, axis=1)
+
+
+def put_positions(x_gn: jax.Array, order: jax.Array, shape_bt: tuple[int, int]) -> jax.Array:
+    """The inverse of `take_positions`: [G, N, ...] in `order` -> [B, T, ...] in place."""
+    inverse = jnp.argsort(order, axis=-1)
+    index = inverse.reshape(*inverse.shape, *([1] * (x_gn.ndim - 2)))
+    return jnp.take_along_axis(x_gn, index, axis=1).reshape(*shape_bt, *x_gn.shape[2:])
+
+
+def active_chunks(counts: jax.Array, length: int, chunk: int) -> jax.Array:
+    """[length / chunk] bool: chunk k of compacted positions holds a masked position in some group."""
+    return jnp.arange(length // chunk) * chunk < jnp.max(counts)
+
+
+def _skipped(hc: jax.Array, *outputs_like: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+    """Zeros shaped like a chunk's per-position outputs (float32 [B, C], or [B, C, D] in h's dtype)."""
+    return tuple(jnp.zeros(hc.shape[:-1] + extra, dtype) for extra, dtype in outputs_like)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _weighted_nll(h, w, targets, coef, active, chunk, vocab_major, softcap, forms):
     """(sum c_i nll_i, nll [B, T], hit [B, T]); only the first output is differentiable. `w` may be a float32
-    master of a lower-precision `h` (module docstring)."""
+    master of a lower-precision `h` (module docstring). `active` [T / chunk] bool: chunks not active hold no
+    position with c_i != 0 and are skipped (their nll and hit are 0)."""
     w = w.astype(h.dtype)
 
-    def body(_, xs):
-        hc, tc = xs
+    def compute(hc, tc):
         z, _, zt, m = _chunk_stats(hc, w, tc, vocab_major, softcap)
         lse = logsumexp_from_max(z, m)
-        return None, (lse - zt, (zt >= m).astype(jnp.float32))
+        return lse - zt, (zt >= m).astype(jnp.float32)
 
-    _, (nll, hit) = jax.lax.scan(body, None, (split_chunks(h, chunk), split_chunks(targets, chunk)))
+    def body(_, xs):
+        hc, tc, on = xs
+        skip = lambda hc, tc: _skipped(hc, ((), jnp.float32), ((), jnp.float32))
+        return None, jax.lax.cond(on, compute, skip, hc, tc)
+
+    _, (nll, hit) = jax.lax.scan(body, None, (split_chunks(h, chunk), split_chunks(targets, chunk), active))
     nll, hit = unsplit_chunks(nll), unsplit_chunks(hit)
     return jnp.sum(coef * nll), nll, hit
 
 
-def _weighted_nll_fwd(h, w_master, targets, coef, chunk, vocab_major, softcap, forms):
+def _weighted_nll_fwd(h, w_master, targets, coef, active, chunk, vocab_major, softcap, forms):
     w = w_master.astype(h.dtype)  # the compute copy, made once for every chunk
 
-    def body(dw, xs):
-        hc, tc, cc = xs
+    def compute(dw, hc, tc, cc):
         z, y, zt, m = _chunk_stats(hc, w, tc, vocab_major, softcap)
         lse, p = forms.softmax(z, m, hc.dtype)
         vocab = jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1)
@@ -143,18 +204,29 @@ def _weighted_nll_fwd(h, w_master, targets, coef, chunk, vocab_major, softcap, f
                                  preferred_element_type=jnp.float32).astype(hc.dtype)
         return dw + forms.gradient_chunk(hc, g, vocab_major), (lse - zt, (zt >= m).astype(jnp.float32), dh)
 
+    def body(dw, xs):
+        hc, tc, cc, on = xs
+        skip = lambda dw, hc, tc, cc: (dw, _skipped(hc, ((), jnp.float32), ((), jnp.float32), ((hc.shape[-1],), hc.dtype)))
+        return jax.lax.cond(on, compute, skip, dw, hc, tc, cc)
+
     dw0 = jnp.zeros(forms.gradient_shape(w.shape, vocab_major, h.dtype), jnp.float32)
-    dw, (nll, hit, dh) = jax.lax.scan(body, dw0, (split_chunks(h, chunk), split_chunks(targets, chunk), split_chunks(coef, chunk)))
+    xs = (split_chunks(h, chunk), split_chunks(targets, chunk), split_chunks(coef, chunk), active)
+    dw, (nll, hit, dh) = jax.lax.scan(body, dw0, xs)
     nll, hit, dh = unsplit_chunks(nll), unsplit_chunks(hit), unsplit_chunks(dh)
     dw = forms.head_gradient(dw, vocab_major, h.dtype)
-    return (jnp.sum(coef * nll), nll, hit), (dh, dw.astype(w_master.dtype), nll, targets)
+    return (jnp.sum(coef * nll), nll, hit), (dh, dw.astype(w_master.dtype), nll, targets, active)
 
 
 def _weighted_nll_bwd(chunk, vocab_major, softcap, forms, residuals, cotangents):
-    dh, dw, nll, targets = residuals
+    dh, dw, nll, targets, active = residuals
     ct = cotangents[0]  # the NLL and hit outputs are reported, not differentiated
-    zero_targets = np.zeros(targets.shape, dtype=jax.dtypes.float0)
-    return (dh * ct.astype(dh.dtype), dw * ct.astype(dw.dtype), zero_targets, nll * ct)
+    return (dh * ct.astype(dh.dtype), dw * ct.astype(dw.dtype), _no_gradient(targets), nll * ct,
+            _no_gradient(active))
+
+
+def _no_gradient(x: jax.Array) -> np.ndarray:
+    """The cotangent of an integer or boolean input."""
+    return np.zeros(x.shape, dtype=jax.dtypes.float0)
 
 
 _weighted_nll.defvjp(_weighted_nll_fwd, _weighted_nll_bwd)
@@ -176,7 +248,6 @@ def fused_causal_lm_loss(forms: HeadForms, hidden_btd: jax.Array, head: jax.Arra
     """`tempax.ops.fused_causal_lm_loss` (whose docstring gives the arguments) with the softmax and dL/dW formed
     by `forms`: `PLAIN_FORMS`, or the CPU variant's."""
     b, t = targets_bt.shape
-    chunk = chunk_size(t, chunk_len)
     mask = loss_mask_bt.astype(jnp.float32)
     tokens_b = jnp.sum(mask, axis=-1)
     has_tokens_b = (tokens_b > 0).astype(jnp.float32)
@@ -188,8 +259,14 @@ def fused_causal_lm_loss(forms: HeadForms, hidden_btd: jax.Array, head: jax.Arra
         coef = mask / (jnp.maximum(tokens_b, 1.0) * jnp.maximum(num_sequences, 1.0))[:, None]
     else:
         raise ValueError(f"unknown normalization {normalize!r}")
-    loss, nll, hit = _weighted_nll(hidden_btd, head, targets_bt, coef, chunk, vocab_major, softcap, forms)
-    nll, hit = jax.lax.stop_gradient(nll), jax.lax.stop_gradient(hit)
+    order, counts = compact_positions(mask, compaction_groups(b))
+    length = order.shape[1]
+    chunk = chunk_size(length, chunk_len)
+    loss, nll, hit = _weighted_nll(take_positions(hidden_btd, order), head, take_positions(targets_bt, order),
+                                   take_positions(coef, order), active_chunks(counts, length, chunk), chunk,
+                                   vocab_major, softcap, forms)
+    nll = put_positions(jax.lax.stop_gradient(nll), order, (b, t))
+    hit = put_positions(jax.lax.stop_gradient(hit), order, (b, t))
     masked_nll = jnp.where(mask > 0, nll, 0.0)
     metrics = {
         "loss": loss,
@@ -201,3 +278,100 @@ def fused_causal_lm_loss(forms: HeadForms, hidden_btd: jax.Array, head: jax.Arra
     }
     return loss, metrics
 
+
+
+# --------------------------------------------------------------------------------------------------------------
+# log p(y_t) at the masked positions only
+
+
+def _logprob_chunk(hc, w, tc, vocab_major, softcap):
+    """(log p(y) [B, C], p - onehot(y) scaled by the soft-cap's derivative [B, C, V]) of one chunk."""
+    z, y, zt, m = _chunk_stats(hc, w, tc, vocab_major, softcap)
+    lse = logsumexp_from_max(z, m)
+    vocab = jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1)
+    g = jnp.exp(z - lse[..., None]) - (vocab == tc[..., None]).astype(jnp.float32)
+    if y is not None:
+        g = g * (1.0 - y * y)
+    return zt - lse, g
+
+
+def _h_product(g, w, vocab_major, dtype):
+    """g [.., V] W^T -> [.., D]: the product that takes d/dz back to d/dh."""
+    dims = (((g.ndim - 1,), (0,) if vocab_major else (1,)), ((), ()))
+    return jax.lax.dot_general(g.astype(dtype), w, dims, preferred_element_type=jnp.float32)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _target_logprobs(h, w, targets, active, chunk, vocab_major, softcap):
+    """log p(targets) [B, T] float32 from hidden states h [B, T, D] and the head `w`; chunks not `active` are
+    skipped and give 0."""
+    w = w.astype(h.dtype)
+
+    def body(_, xs):
+        hc, tc, on = xs
+        compute = lambda hc, tc: _chunk_stats_logp(hc, w, tc, vocab_major, softcap)
+        skip = lambda hc, tc: _skipped(hc, ((), jnp.float32))[0]
+        return None, jax.lax.cond(on, compute, skip, hc, tc)
+
+    _, logp = jax.lax.scan(body, None, (split_chunks(h, chunk), split_chunks(targets, chunk), active))
+    return unsplit_chunks(logp)
+
+
+def _chunk_stats_logp(hc, w, tc, vocab_major, softcap):
+    z, _, zt, m = _chunk_stats(hc, w, tc, vocab_major, softcap)
+    return zt - logsumexp_from_max(z, m)
+
+
+def _target_logprobs_fwd(h, w_master, targets, active, chunk, vocab_major, softcap):
+    w = w_master.astype(h.dtype)
+
+    def body(_, xs):
+        hc, tc, on = xs
+
+        def compute(hc, tc):
+            logp, g = _logprob_chunk(hc, w, tc, vocab_major, softcap)
+            return logp, (-_h_product(g, w, vocab_major, hc.dtype)).astype(hc.dtype)  # d log p / d h
+
+        skip = lambda hc, tc: _skipped(hc, ((), jnp.float32), ((hc.shape[-1],), hc.dtype))
+        return None, jax.lax.cond(on, compute, skip, hc, tc)
+
+    _, (logp, score) = jax.lax.scan(body, None, (split_chunks(h, chunk), split_chunks(targets, chunk), active))
+    return unsplit_chunks(logp), (h, w_master, targets, active, unsplit_chunks(score))
+
+
+def _target_logprobs_bwd(chunk, vocab_major, softcap, residuals, ct):
+    h, w_master, targets, active, score = residuals
+    w = w_master.astype(h.dtype)
+    dh = (score * ct[..., None].astype(score.dtype)).astype(h.dtype)
+
+    # dL/dW = sum_t ct_t h_t^T d log p_t / d z_t, the chunk's logits computed again. A frozen head (LoRA) never
+    # uses it, and JAX drops the scan from the program then.
+    def body(dw, xs):
+        hc, tc, cc, on = xs
+
+        def compute(dw, hc, tc, cc):
+            _, g = _logprob_chunk(hc, w, tc, vocab_major, softcap)
+            g = (-g * cc[..., None]).astype(hc.dtype)
+            return dw + jnp.einsum("bcd,bcv->vd" if vocab_major else "bcd,bcv->dv", hc, g,
+                                   preferred_element_type=jnp.float32)
+
+        return jax.lax.cond(on, compute, lambda dw, *_: dw, dw, hc, tc, cc), None
+
+    xs = (split_chunks(h, chunk), split_chunks(targets, chunk), split_chunks(ct, chunk), active)
+    dw, _ = jax.lax.scan(body, jnp.zeros(w.shape, jnp.float32), xs)
+    return dh, dw.astype(w_master.dtype), _no_gradient(targets), _no_gradient(active)
+
+
+_target_logprobs.defvjp(_target_logprobs_fwd, _target_logprobs_bwd)
+
+
+def fused_token_logprobs(hidden_btd: jax.Array, head: jax.Array, targets_bt: jax.Array, mask_bt: jax.Array,
+                         vocab_major: bool, chunk_len: int | None, softcap: float | None) -> jax.Array:
+    """`tempax.ops.fused_token_logprobs` (whose docstring gives the arguments)."""
+    b, t = targets_bt.shape
+    order, counts = compact_positions(mask_bt, compaction_groups(b))
+    length = order.shape[1]
+    chunk = chunk_size(length, chunk_len)
+    logp = _target_logprobs(take_positions(hidden_btd, order), head, take_positions(targets_bt, order),
+                            active_chunks(counts, length, chunk), chunk, vocab_major, softcap)
+    return jnp.where(mask_bt > 0, put_positions(logp, order, (b, t)), 0.0)

@@ -1,6 +1,9 @@
-"""The fused head + cross-entropy equals `causal_lm_loss` on the model's logits: values, metrics and gradients."""
+"""The fused head + cross-entropy equals `causal_lm_loss` on the model's logits, and `fused_token_logprobs` equals
+`token_logprobs`: values, metrics and gradients; both compute only the chunks that hold masked positions."""
 
 from __future__ import annotations
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +13,10 @@ from numpy.testing import assert_allclose
 
 from tempax.algorithms.sft.main import make_sft_loss
 from tempax.models.decoder import Decoder
-from tempax.ops import fused_causal_lm_loss
-from tempax.ops.fused_head import chunk_size
+from tempax.models.logprobs import token_logprobs
+from tempax.ops import fused_causal_lm_loss, fused_token_logprobs
+from tempax.ops.fused_head import (active_chunks, chunk_size, compact_positions, compaction_groups, put_positions,
+                                   take_positions)
 from tempax.models.presets import PRESETS
 from tests.train.helpers import random_batch
 
@@ -128,3 +133,112 @@ def test_bf16_tied_head_gradient_is_made_in_the_embeddings_layout():
     hlo = jax.jit(update).lower(h.astype(jnp.bfloat16), w).compile().as_text()
     assert "transpose" in jax.jit(update).lower(h, w).compile().as_text()  # float32: [D, V] sum, transposed once
     assert not [line for line in hlo.splitlines() if "f32[64,16]" in line and "transpose(" in line]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Only the masked positions: compaction, skipped chunks, and `fused_token_logprobs`
+
+
+def test_compaction_puts_the_masked_positions_first_in_order_and_back_in_place():
+    """mask [[0, 1, 0, 1], [1, 0, 0, 0]]: as one group the flattened set positions 1, 3, 4 come first, then the
+    unset ones in order; as two groups (one per row) each row is sorted alone."""
+    mask = jnp.array([[0, 1, 0, 1], [1, 0, 0, 0]])
+    order, counts = compact_positions(mask, 1)
+    assert order.tolist() == [[1, 3, 4, 0, 2, 5, 6, 7]] and counts.tolist() == [3]
+    order2, counts2 = compact_positions(mask, 2)
+    assert order2.tolist() == [[1, 3, 0, 2], [0, 1, 2, 3]] and counts2.tolist() == [2, 1]
+    x = jnp.arange(8.0).reshape(2, 4) * 10
+    assert take_positions(x, order).tolist() == [[10.0, 30.0, 40.0, 0.0, 20.0, 50.0, 60.0, 70.0]]
+    for o in (order, order2):
+        assert_allclose(put_positions(take_positions(x, o), o, (2, 4)), x)
+    # Chunks of 2 of the 8 compacted positions: the 3 set ones fill chunks 0 and 1.
+    assert active_chunks(counts, 8, 2).tolist() == [True, True, False, False]
+    assert active_chunks(counts2, 4, 2).tolist() == [True, False]
+
+
+def test_compaction_groups_follow_the_devices_of_an_active_mesh():
+    assert compaction_groups(8) == 1  # one device: the whole batch is one group
+    devices = jax.devices()[:2]
+    if len(devices) < 2:
+        pytest.skip("needs two devices (tests/conftest.py asks XLA for eight host devices)")
+    with jax.set_mesh(jax.make_mesh((2,), ("data",), devices=devices)):
+        assert compaction_groups(8) == 2  # each device's four rows
+        assert compaction_groups(3) == 3  # rows that do not split evenly: one group a row
+
+
+def _logprob_case(v=50, d=16, b=4, t=24, seed=0):
+    kh, kw, kt, km, kc = jax.random.split(jax.random.key(seed), 5)
+    h = jax.random.normal(kh, (b, t, d), jnp.float32)
+    w = 0.5 * jax.random.normal(kw, (v, d), jnp.float32)
+    targets = jax.random.randint(kt, (b, t), 0, v)
+    mask = (jax.random.uniform(km, (b, t)) < 0.3).astype(jnp.int32).at[3].set(0)  # the last row: no position
+    return h, w, targets, mask, jax.random.normal(kc, (b, t))
+
+
+@pytest.mark.parametrize("vocab_major, softcap, chunk_len", [(True, None, 4), (False, None, 5), (True, 5.0, None)],
+                         ids=["tied-chunked", "untied-chunk-not-a-divisor", "softcap-one-chunk"])
+def test_fused_token_logprobs_equal_token_logprobs_at_the_masked_positions(vocab_major, softcap, chunk_len):
+    """Values and both gradients (hidden states and head) equal autodiff of `token_logprobs` on the full logits,
+    at the masked positions; 0 elsewhere."""
+    h, w, targets, mask, ct = _logprob_case()
+    w = w if vocab_major else w.T
+
+    def plain(h, w):
+        z = h @ (w.T if vocab_major else w)
+        z = z if softcap is None else softcap * jnp.tanh(z / softcap)
+        return jnp.where(mask > 0, token_logprobs(z, targets), 0.0)
+
+    def fused(h, w):
+        return fused_token_logprobs(h, w, targets, mask, vocab_major=vocab_major, chunk_len=chunk_len, softcap=softcap)
+
+    assert_allclose(jax.jit(fused)(h, w), plain(h, w), atol=2e-6)
+    got = jax.jit(jax.grad(lambda h, w: jnp.sum(fused(h, w) * ct), (0, 1)))(h, w)
+    want = jax.grad(lambda h, w: jnp.sum(plain(h, w) * ct), (0, 1))(h, w)
+    for g, r in zip(got, want):
+        assert_allclose(g, r, atol=2e-6)
+
+
+def test_fused_token_logprobs_of_a_zero_head_are_minus_log_vocab():
+    """A zero head gives uniform next-token probabilities: log p = -log V = -log 4 at each masked position."""
+    h = jnp.ones((1, 3, 2))
+    logp = fused_token_logprobs(h, jnp.zeros((4, 2)), jnp.array([[0, 3, 1]]), jnp.array([[1, 0, 1]]), vocab_major=True)
+    assert_allclose(logp, [[-jnp.log(4.0), 0.0, -jnp.log(4.0)]], rtol=1e-6)
+
+
+def test_chunks_without_masked_positions_are_never_computed():
+    """NaN hidden states at every unmasked position: a chunk computed from them would put NaN into the loss's or
+    the log-probs' gradient (0 x NaN). With 4 masked positions and chunks of 4 only the first compacted chunk
+    runs, so values and gradients stay finite and equal those of the masked positions alone."""
+    h, w, targets, _, ct = _logprob_case(b=2, t=8)
+    mask = jnp.zeros((2, 8), jnp.int32).at[0, 1].set(1).at[0, 6].set(1).at[1, 0].set(1).at[1, 5].set(1)
+    poisoned = jnp.where(mask[..., None] > 0, h, jnp.nan)
+
+    def logps(h, w):
+        return jnp.sum(fused_token_logprobs(h, w, targets, mask, vocab_major=True, chunk_len=4) * ct)
+
+    def loss(h, w):
+        return fused_causal_lm_loss(h, w, targets, mask, vocab_major=True, chunk_len=4)[0]
+
+    for f in (logps, loss):
+        value, grads = jax.jit(jax.value_and_grad(f, (0, 1)))(poisoned, w)
+        clean_value, clean_grads = jax.jit(jax.value_and_grad(f, (0, 1)))(h, w)
+        assert_allclose(value, clean_value, rtol=1e-6)
+        assert_allclose(grads[0], jnp.where(mask[..., None] > 0, clean_grads[0], 0.0), atol=1e-7)
+        assert_allclose(grads[1], clean_grads[1], rtol=1e-5, atol=1e-7)
+
+
+def test_a_frozen_head_costs_no_head_gradient_product():
+    """Differentiated for the hidden states only (a LoRA run: the head is frozen), the compiled program has no
+    product shaped like the head ([V, D] = [50, 16]): the backward pass is d log p / d h times the cotangent, and
+    the recomputation for dL/dW is dropped. Differentiated for the head too, it is there."""
+    h, w, targets, mask, ct = _logprob_case()
+
+    def objective(h, w):
+        return jnp.sum(fused_token_logprobs(h, w, targets, mask, vocab_major=True, chunk_len=4) * ct)
+
+    def head_products(argnums):
+        hlo = jax.jit(jax.grad(objective, argnums)).lower(h, w).compile().as_text()
+        return re.findall(r"%(?:dot|ynn_fusion)[\w.]* = f32\[50,16\]", hlo)  # a product, plain or YNNPACK's
+
+    assert not head_products(0)
+    assert head_products((0, 1))

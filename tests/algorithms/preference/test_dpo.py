@@ -24,6 +24,7 @@ from tempax.algorithms.preference.batches import (
     jit_sequence_logps,
     pair_mask,
     pair_preference_loss,
+    sequence_logps,
 )
 from tempax.algorithms.preference.losses import dpo_loss
 from tempax.algorithms.preference.dpo import DPOConfig, DPOKnobsConfig, DPOLoss, main, prepare
@@ -151,6 +152,35 @@ def test_stacked_batch_scores_each_side_as_if_alone(tok):
     np.testing.assert_array_equal(plain_n[[3, 4, 5, 2, 1, 0]], n[[0, 1, 2, 4, 5, 6]])
     assert n[0] == pairs[0].chosen.num_targets and n[4] == pairs[0].rejected.num_targets
     assert logps[3] == 0.0 and n[7] == 0.0
+
+
+def test_reply_log_probs_from_the_fused_head_equal_those_from_the_full_logits(tok):
+    """`sequence_logps` applies a `Decoder`'s head at the reply tokens only; anything else is scored from its
+    full logits. The same model both ways: equal summed log-probs (value and gradient) and reply lengths."""
+    model = tiny_model()
+    batch = {k: jnp.asarray(v) for k, v in collate_pairs(tiny_pairs(tok, 3), seq_len=SEQ, pad_id=tok.pad_id,
+                                                          batch_size=4).items()}
+
+    class FullLogits:  # not a Decoder: called for its logits
+        def __init__(self, m):
+            self.m = m
+
+        def __call__(self, tokens, **kw):
+            return self.m(tokens, **kw)
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def summed(p, wrap):
+        m = nnx.merge(graphdef, p, rest)
+        logps, n = sequence_logps(wrap(m), batch)
+        return jnp.sum(logps * jnp.arange(1.0, 9.0)), (logps, n)
+
+    (_, (fused, n_fused)), g_fused = jax.value_and_grad(summed, has_aux=True)(params, lambda m: m)
+    (_, (full, n_full)), g_full = jax.value_and_grad(summed, has_aux=True)(params, FullLogits)
+    np.testing.assert_allclose(fused, full, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(n_fused, n_full)
+    for a, b in zip(jax.tree.leaves(g_fused), jax.tree.leaves(g_full)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_micro_batches_keep_pairs_together(tok):
