@@ -133,10 +133,10 @@ def compaction_groups(rows: int) -> int:
 
 def compact_positions(mask_bt: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
     """(order [G, N], counts [G]): within each of `groups` groups of rows, flattened to N = rows / G * T
-    positions, the indices of the positions whose mask is set, in order, followed by the others; and how many are
-    set. A stable sort, so `take_positions(x, order)` keeps the masked positions in sequence order."""
+    positions, the indices of the positions whose mask (or weight) is not 0, in order, followed by the others; and
+    how many there are. A stable sort, so `take_positions(x, order)` keeps the masked positions in sequence order."""
     b, t = mask_bt.shape
-    unset = (mask_bt.reshape(groups, (b // groups) * t) <= 0).astype(jnp.int32)
+    unset = (mask_bt.reshape(groups, (b // groups) * t) == 0).astype(jnp.int32)  # a weight of either sign counts
     return jnp.argsort(unset, axis=-1, stable=True), jnp.sum(1 - unset, axis=-1)
 
 
@@ -374,4 +374,4 @@ def fused_token_logprobs(hidden_btd: jax.Array, head: jax.Array, targets_bt: jax
     chunk = chunk_size(length, chunk_len)
     logp = _target_logprobs(take_positions(hidden_btd, order), head, take_positions(targets_bt, order),
                             active_chunks(counts, length, chunk), chunk, vocab_major, softcap)
-    return jnp.where(mask_bt > 0, put_positions(logp, order, (b, t)), 0.0)
+    return jnp.where(mask_bt != 0, put_positions(logp, order, (b, t)), 0.0)

@@ -154,6 +154,9 @@ def test_compaction_puts_the_masked_positions_first_in_order_and_back_in_place()
     # Chunks of 2 of the 8 compacted positions: the 3 set ones fill chunks 0 and 1.
     assert active_chunks(counts, 8, 2).tolist() == [True, True, False, False]
     assert active_chunks(counts2, 4, 2).tolist() == [True, False]
+    # A weighted mask (RFT's) keeps every position whose weight is not 0, of either sign.
+    weighted, n = compact_positions(jnp.array([[0.0, -0.5, 0.0, 2.0]]), 1)
+    assert weighted.tolist() == [[1, 3, 0, 2]] and n.tolist() == [2]
 
 
 def test_compaction_groups_follow_the_devices_of_an_active_mesh():
