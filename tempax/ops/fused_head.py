@@ -160,6 +160,15 @@ def active_chunks(counts: jax.Array, length: int, chunk: int) -> jax.Array:
     return jnp.arange(length // chunk) * chunk < jnp.max(counts)
 
 
+def compacted_chunks(mask_bt: jax.Array, chunk_len: int | None) -> tuple[jax.Array, int, jax.Array]:
+    """(order, chunk, active) for both fused forms: the compaction of `mask_bt` into its groups
+    (`compact_positions`), the chunk length over the N compacted positions (`chunk_size`), and which chunks run."""
+    order, counts = compact_positions(mask_bt, compaction_groups(mask_bt.shape[0]))
+    length = order.shape[1]
+    chunk = chunk_size(length, chunk_len)
+    return order, chunk, active_chunks(counts, length, chunk)
+
+
 def _skipped(hc: jax.Array, *outputs_like: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
     """Zeros shaped like a chunk's per-position outputs (float32 [B, C], or [B, C, D] in h's dtype)."""
     return tuple(jnp.zeros(hc.shape[:-1] + extra, dtype) for extra, dtype in outputs_like)
@@ -259,14 +268,11 @@ def fused_causal_lm_loss(forms: HeadForms, hidden_btd: jax.Array, head: jax.Arra
         coef = mask / (jnp.maximum(tokens_b, 1.0) * jnp.maximum(num_sequences, 1.0))[:, None]
     else:
         raise ValueError(f"unknown normalization {normalize!r}")
-    order, counts = compact_positions(mask, compaction_groups(b))
-    length = order.shape[1]
-    chunk = chunk_size(length, chunk_len)
+    order, chunk, active = compacted_chunks(mask, chunk_len)
     loss, nll, hit = _weighted_nll(take_positions(hidden_btd, order), head, take_positions(targets_bt, order),
-                                   take_positions(coef, order), active_chunks(counts, length, chunk), chunk,
-                                   vocab_major, softcap, forms)
-    nll = put_positions(jax.lax.stop_gradient(nll), order, (b, t))
-    hit = put_positions(jax.lax.stop_gradient(hit), order, (b, t))
+                                   take_positions(coef, order), active, chunk, vocab_major, softcap, forms)
+    reported = put_positions(jax.lax.stop_gradient(jnp.stack([nll, hit], axis=-1)), order, (b, t))  # one inverse
+    nll, hit = reported[..., 0], reported[..., 1]
     masked_nll = jnp.where(mask > 0, nll, 0.0)
     metrics = {
         "loss": loss,
@@ -369,9 +375,7 @@ def fused_token_logprobs(hidden_btd: jax.Array, head: jax.Array, targets_bt: jax
                          vocab_major: bool, chunk_len: int | None, softcap: float | None) -> jax.Array:
     """`tempax.ops.fused_token_logprobs` (whose docstring gives the arguments)."""
     b, t = targets_bt.shape
-    order, counts = compact_positions(mask_bt, compaction_groups(b))
-    length = order.shape[1]
-    chunk = chunk_size(length, chunk_len)
-    logp = _target_logprobs(take_positions(hidden_btd, order), head, take_positions(targets_bt, order),
-                            active_chunks(counts, length, chunk), chunk, vocab_major, softcap)
+    order, chunk, active = compacted_chunks(mask_bt, chunk_len)
+    logp = _target_logprobs(take_positions(hidden_btd, order), head, take_positions(targets_bt, order), active,
+                            chunk, vocab_major, softcap)
     return jnp.where(mask_bt != 0, put_positions(logp, order, (b, t)), 0.0)
