@@ -2,6 +2,7 @@
 
     python bench/rollout.py                       # both cases, every engine, one run
     python bench/rollout.py --record bench/records/serving.jsonl
+    python bench/rollout.py --only "one turn" --engines batch,slots:64     # one case, two engines
 
 SmolLM2-135M-Instruct (the shipped GGUF, float32), GSM8K training questions x 8 completions (G) at temperature
 1.0, as a GRPO step samples them (`tempax.rl.episodes.play_episodes`). Two cases:
@@ -68,7 +69,7 @@ def questions(n: int) -> list[dict]:
     return rows
 
 
-def measure(repeats: int) -> list[dict]:
+def measure(repeats: int, cases: dict = CASES) -> list[dict]:
     sys.path.insert(0, ROOT)
     import tempax
     from tempax.envs.environment import SingleTurnEnvironment
@@ -77,7 +78,7 @@ def measure(repeats: int) -> list[dict]:
 
     model, tok = tempax.load("smollm2-135m-instruct")
     out = []
-    for case, c in CASES.items():
+    for case, c in cases.items():
         factory = ToolTurns if c["turns"] > 1 else (lambda: SingleTurnEnvironment(tok))
         prompts, _ = encode_prompts(tok, questions(c["prompts"]), max_prompt_len=512, env_factory=factory)
         ids, columns = [p.ids for p in prompts], [p.columns for p in prompts]
@@ -112,7 +113,7 @@ def measure(repeats: int) -> list[dict]:
     return out
 
 
-def table_record(rows: list[dict], repeats: int) -> dict:
+def table_record(rows: list[dict], repeats: int, command: str = "python bench/rollout.py") -> dict:
     """The run as a table record of the results page's "serving" topic."""
     from tempax.runtime.host import cpu_line
 
@@ -125,7 +126,7 @@ def table_record(rows: list[dict], repeats: int) -> dict:
             "rows": [[r["case"], r["rows"], r["max_new_tokens"], r["engine"], r["slots"],
                       ", ".join(str(x) for x in r["policy_tokens"]), r["tokens_per_s"], f"{r['vs_batch']:.2f}x",
                       ", ".join(str(x) for x in r["load_1min_before_after"])] for r in rows],
-            "command": "python bench/rollout.py", "cpu": cpu_line(),
+            "command": command, "cpu": cpu_line(),
             "notes": "tool turns: each reply is answered by a short tool message until the episode has had 1, 2 or "
                      "3 replies (by question). A row draws the same random stream on both engines, but the batched and the "
                      "per-slot decode round differently in float32, so a near-tie can flip a sampled token and the "
@@ -137,11 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--record", default=None, help="append the table to this records file (topic 'serving')")
+    parser.add_argument("--only", default=None, choices=sorted(CASES), help="run this case alone")
+    parser.add_argument("--engines", default=None,
+                        help="comma-separated engines to run, e.g. batch,slots:64 (the first is the ratio's base)")
     args = parser.parse_args(argv)
-    rows = measure(args.repeats)
+    cases = {k: v for k, v in CASES.items() if args.only in (None, k)}
+    if args.engines:
+        wanted = [("batch", 0) if e == "batch" else ("slots", int(e.split(":")[1])) for e in args.engines.split(",")]
+        cases = {k: dict(v, engines=tuple(e for e in wanted if e in v["engines"])) for k, v in cases.items()}
+    rows = measure(args.repeats, cases)
     if args.record:
         with open(args.record, "a", encoding="utf-8") as f:
-            f.write(json.dumps(table_record(rows, args.repeats)) + "\n")
+            command = " ".join(["python bench/rollout.py"] + [f'"{a}"' if " " in a else a for a in (argv or sys.argv[1:])])
+            f.write(json.dumps(table_record(rows, args.repeats, command)) + "\n")
     return 0
 
 

@@ -9,12 +9,29 @@ import pytest
 
 from tempax.errors import GenerationError
 from tempax.generate import SamplingConfig, generate
-from tempax.generate.continuous import SlotEngine, SlotKnobs, sample_rows
+from tempax.generate.continuous import SlotEngine, SlotKnobs, cache_bucket, sample_rows
 
-CONTEXT = 60  # prompt buckets 16, 32, 64; cache buckets 32, 64 (min_cache): few programs to compile
+CONTEXT = 60  # prompt buckets 16, 32, 64; cache buckets 32, 48, 64 (min_cache): few programs to compile
 GREEDY = ([5, 6, 7, 8, 9], SamplingConfig(temperature=0.0, max_new_tokens=24))
 TOP_P = ([11, 12, 13], SamplingConfig(temperature=0.9, top_p=0.9, seed=3, max_new_tokens=20))
 PLAIN = (list(range(20, 50)), SamplingConfig(temperature=1.0, seed=5, max_new_tokens=28))
+
+
+def test_cache_buckets_are_powers_of_two_and_the_steps_half_way_between():
+    assert [cache_bucket(n) for n in (1, 16, 17, 24, 25, 33, 48, 49)] == [16, 16, 24, 24, 32, 48, 48, 64]
+    assert [cache_bucket(n) for n in (192, 193, 342, 384, 385)] == [192, 256, 384, 384, 512]  # a GSM8K row: 384
+    assert cache_bucket(20, minimum=32) == 32
+
+
+def test_a_row_of_90_positions_decodes_in_a_96_position_cache_and_gives_its_tokens_alone(model, tokenizer):
+    eng = SlotEngine(model, slots=2, context=200, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id, min_cache=32)
+    assert eng.cache_buckets == [32, 48, 64, 96, 128, 192, 256]
+    request = (list(range(5, 45)), SamplingConfig(temperature=0.0, max_new_tokens=50))
+    slot = eng.join(request[0], [request[1]], ["a"])[0]
+    assert eng.cache_len == 96  # a 40-token prompt and 50 new tokens: 90 positions
+    eng.advance(60)
+    tokens, lengths, done = eng.snapshot()
+    assert done[slot] and tokens[slot, : lengths[slot]].tolist() == _alone(model, tokenizer, request)
 
 
 @pytest.fixture(scope="module")
