@@ -570,7 +570,7 @@ def cache_bucket(n: int, minimum: int = 16) -> int:
     programs to compile ahead, at most 1.5 times the positions needed."""
     power = slot_bucket(n, minimum)
     middle = 3 * power // 4
-    return middle if n <= middle and middle >= minimum and middle % 8 == 0 else power
+    return middle if minimum <= middle and n <= middle else power
 
 
 def kv_bytes_per_position(config: Any) -> int:

@@ -35,8 +35,9 @@ from tempax.ops.cpu import lm_head as cpu_lm_head
 from tempax.ops.cpu import matmul as cpu_matmul
 from tempax.ops.plain import BF16, attention_mask, keep_kernel_dtype, softcap
 
-__all__ = ["BF16", "Variant", "attention", "attention_mask", "fused_causal_lm_loss", "fused_token_logprobs", "gated", "keep_kernel_dtype",
-           "matmul", "projection_dot", "softcap", "table_on_left_in_decode", "tied_lm_head", "use_variant", "variant"]
+__all__ = ["BF16", "Variant", "attention", "attention_mask", "fused_causal_lm_loss", "fused_token_logprobs", "gated",
+           "keep_kernel_dtype", "matmul", "projection_dot", "softcap", "table_on_left_in_decode", "tied_lm_head",
+           "use_variant", "variant"]
 
 Variant = Literal["plain", "cpu"]
 _FORCED: contextvars.ContextVar[Variant | None] = contextvars.ContextVar("tempax_ops_variant", default=None)

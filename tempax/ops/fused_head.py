@@ -174,6 +174,12 @@ def _skipped(hc: jax.Array, *outputs_like: tuple[jax.Array, ...]) -> tuple[jax.A
     return tuple(jnp.zeros(hc.shape[:-1] + extra, dtype) for extra, dtype in outputs_like)
 
 
+def _h_product(g, w, vocab_major, dtype):
+    """g [.., V] W^T -> [.., D]: the product that takes d/dz back to d/dh."""
+    dims = (((g.ndim - 1,), (0,) if vocab_major else (1,)), ((), ()))
+    return jax.lax.dot_general(g.astype(dtype), w, dims, preferred_element_type=jnp.float32)
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
 def _weighted_nll(h, w, targets, coef, active, chunk, vocab_major, softcap, forms):
     """(sum c_i nll_i, nll [B, T], hit [B, T]); only the first output is differentiable. `w` may be a float32
@@ -209,8 +215,7 @@ def _weighted_nll_fwd(h, w_master, targets, coef, active, chunk, vocab_major, so
             g = g * (1.0 - y * y)
         g = g.astype(hc.dtype)
         # dL/dh = g W^T; dL/dW = h^T g (or g^T h for a [V, D] head), summed over batch and chunk positions.
-        dh = jax.lax.dot_general(g, w, (((g.ndim - 1,), (0,) if vocab_major else (1,)), ((), ())),
-                                 preferred_element_type=jnp.float32).astype(hc.dtype)
+        dh = _h_product(g, w, vocab_major, hc.dtype).astype(hc.dtype)
         return dw + forms.gradient_chunk(hc, g, vocab_major), (lse - zt, (zt >= m).astype(jnp.float32), dh)
 
     def body(dw, xs):
@@ -285,12 +290,18 @@ def fused_causal_lm_loss(forms: HeadForms, hidden_btd: jax.Array, head: jax.Arra
     return loss, metrics
 
 
-
 # --------------------------------------------------------------------------------------------------------------
 # log p(y_t) at the masked positions only
 
 
-def _logprob_chunk(hc, w, tc, vocab_major, softcap):
+def _chunk_logprob(hc, w, tc, vocab_major, softcap):
+    """log p(y) [B, C] of one chunk: the forward value alone (`_chunk_logprob_and_dz` also returns p - onehot(y),
+    minus its gradient in z)."""
+    z, _, zt, m = _chunk_stats(hc, w, tc, vocab_major, softcap)
+    return zt - logsumexp_from_max(z, m)
+
+
+def _chunk_logprob_and_dz(hc, w, tc, vocab_major, softcap):
     """(log p(y) [B, C], p - onehot(y) scaled by the soft-cap's derivative [B, C, V]) of one chunk."""
     z, y, zt, m = _chunk_stats(hc, w, tc, vocab_major, softcap)
     lse = logsumexp_from_max(z, m)
@@ -301,12 +312,6 @@ def _logprob_chunk(hc, w, tc, vocab_major, softcap):
     return zt - lse, g
 
 
-def _h_product(g, w, vocab_major, dtype):
-    """g [.., V] W^T -> [.., D]: the product that takes d/dz back to d/dh."""
-    dims = (((g.ndim - 1,), (0,) if vocab_major else (1,)), ((), ()))
-    return jax.lax.dot_general(g.astype(dtype), w, dims, preferred_element_type=jnp.float32)
-
-
 @partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _target_logprobs(h, w, targets, active, chunk, vocab_major, softcap):
     """log p(targets) [B, T] float32 from hidden states h [B, T, D] and the head `w`; chunks not `active` are
@@ -315,17 +320,12 @@ def _target_logprobs(h, w, targets, active, chunk, vocab_major, softcap):
 
     def body(_, xs):
         hc, tc, on = xs
-        compute = lambda hc, tc: _chunk_stats_logp(hc, w, tc, vocab_major, softcap)
+        compute = lambda hc, tc: _chunk_logprob(hc, w, tc, vocab_major, softcap)
         skip = lambda hc, tc: _skipped(hc, ((), jnp.float32))[0]
         return None, jax.lax.cond(on, compute, skip, hc, tc)
 
     _, logp = jax.lax.scan(body, None, (split_chunks(h, chunk), split_chunks(targets, chunk), active))
     return unsplit_chunks(logp)
-
-
-def _chunk_stats_logp(hc, w, tc, vocab_major, softcap):
-    z, _, zt, m = _chunk_stats(hc, w, tc, vocab_major, softcap)
-    return zt - logsumexp_from_max(z, m)
 
 
 def _target_logprobs_fwd(h, w_master, targets, active, chunk, vocab_major, softcap):
@@ -335,7 +335,7 @@ def _target_logprobs_fwd(h, w_master, targets, active, chunk, vocab_major, softc
         hc, tc, on = xs
 
         def compute(hc, tc):
-            logp, g = _logprob_chunk(hc, w, tc, vocab_major, softcap)
+            logp, g = _chunk_logprob_and_dz(hc, w, tc, vocab_major, softcap)
             return logp, (-_h_product(g, w, vocab_major, hc.dtype)).astype(hc.dtype)  # d log p / d h
 
         skip = lambda hc, tc: _skipped(hc, ((), jnp.float32), ((hc.shape[-1],), hc.dtype))
@@ -356,7 +356,7 @@ def _target_logprobs_bwd(chunk, vocab_major, softcap, residuals, ct):
         hc, tc, cc, on = xs
 
         def compute(dw, hc, tc, cc):
-            _, g = _logprob_chunk(hc, w, tc, vocab_major, softcap)
+            _, g = _chunk_logprob_and_dz(hc, w, tc, vocab_major, softcap)
             g = (-g * cc[..., None]).astype(hc.dtype)
             return dw + jnp.einsum("bcd,bcv->vd" if vocab_major else "bcd,bcv->dv", hc, g,
                                    preferred_element_type=jnp.float32)
