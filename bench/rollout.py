@@ -149,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(args.repeats, cases)
     if args.record:
         with open(args.record, "a", encoding="utf-8") as f:
-            command = " ".join(["python bench/rollout.py"] + [f'"{a}"' if " " in a else a for a in (argv or sys.argv[1:])])
+            given = argv if argv is not None else sys.argv[1:]
+            kept = [a for i, a in enumerate(given) if a != "--record" and (i == 0 or given[i - 1] != "--record")
+                    and not a.startswith("--record=")]
+            command = " ".join(["python bench/rollout.py"] + [f'"{a}"' if " " in a else a for a in kept])
             f.write(json.dumps(table_record(rows, args.repeats, command)) + "\n")
     return 0
 
