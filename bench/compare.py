@@ -11,11 +11,13 @@ heading that names the CPU class (`tempax.runtime.host.cpu_class`: AVX-512 + AMX
 and the date, so the page keeps one history per CPU class; the newest section of a class is its current figure.
 
 For each (workload, size) cell it runs tempax's own one-measurement entry point (`bench/sft.py --one W S`,
-`bench/decode.py --one S`, `bench/grpo_step.py --one S`) and the peer's (`bench/peers.py --one W S`:
-transformers + PyTorch, peft for LoRA, TRL's GRPOTrainer for grpo_step), alternating tempax, peer, tempax,
-peer ... `--repeats` times, each measurement its own process and one at a time, as workloads.json's
-"measurement" asks. Interleaving puts both sides under the same background load; the table gives each side's
-median over its repeats and the repeats themselves, so the spread is visible.
+`bench/decode.py --one S`, `bench/grpo_step.py --one S`) and each peer's that measures the workload
+(`--peers`): `bench/peers.py --one W S` (transformers + PyTorch, peft for LoRA, TRL's GRPOTrainer for
+grpo_step) and, for decode, `bench/peers_tunix.py --one decode S` (Tunix's Sampler, run by Tunix's own Python,
+`bash scripts/setup.sh --tunix`; without it the Tunix rows say "not run"). The sides alternate, tempax, peers,
+tempax, peers ... `--repeats` times, each measurement its own process and one at a time, as workloads.json's
+"measurement" asks. Interleaving puts every side under the same background load; the table has a row per peer
+with each side's median over its repeats and the repeats themselves, so the spread is visible.
 
 The ratio is oriented so that > 1 means tempax is faster: tempax / peer for throughputs (tokens/s), peer /
 tempax for grpo_step's seconds per step. Peak RSS is each process's ru_maxrss (the largest over the repeats).
@@ -45,8 +47,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from bench.peers import run_measurement  # noqa: E402  (after ROOT is importable when run as a script)
+from bench.peers_tunix import TUNIX_SETUP, tunix_python  # noqa: E402
 
-# workload -> (the figure's key in both sides' JSON, its unit, whether a larger figure is faster, the peer)
+# workload -> (the figure's key in every side's JSON, its unit, whether a larger figure is faster, the name of
+# the transformers-side peer)
 METRICS = {
     "sft_full": ("tokens_per_s", "tokens/s", True, "PyTorch"),
     "sft_lora": ("tokens_per_s", "tokens/s", True, "PyTorch + peft"),
@@ -54,6 +58,10 @@ METRICS = {
     "grpo_step": ("s_per_step", "s/step", False, "TRL GRPOTrainer"),
 }
 SIZES = ("tiny", "small")
+# The peers: the side name a record carries ("peer" is the transformers side, as kept records spell it) -> the
+# workloads it measures. Tunix is measured on decode only (the JAX peer's Sampler).
+PEERS = {"transformers": ("peer", tuple(METRICS)), "tunix": ("tunix", ("decode",))}
+TUNIX_NAME = "Tunix Sampler"
 
 
 def tempax_command(workload: str, size: str, dtype: str = "float32") -> list[str]:
@@ -66,6 +74,15 @@ def tempax_command(workload: str, size: str, dtype: str = "float32") -> list[str
 
 def peer_command(workload: str, size: str, dtype: str = "float32") -> list[str]:
     return [sys.executable, os.path.join(HERE, "peers.py"), "--one", workload, size, "--dtype", dtype]
+
+
+def tunix_command(workload: str, size: str, python: str) -> list[str]:
+    return [python, os.path.join(HERE, "peers_tunix.py"), "--one", workload, size]
+
+
+def peer_sides(workload: str, peers: Sequence[str]) -> list[str]:
+    """The record sides of the chosen `peers` that measure `workload`, in PEERS order."""
+    return [PEERS[p][0] for p in PEERS if p in peers and workload in PEERS[p][1]]
 
 
 def peak_rss_gib(record: dict) -> float | None:
@@ -86,12 +103,14 @@ def first_error_line(error: str, width: int = 140) -> str:
 
 def side_summary(records: Sequence[dict], key: str) -> dict:
     """One side of one cell: its figures in run order, their median, the largest peak RSS, the errors."""
+    not_run = [r["not_run"] for r in records if "not_run" in r]
+    records = [r for r in records if "not_run" not in r]
     figures = [r[key] for r in records if "error" not in r and key in r]
     errors = [first_error_line(r.get("error", f"no {key!r} in the record")) for r in records
               if "error" in r or key not in r]
     rss = [peak_rss_gib(r) for r in records if peak_rss_gib(r) is not None]
     return {"figures": figures, "median": statistics.median(figures) if figures else None,
-            "peak_rss_gib": max(rss) if rss else None, "errors": errors}
+            "peak_rss_gib": max(rss) if rss else None, "errors": errors, "not_run": not_run[0] if not_run else None}
 
 
 def speed_ratio(tempax: float, peer: float, higher_is_faster: bool) -> float:
@@ -110,6 +129,8 @@ def _rank(names: Sequence[str], name: str) -> int:
 
 def _cell(side: dict) -> tuple[str, str]:
     if side["median"] is None:
+        if side.get("not_run"):
+            return f"not run ({side['not_run']})", ""
         if not side["errors"]:
             return "not measured", ""
         count = f" ({len(side['errors'])} failed)" if len(side["errors"]) > 1 else ""
@@ -127,22 +148,28 @@ def build_table(records: Sequence[dict]) -> str:
     cells: dict[tuple[str, str, str], dict[str, list[dict]]] = {}
     for r in records:
         cell = cells.setdefault((r["workload"], r["size"], r.get("dtype", "float32")), {"tempax": [], "peer": []})
-        cell[r["side"]].append(r)
+        cell.setdefault(r["side"], []).append(r)
     order = {w: i for i, w in enumerate(METRICS)}
     rows = ["| workload | size | tempax | tempax repeats | peer | peer repeats | tempax vs peer (> 1: tempax faster) "
             "| peak RSS GiB tempax / peer |", "|---|---|---|---|---|---|---|---|"]
     for (workload, size, dtype) in sorted(cells, key=lambda c: (order.get(c[0], 99), _rank(SIZES, c[1]), c[2])):
         sides = cells[workload, size, dtype]
-        key, unit, higher_is_faster, peer_name = METRICS[workload]
-        tempax, peer = side_summary(sides["tempax"], key), side_summary(sides["peer"], key)
-        ratio = ("" if tempax["median"] is None or peer["median"] is None else
-                 f"{speed_ratio(tempax['median'], peer['median'], higher_is_faster):.2f}x")
-        rss = " / ".join("?" if s["peak_rss_gib"] is None else f"{s['peak_rss_gib']:.2f}" for s in (tempax, peer))
-        peer_label = peer_name + (" bf16 autocast" if dtype != "float32" else "")
+        key, unit, higher_is_faster, transformers_name = METRICS[workload]
+        tempax = side_summary(sides["tempax"], key)
+        tempax_figure, tempax_repeats = _cell(tempax)
         workload_label = workload + (f" {dtype}" if dtype != "float32" else "")
-        (tempax_figure, tempax_repeats), (peer_figure, peer_repeats) = _cell(tempax), _cell(peer)
-        rows.append(f"| {workload_label} {unit} | {size} | {tempax_figure} | {tempax_repeats} | {peer_figure} "
-                    f"({peer_label}) | {peer_repeats} | {ratio} | {rss} |")
+        for side in [s for s in sides if s != "tempax"]:
+            if side != "peer" and not sides[side]:
+                continue
+            peer = side_summary(sides[side], key)
+            ratio = ("" if tempax["median"] is None or peer["median"] is None else
+                     f"{speed_ratio(tempax['median'], peer['median'], higher_is_faster):.2f}x")
+            rss = " / ".join("?" if s["peak_rss_gib"] is None else f"{s['peak_rss_gib']:.2f}" for s in (tempax, peer))
+            peer_name = transformers_name if side == "peer" else TUNIX_NAME
+            peer_label = peer_name + (" bf16 autocast" if dtype != "float32" else "")
+            peer_figure, peer_repeats = _cell(peer)
+            rows.append(f"| {workload_label} {unit} | {size} | {tempax_figure} | {tempax_repeats} | {peer_figure} "
+                        f"({peer_label}) | {peer_repeats} | {ratio} | {rss} |")
     return "\n".join([*header_lines(records), "", *rows, "", *library_lines(records), *completion_lines(records)])
 
 
@@ -162,7 +189,7 @@ def header_lines(records: Sequence[dict]) -> list[str]:
 
 def library_lines(records: Sequence[dict]) -> list[str]:
     peers = sorted({r["library"] + (f" + TRL {r['trl']}" if "trl" in r else "") for r in records
-                    if r.get("side") == "peer" and "library" in r})
+                    if r.get("side") != "tempax" and "library" in r})
     jax = sorted({r["jax"] for r in records if r.get("side") == "tempax" and "jax" in r})
     flags = sorted({r["xla_flags"] for r in records if r.get("side") == "tempax" and "xla_flags" in r})
     return [f"Peers: {'; '.join(peers) or 'none measured'}. tempax on JAX {', '.join(jax) or '?'}, XLA_FLAGS "
@@ -197,10 +224,27 @@ def held(lock_path: str | None) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def side_commands(workload: str, size: str, dtype: str, peers: Sequence[str]) -> list[tuple[str, list[str] | str]]:
+    """(side, command) for each side of one repeat of a cell, tempax first; a peer that cannot run here (Tunix
+    without its environment, or asked for a bf16 cell it does not measure) comes with the reason instead."""
+    commands: list[tuple[str, list[str] | str]] = [("tempax", tempax_command(workload, size, dtype))]
+    for side in peer_sides(workload, peers):
+        if side == "peer":
+            commands.append((side, peer_command(workload, size, dtype)))
+        elif dtype != "float32":
+            commands.append((side, "Tunix is measured in float32 only"))
+        else:
+            python = tunix_python()
+            commands.append((side, tunix_command(workload, size, python) if python else
+                             f"no Tunix environment: `{TUNIX_SETUP}`"))
+    return commands
+
+
 def measure_all(workloads: Sequence[str], sizes: Sequence[str], *, repeats: int, dtype: str = "float32",
-                out: str | None = None, lock: str | None = None, timeout_s: float | None = None) -> list[dict]:
-    """Run every cell, tempax and peer alternating, one process at a time; return (and keep in `out`) every
-    record. Each (tempax, peer) pair runs under one hold of `lock`, so the two are back to back."""
+                out: str | None = None, lock: str | None = None, timeout_s: float | None = None,
+                peers: Sequence[str] = tuple(PEERS)) -> list[dict]:
+    """Run every cell, tempax and its peers alternating, one process at a time; return (and keep in `out`) every
+    record. The sides of one repeat run under one hold of `lock`, so they are back to back."""
     from tempax.runtime.host import cpu_line
 
     records: list[dict] = []
@@ -209,20 +253,23 @@ def measure_all(workloads: Sequence[str], sizes: Sequence[str], *, repeats: int,
     try:
         for n, (workload, size, repeat) in enumerate(plan, 1):
             with held(lock):
-                for side, command in (("tempax", tempax_command(workload, size, dtype)),
-                                      ("peer", peer_command(workload, size, dtype))):
+                for side, command in side_commands(workload, size, dtype, peers):
                     label = {"side": side, "workload": workload, "size": size, "repeat": repeat,
                              "dtype": dtype, "host_cpu": cpu_line(),
                              "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-                             "load_average_before": [round(x, 2) for x in os.getloadavg()],
-                             "command": " ".join(command[1:])}
-                    record = run_measurement(command, timeout_s=timeout_s, **label)
+                             "load_average_before": [round(x, 2) for x in os.getloadavg()]}
+                    if isinstance(command, str):  # the reason this side is not run
+                        record = {**label, "not_run": command}
+                    else:
+                        record = run_measurement(command, timeout_s=timeout_s, **label,
+                                                 command=" ".join(command[1:]))
                     records.append(record)
                     if sink:
                         sink.write(json.dumps(record) + "\n")
                         sink.flush()
                     key = METRICS[workload][0]
-                    said = record.get(key, "error: " + first_error_line(record.get("error", "")))
+                    said = record.get(key, f"not run: {record['not_run']}" if "not_run" in record else
+                                      "error: " + first_error_line(record.get("error", "")))
                     print(f"[{n}/{len(plan)}] {side} {workload} {size}: {said} ({record.get('wall_s')} s)",
                           file=sys.stderr, flush=True)
     finally:
@@ -288,6 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(METRICS), help="comma-separated, from " + ", ".join(METRICS))
     parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, from tiny, small")
     parser.add_argument("--repeats", type=int, default=2, help="measurements per side per cell, interleaved")
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help="comma-separated, from " + ", ".join(PEERS) + " (Tunix: decode only)")
     parser.add_argument("--dtype", choices=("float32", "bf16"), default="float32",
                         help="bf16 (sft_full, sft_lora): tempax --precision bf16, the peer under CPU autocast")
     parser.add_argument("--out", help="write every raw JSON record here (JSON lines)")
@@ -307,7 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.repeats < 1:
             raise SystemExit("--repeats must be at least 1")
         records = measure_all(workloads, _names(args.sizes, SIZES, "sizes"), repeats=args.repeats,
-                              dtype=args.dtype, out=args.out, lock=args.lock, timeout_s=args.timeout)
+                              dtype=args.dtype, out=args.out, lock=args.lock, timeout_s=args.timeout,
+                              peers=_names(args.peers, tuple(PEERS), "peers"))
     table = build_table(records)
     print(table, flush=True)
     if args.page and not args.table_from:

@@ -119,7 +119,7 @@ def test_driver_interleaves_sides_keeps_every_record_and_survives_a_failure(tmp_
     monkeypatch.setattr(compare, "peer_command", fake("peer"))
     out = tmp_path / "raw.jsonl"
     records = compare.measure_all(["sft_full", "decode"], ["tiny"], repeats=2, out=str(out),
-                                  lock=str(tmp_path / "lock"))
+                                  lock=str(tmp_path / "lock"), peers=["transformers"])
     assert [(r["workload"], r["side"], r["repeat"]) for r in records] == [
         ("sft_full", "tempax", 0), ("sft_full", "peer", 0), ("sft_full", "tempax", 1), ("sft_full", "peer", 1),
         ("decode", "tempax", 0), ("decode", "peer", 0), ("decode", "tempax", 1), ("decode", "peer", 1)]
@@ -128,6 +128,73 @@ def test_driver_interleaves_sides_keeps_every_record_and_survives_a_failure(tmp_
     assert row(table, "| sft_full tokens/s | tiny")[6] == "1.00x"
     assert row(table, "| decode generated tokens/s | tiny")[4] \
         == "error (2 failed): exit 1: no peer here (transformers generate)"
+
+
+TUNIX = "Tunix 0.1.7 (JAX 0.10.2, Flax 0.12.8)"
+
+
+def test_tunix_gets_a_row_of_its_own_beside_transformers():
+    """decode small: tempax 120, 110 -> 115; transformers 50 -> 115 / 50 = 2.30x; Tunix 100, 92 -> 96 ->
+    115 / 96 = 1.20x, peak RSS max(1.3, 1.5) = 1.50 beside tempax's 0.98."""
+    records = [rec("tempax", "decode", "small", generated_tokens_per_s=120.0, peak_rss_gib=0.98),
+               rec("peer", "decode", "small", generated_tokens_per_s=50.0, peak_rss_gib=0.96),
+               rec("tunix", "decode", "small", generated_tokens_per_s=100.0, peak_rss_gib=1.3, library=TUNIX),
+               rec("tempax", "decode", "small", generated_tokens_per_s=110.0, peak_rss_gib=0.97),
+               rec("peer", "decode", "small", generated_tokens_per_s=50.0, peak_rss_gib=0.96),
+               rec("tunix", "decode", "small", generated_tokens_per_s=92.0, peak_rss_gib=1.5, library=TUNIX)]
+    table = build_table(records)
+    transformers, tunix = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()
+                           if line.startswith("| decode")]
+    assert transformers[4:] == ["50.0 (transformers generate)", "50.0, 50.0", "2.30x", "0.98 / 0.96"]
+    assert tunix[2:] == ["115.0", "120.0, 110.0", "96.0 (Tunix Sampler)", "100.0, 92.0", "1.20x", "0.98 / 1.50"]
+    assert TUNIX in table.splitlines()[-1]
+
+
+def test_without_tunix_s_environment_its_rows_say_not_run(tmp_path, monkeypatch):
+    """No .venv-tunix and no TEMPAX_TUNIX_PYTHON: the Tunix side of decode is a "not run" record naming the setup
+    command (no process, no figure, no ratio); sft_full has no Tunix side at all."""
+    import bench.compare as compare
+    import bench.peers_tunix as peers_tunix
+
+    monkeypatch.delenv("TEMPAX_TUNIX_PYTHON", raising=False)
+    monkeypatch.setattr(peers_tunix, "TUNIX_VENV", str(tmp_path / "absent"))
+    monkeypatch.setattr(compare, "tempax_command", lambda w, s, d="float32": [
+        sys.executable, "-c", f"print('{{\"{compare.METRICS[w][0]}\": 2.0}}')"])
+    monkeypatch.setattr(compare, "peer_command", compare.tempax_command)
+    records = compare.measure_all(["sft_full", "decode"], ["tiny"], repeats=1)
+    assert [(r["workload"], r["side"]) for r in records] == [
+        ("sft_full", "tempax"), ("sft_full", "peer"), ("decode", "tempax"), ("decode", "peer"), ("decode", "tunix")]
+    assert records[-1]["not_run"] == "no Tunix environment: `bash scripts/setup.sh --tunix`"
+    tunix = row(build_table(records), "| decode generated tokens/s | tiny | 2 | 2 | not run")
+    assert tunix[4:] == ["not run (no Tunix environment: `bash scripts/setup.sh --tunix`) (Tunix Sampler)", "", "",
+                         "? / ?"]
+
+
+def test_tunix_runs_with_the_python_named_for_it(monkeypatch):
+    import bench.compare as compare
+
+    monkeypatch.setenv("TEMPAX_TUNIX_PYTHON", "/opt/tunix/bin/python")
+    (tempax, _), (peer, _), (tunix, command) = [
+        (side, c) for side, c in compare.side_commands("decode", "small", "float32", ["transformers", "tunix"])]
+    assert (tempax, peer, tunix) == ("tempax", "peer", "tunix")
+    assert command[0] == "/opt/tunix/bin/python" and command[1].endswith("bench/peers_tunix.py")
+    assert command[2:] == ["--one", "decode", "small"]
+    assert [side for side, _ in compare.side_commands("decode", "small", "float32", ["tunix"])] == [
+        "tempax", "tunix"]
+
+
+def test_tunix_gets_the_workload_prompts_as_text_that_encodes_back_to_them():
+    """The word-level texts handed to Tunix's Sampler are bench/decode.py's prompt ids, BOS first."""
+    from bench.decode import workload_prompts
+    from bench.peers_tunix import SHARED, load_spec, prompt_texts
+    from tempax.models.tokenizer import load_tokenizer
+
+    spec = load_spec()
+    vocab = spec["models"]["tiny"]["vocab_size"]
+    texts, ids = prompt_texts(spec, vocab)
+    assert ids == workload_prompts(spec, vocab)
+    tokenizer = load_tokenizer(f"{SHARED}/tokenizers/wordlevel_{vocab}")
+    assert [tokenizer.encode(t) for t in texts] == ids
 
 
 def test_a_measuring_run_appends_its_table_to_the_page_under_its_cpu_class(tmp_path, monkeypatch):
