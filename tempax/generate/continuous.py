@@ -11,7 +11,9 @@ Every program is compiled in `warm_up` for the engine's buckets (prompt lengths,
 never compiles: the decode step for each cache length, the prefill for each prompt length, the copy of a
 prefilled row into a slot for each pair, and growing the cache to a longer bucket; prompt scoring (`score`:
 prompt-token log-probs) runs inside the prefill program, under `lax.cond`. `compiles` counts what this engine
-compiled.
+compiled. `warm_up` compiles several programs at once on worker threads: XLA compiles each program on one core
+and lets go of Python's lock while it does, so a server's start-up waits for the slowest thread rather than the
+sum (the figures: docs/measurements/continuous-batching.md).
 
 Sampling knobs are per slot and traced, and so is the choice of filter: a slot's token comes from the plain
 distribution, the sorted-vocabulary path (top-p or top-k) or the argmax, picked per row (the sort runs only in
@@ -28,7 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -298,6 +303,11 @@ def _grow(state: SlotState, *, cache_len: int) -> SlotState:
                                raw_logprobs=pad(state.raw_logprobs, 1))
 
 
+# warm_up's threads at most: each holds a program's compilation in memory, and past a few the threads wait on
+# Python's lock (tracing and lowering) more than they compile.
+WARM_UP_WORKERS = 4
+
+
 @dataclass
 class SlotRow:
     """What the host knows of one occupied slot."""
@@ -341,6 +351,7 @@ class SlotEngine:
             seed=np.zeros(b, np.uint32), sample=np.zeros(b, np.int32), stream=np.zeros(b, np.int32),
             turn=np.zeros(b, np.int32), stop_ids=stop, pad_id=np.int32(pad_id))
         self._programs: dict[tuple, Any] = {}
+        self._programs_lock = threading.Lock()  # warm_up's threads record programs, counts and seconds
         self.compiles = 0
         self.compile_s: dict[str, float] = {}  # seconds spent compiling, by program kind
         self.reset()
@@ -355,9 +366,10 @@ class SlotEngine:
         if program is None:
             start = time.perf_counter()
             program = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
-            self._programs[key] = program
-            self.compiles += 1
-            self.compile_s[key[0]] = self.compile_s.get(key[0], 0.0) + time.perf_counter() - start
+            with self._programs_lock:
+                self._programs[key] = program
+                self.compiles += 1
+                self.compile_s[key[0]] = self.compile_s.get(key[0], 0.0) + time.perf_counter() - start
         return program
 
     def _run(self, key: tuple, fn: Any, *args: Any, donate: tuple[int, ...] = ()) -> Any:
@@ -369,31 +381,42 @@ class SlotEngine:
         self._state = self._run(("decode", self.cache_len), fn, self._params, self._state, np.int32(steps),
                                 self._knobs, donate=(1,))
 
-    def warm_up(self) -> int:
+    def warm_up(self, workers: int | None = None) -> int:
         """Compiles every program serving can call, for all buckets, from shapes alone (nothing runs); returns
-        how many compiled."""
+        how many compiled. `workers`: programs compiled at once, each on its own thread (default: the CPU count,
+        at most `WARM_UP_WORKERS`); 1 compiles them one after another."""
         before = self.compiles
         knobs = self._knobs
         prompt = lambda p: jax.ShapeDtypeStruct((1, p), jnp.int32)
         rows = {}
+        programs: list[tuple[tuple, Any, tuple, tuple[int, ...]]] = []  # (key, fn, argument shapes, donated)
         for p in self.prompt_buckets:
             fn = functools.partial(_prefill, self._graphdef)
             rows[p] = jax.eval_shape(fn, self._params, prompt(p), prompt(p), np.bool_(False))
-            self._compile(("prefill", p), fn, self._params, prompt(p), prompt(p), np.bool_(False))
+            programs.append((("prefill", p), fn, (self._params, prompt(p), prompt(p), np.bool_(False)), ()))
         first = jax.eval_shape(_first, rows[self.prompt_buckets[0]][1], knobs)
-        self._compile(("first",), _first, rows[self.prompt_buckets[0]][1], knobs)
+        programs.append((("first",), _first, (rows[self.prompt_buckets[0]][1], knobs), ()))
         targets = jax.ShapeDtypeStruct((self.slots,), jnp.bool_)
+        decode = functools.partial(_decode, self._graphdef, layout=self._layout)
         for i, s in enumerate(self.cache_buckets):
             state = jax.eval_shape(self._init_fn(s), knobs.pad_id)
-            self._compile(("init", s), self._init_fn(s), knobs.pad_id)
+            # The slowest (the decode steps) first, so the threads do not end on one of them.
+            programs.insert(0, (("decode", s), decode, (self._params, state, np.int32(0), knobs), (1,)))
+            programs.append((("init", s), self._init_fn(s), (knobs.pad_id,), ()))
             for p in self.prompt_buckets:
                 if p <= s:
-                    self._compile(("insert", s, p), _insert, state, rows[p][0], *first, np.int32(1), targets, knobs,
-                                  donate=(0,))
-            self._compile(("decode", s), functools.partial(_decode, self._graphdef, layout=self._layout),
-                          self._params, state, np.int32(0), knobs, donate=(1,))
+                    programs.append((("insert", s, p), _insert,
+                                     (state, rows[p][0], *first, np.int32(1), targets, knobs), (0,)))
             for bigger in self.cache_buckets[i + 1:]:
-                self._compile(("grow", s, bigger), functools.partial(_grow, cache_len=bigger), state)
+                programs.append((("grow", s, bigger), functools.partial(_grow, cache_len=bigger), (state,), ()))
+        compile_one = lambda program: self._compile(program[0], program[1], *program[2], donate=program[3])
+        workers = workers or min(os.cpu_count() or 1, WARM_UP_WORKERS)
+        if workers == 1:
+            for program in programs:
+                compile_one(program)
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="tempax-compile") as pool:
+                list(pool.map(compile_one, programs))  # list(): a failed compile raises here
         return self.compiles - before
 
     def _prefill_call(self, tokens: np.ndarray, segments: np.ndarray, score: bool):

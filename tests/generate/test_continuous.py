@@ -118,6 +118,17 @@ def test_nothing_compiles_after_warm_up_across_varied_requests(engine):
     assert engine.compiles == before and compiles == []
 
 
+def test_warm_up_on_threads_compiles_what_one_thread_compiles(engine, model, tokenizer):
+    """The fixture's engine warmed up on min(CPU count, 4) threads; one thread gives the same programs, each
+    compiled once (the count equals the number of keys)."""
+    alone = SlotEngine(model, slots=4, context=CONTEXT, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id,
+                       min_cache=32)
+    threaded = SlotEngine(model, slots=4, context=CONTEXT, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id,
+                          min_cache=32)
+    assert alone.warm_up(workers=1) == threaded.warm_up(workers=3) == len(threaded._programs) - 1  # + reset's init
+    assert set(alone._programs) == set(threaded._programs) == set(engine._programs)
+
+
 def test_sample_rows_picks_each_rows_own_filter():
     """Logits (0, 1, 2, 3) per row; u = 0.5. Row 0 greedy -> 3. Row 1 top-k 1 -> 3 (only the largest survives).
     Row 2 plain at temperature 1: probabilities e^i / (1 + e + e^2 + e^3) = (.032, .087, .237, .644); the
