@@ -46,7 +46,7 @@ from tempax.errors import GenerationError
 from tempax.generate.config import SamplingConfig
 from tempax.generate.engine import _call_model, _is_stop, _merge, use_decode_layout
 from tempax.generate.sampling import inverse_cdf_sample, row_keys
-from tempax.models.cache import KVCache
+from tempax.models.cache import KVCache, kv_bytes_per_position
 from tempax.models.decoder import Decoder
 from tempax.parallel.process import host_array
 
@@ -594,11 +594,6 @@ def cache_bucket(n: int, minimum: int = 16) -> int:
     power = slot_bucket(n, minimum)
     middle = 3 * power // 4
     return middle if minimum <= middle and n <= middle else power
-
-
-def kv_bytes_per_position(config: Any) -> int:
-    """Bytes one cache position takes for one row: keys and values of every layer."""
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * jnp.dtype(config.dtype).itemsize
 
 
 def _cache_buckets(smallest: int, largest: int) -> list[int]:

@@ -46,11 +46,11 @@ from tempax.errors import GenerationError
 from tempax.generate.config import SamplingConfig
 from tempax.generate.program_store import decode_key, default_store, program_key, single_device
 from tempax.generate.sampling import SamplerSpec, row_keys, row_uniforms, sample_from_logits
-from tempax.models.cache import KVCache
+from tempax.models.cache import KVCache, kv_bytes_per_position
 from tempax.models.decoder import Decoder
 from tempax.parallel.process import host_array
 from tempax.parallel.rules import shard
-from tempax.runtime.host_memory import release_free_heap
+from tempax.runtime.host_memory import available_memory, release_free_heap
 
 _TRACES: collections.Counter[str] = collections.Counter()
 # (prefill, decode) executables this process took from (or put in) the program store, by prefill key.
@@ -311,6 +311,18 @@ def model_context(model: Any, config: SamplingConfig) -> int:
     return limit if config.max_len is None else min(limit, int(config.max_len))
 
 
+def check_cache_fits(config: Any, rows: int, positions: int, available: int | None) -> None:
+    """Refuses a decode whose KV cache alone (`rows` x `positions` x `kv_bytes_per_position`) is larger than the
+    `available` bytes (None: unknown, no check). On a CPU the kernel would otherwise kill the process part-way
+    through allocating it, losing the run with no word of why; the error names the sizes and what to lower."""
+    need = rows * positions * kv_bytes_per_position(config)
+    if available is not None and need > available:
+        raise GenerationError(
+            f"decoding {rows} rows of {positions} positions needs {need / 2**30:.1f} GiB of KV cache, more than the "
+            f"{available / 2**30:.1f} GiB of memory free; decode fewer rows at once (an evaluation's batch size, "
+            "prompts x completions per GRPO step) or fewer positions (max_new_tokens, the prompt length)")
+
+
 def check_prompts(prompt_ids: Sequence[Sequence[int]], config: SamplingConfig, context: int, vocab: int,
                   prompt_configs: Sequence[SamplingConfig] | None = None) -> None:
     """Raises GenerationError for requests that cannot be served, naming the prompt and the fix (`prompt_configs`:
@@ -449,6 +461,8 @@ class DecodeRun:
         args = (self._graphdef, self._params, tokens, segments, seeds,
                 prompt_index.astype(np.int32), sample_index.astype(np.int32), live, self._knobs)
         cache_len = prompt_len + completion_len + (bucket_length(reserve) if reserve else 0)
+        if jax.default_backend() == "cpu" and jax.process_count() == 1:  # an accelerator raises its own error
+            check_cache_fits(model.config, len(live), cache_len, available_memory())
         kwargs = dict(spec=self._spec, n=n, cache_len=cache_len, completion_len=completion_len)
         self._stored = self._compile_ahead(args, kwargs)
         self._state = self._stored[0](*args[1:]) if self._stored else _prefill(*args, **kwargs)

@@ -65,3 +65,8 @@ class KVCache:
 
     def nbytes(self) -> int:
         return sum(x.size * x.dtype.itemsize for x in (*self.k, *self.v))
+
+
+def kv_bytes_per_position(config: ModelConfig) -> int:
+    """Bytes one cache position takes for one row: keys and values of every layer."""
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * jnp.dtype(config.dtype).itemsize

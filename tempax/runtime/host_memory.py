@@ -5,7 +5,9 @@ freed blocks below its mmap threshold (which rises as large blocks are freed) in
 them, so they stay in the resident set and the next program's buffers land on top of them. Loops that
 alternate programs (a generation request, a reference pass, a train step) call `release_free_heap` between
 them. Process tuning rather than a feature of any layer, so it sits in the runtime layer beneath them all
-(generation, training and the RL sources call it).
+(generation, training and the RL sources call it). Also what the machine has free (`available_memory`) and
+what this process holds (`resident_memory`), read by the training memory plan and the decode engine's cache
+check before they allocate.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 from typing import Any
 
 
@@ -37,3 +40,24 @@ def release_free_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says new allocations can take without swapping (MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def resident_memory() -> int:
+    """Bytes this process holds in memory now (its resident set), 0 where unknown."""
+    try:
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

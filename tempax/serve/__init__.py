@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from tempax.errors import GenerationError
-from tempax.generate.continuous import kv_bytes_per_position, slot_bucket
+from tempax.generate.continuous import slot_bucket
+from tempax.models.cache import kv_bytes_per_position
 from tempax.serve.batcher import Batcher
 from tempax.serve.protocol import APIError, Limits
 from tempax.serve.server import OpenAIServer

@@ -28,12 +28,12 @@ limit before minutes of compilation: a smaller micro-batch, remat, LoRA, or QLoR
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from tempax.errors import ConfigError, TempaxError
 from tempax.models.config import ModelConfig
+from tempax.runtime.host_memory import available_memory, resident_memory
 
 GiB = 2**30
 OVERHEAD = 1.10
@@ -165,29 +165,10 @@ def device_capacity(devices: Iterable[Any] | None = None) -> int | None:
             stats = {}
         limit = stats.get("bytes_limit")
         return int(limit) if limit else None
-    avail = _mem_available()
+    avail = available_memory()
     if avail is None:
         return None
-    return int((avail + _rss_bytes()) / max(len(devices), 1))
-
-
-def _mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _rss_bytes() -> int:
-    try:
-        with open(f"/proc/{os.getpid()}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+    return int((avail + resident_memory()) / max(len(devices), 1))
 
 
 def micro_batch_candidates(batch_size: int, data_parallel: int) -> list[int]:

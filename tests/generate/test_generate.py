@@ -210,6 +210,26 @@ def test_bad_requests_raise_generation_error(model, kwargs, prompts, match):
         generate(model, None, prompts, SamplingConfig(**{"max_new_tokens": 8, **kwargs}))
 
 
+def test_a_cache_larger_than_the_free_memory_is_refused_with_its_size_and_the_fix(model, monkeypatch):
+    """The tiny model: 2 (k, v) x 3 layers x 2 kv heads x 16 dims x 4 bytes = 768 bytes a position a row. 3 prompts
+    run as 4 rows (the batch bucket) of 16 prompt + 16 completion positions (the length buckets): 4 x 32 x 768 =
+    98304 bytes. One byte less free is refused; as much is not."""
+    from tempax.generate import engine
+    from tempax.models.cache import kv_bytes_per_position
+
+    cfg = model.config
+    assert kv_bytes_per_position(cfg) == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4 == 768
+    engine.check_cache_fits(cfg, 4, 32, 98304)
+    engine.check_cache_fits(cfg, 4, 32, None)
+    with pytest.raises(GenerationError, match=r"4 rows of 32 positions needs 0\.0 GiB of KV cache.*fewer rows"):
+        engine.check_cache_fits(cfg, 4, 32, 98303)
+    monkeypatch.setattr(engine, "available_memory", lambda: 98303)
+    with pytest.raises(GenerationError, match="4 rows of 32 positions"):  # 3 prompts run as 4 rows (bucket)
+        generate(model, None, [[3, 4], [5], [6]], SamplingConfig(max_new_tokens=8))
+    monkeypatch.setattr(engine, "available_memory", lambda: 98304)
+    assert generate(model, None, [[3, 4], [5], [6]], SamplingConfig(max_new_tokens=8)).token_ids.shape == (3, 8)
+
+
 def test_text_prompt_needs_a_tokenizer(model, tokenizer):
     with pytest.raises(GenerationError, match="no tokenizer"):
         generate(model, None, ["hello"], SamplingConfig(max_new_tokens=2))
