@@ -11,6 +11,7 @@ import argparse
 import os
 import signal
 import sys
+from typing import NoReturn
 
 from tempax.cli.generate import load_source
 
@@ -69,9 +70,19 @@ def run(args: argparse.Namespace) -> int:
         server.serve_forever()
     except ServerStopped as stopped:
         print(f"tempax serve: stopped ({stopped})", file=sys.stderr)
-        return 0
     finally:
         for signum, handler in previous.items():  # a second Ctrl-C while closing is the usual interrupt
             signal.signal(signum, handler)
         server.close()
-    return 0
+    exit_without_finalising(0)
+
+
+def exit_without_finalising(status: int) -> NoReturn:
+    """Ends the process with `status` once the server has closed: every request answered, every connection ended,
+    nothing left to write. The interpreter's own finalisation is skipped because it can abort the process at this
+    point: a thread that lets go of the last reference to JAX arrays while the interpreter is finalising frees
+    them without the interpreter lock, and jaxlib's destructor then calls std::terminate (status -6, after the
+    "stopped" line). `close()` waits for the server's own threads, but not for every thread a library started."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
