@@ -119,14 +119,13 @@ def test_nothing_compiles_after_warm_up_across_varied_requests(engine):
 
 
 def test_warm_up_on_threads_compiles_what_one_thread_compiles(engine, model, tokenizer):
-    """The fixture's engine warmed up on min(CPU count, 4) threads; one thread gives the same programs, each
-    compiled once (the count equals the number of keys)."""
+    """The fixture's engine warmed up on min(CPU count, 4) threads (2 on the CI machine); one thread compiles the
+    same programs, and each engine compiled each of its programs once (its count equals its programs, the
+    construction's `init` included)."""
     alone = SlotEngine(model, slots=4, context=CONTEXT, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id,
                        min_cache=32)
-    threaded = SlotEngine(model, slots=4, context=CONTEXT, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id,
-                          min_cache=32)
-    assert alone.warm_up(workers=1) == threaded.warm_up(workers=3) == len(threaded._programs) - 1  # + reset's init
-    assert set(alone._programs) == set(threaded._programs) == set(engine._programs)
+    assert alone.warm_up(workers=1) == len(alone._programs) - 1
+    assert set(alone._programs) == set(engine._programs) and engine.compiles == len(engine._programs)
 
 
 def test_sample_rows_picks_each_rows_own_filter():
