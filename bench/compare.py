@@ -159,8 +159,6 @@ def build_table(records: Sequence[dict]) -> str:
         tempax_figure, tempax_repeats = _cell(tempax)
         workload_label = workload + (f" {dtype}" if dtype != "float32" else "")
         for side in [s for s in sides if s != "tempax"]:
-            if side != "peer" and not sides[side]:
-                continue
             peer = side_summary(sides[side], key)
             ratio = ("" if tempax["median"] is None or peer["median"] is None else
                      f"{speed_ratio(tempax['median'], peer['median'], higher_is_faster):.2f}x")

@@ -65,10 +65,11 @@ def step_products(repeats: int = 20) -> None:
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, root)
+    from bench.decode import load_spec
     from tempax.runtime.process import settings_in_effect, tuned_env
 
     os.environ["XLA_FLAGS"] = tuned_env(dict(os.environ)).get("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
-    shape = json.load(open(os.path.join(root, "..", "shared", "bench", "workloads.json")))["models"]["small"]
+    shape = load_spec()["models"]["small"]
     d, f, kv = shape["hidden_size"], shape["intermediate_size"], shape["num_kv_heads"] * shape["head_dim"]
     vocab, layers, rows = shape["vocab_size"], shape["num_layers"], 8
     group = d // kv  # query width / kv width: the kv projections are widened back to d by repetition

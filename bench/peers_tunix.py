@@ -38,7 +38,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SHARED = os.environ.get("TEMPAX_BENCH_SHARED") or os.path.join(ROOT, "..", "shared", "bench")  # as peers.py
+if ROOT not in sys.path:  # this checkout's bench and tempax.runtime (standard library only), when run as a script
+    sys.path.insert(0, ROOT)
+
+from bench.decode import workload_prompts  # noqa: E402  (standard library only, as bench.peers)
+from bench.peers import SHARED, load_spec  # noqa: E402
 # Tunix's own environment, made by `scripts/setup.sh --tunix`; TEMPAX_TUNIX_PYTHON names another interpreter.
 TUNIX_VENV = os.path.join(ROOT, ".venv-tunix")
 TUNIX_SETUP = "bash scripts/setup.sh --tunix"
@@ -53,20 +57,10 @@ def tunix_python() -> str | None:
     return python if os.path.exists(python) else None
 
 
-def load_spec() -> dict:
-    with open(os.path.join(SHARED, "workloads.json")) as f:
-        return json.load(f)
-
-
-def prompt_texts(spec: dict, vocab_size: int) -> tuple[list[str], list[list[int]]]:
-    """The decode workload's prompts (bench/decode.py's `workload_prompts`: BOS + prompt_len - 1 ids from
-    default_rng(seed + 1) in [4, vocab)) as word-level texts, and the ids they must encode to."""
-    import numpy as np
-
-    w = spec["workloads"]["decode"]
-    rng = np.random.default_rng(spec["data"]["seed"] + 1)
-    ids = rng.integers(4, vocab_size, (w["batch_size"], w["prompt_len"] - 1))
-    return [" ".join(f"w{i}" for i in row) for row in ids], [[1] + row.tolist() for row in ids]
+def prompt_texts(prompt_ids: list[list[int]]) -> list[str]:
+    """The workload's prompts (`bench.decode.workload_prompts`: BOS + word ids) as the word-level tokenizer's text,
+    "w17 w4032 ...", which Tunix's `Sampler` takes and encodes back to the same ids, BOS first."""
+    return [" ".join(f"w{i}" for i in ids[1:]) for ids in prompt_ids]
 
 
 def measure_decode(size: str) -> dict:
@@ -98,7 +92,8 @@ def measure_decode(size: str) -> dict:
     cache = tunix_sampler.CacheConfig(cache_size=prompt_len + new, num_layers=shape["num_layers"],
                                       num_kv_heads=shape["num_kv_heads"], head_dim=shape["head_dim"])
     sampler = tunix_sampler.Sampler(model, tokenizer, cache)
-    texts, ids = prompt_texts(spec, shape["vocab_size"])
+    ids = workload_prompts(spec, shape["vocab_size"])
+    texts = prompt_texts(ids)
     encoded = [list(map(int, sampler.tokenize(t))) for t in texts]
     assert encoded == ids, "the word-level texts do not encode back to the workload's prompt ids"
 
@@ -151,5 +146,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, ROOT)  # tempax.runtime (standard library only) names the CPU and the flags
     sys.exit(main())

@@ -186,15 +186,15 @@ def test_tunix_runs_with_the_python_named_for_it(monkeypatch):
 def test_tunix_gets_the_workload_prompts_as_text_that_encodes_back_to_them():
     """The word-level texts handed to Tunix's Sampler are bench/decode.py's prompt ids, BOS first."""
     from bench.decode import workload_prompts
-    from bench.peers_tunix import SHARED, load_spec, prompt_texts
+    from bench.peers import SHARED, load_spec
+    from bench.peers_tunix import prompt_texts
     from tempax.models.tokenizer import load_tokenizer
 
     spec = load_spec()
     vocab = spec["models"]["tiny"]["vocab_size"]
-    texts, ids = prompt_texts(spec, vocab)
-    assert ids == workload_prompts(spec, vocab)
+    ids = workload_prompts(spec, vocab)
     tokenizer = load_tokenizer(f"{SHARED}/tokenizers/wordlevel_{vocab}")
-    assert [tokenizer.encode(t) for t in texts] == ids
+    assert [tokenizer.encode(t) for t in prompt_texts(ids)] == ids
 
 
 def test_a_measuring_run_appends_its_table_to_the_page_under_its_cpu_class(tmp_path, monkeypatch):
