@@ -1,0 +1,158 @@
+"""Would a shared-prompt layout make a preference step cheaper? The data's positions, and the step at each shape.
+
+    python bench/preference_layout.py                                   # the DPO recipe, its default shapes
+    python bench/preference_layout.py --config recipes/reward_model_smollm2_lora.yaml --shapes 16x192,6x384
+
+A preference batch is stacked: B pairs as [2B, seq_len] rows, chosen then rejected (`tempax.data.preference`), so
+every pair takes 2 x seq_len positions, its prompt is computed twice and the rest of each row is padding. The
+alternative is one group a pair: the prompt once, then each reply as a part of its own that attends to the
+prompt and to itself; a group takes len(chosen) + len(rejected) - len(prompt) + 1 positions (the prompt's last
+token is repeated at the head of each reply's part, since it predicts each reply's first token). Groups are longer than
+seq_len, so they are packed into rows of 2 x seq_len, and a static-shape step needs a fixed number of rows.
+
+Prints, for the recipe's training pairs (tokenised as its run does):
+  * the positions a pair takes: stacked, its real tokens, and as a shared-prompt group;
+  * how many rows of 2 x seq_len the groups of one batch need (first-fit, largest first), over random batches
+    of the recipe's pairs per batch;
+  * the seconds of one step's model work at each `--shapes` [rows x length]: the policy's summed reply
+    log-probs, forward and backward through the LoRA adapters, plus the reference forward with the adapters off
+    (the DPO family; the reward model: its score at each row's last token, no reference), as the step does them (the
+    optimizer's update, the same at every shape, is left out); the masks do not change the cost, so random
+    tokens stand in;
+  * the step the shared layout would take on average if each batch ran at the fewest rows it needs (one
+    compiled program per row count), beside the stacked step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def group_positions(chosen, rejected) -> tuple[int, int]:
+    """(shared prompt tokens, positions of the shared-prompt group) of one tokenised pair: the prompt is the
+    common token prefix before either side's first trained token."""
+    import numpy as np
+
+    first_trained = min(int(np.argmax(chosen.loss_mask)), int(np.argmax(rejected.loss_mask)))
+    a, b = chosen.tokens[:first_trained], rejected.tokens[:first_trained]
+    differ = np.nonzero(a != b)[0]
+    prompt = int(differ[0]) if differ.size else first_trained
+    return prompt, len(chosen) + len(rejected) - max(prompt, 1) + 1
+
+
+def rows_needed(groups: list[int], row_len: int) -> int:
+    """Rows of `row_len` positions that first-fit packing (largest group first) fills with `groups`."""
+    free: list[int] = []
+    for g in sorted(groups, reverse=True):
+        for i, space in enumerate(free):
+            if g <= space:
+                free[i] -= g
+                break
+        else:
+            free.append(row_len - g)
+    return len(free)
+
+
+def step_seconds(model, rows: int, length: int, repeats: int, *, scalar_head: bool) -> float:
+    """Median seconds of a step's model work on a [rows, length] batch (see the module docstring); with
+    `scalar_head` (the reward model) the score of each row's last hidden state instead of reply log-probs, and no
+    reference."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from tempax.algorithms.preference.batches import sequence_logps
+    from tempax.models.lora import disable_adapters, lora_filter
+
+    graphdef, adapters, rest = nnx.split(model, lora_filter, ...)
+
+    def work(adapters, rest, batch):
+        m = nnx.merge(graphdef, adapters, rest)
+        if scalar_head:
+            hidden, _ = m.hidden_states(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"])
+            return jnp.sum(hidden[:, -1])
+        policy, _ = sequence_logps(m, batch)
+        with disable_adapters(m):
+            reference, _ = sequence_logps(m, batch)
+        return jnp.sum(policy - jax.lax.stop_gradient(reference))
+
+    step = jax.jit(jax.grad(work))
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, model.config.vocab_size, (rows, length)).astype(np.int32)
+    mask = np.zeros((rows, length), np.float32)
+    mask[:, length // 2:] = 1.0  # replies: a part of each row, as in a batch of pairs
+    batch = dict(tokens=tokens, targets=np.roll(tokens, -1, axis=1), loss_mask=mask,
+                 positions=np.tile(np.arange(length, dtype=np.int32), (rows, 1)),
+                 segment_ids=np.ones((rows, length), np.int32))
+    jax.block_until_ready(step(adapters, rest, batch))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(step(adapters, rest, batch))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="recipes/dpo_smollm2_lora.yaml")
+    parser.add_argument("--shapes", default=None,
+                        help="[rows]x[length],... to time; default: the stacked shape and 2..B rows of 2 x seq_len")
+    parser.add_argument("--batches", type=int, default=2000, help="random batches drawn for the row counts")
+    parser.add_argument("--repeats", type=int, default=4)
+    args = parser.parse_args()
+
+    from tempax.runtime.process import settings_in_effect, setup_process
+
+    setup_process("train")  # the settings a training command runs with
+    import numpy as np
+
+    from tempax.algorithms.common import build_model
+    from tempax.algorithms.preference.data import build_preference_data
+    from tempax.algorithms.registry import get
+    from tempax.configlib import load_config, recipe_command
+
+    command = recipe_command(args.config)
+    cfg = load_config(get(command).config_class(), args.config, [], command=command)
+    seq_len, pairs_per_batch = cfg.train.seq_len, cfg.train.batch_size // 2
+    model, tokenizer, _ = build_model(cfg)
+    data = build_preference_data(cfg.data, tokenizer, seq_len=seq_len, seed=cfg.train.seed)
+    real = np.array([len(p.chosen) + len(p.rejected) for p in data.train])
+    prompt, groups = map(np.array, zip(*(group_positions(p.chosen, p.rejected) for p in data.train)))
+    print(f"CPU: {settings_in_effect()['cpu']}")
+    print(f"{args.config} ({command}): {len(data.train)} training pairs, {pairs_per_batch} a batch, seq_len {seq_len}")
+    print(f"positions a pair: stacked {2 * seq_len}, real tokens {real.mean():.1f}, shared-prompt group "
+          f"{groups.mean():.1f} (median {np.median(groups):.0f}, largest {groups.max()}); prompt {prompt.mean():.1f}")
+
+    row_len = 2 * seq_len
+    rng = np.random.default_rng(0)
+    counts = [rows_needed(list(groups[rng.permutation(len(groups))[:pairs_per_batch]]), row_len)
+              for _ in range(args.batches)]
+    share = {r: counts.count(r) / len(counts) for r in sorted(set(counts))}
+    print(f"rows of {row_len} a batch needs: " + ", ".join(f"{r}: {100 * s:.1f}%" for r, s in share.items()))
+
+    stacked = (2 * pairs_per_batch, seq_len)
+    shapes = ([stacked] + [(r, row_len) for r in share] if args.shapes is None
+              else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")])
+    seconds = {}
+    for rows, length in shapes:
+        seconds[rows, length] = step_seconds(model, rows, length, args.repeats, scalar_head=command == "reward-model")
+        print(f"[{rows} x {length}] {rows * length} positions: {seconds[rows, length]:.2f} s a step", flush=True)
+    if stacked in seconds and all((r, row_len) in seconds for r in share):
+        shared = sum(s * seconds[r, row_len] for r, s in share.items())
+        print(f"shared-prompt layout, each batch at the rows it needs: {shared:.2f} s a step on average, against "
+              f"{seconds[stacked]:.2f} s stacked ({shared / seconds[stacked]:.2f}x), with {len(share)} programs "
+              "to compile instead of one")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
