@@ -19,6 +19,8 @@ Prints, for the recipe's training pairs (tokenised as its run does):
     (the DPO family; the reward model: its score at each row's last token, no reference), as the step does them (the
     optimizer's update, the same at every shape, is left out); the masks do not change the cost, so random
     tokens stand in;
+  * the weight products of one forward over the stacked batch's positions, timed alone: a bound on the products'
+    share of a step (the backward's products are about as many again);
   * the step the shared layout would take on average if each batch ran at the fewest rows it needs (one
     compiled program per row count), beside the stacked step.
 """
@@ -101,6 +103,30 @@ def step_seconds(model, rows: int, length: int, repeats: int, *, scalar_head: bo
     return statistics.median(times)
 
 
+def forward_products_seconds(config, tokens: int, repeats: int) -> tuple[float, float]:
+    """(median seconds, FLOP) of the weight products of one forward over `tokens` positions, timed alone: every
+    layer's q, k, v, o, gate, up and down as plain products of random float32 operands in one jitted function.
+    A step's products cannot run faster than this; its backward has about as many again."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    d, f, q, kv = (config.hidden_size, config.intermediate_size, config.num_heads * config.head_dim,
+                   config.num_kv_heads * config.head_dim)
+    shapes = [(d, q), (d, kv), (d, kv), (q, d), (d, f), (d, f), (f, d)]
+    rng = np.random.default_rng(0)
+    weights = [jnp.asarray(rng.standard_normal(s, np.float32)) for _ in range(config.num_layers) for s in shapes]
+    inputs = {n: jnp.asarray(rng.standard_normal((tokens, n), np.float32)) for n in {d, f, q}}
+    products = jax.jit(lambda inputs, weights: [jnp.sum(inputs[w.shape[0]] @ w) for w in weights])
+    jax.block_until_ready(products(inputs, weights))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(products(inputs, weights))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), float(sum(2 * tokens * a * b for a, b in shapes) * config.num_layers)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="recipes/dpo_smollm2_lora.yaml")
@@ -146,6 +172,9 @@ def main() -> int:
     for rows, length in shapes:
         seconds[rows, length] = step_seconds(model, rows, length, args.repeats, scalar_head=command == "reward-model")
         print(f"[{rows} x {length}] {rows * length} positions: {seconds[rows, length]:.2f} s a step", flush=True)
+    stacked_seconds, flop = forward_products_seconds(model.config, stacked[0] * stacked[1], args.repeats)
+    print(f"the weight products of one forward over {stacked[0] * stacked[1]} positions, alone: "
+          f"{stacked_seconds:.2f} s, {flop / 1e9:.0f} GFLOP at {flop / stacked_seconds / 1e9:.0f} GFLOP/s")
     if stacked in seconds and all((r, row_len) in seconds for r in share):
         shared = sum(s * seconds[r, row_len] for r, s in share.items())
         print(f"shared-prompt layout, each batch at the rows it needs: {shared:.2f} s a step on average, against "
