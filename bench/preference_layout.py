@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -50,16 +48,11 @@ def group_positions(chosen, rejected) -> tuple[int, int]:
 
 
 def rows_needed(groups: list[int], row_len: int) -> int:
-    """Rows of `row_len` positions that first-fit packing (largest group first) fills with `groups`."""
-    free: list[int] = []
-    for g in sorted(groups, reverse=True):
-        for i, space in enumerate(free):
-            if g <= space:
-                free[i] -= g
-                break
-        else:
-            free.append(row_len - g)
-    return len(free)
+    """Rows of `row_len` positions that first-fit packing (`tempax.data.packing.plan_packing`), largest group
+    first, fills with `groups`."""
+    from tempax.data.packing import plan_packing
+
+    return len(plan_packing(sorted(groups, reverse=True), row_len, max_open=max(len(groups), 1)))
 
 
 def step_seconds(model, rows: int, length: int, repeats: int, *, scalar_head: bool) -> float:
@@ -71,6 +64,7 @@ def step_seconds(model, rows: int, length: int, repeats: int, *, scalar_head: bo
     import numpy as np
     from flax import nnx
 
+    from bench.decode_matmul import median_seconds
     from tempax.algorithms.preference.batches import sequence_logps
     from tempax.models.lora import disable_adapters, lora_filter
 
@@ -94,13 +88,7 @@ def step_seconds(model, rows: int, length: int, repeats: int, *, scalar_head: bo
     batch = dict(tokens=tokens, targets=np.roll(tokens, -1, axis=1), loss_mask=mask,
                  positions=np.tile(np.arange(length, dtype=np.int32), (rows, 1)),
                  segment_ids=np.ones((rows, length), np.int32))
-    jax.block_until_ready(step(adapters, rest, batch))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(step(adapters, rest, batch))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_seconds(step, adapters, rest, batch, repeats=repeats)
 
 
 def forward_products_seconds(config, tokens: int, repeats: int) -> tuple[float, float]:
@@ -111,6 +99,8 @@ def forward_products_seconds(config, tokens: int, repeats: int) -> tuple[float, 
     import jax.numpy as jnp
     import numpy as np
 
+    from bench.decode_matmul import median_seconds
+
     d, f, q, kv = (config.hidden_size, config.intermediate_size, config.num_heads * config.head_dim,
                    config.num_kv_heads * config.head_dim)
     shapes = [(d, q), (d, kv), (d, kv), (q, d), (d, f), (d, f), (f, d)]
@@ -118,13 +108,8 @@ def forward_products_seconds(config, tokens: int, repeats: int) -> tuple[float, 
     weights = [jnp.asarray(rng.standard_normal(s, np.float32)) for _ in range(config.num_layers) for s in shapes]
     inputs = {n: jnp.asarray(rng.standard_normal((tokens, n), np.float32)) for n in {d, f, q}}
     products = jax.jit(lambda inputs, weights: [jnp.sum(inputs[w.shape[0]] @ w) for w in weights])
-    jax.block_until_ready(products(inputs, weights))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(products(inputs, weights))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), float(sum(2 * tokens * a * b for a, b in shapes) * config.num_layers)
+    seconds = median_seconds(products, inputs, weights, repeats=repeats)
+    return seconds, float(sum(2 * tokens * a * b for a, b in shapes) * config.num_layers)
 
 
 def main() -> int:

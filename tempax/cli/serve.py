@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compute dtype (default: the checkpoint's)")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> NoReturn:
     from tempax.serve import start_server
 
     model, tokenizer = load_source(args.source, args.dtype)
