@@ -313,8 +313,8 @@ if __name__ == "__main__":
     sys.path.insert(0, ROOT)  # this checkout's tempax, not an installed one
     from tempax.runtime.process import setup_process
 
-    # No huge-page malloc for the peers, though tempax's training jobs get it: PyTorch 2.13 was slower with it
-    # (docs/measurements/performance-history.md), so each library runs at its own better setting. Each line
-    # prints the GLIBC_TUNABLES it had.
+    # The peers run with glibc's default malloc, not tempax's training settings (the kept heap; huge pages, with
+    # which PyTorch 2.13 was slower: docs/measurements/performance-history.md), so each library runs at its own
+    # setting. Each line prints the GLIBC_TUNABLES it had.
     setup_process()  # as the `tempax` command does; TEMPAX_REEXEC=0 measures without
     sys.exit(main())

@@ -22,7 +22,10 @@ Prints, for the recipe's training pairs (tokenised as its run does):
   * the weight products of one forward over the stacked batch's positions, timed alone: a bound on the products'
     share of a step (the backward's products are about as many again);
   * the step the shared layout would take on average if each batch ran at the fewest rows it needs (one
-    compiled program per row count), beside the stacked step.
+    compiled program per row count), beside the stacked step;
+  * with `--peer torch`, the same model work at each shape in PyTorch + PEFT (the recipe's LoRA on the model
+    `tempax export` writes, float32, no gradient checkpointing), each shape in a child process with glibc's
+    default malloc: what the peer's trainer spends on the model, without its data, optimizer and checkpointing.
 """
 
 from __future__ import annotations
@@ -91,6 +94,69 @@ def step_seconds(model, rows: int, length: int, repeats: int, *, scalar_head: bo
     return median_seconds(step, adapters, rest, batch, repeats=repeats)
 
 
+def torch_step_seconds(folder: str, rows: int, length: int, repeats: int, *, scalar_head: bool, rank: int,
+                       alpha: float, targets: list[str]) -> float:
+    """Median seconds of the model work `step_seconds` times, in PyTorch + PEFT on the Hugging Face folder
+    `folder`: the reward model's sum of last hidden states, or DPO's summed reply log-probs through the adapters
+    (full logits, then log-softmax and gather, as TRL's trainers compute them) minus the reference's without them;
+    backward to the adapters."""
+    import numpy as np
+    import peft
+    import torch
+    import transformers
+
+    from bench.decode_matmul import median_seconds
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    policy = peft.get_peft_model(model, peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets,
+                                                        lora_dropout=0.0))
+    rng = np.random.default_rng(0)
+    tokens = torch.from_numpy(rng.integers(0, model.config.vocab_size, (rows, length)).astype(np.int64))
+    mask = torch.zeros(rows, length - 1)
+    mask[:, length // 2:] = 1.0
+
+    def reply_logps() -> torch.Tensor:
+        logits = policy(input_ids=tokens).logits[:, :-1]
+        logps = torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+        return (logps * mask).sum(-1)
+
+    def work() -> None:
+        policy.zero_grad(set_to_none=True)
+        if scalar_head:
+            loss = policy.base_model.model.model(input_ids=tokens).last_hidden_state[:, -1].sum()
+        else:
+            with torch.no_grad(), policy.disable_adapter():
+                reference = reply_logps()
+            loss = (reply_logps() - reference).sum()
+        loss.backward()
+
+    return median_seconds(work, repeats=repeats)  # work() returns None: nothing for JAX to wait on
+
+
+def torch_peer_seconds(cfg, shapes: list[tuple[int, int]], repeats: int, *, scalar_head: bool) -> dict:
+    """`torch_step_seconds` at each shape, each in a child process of this file (`--torch-one`) with glibc's
+    default malloc and no XLA flags, on the model `tempax export` writes to a temporary folder."""
+    import json
+    import subprocess
+    import tempfile
+
+    repo = os.path.dirname(HERE)
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "XLA_FLAGS")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
+    seconds = {}
+    with tempfile.TemporaryDirectory(prefix="tempax-peer-") as folder:
+        subprocess.run([sys.executable, "-m", "tempax.cli.main", "export", cfg.model.source, folder], cwd=repo,
+                       env=env, check=True, stdout=subprocess.DEVNULL)
+        for rows, length in shapes:
+            spec = dict(folder=folder, rows=rows, length=length, repeats=repeats, scalar_head=scalar_head,
+                        rank=cfg.lora.rank, alpha=cfg.lora.alpha, targets=list(cfg.lora.target_modules))
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-one", json.dumps(spec)],
+                                 cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
+            seconds[rows, length] = float(out.split()[-1])
+    return seconds
+
+
 def forward_products_seconds(config, tokens: int, repeats: int) -> tuple[float, float]:
     """(median seconds, FLOP) of the weight products of one forward over `tokens` positions, timed alone: every
     layer's q, k, v, o, gate, up and down as plain products of random float32 operands in one jitted function.
@@ -119,7 +185,17 @@ def main() -> int:
                         help="[rows]x[length],... to time; default: the stacked shape and 2..B rows of 2 x seq_len")
     parser.add_argument("--batches", type=int, default=2000, help="random batches drawn for the row counts")
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--peer", choices=["torch"], default=None,
+                        help="also time the same model work in PyTorch + PEFT at each shape")
+    parser.add_argument("--torch-one", default=None, help=argparse.SUPPRESS)  # a child of --peer torch
     args = parser.parse_args()
+    if args.torch_one:
+        import json
+
+        spec = json.loads(args.torch_one)
+        print(torch_step_seconds(spec.pop("folder"), spec.pop("rows"), spec.pop("length"), spec.pop("repeats"),
+                                 **spec))
+        return 0
 
     from tempax.runtime.process import settings_in_effect, setup_process
 
@@ -157,6 +233,13 @@ def main() -> int:
     for rows, length in shapes:
         seconds[rows, length] = step_seconds(model, rows, length, args.repeats, scalar_head=command == "reward-model")
         print(f"[{rows} x {length}] {rows * length} positions: {seconds[rows, length]:.2f} s a step", flush=True)
+    if args.peer == "torch":
+        import torch
+
+        peer = torch_peer_seconds(cfg, shapes, args.repeats, scalar_head=command == "reward-model")
+        for (rows, length), value in peer.items():
+            print(f"[{rows} x {length}] PyTorch {torch.__version__} + PEFT, the same model work: {value:.2f} s a step "
+                  f"(tempax {seconds[rows, length]:.2f} s, {seconds[rows, length] / value:.2f}x)", flush=True)
     stacked_seconds, flop = forward_products_seconds(model.config, stacked[0] * stacked[1], args.repeats)
     print(f"the weight products of one forward over {stacked[0] * stacked[1]} positions, alone: "
           f"{stacked_seconds:.2f} s, {flop / 1e9:.0f} GFLOP at {flop / stacked_seconds / 1e9:.0f} GFLOP/s")

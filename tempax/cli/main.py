@@ -63,7 +63,7 @@ def commands() -> dict[str, tuple[str, str]]:
 
 def training_commands() -> tuple[str, ...]:
     """Commands that only train (Trainer.fit, no generation): their processes get `setup_process(job="train")`
-    (huge pages)."""
+    (a kept malloc heap)."""
     return tuple(name for name, a in registry.algorithms().items() if not a.on_policy)
 
 

@@ -1,24 +1,29 @@
 """Process setup that has to happen before JAX starts: XLA:CPU's memory-minimising scheduler, the per-CPU choice
-of XLA:CPU's matrix-product library, and glibc's malloc on transparent huge pages (training jobs; opt-in otherwise).
+of XLA:CPU's matrix-product library, and glibc's malloc told to keep a training step's memory between steps.
 
 * Scheduler, on by default. XLA:CPU orders a step's operations for concurrency, which keeps far more activations
   alive at once; `--xla_cpu_enable_concurrency_optimized_scheduler=false` orders them to minimise live memory,
   which lowers a training step's peak without a measurable loss of speed on a few cores.
-* Huge pages, on by default for training jobs (`setup_process(job="train")`: the `tempax` training commands,
-  `bench/sft.py`, `bench/profile_step.py`; not `bench/peers.py`, where PyTorch is faster without), otherwise
-  opt-in with `TEMPAX_HUGE_PAGES=1`; `TEMPAX_HUGE_PAGES=0` turns them off. XLA:CPU allocates a training step's
-  activations (gigabytes) afresh on every execution, and glibc serves such sizes with `mmap` and gives them back
-  with `munmap` when the step ends, so every step faults every page in again, 4 KiB at a time. With glibc's
-  `glibc.malloc.hugetlb=1` tunable malloc asks for transparent huge pages (`madvise(MADV_HUGEPAGE)`) on what it
-  maps, so the same memory faults in 2 MiB at a time. Decoding and GRPO keep the opt-in (their peak memory is the
-  constraint there). glibc reads its tunables only when a process starts, so the command re-executes itself once
-  with the tunable set.
+* A kept heap, on by default for training jobs (`setup_process(job="train")`: the `tempax` training commands,
+  `bench/sft.py`, `bench/profile_step.py`), otherwise opt-in with `TEMPAX_KEEP_HEAP=1`; `TEMPAX_KEEP_HEAP=0` turns
+  it off. XLA:CPU allocates a training step's temporaries (gigabytes, one block) afresh on every execution. glibc
+  serves a block that size with `mmap` and gives it back with `munmap` when the step ends, so every step faults
+  every page in again, 4 KiB at a time, and the kernel zeroes each one. `KEEP_HEAP_TUNABLES` make malloc take
+  every block from one heap (`arena_max=1`: XLA's worker threads would otherwise each get an arena of their own,
+  and a thread arena maps a large block whatever `mmap_max` says), never from `mmap` (`mmap_max=0`), and never
+  give the heap's top back (`trim_threshold`), so from the second step on the step's memory is already mapped.
+  The process keeps its high-water mark, which for a training job is its peak anyway. glibc reads its tunables
+  only when a process starts, so the command re-executes itself once with them set.
+* Huge pages, opt-in with `TEMPAX_HUGE_PAGES=1`: glibc's `glibc.malloc.hugetlb=1` asks for transparent huge
+  pages (`madvise(MADV_HUGEPAGE)`) on what malloc maps, so memory faults in 2 MiB at a time. It was the training
+  default before the kept heap, which faults nothing after the first step; on a host whose kernel compacts
+  memory to find each huge page it costs more kernel time than it saves.
 * Matrix-product library, per CPU (`cpu_xla_flags`). XLA:CPU's default float32 products are kept where no
   alternative is faster on the training step's own shapes (`bench/matmul_shapes.py`); on Intel CPUs with AVX-512
   `--xla_cpu_use_onednn=true` is added, the one flag measured faster there (the float32 step and the 4096^3
-  product, on an Intel CPU with AMX); on AVX2-only CPUs oneDNN made the step slower, so nothing is added. The before/after
-  pairs: `docs/performance.md` (per CPU class), earlier ones `docs/measurements/performance-history.md`.
-
+  product, on an Intel CPU with AMX); on AVX2-only CPUs oneDNN made the step slower, so nothing is added.
+* The before/after pairs of each: `docs/performance.md` (per CPU class), earlier ones
+  `docs/measurements/performance-history.md`.
 * Persistent compilation cache, on for the `tempax` command (`compilation_cache_env`): JAX writes every compiled
   program to `$TEMPAX_CACHE/xla/<CPU fingerprint>` and a later run with the same program, shapes, jaxlib and XLA
   flags loads it instead of compiling (XLA:CPU included, sharded programs too; tests check both; the figures are
@@ -32,8 +37,8 @@ of XLA:CPU's matrix-product library, and glibc's malloc on transparent huge page
   second load of a GGUF file copies its parameters instead of dequantising them (`tempax.models.weight_cache`);
   `TEMPAX_WEIGHT_CACHE=0` turns that off.
 
-Opt out of the first three with `TEMPAX_REEXEC=0`; a `GLIBC_TUNABLES` naming `glibc.malloc.hugetlb` or an `XLA_FLAGS`
-naming one of these XLA flags is left as the user set it.
+Opt out of the first four with `TEMPAX_REEXEC=0`; a glibc tunable or an XLA flag named in the user's
+`GLIBC_TUNABLES` or `XLA_FLAGS` is left as the user set it.
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ from tempax.runtime.host import cpu_info, cpu_line
 from tempax.runtime.caches import cache_root
 
 HUGETLB_TUNABLE = "glibc.malloc.hugetlb=1"
+# One heap, no mmap, no trimming: a training step's memory stays mapped from one step to the next (module docstring).
+KEEP_HEAP_TUNABLES = (
+    "glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=1099511627776",
+)
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 ONEDNN_FLAG = "--xla_cpu_use_onednn=true"
@@ -57,10 +66,15 @@ def _append(value: str, item: str, sep: str) -> str:
     return f"{value}{sep}{item}" if value else item
 
 
+def glibc_linux() -> bool:
+    """True on Linux with glibc, whose malloc reads `GLIBC_TUNABLES`."""
+    return sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+
+
 def huge_pages_available() -> bool:
     """True on Linux/glibc when transparent huge pages are given on request (`madvise`), the one setting in
     which the malloc tunable changes anything ("always" already gives them; "never" can't)."""
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+    if not glibc_linux():
         return False
     try:
         with open(THP_SETTING) as f:
@@ -80,15 +94,24 @@ def cpu_xla_flags(cpu: Mapping[str, Any]) -> list[str]:
 
 def tuned_env(env: dict[str, str], cpu: Mapping[str, Any] | None = None, job: str | None = None) -> dict[str, str]:
     """`env` with the settings added where they change something and the user has not chosen otherwise; `cpu`
-    (default: this machine's `cpu_info()`) decides the per-CPU XLA flags; `job` "train" turns huge pages on
-    unless `TEMPAX_HUGE_PAGES=0` (any other job: only with `TEMPAX_HUGE_PAGES=1`)."""
+    (default: this machine's `cpu_info()`) decides the per-CPU XLA flags; `job` "train" keeps the heap unless
+    `TEMPAX_KEEP_HEAP=0` (any other job: only with `TEMPAX_KEEP_HEAP=1`); huge pages only with
+    `TEMPAX_HUGE_PAGES=1`. A tunable or flag the user named keeps the user's value."""
     if env.get("TEMPAX_REEXEC", "1") == "0":
         return dict(env)
     out = dict(env)
     tunables = env.get("GLIBC_TUNABLES", "")
-    wanted = env.get("TEMPAX_HUGE_PAGES", "1" if job == "train" else "0") == "1"
-    if wanted and "glibc.malloc.hugetlb" not in tunables and huge_pages_available():
-        out["GLIBC_TUNABLES"] = _append(tunables, HUGETLB_TUNABLE, ":")
+    named = {item.partition("=")[0] for item in tunables.split(":") if item}
+    wanted: list[str] = []
+    if env.get("TEMPAX_KEEP_HEAP", "1" if job == "train" else "0") == "1" and glibc_linux():
+        wanted += KEEP_HEAP_TUNABLES
+    if env.get("TEMPAX_HUGE_PAGES", "0") == "1" and huge_pages_available():
+        wanted.append(HUGETLB_TUNABLE)
+    for tunable in wanted:
+        if tunable.partition("=")[0] not in named:
+            tunables = _append(tunables, tunable, ":")
+    if tunables != env.get("GLIBC_TUNABLES", ""):
+        out["GLIBC_TUNABLES"] = tunables
     xla_flags = env.get("XLA_FLAGS", "")
     for flag in [SCHEDULER_FLAG, *cpu_xla_flags(cpu_info() if cpu is None else cpu)]:
         if flag.partition("=")[0] not in xla_flags:  # the user named this flag: theirs wins, whatever its value
@@ -156,7 +179,7 @@ def setup_process(job: str | None = None) -> None:
         sys.stderr.flush()
         try:
             os.execve(sys.executable, argv, env)
-        except OSError:  # e.g. a frozen interpreter that can't be re-run: carry on without huge pages
+        except OSError:  # e.g. a frozen interpreter that can't be re-run: carry on with glibc's defaults
             pass
 
 
