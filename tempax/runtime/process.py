@@ -21,8 +21,8 @@ of XLA:CPU's matrix-product library, and glibc's malloc told to keep a training 
 * Matrix-product library, per CPU (`cpu_xla_flags`). XLA:CPU's default float32 products are kept where no
   alternative is faster on the training step's own shapes (`bench/matmul_shapes.py`); on Intel CPUs with AVX-512
   `--xla_cpu_use_onednn=true` is added, the one flag measured faster there (the float32 step and the 4096^3
-  product, on an Intel CPU with AMX); on AVX2-only CPUs oneDNN made the step slower, so nothing is added.
-* The before/after pairs of each: `docs/performance.md` (per CPU class), earlier ones
+  product, on an Intel CPU with AMX); on AVX2-only CPUs oneDNN made the step slower, so nothing is added. The
+  before/after pairs of these settings: `docs/performance.md` (per CPU class), earlier ones
   `docs/measurements/performance-history.md`.
 * Persistent compilation cache, on for the `tempax` command (`compilation_cache_env`): JAX writes every compiled
   program to `$TEMPAX_CACHE/xla/<CPU fingerprint>` and a later run with the same program, shapes, jaxlib and XLA
