@@ -1,0 +1,274 @@
+"""The routed experts of a mixture-of-experts layer as one op: tokens sorted by expert, grouped matrix products.
+
+Each token t goes to the k experts e = ids[t, j] its router chose, with weights w[t, j]. Expert e is a gated MLP
+with kernels G_e, U_e [hidden, inner], D_e [inner, hidden] and, for gpt-oss, biases; the layer's output is
+
+    y_t = sum_j  w[t, j] * ( act(x_t G_e + b^G_e,  x_t U_e + b^U_e) D_e + b^D_e ),     e = ids[t, j]
+
+(Shazeer et al. 2017, arXiv:1701.06538; the dropless form of Gale et al. 2022, MegaBlocks, arXiv:2211.15841: no
+token is dropped and no expert has a capacity). Computed without a loop over experts and without a dense
+[tokens, experts, ...] product: the T * k (token, expert) pairs are sorted by expert, so each expert's rows are
+contiguous, and each of the three products is one grouped matrix product over the sorted rows,
+
+    out[r] = lhs[r] @ rhs[g(r)],    g(r) = the group (expert) whose contiguous block holds row r,
+
+with the group sizes (how many rows each expert received) as data, so the program is the same whatever the
+routing. The rows are then put back in (token, slot) order and summed with the routing weights.
+
+Two implementations of the grouped product (`grouped_matmul`), both with the gradient below:
+  * "ragged_dot": `jax.lax.ragged_dot`, plain JAX for any backend (XLA lowers it per platform);
+  * "megablox": the Pallas TPU kernel of JAX's `jax.experimental.pallas.ops.tpu.megablox` (`gmm` forward,
+    `gmm` with the transposed kernel and `tgmm` backward), rows padded to its row tile; "megablox_interpret" runs
+    the same kernel in Pallas interpret mode on any backend (how the tests check it on a CPU).
+
+`default_implementation()` is the rule: megablox on a TPU, ragged_dot elsewhere.
+
+Mixed precision, as `tempax.ops.plain.projection_dot` does for a layer's projection: bfloat16 rows against float32
+master kernels multiply as bf16 x bf16 with float32 accumulation, and the kernels' gradient (a sum over every
+row an expert received) is accumulated and returned in float32, never rounded to bfloat16 on the way.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from tempax.ops.plain import gated
+
+GroupedMatmulImpl = Literal["ragged_dot", "megablox", "megablox_interpret"]
+ExpertActivation = Literal["silu", "gelu_tanh", "clamped_swiglu"]
+
+GROUPED_MATMUL_IMPLS: tuple[str, ...] = ("ragged_dot", "megablox", "megablox_interpret")
+EXPERT_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu_tanh", "clamped_swiglu")
+
+
+def default_implementation() -> GroupedMatmulImpl:
+    """megablox's Pallas kernel on a TPU, `jax.lax.ragged_dot` on every other backend."""
+    return "megablox" if jax.default_backend() == "tpu" else "ragged_dot"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Sorting (token, slot) pairs by expert
+
+
+class ExpertGroups(NamedTuple):
+    """The T * k (token, slot) pairs of a routing, sorted by expert.
+
+    Attributes:
+      order: [T * k] int32; sorted row r holds the flat pair order[r] = t * k + j.
+      token: [T * k] int32; the token t of sorted row r (order // k).
+      expert: [T * k] int32; the expert of sorted row r (non-decreasing).
+      group_sizes: [E] int32; how many rows each expert received (sums to T * k).
+    """
+
+    order: jax.Array
+    token: jax.Array
+    expert: jax.Array
+    group_sizes: jax.Array
+
+
+def group_by_expert(expert_ids_tk: jax.Array, num_experts: int) -> ExpertGroups:
+    """Sorts the (token, slot) pairs of `expert_ids_tk` [T, k] by expert (stable: ties keep token order)."""
+    k = expert_ids_tk.shape[-1]
+    flat = expert_ids_tk.reshape(-1).astype(jnp.int32)
+    order = jnp.argsort(flat, stable=True).astype(jnp.int32)
+    group_sizes = jnp.zeros((num_experts,), jnp.int32).at[flat].add(1)
+    return ExpertGroups(order=order, token=order // k, expert=flat[order], group_sizes=group_sizes)
+
+
+def unsort(rows: jax.Array, order: jax.Array) -> jax.Array:
+    """`rows` in sorted order back in flat (token, slot) order: out[order[r]] = rows[r] (a gather through the
+    inverse permutation, so its gradient is a gather too)."""
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+    return rows[inverse]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The grouped matrix product
+
+
+def _ragged_forward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+    return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=jnp.float32)
+
+
+def _ragged_backward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, g: jax.Array):
+    d_lhs = jax.lax.ragged_dot(g, rhs.swapaxes(1, 2), group_sizes, preferred_element_type=jnp.float32)
+    # d rhs[e] = lhs[rows of e]^T g[rows of e]: the rows are the ragged, contracted axis; the groups form the output.
+    numbers = jax.lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=(0,), rhs_group_dimensions=())
+    d_rhs = jax.lax.ragged_dot_general(lhs, g, group_sizes, numbers, preferred_element_type=jnp.float32)
+    return d_lhs, d_rhs
+
+
+def _tile(size: int, largest: int) -> int:
+    """A Pallas TPU block edge for a dimension: the whole dimension up to `largest`, else `largest` (a multiple of
+    128; megablox masks a partial last tile of the contracted and output dimensions)."""
+    return size if size <= largest else largest
+
+
+def megablox_tiling(m: int, k: int, n: int) -> tuple[int, int, int]:
+    """(row tile, contracted tile, output tile) for megablox's `gmm`/`tgmm`: rows in tiles of up to 512 (a
+    multiple of 16, the bf16 sublane packing), the other two the whole dimension up to 512."""
+    tm = min(512, 16 * math.ceil(max(m, 1) / 16))
+    return tm, _tile(k, 512), _tile(n, 512)
+
+
+def _megablox_pad(lhs: jax.Array, group_sizes: jax.Array, tm: int) -> tuple[jax.Array, jax.Array]:
+    """Rows padded with zeros to a multiple of the row tile; the padding joins the last group (zero rows add
+    nothing to its kernel's gradient, and their outputs are cut off)."""
+    pad = (-lhs.shape[0]) % tm
+    if not pad:
+        return lhs, group_sizes
+    return jnp.pad(lhs, ((0, pad), (0, 0))), group_sizes.at[-1].add(pad)
+
+
+def _megablox_forward(lhs, rhs, group_sizes, interpret: bool):
+    # The Pallas kernels (not their custom-VJP wrapper in megablox.ops: this op writes its own backward), imported
+    # only when chosen, so tracing on other backends never loads Pallas.
+    from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm
+
+    m, k = lhs.shape
+    tiling = megablox_tiling(m, k, rhs.shape[2])
+    padded, sizes = _megablox_pad(lhs, group_sizes, tiling[0])
+    out = gmm(padded, rhs, sizes, jnp.float32, tiling, interpret=interpret)
+    return out[:m]
+
+
+def _megablox_backward(lhs, rhs, group_sizes, g, interpret: bool):
+    from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm, tgmm
+
+    m, k = lhs.shape
+    n = rhs.shape[2]
+    tiling = megablox_tiling(m, n, k)
+    padded_g, sizes = _megablox_pad(g, group_sizes, tiling[0])
+    d_lhs = gmm(padded_g, rhs, sizes, jnp.float32, tiling, transpose_rhs=True, interpret=interpret)[:m]
+    padded_lhs, _ = _megablox_pad(lhs, group_sizes, tiling[0])
+    t_tiling = megablox_tiling(m, k, n)
+    d_rhs = tgmm(padded_lhs.swapaxes(0, 1), padded_g, sizes, jnp.float32, t_tiling,
+                          num_actual_groups=rhs.shape[0], interpret=interpret)
+    return d_lhs, d_rhs
+
+
+def _operands(lhs: jax.Array, rhs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The kernel in the rows' compute dtype (a float32 master against bf16 rows multiplies as bf16)."""
+    return lhs, rhs.astype(lhs.dtype)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
+                   implementation: GroupedMatmulImpl = "ragged_dot") -> jax.Array:
+    """out[r] = lhs[r] @ rhs[g(r)] for rows sorted by group: lhs [m, in], rhs [groups, in, out], group_sizes
+    [groups] int32 summing to m; the result [m, out] in lhs's dtype.
+
+    Operands in lhs's dtype with float32 accumulation. Backward: d lhs = g rhs[g(r)]^T in lhs's dtype, d rhs[e] =
+    lhs[rows of e]^T g[rows of e] accumulated in float32 and returned in rhs's dtype (a float32 master gets its
+    full-precision gradient). `implementation`: see the module docstring.
+    """
+    return _grouped_fwd(lhs, rhs, group_sizes, implementation)[0]
+
+
+def _grouped_fwd(lhs, rhs, group_sizes, implementation):
+    if implementation not in GROUPED_MATMUL_IMPLS:
+        raise ValueError(f"grouped matmul implementation {implementation!r} is not one of {GROUPED_MATMUL_IMPLS}")
+    a, b = _operands(lhs, rhs)
+    if implementation == "ragged_dot":
+        out = _ragged_forward(a, b, group_sizes)
+    else:
+        out = _megablox_forward(a, b, group_sizes, interpret=implementation == "megablox_interpret")
+    # Zero-size arrays carry the primal dtypes into the backward pass (residuals must be arrays).
+    return out.astype(lhs.dtype), (a, b, group_sizes, jnp.zeros((0,), rhs.dtype))
+
+
+def _grouped_bwd(implementation, residuals, g):
+    a, b, group_sizes, rhs_like = residuals
+    g = g.astype(a.dtype)
+    if implementation == "ragged_dot":
+        d_lhs, d_rhs = _ragged_backward(a, b, group_sizes, g)
+    else:
+        d_lhs, d_rhs = _megablox_backward(a, b, group_sizes, g, interpret=implementation == "megablox_interpret")
+    return d_lhs.astype(a.dtype), d_rhs.astype(rhs_like.dtype), None
+
+
+grouped_matmul.defvjp(_grouped_fwd, _grouped_bwd)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The experts' activation and the whole op
+
+
+def clamped_swiglu(gate: jax.Array, up: jax.Array, *, alpha: float, limit: float) -> jax.Array:
+    """gpt-oss's expert activation: (clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit).
+
+    The gate is clamped from above only, the linear half from both sides, and the linear half carries a + 1."""
+    g = jnp.minimum(gate, limit)
+    u = jnp.clip(up, -limit, limit)
+    return (u + 1) * (g * jax.nn.sigmoid(alpha * g))
+
+
+def expert_activation(gate: jax.Array, up: jax.Array, name: ExpertActivation, *, swiglu_alpha: float = 1.702,
+                      swiglu_limit: float = 7.0) -> jax.Array:
+    """act(gate, up), an expert's hidden state: silu(gate) * up (SwiGLU), gelu_tanh(gate) * up (GeGLU), or
+    gpt-oss's `clamped_swiglu`."""
+    if name == "clamped_swiglu":
+        return clamped_swiglu(gate, up, alpha=swiglu_alpha, limit=swiglu_limit)
+    if name in ("silu", "gelu_tanh"):
+        return gated(gate, up, name)
+    raise ValueError(f"expert activation {name!r} is not one of {EXPERT_ACTIVATIONS}")
+
+
+def expert_products(
+    x_td: jax.Array,
+    expert_ids_tk: jax.Array,
+    weights_tk: jax.Array,
+    gate_edi: jax.Array,
+    up_edi: jax.Array,
+    down_eid: jax.Array,
+    *,
+    activation: ExpertActivation = "silu",
+    gate_bias_ei: jax.Array | None = None,
+    up_bias_ei: jax.Array | None = None,
+    down_bias_ed: jax.Array | None = None,
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
+    implementation: GroupedMatmulImpl | None = None,
+) -> jax.Array:
+    """y_t = sum_j w[t, j] * (act(x_t G_e + b^G_e, x_t U_e + b^U_e) D_e + b^D_e), e = ids[t, j] (the module
+    docstring gives the method).
+
+    Args:
+      x_td: [tokens, hidden] the tokens, in the compute dtype.
+      expert_ids_tk: [tokens, k] int, the experts each token was routed to (each in [0, E)).
+      weights_tk: [tokens, k] the routing weights (float32 from the router).
+      gate_edi, up_edi: [E, hidden, inner] the experts' gate and up kernels.
+      down_eid: [E, inner, hidden] the experts' down kernels.
+      activation: "silu", "gelu_tanh" or "clamped_swiglu" (gpt-oss; `swiglu_alpha`, `swiglu_limit`).
+      gate_bias_ei, up_bias_ei: [E, inner], down_bias_ed: [E, hidden]: the experts' biases (gpt-oss), or None.
+      implementation: the grouped product's (`grouped_matmul`); None: `default_implementation()`.
+
+    Returns:
+      [tokens, hidden] in x's dtype; the k experts' outputs are weighted and summed in float32.
+    """
+    impl = default_implementation() if implementation is None else implementation
+    num_tokens, k = expert_ids_tk.shape
+    groups = group_by_expert(expert_ids_tk, gate_edi.shape[0])
+    rows = x_td[groups.token]  # [T * k, hidden], sorted by expert
+
+    def bias(b: jax.Array | None) -> jax.Array | float:
+        return 0.0 if b is None else b.astype(x_td.dtype)[groups.expert]
+
+    gate = grouped_matmul(rows, gate_edi, groups.group_sizes, impl) + bias(gate_bias_ei)
+    up = grouped_matmul(rows, up_edi, groups.group_sizes, impl) + bias(up_bias_ei)
+    hidden = expert_activation(gate, up, activation, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
+    out = grouped_matmul(hidden.astype(x_td.dtype), down_eid, groups.group_sizes, impl) + bias(down_bias_ed)
+    out_tkd = unsort(out, groups.order).reshape(num_tokens, k, -1)
+    y = jnp.sum(out_tkd.astype(jnp.float32) * weights_tk.astype(jnp.float32)[..., None], axis=1)
+    return y.astype(x_td.dtype)
+
+
+__all__ = ["EXPERT_ACTIVATIONS", "ExpertActivation", "ExpertGroups", "GROUPED_MATMUL_IMPLS", "GroupedMatmulImpl",
+           "clamped_swiglu", "default_implementation", "expert_activation", "expert_products", "group_by_expert",
+           "grouped_matmul", "megablox_tiling", "unsort"]
