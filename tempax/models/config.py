@@ -2,9 +2,10 @@
 
 Llama 3 / SmolLM2, Qwen2/2.5, Qwen3, Gemma, Gemma 2 and Gemma 3 are the same decoder-only transformer with a
 handful of switches (qkv bias, q/k norm, norm offset, embedding scaling, soft-capping, sliding windows, extra
-post-norms, per-layer rope bases). `ModelConfig.from_hf_config` reads a Hugging Face `config.json` (both the
-transformers-4 `rope_theta`/`rope_scaling` keys and the transformers-5 `rope_parameters` form) and
-`to_hf_config` writes one that `transformers` loads.
+post-norms, per-layer rope bases). Mixture-of-experts families (Qwen3-MoE, Mixtral, gpt-oss) add a `MoeConfig`:
+the router, the routed and shared experts and the auxiliary loss. `ModelConfig.from_hf_config` reads a Hugging
+Face `config.json` (both the transformers-4 `rope_theta`/`rope_scaling` keys and the transformers-5
+`rope_parameters` form) and `to_hf_config` writes one that `transformers` loads.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from tempax.errors import CheckpointError, ConfigError
 
 LayerType = Literal["full", "sliding"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3", "mistral",
+                         "qwen3_moe", "mixtral", "gpt_oss")
+MOE_MODEL_TYPES = ("qwen3_moe", "mixtral", "gpt_oss")
 
 
 @dataclass(frozen=True)
@@ -29,17 +32,117 @@ class RopeConfig:
 
     Attributes:
       theta: base of the inverse frequencies.
-      scaling: None, "linear" (positions divided by `factor`) or "llama3" (Llama 3.1 frequency-band scaling).
-      factor: scaling factor for "linear" and "llama3".
-      low_freq_factor, high_freq_factor, original_max_position_embeddings: the "llama3" band edges.
+      scaling: None, "linear" (positions divided by `factor`), "llama3" (Llama 3.1 frequency-band scaling) or
+        "yarn" (YaRN, Peng et al. 2023, arXiv:2309.00071: gpt-oss).
+      factor: scaling factor for "linear", "llama3" and "yarn".
+      low_freq_factor, high_freq_factor: the "llama3" band edges.
+      original_max_position_embeddings: the pre-training context of "llama3" and "yarn".
+      beta_fast, beta_slow: "yarn"'s ramp between extrapolated and interpolated frequencies (in rotations).
+      truncate: "yarn" rounds the ramp's ends to whole dimensions (transformers' default; gpt-oss sets False).
+      attention_factor: "yarn"'s scale of cos and sin; None = 0.1 * ln(factor) + 1.
     """
 
     theta: float = 10000.0
-    scaling: Literal["linear", "llama3"] | None = None
+    scaling: Literal["linear", "llama3", "yarn"] | None = None
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None
+
+
+RouterActivation = Literal["softmax", "sigmoid"]
+ExpertActivation = Literal["silu", "gelu_tanh", "clamped_swiglu"]
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """A sparse mixture-of-experts feed-forward block (`tempax.models.moe.SparseMoeBlock`) in place of the MLP.
+
+    The router scores each token against every expert, keeps the top k and weights their outputs; shared experts
+    (Qwen2-MoE, Qwen3.5-MoE, DeepSeek) see every token. Families: Qwen3-MoE (softmax, top-8 of 128, renormalised),
+    Mixtral (softmax, top-2 of 8, renormalised), gpt-oss (router bias, softmax over the top-4 logits, i.e.
+    renormalised; expert biases; clamped SwiGLU).
+
+    Attributes:
+      num_experts: routed experts E.
+      experts_per_token: k, the experts each token is sent to.
+      expert_intermediate_size: inner width of each routed expert.
+      router_activation: "softmax" (probabilities over all experts) or "sigmoid" (independent scores, DeepSeek V3).
+      normalize_top_k: the k kept scores are divided by their sum (transformers' `norm_topk_prob`).
+      routed_scaling: the routed experts' weights are multiplied by this (DeepSeek's `routed_scaling_factor`).
+      router_bias: the router has a bias (gpt-oss).
+      expert_bias: the experts' projections have biases (gpt-oss).
+      expert_activation: "silu" (SwiGLU), "gelu_tanh" (GeGLU) or "clamped_swiglu" (gpt-oss: `swiglu_alpha`,
+        `swiglu_limit`).
+      swiglu_alpha, swiglu_limit: gpt-oss's (up + 1) * g * sigmoid(alpha * g), g = min(gate, limit), up clipped
+        to [-limit, limit].
+      shared_expert_intermediate_size: inner width of the shared expert every token also passes through; 0 = none.
+      shared_expert_gate: the shared expert's output is scaled by sigmoid(x w), a learned per-token gate
+        (Qwen2-MoE / Qwen3.5-MoE).
+      router_aux_loss_coef: weight of the load-balancing loss (`tempax.models.moe.load_balancing_loss`) in the
+        training loss.
+      train_aux_loss: add router_aux_loss_coef * the load-balancing loss to the training loss (what transformers
+        does when `output_router_logits` is set); otherwise it is only reported.
+      decoder_sparse_step: every this many layers is sparse (layer i when (i + 1) % step == 0; Qwen MoE).
+      mlp_only_layers: layers that keep a dense MLP of `ModelConfig.intermediate_size` (Qwen MoE).
+
+    Not represented: Mixtral's `router_jitter_noise` (multiplicative input noise while training; tempax routes
+    without it), DeepSeek's group-limited routing and score-correction bias.
+    """
+
+    num_experts: int = 8
+    experts_per_token: int = 2
+    expert_intermediate_size: int = 1024
+    router_activation: RouterActivation = "softmax"
+    normalize_top_k: bool = True
+    routed_scaling: float = 1.0
+    router_bias: bool = False
+    expert_bias: bool = False
+    expert_activation: ExpertActivation = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    router_aux_loss_coef: float = 0.001
+    train_aux_loss: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.num_experts < 1 or self.expert_intermediate_size < 1:
+            raise ConfigError(f"moe: num_experts ({self.num_experts}) and expert_intermediate_size "
+                              f"({self.expert_intermediate_size}) must be positive")
+        if not 1 <= self.experts_per_token <= self.num_experts:
+            raise ConfigError(f"moe.experts_per_token ({self.experts_per_token}) must be between 1 and num_experts "
+                              f"({self.num_experts})")
+        if self.router_activation not in ("softmax", "sigmoid"):
+            raise ConfigError(f"moe.router_activation {self.router_activation!r} is not 'softmax' or 'sigmoid'")
+        if self.expert_activation not in ("silu", "gelu_tanh", "clamped_swiglu"):
+            raise ConfigError(f"moe.expert_activation {self.expert_activation!r} is not 'silu', 'gelu_tanh' or "
+                              "'clamped_swiglu'")
+        if self.shared_expert_gate and not self.shared_expert_intermediate_size:
+            raise ConfigError("moe.shared_expert_gate needs a shared expert: set shared_expert_intermediate_size")
+        if self.decoder_sparse_step < 1:
+            raise ConfigError(f"moe.decoder_sparse_step ({self.decoder_sparse_step}) must be at least 1")
+        object.__setattr__(self, "mlp_only_layers", tuple(int(i) for i in self.mlp_only_layers))
+
+    def is_sparse_layer(self, i: int) -> bool:
+        """Whether layer i runs the sparse block (else the dense MLP), as transformers' Qwen MoE decides."""
+        return i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
+
+    def block_params(self, hidden_size: int) -> tuple[int, int]:
+        """(total, active per token) parameters of one sparse block: the router, the routed experts (k of E
+        active) and the shared expert with its gate."""
+        d, m = hidden_size, self.expert_intermediate_size
+        expert = 3 * d * m + ((2 * m + d) if self.expert_bias else 0)
+        router = d * self.num_experts + (self.num_experts if self.router_bias else 0)
+        shared = 3 * d * self.shared_expert_intermediate_size + (d if self.shared_expert_gate else 0)
+        return (router + self.num_experts * expert + shared,
+                router + self.experts_per_token * expert + shared)
 
 
 @dataclass(frozen=True)
@@ -75,6 +178,9 @@ class ModelConfig:
         version, float32 scores, soft-capping, XLA:CPU's bf16 kernels), or `jax.nn.dot_product_attention` as
         "xla" or "cudnn" (cuDNN's fused flash attention on NVIDIA GPUs; no soft-capping). Decoding always uses
         "tempax"'s (its cache layout).
+      moe: the sparse mixture-of-experts block of the layers `MoeConfig.is_sparse_layer` picks; None = dense.
+      attention_sinks: each attention head has a learned sink logit that joins the softmax's denominator
+        (gpt-oss).
     """
 
     family: str = "llama"
@@ -110,6 +216,8 @@ class ModelConfig:
     dtype: str = "float32"
     remat: Literal["none", "full", "dots"] = "none"
     attention_impl: Literal["tempax", "xla", "cudnn"] = "tempax"
+    moe: MoeConfig | None = None
+    attention_sinks: bool = False
 
     def __post_init__(self) -> None:
         if self.attention_impl not in ("tempax", "xla", "cudnn"):
@@ -131,6 +239,11 @@ class ModelConfig:
                 raise CheckpointError(f"layer type {t!r} is not 'full' or 'sliding'")
         if "sliding" in self.layer_types and not self.sliding_window:
             raise CheckpointError("sliding layers need a sliding_window size")
+        if self.moe is not None:
+            outside = [i for i in self.moe.mlp_only_layers if not 0 <= i < self.num_layers]
+            if outside:
+                raise CheckpointError(f"moe.mlp_only_layers {outside} are not layers of a {self.num_layers}-layer "
+                                      "model")
 
     # ----------------------------------------------------------------------------------------------------------
     def replace(self, **changes: Any) -> "ModelConfig":
@@ -144,13 +257,18 @@ class ModelConfig:
             return self.rope_local
         return self.rope
 
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer i's feed-forward block is the sparse mixture of experts (else the dense MLP)."""
+        return self.moe is not None and self.moe.is_sparse_layer(i)
+
     @property
     def attn_scale(self) -> float:
         base = self.query_pre_attn_scalar if self.query_pre_attn_scalar else self.head_dim
         return float(base) ** -0.5
 
-    def num_params(self) -> int:
-        """Parameter count; a tied embedding/LM-head matrix is counted once."""
+    def num_params(self, *, active: bool = False) -> int:
+        """Parameter count; a tied embedding/LM-head matrix is counted once. `active`: a mixture of experts counts
+        only the k routed experts a token passes through (the "active parameters" of an MoE model card)."""
         d, h, n, k = self.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads
         attn = d * n * h + 2 * d * k * h + n * h * d
         if self.qkv_bias:
@@ -159,14 +277,17 @@ class ModelConfig:
             attn += d
         if self.qk_norm:
             attn += 2 * h
+        if self.attention_sinks:
+            attn += n
         mlp = 3 * d * self.intermediate_size
         if self.mlp_bias:
             mlp += 2 * self.intermediate_size + d
+        sparse = self.moe.block_params(d)[1 if active else 0] if self.moe is not None else 0
         norms = (4 if self.post_norms else 2) * d
-        per_layer = attn + mlp + norms
+        layers = sum(attn + norms + (sparse if self.is_moe_layer(i) else mlp) for i in range(self.num_layers))
         embed = self.vocab_size * d
         head = 0 if self.tie_word_embeddings else self.vocab_size * d
-        return self.num_layers * per_layer + embed + head + d
+        return layers + embed + head + d
 
     # ----------------------------------------------------------------------------------------------------------
     @classmethod
@@ -211,6 +332,9 @@ _ARCH = {
     "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 
 
@@ -232,7 +356,22 @@ def _rope_from_params(p: dict[str, Any] | None, default_theta: float) -> RopeCon
             high_freq_factor=float(p.get("high_freq_factor", 4.0)),
             original_max_position_embeddings=int(p.get("original_max_position_embeddings", 8192)),
         )
-    raise CheckpointError(f"rope type {kind!r} is not supported (supported: default, linear, llama3)")
+    if kind == "yarn":
+        if p.get("mscale") or p.get("mscale_all_dim"):
+            raise CheckpointError("yarn rope with mscale / mscale_all_dim (DeepSeek's form) is not supported")
+        factor = float(p["factor"])
+        attention_factor = p.get("attention_factor")
+        return RopeConfig(
+            theta=theta,
+            scaling="yarn",
+            factor=factor,
+            original_max_position_embeddings=int(p["original_max_position_embeddings"]),
+            beta_fast=float(p.get("beta_fast") or 32.0),
+            beta_slow=float(p.get("beta_slow") or 1.0),
+            truncate=bool(p.get("truncate", True)),
+            attention_factor=None if attention_factor is None else float(attention_factor),
+        )
+    raise CheckpointError(f"rope type {kind!r} is not supported (supported: default, linear, llama3, yarn)")
 
 
 def _ropes(hf: dict[str, Any]) -> tuple[RopeConfig, RopeConfig | None]:
@@ -268,7 +407,45 @@ def _layer_types(hf: dict[str, Any], model_type: str, num_layers: int) -> tuple[
             max_window_layers = int(hf.get("max_window_layers", num_layers))
             return tuple("sliding" if i >= max_window_layers or model_type == "mistral" else "full"
                          for i in range(num_layers))
+    # Mixtral windows every layer when sliding_window is set; Qwen3-MoE every layer when use_sliding_window is.
+    if (model_type == "mixtral" or (model_type == "qwen3_moe" and hf.get("use_sliding_window"))) and \
+            hf.get("sliding_window"):
+        return ("sliding",) * num_layers
     return ()
+
+
+def _moe_from_hf(hf: dict[str, Any], model_type: str) -> MoeConfig | None:
+    """The `MoeConfig` of a Qwen3-MoE, Mixtral or gpt-oss `config.json` (transformers names the expert count
+    `num_experts` in Qwen's configs and `num_local_experts` in the others, and accepts either)."""
+    if model_type not in MOE_MODEL_TYPES:
+        return None
+    num_experts = int(hf["num_experts"] if "num_experts" in hf else hf["num_local_experts"])
+    common = dict(
+        num_experts=num_experts,
+        experts_per_token=int(hf["num_experts_per_tok"]),
+        router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.001)),
+        train_aux_loss=bool(hf.get("output_router_logits", False)),
+    )
+    if model_type == "qwen3_moe":
+        return MoeConfig(
+            **common,
+            expert_intermediate_size=int(hf["moe_intermediate_size"]),
+            normalize_top_k=bool(hf.get("norm_topk_prob", False)),
+            decoder_sparse_step=int(hf.get("decoder_sparse_step", 1)),
+            mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+        )
+    if model_type == "mixtral":
+        return MoeConfig(**common, expert_intermediate_size=int(hf["intermediate_size"]), normalize_top_k=True)
+    return MoeConfig(  # gpt_oss: softmax over the top-k logits is the renormalised top-k of the softmax
+        **common,
+        expert_intermediate_size=int(hf["intermediate_size"]),
+        normalize_top_k=True,
+        router_bias=True,
+        expert_bias=True,
+        expert_activation="clamped_swiglu",
+        swiglu_alpha=float(hf.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(hf.get("swiglu_limit", 7.0)),
+    )
 
 
 def _from_hf(hf: dict[str, Any], model_type: str) -> ModelConfig:
@@ -279,6 +456,8 @@ def _from_hf(hf: dict[str, Any], model_type: str) -> ModelConfig:
     rope, rope_local = _ropes(hf)
     gemma = model_type.startswith("gemma")
     family = {"gemma3_text": "gemma3", "mistral": "llama"}.get(model_type, model_type)
+    if model_type in MOE_MODEL_TYPES and hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{model_type} with hidden_act={hf.get('hidden_act')!r} is not supported (silu)")
     layer_types = _layer_types(hf, model_type, num_layers)
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
     if act in ("gelu_pytorch_tanh", "gelu_tanh", "gelu"):
@@ -308,7 +487,7 @@ def _from_hf(hf: dict[str, Any], model_type: str) -> ModelConfig:
         qkv_bias=model_type == "qwen2" or attention_bias,
         o_bias=attention_bias and model_type != "qwen2",
         mlp_bias=bool(hf.get("mlp_bias", False)),
-        qk_norm=model_type in ("qwen3", "gemma3_text"),
+        qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
         post_norms=model_type in ("gemma2", "gemma3_text"),
         attn_logit_softcap=hf.get("attn_logit_softcapping") if model_type == "gemma2" else None,
         final_logit_softcap=hf.get("final_logit_softcapping") if model_type in ("gemma2", "gemma3_text") else None,
@@ -321,6 +500,8 @@ def _from_hf(hf: dict[str, Any], model_type: str) -> ModelConfig:
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=hf.get("eos_token_id"),
         pad_token_id=hf.get("pad_token_id"),
+        moe=_moe_from_hf(hf, model_type),
+        attention_sinks=model_type == "gpt_oss",
     )
 
 
@@ -334,7 +515,53 @@ def _rope_params(r: RopeConfig) -> dict[str, Any]:
             high_freq_factor=r.high_freq_factor,
             original_max_position_embeddings=r.original_max_position_embeddings,
         )
+    if r.scaling == "yarn":
+        out.update(
+            original_max_position_embeddings=r.original_max_position_embeddings,
+            beta_fast=r.beta_fast,
+            beta_slow=r.beta_slow,
+            truncate=r.truncate,
+        )
+        if r.attention_factor is not None:
+            out["attention_factor"] = r.attention_factor
     return out
+
+
+def _moe_to_hf(c: ModelConfig) -> dict[str, Any]:
+    """The mixture-of-experts keys of a Qwen3-MoE, Mixtral or gpt-oss `config.json` (inverse of `_moe_from_hf`)."""
+    moe = c.moe
+    if moe is None:
+        raise CheckpointError(f"a {c.family} config needs its moe settings (ModelConfig.moe is None)")
+    expected = _moe_from_hf({"num_experts": moe.num_experts, "num_experts_per_tok": moe.experts_per_token,
+                             "intermediate_size": moe.expert_intermediate_size,
+                             "moe_intermediate_size": moe.expert_intermediate_size,
+                             "norm_topk_prob": moe.normalize_top_k}, c.family)
+    fixed = ("router_activation", "routed_scaling", "router_bias", "expert_bias", "expert_activation",
+             "shared_expert_intermediate_size", "shared_expert_gate")
+    differ = [f for f in fixed if getattr(moe, f) != getattr(expected, f)]
+    if c.family != "qwen3_moe":
+        differ += [f for f in ("decoder_sparse_step", "mlp_only_layers") if getattr(moe, f) != getattr(expected, f)]
+    if differ:
+        raise CheckpointError(f"a {c.family} config.json cannot express moe settings {', '.join(differ)} different "
+                              f"from the family's; export it as another family or keep the family's values")
+    hf: dict[str, Any] = {
+        "num_experts_per_tok": moe.experts_per_token,
+        "router_aux_loss_coef": moe.router_aux_loss_coef,
+        "output_router_logits": moe.train_aux_loss,
+    }
+    if c.family == "qwen3_moe":
+        hf.update(num_experts=moe.num_experts, moe_intermediate_size=moe.expert_intermediate_size,
+                  norm_topk_prob=moe.normalize_top_k, decoder_sparse_step=moe.decoder_sparse_step,
+                  mlp_only_layers=list(moe.mlp_only_layers))
+        return hf
+    if not moe.normalize_top_k:
+        raise CheckpointError(f"{c.family} always renormalises the top-k router weights (moe.normalize_top_k)")
+    hf.update(num_local_experts=moe.num_experts, intermediate_size=moe.expert_intermediate_size)
+    if c.family == "gpt_oss":
+        hf.update(swiglu_alpha=moe.swiglu_alpha, swiglu_limit=moe.swiglu_limit)
+    else:
+        hf["router_jitter_noise"] = 0.0
+    return hf
 
 
 def _to_hf(c: ModelConfig) -> dict[str, Any]:
@@ -367,6 +594,10 @@ def _to_hf(c: ModelConfig) -> dict[str, Any]:
     if c.family in ("llama", "mistral"):
         hf["attention_bias"] = c.qkv_bias
         hf["mlp_bias"] = c.mlp_bias
+    if c.family in ("qwen3_moe", "gpt_oss"):
+        hf["attention_bias"] = c.qkv_bias
+    if c.family in MOE_MODEL_TYPES:
+        hf.update(_moe_to_hf(c))
     if c.layer_types and c.family == "gemma3":
         local = c.rope_local or c.rope
         hf["rope_parameters"] = {"full_attention": _rope_params(c.rope), "sliding_attention": _rope_params(local)}
@@ -375,10 +606,12 @@ def _to_hf(c: ModelConfig) -> dict[str, Any]:
     if c.layer_types:
         hf["layer_types"] = ["sliding_attention" if t == "sliding" else "full_attention" for t in c.layer_types]
         hf["sliding_window"] = c.sliding_window
-        if c.family in ("qwen2", "qwen3", "mistral"):
+        if c.family in ("qwen2", "qwen3", "mistral", "qwen3_moe"):
             hf["use_sliding_window"] = True
-    elif c.family in ("qwen2", "qwen3"):
+    elif c.family in ("qwen2", "qwen3", "qwen3_moe"):
         hf["use_sliding_window"] = False
+    elif c.family == "mixtral":
+        hf["sliding_window"] = None
     if c.family in ("gemma2", "gemma3"):
         hf["query_pre_attn_scalar"] = c.query_pre_attn_scalar or c.head_dim
         hf["final_logit_softcapping"] = c.final_logit_softcap

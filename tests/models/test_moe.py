@@ -1,0 +1,347 @@
+"""`tempax.models.moe`: the sparse MoE block against transformers' own blocks (float32, outputs and router logits
+within 1e-5), the load-balancing loss against transformers' `load_balancing_loss_func` and against hand-worked
+numbers, the Hugging Face tensor names in both directions against what `save_pretrained` writes, and a count of
+the products in the block's program showing there is no loop over experts."""
+
+from __future__ import annotations
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from numpy.testing import assert_allclose
+
+from tempax.errors import CheckpointError
+from tempax.models.config import ModelConfig, MoeConfig
+from tempax.models.moe import (SparseMoeBlock, block_params, hf_layer_tensors, hf_moe_tensor_to_path,
+                               hf_moe_tensors_to_params, load_balancing_loss, load_block_params, moe_param_shapes,
+                               moe_params_to_hf_tensors, moe_path_to_hf, route)
+
+TOL = 1e-5
+HIDDEN = 16
+
+
+def _block(moe: MoeConfig, seed: int = 0, dtype=jnp.float32) -> SparseMoeBlock:
+    return SparseMoeBlock(moe, HIDDEN, dtype=dtype, param_dtype=jnp.float32, rngs=nnx.Rngs(seed))
+
+
+@nnx.jit
+def _forward(block, x):
+    return block(x)
+
+
+def _tokens(shape=(2, 5, HIDDEN), scale: float = 1.0) -> np.ndarray:
+    n = int(np.prod(shape))
+    return (scale * np.sin(np.linspace(0.0, 23.0, n))).reshape(shape).astype(np.float32)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Routing and the auxiliary loss by hand
+
+
+def test_route_by_hand():
+    """logits ln([1, 2, 3, 4]): softmax [0.1, 0.2, 0.3, 0.4]; top-2 experts 3, 2 with 0.4, 0.3; renormalised
+    4/7, 3/7. Sigmoid of logits [0, ln 3, -ln 3, ln 9]: [0.5, 0.75, 0.25, 0.9]; top-2 experts 3, 1 with 0.9, 0.75,
+    times routed_scaling 2: 1.8, 1.5."""
+    w, ids = route(jnp.log(jnp.array([[1.0, 2.0, 3.0, 4.0]])), experts_per_token=2, normalize=False)
+    assert ids.tolist() == [[3, 2]]
+    assert_allclose(np.asarray(w), [[0.4, 0.3]], rtol=1e-6)
+    w, _ = route(jnp.log(jnp.array([[1.0, 2.0, 3.0, 4.0]])), experts_per_token=2, normalize=True)
+    assert_allclose(np.asarray(w), [[4 / 7, 3 / 7]], rtol=1e-6)
+    z = jnp.array([[0.0, np.log(3.0), -np.log(3.0), np.log(9.0)]])
+    w, ids = route(z, experts_per_token=2, activation="sigmoid", normalize=False, scaling=2.0)
+    assert ids.tolist() == [[3, 1]]
+    assert_allclose(np.asarray(w), [[1.8, 1.5]], rtol=1e-6)
+
+
+def test_load_balancing_loss_by_hand():
+    """Two experts, top-1, one layer of two tokens.
+    Balanced: logits [ln 3, 0] and [0, ln 3]: probabilities [0.75, 0.25], [0.25, 0.75]; f = [0.5, 0.5],
+    P = [0.5, 0.5]; loss = 2 * (0.25 + 0.25) = 1.0, max load 0.5 / 0.5 = 1.
+    Collapsed: both tokens [ln 3, 0]: f = [1, 0], P = [0.75, 0.25]; loss = 2 * 0.75 = 1.5, max load 2.
+    Balanced with the second token masked: f = [1, 0], P = [0.75, 0.25] again: 1.5."""
+    ln3 = float(np.log(3.0))
+    balanced = jnp.array([[[ln3, 0.0], [0.0, ln3]]])  # [layers=1, tokens=2, experts=2]
+    loss, metrics = load_balancing_loss(balanced, experts_per_token=1)
+    assert_allclose(float(loss), 1.0, rtol=1e-6)
+    assert_allclose(float(metrics["moe_max_load"]), 1.0, rtol=1e-6)
+    collapsed = jnp.array([[[ln3, 0.0], [ln3, 0.0]]])
+    loss, metrics = load_balancing_loss(collapsed, experts_per_token=1)
+    assert_allclose(float(loss), 1.5, rtol=1e-6)
+    assert_allclose(float(metrics["moe_max_load"]), 2.0, rtol=1e-6)
+    loss, _ = load_balancing_loss(balanced, experts_per_token=1, mask=jnp.array([1, 0]))
+    assert_allclose(float(loss), 1.5, rtol=1e-6)
+    loss, _ = load_balancing_loss(balanced, experts_per_token=1, mask=jnp.array([0, 0]))
+    assert float(loss) == 0.0  # no real token: 0, not 0 / 0
+
+
+@pytest.mark.needs_torch
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "gpt_oss"])
+def test_load_balancing_loss_matches_transformers(family):
+    """Three layers' router logits over a [2, 6] batch whose first row has 2 padding tokens, 8 experts, top-2:
+    the loss and its gradient with respect to the logits match the family's `load_balancing_loss_func`."""
+    import importlib
+
+    import torch
+
+    func = importlib.import_module(f"transformers.models.{family}.modeling_{family}").load_balancing_loss_func
+    logits = 2.0 * np.sin(np.linspace(0.0, 40.0, 3 * 12 * 8)).reshape(3, 12, 8).astype(np.float32)
+    mask = np.ones((2, 6), np.int64)
+    mask[0, :2] = 0
+    layers = tuple(torch.tensor(layer, requires_grad=True) for layer in logits)
+    expected = func(layers, 8, 2, torch.tensor(mask))
+    expected.backward()
+    loss_fn = lambda z: load_balancing_loss(z.reshape(3, 2, 6, 8), experts_per_token=2, mask=jnp.asarray(mask))[0]  # noqa: E731
+    loss, grad = jax.value_and_grad(loss_fn)(jnp.asarray(logits))
+    assert abs(float(loss) - expected.item()) <= TOL
+    assert_allclose(np.asarray(grad), np.stack([t.grad.numpy() for t in layers]), rtol=0, atol=TOL)
+    unmasked = func(tuple(torch.tensor(layer) for layer in logits), 8, 2).item()
+    assert abs(float(load_balancing_loss(jnp.asarray(logits), experts_per_token=2)[0]) - unmasked) <= TOL
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The block against transformers' blocks
+
+
+def _hf_block(model_type: str, class_name: str, scale: float, **config):
+    import importlib
+
+    import torch
+    import transformers
+
+    hf_cfg = transformers.AutoConfig.for_model(model_type, vocab_size=64, hidden_size=HIDDEN, num_hidden_layers=1,
+                                               num_attention_heads=2, num_key_value_heads=1, head_dim=8, **config)
+    hf_cfg._experts_implementation = "eager"  # transformers' reference loop over experts
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    torch.manual_seed(0)
+    block = getattr(module, class_name)(hf_cfg).eval()
+    _perturb(block, scale)
+    return hf_cfg, block
+
+
+def _perturb(module, scale: float) -> None:
+    """Every weight random at `scale`, except gpt-oss's down projection at 0.05: large gate/up weights drive the
+    gates past its clamp, and a small down projection keeps the outputs near 1, where a 1e-5 difference is float
+    rounding and not a lost term."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.05 if name.endswith("experts.down_proj") else scale))
+
+
+def _run_hf(block, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    import torch
+
+    router = block.gate if hasattr(block, "gate") else block.router
+    with torch.no_grad():
+        out = block(torch.tensor(x))
+        logits = router(torch.tensor(x).reshape(-1, x.shape[-1]))[0]
+    return (out[0] if isinstance(out, tuple) else out).numpy(), logits.numpy()
+
+
+def _state(block, rename: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """The transformers block's tensors with layer-relative names (the block sits at `mlp` in its layer)."""
+    out = {}
+    for name, t in block.state_dict().items():
+        for old, new in (rename or {}).items():
+            name = name.replace(old, new)
+        out["mlp." + name] = t.numpy()
+    return out
+
+
+def _compare(ours: SparseMoeBlock, hf_block, x: np.ndarray) -> None:
+    y, logits = _forward(ours, jnp.asarray(x))
+    y_ref, logits_ref = _run_hf(hf_block, x)
+    assert y.shape == x.shape and logits.shape == (*x.shape[:-1], logits_ref.shape[-1])
+    assert np.max(np.abs(np.asarray(y) - y_ref)) <= TOL
+    assert np.max(np.abs(np.asarray(logits).reshape(logits_ref.shape) - logits_ref)) <= TOL
+
+
+# (hf model_type, transformers block class, weight scale, config): each family's block from its own config.json
+# through ModelConfig.from_hf_config.
+FAMILY_BLOCKS = [
+    ("qwen3_moe", "Qwen3MoeSparseMoeBlock", 0.3,
+     dict(num_experts=6, num_experts_per_tok=3, moe_intermediate_size=10, norm_topk_prob=True)),
+    ("qwen3_moe", "Qwen3MoeSparseMoeBlock", 0.3,
+     dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=10, norm_topk_prob=False)),
+    ("mixtral", "MixtralSparseMoeBlock", 0.3, dict(num_local_experts=5, num_experts_per_tok=2, intermediate_size=12)),
+    # weights at 0.8 drive some gates past gpt-oss's clamp at 7
+    ("gpt_oss", "GptOssMLP", 0.8, dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=12)),
+]
+
+
+@pytest.mark.needs_torch
+@pytest.mark.parametrize("model_type,class_name,scale,config", FAMILY_BLOCKS)
+def test_block_matches_transformers(model_type, class_name, scale, config):
+    hf_cfg, hf_block = _hf_block(model_type, class_name, scale, **config)
+    moe = ModelConfig.from_hf_config(hf_cfg.to_dict()).moe
+    ours = _block(moe)
+    load_block_params(ours, hf_moe_tensors_to_params(_state(hf_block), model_type, moe_param_shapes(ours)))
+    x = _tokens(scale=2.0)
+    if model_type == "gpt_oss":
+        experts = hf_block.experts
+        gate_up = (x.reshape(-1, HIDDEN) @ experts.gate_up_proj.detach().numpy()
+                   + experts.gate_up_proj_bias.detach().numpy()[:, None])  # [E, N, 2I]
+        assert gate_up[..., ::2].max() > 7.0 and np.abs(gate_up[..., 1::2]).max() > 7.0  # both clamps engage
+    _compare(ours, hf_block, x)
+
+
+@pytest.mark.needs_torch
+def test_shared_expert_with_its_gate_matches_qwen2_moe():
+    """Qwen2-MoE (and Qwen3.5-MoE): a shared expert of width 14 scaled by sigmoid(x w_g), plus top-2 of 6."""
+    hf_cfg, hf_block = _hf_block("qwen2_moe", "Qwen2MoeSparseMoeBlock", 0.3, num_experts=6, num_experts_per_tok=2,
+                                 moe_intermediate_size=10, shared_expert_intermediate_size=14, norm_topk_prob=False)
+    moe = MoeConfig(num_experts=6, experts_per_token=2, expert_intermediate_size=10, normalize_top_k=False,
+                    shared_expert_intermediate_size=14, shared_expert_gate=True)
+    ours = _block(moe)
+    load_block_params(ours, hf_moe_tensors_to_params(_state(hf_block), "qwen2_moe", moe_param_shapes(ours)))
+    _compare(ours, hf_block, _tokens(scale=2.0))
+
+
+@pytest.mark.needs_torch
+def test_sigmoid_router_with_scaling_and_ungated_shared_experts_matches_deepseek_v3():
+    """DeepSeek V3's block with one expert group (no group-limited routing) and a zero score-correction bias:
+    sigmoid scores, top-2 of 8 renormalised and scaled by 2.5, two shared experts (width 2 * 6) added ungated."""
+    hf_cfg, hf_block = _hf_block("deepseek_v3", "DeepseekV3MoE", 0.3, n_routed_experts=8, num_experts_per_tok=2,
+                                 moe_intermediate_size=6, n_shared_experts=2, n_group=1, topk_group=1,
+                                 norm_topk_prob=True, routed_scaling_factor=2.5, q_lora_rank=None,
+                                 kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8)
+    with __import__("torch").no_grad():
+        hf_block.gate.e_score_correction_bias.zero_()
+    moe = MoeConfig(num_experts=8, experts_per_token=2, expert_intermediate_size=6, router_activation="sigmoid",
+                    normalize_top_k=True, routed_scaling=2.5, shared_expert_intermediate_size=12)
+    ours = _block(moe)
+    state = _state(hf_block, {"shared_experts.": "shared_expert."})
+    load_block_params(ours, hf_moe_tensors_to_params(state, "qwen2_moe", moe_param_shapes(ours)))
+    _compare(ours, hf_block, _tokens(scale=2.0))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Tensor names: what transformers writes, read and written back
+
+
+@pytest.mark.needs_torch
+@pytest.mark.parametrize("model_type,class_name,scale,config", FAMILY_BLOCKS[1:])
+def test_saved_checkpoint_tensors_load_and_export_exactly(model_type, class_name, scale, config, tmp_path):
+    """A one-layer transformers model saved with `save_pretrained` (per-expert tensors for Qwen3-MoE and Mixtral,
+    Mixtral under `block_sparse_moe`; fused interleaved ones for gpt-oss): its layer-0 MoE tensors fill our block,
+    which then computes what the model's layer-0 block computes, and our export of the block writes exactly the
+    tensors that were saved (same names, same values)."""
+    import torch
+    import transformers
+    from safetensors.numpy import load_file
+
+    hf_cfg = transformers.AutoConfig.for_model(model_type, vocab_size=64, hidden_size=HIDDEN, num_hidden_layers=1,
+                                               num_attention_heads=2, num_key_value_heads=1, head_dim=8, **config)
+    hf_cfg._experts_implementation = "eager"
+    torch.manual_seed(1)
+    model = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
+    _perturb(model, scale)
+    model.save_pretrained(tmp_path)
+    saved = hf_layer_tensors(load_file(str(tmp_path / "model.safetensors")).items(), 0)
+    moe_names = {n for n in saved if hf_moe_tensor_to_path(n, model_type) is not None}
+    assert moe_names and all(hf_moe_tensor_to_path(n, model_type) is None for n in set(saved) - moe_names)
+
+    moe = ModelConfig.from_hf_config(hf_cfg.to_dict()).moe
+    ours = _block(moe)
+    load_block_params(ours, hf_moe_tensors_to_params(saved, model_type, moe_param_shapes(ours)))
+    _compare(ours, model.model.layers[0].mlp, _tokens(scale=2.0))
+
+    exported = moe_params_to_hf_tensors(block_params(ours), model_type)
+    assert set(exported) == moe_names
+    for name in moe_names:
+        assert exported[name].dtype == saved[name].dtype and np.array_equal(exported[name], saved[name]), name
+
+
+def test_names_map_both_ways_by_rename():
+    """One name of each kind: Qwen's per-expert weight is expert 5's row of the stacked kernel, transposed;
+    Mixtral's w3 is the up projection; gpt-oss's fused gate_up_proj splits into even (gate) and odd (up) columns
+    without a transpose; its router is our `gate`."""
+    (slot,) = hf_moe_tensor_to_path("mlp.experts.5.up_proj.weight", "qwen3_moe")
+    assert (slot.path, slot.expert, slot.part, slot.transpose) == (("experts", "up_proj"), 5, "all", True)
+    (slot,) = hf_moe_tensor_to_path("block_sparse_moe.experts.1.w3.weight", "mixtral")
+    assert (slot.path, slot.expert) == (("experts", "up_proj"), 1)
+    gate, up = hf_moe_tensor_to_path("mlp.experts.gate_up_proj", "gpt_oss")
+    assert (gate.path, gate.part, up.path, up.part, gate.transpose) == (
+        ("experts", "gate_proj"), "even", ("experts", "up_proj"), "odd", False)
+    assert [n for n, _ in moe_path_to_hf(("gate", "kernel"), "gpt_oss", 4)] == ["mlp.router.weight"]
+    assert [n for n, _ in moe_path_to_hf(("experts", "down_proj"), "mixtral", 2)] == [
+        "block_sparse_moe.experts.0.w2.weight", "block_sparse_moe.experts.1.w2.weight"]
+    assert hf_moe_tensor_to_path("self_attn.q_proj.weight", "qwen3_moe") is None
+
+
+def test_bad_names_and_shapes_are_refused_with_the_fix():
+    with pytest.raises(CheckpointError, match="MXFP4.*dequantize=True"):
+        hf_moe_tensor_to_path("mlp.experts.gate_up_proj_blocks", "gpt_oss")
+    with pytest.raises(CheckpointError, match="known: qwen3_moe"):
+        hf_moe_tensor_to_path("mlp.gate.weight", "llama4")
+    block = _block(MoeConfig(num_experts=2, experts_per_token=1, expert_intermediate_size=4))
+    shapes = moe_param_shapes(block)
+    tensors = {"mlp.gate.weight": np.zeros((2, HIDDEN), np.float32),
+               "mlp.experts.0.gate_proj.weight": np.zeros((4, HIDDEN), np.float32)}
+    with pytest.raises(CheckpointError, match=r"experts.gate_proj is missing .*experts \[1\]"):
+        hf_moe_tensors_to_params(tensors, "qwen3_moe", {k: v for k, v in shapes.items() if k[0] != "experts" or
+                                                        k[1] == "gate_proj"})
+    tensors["mlp.experts.1.gate_proj.weight"] = np.zeros((5, HIDDEN), np.float32)
+    with pytest.raises(CheckpointError, match=r"has shape \(16, 5\).*experts.gate_proj\[1\] is \(16, 4\)"):
+        hf_moe_tensors_to_params(tensors, "qwen3_moe", shapes)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The program: grouped products, no loop over experts
+
+
+def _product_counts(closed_jaxpr) -> dict[str, int]:
+    counts = {"dot_general": 0, "ragged_dot_general": 0}
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in counts:
+                counts[eqn.primitive.name] += 1
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(closed_jaxpr.jaxpr)
+    return counts
+
+
+def test_block_program_has_no_loop_over_experts():
+    """The block with a gated shared expert, forward and training gradient (output + 0.01 * load-balancing loss),
+    traced for 4 and for 64 experts: the same products in both. Forward: 3 grouped products (gate, up, down) and 6
+    dense ones (router, shared gate/up/down, shared-expert gate, the loss's masked sum of router probabilities);
+    with the gradient 9 grouped ones and 17 dense ones. A loop over experts would multiply the count by E, a dense [tokens, experts, ...] product would show in
+    the dense count changing with E."""
+    counts = []
+    for num_experts in (4, 64):
+        moe = MoeConfig(num_experts=num_experts, experts_per_token=2, expert_intermediate_size=8,
+                        shared_expert_intermediate_size=8, shared_expert_gate=True)
+        graphdef, state = nnx.split(_block(moe))
+        x = jnp.asarray(_tokens())
+
+        def loss(state, x):
+            y, logits = nnx.merge(graphdef, state)(x)
+            return jnp.sum(y) + 0.01 * load_balancing_loss(logits[None], experts_per_token=2)[0]
+
+        forward = _product_counts(jax.make_jaxpr(loss)(state, x))
+        backward = _product_counts(jax.make_jaxpr(jax.grad(loss))(state, x))
+        counts.append((forward, backward))
+    assert counts[0] == counts[1]
+    forward, backward = counts[0]
+    assert forward == {"ragged_dot_general": 3, "dot_general": 6}
+    assert backward == {"ragged_dot_general": 9, "dot_general": 17}
+
+
+def test_bf16_block_routes_in_float32():
+    """bf16 compute over float32 parameters: y in bf16, the router logits in float32 and within bf16 rounding of
+    the float32 block's."""
+    moe = MoeConfig(num_experts=4, experts_per_token=2, expert_intermediate_size=8)
+    block32, block16 = _block(moe), _block(moe, dtype=jnp.bfloat16)
+    x = jnp.asarray(_tokens())
+    y, logits = _forward(block16, x.astype(jnp.bfloat16))
+    y32, logits32 = _forward(block32, x)
+    assert y.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
+    assert_allclose(np.asarray(logits), np.asarray(logits32), rtol=0, atol=1e-2)
+    assert_allclose(np.asarray(y, np.float32), np.asarray(y32), rtol=0, atol=0.05 * float(jnp.max(jnp.abs(y32))))
