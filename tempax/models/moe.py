@@ -46,7 +46,7 @@ from flax import nnx
 from tempax import ops
 from tempax.errors import CheckpointError
 from tempax.models.config import MoeConfig
-from tempax.ops.experts import GroupedMatmulImpl, expert_products
+from tempax.ops.experts import expert_products
 
 # --------------------------------------------------------------------------------------------------------------
 # Routing
@@ -181,14 +181,12 @@ class RoutedExperts(nnx.Module):
         self.activation = moe.expert_activation
         self.swiglu_alpha, self.swiglu_limit = moe.swiglu_alpha, moe.swiglu_limit
 
-    def __call__(self, x_nd: jax.Array, expert_ids_nk: jax.Array, weights_nk: jax.Array,
-                 implementation: GroupedMatmulImpl | None = None) -> jax.Array:
+    def __call__(self, x_nd: jax.Array, expert_ids_nk: jax.Array, weights_nk: jax.Array) -> jax.Array:
         value = lambda p: None if p is None else p[...]  # noqa: E731
         return expert_products(
             x_nd, expert_ids_nk, weights_nk, self.gate_proj[...], self.up_proj[...], self.down_proj[...],
             activation=self.activation, gate_bias_ei=value(self.gate_proj_bias), up_bias_ei=value(self.up_proj_bias),
-            down_bias_ed=value(self.down_proj_bias), swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
-            implementation=implementation)
+            down_bias_ed=value(self.down_proj_bias), swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit)
 
 
 def _linear(i: int, o: int, names: tuple[str | None, str | None], *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs,
@@ -214,16 +212,13 @@ class SparseMoeBlock(nnx.Module):
     """A sparse mixture-of-experts feed-forward block (module docstring: the formula and the parameters).
 
     Call: `y, router_logits = block(x)` for x [..., D] in the compute dtype; y [..., D] in x's dtype, router
-    logits [..., E] float32 (what `load_balancing_loss` / `router_statistics` read). `implementation` picks the
-    grouped product (`tempax.ops.experts`); None: megablox on a TPU, `jax.lax.ragged_dot` elsewhere.
+    logits [..., E] float32 (what `load_balancing_loss` / `router_statistics` read).
     """
 
-    def __init__(self, moe: MoeConfig, hidden_size: int, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs,
-                 implementation: GroupedMatmulImpl | None = None):
+    def __init__(self, moe: MoeConfig, hidden_size: int, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs):
         with nnx.use_eager_sharding(False):  # as `Decoder.__init__` builds its layers: names now, placement later
             self._build(moe, hidden_size, dtype, param_dtype, rngs)
         self.moe = moe
-        self.implementation = implementation
 
     def _build(self, moe: MoeConfig, hidden_size: int, dtype: Any, param_dtype: Any, rngs: nnx.Rngs) -> None:
         # The router runs in float32 (module docstring); its kernel stays in the parameter dtype.
@@ -249,7 +244,7 @@ class SparseMoeBlock(nnx.Module):
         weights, ids = route(router_logits, experts_per_token=moe.experts_per_token,
                              activation=moe.router_activation, normalize=moe.normalize_top_k,
                              scaling=moe.routed_scaling)
-        y = self.experts(x_nd, ids, weights, self.implementation)
+        y = self.experts(x_nd, ids, weights)
         if self.shared_expert is not None:
             shared = self.shared_expert(x_nd)
             if self.shared_expert_gate is not None:

@@ -15,23 +15,17 @@ contiguous, and each of the three products is one grouped matrix product over th
 with the group sizes (how many rows each expert received) as data, so the program is the same whatever the
 routing. The rows are then put back in (token, slot) order and summed with the routing weights.
 
-Two implementations of the grouped product (`grouped_matmul`), both with the gradient below:
-  * "ragged_dot": `jax.lax.ragged_dot`, plain JAX for any backend (XLA lowers it per platform);
-  * "megablox": the Pallas TPU kernel of JAX's `jax.experimental.pallas.ops.tpu.megablox` (`gmm` forward,
-    `gmm` with the transposed kernel and `tgmm` backward), rows padded to its row tile; "megablox_interpret" runs
-    the same kernel in Pallas interpret mode on any backend (how the tests check it on a CPU).
-
-`default_implementation()` is the rule: megablox on a TPU, ragged_dot elsewhere.
-
-Mixed precision, as `tempax.ops.plain.projection_dot` does for a layer's projection: bfloat16 rows against float32
-master kernels multiply as bf16 x bf16 with float32 accumulation, and the kernels' gradient (a sum over every
-row an expert received) is accumulated and returned in float32, never rounded to bfloat16 on the way.
+The grouped product here is `jax.lax.ragged_dot` (plain JAX, lowered by XLA for any backend); a platform's
+kernel is passed as `expert_products(grouped_product=...)` (`tempax.ops.tpu.experts`: megablox's Pallas kernel).
+Every grouped product is built by `with_mixed_precision_vjp`, the rule `tempax.ops.plain.projection_dot` follows
+for a layer's projection: bfloat16 rows against float32 master kernels multiply as bf16 x bf16 with float32
+accumulation, and the kernels' gradient (a sum over every row an expert received) is accumulated and returned in
+float32, never rounded to bfloat16 on the way.
 """
 
 from __future__ import annotations
 
-import math
-from functools import partial
+from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 import jax
@@ -39,16 +33,9 @@ import jax.numpy as jnp
 
 from tempax.ops.plain import gated
 
-GroupedMatmulImpl = Literal["ragged_dot", "megablox", "megablox_interpret"]
 ExpertActivation = Literal["silu", "gelu_tanh", "clamped_swiglu"]
 
-GROUPED_MATMUL_IMPLS: tuple[str, ...] = ("ragged_dot", "megablox", "megablox_interpret")
 EXPERT_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu_tanh", "clamped_swiglu")
-
-
-def default_implementation() -> GroupedMatmulImpl:
-    """megablox's Pallas kernel on a TPU, `jax.lax.ragged_dot` on every other backend."""
-    return "megablox" if jax.default_backend() == "tpu" else "ragged_dot"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -90,6 +77,39 @@ def unsort(rows: jax.Array, order: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------------------------------------------
 # The grouped matrix product
 
+GroupedProduct = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+def with_mixed_precision_vjp(
+    forward: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
+    backward: Callable[[jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]],
+) -> GroupedProduct:
+    """A grouped product (lhs [m, in], rhs [groups, in, out], group_sizes [groups] int32 summing to m) -> [m, out]
+    in lhs's dtype, from a kernel's `forward(lhs, rhs, sizes)` and `backward(lhs, rhs, sizes, g) -> (d lhs,
+    d rhs)`, each accumulating in float32.
+
+    The kernel sees both operands in lhs's dtype (a float32 master against bf16 rows multiplies as bf16). Backward:
+    d lhs = g rhs[g(r)]^T in lhs's dtype; d rhs[e] = lhs[rows of e]^T g[rows of e], returned in rhs's own dtype
+    straight from the float32 accumulator. The group sizes get no gradient.
+    """
+
+    @jax.custom_vjp
+    def product(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+        return product_fwd(lhs, rhs, group_sizes)[0]
+
+    def product_fwd(lhs, rhs, group_sizes):
+        a, b = lhs, rhs.astype(lhs.dtype)
+        # Zero-size arrays carry the primal dtypes into the backward pass (residuals must be arrays).
+        return forward(a, b, group_sizes).astype(lhs.dtype), (a, b, group_sizes, jnp.zeros((0,), rhs.dtype))
+
+    def product_bwd(residuals, g):
+        a, b, group_sizes, rhs_like = residuals
+        d_lhs, d_rhs = backward(a, b, group_sizes, g.astype(a.dtype))
+        return d_lhs.astype(a.dtype), d_rhs.astype(rhs_like.dtype), None
+
+    product.defvjp(product_fwd, product_bwd)
+    return product
+
 
 def _ragged_forward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
     return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=jnp.float32)
@@ -104,96 +124,14 @@ def _ragged_backward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, g: 
     return d_lhs, d_rhs
 
 
-def _tile(size: int, largest: int) -> int:
-    """A Pallas TPU block edge for a dimension: the whole dimension up to `largest`, else `largest` (a multiple of
-    128; megablox masks a partial last tile of the contracted and output dimensions)."""
-    return size if size <= largest else largest
+_ragged_product = with_mixed_precision_vjp(_ragged_forward, _ragged_backward)
 
 
-def megablox_tiling(m: int, k: int, n: int) -> tuple[int, int, int]:
-    """(row tile, contracted tile, output tile) for megablox's `gmm`/`tgmm`: rows in tiles of up to 512 (a
-    multiple of 16, the bf16 sublane packing), the other two the whole dimension up to 512."""
-    tm = min(512, 16 * math.ceil(max(m, 1) / 16))
-    return tm, _tile(k, 512), _tile(n, 512)
-
-
-def _megablox_pad(lhs: jax.Array, group_sizes: jax.Array, tm: int) -> tuple[jax.Array, jax.Array]:
-    """Rows padded with zeros to a multiple of the row tile; the padding joins the last group (zero rows add
-    nothing to its kernel's gradient, and their outputs are cut off)."""
-    pad = (-lhs.shape[0]) % tm
-    if not pad:
-        return lhs, group_sizes
-    return jnp.pad(lhs, ((0, pad), (0, 0))), group_sizes.at[-1].add(pad)
-
-
-def _megablox_forward(lhs, rhs, group_sizes, interpret: bool):
-    # The Pallas kernels (not their custom-VJP wrapper in megablox.ops: this op writes its own backward), imported
-    # only when chosen, so tracing on other backends never loads Pallas.
-    from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm
-
-    m, k = lhs.shape
-    tiling = megablox_tiling(m, k, rhs.shape[2])
-    padded, sizes = _megablox_pad(lhs, group_sizes, tiling[0])
-    out = gmm(padded, rhs, sizes, jnp.float32, tiling, interpret=interpret)
-    return out[:m]
-
-
-def _megablox_backward(lhs, rhs, group_sizes, g, interpret: bool):
-    from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm, tgmm
-
-    m, k = lhs.shape
-    n = rhs.shape[2]
-    tiling = megablox_tiling(m, n, k)
-    padded_g, sizes = _megablox_pad(g, group_sizes, tiling[0])
-    d_lhs = gmm(padded_g, rhs, sizes, jnp.float32, tiling, transpose_rhs=True, interpret=interpret)[:m]
-    padded_lhs, _ = _megablox_pad(lhs, group_sizes, tiling[0])
-    t_tiling = megablox_tiling(m, k, n)
-    d_rhs = tgmm(padded_lhs.swapaxes(0, 1), padded_g, sizes, jnp.float32, t_tiling,
-                          num_actual_groups=rhs.shape[0], interpret=interpret)
-    return d_lhs, d_rhs
-
-
-def _operands(lhs: jax.Array, rhs: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The kernel in the rows' compute dtype (a float32 master against bf16 rows multiplies as bf16)."""
-    return lhs, rhs.astype(lhs.dtype)
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(3,))
-def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
-                   implementation: GroupedMatmulImpl = "ragged_dot") -> jax.Array:
-    """out[r] = lhs[r] @ rhs[g(r)] for rows sorted by group: lhs [m, in], rhs [groups, in, out], group_sizes
-    [groups] int32 summing to m; the result [m, out] in lhs's dtype.
-
-    Operands in lhs's dtype with float32 accumulation. Backward: d lhs = g rhs[g(r)]^T in lhs's dtype, d rhs[e] =
-    lhs[rows of e]^T g[rows of e] accumulated in float32 and returned in rhs's dtype (a float32 master gets its
-    full-precision gradient). `implementation`: see the module docstring.
-    """
-    return _grouped_fwd(lhs, rhs, group_sizes, implementation)[0]
-
-
-def _grouped_fwd(lhs, rhs, group_sizes, implementation):
-    if implementation not in GROUPED_MATMUL_IMPLS:
-        raise ValueError(f"grouped matmul implementation {implementation!r} is not one of {GROUPED_MATMUL_IMPLS}")
-    a, b = _operands(lhs, rhs)
-    if implementation == "ragged_dot":
-        out = _ragged_forward(a, b, group_sizes)
-    else:
-        out = _megablox_forward(a, b, group_sizes, interpret=implementation == "megablox_interpret")
-    # Zero-size arrays carry the primal dtypes into the backward pass (residuals must be arrays).
-    return out.astype(lhs.dtype), (a, b, group_sizes, jnp.zeros((0,), rhs.dtype))
-
-
-def _grouped_bwd(implementation, residuals, g):
-    a, b, group_sizes, rhs_like = residuals
-    g = g.astype(a.dtype)
-    if implementation == "ragged_dot":
-        d_lhs, d_rhs = _ragged_backward(a, b, group_sizes, g)
-    else:
-        d_lhs, d_rhs = _megablox_backward(a, b, group_sizes, g, interpret=implementation == "megablox_interpret")
-    return d_lhs.astype(a.dtype), d_rhs.astype(rhs_like.dtype), None
-
-
-grouped_matmul.defvjp(_grouped_fwd, _grouped_bwd)
+def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+    """out[r] = lhs[r] @ rhs[g(r)] for rows sorted by group, with `jax.lax.ragged_dot`: lhs [m, in], rhs
+    [groups, in, out], group_sizes [groups] int32 summing to m; [m, out] in lhs's dtype, gradients as
+    `with_mixed_precision_vjp` gives them."""
+    return _ragged_product(lhs, rhs, group_sizes)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -234,7 +172,7 @@ def expert_products(
     down_bias_ed: jax.Array | None = None,
     swiglu_alpha: float = 1.702,
     swiglu_limit: float = 7.0,
-    implementation: GroupedMatmulImpl | None = None,
+    grouped_product: GroupedProduct = grouped_matmul,
 ) -> jax.Array:
     """y_t = sum_j w[t, j] * (act(x_t G_e + b^G_e, x_t U_e + b^U_e) D_e + b^D_e), e = ids[t, j] (the module
     docstring gives the method).
@@ -247,12 +185,12 @@ def expert_products(
       down_eid: [E, inner, hidden] the experts' down kernels.
       activation: "silu", "gelu_tanh" or "clamped_swiglu" (gpt-oss; `swiglu_alpha`, `swiglu_limit`).
       gate_bias_ei, up_bias_ei: [E, inner], down_bias_ed: [E, hidden]: the experts' biases (gpt-oss), or None.
-      implementation: the grouped product's (`grouped_matmul`); None: `default_implementation()`.
+      grouped_product: the grouped product (`grouped_matmul`, ragged_dot; or a platform's kernel built with
+        `with_mixed_precision_vjp`, e.g. `tempax.ops.tpu.experts.grouped_matmul`).
 
     Returns:
       [tokens, hidden] in x's dtype; the k experts' outputs are weighted and summed in float32.
     """
-    impl = default_implementation() if implementation is None else implementation
     num_tokens, k = expert_ids_tk.shape
     groups = group_by_expert(expert_ids_tk, gate_edi.shape[0])
     rows = x_td[groups.token]  # [T * k, hidden], sorted by expert
@@ -260,15 +198,15 @@ def expert_products(
     def bias(b: jax.Array | None) -> jax.Array | float:
         return 0.0 if b is None else b.astype(x_td.dtype)[groups.expert]
 
-    gate = grouped_matmul(rows, gate_edi, groups.group_sizes, impl) + bias(gate_bias_ei)
-    up = grouped_matmul(rows, up_edi, groups.group_sizes, impl) + bias(up_bias_ei)
+    gate = grouped_product(rows, gate_edi, groups.group_sizes) + bias(gate_bias_ei)
+    up = grouped_product(rows, up_edi, groups.group_sizes) + bias(up_bias_ei)
     hidden = expert_activation(gate, up, activation, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
-    out = grouped_matmul(hidden.astype(x_td.dtype), down_eid, groups.group_sizes, impl) + bias(down_bias_ed)
+    out = grouped_product(hidden.astype(x_td.dtype), down_eid, groups.group_sizes) + bias(down_bias_ed)
     out_tkd = unsort(out, groups.order).reshape(num_tokens, k, -1)
     y = jnp.sum(out_tkd.astype(jnp.float32) * weights_tk.astype(jnp.float32)[..., None], axis=1)
     return y.astype(x_td.dtype)
 
 
-__all__ = ["EXPERT_ACTIVATIONS", "ExpertActivation", "ExpertGroups", "GROUPED_MATMUL_IMPLS", "GroupedMatmulImpl",
-           "clamped_swiglu", "default_implementation", "expert_activation", "expert_products", "group_by_expert",
-           "grouped_matmul", "megablox_tiling", "unsort"]
+__all__ = ["EXPERT_ACTIVATIONS", "ExpertActivation", "ExpertGroups", "GroupedProduct", "clamped_swiglu",
+           "expert_activation", "expert_products", "group_by_expert", "grouped_matmul", "unsort",
+           "with_mixed_precision_vjp"]

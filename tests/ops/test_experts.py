@@ -1,7 +1,7 @@
 """`tempax.ops.experts`: the routed experts as sorted, grouped products, against hand-worked numbers and a dense
 reference written here (every expert applied to every token, the routing weights as a dense [tokens, experts]
-matrix), values and gradients, for both grouped-product implementations (`jax.lax.ragged_dot`, and megablox's
-Pallas kernel in interpret mode on this CPU).
+matrix), values and gradients, and the products in its program. megablox's kernel (the TPU's grouped product) is
+compared with this op in tests/ops/tpu/test_experts.py.
 
 Inputs are built from `np.linspace` and `sin`, not drawn at random. Float32 results agree to float rounding (the
 grouped and dense forms sum in different orders).
@@ -17,9 +17,7 @@ import pytest
 from numpy.testing import assert_allclose
 
 from tempax.ops.experts import (clamped_swiglu, expert_activation, expert_products, group_by_expert, grouped_matmul,
-                                megablox_tiling, unsort)
-
-IMPLS = ("ragged_dot", "megablox_interpret")
+                                unsort)
 
 
 def _array(shape: tuple[int, ...], scale: float = 1.0, phase: float = 0.0, dtype=jnp.float32) -> jax.Array:
@@ -40,13 +38,12 @@ def test_group_by_expert_sorts_pairs_stably():
     assert unsort(jnp.arange(6) * 10, groups.order).tolist() == [40, 0, 10, 20, 30, 50]
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_grouped_matmul_by_hand(impl):
+def test_grouped_matmul_by_hand():
     """Rows 0-1 go through group 0 ([[1, 2], [3, 4]]), group 1 gets none, rows 2-4 through group 2 (swaps the
     columns): [1, 0] -> [1, 2]; [0, 1] -> [3, 4]; [1, 1] -> [1, 1]; [2, 0] -> [0, 2]; [0, 3] -> [3, 0]."""
     lhs = jnp.array([[1, 0], [0, 1], [1, 1], [2, 0], [0, 3]], jnp.float32)
     rhs = jnp.array([[[1, 2], [3, 4]], [[9, 9], [9, 9]], [[0, 1], [1, 0]]], jnp.float32)
-    out = grouped_matmul(lhs, rhs, jnp.array([2, 0, 3], jnp.int32), impl)
+    out = grouped_matmul(lhs, rhs, jnp.array([2, 0, 3], jnp.int32))
     assert out.tolist() == [[1, 2], [3, 4], [1, 1], [0, 2], [3, 0]]
 
 
@@ -61,12 +58,6 @@ def test_clamped_swiglu_by_hand():
 def test_expert_activation_rejects_an_unknown_name():
     with pytest.raises(ValueError, match="relu"):
         expert_activation(jnp.ones(2), jnp.ones(2), "relu")
-
-
-def test_megablox_tiling_covers_the_rows():
-    """Rows pad to a multiple of 16 up to 512, then 512-row tiles; the other two dimensions whole up to 512."""
-    assert megablox_tiling(10, 64, 96) == (16, 64, 96)
-    assert megablox_tiling(1000, 2048, 768) == (512, 512, 512)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -88,7 +79,8 @@ def _dense(x, weights, gate, up, down, gate_b, up_b, down_b, activation):
     return jnp.einsum("te,ted->td", dense_w, out)
 
 
-def _inputs(biases: bool, scale: float = 1.0):
+def inputs(biases: bool, scale: float = 1.0):
+    """(x [T, D], routing weights [T, K], (gate, up, down) kernels, (gate, up, down) biases or Nones)."""
     x = _array((T, D), 1.5)
     weights = jax.nn.softmax(_array((T, K), 2.0, 0.3), axis=-1)
     kernels = (_array((E, D, I), scale, 0.5), _array((E, D, I), scale, 1.0), _array((E, I, D), 0.8, 1.5))
@@ -96,22 +88,20 @@ def _inputs(biases: bool, scale: float = 1.0):
     return x, weights, kernels, bias
 
 
-# (implementation, activation, biases, kernel scale): the activations with ragged_dot; megablox's kernel (slow in
-# interpret mode) on the case with every part, gpt-oss's.
-CASES = [("ragged_dot", "silu", False, 1.0), ("ragged_dot", "gelu_tanh", False, 1.0),
-         ("ragged_dot", "clamped_swiglu", True, 4.0), ("megablox_interpret", "clamped_swiglu", True, 4.0)]
+# (activation, biases, kernel scale)
+CASES = [("silu", False, 1.0), ("gelu_tanh", False, 1.0), ("clamped_swiglu", True, 4.0)]
 
 
-@pytest.mark.parametrize("impl,activation,biases,scale", CASES)
-def test_matches_the_dense_reference_values_and_gradients(impl, activation, biases, scale):
+@pytest.mark.parametrize("activation,biases,scale", CASES)
+def test_matches_the_dense_reference_values_and_gradients(activation, biases, scale):
     """y and the gradients of sum(sin(y)) with respect to x, the routing weights, the three kernels and the
     biases. gpt-oss's case scales its kernels so that some gates pass the clamp at 7."""
-    x, weights, kernels, bias = _inputs(biases, scale)
+    x, weights, kernels, bias = inputs(biases, scale)
 
     def ours(x, weights, kernels, bias):
         gb, ub, db = bias
         return expert_products(x, IDS, weights, *kernels, activation=activation, gate_bias_ei=gb, up_bias_ei=ub,
-                               down_bias_ed=db, implementation=impl)
+                               down_bias_ed=db)
 
     def reference(x, weights, kernels, bias):
         return _dense(x, weights, *kernels, *bias, activation)
@@ -131,24 +121,10 @@ def test_matches_the_dense_reference_values_and_gradients(impl, activation, bias
     assert float(jnp.max(jnp.abs(grads[2][0][3]))) == 0.0
 
 
-def test_megablox_interpret_equals_ragged_dot_with_row_padding():
-    """37 rows (not a multiple of the 48-row tile it pads to), group sizes 0, 20, 0, 17: megablox's kernel in
-    interpret mode and ragged_dot agree on the product and both gradients."""
-    lhs, rhs = _array((37, 24), 1.0, 0.2), _array((4, 24, 40), 0.5, 0.9)
-    sizes = jnp.array([0, 20, 0, 17], jnp.int32)
-    cotangent = _array((37, 40), 1.0, 1.7)
-    results = {}
-    for impl in IMPLS:
-        out, vjp = jax.vjp(lambda a, b, impl=impl: grouped_matmul(a, b, sizes, impl), lhs, rhs)
-        results[impl] = (out, *vjp(cotangent))
-    for got, want in zip(results["megablox_interpret"], results["ragged_dot"]):
-        assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-
-
 def test_bf16_rows_against_float32_kernels_keep_a_float32_kernel_gradient():
     """bf16 tokens against float32 master kernels: y in bf16, each kernel's gradient float32 and within bf16
     rounding (8 significant bits, relative 2^-8 per operand) of the float32 computation's."""
-    x, weights, kernels, _ = _inputs(False)
+    x, weights, kernels, _ = inputs(False)
 
     def loss(x, kernels):
         return jnp.sum(expert_products(x, IDS, weights, *kernels).astype(jnp.float32) ** 2)
@@ -181,7 +157,7 @@ def test_the_op_is_three_grouped_products_whatever_the_expert_count(num_experts)
     the inputs and three for the kernels. The same program shape for 4 and for 32 experts."""
     x, weights = _array((T, D)), jax.nn.softmax(_array((T, K), 2.0), axis=-1)
     kernels = (_array((num_experts, D, I)), _array((num_experts, D, I), 1.0, 1.0), _array((num_experts, I, D)))
-    f = lambda x, kernels: jnp.sum(expert_products(x, IDS, weights, *kernels, implementation="ragged_dot"))  # noqa: E731
+    f = lambda x, kernels: jnp.sum(expert_products(x, IDS, weights, *kernels))  # noqa: E731
     forward = _primitive_counts(jax.make_jaxpr(f)(x, kernels))
     both = _primitive_counts(jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(x, kernels))
     assert forward.get("ragged_dot_general", 0) == 3 and forward.get("dot_general", 0) == 0
