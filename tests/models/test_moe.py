@@ -93,7 +93,10 @@ def test_load_balancing_loss_matches_transformers(family):
     layers = tuple(torch.tensor(layer, requires_grad=True) for layer in logits)
     expected = func(layers, 8, 2, torch.tensor(mask))
     expected.backward()
-    loss_fn = lambda z: load_balancing_loss(z.reshape(3, 2, 6, 8), experts_per_token=2, mask=jnp.asarray(mask))[0]  # noqa: E731
+
+    def loss_fn(z):
+        return load_balancing_loss(z.reshape(3, 2, 6, 8), experts_per_token=2, mask=jnp.asarray(mask))[0]
+
     loss, grad = jax.value_and_grad(loss_fn)(jnp.asarray(logits))
     assert abs(float(loss) - expected.item()) <= TOL
     assert_allclose(np.asarray(grad), np.stack([t.grad.numpy() for t in layers]), rtol=0, atol=TOL)
@@ -312,8 +315,8 @@ def test_block_program_has_no_loop_over_experts():
     """The block with a gated shared expert, forward and training gradient (output + 0.01 * load-balancing loss),
     traced for 4 and for 64 experts: the same products in both. Forward: 3 grouped products (gate, up, down) and 6
     dense ones (router, shared gate/up/down, shared-expert gate, the loss's masked sum of router probabilities);
-    with the gradient 9 grouped ones and 17 dense ones. A loop over experts would multiply the count by E, a dense [tokens, experts, ...] product would show in
-    the dense count changing with E."""
+    with the gradient 9 grouped ones and 17 dense ones. A loop over experts would multiply the count by E, a dense
+    [tokens, experts, ...] product would show in the dense count changing with E."""
     counts = []
     for num_experts in (4, 64):
         moe = MoeConfig(num_experts=num_experts, experts_per_token=2, expert_intermediate_size=8,
