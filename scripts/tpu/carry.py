@@ -354,8 +354,8 @@ def _print_plan(args: argparse.Namespace) -> int:
     sets = plan(items, budget)
     total = sum(size for _, size in items)
     print(f"to carry: {total / MIB:.1f} MiB in {len(items)} paths; every call also carries the checkout "
-          f"({tree / MIB:.1f} MiB), {args.limit_mib:g} MiB at most a call: {len(sets)} calls, in this order, "
-          "while the machine stays warm:")
+          f"({tree / MIB:.1f} MiB), {args.limit_mib:g} MiB at most a call: {len(sets)} "
+          f"call{'s' if len(sets) > 1 else ''}, in this order, while the machine stays warm:")
     for n, paths in enumerate(sets, 1):
         size = sum(s for _, s in paths)
         print(f"  call {n}: carry {json.dumps([p for p, _ in paths])}  "

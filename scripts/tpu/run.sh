@@ -3,7 +3,7 @@
 # carries .tpu/ from scripts/tpu/prepare.sh. The guide: docs/tpu.md.
 #
 #   bash scripts/tpu/run.sh tempax grpo --config recipes/grpo_gsm8k_smollm2.yaml task.source=.tpu/data/gsm8k
-#   bash scripts/tpu/run.sh python bench/grpo_step.py --size small
+#   bash scripts/tpu/run.sh python bench/grpo_step.py --one small
 #   bash scripts/tpu/run.sh notebook examples/grpo_gsm8k.ipynb   # its cells in order, no kernel, chip sizes
 #   bash scripts/tpu/run.sh assemble-model    # check the model's parts; assemble it once all are here
 #   bash scripts/tpu/run.sh install           # only install (every other form does it first when needed)

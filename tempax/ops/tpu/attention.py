@@ -98,7 +98,7 @@ def block_sizes(t: int, *, block: int = DEFAULT_BLOCK, fused_backward: bool = Fa
     return splash.BlockSizes(**sizes)
 
 
-def _kernel(t: int, n: int, window: int | None, logit_cap: float | None, sizes: splash.BlockSizes,
+def splash_kernel(t: int, n: int, window: int | None, logit_cap: float | None, sizes: splash.BlockSizes,
             interpret: bool) -> splash.SplashAttentionKernel:
     """The splash kernel for one [N, T, H] x [K, T, H] sequence. Its block maps come from the static causal (or
     causal window) mask, worked out on the host when a program is traced (splash keeps the last few in a cache of
@@ -134,7 +134,7 @@ def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, *, q_segm
     if reason is not None:
         raise ValueError(f"splash attention cannot take these arguments: {reason}; use tempax.ops.plain.attention")
     t, n = q_btnh.shape[1], q_btnh.shape[2]
-    kernel = _kernel(t, n, window, None if logit_cap is None else float(logit_cap), sizes or block_sizes(t),
+    kernel = splash_kernel(t, n, window, None if logit_cap is None else float(logit_cap), sizes or block_sizes(t),
                      bool(interpret))
     heads_first = lambda x: x.swapaxes(1, 2)  # noqa: E731  [B, T, heads, H] -> [B, heads, T, H], the kernel's layout
     q = heads_first((q_btnh * jnp.asarray(scale, jnp.float32)).astype(q_btnh.dtype))
