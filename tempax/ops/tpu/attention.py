@@ -113,7 +113,8 @@ def splash_kernel(t: int, n: int, window: int | None, logit_cap: float | None, s
 
 def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, *, q_segments: jax.Array,
               k_segments: jax.Array, scale: float, logit_cap: float | None = None, window: int | None = None,
-              sizes: splash.BlockSizes | None = None, interpret: bool = False) -> jax.Array:
+              window_on: jax.Array | None = None, sizes: splash.BlockSizes | None = None,
+              interpret: bool = False) -> jax.Array:
     """Causal, segment-masked (and sliding-window) grouped-query self-attention on the splash kernel.
 
     Args:
@@ -123,6 +124,9 @@ def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, *, q_segm
       scale: the score scale (usually head_dim ** -0.5).
       logit_cap: Gemma 2's soft-cap of the scores, or None.
       window: query i sees key j only when i - j < window, or None.
+      window_on: a traced bool scalar saying whether `window` applies (a scanned layer stack that mixes full and
+        sliding layers), or None for always. The window is part of the kernel's static mask, so both kernels are
+        compiled and `lax.cond` runs the one the flag picks.
       sizes: the kernel's tiles (`block_sizes(T)` when None).
       interpret: run the kernel in Pallas's interpret mode (on a CPU).
 
@@ -134,10 +138,16 @@ def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, *, q_segm
     if reason is not None:
         raise ValueError(f"splash attention cannot take these arguments: {reason}; use tempax.ops.plain.attention")
     t, n = q_btnh.shape[1], q_btnh.shape[2]
-    kernel = splash_kernel(t, n, window, None if logit_cap is None else float(logit_cap), sizes or block_sizes(t),
-                     bool(interpret))
+    cap, sizes = None if logit_cap is None else float(logit_cap), sizes or block_sizes(t)
     heads_first = lambda x: x.swapaxes(1, 2)  # noqa: E731  [B, T, heads, H] -> [B, heads, T, H], the kernel's layout
     q = heads_first((q_btnh * jnp.asarray(scale, jnp.float32)).astype(q_btnh.dtype))
+    k, v = heads_first(k_bskh), heads_first(v_bskh)
     segments = splash.SegmentIds(q=q_segments.astype(jnp.int32), kv=k_segments.astype(jnp.int32))
-    out = jax.vmap(kernel)(q, heads_first(k_bskh), heads_first(v_bskh), segments)  # one sequence per call
-    return heads_first(out)
+
+    def run(window: int | None) -> jax.Array:
+        kernel = splash_kernel(t, n, window, cap, sizes, bool(interpret))
+        return jax.vmap(kernel)(q, k, v, segments)  # one sequence per call
+
+    if window is None or window_on is None:
+        return heads_first(run(window))
+    return heads_first(jax.lax.cond(jnp.asarray(window_on, bool), lambda: run(window), lambda: run(None)))

@@ -177,3 +177,33 @@ def test_unsupported_arguments_are_named():
     with pytest.raises(ValueError, match="multiple of 128.*tempax.ops.plain.attention"):
         attention(jnp.zeros((2, 200, 4, 64)), jnp.zeros((2, 200, 2, 64)), jnp.zeros((2, 200, 2, 64)),
                   q_segments=segments, k_segments=segments, scale=SCALE, interpret=True)
+
+
+
+def test_window_switched_per_layer_under_scan():
+    """A scanned stack whose layers alternate sliding and full attention passes `window_on` traced: the layer with
+    the flag on is the kernel with the window, the other the kernel without it, values and gradients (the flag
+    picks one of two compiled kernels under `lax.cond`)."""
+    t, n, k, segments, window, cap, mult = CASES["window"]
+    q, kk, v, c = _inputs(t, n, k, mult, seed=5)
+
+    def stack(q, kk, v, flags):
+        def layer(total, window_on):
+            out = attention(q, kk, v, q_segments=segments, k_segments=segments, scale=SCALE, window=window,
+                            window_on=window_on, sizes=block_sizes(t, block=128), interpret=True)
+            return total + jnp.sum(out * c), out
+        return jax.lax.scan(layer, 0.0, flags)
+
+    def unrolled(q, kk, v):
+        outs = [_splash(q, kk, v, segments, w, None) for w in (window, None)]
+        return sum(jnp.sum(o * c) for o in outs), jnp.stack(outs)
+
+    flags = jnp.array([True, False])
+    (_, outs), grads = jax.jit(stack)(q, kk, v, flags), jax.jit(jax.grad(lambda *a: stack(*a)[0], (0, 1, 2)))(
+        q, kk, v, flags)
+    (_, ref_outs), ref_grads = jax.jit(unrolled)(q, kk, v), jax.jit(jax.grad(lambda *a: unrolled(*a)[0], (0, 1, 2)))(
+        q, kk, v)
+    assert _rel_err(ref_outs[0], ref_outs[1]) > 1e-2  # the window changes the result
+    assert _rel_err(outs, ref_outs) < 1e-6
+    for got, want in zip(grads, ref_grads):
+        assert _rel_err(got, want) < 1e-6
