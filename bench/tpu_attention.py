@@ -10,7 +10,8 @@ q, k and v, each under `jax.jit`, the median of `--repeats` calls after one warm
 (`bench.decode_matmul.median_seconds`).
 Implementations:
 
-* `plain`: `tempax.ops.plain.attention` with the [B, T, S] mask of `attention_mask` (what runs on a TPU today);
+* `plain`: `tempax.ops.plain.attention` with the [B, T, S] mask of `attention_mask` (what the op table runs on
+  a TPU without the kernels);
 * `xla`: `jax.nn.dot_product_attention(implementation="xla")` with the same mask;
 * `splash`: `tempax.ops.tpu.attention.attention`, q, k, v in tempax's [B, T, heads, H] layout (the transposes
   to and from the kernel's heads-first layout included);
@@ -21,10 +22,10 @@ Implementations:
 scores: forward 2 x 2 B N T^2 H / 2, forward and backward three times that (the backward's four products);
 recomputation inside a kernel is not counted.
 
-Decode (`--decode`, on by default): one step of B 64 rows over a bf16 cache of S 2048 slots, every row having
-written `--decode-length` of them: `plain` attends over the whole buffer with the rest masked (as the engine does
-today); `paged` is `tempax.ops.tpu.decode.cache_attention`, which reads each row's written slots only. `gbps` is
-the K and V bytes of the written slots over the step's time (what a kernel must read at least).
+Decode (skipped with `--no-decode`): one step of B 64 rows over a bf16 cache of S 2048 slots, every row having
+written `--decode-length` of them: `plain` attends over the whole buffer with the rest masked (the plain op's
+decode step); `paged` is `tempax.ops.tpu.decode.cache_attention`, which reads each row's written slots only.
+`gbps` is the K and V bytes of the written slots over the step's time (what a kernel must read at least).
 
 On a backend other than a TPU without `--tiny`, the script says that it needs a TPU and exits 0. `--tiny` runs
 the same code at a tiny shape in Pallas's interpret mode, a check that the script works, not a measurement.
