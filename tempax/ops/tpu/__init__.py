@@ -4,6 +4,7 @@
   causal, segment and sliding-window masks, grouped query heads and Gemma 2's soft-cap.
 * `decode`: one query token per row over the KV cache on JAX's paged attention kernel, reading tempax's
   [B, K, S, H] cache in place.
+* `experts`: the mixture-of-experts grouped products on megablox's grouped matmul.
 
 Each module says which arguments its kernel takes (`supports` / `unsupported_reason`), so the op table in
 `tempax.ops` can fall back to the plain op for anything else, and what the kernel returns where it differs from
