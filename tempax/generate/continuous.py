@@ -59,7 +59,7 @@ class SlotState:
     """The decode state of every slot; the cache's leaves carry a leading slot axis over batch-1 caches.
 
     Attributes:
-      cache: KVCache with k, v [B, 1, K, S, H], segment_ids [B, 1, S], length [B], next_position [B, 1].
+      cache: KVCache with k, v [B, L, 1, K, S, H], segment_ids [B, 1, S], length [B], next_position [B, 1].
       last_token: [B] the token each slot feeds next.
       step: [B] int32 tokens the slot's row has generated.
       done: [B] bool: finished, or free.
@@ -142,7 +142,8 @@ def _uniforms(knobs: SlotKnobs, steps: jax.Array) -> jax.Array:
 
 def _stack_rows(cache: KVCache) -> KVCache:
     """A batch-B cache as B batch-1 caches stacked on a leading slot axis."""
-    return KVCache(k=tuple(x[:, None] for x in cache.k), v=tuple(x[:, None] for x in cache.v),
+    slot_major = lambda x: jnp.moveaxis(x, 1, 0)[:, :, None]  # noqa: E731 - [L, B, ...] -> [B, L, 1, ...]
+    return KVCache(k=slot_major(cache.k), v=slot_major(cache.v),
                    segment_ids=cache.segment_ids[:, None], length=jnp.broadcast_to(cache.length, cache.batch_size),
                    next_position=cache.next_position[:, None])
 
@@ -231,16 +232,15 @@ def _insert(state: SlotState, row: KVCache, first: jax.Array, lp: jax.Array, raw
     whatever its prompt's bucket; the rest of the slot is masked out (segment 0)."""
     width = state.tokens.shape[1]
     shift = row.max_len - prompt_len
-    left = lambda x: jnp.roll(x, -shift, axis=-2)  # [1, K, P, H]: the real tokens first
-    k, v = tuple(left(x) for x in row.k), tuple(left(x) for x in row.v)
+    left = lambda x: jnp.roll(x, -shift, axis=-2)  # noqa: E731 - [L, 1, K, P, H]: the real tokens first
+    k, v = left(row.k), left(row.v)
     segments = jnp.zeros((1, width), jnp.int32).at[:, : row.max_len].set(jnp.roll(row.segment_ids, -shift, axis=-1))
     order = jnp.argsort(~targets)  # the target slots first
 
     def put(i: jax.Array, cache: KVCache) -> KVCache:
         b = order[i]
         into = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[None].astype(buf.dtype), (b,) + (0,) * x.ndim)
-        return KVCache(k=tuple(into(c, r) for c, r in zip(cache.k, k)),
-                       v=tuple(into(c, r) for c, r in zip(cache.v, v)),
+        return KVCache(k=into(cache.k, k), v=into(cache.v, v),
                        segment_ids=into(cache.segment_ids, segments), length=cache.length.at[b].set(prompt_len),
                        next_position=cache.next_position.at[b].set(row.next_position))
 
@@ -268,7 +268,7 @@ def _extend(graphdef: Any, params: Any, state: SlotState, slot: jax.Array, token
     cache = state.cache
     take = lambda x: jax.lax.dynamic_index_in_dim(x, slot, axis=0, keepdims=False)
     segments = take(cache.segment_ids)
-    row = KVCache(k=tuple(take(x) for x in cache.k), v=tuple(take(x) for x in cache.v),
+    row = KVCache(k=take(cache.k), v=take(cache.v),
                   segment_ids=jnp.where(jnp.arange(segments.shape[-1])[None] < keep, segments, 0),
                   length=keep, next_position=jnp.full((1,), keep, jnp.int32))
     width = tokens.shape[1]
@@ -278,8 +278,7 @@ def _extend(graphdef: Any, params: Any, state: SlotState, slot: jax.Array, token
     logits = model.logits(last)[:, -1].astype(jnp.float32)
     first, lp, raw = _first(logits, knobs)
     put = lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x.astype(buf.dtype), slot, axis=0)
-    cache = KVCache(k=tuple(put(c, r) for c, r in zip(cache.k, row.k)),
-                    v=tuple(put(c, r) for c, r in zip(cache.v, row.v)),
+    cache = KVCache(k=put(cache.k, row.k), v=put(cache.v, row.v),
                     segment_ids=put(cache.segment_ids, row.segment_ids), length=cache.length.at[slot].set(keep + count),
                     next_position=put(cache.next_position, row.next_position))
     width_out = state.tokens.shape[1]
@@ -297,7 +296,7 @@ def _grow(state: SlotState, *, cache_len: int) -> SlotState:
     pad = lambda x, axis, value=0: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)],
                                            constant_values=value)
     cache = state.cache
-    cache = dataclasses.replace(cache, k=tuple(pad(x, 3) for x in cache.k), v=tuple(pad(x, 3) for x in cache.v),
+    cache = dataclasses.replace(cache, k=pad(cache.k, 4), v=pad(cache.v, 4),  # [B, L, 1, K, S, H]
                                 segment_ids=pad(cache.segment_ids, 2))
     return dataclasses.replace(state, cache=cache, tokens=pad(state.tokens, 1), logprobs=pad(state.logprobs, 1),
                                raw_logprobs=pad(state.raw_logprobs, 1))

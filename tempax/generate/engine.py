@@ -141,11 +141,11 @@ def _call_model(model: Any, tokens: jax.Array, segment_ids: jax.Array | None, ca
 
 
 def _shard_cache(cache: KVCache) -> KVCache:
-    kv = lambda x: shard(x, ("batch", "act_kv_heads", None, None))
+    kv = lambda x: shard(x, (None, "batch", "act_kv_heads", None, None))  # noqa: E731 - [L, B, K, S, H]
     return dataclasses.replace(
         cache,
-        k=tuple(kv(x) for x in cache.k),
-        v=tuple(kv(x) for x in cache.v),
+        k=kv(cache.k),
+        v=kv(cache.v),
         segment_ids=shard(cache.segment_ids, ("batch", None)),
     )
 

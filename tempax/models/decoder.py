@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from tempax import ops
@@ -89,7 +90,13 @@ def apply_rope(x_btnh: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) 
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, layer_index: int, *, rngs: nnx.Rngs):
+    """Grouped-query self-attention with rotary positions, optional q/k norms, soft-capping and sliding windows.
+
+    One module serves every layer of the scanned stack, so what differs between layers comes in as data: the
+    rotary inverse frequencies (`inv_freq`, Gemma 3's local and global bases) and, when a model mixes full and
+    sliding layers, whether this layer slides (`sliding`, a traced bool)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         pd, dt = as_dtype(cfg.param_dtype), as_dtype(cfg.dtype)
         d, h, n, k = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
 
@@ -113,9 +120,10 @@ class Attention(nnx.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = n, k, h
         self.scale = cfg.attn_scale
         self.softcap = cfg.attn_logit_softcap
-        self.window = cfg.sliding_window if cfg.layer_type(layer_index) == "sliding" else None
+        kinds = layer_kinds(cfg)
+        self.window = cfg.sliding_window if "sliding" in kinds else None  # static: the size when any layer slides
+        self.window_per_layer = len(set(kinds)) > 1  # mixed full and sliding layers: `sliding` says which
         self.attention_impl = cfg.attention_impl
-        self.rope = cfg.rope_for(layer_index)  # static; inverse frequencies are constant-folded under jit
 
     def __call__(
         self,
@@ -124,38 +132,44 @@ class Attention(nnx.Module):
         q_index: jax.Array,
         q_segments: jax.Array,
         kv: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None,
-        fresh_cache: bool = False,
-    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """Attends x [B,T,D] to itself, or to the cache `kv` = (k, v, k_segments, write_at) when decoding.
-        `fresh_cache` (static): the cache held nothing before this call (a prefill), so the queries attend to the
-        keys written now only, not to the whole buffer with its empty slots masked: a prefill into a cache that
-        reserves room for later turns would otherwise form [T, max_len] scores instead of [T, T]."""
+        fresh_cache: bool,
+        inv_freq: jax.Array,
+        sliding: jax.Array | None,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None]:
+        """Attends x [B,T,D] to itself, or to this layer's cache `kv` = (k, v, k_segments, write_at) when decoding.
+
+        Returns the output and, with a cache, (keys, values, written keys, written values): the layer's whole
+        [B, K, S, H] buffers with this call's slots written, and just those slots [B, K, T, H] (a decode step
+        writes only them back into the stacked cache). `fresh_cache` (static): the cache held nothing before this
+        call (a prefill), so the queries attend to the keys written now only, not to the whole buffer with its
+        empty slots masked: a prefill into a cache that reserves room for later turns would otherwise form
+        [T, max_len] scores instead of [T, T]."""
         b, t, _ = x.shape
         n, k, h = self.num_heads, self.num_kv_heads, self.head_dim
         q, key, val = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, key, val = q.reshape(b, t, n, h), key.reshape(b, t, k, h), val.reshape(b, t, k, h)
         if self.q_norm is not None:
             q, key = self.q_norm(q), self.k_norm(key)
-        inv_freq = rope_inverse_frequencies(self.rope, h)
         q, key = apply_rope(q, positions, inv_freq), apply_rope(key, positions, inv_freq)
         new_kv = None
         if kv is None:
             keys, vals, k_segments, k_index = key, val, q_segments, q_index
         else:
             cache_k, cache_v, k_segments, write_at = kv  # [B, K, S, H] buffers (see KVCache)
-            heads_first = lambda x, buf: x.swapaxes(1, 2).astype(buf.dtype)  # noqa: E731
-            keys = jax.lax.dynamic_update_slice(cache_k, heads_first(key, cache_k), (0, 0, write_at, 0))
-            vals = jax.lax.dynamic_update_slice(cache_v, heads_first(val, cache_v), (0, 0, write_at, 0))
-            new_kv = (keys, vals)
+            written_k, written_v = key.swapaxes(1, 2).astype(cache_k.dtype), val.swapaxes(1, 2).astype(cache_v.dtype)
+            keys = jax.lax.dynamic_update_slice(cache_k, written_k, (0, 0, write_at, 0))
+            vals = jax.lax.dynamic_update_slice(cache_v, written_v, (0, 0, write_at, 0))
+            new_kv = (keys, vals, written_k, written_v)
             if fresh_cache:  # the slots written now, as the buffer holds them (same casts as a cache read)
-                keys, vals = heads_first(key, cache_k), heads_first(val, cache_v)
+                keys, vals = written_k, written_v
                 k_index, k_segments = q_index, q_segments
             else:
                 k_index = jnp.arange(keys.shape[2])
             keys, vals = keys.astype(q.dtype), vals.astype(q.dtype)
         out = ops.attention(
             q, keys, vals, q_index=q_index, k_index=k_index, q_segments=q_segments, k_segments=k_segments,
-            scale=self.scale, logit_cap=self.softcap, window=self.window, kv_heads_first=kv is not None,
+            scale=self.scale, logit_cap=self.softcap, window=self.window,
+            window_on=sliding if self.window_per_layer else None, kv_heads_first=kv is not None,
             implementation=self.attention_impl,
         )
         out = out.reshape(b, t, n * h)
@@ -188,10 +202,13 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, layer_index: int, *, rngs: nnx.Rngs):
+    """One transformer block. The decoder holds a single `DecoderLayer` whose weights are stacked over the layers
+    (a leading axis of size `num_layers`, logical name "layers") and scans over it (`Decoder.hidden_states`)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         kw = dict(eps=cfg.rms_norm_eps, offset=cfg.norm_offset, param_dtype=as_dtype(cfg.param_dtype), rngs=rngs)
         self.input_layernorm = RMSNorm(cfg.hidden_size, **kw)
-        self.self_attn = Attention(cfg, layer_index, rngs=rngs)
+        self.self_attn = Attention(cfg, rngs=rngs)
         # Llama names its pre-MLP norm post_attention_layernorm; Gemma 2/3 use that name for the norm applied
         # to the attention output and add pre/post feed-forward norms.
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, **kw)
@@ -203,8 +220,9 @@ class DecoderLayer(nnx.Module):
             self.post_feedforward_layernorm = None
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, q_index, q_segments, kv, fresh_cache: bool = False):
-        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, q_index, q_segments, kv, fresh_cache)
+    def __call__(self, x, positions, q_index, q_segments, kv, fresh_cache: bool, inv_freq, sliding):
+        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, q_index, q_segments, kv, fresh_cache,
+                                      inv_freq, sliding)
         if self.pre_feedforward_layernorm is not None:
             x = x + self.post_attention_layernorm(attn)
             x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
@@ -212,6 +230,70 @@ class DecoderLayer(nnx.Module):
             x = x + attn
             x = x + self.mlp(self.post_attention_layernorm(x))
         return shard(x, ("batch", "seq", "act_embed")), new_kv
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The stack of layers: one module, weights with a leading "layers" axis
+
+LAYERS_AXIS = "layers"
+
+
+def layer_kinds(cfg: ModelConfig) -> tuple[str, ...]:
+    """Each layer's attention kind, "full" or "sliding" (a model with a window everywhere, as Mistral's, has
+    `layer_types` all "sliding")."""
+    return tuple(cfg.layer_type(i) for i in range(cfg.num_layers))
+
+
+def is_stacked(variable: nnx.Variable) -> bool:
+    """Whether a Variable of the layer stack carries one value per layer (its first logical axis is "layers"):
+    weights, adapters, quantized codes. Others (an adapter dropout's random stream) are one for the stack."""
+    names = variable.get_metadata().get("out_sharding")
+    return bool(names) and names[0] == LAYERS_AXIS
+
+
+def _stacked_filter(path: Any, variable: Any) -> bool:
+    return isinstance(variable, nnx.Variable) and is_stacked(variable)
+
+
+def stacked_variable(variable: nnx.Variable, value: Any) -> nnx.Variable:
+    """`variable` holding `value` (one entry per layer on axis 0), its logical names led by "layers"."""
+    out = variable.replace(value)
+    names = variable.get_metadata().get("out_sharding")
+    out.set_metadata(out_sharding=(LAYERS_AXIS, *(names or (None,) * (jnp.ndim(value) - 1))))
+    return out
+
+
+def stack_layers(layers: list[nnx.Module]) -> nnx.Module:
+    """One module whose Variables hold the layers' values stacked on a new leading axis (same structure as each
+    layer: they differ in values only). Variables that are not arrays of the layer's weights are taken from the
+    first layer."""
+    graphdef, first = nnx.split(layers[0])
+    flats = [nnx.to_flat_state(nnx.state(layer)) for layer in layers]
+    stacked = []
+    for i, (path, var) in enumerate(flats[0]):
+        values = [flat[i][1].get_value() for flat in flats]
+        stacked.append((path, stacked_variable(var, jnp.stack(values))))
+    return nnx.merge(graphdef, nnx.from_flat_state(stacked))
+
+
+def abstract_stack(layer: nnx.Module, num_layers: int) -> nnx.Module:
+    """The abstract (shape-only) stack of `num_layers` copies of the abstract `layer`."""
+    graphdef, state = nnx.split(layer)
+    flat = [(path, stacked_variable(var, jax.ShapeDtypeStruct((num_layers, *var.shape), var.dtype)))
+            for path, var in nnx.to_flat_state(state)]
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def layer_constants(cfg: ModelConfig) -> tuple[jax.Array, jax.Array | None]:
+    """What differs between layers besides their weights, as arrays scanned with them: the rotary inverse
+    frequencies [L, head_dim / 2] and, when full and sliding layers mix, whether each slides [L] (else None)."""
+    kinds = layer_kinds(cfg)
+    ropes = list(dict.fromkeys(cfg.rope_for(i) for i in range(cfg.num_layers)))
+    which = np.asarray([ropes.index(cfg.rope_for(i)) for i in range(cfg.num_layers)])
+    tables = jnp.stack([rope_inverse_frequencies(rope, cfg.head_dim) for rope in ropes])
+    inv_freq = tables[which]
+    sliding = jnp.asarray(np.asarray([k == "sliding" for k in kinds])) if len(set(kinds)) > 1 else None
+    return inv_freq, sliding
 
 
 def make_embedding(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Embed:
@@ -235,6 +317,11 @@ def make_head(cfg: ModelConfig, rngs: nnx.Rngs) -> tuple[RMSNorm, nnx.Linear | N
     return norm, head
 
 
+def _draws_randomness(module: nnx.Module) -> bool:
+    """Whether calling `module` now draws random numbers (an adapter dropout in train mode)."""
+    return any(isinstance(m, nnx.Dropout) and m.rate > 0 and not m.deterministic for _, m in nnx.iter_modules(module))
+
+
 def _remat_policy(name: str) -> Any:
     if name == "dots":
         return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
@@ -254,6 +341,9 @@ class Decoder(nnx.Module):
         the form XLA:CPU runs fastest in few-row decode products; same logits, no copy of any weight.
       fresh_cache: `cache` is known to hold nothing yet (a prefill): attention reads only the keys written now.
     Returns logits [B, T, V] in float32 and the updated cache (None without one).
+
+    The layers are one `DecoderLayer` with stacked weights (`layers`, leading axis `num_layers`) run under
+    `jax.lax.scan`: a program holds one layer's code whatever the depth, so compile time does not grow with it.
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -262,7 +352,7 @@ class Decoder(nnx.Module):
         self.config = cfg
         with nnx.use_eager_sharding(False):
             self.embed_tokens = make_embedding(cfg, rngs)
-            self.layers = nnx.List([DecoderLayer(cfg, i, rngs=rngs) for i in range(cfg.num_layers)])
+            self.layers = stack_layers([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
             self.norm, self.lm_head = make_head(cfg, rngs)
 
     # ----------------------------------------------------------------------------------------------------------
@@ -277,7 +367,6 @@ class Decoder(nnx.Module):
     ) -> tuple[jax.Array, KVCache | None]:
         """Final-norm hidden states [B, T, D] (what the LM head and a reward head read). `fresh_cache`: `cache`
         is known to be empty (a prefill; see `Attention.__call__`)."""
-        cfg = self.config
         b, t = tokens.shape
         if segment_ids is None:
             segment_ids = jnp.ones((b, t), jnp.int32)
@@ -286,34 +375,89 @@ class Decoder(nnx.Module):
         if positions is None:
             positions = default_positions(segment_ids) + (0 if cache is None else cache.next_position[:, None])
         x = self.embed_tokens(tokens)
-        if cfg.embed_scale:
-            x = x * jnp.asarray(math.sqrt(cfg.hidden_size), x.dtype)
+        if self.config.embed_scale:
+            x = x * jnp.asarray(math.sqrt(self.config.hidden_size), x.dtype)
         x = shard(x, ("batch", "seq", "act_embed"))
         k_segments = None
         if cache is not None:
             k_segments = jax.lax.dynamic_update_slice(cache.segment_ids, segment_ids.astype(jnp.int32), (0, offset))
-        new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
-            kv = None if cache is None else (cache.k[i], cache.v[i], k_segments, offset)
-            if cfg.remat != "none":
-                # Also with a cache: GRPO's and PPO's training pass runs the prompts into a cache and the
-                # completions against it. Without differentiation jax.checkpoint adds nothing: decoding under
-                # a remat config compiles to the same program (tests/models/test_remat.py).
-                x, layer_kv = _remat_layer(layer, x, positions, q_index, segment_ids, kv, cfg.remat, fresh_cache)
-            else:
-                x, layer_kv = layer(x, positions, q_index, segment_ids, kv, fresh_cache)
-            if layer_kv is not None:
-                new_k.append(layer_kv[0])
-                new_v.append(layer_kv[1])
+        x, new_k, new_v = self._run_layers(x, positions, q_index, segment_ids, cache, k_segments, offset, fresh_cache)
         x = self.norm(x)
         new_cache = None
         if cache is not None:
             last_pos = jnp.max(jnp.where(segment_ids != 0, positions, -1), axis=1)
             new_cache = KVCache(
-                k=tuple(new_k), v=tuple(new_v), segment_ids=k_segments, length=offset + t,
+                k=new_k, v=new_v, segment_ids=k_segments, length=offset + t,
                 next_position=jnp.maximum(cache.next_position, last_pos + 1),
             )
         return x, new_cache
+
+    def _run_layers(self, x, positions, q_index, segment_ids, cache, k_segments, offset, fresh_cache):
+        """x through every layer, a scan over the stacked weights; returns (x, cache keys, cache values).
+
+        A cache is scanned with the layers ([L, B, K, S, H]: each step reads and returns its layer's buffers),
+        except in a decode step (one new position, nothing to differentiate), where the whole stacked cache is
+        carried and only the written slot of each layer is updated in place: returning whole per-layer buffers
+        would write the entire cache every step. Remat (`ModelConfig.remat`) applies to one layer's computation,
+        inside the scan, also with a cache: GRPO's and PPO's training pass runs the prompts into a cache and the
+        completions against it. Without differentiation jax.checkpoint adds nothing, so decoding under a remat
+        config compiles to the same program (tests/models/test_remat.py)."""
+        cfg = self.config
+        graphdef, weights, shared = nnx.split(self.layers, _stacked_filter, ...)
+        # Only an active dropout changes `shared` (its random stream); otherwise it is not written back, so a
+        # model whose state belongs to an outer trace (a closure of jit or grad) runs without mutating it.
+        write_back = _draws_randomness(self.layers)
+        inv_freq, sliding = layer_constants(cfg)
+        per_layer = (weights, inv_freq, sliding, jnp.arange(cfg.num_layers, dtype=jnp.int32))
+
+        def layer(shared, weights, x, kv, inv_freq, sliding):
+            # copy: the layer's Variables belong to this trace (remat's, or the scan's), so an adapter's dropout
+            # may advance its random stream in them; the advanced stream leaves as `shared`.
+            module = nnx.merge(graphdef, weights, shared, copy=True)
+            x, new_kv = module(x, positions, q_index, segment_ids, kv, fresh_cache, inv_freq, sliding)
+            return x, new_kv, nnx.state(module, nnx.Not(_stacked_filter))
+
+        if cfg.remat != "none":
+            layer = jax.checkpoint(layer, policy=_remat_policy(cfg.remat), prevent_cse=False)
+
+        if cache is None:
+            def body(carry, xs):
+                x, shared = carry
+                weights, inv_freq, sliding, _ = xs
+                x, _, shared = layer(shared, weights, x, None, inv_freq, sliding)
+                return (x, shared), None
+
+            (x, shared), _ = jax.lax.scan(body, (x, shared), per_layer)
+            if write_back:
+                nnx.update(self.layers, shared)
+            return x, None, None
+
+        if x.shape[1] == 1 and not fresh_cache:
+            def step(carry, xs):
+                x, shared, cache_k, cache_v = carry
+                weights, inv_freq, sliding, i = xs
+                kv = (cache_k[i], cache_v[i], k_segments, offset)
+                x, (_, _, written_k, written_v), shared = layer(shared, weights, x, kv, inv_freq, sliding)
+                cache_k = jax.lax.dynamic_update_slice(cache_k, written_k[None], (i, 0, 0, offset, 0))
+                cache_v = jax.lax.dynamic_update_slice(cache_v, written_v[None], (i, 0, 0, offset, 0))
+                return (x, shared, cache_k, cache_v), None
+
+            (x, shared, new_k, new_v), _ = jax.lax.scan(step, (x, shared, cache.k, cache.v), per_layer)
+            if write_back:
+                nnx.update(self.layers, shared)
+            return x, new_k, new_v
+
+        def scanned(carry, xs):
+            x, shared = carry
+            (weights, inv_freq, sliding, _), layer_k, layer_v = xs
+            x, (keys, vals, _, _), shared = layer(shared, weights, x, (layer_k, layer_v, k_segments, offset),
+                                                  inv_freq, sliding)
+            return (x, shared), (keys, vals)
+
+        (x, shared), (new_k, new_v) = jax.lax.scan(scanned, (x, shared), (per_layer, cache.k, cache.v))
+        if write_back:
+            nnx.update(self.layers, shared)
+        return x, new_k, new_v
 
     def logits(self, hidden: jax.Array, decode_layout: bool = False) -> jax.Array:
         """LM head (tied or untied) and final soft-capping; float32 logits. `decode_layout`: see `Decoder`."""
@@ -344,16 +488,6 @@ class Decoder(nnx.Module):
             # [B, T, V] matmul in prefill (most of a small model's prefill FLOPs).
             hidden = hidden[:, -1:]
         return self.logits(hidden, decode_layout), cache
-
-
-def _remat_layer(layer: DecoderLayer, x, positions, q_index, segment_ids, kv, policy_name: str,
-                 fresh_cache: bool = False):
-    graphdef, state = nnx.split(layer)
-
-    def run(state, x, positions, q_index, segment_ids, kv):
-        return nnx.merge(graphdef, state)(x, positions, q_index, segment_ids, kv, fresh_cache)
-
-    return jax.checkpoint(run, policy=_remat_policy(policy_name))(state, x, positions, q_index, segment_ids, kv)
 
 
 def default_positions(segment_ids: jax.Array) -> jax.Array:

@@ -10,11 +10,13 @@ compiles three small programs instead and calls the per-layer one once per layer
     layer(rngs)          -> one DecoderLayer's weights, rngs advanced   (compiled once, called num_layers times)
     head(rngs)           -> final norm (+ untied LM head)
 
+and each layer's weights are written into the decoder's stacked weights in place (a donated update, compiled
+once).
+
 `nnx.Rngs` draws the key `fold_in(key, count)` and increments `count`, in construction order. Passing the
 stream's state (key, count) from one program to the next therefore reproduces the draws of `Decoder.__init__`
-exactly: the weights equal those of the one-program constructor bit for bit, on any mesh. Layers differ only in
-static attributes (sliding window, rope base), never in their parameters' shapes, so one compiled layer
-initialiser serves them all. Each program writes its outputs directly in their shards (`out_shardings`), so no
+exactly: the weights equal those of the one-program constructor bit for bit, on any mesh. Layers never differ
+in their parameters' shapes, so one compiled layer initialiser serves them all. Each program writes its outputs directly in their shards (`out_shardings`), so no
 weight exists whole on one device, and only one layer's program is ever live.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -60,18 +63,38 @@ def decoder_programs(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rule
     return {
         "rngs": rngs_state,
         "embedding": _program(lambda r: make_embedding(cfg, r), mesh, rules, rngs_state),
-        "layer": _program(lambda r: DecoderLayer(cfg, 0, rngs=r), mesh, rules, rngs_state),
+        "layer": _program(lambda r: DecoderLayer(cfg, rngs=r), mesh, rules, rngs_state),
         "head": _program(lambda r: _Head(cfg, r), mesh, rules, rngs_state),
     }
+
+
+def _stack_writer(abstract_layers: Any, mesh: Mesh | None, rules: Rules | None) -> tuple[Any, Any]:
+    """(empty stacked weights, jitted `(stacked, layer, i) -> stacked with layer i written`), the stack donated so
+    that each layer is written in place: the stack never exists twice."""
+    flat = {tuple(path): var for path, var in nnx.to_flat_state(nnx.state(abstract_layers))}
+    shapes = {path: jax.ShapeDtypeStruct(var.shape, var.dtype) for path, var in flat.items()}
+    shardings = None
+    if mesh is not None:
+        state = nnx.from_flat_state(list(flat.items()))
+        shardings = {tuple(path): var.get_value()
+                     for path, var in nnx.to_flat_state(param_shardings(state, mesh, rules))}
+    zeros = jax.jit(lambda: {p: jnp.zeros(s.shape, s.dtype) for p, s in shapes.items()}, out_shardings=shardings)
+
+    def put(stacked: dict, layer: dict, i: jax.Array) -> dict:
+        return {p: jax.lax.dynamic_update_index_in_dim(stacked[p], layer[p].astype(stacked[p].dtype), i, 0)
+                for p in stacked}
+
+    return zeros(), jax.jit(put, donate_argnums=0, out_shardings=shardings)
 
 
 def init_decoder(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rules: Rules | None = None) -> Decoder:
     """`Decoder(cfg, rngs=nnx.Rngs(seed))` with equal weights, built by three compiled programs (module docstring).
 
     With `mesh`, every weight is created in the shard its logical axis names map to (replicated on no mesh:
-    the default device).
+    the default device). Each layer's weights are written into the stacked weights in place.
     """
-    graphdef, abstract = nnx.split(abstract_model(cfg))  # shapes only: the draws come from the programs below
+    model = abstract_model(cfg)  # shapes only: the draws come from the programs below
+    graphdef, abstract = nnx.split(model)
     programs = decoder_programs(cfg, seed, mesh, rules)
     values: dict[tuple[Any, ...], Any] = {}
 
@@ -81,9 +104,11 @@ def init_decoder(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rules: R
 
     embedding, rngs = programs["embedding"](programs["rngs"])
     collect(("embed_tokens",), embedding)
+    stacked, put = _stack_writer(model.layers, mesh, rules)
     for i in range(cfg.num_layers):
         layer, rngs = programs["layer"](rngs)
-        collect(("layers", i), layer)
+        stacked = put(stacked, {tuple(p): v.get_value() for p, v in nnx.to_flat_state(layer)}, jnp.int32(i))
+    values.update({("layers", *path): value for path, value in stacked.items()})
     head, _ = programs["head"](rngs)
     collect((), head)
     flat = [(path, var.replace(values.pop(tuple(path)))) for path, var in nnx.to_flat_state(abstract)]

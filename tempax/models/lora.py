@@ -124,34 +124,43 @@ class LoraConfig:
 
 
 # --------------------------------------------------------------------------------------------------------------
+class LoraLayerMask(nnx.Variable):
+    """1.0 for the layers of a stack whose projection has an adapter, 0.0 for the others: present only when
+    `target_modules` selects some layers of a projection and not others (a regex over layer paths). Frozen;
+    not an `nnx.Param`."""
+
+
 class LoraLinear(nnx.Module):
     """`base_layer(x) + (alpha / r) * dropout(x) @ A @ B`, a drop-in for the `nnx.Linear` it wraps.
 
+    The decoder stacks its layers, so a projection and its adapters hold one value per layer on a leading axis
+    (the decoder's scan hands each layer its own slice).
+
     Attributes:
       base_layer: the frozen `nnx.Linear` or `QuantizedLinear`.
-      lora_a: [in, r] `nnx.LoRAParam`, float32, logical axes (kernel's input axis, "lora_rank").
-      lora_b: [r, out] `nnx.LoRAParam`, float32, zeros at init.
+      lora_a: [L, in, r] `nnx.LoRAParam`, float32, logical axes ("layers", kernel's input axis, "lora_rank").
+      lora_b: [L, r, out] `nnx.LoRAParam`, float32, zeros at init.
+      layer_mask: [L] `LoraLayerMask` when only some layers are adapted, else None.
       rank, alpha, scaling: static; scaling = alpha / rank.
       dropout: `nnx.Dropout` on the adapter input, or None.
       adapters_enabled: static switch; False computes `base_layer(x)` only (see `disable_adapters`).
     """
 
     def __init__(self, base_layer: nnx.Linear | QuantizedLinear, *, rank: int, alpha: float, dropout: float,
-                 rngs: nnx.Rngs):
+                 lora_a: jax.Array, layer_mask: np.ndarray | None, rngs: nnx.Rngs):
         if isinstance(base_layer, QuantizedLinear):
-            n_in, n_out = base_layer.in_features, base_layer.out_features
+            n_out = base_layer.out_features
             names = base_layer.codes.get_metadata().get("out_sharding")
         else:
-            n_in, n_out = base_layer.kernel.shape
+            n_out = base_layer.kernel.shape[-1]
             names = base_layer.kernel.get_metadata().get("out_sharding")
-        in_name, out_name = names if names else (None, None)
-        # PEFT's default: kaiming_uniform(a=sqrt(5)) on A, i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
-        init_a = nnx.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
+        layers_name, in_name, out_name = names if names else (None, None, None)
         with nnx.use_eager_sharding(False):
-            self.lora_a = nnx.LoRAParam(
-                init_a(rngs.params(), (n_in, rank), jnp.float32), out_sharding=(in_name, "lora_rank")
-            )
-            self.lora_b = nnx.LoRAParam(jnp.zeros((rank, n_out), jnp.float32), out_sharding=("lora_rank", out_name))
+            self.lora_a = nnx.LoRAParam(lora_a, out_sharding=(layers_name, in_name, "lora_rank"))
+            self.lora_b = nnx.LoRAParam(jnp.zeros((lora_a.shape[0], rank, n_out), jnp.float32),
+                                        out_sharding=(layers_name, "lora_rank", out_name))
+            self.layer_mask = (None if layer_mask is None else
+                               LoraLayerMask(jnp.asarray(layer_mask, jnp.float32), out_sharding=(layers_name,)))
         self.base_layer = base_layer
         self.rank = rank
         self.alpha = float(alpha)
@@ -160,17 +169,32 @@ class LoraLinear(nnx.Module):
         self.dtype = base_layer.dtype or jnp.float32
         self.adapters_enabled = True
 
+    def adapted_layers(self) -> list[int]:
+        """Indices of the layers whose projection has an adapter."""
+        if self.layer_mask is None:
+            return list(range(self.lora_a.shape[0]))
+        return [i for i, on in enumerate(np.asarray(jax.device_get(self.layer_mask[...]))) if on]
+
     def delta_kernel(self) -> jax.Array:
-        """(alpha / r) * A @ B in float32: what merging adds to the kernel."""
-        return self.scaling * (self.lora_a[...].astype(jnp.float32) @ self.lora_b[...].astype(jnp.float32))
+        """(alpha / r) * A @ B in float32, [L, in, out] over the stack (or [in, out] for one layer inside the
+        decoder's scan): what merging adds to the kernel."""
+        a, b = self.lora_a[...].astype(jnp.float32), self.lora_b[...].astype(jnp.float32)
+        delta = self.scaling * jnp.matmul(a, b)
+        if self.layer_mask is not None:
+            delta = delta * self.layer_mask[...][..., None, None]
+        return delta
 
     def adapter(self, x: jax.Array) -> jax.Array:
-        """(alpha / r) * dropout(x) @ A @ B in the layer's dtype; zeros when adapters are disabled."""
+        """(alpha / r) * dropout(x) @ A @ B in the layer's dtype (one layer's slice, inside the decoder's scan);
+        zeros when adapters are disabled."""
         if not self.adapters_enabled:
             return jnp.zeros((*x.shape[:-1], self.lora_b.shape[-1]), self.dtype)
         h = x if self.dropout is None else self.dropout(x)
         h = matmul(h.astype(self.dtype), self.lora_a[...].astype(self.dtype))
-        return matmul(h, self.lora_b[...].astype(self.dtype)) * jnp.asarray(self.scaling, self.dtype)
+        scale = jnp.asarray(self.scaling, self.dtype)
+        if self.layer_mask is not None:
+            scale = scale * self.layer_mask[...].astype(self.dtype)
+        return matmul(h, self.lora_b[...].astype(self.dtype)) * scale
 
     def __call__(self, x: jax.Array) -> jax.Array:
         y = self.base_layer(x)
@@ -201,9 +225,17 @@ def _matches(pattern: str, path: tuple[Any, ...]) -> bool:
     return pattern == str(path[-1]) or bool(re.fullmatch(pattern, dotted) or re.fullmatch(pattern, "model." + dotted))
 
 
+def _layer_paths(model: Decoder) -> list[tuple[Any, ...]]:
+    """Every projection once per layer, ("layers", i, "self_attn", "q_proj"), layer-major: the paths users and
+    Hugging Face name (the model holds one stacked projection for all i)."""
+    modules = [p for p, _ in _projections(model)]
+    return [("layers", i, *p[1:]) for i in range(model.config.num_layers) for p in modules]
+
+
 def target_paths(model: Decoder, cfg: LoraConfig) -> list[tuple[Any, ...]]:
-    """Module paths of the layers `cfg.target_modules` selects, in graph order."""
-    paths = [p for p, _ in _projections(model)]
+    """Per-layer paths ("layers", 3, "self_attn", "q_proj") of the projections `cfg.target_modules` selects,
+    layer-major."""
+    paths = _layer_paths(model)
     for pattern in cfg.target_modules:
         if not any(_matches(pattern, p) for p in paths):
             names = sorted({str(p[-1]) for p in paths})
@@ -212,6 +244,11 @@ def target_paths(model: Decoder, cfg: LoraConfig) -> list[tuple[Any, ...]]:
                 f"{', '.join(names)}; or a regex over paths such as {_dotted(paths[0])!r}."
             )
     return [p for p in paths if any(_matches(pat, p) for pat in cfg.target_modules)]
+
+
+def _module_path(layer_path: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The stacked projection's path in the model for a per-layer path (the layer index dropped)."""
+    return ("layers", *layer_path[2:])
 
 
 def _parent(model: nnx.Module, path: tuple[Any, ...]) -> nnx.Module:
@@ -241,20 +278,32 @@ def apply_lora(model: Decoder, cfg: LoraConfig, *, rngs: nnx.Rngs) -> Decoder:
     """
     if has_adapters(model) or any(isinstance(m, QuantizedLinear) for _, m in nnx.iter_modules(model)):
         raise ConfigError("the model already has adapters or a quantized base; apply_lora takes a plain model")
-    if cfg.dropout > 0 and model.config.remat != "none":
-        # Decoder._remat_layer runs each layer on a copy and drops its RNG updates, so every step would reuse
-        # the same dropout masks.
-        raise ConfigError(
-            f"lora.dropout={cfg.dropout} with model remat={model.config.remat!r} would repeat the same dropout "
-            "masks every step; set lora.dropout to 0 or train.remat to 'none'"
-        )
-    targets = set(target_paths(model, cfg))
+    targets = target_paths(model, cfg)
+    num_layers = model.config.num_layers
+    masks: dict[tuple[Any, ...], np.ndarray] = {}
+    for path in targets:
+        masks.setdefault(_module_path(path), np.zeros(num_layers, bool))[path[1]] = True
     model = nnx.clone(model) if cfg.quantize_base is None else quantize_base(model, cfg.quantize_base, cfg.block_size)
-    for path, layer in _projections(model):
-        if path in targets:
-            setattr(_parent(model, path), path[-1],
-                    LoraLinear(layer, rank=cfg.rank, alpha=cfg.alpha, dropout=cfg.dropout, rngs=rngs))
+    layers = dict(_projections(model))
+    # A is drawn layer by layer, in the order of the per-layer paths, as adapters on separate layers would be;
+    # layers without an adapter keep zeros (their mask is 0).
+    # PEFT's default: kaiming_uniform(a=sqrt(5)) on A, i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+    init_a = nnx.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
+    draws = {path: [None] * num_layers for path in masks}
+    for path in targets:
+        n_in = _in_features(layers[_module_path(path)])
+        draws[_module_path(path)][path[1]] = init_a(rngs.params(), (n_in, cfg.rank), jnp.float32)
+    for path, mask in masks.items():
+        n_in = _in_features(layers[path])
+        a = jnp.stack([d if d is not None else jnp.zeros((n_in, cfg.rank), jnp.float32) for d in draws[path]])
+        setattr(_parent(model, path), path[-1],
+                LoraLinear(layers[path], rank=cfg.rank, alpha=cfg.alpha, dropout=cfg.dropout, lora_a=a,
+                           layer_mask=None if mask.all() else mask, rngs=rngs))
     return model
+
+
+def _in_features(layer: nnx.Module) -> int:
+    return layer.in_features if isinstance(layer, QuantizedLinear) else layer.kernel.shape[-2]
 
 
 def quantize_base(model: Decoder, kind: str = "nf4", block_size: int = 64) -> Decoder:
@@ -336,10 +385,20 @@ def merge_lora(model: Decoder) -> Decoder:
 def _peft_target_modules(model: Decoder, paths: list[tuple[Any, ...]]) -> list[str] | str:
     """Layer names when every layer of those names is adapted (PEFT's usual form), else an exact regex."""
     names = sorted({str(p[-1]) for p in paths})
-    same_names = [p for p, _ in _projections(model) if str(p[-1]) in names]
+    same_names = [p for p in _layer_paths(model) if str(p[-1]) in names]
     if sorted(same_names) == sorted(paths):
         return names
     return "|".join(re.escape("model." + _dotted(p)) for p in paths)
+
+
+def _adapter_slices(model: Decoder) -> Iterator[tuple[tuple[Any, ...], LoraLinear, int]]:
+    """(per-layer path, stacked LoraLinear, layer index) of every adapted projection of every layer, layer-major
+    (the order of PEFT's tensors)."""
+    adapted = [(path, layer, set(layer.adapted_layers())) for path, layer in lora_layers(model)]
+    for i in range(model.config.num_layers):
+        for path, layer, on in adapted:
+            if i in on:
+                yield ("layers", i, *path[1:]), layer, i
 
 
 def save_adapters(model: Decoder, folder: str, *, base_model_name_or_path: str | None = None) -> str:
@@ -361,10 +420,14 @@ def save_adapters(model: Decoder, folder: str, *, base_model_name_or_path: str |
     if len(ranks) > 1 or len(alphas) > 1 or len(rates) > 1:
         raise ConfigError(f"save_adapters: adapters differ in rank/alpha/dropout ({ranks}, {alphas}, {rates})")
     tensors = {}
-    for path, layer in layers:
+    hosted = {id(layer): (host_array(layer.lora_a[...]), host_array(layer.lora_b[...])) for _, layer in layers}
+    adapted = []
+    for path, layer, i in _adapter_slices(model):
+        adapted.append(path)
         name = _PEFT_PREFIX + "model." + _dotted(path)
-        tensors[name + ".lora_A.weight"] = np.ascontiguousarray(host_array(layer.lora_a[...]).astype(np.float32).T)
-        tensors[name + ".lora_B.weight"] = np.ascontiguousarray(host_array(layer.lora_b[...]).astype(np.float32).T)
+        a, b = hosted[id(layer)]
+        tensors[name + ".lora_A.weight"] = np.ascontiguousarray(a[i].astype(np.float32).T)
+        tensors[name + ".lora_B.weight"] = np.ascontiguousarray(b[i].astype(np.float32).T)
     if not is_writer():
         return folder
     os.makedirs(folder, exist_ok=True)
@@ -376,7 +439,7 @@ def save_adapters(model: Decoder, folder: str, *, base_model_name_or_path: str |
         "r": ranks.pop(),
         "lora_alpha": alphas.pop(),
         "lora_dropout": rates.pop(),
-        "target_modules": _peft_target_modules(model, [p for p, _ in layers]),
+        "target_modules": _peft_target_modules(model, adapted),
         "bias": "none",
         "fan_in_fan_out": False,
         "use_rslora": False,
@@ -443,21 +506,27 @@ def load_adapters(
     tensors = load_file(weights_path)
     tensors = {re.sub(r"\.default(?=\.weight$)", "", k): v for k, v in tensors.items()}  # older PEFT naming
     used = set()
-    for path, layer in lora_layers(model):
+    stacks = {id(layer): {"lora_a": np.zeros(layer.lora_a.shape, np.float32),
+                          "lora_b": np.zeros(layer.lora_b.shape, np.float32)} for _, layer in lora_layers(model)}
+    for path, layer, i in _adapter_slices(model):
         name = _PEFT_PREFIX + "model." + _dotted(path)
         # PEFT stores both as torch Linear weights [out, in]: A as [r, in], B as [out, r].
-        for suffix, var in ((".lora_A.weight", layer.lora_a), (".lora_B.weight", layer.lora_b)):
+        for suffix, attr in ((".lora_A.weight", "lora_a"), (".lora_B.weight", "lora_b")):
             key = name + suffix
             if key not in tensors:
                 raise CheckpointError(f"{weights_path}: tensor {key!r} is missing; the adapters do not fit this model")
             array = tensors[key].T
-            if tuple(array.shape) != tuple(var.shape):
+            want = tuple(getattr(layer, attr).shape[1:])
+            if tuple(array.shape) != want:
                 raise CheckpointError(
                     f"{weights_path}: {key!r} has shape {tuple(tensors[key].shape)} but this model needs "
-                    f"{tuple(var.shape[::-1])}; rank or base model differ"
+                    f"{want[::-1]}; rank or base model differ"
                 )
-            var.set_value(jnp.asarray(array, jnp.float32))
+            stacks[id(layer)][attr][i] = array
             used.add(key)
+    for _, layer in lora_layers(model):
+        for attr, value in stacks[id(layer)].items():
+            getattr(layer, attr).set_value(jnp.asarray(value))
     extra = sorted(k for k in tensors if k not in used)
     if extra:
         raise CheckpointError(

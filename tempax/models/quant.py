@@ -145,7 +145,8 @@ quantized_matmul.defvjp(_quantized_matmul_fwd, _quantized_matmul_bwd)
 
 
 class QuantizedLinear(nnx.Module):
-    """A frozen `nnx.Linear` whose kernel is stored blockwise-quantized; same call, same bias.
+    """A frozen `nnx.Linear` whose kernel is stored blockwise-quantized; same call, same bias. A decoder's
+    stacked projection ([L, in, out]) is quantized layer by layer into stacked codes and scales.
 
     Attributes:
       codes, scale: `QuantizedWeight`s from `quantize_blockwise` (logical sharding axes of the original kernel).
@@ -158,22 +159,26 @@ class QuantizedLinear(nnx.Module):
         _check_block_size(kind, block_size)
         kernel = linear.kernel
         names = kernel.get_metadata().get("out_sharding")
-        codes, scale = quantize_blockwise(kernel[...], kind=kind, block_size=block_size)
+        weights = kernel[...]
+        if weights.ndim == 3:  # a decoder's stacked projection [L, in, out]: each layer's kernel on its own
+            codes, scale = jax.lax.map(lambda w: quantize_blockwise(w, kind=kind, block_size=block_size), weights)
+        else:
+            codes, scale = quantize_blockwise(weights, kind=kind, block_size=block_size)
         with nnx.use_eager_sharding(False):
             self.codes = QuantizedWeight(codes, out_sharding=names)
             self.scale = QuantizedWeight(scale, out_sharding=names)
         self.bias = linear.bias
         self.kind = kind
         self.block_size = block_size
-        self.in_features, self.out_features = kernel.shape
+        self.in_features, self.out_features = kernel.shape[-2:]
         self.dtype = linear.dtype or kernel.dtype
         self.param_dtype = kernel.dtype
 
     def dequantized_kernel(self, dtype: Any = jnp.float32) -> jax.Array:
-        """The kernel [in, out] the codes stand for."""
-        return dequantize_blockwise(
-            self.codes[...], self.scale[...], kind=self.kind, in_features=self.in_features, dtype=dtype
-        )
+        """The kernel [in, out] the codes stand for ([L, in, out] for a decoder's stacked projection)."""
+        one = functools.partial(dequantize_blockwise, kind=self.kind, in_features=self.in_features, dtype=dtype)
+        codes, scale = self.codes[...], self.scale[...]
+        return jax.vmap(one)(codes, scale) if codes.ndim == 3 else one(codes, scale)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.astype(self.dtype)

@@ -12,12 +12,14 @@ base, so a kept layer computes exactly what it computed in the teacher given the
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
+import numpy as np
 from flax import nnx
 
 from tempax.errors import ConfigError
 from tempax.models.decoder import Decoder
+from tempax.models.weights import abstract_model
 
 
 def layer_selection(spec: str | Sequence[int], num_layers: int) -> tuple[int, ...]:
@@ -64,30 +66,18 @@ def keep_layers(model: Decoder, layers: Sequence[int]) -> Decoder:
         num_layers=len(layers),
         layer_types=tuple(cfg.layer_type(i) for i in layers) if cfg.layer_types else (),
     )
-    abstract = nnx.eval_shape(lambda: Decoder(new_cfg, rngs=nnx.Rngs(0)))
-    graphdef, abstract_state = nnx.split(abstract)
+    graphdef, abstract_state = nnx.split(abstract_model(new_cfg))
     old = dict(nnx.to_flat_state(nnx.state(model)))
-    new_paths = [path for path, _ in nnx.to_flat_state(abstract_state)]
-    expected = {_source_path(p, layers) for p in new_paths}
-    extra = sorted(".".join(map(str, p)) for p in old if p not in expected and not _dropped_layer(p, layers))
+    new_paths = {tuple(path) for path, _ in nnx.to_flat_state(abstract_state)}
+    extra = sorted(".".join(map(str, p)) for p in old if tuple(p) not in new_paths)
     if extra:
         raise ConfigError(
             f"keep_layers takes a plain decoder; this one has parts a plain one lacks ({', '.join(extra[:3])}"
             f"{', ...' if len(extra) > 3 else ''}): merge LoRA adapters or load the float model first"
         )
+    chosen = np.asarray(layers)
     flat = []
     for path, var in nnx.to_flat_state(abstract_state):
-        source = old[_source_path(path, layers)]
-        flat.append((path, var.replace(source.get_value())))
+        value = old[tuple(path)].get_value()
+        flat.append((path, var.replace(value[chosen] if path[0] == "layers" else value)))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
-
-
-def _source_path(path: tuple[Any, ...], layers: Sequence[int]) -> tuple[Any, ...]:
-    """The path in the original model of a parameter of the pruned one: layer j is original layer layers[j]."""
-    if path and path[0] == "layers":
-        return ("layers", layers[int(path[1])], *path[2:])
-    return tuple(path)
-
-
-def _dropped_layer(path: tuple[Any, ...], layers: Sequence[int]) -> bool:
-    return bool(path) and path[0] == "layers" and int(path[1]) not in layers

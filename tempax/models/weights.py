@@ -17,7 +17,7 @@ from flax import nnx
 
 from tempax.errors import CheckpointError
 from tempax.models.config import ModelConfig
-from tempax.models.decoder import Decoder, DecoderLayer, as_dtype
+from tempax.models.decoder import Decoder, DecoderLayer, abstract_stack, as_dtype, is_stacked
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
@@ -64,39 +64,44 @@ def path_to_hf(path: tuple[Any, ...]) -> tuple[str, bool]:
 def abstract_model(cfg: ModelConfig) -> Decoder:
     """A model whose parameters are shapes only (no memory), to be filled by `fill_params`.
 
-    Each layer is traced on its own and put into a layer-less `Decoder` (the same structure as tracing the whole
-    constructor; tests compare the two). One trace of the whole constructor takes time quadratic in the depth:
-    every random draw advances a traced counter, flax compares that counter's `sharding`, and on a tracer JAX
-    answers with an AttributeError whose message walks the whole trace so far. For SmolLM2-135M (30 layers)
-    that was most of the abstract model's time, a cost every `tempax generate` paid at start
-    (`docs/measurements/performance-history.md`, "Start-up").
-
-    Layers differ only by their kind (`cfg.layer_type(i)`: full or sliding attention) and that kind's rotary
-    setting, so one layer of each kind is traced and the others are copies of it (`nnx.clone` of shapes is a
-    graph copy, about a tenth of a trace's CPU time).
+    One layer is traced and its shapes stacked `num_layers` deep (`abstract_stack`), inside a decoder shell traced
+    with one layer: tracing grows with the depth nowhere, so `tempax generate` starts as fast for a deep model as
+    for a shallow one.
     """
-    model = nnx.eval_shape(lambda: Decoder(cfg.replace(num_layers=0, layer_types=()), rngs=nnx.Rngs(0)))
-    model.config = cfg
-    traced: dict[tuple[str, Any], DecoderLayer] = {}
-    layers = []
+    shell = cfg.replace(num_layers=1, layer_types=cfg.layer_types[:1])
+    model = nnx.eval_shape(lambda: Decoder(shell, rngs=nnx.Rngs(0)))
     with nnx.use_eager_sharding(False):  # as `Decoder.__init__` builds its layers
-        for i in range(cfg.num_layers):
-            kind = (cfg.layer_type(i), cfg.rope_for(i))
-            if kind not in traced:
-                traced[kind] = layer = nnx.eval_shape(lambda i=i: DecoderLayer(cfg, i, rngs=nnx.Rngs(0)))
-            else:
-                layer = nnx.clone(traced[kind])
-            layers.append(layer)
-    model.layers = nnx.List(layers)
+        layer = nnx.eval_shape(lambda: DecoderLayer(cfg, rngs=nnx.Rngs(0)))
+    model.config = cfg
+    model.layers = abstract_stack(layer, cfg.num_layers)
     return model
 
 
 def param_table(model: Decoder) -> dict[tuple[Any, ...], nnx.Variable]:
+    """{path: Param} of the model; the layer stack's paths carry no layer index (one Param holds every layer)."""
     table = {}
     for path, var in nnx.iter_graph(model):
         if isinstance(var, nnx.Param):
             table[tuple(path)] = var
     return table
+
+
+def per_layer_paths(table: dict[tuple[Any, ...], nnx.Variable]) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...], int | None]]:
+    """(per-layer path, path in the model, layer index or None) for every weight: a stacked weight once per layer
+    as ("layers", i, ...), the form Hugging Face names and tempax's checkpoints before the layer stack take."""
+    for path, var in table.items():
+        if path and path[0] == "layers" and is_stacked(var):
+            for i in range(var.shape[0]):
+                yield ("layers", i, *path[1:]), path, i
+        else:
+            yield path, path, None
+
+
+def stacked_path(path: tuple[Any, ...]) -> tuple[tuple[Any, ...], int | None]:
+    """(path in the model, layer index) of a per-layer path ("layers", i, ...); other paths unchanged, None."""
+    if len(path) > 1 and path[0] == "layers" and isinstance(path[1], int):
+        return ("layers", *path[2:]), path[1]
+    return tuple(path), None
 
 
 def fill_params(
@@ -109,18 +114,24 @@ def fill_params(
     """Assigns Hugging Face-named tensors to an (abstract) model, checking names and shapes.
 
     `tensors` yields (name, loader) pairs; each loader is called once, right before its tensor is needed, so
-    only one source tensor is in host memory at a time.
+    only one source tensor is in host memory at a time besides the host buffer of the layer-stacked weight it
+    goes into (handed to the device as soon as its last layer is in).
     """
     cfg = model.config
     dtype = as_dtype(cfg.param_dtype)
+    np_dtype = np.dtype(dtype)
     table = param_table(model)
+    buffers: dict[tuple[Any, ...], np.ndarray] = {}
+    pending: dict[tuple[Any, ...], set[int]] = {}
     filled: set[tuple[Any, ...]] = set()
     for name, load in tensors:
         mapped = hf_to_path(name)
         if mapped is None:
             continue
-        path, transpose = mapped
-        if path not in table:
+        layer_path, transpose = mapped
+        path, index = stacked_path(layer_path)
+        var = table.get(path)
+        if var is None or (index is not None and index >= var.shape[0]):
             if path == ("lm_head", "kernel") and cfg.tie_word_embeddings:
                 continue  # some tied checkpoints also store the head; the embedding is the truth
             raise CheckpointError(
@@ -128,21 +139,30 @@ def fill_params(
                 f"({cfg.num_layers} layers, qkv_bias={cfg.qkv_bias}, qk_norm={cfg.qk_norm}, "
                 f"post_norms={cfg.post_norms}); the checkpoint and its config disagree."
             )
-        var = table[path]
         array = load()
         if transpose:
             array = array.T
-        if tuple(array.shape) != tuple(var.shape):
+        want = tuple(var.shape) if index is None else tuple(var.shape[1:])
+        if tuple(array.shape) != want:
             raise CheckpointError(
                 f"{source}: tensor {name!r} has shape {tuple(array.shape)} (after transpose: {transpose}) but "
-                f"the config implies {tuple(var.shape)}; the config (config.json or GGUF metadata) and the weights "
+                f"the config implies {want}; the config (config.json or GGUF metadata) and the weights "
                 "disagree."
             )
-        var.set_value(jnp.asarray(array, dtype=dtype))
-        filled.add(path)
+        if index is None:
+            var.set_value(jnp.asarray(array, dtype=dtype))
+        else:
+            if path not in buffers:
+                buffers[path] = np.empty(tuple(var.shape), np_dtype)
+                pending[path] = set(range(var.shape[0]))
+            buffers[path][index] = np.asarray(array).astype(np_dtype, copy=False)
+            pending[path].discard(index)
+            if not pending[path]:
+                var.set_value(jnp.asarray(buffers.pop(path)))
+        filled.add(layer_path)
         if progress is not None:
             progress(array.nbytes)
-    missing = [p for p in table if p not in filled]
+    missing = [p for p, _, _ in per_layer_paths(table) if p not in filled]
     if missing:
         names = [path_to_hf(p)[0] for p in missing[:5]]
         raise CheckpointError(
@@ -154,7 +174,9 @@ def fill_params(
 
 def iter_hf_tensors(model: Decoder) -> Iterator[tuple[str, np.ndarray]]:
     """(Hugging Face name, numpy array [out, in] for linears) for every parameter of the model."""
-    for path, var in param_table(model).items():
-        name, transpose = path_to_hf(path)
-        array = np.asarray(jax.device_get(var[...]))
+    table = param_table(model)
+    for layer_path, path, index in per_layer_paths(table):
+        name, transpose = path_to_hf(layer_path)
+        value = table[path][...]
+        array = np.asarray(jax.device_get(value if index is None else value[index]))
         yield name, (array.T if transpose else array)

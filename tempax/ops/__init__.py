@@ -1,64 +1,77 @@
-"""The numerical ops the decoder and the losses are written with, and the one place a platform's variant is
-chosen.
+"""The numerical ops the decoder and the losses are written with, and the one table that picks each op's
+implementation for the backend it is traced on.
 
-Each op has a default implementation in plain JAX (`tempax.ops.plain`, the definition to read), and where XLA:CPU
-runs some other form of the same function faster, a CPU variant (`tempax.ops.cpu`: layouts, custom VJPs, bf16
-forms, optimization barriers). The functions below choose between them when they are traced:
+Each op has a definition in plain JAX (`tempax.ops.plain`, the one to read) and, where a backend runs some other
+form of the same function faster, that backend's implementation: XLA:CPU's layouts and custom VJPs
+(`tempax.ops.cpu`), JAX's Pallas TPU kernels (`tempax.ops.tpu`). `IMPLEMENTATIONS` is the table, one row per op
+and one column per backend:
 
-    op                       CPU variant, where it applies                               default
-    projection_dot, matmul   x^T g weight gradients; bf16 from a row-major x^T           autodiff (bf16: mixed VJP)
-    gated                    both gradients behind a barrier                             autodiff
-    attention                bf16 q, k, v: heads-first bf16 custom VJP (training);       einsum; or
-                             one query over the cache: multiply-and-sum (decode step)    jax.nn (attention_impl)
-    tied_lm_head             the table on the left (decode steps)                        h @ E^T
-    fused_causal_lm_loss     one exp pass for bf16; dL/dW summed in XLA:CPU's layout     the head's layout
-    fused_token_logprobs     (one form: the plain one)                                   masked positions only
+    op               cpu                                    tpu                                gpu          plain
+    projection_dot   x^T g weight gradients (cpu.matmul)    plain                              plain        autodiff
+    gated            gradients behind a barrier             plain                              plain        autodiff
+    attention        bf16 training VJP; decode-step sum     splash attention (self-attention   cuDNN flash  einsum
+                                                            that `tpu.attention` supports)     (no softcap)
+    tied_lm_head     the table on the left in decode steps  plain                              plain        h @ E^T
+    lm_loss_forms    one exp pass for bf16; XLA:CPU layout  plain                              plain        head's layout
+    expert_products  ragged_dot                             megablox grouped matmul (shapes    ragged_dot   ragged_dot
+                                                            `tpu.experts` supports)
 
-`variant()` is the rule: "cpu" where JAX's default backend is XLA:CPU, "plain" on every other backend (GPUs,
-TPUs), whose compilers pick their own layouts. Both variants compute the same function, to float rounding
-(tests/ops/test_ops.py compares them on one machine); on a CPU the CPU variant is what runs, so its results are
-tempax's reference results there.
+`backend()` is the column: "cpu", "tpu" or "gpu" from JAX's default backend, "plain" for any other, or what
+`use_backend` forces (tests compare the columns on one machine). An implementation that cannot take some
+arguments (a kernel's shape limits) computes them with the plain op, so every column computes the same function
+to float rounding (tests/ops/test_ops.py, tests/ops/tpu/); a kernel's TPU column runs on a CPU only in Pallas
+interpret mode, which is how its tests run. `ModelConfig.attention_impl` can still name an attention explicitly
+("xla" or "cudnn": `jax.nn.dot_product_attention`); its default "tempax" means the table's choice.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import jax
 
-from tempax.ops import fused_head, plain
+from tempax.ops import experts, fused_head, plain
 from tempax.ops.cpu import attention as cpu_attention
 from tempax.ops.cpu import lm_head as cpu_lm_head
 from tempax.ops.cpu import matmul as cpu_matmul
 from tempax.ops.plain import BF16, attention_mask, keep_kernel_dtype, softcap
 
-__all__ = ["BF16", "Variant", "attention", "attention_mask", "fused_causal_lm_loss", "fused_token_logprobs", "gated",
-           "keep_kernel_dtype", "matmul", "projection_dot", "softcap", "table_on_left_in_decode", "tied_lm_head",
-           "use_variant", "variant"]
+__all__ = ["BF16", "Backend", "IMPLEMENTATIONS", "attention", "attention_mask", "backend", "expert_products",
+           "fused_causal_lm_loss", "fused_token_logprobs", "gated", "implementation", "keep_kernel_dtype", "matmul",
+           "projection_dot", "softcap", "table_on_left_in_decode", "tied_lm_head", "use_backend", "use_variant",
+           "variant"]
 
-Variant = Literal["plain", "cpu"]
-_FORCED: contextvars.ContextVar[Variant | None] = contextvars.ContextVar("tempax_ops_variant", default=None)
+Backend = Literal["cpu", "tpu", "gpu", "plain"]
+BACKENDS: tuple[Backend, ...] = ("cpu", "tpu", "gpu", "plain")
+_FORCED: contextvars.ContextVar[Backend | None] = contextvars.ContextVar("tempax_ops_backend", default=None)
 
 
-def variant() -> Variant:
-    """The implementations traced now: "cpu" on XLA:CPU (JAX's default backend), "plain" on any other backend, or
-    what `use_variant` forces."""
+def backend() -> Backend:
+    """The table's column traced now: JAX's default backend ("cpu", "tpu", "gpu"; "plain" for any other), or what
+    `use_backend` forces."""
     forced = _FORCED.get()
     if forced is not None:
         return forced
-    return "cpu" if jax.default_backend() == "cpu" else "plain"
+    name = jax.default_backend()
+    return name if name in ("cpu", "tpu") else "gpu" if name in ("gpu", "cuda", "rocm") else "plain"
+
+
+def variant() -> str:
+    """"cpu" where XLA:CPU's implementations run, else "plain" (the name the CPU-only code paths check)."""
+    return "cpu" if backend() == "cpu" else "plain"
 
 
 @contextlib.contextmanager
-def use_variant(name: Variant) -> Iterator[None]:
-    """Trace with `name`'s implementations inside the block, whatever the backend (tests compare the variants on
-    one machine). jit keeps the programs it traced without regard to this choice, so JAX's caches are cleared on
-    entry and on exit: no program traced under one variant runs under the other."""
-    if name not in ("plain", "cpu"):
-        raise ValueError(f"unknown ops variant {name!r}: 'plain' or 'cpu'")
+def use_backend(name: Backend) -> Iterator[None]:
+    """Trace with `name`'s column of the table inside the block, whatever the backend (tests compare the columns on
+    one machine; the TPU column's kernels then run in Pallas interpret mode). jit keeps the programs it traced
+    without regard to this choice, so JAX's caches are cleared on entry and on exit: no program traced under one
+    column runs under another."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown ops backend {name!r}: one of {', '.join(BACKENDS)}")
     token = _FORCED.set(name)
     jax.clear_caches()
     try:
@@ -68,14 +81,116 @@ def use_variant(name: Variant) -> Iterator[None]:
         jax.clear_caches()
 
 
+def use_variant(name: str) -> contextlib.AbstractContextManager[None]:
+    """`use_backend` under the older names: "cpu" or "plain"."""
+    if name not in ("plain", "cpu"):
+        raise ValueError(f"unknown ops variant {name!r}: 'plain' or 'cpu'")
+    return use_backend(name)  # type: ignore[arg-type]
+
+
+def _interpret() -> bool:
+    """Pallas TPU kernels traced where JAX's backend is not a TPU (a forced TPU column in tests) run interpreted."""
+    return jax.default_backend() != "tpu"
+
+
 def table_on_left_in_decode() -> bool:
     """Whether decode steps should multiply a tied LM head with the table on the left (`tied_lm_head`): XLA:CPU
     streams the table faster that way in few-row products, a rule of its own; other backends' compilers choose
     their layouts themselves."""
-    return variant() == "cpu"
+    return backend() == "cpu"
 
 
 # --------------------------------------------------------------------------------------------------------------
+
+
+# The implementations, by op and backend (the module docstring's table). Each takes the op's full arguments.
+
+
+def _projection_cpu(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
+    if plain.is_projection(lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding):
+        return cpu_matmul.project(lhs, rhs)
+    return plain.projection_dot(lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding)
+
+
+def _attention_plain(q_btnh, k, v, mask, *, q_segments, k_segments, scale, logit_cap, window, window_on,
+                     kv_heads_first):
+    del q_segments, k_segments, window, window_on
+    return plain.attention(q_btnh, k, v, mask(), scale=scale, logit_cap=logit_cap,
+                           kv_layout="bksh" if kv_heads_first else "bskh")
+
+
+def _attention_cpu(q_btnh, k, v, mask, *, kv_heads_first, scale, logit_cap, **rest):
+    if not kv_heads_first and q_btnh.dtype == k.dtype == v.dtype == BF16:
+        return cpu_attention.bf16_attention(q_btnh, k, v, mask(), scale=scale, logit_cap=logit_cap)  # training
+    if kv_heads_first and q_btnh.shape[1] == 1:
+        return cpu_attention.decode_step_attention(q_btnh, k, v, mask(), scale=scale, logit_cap=logit_cap)
+    return _attention_plain(q_btnh, k, v, mask, kv_heads_first=kv_heads_first, scale=scale, logit_cap=logit_cap,
+                            **rest)
+
+
+def _attention_tpu(q_btnh, k, v, mask, *, q_segments, k_segments, scale, logit_cap, window, window_on,
+                   kv_heads_first):
+    """Splash attention for self-attention over [B, S, K, H] keys (training, scoring, a prefill into a fresh
+    cache), where its shape limits allow; the plain op otherwise."""
+    from tempax.ops.tpu import attention as tpu_attention
+
+    if not kv_heads_first and tpu_attention.supports(q_btnh, k, v, window=window, logit_cap=logit_cap):
+        return tpu_attention.attention(q_btnh, k, v, q_segments=q_segments, k_segments=k_segments, scale=scale,
+                                       logit_cap=logit_cap, window=window, window_on=window_on,
+                                       interpret=_interpret())
+    return _attention_plain(q_btnh, k, v, mask, q_segments=q_segments, k_segments=k_segments, scale=scale,
+                            logit_cap=logit_cap, window=window, window_on=window_on, kv_heads_first=kv_heads_first)
+
+
+def _attention_gpu(q_btnh, k, v, mask, *, scale, logit_cap, kv_heads_first, **rest):
+    """cuDNN's fused flash attention where it applies (no soft-capping, [B, S, K, H] keys)."""
+    if logit_cap is None and not kv_heads_first:
+        return plain.library_attention(q_btnh, k, v, mask(), scale=scale, implementation="cudnn")
+    return _attention_plain(q_btnh, k, v, mask, scale=scale, logit_cap=logit_cap, kv_heads_first=kv_heads_first,
+                            **rest)
+
+
+def _tied_head_cpu(hidden, table, *, table_on_left):
+    return cpu_lm_head.table_on_left(hidden, table) if table_on_left else plain.tied_lm_head(hidden, table)
+
+
+def _tied_head_plain(hidden, table, *, table_on_left):
+    del table_on_left  # other compilers choose their layouts themselves
+    return plain.tied_lm_head(hidden, table)
+
+
+def _experts_tpu(*args, **kwargs):
+    """megablox's grouped products where their tiling applies (`tempax.ops.tpu.experts.unsupported_reason`)."""
+    from tempax.ops.tpu import experts as tpu_experts
+
+    x_td, gate_edi = args[0], args[3]
+    rows = jax.ShapeDtypeStruct((x_td.shape[0] * args[1].shape[1], x_td.shape[1]), x_td.dtype)
+    if tpu_experts.unsupported_reason(rows, gate_edi) is None:
+        kwargs["grouped_product"] = tpu_experts.grouped_matmul
+    return experts.expert_products(*args, **kwargs)
+
+
+IMPLEMENTATIONS: dict[str, dict[Backend, Callable[..., Any]]] = {
+    "projection_dot": {"cpu": _projection_cpu, "tpu": plain.projection_dot, "gpu": plain.projection_dot,
+                       "plain": plain.projection_dot},
+    "gated": {"cpu": cpu_matmul.gated, "tpu": plain.gated, "gpu": plain.gated, "plain": plain.gated},
+    "attention": {"cpu": _attention_cpu, "tpu": _attention_tpu, "gpu": _attention_gpu, "plain": _attention_plain},
+    "tied_lm_head": {"cpu": _tied_head_cpu, "tpu": _tied_head_plain, "gpu": _tied_head_plain,
+                     "plain": _tied_head_plain},
+    "lm_loss_forms": {"cpu": lambda: cpu_lm_head.CPU_FORMS, "tpu": lambda: fused_head.PLAIN_FORMS,
+                      "gpu": lambda: fused_head.PLAIN_FORMS, "plain": lambda: fused_head.PLAIN_FORMS},
+    "expert_products": {"cpu": experts.expert_products, "tpu": _experts_tpu, "gpu": experts.expert_products,
+                        "plain": experts.expert_products},
+}
+
+
+def implementation(op: str, on: Backend | None = None) -> Callable[..., Any]:
+    """The implementation of `op` for backend `on` (default: `backend()`)."""
+    return IMPLEMENTATIONS[op][on or backend()]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The ops
 
 
 def projection_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
@@ -87,10 +202,8 @@ def projection_dot(lhs, rhs, dimension_numbers, precision=None, preferred_elemen
     Products other than a projection (other dimension numbers, a requested output type or sharding) go to
     `lax.dot_general` unchanged.
     """
-    if variant() == "cpu" and plain.is_projection(lhs, rhs, dimension_numbers, precision, preferred_element_type,
-                                                   out_sharding):
-        return cpu_matmul.project(lhs, rhs)
-    return plain.projection_dot(lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding)
+    return implementation("projection_dot")(lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                                            out_sharding)
 
 
 def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
@@ -100,9 +213,7 @@ def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
 
 def gated(gate: jax.Array, up: jax.Array, activation: str) -> jax.Array:
     """act(gate) * up, the gated MLP's hidden state (act = "silu" or "gelu_tanh")."""
-    if variant() == "cpu":
-        return cpu_matmul.gated(gate, up, activation)
-    return plain.gated(gate, up, activation)
+    return implementation("gated")(gate, up, activation)
 
 
 def attention(
@@ -117,6 +228,7 @@ def attention(
     scale: float,
     logit_cap: float | None = None,
     window: int | None = None,
+    window_on: jax.Array | None = None,
     kv_heads_first: bool = False,
     implementation: str = "tempax",
 ) -> jax.Array:
@@ -124,29 +236,30 @@ def attention(
 
     q is [B, T, N, H]; k and v are [B, S, K, H], or [B, K, S, H] with `kv_heads_first` (the KV cache's layout).
     A query at index i in segment s sees key j when j <= i, segment(j) == s != 0 and (window) i - j < window
-    (`attention_mask`). softmax(softcap(q k^T * scale)) in float32; fully masked query rows (padding) get a
-    uniform, finite distribution. `implementation` ("tempax", or `ModelConfig.attention_impl`'s "xla" / "cudnn")
-    picks `jax.nn.dot_product_attention` for [B, S, K, H] keys (no soft-capping); the cache's layout always takes
-    tempax's.
+    (`attention_mask`; `window_on`, a traced bool, switches the window per layer of a scanned stack that mixes
+    full and sliding layers). softmax(softcap(q k^T * scale)) in float32; fully masked query rows (padding) get a
+    finite output. `implementation`: "tempax" takes the op table's choice for the backend; "xla" / "cudnn"
+    (`ModelConfig.attention_impl`) name `jax.nn.dot_product_attention` for [B, S, K, H] keys (no soft-capping).
     """
-    mask = attention_mask(q_index, k_index, q_segments, k_segments, window)
+    mask = lambda: attention_mask(q_index, k_index, q_segments, k_segments, window, window_on)  # noqa: E731
     if implementation != "tempax" and not kv_heads_first:
-        return plain.library_attention(q_btnh, k, v, mask, scale=scale, implementation=implementation)
-    on_cpu = variant() == "cpu"
-    if on_cpu and not kv_heads_first and q_btnh.dtype == k.dtype == v.dtype == BF16:
-        return cpu_attention.bf16_attention(q_btnh, k, v, mask, scale=scale, logit_cap=logit_cap)  # training
-    if on_cpu and kv_heads_first and q_btnh.shape[1] == 1:
-        return cpu_attention.decode_step_attention(q_btnh, k, v, mask, scale=scale, logit_cap=logit_cap)
-    return plain.attention(q_btnh, k, v, mask, scale=scale, logit_cap=logit_cap,
-                           kv_layout="bksh" if kv_heads_first else "bskh")
+        return plain.library_attention(q_btnh, k, v, mask(), scale=scale, implementation=implementation)
+    chosen = IMPLEMENTATIONS["attention"][backend()]
+    # A kernel's self-attention assumes query i is key i; a cache's keys (or an offset) take the other forms.
+    return chosen(q_btnh, k, v, mask, q_segments=q_segments, k_segments=k_segments, scale=scale,
+                  logit_cap=logit_cap, window=window, window_on=window_on, kv_heads_first=kv_heads_first)
 
 
 def tied_lm_head(hidden: jax.Array, table: jax.Array, *, table_on_left: bool = False) -> jax.Array:
     """Logits h @ E^T of a head tied to the embedding table E [vocab, hidden]; with `table_on_left` (decode steps,
-    see `table_on_left_in_decode`) computed as E @ h^T, the same logits."""
-    if table_on_left:
-        return cpu_lm_head.table_on_left(hidden, table)
-    return plain.tied_lm_head(hidden, table)
+    see `table_on_left_in_decode`) computed as E @ h^T on a CPU, the same logits."""
+    return implementation("tied_lm_head")(hidden, table, table_on_left=table_on_left)
+
+
+def expert_products(*args: Any, **kwargs: Any) -> jax.Array:
+    """The routed experts of an MoE layer, `tempax.ops.experts.expert_products` (its docstring gives the formula
+    and the arguments), with the grouped product the backend runs fastest."""
+    return implementation("expert_products")(*args, **kwargs)
 
 
 def fused_causal_lm_loss(
@@ -178,7 +291,7 @@ def fused_causal_lm_loss(
     Returns:
       (loss, metrics) with the keys and meaning of `causal_lm_loss`'s metrics.
     """
-    forms = cpu_lm_head.CPU_FORMS if variant() == "cpu" else fused_head.PLAIN_FORMS
+    forms = implementation("lm_loss_forms")()
     return fused_head.fused_causal_lm_loss(forms, hidden_btd, head, targets_bt, loss_mask_bt, vocab_major, normalize,
                                            chunk_len, softcap)
 

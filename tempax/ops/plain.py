@@ -129,12 +129,14 @@ def gated(gate: jax.Array, up: jax.Array, activation_name: str) -> jax.Array:
 
 
 def attention_mask(q_index: jax.Array, k_index: jax.Array, q_segments: jax.Array, k_segments: jax.Array,
-                   window: int | None) -> jax.Array:
+                   window: int | None, window_on: jax.Array | None = None) -> jax.Array:
     """[B, T, S] bool: query i in segment s sees key j when j <= i, segment(j) == s != 0 and (window) i - j <
-    window."""
+    window. `window_on` (a traced bool scalar, or None for always): whether the window applies, for a layer
+    stack that mixes full and sliding layers under one scan."""
     visible = k_index[None, :] <= q_index[:, None]  # [T, S]
     if window is not None:
-        visible &= (q_index[:, None] - k_index[None, :]) < window
+        inside = (q_index[:, None] - k_index[None, :]) < window
+        visible &= inside if window_on is None else (inside | ~window_on)
     same = (q_segments[:, :, None] == k_segments[:, None, :]) & (k_segments[:, None, :] != 0)  # [B, T, S]
     return visible[None] & same
 

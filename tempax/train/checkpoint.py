@@ -3,8 +3,10 @@
 Layout (`<run_dir>/checkpoints/<step>/`, one folder per saved step; Orbax writes each into a temporary folder and
 renames it when complete, so a killed run never leaves a half-written checkpoint that looks valid):
 
-    params/     the trainable arrays, keyed like the model ("layers.0.mlp.up_proj.kernel"): every weight for full
-                fine-tuning, only the adapters for LoRA/QLoRA (the base comes from the model source)
+    params/     the trainable arrays, keyed like the model ("layers.mlp.up_proj.kernel", one array for every layer):
+                every weight for full fine-tuning, only the adapters for LoRA/QLoRA (the base comes from the model
+                source). A checkpoint written before the decoder stacked its layers keys each layer on its own
+                ("layers.0.mlp.up_proj.kernel"); `restore` and `restore_params` read it and stack (`legacy_layers`).
     opt_state/  the optimizer state's leaves, keyed "000000", "000001"... in `jax.tree.leaves` order (optax
                 states are namedtuples; leaf order is stable for one optimizer config)
     train/      step, rng key data, bad_step
@@ -432,6 +434,11 @@ class Checkpointer:
         if step is None:
             raise CheckpointError(f"no checkpoint found in {self.directory}")
         abstract = jax.tree.map(_abstract, target)
+        layers = self._legacy_layers(step, dict(abstract.params))
+        if layers:
+            abstract = abstract.replace(params=unstack_layers(abstract.params, layers),
+                                        opt_state=_map_param_dicts(abstract.opt_state, abstract.params,
+                                                                   lambda d: unstack_layers(d, layers)))
         opt_leaves, opt_def = jax.tree.flatten(abstract.opt_state)
         items = {
             "params": dict(abstract.params),
@@ -452,6 +459,11 @@ class Checkpointer:
             rng=out["train"]["rng"],
             bad_step=out["train"]["bad_step"],
         )
+        if layers:
+            wanted = jax.tree.map(_abstract, target)
+            state = state.replace(params=stack_layers(state.params, wanted.params),
+                                  opt_state=_map_param_dicts(state.opt_state, abstract.params,
+                                                             lambda d: stack_layers(d, wanted.params)))
         return state, dict(out["data"] or {}), dict(out["meta"] or {})
 
     def restore_params(self, abstract_params: dict[str, Any], step: int | None = None, *,
@@ -461,14 +473,34 @@ class Checkpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint found in {self.directory}")
-        abstract = jax.tree.map(_abstract, abstract_params)
+        wanted = jax.tree.map(_abstract, abstract_params)
+        layers = self._legacy_layers(step, dict(wanted))
+        abstract = unstack_layers(wanted, layers) if layers else wanted
         if not self.has_checksums(step):
             if say is not None:
                 say(_no_checksums_line(step))
             self._read_every_file(step, items=("params", "meta"))
         self.verify(step, {"params": abstract}, items=("params", "meta"))
         out = self._read(step, ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
-        return dict(out["params"])
+        return stack_layers(dict(out["params"]), wanted) if layers else dict(out["params"])
+
+    def _legacy_layers(self, step: int, wanted: dict[str, Any]) -> int:
+        """The number of layers when checkpoint `step` keys each layer's arrays on its own (written before the
+        decoder stacked its layers) where `wanted` holds them stacked; else 0."""
+        from etils import epath
+
+        stacked = [k for k in wanted if k.startswith("layers.")]
+        if not stacked:
+            return 0
+        try:
+            saved = dict(ocp.StandardCheckpointHandler().metadata(epath.Path(self.path(step), "params")).tree)
+        except Exception:  # noqa: BLE001 - a damaged record is `verify`'s to name
+            return 0
+        layers = int(getattr(wanted[stacked[0]], "shape", (0,))[0])
+        rest = stacked[0][len("layers."):]
+        if layers and f"layers.0.{rest}" in saved and stacked[0] not in saved:
+            return layers
+        return 0
 
     def read_meta(self, step: int | None = None) -> dict[str, Any]:
         step = self.latest_step() if step is None else step
@@ -562,6 +594,45 @@ class Checkpointer:
             self._recorder.shutdown(wait=True)
             for leftovers in self._failed_leftovers:
                 _remove_leftovers(leftovers, settle=4)
+
+
+def unstack_layers(params: dict[str, Any], layers: int) -> dict[str, Any]:
+    """{key: abstract array} with each stacked "layers.<rest>" [L, ...] as L keys "layers.<i>.<rest>" [...]: the
+    keys and shapes a checkpoint written before the decoder stacked its layers holds."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if not key.startswith("layers."):
+            out[key] = value
+            continue
+        sharding = getattr(value, "sharding", None)
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*sharding.spec[1:]))
+        for i in range(layers):
+            out[f"layers.{i}.{key[len('layers.'):]}"] = jax.ShapeDtypeStruct(value.shape[1:], value.dtype,
+                                                                              sharding=sharding)
+    return out
+
+
+def stack_layers(params: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of `unstack_layers` on arrays: per-layer arrays stacked into `wanted`'s keys and placed with its
+    shardings."""
+    out: dict[str, Any] = {}
+    for key, target in wanted.items():
+        if not key.startswith("layers."):
+            out[key] = params[key]
+            continue
+        rest = key[len("layers."):]
+        value = np.stack([np.asarray(jax.device_get(params[f"layers.{i}.{rest}"])) for i in range(target.shape[0])])
+        sharding = getattr(target, "sharding", None)
+        out[key] = jax.device_put(value, sharding) if sharding is not None else jax.numpy.asarray(value)
+    return out
+
+
+def _map_param_dicts(tree: Any, params: dict[str, Any], fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+    """`tree` (an optimizer state) with `fn` applied to every dict in it keyed like `params` (Adam's moments)."""
+    keys = set(params)
+    is_params = lambda x: isinstance(x, dict) and set(x) == keys  # noqa: E731
+    return jax.tree.map(lambda x: fn(x) if is_params(x) else x, tree, is_leaf=is_params)
 
 
 def _no_checksums_line(step: int) -> str:

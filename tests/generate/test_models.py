@@ -53,7 +53,7 @@ def test_sharded_model_gives_the_unsharded_samples(model, caplog):
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
     sharded = nnx.clone(model)
     nnx.update(sharded, shard_params(nnx.state(sharded), mesh))
-    kernel = sharded.layers[0].mlp.gate_proj.kernel[...]
+    kernel = sharded.layers.mlp.gate_proj.kernel[...]
     assert len(kernel.sharding.device_set) == 8
     config = SAMPLED.replace(temperature=1.0, n=2)  # 2 prompts x 2 samples: 4 rows over data x fsdp = 4
     expected = generate(model, None, PROMPTS[:2], config)

@@ -68,9 +68,36 @@ def test_config_validation():
         LoraConfig(target_modules=("q_proj(",))
     with pytest.raises(ConfigError, match="dropout"):
         LoraConfig(dropout=1.0)
-    remat_model = nnx.eval_shape(lambda: tiny_tempax_model("llama", remat="full"))
-    with pytest.raises(ConfigError, match="same dropout masks"):  # Decoder remat drops RNG updates
-        apply_lora(remat_model, LoraConfig(dropout=0.1), rngs=nnx.Rngs(0))
+
+
+def test_adapter_dropout_under_remat_draws_new_masks_each_call_and_matches_no_remat():
+    """The decoder's scan carries the adapters' dropout stream through every layer, remat or not: two calls in
+    train mode draw different masks (different outputs), and remat=full computes the same loss and gradients as
+    remat=none from the same stream (the backward's recomputation replays the forward's masks)."""
+    tokens = jnp.asarray(random_ids((2, 6), seed=3))
+
+    def adapted(remat):
+        model = apply_lora(tiny_tempax_model("llama", remat=remat), LoraConfig(rank=4, dropout=0.5),
+                           rngs=nnx.Rngs(0))
+        for _, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)):
+            var.set_value(var.get_value() + 0.1)  # B = 0 would hide the adapters' (and dropout's) effect
+        model.train()
+        return model
+
+    def loss(model):
+        return jnp.mean(model(tokens)[0] ** 2)
+
+    model = adapted("full")
+    first, second = float(loss(model)), float(loss(model))
+    assert first != second
+    results = []
+    for remat in ("none", "full"):
+        graphdef, lora, rest = nnx.split(adapted(remat), nnx.LoRAParam, ...)
+        value, grads = jax.value_and_grad(lambda p: loss(nnx.merge(graphdef, p, rest, copy=True)))(lora)
+        results.append((float(value), jax.tree.leaves(grads)))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
+    for a, b in zip(results[0][1], results[1][1]):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
 
 
 def test_target_patterns_select_by_name_path_and_hf_name():
@@ -90,18 +117,24 @@ def test_target_patterns_select_by_name_path_and_hf_name():
 def test_apply_leaves_input_model_unchanged(base):
     lora = apply_lora(base, CFG, rngs=nnx.Rngs(1))
     assert not any(isinstance(m, LoraLinear) for _, m in nnx.iter_modules(base))
-    assert len(list(lora_layers(lora))) == 7 * base.config.num_layers
-    q = lora.layers[0].self_attn.q_proj
-    assert q.lora_a.shape == (64, 4) and q.lora_b.shape == (4, 64)
-    assert q.lora_a.get_metadata()["out_sharding"] == ("embed", "lora_rank")
+    assert len(list(lora_layers(lora))) == 7  # one per projection, its adapters stacked over the layers
+    q = lora.layers.self_attn.q_proj
+    layers = base.config.num_layers
+    assert q.lora_a.shape == (layers, 64, 4) and q.lora_b.shape == (layers, 4, 64)
+    assert q.lora_a.get_metadata()["out_sharding"] == ("layers", "embed", "lora_rank")
+    assert q.layer_mask is None  # every layer adapted
     assert not np.any(np.asarray(q.lora_b[...]))
     # PEFT's default init bound for A is 1 / sqrt(fan_in) = 1 / sqrt(64) = 0.125.
     assert 0 < np.abs(np.asarray(q.lora_a[...])).max() <= 0.125
 
 
-def test_zero_b_equals_base_exactly(base, tokens):
+def test_zero_b_equals_base(base, tokens):
+    """B = 0: the adapters add exact zeros. Not bit for bit: the adapted layer is another program, and XLA:CPU
+    may fold a projection's bias into its product in one and not the other (seen: 2.4e-7 on qwen2's qkv
+    biases, float32 rounding of logits near 0.5)."""
     lora = apply_lora(base, CFG, rngs=nnx.Rngs(1))
-    np.testing.assert_array_equal(np.asarray(_logits(lora, tokens)), np.asarray(_logits(base, tokens)))
+    np.testing.assert_allclose(np.asarray(_logits(lora, tokens)), np.asarray(_logits(base, tokens)), atol=1e-6,
+                               rtol=0)
 
 
 def test_disable_adapters_gives_base_logits_exactly(base, tokens):
@@ -129,7 +162,8 @@ def test_disable_adapters_gives_base_logits_exactly(base, tokens):
 
 def test_gradient_step_changes_adapters_only(tokens):
     """One adamw step with wrt=lora_filter: every B moves (its gradient is non-zero), the base is bit-identical,
-    and the optimizer holds state for the adapters only (2 moments x 2 matrices x 21 layers)."""
+    and the optimizer holds state for the adapters only (2 moments x 2 matrices x 7 projections, each stacked
+    over the 3 layers)."""
     model = apply_lora(tiny_tempax_model("qwen2"), CFG, rngs=nnx.Rngs(1))
     optimizer = nnx.Optimizer(model, optax.adamw(1e-2), wrt=lora_filter)
     base_before = _arrays(model, nnx.Not(lora_filter))
@@ -147,13 +181,14 @@ def test_gradient_step_changes_adapters_only(tokens):
 
     _, grads = step(model, optimizer, tokens)
     grad_paths = [path for path, _ in nnx.to_flat_state(grads)]
-    assert len(grad_paths) == 2 * 21 and {p[-1] for p in grad_paths} == {"lora_a", "lora_b"}
+    assert len(grad_paths) == 2 * 7 and {p[-1] for p in grad_paths} == {"lora_a", "lora_b"}
     for before, after in zip(base_before, _arrays(model, nnx.Not(lora_filter))):
         np.testing.assert_array_equal(before, after)
     for before, (_, layer) in zip(b_before, lora_layers(model)):
-        assert not np.array_equal(before, np.asarray(layer.lora_b[...]))
-    moments = [x for x in jax.tree.leaves(nnx.state(optimizer)) if np.ndim(x) == 2]
-    assert len(moments) == 2 * 2 * 21
+        after = np.asarray(layer.lora_b[...])
+        assert all(not np.array_equal(before[i], after[i]) for i in range(3))  # each layer's B moved
+    moments = [x for x in jax.tree.leaves(nnx.state(optimizer)) if np.ndim(x) == 3]
+    assert len(moments) == 2 * 2 * 7
 
 
 def test_kv_cache_decoding_with_adapters(tokens):
@@ -217,7 +252,7 @@ def test_save_load_round_trip_peft_layout(base, tokens, tmp_path):
     a = tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
     b = tensors["base_model.model.model.layers.2.mlp.down_proj.lora_B.weight"]
     assert a.shape == (4, 64) and b.shape == (64, 4)  # PEFT: A [r, in], B [out, r]
-    np.testing.assert_array_equal(a, np.asarray(lora.layers[0].self_attn.q_proj.lora_a[...]).T)
+    np.testing.assert_array_equal(a, np.asarray(lora.layers.self_attn.q_proj.lora_a[...])[0].T)
     with open(os.path.join(tmp_path, ADAPTER_CONFIG)) as f:
         config = json.load(f)
     assert config["r"] == 4 and config["lora_alpha"] == 8.0 and config["peft_type"] == "LORA"
@@ -261,7 +296,7 @@ def test_merge_gives_a_plain_decoder_with_the_same_logits(base, tokens):
     merged = merge_lora(lora)
     assert type(merged) is type(base)
     assert not nnx.state(merged, lora_filter)
-    assert isinstance(merged.layers[0].self_attn.q_proj, nnx.Linear)
+    assert isinstance(merged.layers.self_attn.q_proj, nnx.Linear)
     expected = np.asarray(_logits(lora, tokens))
     np.testing.assert_allclose(np.asarray(_logits(merged, tokens)), expected, atol=1e-5, rtol=0)
 
@@ -352,5 +387,5 @@ def test_adapters_trained_with_peft_load_into_tempax(tokens, tmp_path):
                 p.normal_(0, 0.2)
     ref.save_pretrained(str(tmp_path / "adapter"))
     loaded = load_adapters(base, str(tmp_path / "adapter"))
-    assert len(list(lora_layers(loaded))) == 3 * base.config.num_layers
+    assert len(list(lora_layers(loaded))) == 3  # q, k and v, each stacked over the layers
     np.testing.assert_allclose(np.asarray(_logits(loaded, tokens)), _torch_logits(ref, tokens), atol=1e-4, rtol=0)

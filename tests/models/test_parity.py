@@ -112,7 +112,9 @@ def test_a_prefill_into_a_fresh_cache_reads_only_the_keys_it_wrote(pair):
                                 fresh_cache=True)
     full_logits, full = model(prompt, segment_ids=prompt_mask, cache=KVCache.init(model.config, 2, 64))
     real = mask[:, :4] == 1  # a padding query attends to other padding either way; nothing reads its output
-    np.testing.assert_allclose(np.asarray(fresh_logits)[real], np.asarray(full_logits)[real], atol=1e-6, rtol=0)
+    # rtol 2e-6: the two prefills are two programs whose layer scans XLA fuses differently (a softmax over 4 keys
+    # or over 64 with 60 masked), so float32 sums round differently: seen 1.2e-6 relative on a logit of 1.24.
+    np.testing.assert_allclose(np.asarray(fresh_logits)[real], np.asarray(full_logits)[real], atol=1e-6, rtol=2e-6)
     for a, b in zip((*fresh.k, *fresh.v), (*full.k, *full.v)):  # [B, K, S, H]: the real tokens' slots
         np.testing.assert_allclose(np.asarray(a)[:, :, :4].swapaxes(1, 2)[real],
                                    np.asarray(b)[:, :, :4].swapaxes(1, 2)[real], atol=1e-6, rtol=0)

@@ -139,17 +139,20 @@ def test_qlora_structure_and_frozen_float_parts(base):
     """All 7 projections are quantized; only the targeted ones get adapters (float32); biases stay float."""
     model = apply_lora(base, LoraConfig(rank=4, alpha=8.0, quantize_base="nf4", target_modules=("q_proj",)),
                        rngs=nnx.Rngs(0))
-    attn = model.layers[0].self_attn
-    assert isinstance(attn.k_proj, QuantizedLinear) and isinstance(model.layers[0].mlp.down_proj, QuantizedLinear)
+    attn = model.layers.self_attn
+    assert isinstance(attn.k_proj, QuantizedLinear) and isinstance(model.layers.mlp.down_proj, QuantizedLinear)
     assert attn.q_proj.lora_a[...].dtype == jnp.float32 and attn.q_proj.lora_b[...].dtype == jnp.float32
-    base_bias = base.layers[0].self_attn.k_proj.bias[...]
+    assert attn.k_proj.codes.shape[0] == base.config.num_layers  # each layer's kernel quantized on its own
+    base_bias = base.layers.self_attn.k_proj.bias[...]
     np.testing.assert_array_equal(np.asarray(attn.k_proj.bias[...]), np.asarray(base_bias))
     assert not [p for p, v in nnx.iter_graph(model) if isinstance(v, nnx.Param) and p[-1] == "kernel" and "layers" in p]
 
 
 def test_qlora_zero_b_and_disabled_adapters_equal_the_dequantized_base(base, tokens):
-    """B = 0, and adapters switched off with B != 0, both give the quantized base exactly; merging that base
-    (dequantized float kernels) gives the same logits within float32 rounding."""
+    """B = 0, and adapters switched off with B != 0, both give the quantized base; merging that base
+    (dequantized float kernels) gives the same logits within float32 rounding. Switched-off adapters are another
+    program than zero ones, which XLA:CPU may fuse differently (a bias folded into its product or not): equal
+    to float32 rounding (seen 1.5e-7), not bit for bit."""
     model = apply_lora(base, QCFG, rngs=nnx.Rngs(0))
     zero_b = np.asarray(_logits(model, tokens))
     dequantized = np.asarray(_logits(merge_lora(model), tokens))
@@ -157,7 +160,7 @@ def test_qlora_zero_b_and_disabled_adapters_equal_the_dequantized_base(base, tok
     _randomize_b(model)
     assert np.abs(np.asarray(_logits(model, tokens)) - zero_b).max() > 1e-2
     with disable_adapters(model):
-        np.testing.assert_array_equal(np.asarray(_logits(model, tokens)), zero_b)
+        np.testing.assert_allclose(np.asarray(_logits(model, tokens)), zero_b, atol=1e-6, rtol=0)
 
 
 def test_qlora_gradient_step_changes_adapters_only(base, tokens):

@@ -42,15 +42,16 @@ def test_remat_with_a_cache_gives_the_same_loss_and_gradients(remat):
         graphdef, lora, rest = nnx.split(_model(remat_name), lora_filter, ...)
         value_and_grad = jax.value_and_grad(
             lambda lora: _cached_objective(nnx.merge(graphdef, lora, rest), prompt, completion))
-        # The backward recomputes each layer (a `remat2` equation) exactly when remat is on: 2 layers x 2 passes.
+        # The backward recomputes each layer (a `remat2` equation in the scanned layer body) exactly when remat is
+        # on: one per pass (prompt, completion), whatever the depth.
         recomputed = str(jax.make_jaxpr(value_and_grad)(lora)).count("remat2[")
-        assert recomputed == (0 if remat_name == "none" else 4), recomputed
+        assert recomputed == (0 if remat_name == "none" else 2), recomputed
         loss, grads = jax.jit(value_and_grad)(lora)
         return float(loss), [np.asarray(g) for g in jax.tree.leaves(grads)]
 
     (loss, grads), (loss_r, grads_r) = run("none"), run(remat)
     assert loss_r == pytest.approx(loss, rel=1e-5)
-    assert len(grads) == len(grads_r) == 2 * 7 * 2  # 2 layers x 7 adapted projections x (A, B)
+    assert len(grads) == len(grads_r) == 7 * 2  # 7 adapted projections x (A, B), each stacked over 2 layers
     for a, b in zip(grads, grads_r):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
     assert min(float(np.abs(g).max()) for g in grads) > 0

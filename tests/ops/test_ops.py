@@ -179,3 +179,42 @@ def test_whole_model_agrees_across_variants(family):
         return jnp.concatenate(out, axis=1)
 
     _close(*_both(decode, params), rtol=1e-5, atol=1e-5)
+
+
+def test_the_table_has_every_backend_for_every_op_and_backend_picks_its_column():
+    """One row per op, one column per backend; `use_backend` forces a column (the TPU one runs Pallas kernels
+    interpreted on a CPU), and an unknown backend is refused."""
+    assert all(set(row) == set(ops.BACKENDS) for row in ops.IMPLEMENTATIONS.values())
+    assert ops.backend() == "cpu" and ops.implementation("gated") is ops.IMPLEMENTATIONS["gated"]["cpu"]
+    with ops.use_backend("tpu"):
+        assert ops.backend() == "tpu" and variant() == "plain" and not ops.table_on_left_in_decode()
+    with pytest.raises(ValueError, match="unknown ops backend"):
+        with ops.use_backend("npu"):  # type: ignore[arg-type]
+            pass
+
+
+def test_the_tpu_column_runs_splash_where_it_applies_and_the_plain_op_elsewhere():
+    """Self-attention of 128 positions with head_dim 64 takes the splash kernel under the TPU column (a
+    pallas_call in the program) and matches the plain op; head_dim 16 is outside the kernel's limits and takes the
+    plain op (no pallas_call), with the same result as the plain column."""
+    def run(h: int):
+        q = _array((1, 128, 2, h), 0.5)
+        k, v = _array((1, 128, 1, h), 0.5, phase=1.0), _array((1, 128, 1, h), phase=2.0)
+        index = jnp.arange(128)
+        segments = jnp.ones((1, 128), jnp.int32)
+
+        def attend(q, k, v):
+            return ops.attention(q, k, v, q_index=index, k_index=index, q_segments=segments, k_segments=segments,
+                                 scale=h ** -0.5)
+
+        out = {}
+        for name in ("plain", "tpu"):
+            with ops.use_backend(name):
+                out[name] = (attend(q, k, v), str(jax.make_jaxpr(attend)(q, k, v)))
+        return out
+
+    wide, narrow = run(64), run(16)
+    assert "pallas_call" in wide["tpu"][1] and "pallas_call" not in wide["plain"][1]
+    assert_allclose(np.asarray(wide["tpu"][0]), np.asarray(wide["plain"][0]), atol=1e-5)
+    assert "pallas_call" not in narrow["tpu"][1]
+    assert_allclose(np.asarray(narrow["tpu"][0]), np.asarray(narrow["plain"][0]), atol=1e-6)

@@ -1,0 +1,72 @@
+"""The scanned decoder: one layer's code in every program whatever the depth, per-layer differences as data.
+
+Compile time is measured by `bench/compile_time.py` (wall clock belongs in a bench); here the property behind it:
+the lowered training step of a 16-layer model holds exactly as many operations as that of a 4-layer one."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from tempax.models.cache import KVCache
+from tempax.models.decoder import layer_constants, layer_kinds
+from tempax.models.lora import LoraConfig, apply_lora, lora_filter
+from tests.kit.models import random_ids, tiny_tempax_model
+
+
+def _step_ops(num_layers: int, *, remat: str, lora: bool) -> int:
+    """Operations in the lowered (StableHLO) program of loss + gradient for a model of `num_layers` layers."""
+    model = tiny_tempax_model("gemma3", num_layers=num_layers, remat=remat,
+                              layer_types=tuple("full" if i % 2 else "sliding" for i in range(num_layers)))
+    if lora:
+        model = apply_lora(model, LoraConfig(rank=4), rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, lora_filter if lora else nnx.Param, ...)
+    tokens = jnp.asarray(random_ids((2, 8), seed=0))
+
+    def loss(params, rest, tokens):
+        logits, _ = nnx.merge(graphdef, params, rest)(tokens)
+        return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+    text = jax.jit(jax.value_and_grad(loss)).lower(params, rest, tokens).as_text()
+    return len(re.findall(r"^\s*(%\S+ = |\S+\.\S+ )", text, flags=re.M))
+
+
+@pytest.mark.parametrize("remat,lora", [("none", False), ("full", True)])
+def test_the_training_program_does_not_grow_with_depth(remat, lora):
+    assert _step_ops(16, remat=remat, lora=lora) == _step_ops(4, remat=remat, lora=lora)
+
+
+def test_layer_constants_follow_each_layers_kind():
+    """tiny-gemma3 alternates sliding and full layers with a local and a global rotary base: the scanned
+    constants say which layer slides, and each layer gets its kind's inverse frequencies."""
+    model = tiny_tempax_model("gemma3")
+    cfg = model.config
+    inv_freq, sliding = layer_constants(cfg)
+    kinds = layer_kinds(cfg)
+    assert sliding is not None and list(np.asarray(sliding)) == [k == "sliding" for k in kinds]
+    local = [i for i, k in enumerate(kinds) if k == "sliding"]
+    full = [i for i, k in enumerate(kinds) if k == "full"]
+    assert cfg.rope_local is not None and cfg.rope_local.theta != cfg.rope.theta
+    np.testing.assert_array_equal(np.asarray(inv_freq[local[0]]), np.asarray(inv_freq[local[-1]]))
+    assert not np.allclose(np.asarray(inv_freq[local[0]]), np.asarray(inv_freq[full[0]]))
+    llama_freq, llama_sliding = layer_constants(tiny_tempax_model("llama").config)
+    assert llama_sliding is None and llama_freq.shape[0] == 3
+
+
+def test_a_decode_step_writes_only_its_slot_of_the_stacked_cache():
+    """A one-token step into a stacked cache [L, B, K, S, H] changes each layer's slot at the write index and
+    nothing else."""
+    model = tiny_tempax_model("llama")
+    cache = KVCache.init(model.config, 2, 6)
+    _, cache = model(jnp.asarray(random_ids((2, 3), seed=1)), cache=cache, fresh_cache=True)
+    before_k = np.asarray(cache.k)
+    _, after = model(jnp.asarray(random_ids((2, 1), seed=2)), cache=cache)
+    after_k = np.asarray(after.k)
+    assert after_k.shape == (3, 2, model.config.num_kv_heads, 6, model.config.head_dim)
+    changed = np.any(after_k != before_k, axis=(1, 2, 4))  # [L, S]
+    assert changed[:, 3].all() and not changed[:, :3].any() and not changed[:, 4:].any()
