@@ -581,7 +581,7 @@ def read_recipe(yaml_path: str | Path) -> dict[str, Any]:
     """
     path = Path(yaml_path)
     if not path.is_file():
-        raise ConfigError(f"config file '{path}' does not exist; pass the path of a YAML recipe")
+        raise ConfigError(f"config file '{path}' does not exist; {_nearest_recipes(path)}pass the path of a YAML recipe")
     try:
         loaded = _yaml_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -593,6 +593,24 @@ def read_recipe(yaml_path: str | Path) -> dict[str, Any]:
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"config file '{path}' must hold a mapping of keys to values, got {_show(loaded)}")
     return loaded or {}
+
+
+def _nearest_recipes(path: Path) -> str:
+    """"did you mean A, B? " naming the YAML files whose names are nearest a missing recipe's (in its folder, or in
+    the folder whose name is nearest its folder's: `recipe/` for `recipes/`), or "" when none is near."""
+    try:
+        folder = path.parent
+        if not folder.is_dir():
+            parent = folder.parent
+            near = difflib.get_close_matches(folder.name, [p.name for p in parent.iterdir() if p.is_dir()], n=1)
+            if not near:
+                return ""
+            folder = parent / near[0]
+        names = [p.name for p in folder.iterdir() if p.suffix in (".yaml", ".yml")]
+    except OSError:  # a folder that cannot be listed: no suggestion, the message stands
+        return ""
+    near = difflib.get_close_matches(path.name, names, n=3)
+    return f"did you mean {', '.join(str(folder / name) for name in near)}? " if near else ""
 
 
 def recipe_command(yaml_path: str | Path) -> str | None:

@@ -12,6 +12,9 @@ import sys
 
 from tempax.cli.generate import add_sampling_arguments, load_source, sampling_config
 
+# Ctrl-C during a reply stops the reply and keeps the conversation (`tempax.cli.interrupt`).
+HANDLES_CTRL_C = True
+
 # Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from tempax.cli.flags import fields_as_flags
 from tempax.data.tasks.spec import split_rows
 from tempax.errors import ConfigError
 
@@ -60,10 +61,12 @@ def run(args: argparse.Namespace) -> int:
         ks = tuple(int(k) for k in args.ks.split(",") if k.strip())
     else:
         ks = tuple(sorted({1, args.samples})) if args.samples else (1,)
-    options = EvalOptions(
-        max_new_tokens=args.max_new_tokens, greedy=not args.no_greedy, group_size=args.samples,
-        temperature=args.temperature, ks=ks, batch_size=args.batch_size, seed=args.seed,
-    )
+    with fields_as_flags(max_new_tokens="--max-new-tokens", group_size="--samples", temperature="--temperature",
+                         batch_size="--batch-size", seed="--seed"):
+        options = EvalOptions(
+            max_new_tokens=args.max_new_tokens, greedy=not args.no_greedy, group_size=args.samples,
+            temperature=args.temperature, ks=ks, batch_size=args.batch_size, seed=args.seed,
+        )
     model, tokenizer = load_source(args.model)
     if tokenizer is None:
         raise ConfigError(f"{args.model} has no tokenizer; evaluate a model that ships one")

@@ -17,6 +17,8 @@ import os
 import sys
 from typing import Any
 
+from tempax.cli import interrupt
+from tempax.cli.flags import fields_as_flags
 from tempax.errors import GenerationError
 
 # Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
@@ -50,13 +52,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object per completion")
 
 
+# The sampling fields `generate` and `chat` set from flags, and those flags (`tempax.cli.flags`).
+SAMPLING_FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
+                  "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed", "stop": "--stop", "n": "--n"}
+
+
 def sampling_config(args: argparse.Namespace, **extra: Any):
     from tempax.generate import SamplingConfig
 
-    return SamplingConfig(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        min_p=args.min_p, seed=args.seed, stop=tuple(args.stop), **extra,
-    )
+    with fields_as_flags(**SAMPLING_FLAGS):
+        return SamplingConfig(
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            min_p=args.min_p, seed=args.seed, stop=tuple(args.stop), **extra,
+        )
 
 
 def load_source(source: str, dtype: str | None = None) -> tuple[Any, Any]:
@@ -112,15 +120,25 @@ def _stream_one(model: Any, tokenizer: Any, prompt: Any, config: Any, text: str,
     out.write(f"[0] {text!r}\n")
     out.flush()
     pieces = stream(model, tokenizer, prompt, config, chunk_size=STREAM_CHUNK)
-    while True:
-        try:
-            piece = next(pieces)
-        except StopIteration as finished:
-            out.write("\n\n")
+    line_open = False  # text printed since the last newline
+    try:
+        while True:
+            try:
+                piece = next(pieces)
+            except StopIteration as finished:
+                out.write("\n\n")
+                out.flush()
+                return finished.value
+            out.write(piece)
             out.flush()
-            return finished.value
-        out.write(piece)
-        out.flush()
+            if piece:
+                line_open = not piece.endswith("\n")
+            interrupt.check()  # a Ctrl-C whose KeyboardInterrupt was dropped (in a callback) stops here
+    except KeyboardInterrupt:
+        if line_open:  # end the partial text's line, so "interrupted" (on stderr) starts a line of its own
+            out.write("\n")
+            out.flush()
+        raise
 
 
 def run(args: argparse.Namespace) -> int:

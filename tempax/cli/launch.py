@@ -9,6 +9,9 @@ import argparse
 
 from tempax.parallel.launch import launch
 
+# Ctrl-C stops the processes it started, waiting for them (`tempax.cli.interrupt`).
+HANDLES_CTRL_C = True
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter

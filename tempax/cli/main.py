@@ -13,11 +13,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
+import signal
 import sys
+from typing import NoReturn
 
-from tempax.algorithms import registry
-from tempax.errors import TempaxError
-from tempax.runtime.process import (
+from tempax.cli import interrupt
+
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "tempax":  # the `tempax` command, not an import
+    interrupt.exit_on_ctrl_c()  # before the imports below: a Ctrl-C while they run ends it without a traceback
+
+from tempax.algorithms import registry  # noqa: E402  (after the Ctrl-C handler above)
+from tempax.errors import TempaxError  # noqa: E402
+from tempax.runtime.process import (  # noqa: E402
     compilation_cache_env, error_stream, quiet_unless_first_process, setup_process, weight_cache_env,
 )
 
@@ -94,6 +102,35 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# `--train.steps=1`: a recipe setting typed as an option (a dotted key, which no option has).
+_DASHED_SETTING = re.compile(r"^--?([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(=.*)?$")
+
+
+def dashed_setting(parser: argparse.ArgumentParser, command_line: list[str]) -> str | None:
+    """The message for a KEY=VALUE setting written with leading dashes (`--train.steps=1`), which argparse would
+    answer with the usage and "unrecognized arguments"; None when there is none, or the command takes no settings."""
+    chain, current = ["tempax"], parser
+    for word in command_line:  # down to the (sub)command the line names: `tempax data clean ...`
+        choices = next((a.choices for a in current._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if word.startswith("-") or not choices or word not in choices:
+            continue
+        chain.append(word)
+        current = choices[word]
+    if not any("KEY=VALUE" in str(action.metavar) for action in current._actions):
+        return None
+    for i, word in enumerate(command_line):
+        found = _DASHED_SETTING.match(word)
+        if found is None:
+            continue
+        key, value = found.group(1), found.group(2)
+        if value is None:
+            following = command_line[i + 1] if i + 1 < len(command_line) else None
+            value = f"={following}" if following is not None and not following.startswith("-") else "=VALUE"
+        return (f"{' '.join(chain)}: error: {word} is not an option; a setting is written without the dashes: "
+                f"{key}{value}")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `tempax` command itself, not a call from Python: set up the process first
         command = sys.argv[1] if sys.argv[1:2] else None
@@ -103,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         quiet_unless_first_process()
     command_line = sys.argv[1:] if argv is None else argv
     parser = build_parser(command_line)
+    dashed = dashed_setting(parser, command_line)
+    if dashed is not None:
+        print(dashed, file=sys.stderr)
+        return 2
     args = parser.parse_args(command_line)
     if not getattr(args, "command", None):
         parser.print_help()
@@ -111,16 +152,50 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tempax {args.command}: not available in this build", file=sys.stderr)
         return 2
     mod = importlib.import_module(f"tempax.cli.{args._module}")
+    if argv is None:  # the command's own meaning of Ctrl-C, or tempax's (`tempax.cli.interrupt`)
+        if getattr(mod, "HANDLES_CTRL_C", False):
+            interrupt.leave_to_command()
+        else:
+            interrupt.install()
     try:
         result = mod.run(args)
-    except TempaxError as e:
+    except KeyboardInterrupt:
+        return _interrupted(process=argv is None)
+    except Exception as e:
+        if interrupt.requested():  # the Ctrl-C came out as another error (an import it cut short raises ImportError)
+            return _interrupted(process=argv is None)
+        if not isinstance(e, TempaxError):
+            raise
         status = getattr(e, "exit_status", 2)  # RunStopped: 128 + the signal, not an error
         print(f"tempax {args.command}: {'error: ' if status in (2, 4) else ''}{e}", file=error_stream())
         return status
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     return int(result or 0)
+
+
+def _interrupted(*, process: bool) -> int:
+    """Says "interrupted" and gives status 130; as the `tempax` process, ends it (`end_interrupted_process`)."""
+    if process:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a further Ctrl-C must not cut the lines below short
+    print("interrupted", file=sys.stderr)
+    if process:
+        end_interrupted_process()
+    return 130
+
+
+def end_interrupted_process() -> NoReturn:
+    """Ends the `tempax` process after a Ctrl-C with status 130, without Python's interpreter teardown.
+
+    A Ctrl-C that lands while XLA compiles or runs a program surfaces as `KeyboardInterrupt` in the main thread
+    while XLA's own threads are still at work; the teardown then frees the client those threads use, and the
+    process dies of a segmentation fault (exit 139) instead of exiting 130. Nothing is left to finish after an
+    interrupt: what tempax writes (checkpoints, caches, outputs) is written whole to a temporary name and renamed.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach it anyway
+            pass
+    os._exit(130)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> NoReturn:
-    from tempax.serve import start_server
+    from tempax.serve import check_address, start_server
 
+    check_address(args.host, args.port)  # before the model loads and compiles: a bad or busy port is refused at once
     model, tokenizer = load_source(args.source, args.dtype)
     name = args.served_model_name or os.path.basename(os.path.normpath(args.source))
     server = start_server(model, tokenizer, host=args.host, port=args.port, model_name=name,

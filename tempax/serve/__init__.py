@@ -18,7 +18,7 @@ from tempax.generate.continuous import slot_bucket
 from tempax.models.cache import kv_bytes_per_position
 from tempax.serve.batcher import Batcher
 from tempax.serve.protocol import APIError, Limits
-from tempax.serve.server import OpenAIServer
+from tempax.serve.server import OpenAIServer, check_address
 
 
 def start_server(
@@ -51,6 +51,7 @@ def start_server(
       join_running: requests join the running decode (continuous batching); False waits for it to empty
         (static batches, for comparison).
     """
+    check_address(host, port)  # before the compiles below: a busy port is refused at once
     context = int(model.config.max_position_embeddings)
     if max_batch < 1 or chunk < 1 or default_max_tokens < 1:
         raise GenerationError("--max-batch, --chunk and --default-max-tokens must be positive integers")
@@ -81,4 +82,4 @@ def start_server(
         raise GenerationError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --port") from None
 
 
-__all__ = ["APIError", "Batcher", "Limits", "OpenAIServer", "start_server"]
+__all__ = ["APIError", "Batcher", "Limits", "OpenAIServer", "check_address", "start_server"]

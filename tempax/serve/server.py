@@ -12,6 +12,7 @@ the batcher and writes its answer: one JSON body, or server-sent events (`data: 
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 import sys
@@ -20,6 +21,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tempax.errors import GenerationError
 from tempax.serve.batcher import Batcher, Job
 from tempax.serve.protocol import (
     APIError,
@@ -32,6 +34,25 @@ from tempax.serve.protocol import (
 )
 
 MAX_BODY_BYTES = 16 * 2**20
+
+
+def check_address(host: str, port: int) -> None:
+    """Refuses an address the server could not listen on, before a model is loaded or compiled: a port outside
+    0-65535, a host that is not an address here, a port another process listens on (a trial bind of the socket
+    the server makes, with its options, closed at once).
+
+    Raises:
+      GenerationError: naming the flag and the fix.
+    """
+    if not 0 <= port <= 65535:
+        raise GenerationError(f"--port {port} is not a TCP port; choose one in 0-65535 (0: any free port)")
+    with socket.socket(OpenAIServer.address_family, OpenAIServer.socket_type) as trial:
+        trial.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(OpenAIServer.allow_reuse_address))
+        try:
+            trial.bind((host, port))
+        except OSError as e:  # in use, not an address of this machine, a name that does not resolve
+            flag = "--port" if e.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
+            raise GenerationError(f"cannot listen on {host}:{port} ({e.strerror or e}); choose another {flag}") from None
 
 
 class OpenAIServer(ThreadingHTTPServer):

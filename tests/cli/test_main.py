@@ -31,7 +31,7 @@ def test_top_level_help_imports_no_command_module_and_no_jax():
     help_text, modules = _imported_by(["--help"])
     assert "sft" in help_text and "supervised fine-tuning" in help_text and "launch" in help_text
     commands = sorted(m for m in modules if m.startswith("tempax.cli.") and m not in (
-        "tempax.cli.main", "tempax.runtime.process", "tempax.runtime.host"))
+        "tempax.cli.main", "tempax.cli.interrupt", "tempax.runtime.process", "tempax.runtime.host"))
     assert commands == [], f"tempax --help imported command modules {commands}"
     assert "jax" not in modules and "flax" not in modules
 
@@ -49,3 +49,23 @@ def test_the_cli_names_its_training_commands():
     training = training_commands()
     assert set(training) <= set(commands())
     assert "sft" in training and "generate" not in training and "grpo" not in training
+
+
+def test_a_setting_written_as_an_option_gets_the_form_without_dashes(capsys):
+    """`--train.steps=1` got the top-level usage and "unrecognized arguments"; now one line with the fix, for every
+    command that takes KEY=VALUE settings (a nested one too), whichever way the value was attached."""
+    from tempax.cli.main import main
+
+    cases = [
+        (["sft", "--config", "r.yaml", "--train.steps=1"], "tempax sft: error: --train.steps=1 is not an option; "
+                                                           "a setting is written without the dashes: train.steps=1"),
+        (["dpo", "--train.steps", "3"], "tempax dpo: error: --train.steps is not an option; a setting is written "
+                                        "without the dashes: train.steps=3"),
+        (["data", "clean", "in.jsonl", "out.jsonl", "--near_dedup.threshold=0.8"],
+         "tempax data clean: error: --near_dedup.threshold=0.8 is not an option; a setting is written without the "
+         "dashes: near_dedup.threshold=0.8"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2
+        assert capsys.readouterr().err == message + "\n"
+

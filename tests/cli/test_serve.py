@@ -34,6 +34,30 @@ def test_serve_refuses_a_context_beyond_the_model_and_a_busy_port(tmp_path, caps
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
+def test_a_port_out_of_range_or_in_use_is_refused_before_the_model_loads(capsys, monkeypatch):
+    """The report: --port 70000 ended in an OverflowError traceback after 23 s of loading, a busy port was refused
+    only after 35 s of loading and compiling. Both are now one line, exit 2, with nothing loaded."""
+    import tempax.cli.serve as serve_cli
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the port was checked")
+
+    monkeypatch.setattr(serve_cli, "load_source", must_not_load)
+    for port in ("70000", "-1"):
+        assert main(["serve", "smollm2-135m-instruct", "--port", port]) == 2
+        err = capsys.readouterr().err
+        assert err == f"tempax serve: error: --port {port} is not a TCP port; choose one in 0-65535 (0: any free port)\n"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "smollm2-135m-instruct", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tempax serve: error: cannot listen on 127.0.0.1:{port} (") and "choose another --port" in err
+    assert main(["serve", "smollm2-135m-instruct", "--host", "no-such-host.invalid", "--port", "0"]) == 2
+    assert "cannot listen on no-such-host.invalid:0" in capsys.readouterr().err
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -31,8 +32,41 @@ def test_second_ctrl_c_raises_at_once():
             os.kill(os.getpid(), signal.SIGINT)
             assert stop.signal_name == "SIGINT"
             os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(60)  # a blocking call: the watcher's nudge ends it, and the handler raises
             raise AssertionError("not reached: the second Ctrl-C interrupts")
     assert signal.getsignal(signal.SIGINT) is before
+    assert signal.set_wakeup_fd(-1) == -1  # the wake-up pipe is gone with the context
+
+
+# A training step as the main thread sees it: a long call into native code that returns to Python only when done
+# (hashlib releases the interpreter's lock during it, as XLA does while a step runs).
+_IN_NATIVE_CODE = """
+import hashlib, signal, sys
+from tempax.train.preemption import GracefulStop
+with GracefulStop(say=lambda text: print(text, flush=True)):
+    print("stepping", flush=True)
+    hashlib.pbkdf2_hmac("sha256", b"step", b"salt", 50_000_000)
+    print("the step finished", flush=True)
+print("stopped after the step", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_second_signal_during_a_step_in_native_code_stops_at_once(sig):
+    """Two signals while the main thread is inside one native call: the first is acknowledged at once (not after
+    the step), the second ends the process without waiting for the step, with 128 + the signal. Before the
+    watcher, both reached Python as one signal after the call returned, and the process went on."""
+    proc = subprocess.Popen([sys.executable, "-c", _IN_NATIVE_CODE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.stdout.readline() == "stepping\n"
+    proc.send_signal(sig)
+    name = signal.Signals(sig).name
+    assert proc.stdout.readline().startswith(f"{name} received: finishing this step")  # while the step runs
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, (out, err)
+    assert "the step finished" not in out and "stopped after the step" not in out
+    assert err == f"\n{name} received again: stopping at once, without saving\n"
 
 
 def test_second_sigterm_ends_the_process_with_the_default_action():
