@@ -17,20 +17,19 @@ import os
 from typing import Any
 
 from tempax.algorithms.registry import algorithms, get, load_recipe
-from tempax.configlib import COMMAND_KEY, recipe_command
+from tempax.configlib import COMMAND_KEY, read_recipe, recipe_command
 from tempax.errors import ConfigError, TempaxError
 from tempax.data.formats import RowError, detect_format
 from tempax.data.sources import iter_rows
 from tempax.data.tasks.gsm8k import DEFAULT_GSM8K_DIR, load_gsm8k
-from tempax.models.registry import is_run_dir, resolve_source
+from tempax.models.registry import inspect_model, is_run_dir, resolve_source
 
 # The training layer (JAX) is imported only to check a run dir named as a model: `tempax validate` stays light.
 
 
 def check_recipe(path: str, overrides: list[str] | None = None, command: str | None = None) -> tuple[str, Any, list[str]]:
     """(command, config, warnings). Raises `TempaxError` for problems that stop a run."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"recipe '{path}' does not exist")
+    read_recipe(path)  # missing (with the nearest names) or not valid YAML (its line): as `tempax sft --config` says
     command = command or recipe_command(path)
     if command is None:
         raise ConfigError(
@@ -73,6 +72,11 @@ def check_recipe(path: str, overrides: list[str] | None = None, command: str | N
                     resolved = resolve_source(source)
                 except TempaxError as e:
                     raise ConfigError(f"{section}.{key}: {e}") from None
+                if key == "source" and resolved.kind in ("hf_folder", "gguf"):
+                    try:  # its config.json or GGUF header, read as `tempax model-info` reads it (no weights)
+                        inspect_model(source)
+                    except TempaxError as e:
+                        raise ConfigError(f"{section}.{key}: {e}") from None
                 if resolved.kind == "hub":
                     warnings.append(f"{section}.{key} {source!r} is a Hub repo; it needs network on first use")
                 elif resolved.kind != "preset" and os.path.isdir(os.path.expanduser(source)):

@@ -13,14 +13,16 @@ import argparse
 import json
 import os
 import re
+import sys
 
 from tempax.algorithms.registry import load_recipe
 from tempax.configlib import describe, load_config, recipe_command
-from tempax.data.clean import CleanConfig, clean_file
+from tempax.data.clean import CleanConfig, check_output, clean_file
 from tempax.data.stats import dataset_stats, length_histogram
 from tempax.envs.registry import load_object
 from tempax.errors import ConfigError
 from tempax.models.registry import load_tokenizer
+from tempax.train.storage import write_atomic
 
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # key.path=value; a path with "=" after a "/" is still a path
 
@@ -67,7 +69,7 @@ _CLEAN_HELP = ("Streams IN to OUT (JSON Lines, .gz for gzip) through the steps o
 _ITEMS_HELP = ("dataset file or folder (jsonl/json/parquet, saved dataset); the cleaned JSON Lines file (.gz for gzip; "
                "omit with --dry-run); config overrides, e.g. near_dedup.threshold=0.8 pii.enabled=true "
                "decontaminate.eval_sets=[../shared/data/gsm8k/test.jsonl]")
-_CLEAN_OPTIONS = ("config", "dry_run", "split", "report", "describe")
+_CLEAN_OPTIONS = ("config", "dry_run", "split", "report", "describe", "overwrite")
 
 
 def _clean_options(c: argparse.ArgumentParser) -> None:
@@ -76,6 +78,9 @@ def _clean_options(c: argparse.ArgumentParser) -> None:
     c.add_argument("--split", help="split of a folder or saved dataset")
     c.add_argument("--report", metavar="JSON", help="report path (default: OUT.report.json; none with --dry-run)")
     c.add_argument("--describe", action="store_true", help="list every config key with its type and help")
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace an existing OUT and report (OUT may be IN: cleaning in place), once the new file is "
+                   "complete; without it they are refused")
 
 
 def clean_parser() -> argparse.ArgumentParser:
@@ -107,12 +112,15 @@ def _clean(args: argparse.Namespace) -> int:
         raise ConfigError("tempax data clean needs OUT (the cleaned file), or --dry-run to only count")
     cfg = load_config(CleanConfig, args.config, overrides)
     output = None if args.dry_run else paths[1]
-    report = clean_file(paths[0], output, cfg, split=args.split)
-    print(report.table())
     path = args.report or (None if output is None else output + ".report.json")
+    if output is not None:
+        check_output(paths[0], output, overwrite=args.overwrite)  # before reading a row
+    if path and os.path.lexists(path) and not args.overwrite:
+        raise ConfigError(f"report {path} exists; name another --report, or add --overwrite to replace it")
+    report = clean_file(paths[0], output, cfg, split=args.split, overwrite=args.overwrite)
+    print(report.table())
     if path:
-        with open(path, "w") as f:
-            json.dump(report.to_dict(), f, indent=2, ensure_ascii=False)
+        write_atomic(path, json.dumps(report.to_dict(), indent=2, ensure_ascii=False), what="the cleaning report")
         print(f"report: {path}")
     return 0
 
@@ -130,6 +138,10 @@ def _stats(args: argparse.Namespace) -> int:
         print(stats.table())
         if args.png:
             print(f"histogram: {args.png}")
+    if stats.skipped:  # said on stderr too, so neither --json nor a long table hides it
+        bad = sum(stats.skipped.values())
+        print(f"tempax data stats: warning: {bad} of {stats.rows} rows are malformed and not counted "
+              f"({dict(stats.skipped)}); first: {'; '.join(stats.bad_row_lines(3))}", file=sys.stderr)
     return 0
 
 

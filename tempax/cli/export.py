@@ -1,5 +1,6 @@
-"""`tempax export SOURCE OUT [--gguf [--quant TYPE]] [--step N] [--dtype D] [--adapters]`: a run's checkpoint
-(or any model) as a Hugging Face folder or a llama.cpp GGUF file, with a model card.
+"""`tempax export SOURCE OUT [--gguf [--quant TYPE]] [--step N] [--dtype D] [--adapters] [--overwrite]`: a run's
+checkpoint (or any model) as a Hugging Face folder or a llama.cpp GGUF file, with a model card. An existing OUT is
+refused unless --overwrite.
 
 The work is `tempax.export.exporter.export` (what is written, from which checkpoint) and
 `tempax.export.model_card` (the card); this module parses arguments and prints.
@@ -24,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--quant", choices=GGUF_QUANTS,
                         help="GGUF weight type (default f16; q4_0 keeps the output projection in q8_0)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing OUT (a file, or a folder an earlier export wrote) once the new one "
+                        "is complete; without it an existing OUT is refused")
 
 
 def export_command(args: argparse.Namespace) -> str:
@@ -34,13 +38,14 @@ def export_command(args: argparse.Namespace) -> str:
     for flag, value in (("--step", args.step), ("--dtype", args.dtype), ("--quant", args.quant)):
         if value is not None:
             words += [flag, str(value)]
-    words += [flag for flag, on in (("--gguf", args.gguf), ("--adapters", args.adapters)) if on]
+    words += [flag for flag, on in (("--gguf", args.gguf), ("--adapters", args.adapters),
+                                    ("--overwrite", args.overwrite)) if on]
     return " ".join(shlex.quote(w) for w in words)
 
 
 def run(args: argparse.Namespace) -> int:
     command = export_command(args)
     path = export(args.source, args.out, step=args.step, dtype=args.dtype, adapters_only=args.adapters,
-                  gguf=args.gguf, quant=args.quant, command=command)
+                  gguf=args.gguf, quant=args.quant, command=command, overwrite=args.overwrite)
     print(f"exported {args.source} -> {path}")
     return 0

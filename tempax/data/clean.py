@@ -6,9 +6,11 @@
 
 Each row goes through these steps in order; the first one that rejects it names the reason it is dropped:
 
-  1. parse          malformed rows (bad JSON, unknown keys, wrong types) are *skipped*: "malformed"
+  1. parse          malformed rows are *skipped*, by the reasons training gives them (`tempax.data.reasons`):
+                    "invalid_utf8", "invalid_json", "not_an_object", "unknown_format" (no row kind's keys),
+                    "wrong_type" (a content field that is not a string or a list of messages)
   2. normalise      Unicode normal form (NFC by default) and whitespace (`normalize_text`) on every content string
-  3. empty turn     a content string that is empty after normalising: "empty_turn"
+  3. empty turn     a content string that is empty after normalising: "empty_content"
   4. PII            optional: e-mail addresses, phone numbers, IPv4 addresses and card-like numbers (Luhn-valid)
                     replaced by <EMAIL>, <PHONE>, <IP>, <CARD>; counted per kind, the row is kept
   5. length         characters and words of the row's text: "too_short" / "too_long"
@@ -36,6 +38,7 @@ import os
 import re
 import time
 import unicodedata
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Literal
@@ -43,6 +46,7 @@ from typing import Any, Iterable, Iterator, Literal
 import numpy as np
 
 from tempax.configlib import help_field, to_dict
+from tempax.data import reasons
 from tempax.data.kinds import content_strings, map_content, mixed_kinds_error, row_kind
 from tempax.data.sources import Row, iter_rows
 from tempax.errors import ConfigError, DataError
@@ -291,7 +295,7 @@ class CleanConfig:
 
 # Which setting to loosen for each drop reason (named in the report and in the empty-result error).
 REASON_KEYS = {
-    "empty_turn": "filters.drop_empty_turns=false",
+    "empty_content": "filters.drop_empty_turns=false",
     "too_short": "filters.min_chars / filters.min_words",
     "too_long": "filters.max_chars / filters.max_words",
     "low_alpha": "filters.min_alpha_fraction",
@@ -324,6 +328,16 @@ class CleanReport:
     eval_ngrams: int = 0
     seconds: float = 0.0
     config: dict[str, Any] = field(default_factory=dict)
+
+    def skip(self, reason: str, where: str, detail: str, limit: int) -> None:
+        """A malformed row (reasons: `tempax.data.reasons.MALFORMED`), quoted with its `file:line`."""
+        self.skipped[reasons.check(reason, reasons.MALFORMED)] += 1
+        self.record(reason, where, detail, limit)
+
+    def drop(self, reason: str, where: str, text: str, limit: int, **extra: str) -> None:
+        """A row a filter removed (reasons: `tempax.data.reasons.DROPPED`), quoted with its `file:line`."""
+        self.dropped[reasons.check(reason, reasons.DROPPED)] += 1
+        self.record(reason, where, text, limit, **extra)
 
     def record(self, reason: str, where: str, text: str, limit: int, **extra: str) -> None:
         items = self.examples.setdefault(reason, [])
@@ -445,13 +459,15 @@ def clean_rows(rows: Iterable[Row], cfg: CleanConfig, report: CleanReport) -> It
     for row in rows:
         report.total += 1
         if row.data is None:
-            report.skipped["malformed"] += 1
-            report.record("malformed", row.where, row.error or "", limit)
+            report.skip(row.reason, row.where, row.error or "", limit)
             continue
         kind = row_kind(row.data)
-        if kind is None or content_strings(row.data, kind) is None:
-            report.skipped["malformed"] += 1
-            report.record("malformed", row.where, f"keys {sorted(row.data)}", limit)
+        if kind is None:
+            report.skip("unknown_format", row.where, f"keys {sorted(row.data)}", limit)
+            continue
+        if content_strings(row.data, kind) is None:
+            report.skip("wrong_type", row.where, f"a {kind} row whose content is not text or a list of messages "
+                                                 f"(keys {sorted(row.data)})", limit)
             continue
         if report.kind is None:
             report.kind, first_where = kind, row.where
@@ -464,11 +480,10 @@ def clean_rows(rows: Iterable[Row], cfg: CleanConfig, report: CleanReport) -> It
         changed = strings != original
 
         def drop(reason: str, **extra: str) -> None:
-            report.dropped[reason] += 1
-            report.record(reason, row.where, text, limit, **extra)
+            report.drop(reason, row.where, text, limit, **extra)
 
         if f.drop_empty_turns and any(not s for s in strings):
-            drop("empty_turn")
+            drop("empty_content")
             continue
         pii: Counter = Counter()
         if cfg.pii.enabled:
@@ -510,22 +525,23 @@ def clean_rows(rows: Iterable[Row], cfg: CleanConfig, report: CleanReport) -> It
 def _check(report: CleanReport, cfg: CleanConfig) -> None:
     bad = sum(report.skipped.values())
     if report.total and bad / report.total > cfg.max_bad_fraction:
-        ex = "; ".join(f"{e['where']}: {e['text']}" for e in report.examples.get("malformed", []))
+        ex = "; ".join(f"{e['where']}: {reason} ({e['text']})" for reason in report.skipped
+                       for e in report.examples.get(reason, []))
         raise DataError(
             f"{report.input}: {bad} of {report.total} rows are malformed ({bad / report.total:.1%} > "
-            f"max_bad_fraction={cfg.max_bad_fraction}); e.g. {ex}. Rows must be chat ('messages'), prompt/"
-            "completion, preference ('chosen'/'rejected'), question/answer or 'text' objects; fix the file or raise "
-            "max_bad_fraction."
+            f"max_bad_fraction={cfg.max_bad_fraction}; by reason: {dict(report.skipped)}); e.g. {ex}. Rows must be "
+            "chat ('messages'), prompt/completion, preference ('chosen'/'rejected'), question/answer or 'text' "
+            "objects; fix the file or raise max_bad_fraction."
         )
     if report.kept == 0:
         if report.total == 0:
             raise DataError(f"{report.input} holds no rows; pass a non-empty dataset file.")
-        reasons = ", ".join(f"{r} {n}" for r, n in report.dropped.most_common()) or "none"
+        dropped = ", ".join(f"{r} {n}" for r, n in report.dropped.most_common()) or "none"
         top = report.dropped.most_common(1)
         hint = f"; loosen {REASON_KEYS.get(top[0][0], top[0][0])}" if top else ""
         raise DataError(
             f"{report.input}: nothing is left after cleaning: all {report.total} rows were removed (dropped: "
-            f"{reasons}; malformed: {bad}){hint}, or check that the file is the one you meant."
+            f"{dropped}; malformed: {bad}){hint}, or check that the file is the one you meant."
         )
 
 
@@ -541,16 +557,41 @@ def _open_out(path: str, gz: bool):
     return gzip.open(path, "wt", encoding="utf-8") if gz else open(path, "w", encoding="utf-8")
 
 
+def check_output(input_path: str, output_path: str, *, overwrite: bool = False) -> None:
+    """Refuses to replace a file unasked: OUT must not exist, and OUT being IN (cleaning in place) needs
+    `overwrite` too.
+
+    Raises:
+      ConfigError: OUT exists (or is IN) and `overwrite` is false, or OUT is a folder.
+    """
+    if os.path.isdir(output_path):
+        raise ConfigError(f"OUT {output_path} is a folder; name the cleaned JSON Lines file, e.g. "
+                          f"{os.path.join(output_path, 'clean.jsonl')}")
+    if overwrite or not os.path.lexists(output_path):
+        return
+    same = os.path.exists(input_path) and os.path.samefile(input_path, output_path)
+    if same:
+        raise ConfigError(f"OUT {output_path} is IN: cleaning would replace the input. Name another OUT, or add "
+                          "--overwrite to replace IN with the cleaned rows (written whole, then renamed over it)")
+    raise ConfigError(f"OUT {output_path} exists; name another OUT, or add --overwrite to replace it")
+
+
 def clean_file(
-    input_path: str, output_path: str | None, cfg: CleanConfig = CleanConfig(), *, split: str | None = None
+    input_path: str, output_path: str | None, cfg: CleanConfig = CleanConfig(), *, split: str | None = None,
+    overwrite: bool = False,
 ) -> CleanReport:
     """Cleans `input_path` into the JSON Lines file `output_path` (gzip when it ends in .gz); None: dry run.
 
-    The output is written to a temporary name and renamed at the end, so a failed run leaves no half file.
+    An existing `output_path` (`input_path` itself included) is replaced only with `overwrite` (`check_output`).
+    The output is written to a temporary file beside it and renamed at the end, so a failed run leaves no half
+    file and the old one (the input, when cleaning in place) as it was.
 
     Raises:
+      ConfigError: `output_path` exists and `overwrite` is false.
       DataError: the input cannot be read, mixes row formats, has too many malformed rows, or nothing is left.
     """
+    if output_path is not None:
+        check_output(input_path, output_path, overwrite=overwrite)
     start = time.perf_counter()
     report = CleanReport(input=input_path, output=output_path, config=to_dict(cfg))
     rows = _counted(iter_rows(input_path, split=split), f"cleaning {os.path.basename(input_path)}")
@@ -560,8 +601,10 @@ def clean_file(
             for _ in clean_rows(rows, cfg, report):
                 pass
         else:
-            os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
-            tmp = output_path + ".tmp"
+            folder = os.path.dirname(os.path.abspath(output_path))
+            os.makedirs(folder, exist_ok=True)
+            # A name no one else uses, created with the permissions a new file gets (mkstemp's are owner-only).
+            tmp = os.path.join(folder, f".{os.path.basename(output_path)}.{uuid.uuid4().hex[:12]}.partial")
             with _open_out(tmp, output_path.endswith(".gz")) as out:
                 for data in clean_rows(rows, cfg, report):
                     out.write(json.dumps(data, ensure_ascii=False) + "\n")

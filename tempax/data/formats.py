@@ -27,8 +27,9 @@ span. Trailing template text after the last stop token of a span (ChatML's "\\n"
 trained: the model must learn to emit `<|im_end|>`, not what the template prints after it. Templates that are
 not prefix-stable (e.g. ones that rewrite earlier turns) fall back to locating the reply text itself.
 
-Bad rows are skipped and counted in the `DataReport` by reason: invalid_utf8, invalid_json, not_an_object, unknown_format,
-missing_field, wrong_type, empty_content, no_assistant_turn, template_error (the template raised),
+Bad rows are skipped and counted in the `DataReport` by reason (`tempax.data.reasons`): invalid_utf8, invalid_json,
+not_an_object, unknown_format, wrong_kind (a preference pair or a question/answer row: the detail names what reads
+it), missing_field, wrong_type, empty_content, no_assistant_turn, template_error (the template raised),
 template_mismatch (a reply could not be found in the rendering). Length outcomes: truncated "too_long" / "split";
 dropped "too_long" (overlong="drop"), "no_target_after_truncation", "no_target".
 
@@ -44,6 +45,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tempax.data.kinds import row_kind
 from tempax.data.report import DataReport
 from tempax.data.sources import Row, as_rows, read_rows
 from tempax.errors import ConfigError
@@ -202,6 +204,14 @@ def _require(data: dict[str, Any], key: str) -> Any:
     return data[key]
 
 
+# Rows of a kind these formats do not read (`tempax.data.kinds`), and what trains on them.
+_OTHER_KINDS = {
+    "preference": "a preference pair (chosen/rejected), which supervised training does not read; train on pairs "
+                  "with `tempax dpo` or `tempax reward-model`",
+    "qa": "a question/answer row, which supervised training reads as text: set data.text_fields=[question, answer]",
+}
+
+
 def detect_format(data: dict[str, Any], messages_field: str = "messages") -> str:
     if messages_field in data:
         return "messages"
@@ -209,6 +219,9 @@ def detect_format(data: dict[str, Any], messages_field: str = "messages") -> str
         return "prompt_completion"
     if "text" in data:
         return "text"
+    kind = row_kind(data)
+    if kind in _OTHER_KINDS:
+        raise RowError("wrong_kind", _OTHER_KINDS[kind])
     raise RowError(
         "unknown_format",
         f"keys {sorted(data)}; expected {messages_field!r}, 'prompt' + 'completion', or 'text'",

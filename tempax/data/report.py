@@ -4,13 +4,13 @@ Real datasets hold a few broken rows. Failing a whole run on the first one waste
 hides a broken export. So the pipeline skips bad rows, counts them by reason with their file and line, and
 raises `DataError` only when the bad fraction passes a threshold (`DataReport.check`).
 
-Vocabulary used in every counter:
-  skipped   — the row is malformed (missing field, wrong type, empty content, no assistant turn, bad JSON).
-              Only these count towards the bad fraction.
+Outcomes, each counted by reason (the reasons are `tempax.data.reasons`, the vocabulary of every data report):
+  skipped   — the row is malformed (bad JSON, missing field, wrong type, empty content, no assistant turn, a row
+              of a kind the command does not train on). Only these count towards the bad fraction.
   dropped   — the row is well formed but a policy removed it (too long with `overlong="drop"`, identical chosen
               and rejected, nothing left to train on after truncation).
   truncated — the row was kept but cut to fit the sequence length.
-  notes     — kept rows worth knowing about (e.g. a preference pair whose two dialogues diverge early).
+  notes     — kept rows worth knowing about (e.g. a preference pair whose reply holds several turns).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from tempax.data import reasons
 from tempax.errors import DataError
 
 # How many bad rows a report keeps verbatim; the counters hold the full tallies.
@@ -72,18 +73,28 @@ class DataReport:
         return self.num_skipped / self.total if self.total else 0.0
 
     def skip(self, where: str, reason: str, detail: str = "") -> None:
-        self.skipped[reason] += 1
+        self.skipped[reasons.check(reason, reasons.MALFORMED)] += 1
         if len(self.bad_rows) < _MAX_EXAMPLES:
             self.bad_rows.append((where, reason, detail))
 
     def drop(self, reason: str) -> None:
-        self.dropped[reason] += 1
+        self.dropped[reasons.check(reason, reasons.DROPPED)] += 1
 
     def truncate(self, reason: str = "too_long") -> None:
-        self.truncated[reason] += 1
+        self.truncated[reasons.check(reason, reasons.TRUNCATED)] += 1
 
     def note(self, reason: str) -> None:
-        self.notes[reason] += 1
+        self.notes[reasons.check(reason, reasons.NOTES)] += 1
+
+    def merge(self, other: "DataReport") -> "DataReport":
+        """Adds `other`'s rows to this report (the held-out rows of the same file, so its totals are the file's)."""
+        self.total += other.total
+        self.kept += other.kept
+        for mine, theirs in ((self.skipped, other.skipped), (self.dropped, other.dropped),
+                             (self.truncated, other.truncated), (self.notes, other.notes)):
+            mine.update(theirs)
+        self.bad_rows = sorted(self.bad_rows + other.bad_rows, key=_file_order)[:_MAX_EXAMPLES]
+        return self
 
     def check(self, max_bad_fraction: float = 0.1, key: str = "data.max_bad_fraction") -> None:
         """Raises `DataError` when too many rows were malformed, when the data holds no rows, or when nothing was kept.
@@ -96,8 +107,7 @@ class DataReport:
             raise DataError(
                 f"{self.name}: {self.num_skipped} of {self.total} rows are malformed "
                 f"({self.bad_fraction:.1%} > {key}={max_bad_fraction}). "
-                f"By reason: {dict(self.skipped)}. First bad rows: {self._first_bad()}. "
-                f"Fix the rows or raise {key}."
+                f"By reason: {dict(self.skipped)}. First bad rows: {self._first_bad()}. {self._fix(key)}"
             )
         if self.total == 0:
             raise DataError(f"{self.name} is empty: it holds no rows. Pass a dataset with at least one row.")
@@ -109,6 +119,15 @@ class DataReport:
                 f"dropped {dict(self.dropped)}). First bad rows: {self._first_bad()}."
                 + (f" Most were dropped as {top[0][0]}: {fix}." if fix else "")
             )
+
+    def _fix(self, key: str) -> str:
+        """What to do about the malformed rows: what the detail of the commonest reason says when a larger
+        fraction would not help (rows of another kind: the command that trains on them), else fix or raise."""
+        top = self.skipped.most_common(1)[0][0]
+        if top in reasons.NOT_A_THRESHOLD_MATTER:
+            detail = next((d for _, r, d in self.bad_rows if r == top and d), "")
+            return f"Most rows are {top}: {detail}." if detail else f"Most rows are {top}."
+        return f"Fix the rows or raise {key}."
 
     def _first_bad(self, n: int = 5) -> str:
         if not self.bad_rows:
@@ -140,3 +159,10 @@ class DataReport:
             if counter:
                 parts.append(f"{label} {sum(counter.values())} {dict(counter)}")
         return ", ".join(parts)
+
+
+def _file_order(bad_row: tuple[str, str, str]) -> tuple[str, int]:
+    """(file, line) of a bad row's `file:line`, for listing the rows of two reports in the file's order."""
+    where = bad_row[0]
+    name, _, line = where.rpartition(":")
+    return (name, int(line)) if line.isdigit() else (where, 0)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Literal
 from tempax.configlib import help_field
 from tempax.data.formats import FormatOptions, tokenize_rows
 from tempax.data.loader import sft_loader
+from tempax.data.report import DataReport
 from tempax.data.sources import Row, holdout_split, read_rows
 from tempax.errors import ConfigError
 
@@ -19,8 +20,8 @@ from tempax.errors import ConfigError
 class SFTDataConfig:
     """Training rows and how they become batches."""
 
-    path: str = help_field(
-        "Dataset: a .jsonl/.json/.parquet file, a folder, or a Hub dataset id.", "../shared/data/hh-rlhf-sft/train.jsonl"
+    path: str | None = help_field(
+        "Dataset (required): a .jsonl/.json/.parquet file, a folder, or a Hub dataset id.", None
     )
     split: str | None = help_field("Split of a folder or Hub dataset.", None)
     format: Literal["auto", "messages", "prompt_completion", "text"] = help_field(
@@ -72,7 +73,8 @@ class SFTData:
 
 
 def read_data_rows(spec: SFTDataConfig) -> list[Any]:
-    """The dataset's rows (raises `DataError` naming the path when it does not exist)."""
+    """The dataset's rows (raises `ConfigError` when no path is set, `DataError` naming the path when it does not
+    exist)."""
     return read_rows(spec.path, split=spec.split)
 
 
@@ -94,18 +96,23 @@ def build_data(
         rows, eval_rows = text_rows(rows, d.text_fields), text_rows(eval_rows, d.text_fields)
     options = FormatOptions(format=d.format, train_on=d.train_on, max_length=seq_len, overlong=d.overlong,
                             max_bad_fraction=d.max_bad_fraction)
-    examples, report = tokenize_rows(rows, tokenizer, options, name=d.path)
+    examples, training = tokenize_rows(rows, tokenizer, options, name=d.path, check=False)
+    report = DataReport(name=d.path).merge(training)  # one report of the file's rows: the totals data stats gives
+    eval_examples: list[Any] = []
+    if eval_rows:
+        eval_examples, held_out = tokenize_rows(eval_rows, tokenizer, options, check=False)
+        report.merge(held_out)
+    report.check(d.max_bad_fraction)
+    if training.kept == 0:  # every usable row was held out: the message of the training rows alone
+        training.check(1.0)
     pad = tokenizer.pad_id
     train = sft_loader(examples, batch_size=batch_size, seq_len=seq_len, pad_id=pad, packing=d.packing,
                        seed=seed, shuffle=d.shuffle)
-    eval_examples: list[Any] = []
     eval_loader: Callable[[], Any] | None = None
-    if eval_rows:
-        eval_examples, _ = tokenize_rows(eval_rows, tokenizer, options, name=f"{d.path} (held out)", check=False)
-        if eval_examples:
-            def held_out() -> Any:  # a fresh single pass over the held-out rows, in order, for each evaluation
-                return sft_loader(eval_examples, batch_size=batch_size, seq_len=seq_len, pad_id=pad,
-                                  packing=d.packing, shuffle=False, num_epochs=1, drop_remainder=False)
+    if eval_examples:
+        def held_out_batches() -> Any:  # a fresh single pass over the held-out rows, in order, for each evaluation
+            return sft_loader(eval_examples, batch_size=batch_size, seq_len=seq_len, pad_id=pad,
+                              packing=d.packing, shuffle=False, num_epochs=1, drop_remainder=False)
 
-            eval_loader = held_out
+        eval_loader = held_out_batches
     return SFTData(train=train, eval_examples=eval_examples, report=report, eval_loader=eval_loader)

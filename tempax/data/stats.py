@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from tempax.data import reasons
 from tempax.data.formats import FormatOptions, tokenize_rows
 from tempax.data.kinds import mixed_kinds_error, row_kind, turn_count
 from tempax.data.preference import PreferenceOptions, tokenize_preference_rows
@@ -24,6 +25,7 @@ from tempax.errors import DataError
 from tempax.data.tasks.gsm8k import parse_final_answer
 
 _CHUNK = 512
+_MAX_BAD_ROWS = 20  # malformed rows quoted with their file:line; the counters hold every one
 
 
 @dataclass
@@ -38,7 +40,8 @@ class DataStats:
     loss_tokens: int = 0
     lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [sequences]
     turns: Counter = field(default_factory=Counter)
-    skipped: Counter = field(default_factory=Counter)
+    skipped: Counter = field(default_factory=Counter)  # malformed rows by reason (`tempax.data.reasons`)
+    bad_rows: list[tuple[str, str, str]] = field(default_factory=list)  # the first few: (file:line, reason, detail)
     seq_len: int | None = None
 
     @property
@@ -61,6 +64,7 @@ class DataStats:
                        "max": int(self.lengths.max()) if self.lengths.size else 0},
             "turns": {str(k): v for k, v in sorted(self.turns.items())},
             "skipped": dict(self.skipped),
+            "bad_rows": [list(b) for b in self.bad_rows],
         }
         if self.seq_len:
             out[f"share_longer_than_{self.seq_len}"] = round(self.share_longer(self.seq_len), 4)
@@ -82,8 +86,19 @@ class DataStats:
             hist = ", ".join(f"{k}: {v}" for k, v in sorted(self.turns.items()))
             lines.append(f"  turns per dialogue mean {mean:.1f} ({hist})")
         if self.skipped:
-            lines.append(f"  skipped           {dict(self.skipped)}")
+            lines.append(f"  skipped           {sum(self.skipped.values()):,} malformed rows, not counted above: "
+                         f"{dict(self.skipped)}")
+            lines += [f"    {line}" for line in self.bad_row_lines()]
         return "\n".join(lines)
+
+    def bad_row_lines(self, n: int = 5) -> list[str]:
+        """The first `n` malformed rows as `file:line: reason (detail)`."""
+        return [f"{where}: {reason}" + (f" ({detail})" if detail else "") for where, reason, detail in self.bad_rows[:n]]
+
+    def skip(self, where: str, reason: str, detail: str = "") -> None:
+        self.skipped[reasons.check(reason, reasons.MALFORMED)] += 1
+        if len(self.bad_rows) < _MAX_BAD_ROWS:
+            self.bad_rows.append((where, reason, detail))
 
 
 def _as_prompt_completion(row: Row) -> Row:
@@ -92,6 +107,11 @@ def _as_prompt_completion(row: Row) -> Row:
     q = d.get("question", d.get("problem"))
     a = d.get("answer", d.get("solution"))
     return Row(data={"prompt": q, "completion": a}, source=row.source, index=row.index)
+
+
+def _line_of(where: str) -> int:
+    line = where.rpartition(":")[2]
+    return int(line) if line.isdigit() else 0
 
 
 def _chunks(rows: Iterable[Row], n: int) -> Iterator[list[Row]]:
@@ -126,8 +146,15 @@ def rows_stats(rows: Iterable[Row], tokenizer: Any, *, name: str, seq_len: int |
     first_where = ""
     for chunk in _chunks(rows, _CHUNK):
         stats.rows += len(chunk)
-        good = [r for r in chunk if r.data is not None and row_kind(r.data) is not None]
-        stats.skipped["malformed"] += len(chunk) - len(good)
+        quoted = len(stats.bad_rows)  # the bad rows of earlier chunks
+        good = []
+        for r in chunk:
+            if r.data is None:
+                stats.skip(r.where, r.reason, r.error or "")
+            elif row_kind(r.data) is None:
+                stats.skip(r.where, "unknown_format", f"keys {sorted(r.data)}")
+            else:
+                good.append(r)
         if not good:
             continue
         if stats.kind is None:
@@ -145,7 +172,9 @@ def rows_stats(rows: Iterable[Row], tokenizer: Any, *, name: str, seq_len: int |
                 good = [_as_prompt_completion(r) for r in good]
             examples, report = tokenize_rows(good, tokenizer, FormatOptions(), check=False)
         stats.usable_rows += report.kept
-        stats.skipped.update(report.skipped)
+        stats.skipped.update(report.skipped)  # the report counts them all and quotes the first few
+        this_chunk = sorted(stats.bad_rows[quoted:] + report.bad_rows, key=lambda b: _line_of(b[0]))
+        stats.bad_rows = stats.bad_rows[:quoted] + this_chunk[:_MAX_BAD_ROWS - quoted]
         stats.tokens += sum(len(e) for e in examples)
         stats.loss_tokens += sum(e.num_targets for e in examples)
         lengths.append(np.array([len(e) for e in examples], np.int64))

@@ -1,5 +1,6 @@
 """Where metrics go: `<run_dir>/metrics.jsonl`, the trackers of `train.report_to` (TensorBoard events in
-`<run_dir>/tb` by default; Weights & Biases, MLflow: `tempax.train.trackers`), and a console progress bar.
+`<run_dir>/tb` by default; Weights & Biases, MLflow: `tempax.train.trackers`), and the console's progress (a bar
+on a terminal, plain lines elsewhere: `ProgressBar`).
 
 `metrics.jsonl` holds one JSON object per logged step, e.g.
     {"step": 10, "loss": 2.31, "grad_norm": 0.8, "lr": 1e-05, "tokens_per_s": 1712.4, "time": 1732900000.1}
@@ -19,9 +20,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from typing import Any, Callable, Iterable, Sequence
 
+from tempax.progress import on_terminal
 from tempax.train.storage import StorageError, describe_write_failure, write_atomic
 from tempax.train.trackers import Tracker, finite_scalars, open_trackers
 from tempax.errors import ConfigError
@@ -206,25 +209,56 @@ def read_metrics(run_dir: str) -> list[dict[str, Any]]:
 
 
 class ProgressBar:
-    """A tqdm bar showing loss, learning rate, tokens/s and (tqdm's) ETA; silent when disabled."""
+    """Training progress on stderr: on a terminal, a tqdm bar showing loss, learning rate, tokens/s and (tqdm's)
+    ETA; elsewhere (a log file, a pipe, a job's output), where carriage-return frames would pile up as noise, one
+    plain line per logged step with the same figures. Silent when disabled.
 
-    def __init__(self, total: int, initial: int = 0, *, enabled: bool = True, desc: str = "train"):
+    Args:
+      total: the last step; initial: the step it starts from (a resumed run).
+      enabled: False prints nothing; terminal: True draws the bar, False writes lines, None (the default) decides
+        by whether stderr is a terminal.
+    """
+
+    def __init__(self, total: int, initial: int = 0, *, enabled: bool = True, desc: str = "train",
+                 terminal: bool | None = None):
         self._bar = None
-        if enabled:
+        self._lines = False
+        self._total, self._step, self._desc = total, initial, desc
+        self._first, self._started = initial, time.monotonic()
+        if not enabled:
+            return
+        if terminal if terminal is not None else on_terminal():
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, smoothing=0.1)
+        else:
+            self._lines = True
 
     def update(self, n: int, metrics: dict[str, Any] | None = None) -> None:
-        if self._bar is None:
+        self._step += n
+        if self._bar is None and not self._lines:
             return
-        self._bar.update(n)
-        if metrics:
-            shown = {}
-            for key, fmt in (("loss", "{:.4f}"), ("lr", "{:.2e}"), ("tokens_per_s", "{:.0f}")):
-                if key in metrics:
-                    shown["tok/s" if key == "tokens_per_s" else key] = fmt.format(float(metrics[key]))
-            self._bar.set_postfix(shown, refresh=True)  # the bar then shows this step's values, not the last
+        if self._bar is not None:
+            self._bar.update(n)
+        shown = {}
+        for key, label, fmt in (("loss", "loss", "{:.4f}"), ("lr", "lr", "{:.2e}"),
+                                ("tokens_per_s", "tok/s", "{:.0f}")):
+            if key in (metrics or {}):
+                shown[label] = fmt.format(float(metrics[key]))
+        if self._bar is not None:
+            if shown:
+                self._bar.set_postfix(shown, refresh=True)  # the bar then shows this step's values, not the last
+        elif shown:  # a line per logged step, not per step: a log grows with what would be worth reading
+            print(self._line(shown), file=sys.stderr, flush=True)
+
+    def _line(self, shown: dict[str, str]) -> str:
+        done = self._step - self._first
+        left = ""
+        if done > 0 and self._step < self._total:
+            seconds = (time.monotonic() - self._started) / done * (self._total - self._step)
+            left = f", {int(seconds) // 60}:{int(seconds) % 60:02d} left"
+        figures = ", ".join(f"{k} {v}" for k, v in shown.items())
+        return f"{self._desc} step {self._step}/{self._total}: {figures}{left}"
 
     def write(self, text: str) -> None:
         if self._bar is None:

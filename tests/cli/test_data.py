@@ -45,6 +45,23 @@ def test_cli_data_clean(tmp_path, capsys):
     assert json.load(open(tmp_path / "r.json"))["kept"] == 2
 
 
+def test_cli_data_clean_in_place_needs_overwrite(tmp_path, capsys):
+    """`tempax data clean IN IN` rewrote its own input unasked; now it is refused (exit 2, naming --overwrite) with
+    IN untouched, and with --overwrite IN holds the cleaned rows. An existing report is refused the same way."""
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"text": "first document text"}, {"text": "first document text"}])
+    original = open(src).read()
+    assert main(["data", "clean", src, src, "near_dedup.enabled=false"]) == 2
+    err = capsys.readouterr().err
+    assert f"OUT {src} is IN: cleaning would replace the input" in err and "--overwrite" in err
+    assert open(src).read() == original and os.listdir(tmp_path) == ["in.jsonl"]
+    assert main(["data", "clean", src, src, "--overwrite", "near_dedup.enabled=false"]) == 0
+    assert open(src).read() == '{"text": "first document text"}\n'
+    assert json.load(open(src + ".report.json"))["kept"] == 1
+    out = str(tmp_path / "out.jsonl")
+    assert main(["data", "clean", src, out, "--report", src + ".report.json"]) == 2
+    assert f"report {src}.report.json exists" in capsys.readouterr().err and not os.path.exists(out)
+
+
 def test_cli_data_stats(tmp_path, capsys):
     from tempax.cli.main import main
 

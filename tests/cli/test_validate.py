@@ -28,3 +28,49 @@ def test_a_bad_tool_spec_is_one_line_from_the_command(tmp_path, monkeypatch, cap
     code = main(["validate", "recipes/grpo_price_tools.yaml", f"env.tools=[{tmp_path}/untyped.py:price_of]"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "parameter 'item' has no type hint" in err
+
+
+def _sft_recipe(tmp_path, source: str, body: str = "") -> str:
+    data = tmp_path / "chats.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text(f"command: sft\nmodel:\n  source: {source}\ndata:\n  path: {data}\n{body}"
+                      f"train:\n  steps: 1\n  run_dir: {tmp_path / 'run'}\n")
+    return str(recipe)
+
+
+def test_invalid_yaml_is_named_with_its_line_as_sft_names_it(tmp_path, capsys):
+    """One over-indented line: validate said "cannot tell which command runs this recipe" where `tempax sft
+    --config` says "not valid YAML at line 4"; both now give the YAML error."""
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("command: sft\nmodel:\n  source: preset:tiny-llama\n    tokenizer: smollm2-135m-instruct\n")
+    assert main(["validate", str(recipe)]) == 2
+    said = capsys.readouterr().err.strip()
+    assert main(["sft", "--config", str(recipe)]) == 2
+    assert said.replace("tempax validate", "tempax sft") == capsys.readouterr().err.strip()
+    assert f"config file '{recipe}' is not valid YAML at line 4" in said and len(said.splitlines()) == 1
+
+
+def test_an_unsupported_architecture_is_named_as_model_info_names_it(tmp_path, capsys):
+    """A model folder whose config.json names an architecture tempax has no family for (and no tokenizer):
+    validate said "no tokenizer"; it now names the architecture and the supported list, in model-info's words."""
+    import json
+
+    folder = tmp_path / "mamba"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "mamba", "architectures": ["MambaForCausalLM"]}))
+    assert main(["model-info", str(folder)]) == 2
+    info_says = capsys.readouterr().err.strip().removeprefix("tempax model-info: error: ")
+    assert "unsupported architecture model_type='mamba'" in info_says and "tempax supports: " in info_says
+    assert main(["validate", _sft_recipe(tmp_path, str(folder))]) == 2
+    assert capsys.readouterr().err.strip() == f"tempax validate: error: model.source: {info_says}"
+
+
+def test_a_mistyped_recipe_path_gets_the_nearest_names(monkeypatch, capsys):
+    """As a mistyped model name gets a did-you-mean: the nearest recipes, in the folder or the nearest folder."""
+    monkeypatch.chdir(ROOT)
+    assert main(["validate", "recipes/sft_lora_smolm2.yaml"]) == 2
+    assert "does not exist; did you mean recipes/sft_lora_smollm2.yaml" in capsys.readouterr().err
+    assert main(["sft", "--config", "recipe/sft_full_tiny.yml"]) == 2
+    assert "does not exist; did you mean recipes/sft_full_tiny.yaml" in capsys.readouterr().err
+

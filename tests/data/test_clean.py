@@ -34,7 +34,7 @@ from tempax.data.clean import (
 )
 from tempax.data.kinds import content_strings, map_content, row_kind, turn_count
 from tempax.data.sources import as_rows
-from tempax.errors import DataError
+from tempax.errors import ConfigError, DataError
 
 
 def _write_jsonl(path, rows):
@@ -236,8 +236,8 @@ def test_clean_file_end_to_end(tmp_path):
     out = str(tmp_path / "out.jsonl.gz")
     report = clean_file(src, out, cfg)
     assert report.kind == "messages" and report.total == 9 and report.kept == 2
-    assert report.skipped == {"malformed": 1}
-    assert report.dropped == {"exact_duplicate": 1, "empty_turn": 1, "repetitive": 1, "low_alpha": 1,
+    assert report.skipped == {"invalid_json": 1}  # the reasons training gives (tempax.data.reasons)
+    assert report.dropped == {"exact_duplicate": 1, "empty_content": 1, "repetitive": 1, "low_alpha": 1,
                               "contaminated": 1, "bad_chars": 1}
     assert report.pii == {"email": 1}
     with gzip.open(out, "rt") as f:
@@ -259,21 +259,41 @@ def test_dry_run_writes_nothing(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
 
 
+def test_an_existing_out_or_in_itself_is_replaced_only_with_overwrite(tmp_path):
+    """OUT = IN (cleaning in place) and an existing OUT are refused before a row is read; with `overwrite` the
+    cleaned rows replace the file whole, keeping the permissions a new file gets."""
+    rows = [{"text": "a plain sentence of text"}] * 3
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    original = open(src).read()
+    with pytest.raises(ConfigError, match=r"OUT .*in.jsonl is IN: cleaning would replace the input.*--overwrite"):
+        clean_file(src, src)
+    other = _write_jsonl(tmp_path / "other.jsonl", [{"text": "mine"}])
+    with pytest.raises(ConfigError, match=r"OUT .*other.jsonl exists; name another OUT, or add --overwrite"):
+        clean_file(src, other)
+    assert open(src).read() == original and open(other).read() == '{"text": "mine"}\n'
+    report = clean_file(src, src, overwrite=True)
+    assert report.kept == 1 and open(src).read() == '{"text": "a plain sentence of text"}\n'
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "other.jsonl"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(src).st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_mixed_format_file_is_a_clear_error(tmp_path):
     src = _write_jsonl(tmp_path / "mixed.jsonl", [{"text": "some plain text here"},
                                                    {"chosen": "good answer", "rejected": "bad answer"}])
     with pytest.raises(DataError,
                        match=r"mixed.jsonl:2: a preference row in a file of text rows .*mixed.jsonl:1.*Split"):
         clean_file(src, str(tmp_path / "out.jsonl"))
-    assert not os.path.exists(tmp_path / "out.jsonl") and not os.path.exists(tmp_path / "out.jsonl.tmp")
+    assert os.listdir(tmp_path) == ["mixed.jsonl"]  # neither OUT nor its temporary file
 
 
 def test_unreadable_file_is_a_clear_error(tmp_path):
     """A binary line is a malformed row at its line; 1 of 2 rows = 50% > max_bad_fraction=0.1 refuses the file."""
     bad = tmp_path / "binary.jsonl"
     bad.write_bytes(b'{"text": "ok"}\n\xff\xfe\x00garbage\n')
-    with pytest.raises(DataError, match=r"1 of 2 rows are malformed .*binary.jsonl:2: invalid UTF-8: invalid start "
-                                        r"byte at byte 0xff, column 1.* raise max_bad_fraction"):
+    with pytest.raises(DataError, match=r"1 of 2 rows are malformed .*binary.jsonl:2: invalid_utf8 \(invalid UTF-8: "
+                                        r"invalid start byte at byte 0xff, column 1\).* raise max_bad_fraction"):
         clean_file(str(bad), None)
     with pytest.raises(DataError, match="not found"):
         clean_file(str(tmp_path / "missing.jsonl"), None)
@@ -337,8 +357,8 @@ def test_clean_skips_a_line_that_is_not_utf8(tmp_path):
     lines = [json.dumps({"text": f"row number {i} is a plain sentence of text"}).encode() for i in range(19)]
     src.write_bytes(b"\n".join(lines[:5] + [b'{"text": "caf\xe9"}'] + lines[5:]) + b"\n")
     report = clean_file(str(src), str(tmp_path / "out.jsonl"))
-    assert (report.total, report.kept, report.skipped["malformed"]) == (20, 19, 1)
-    (example,) = report.examples["malformed"]
+    assert (report.total, report.kept, report.skipped["invalid_utf8"]) == (20, 19, 1)
+    (example,) = report.examples["invalid_utf8"]
     assert example["where"] == f"{src}:6"
     assert example["text"].startswith("invalid UTF-8: invalid continuation byte at byte 0xe9")
 

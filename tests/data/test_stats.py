@@ -41,7 +41,8 @@ def test_stats_match_the_training_tokenisation(tmp_path):
     assert stats.lengths.tolist() == lengths
     assert stats.share_longer(50) == pytest.approx(sum(n > 50 for n in lengths) / 3)
     assert sum(n > 50 for n in lengths) == 1
-    assert stats.turns == {2: 2, 4: 1} and stats.skipped == {"malformed": 1}
+    assert stats.turns == {2: 2, 4: 1} and stats.skipped == {"unknown_format": 1}
+    assert stats.bad_rows == [(f"{path}:4", "unknown_format", "keys ['foo']")]
     assert 0 < stats.loss_token_share < 1
     d = stats.to_dict()
     assert d["share_longer_than_50"] == round(1 / 3, 4) and d["length"]["max"] == max(lengths)

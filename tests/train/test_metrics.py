@@ -53,12 +53,27 @@ def test_nothing_is_written_before_the_first_record(tmp_path):
 def test_progress_bar_shows_the_step_it_just_logged(capfd):
     """The bar is drawn again when the step's metrics arrive, so its last line pairs step 1 with step 1's loss
     (before, the loss appeared only with the next step's redraw)."""
-    bar = ProgressBar(10, enabled=True)
+    bar = ProgressBar(10, enabled=True, terminal=True)
     bar.update(1)
     bar.update(0, {"loss": 1.2345})
     last = capfd.readouterr().err.rsplit("\r", 1)[-1]
     assert "1/10" in last and "loss=1.2345" in last, last
     bar.close()
+
+
+def test_off_a_terminal_progress_is_plain_lines_without_carriage_returns(capfd):
+    """stderr to a file (capfd's is one): no tqdm frames, one line per logged step with its figures."""
+    bar = ProgressBar(10, initial=2, enabled=True)
+    bar.update(1)
+    bar.update(0, {"loss": 1.2345, "lr": 1e-3, "tokens_per_s": 1712.4, "grad_norm": 0.5})
+    bar.update(7, {"loss": 0.5})
+    bar.close()
+    err = capfd.readouterr().err
+    assert "\r" not in err
+    lines = err.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("train step 3/10: loss 1.2345, lr 1.00e-03, tok/s 1712, ") and lines[0].endswith(" left")
+    assert lines[1] == "train step 10/10: loss 0.5000"
 
 
 def test_a_torn_last_line_is_removed_before_the_next_record(tmp_path):
