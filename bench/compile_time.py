@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--modes", default="lora,full")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--record", metavar="FILE", help="append the ratio as a figure record (bench/results.py)")
     args = ap.parse_args()
     import jax
 
@@ -84,8 +85,20 @@ def main() -> None:
                               "device": jax.devices()[0].device_kind, "cpu": cpu,
                               "jax": jax.__version__}), flush=True)
         deep, shallow = max(depths), min(depths)
-        print(json.dumps({"mode": mode, "ratio": round(medians[deep] / medians[shallow], 3),
-                          "of": f"{deep} layers / {shallow} layers"}), flush=True)
+        ratio = medians[deep] / medians[shallow]
+        print(json.dumps({"mode": mode, "ratio": round(ratio, 3), "of": f"{deep} layers / {shallow} layers"}),
+              flush=True)
+        if args.record:
+            figure = (f"{ratio:.2f}x ({medians[deep]:.1f} s for {deep} layers, {medians[shallow]:.1f} s for "
+                      f"{shallow}; median of {args.repeats} cold compiles each)")
+            record = {"kind": "figure", "topic": "start-up",
+                      "what": f"Compile time of a {mode} training step, {deep} layers against {shallow} at width "
+                              f"{args.hidden} ({jax.default_backend()})",
+                      "figure": figure, "command": f"python bench/compile_time.py --modes {mode} --layers "
+                                                   f"{args.layers} --hidden {args.hidden} --repeats {args.repeats}",
+                      "cpu": cpu, "versions": {"jax": jax.__version__}}
+            with open(args.record, "a") as f:
+                f.write(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":
