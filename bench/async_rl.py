@@ -58,7 +58,7 @@ def measure(mode: str, size: str, steps: dict | None = None) -> dict:
     marks: dict[int, float] = {}
     mark = every(1, lambda info: marks.__setitem__(info.step, time.time()))
     try:
-        result = trainer.fit(source, hooks=[*grpo_hooks(source, settings, CollapseGuardConfig(enabled=False)), mark])
+        result = trainer.fit(source, hooks=[*grpo_hooks(source, CollapseGuardConfig(enabled=False)), mark])
         overlap = source.queue.overlap(since=marks[steps["warmup"]]) if source.queue is not None else {}
     finally:
         trainer.close()

@@ -65,6 +65,7 @@ def build(size: str, remat: str = "full", micro_batch_size: int | None = 1, *, s
 
     from tempax.algorithms.grpo.config import GRPOKnobsConfig
     from tempax.rl.rollout import Prompt, PromptSampler
+    from tempax.algorithms.grpo.plan import GRPOPlan
     from tempax.algorithms.grpo.source import GRPOSource, make_grpo_trainer
     from tempax.models.decoder import Decoder
     from tempax.models.lora import LoraConfig, apply_lora, lora_filter
@@ -109,8 +110,8 @@ def build(size: str, remat: str = "full", micro_batch_size: int | None = 1, *, s
         tensorboard=False, progress_bar=False, check_memory=False, remat=remat, micro_batch_size=micro_batch_size,
     )
     source = GRPOSource(tokenizer, PromptSampler(prompts, shuffle=False), combine_rewards({"length": length_reward}),
-                        settings, prompt_len=prompt_len, ray=ray)
-    trainer = make_grpo_trainer(model, settings, train, prompt_len=prompt_len, trainable=lora_filter,
+                        GRPOPlan.build(settings), prompt_len=prompt_len, ray=ray)
+    trainer = make_grpo_trainer(model, settings, source.plan, train, prompt_len=prompt_len, trainable=lora_filter,
                                 log=lambda text: None)
     return trainer, source, settings, steps
 
@@ -125,7 +126,7 @@ def measure(size: str, remat: str = "full", micro_batch_size: int | None = 1) ->
 
     load_before = os.getloadavg()[0]
     trainer, source, settings, steps = build(size, remat, micro_batch_size)
-    result = trainer.fit(source, hooks=grpo_hooks(source, settings, CollapseGuardConfig(enabled=False)))
+    result = trainer.fit(source, hooks=grpo_hooks(source, CollapseGuardConfig(enabled=False)))
     trainer.close()
     measured = [m for _, m in result.history[steps["warmup"]:]]
     med = lambda key: statistics.median(m[key] for m in measured)  # noqa: E731

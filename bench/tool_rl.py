@@ -137,7 +137,7 @@ def run_all(out: str, held_out: int, prompts: int, grpo_steps: int, eval_batch: 
     say(f"[1/3] warm-start: {SFT_RECIPE}")
     warm_cfg = dataclasses.replace(sft_cfg, train=in_memory(sft_cfg.train, "warm_start"))
     result = pipe.train("warm", lambda: sft_main(warm_cfg, log=lambda text: None, model=model, tokenizer=tokenizer))
-    warm = merged(result.extras["model"], warm_cfg.lora)
+    warm = merged(result.model, warm_cfg.lora)
     record(STAGES[0], "warm", result.history[-1][0])
     pipe.evaluate(STAGES[0], warm, trained="warm")
 
@@ -145,14 +145,14 @@ def run_all(out: str, held_out: int, prompts: int, grpo_steps: int, eval_batch: 
     g_cfg = dataclasses.replace(grpo_cfg, task=dataclasses.replace(grpo_cfg.task, source=prompt_path),
                                 train=in_memory(grpo_cfg.train, "grpo", steps=grpo_steps))
     run = pipe.train("grpo", lambda: grpo_main(g_cfg, log=lambda text: None, model=warm, tokenizer=tokenizer))
-    history = [m for _, m in run.result.history]
+    history = [m for _, m in run.history]
     rewards = [m["reward/total_mean"] for m in history]
     say(f"  {len(history)} steps in {watch.wall['grpo']:.0f} s wall, {watch.cpu['grpo']:.0f} s CPU; reward "
         f"{np.mean(rewards[:3]):.2f} -> {np.mean(rewards[-3:]):.2f} (first / last 3 steps); tool calls per "
         f"episode {np.mean([m.get('episode/tool_calls_mean', float('nan')) for m in history[-3:]]):.2f} (last 3)")
     stages["grpo_rewards"] = rewards
     record(STAGES[1], "grpo", len(history))
-    pipe.evaluate(STAGES[1], merged(run.policy, g_cfg.lora), trained="grpo")
+    pipe.evaluate(STAGES[1], merged(run.model, g_cfg.lora), trained="grpo")
     del run
 
     equal = Budget.of(watch, "grpo", "cpu", label="GRPO")
@@ -164,7 +164,7 @@ def run_all(out: str, held_out: int, prompts: int, grpo_steps: int, eval_batch: 
 
     def more_sft(hook: Any) -> tuple[Any, int]:
         r = sft_main(more_cfg, hooks=(hook,), log=lambda text: None, model=warm, tokenizer=tokenizer)
-        return merged(r.extras["model"], more_cfg.lora), r.history[-1][0]
+        return merged(r.model, more_cfg.lora), r.history[-1][0]
 
     pipe.budgeted(STAGES[2], "more_sft", equal, more_sft)
     record(STAGES[2], "more_sft", pipe.budgeted_stages[STAGES[2]]["steps"])

@@ -15,7 +15,7 @@ from tempax.configlib import help_field
 from tempax.errors import ConfigError
 from tempax.models import registry
 from tempax.models.lora import apply_lora, lora_filter
-from tempax.train.run_model import load_source
+from tempax.algorithms.run_dirs import load_source
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class ModelSourceConfig:
     def build(self, *, seed: int = 0, mesh: Any = None) -> tuple[nnx.Module, Any]:
         """(model, tokenizer). Presets are initialised by compiled per-part programs (compile time independent of
         depth, `tempax.models.init`), sharded over `mesh` when given; a training run's directory gives the model it
-        trained, adapters merged (`tempax.train.run_model`)."""
+        trained, adapters merged (`tempax.algorithms.run_dirs`)."""
         if self.source.startswith(registry.PRESET_PREFIX) and not self.tokenizer:
             raise ConfigError(
                 f"model.source={self.source} is a random-init shape without a tokenizer; set model.tokenizer, "

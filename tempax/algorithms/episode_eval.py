@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from tempax.envs.registry import EnvFactory, EnvironmentConfig
+from tempax.envs.registry import EnvFactory
 from tempax.errors import DataError
 from tempax.eval.evaluate import EvalOptions, Scored, TaskEvaluation, evaluate, score_row
 from tempax.eval.metrics import summarize
@@ -77,16 +77,17 @@ def evaluate_task(
 
 
 def episode_evaluation(
-    env_factory: EnvFactory | None, env: EnvironmentConfig, episode_tokens: int, log: Callable[[str], None]
+    env_factory: EnvFactory | None, max_turns: int, episode_tokens: int, log: Callable[[str], None]
 ) -> Callable[..., TaskEvaluation] | None:
-    """The evaluation function of a run that plays `env` (`evaluate`'s signature), or None for one-turn tasks
-    (the plain `tempax.eval.evaluate.evaluate` then)."""
+    """The evaluation function of a run whose episodes play `env_factory`'s environment for up to `max_turns`
+    replies in `episode_tokens` (`evaluate`'s signature), or None for one-turn tasks (the plain
+    `tempax.eval.evaluate.evaluate` then)."""
     if env_factory is None:
         return None
 
     def evaluate_fn(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], options: EvalOptions, *,
                     label: str = "eval") -> TaskEvaluation:
-        return evaluate_task(model, tokenizer, rows, options, env_factory=env_factory, max_turns=env.max_turns,
+        return evaluate_task(model, tokenizer, rows, options, env_factory=env_factory, max_turns=max_turns,
                              episode_tokens=episode_tokens, label=label, log=log)
 
     return evaluate_fn

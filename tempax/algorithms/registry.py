@@ -6,10 +6,13 @@ The records name their config class and `main` as strings, and the packages' `__
 heavy, so listing the commands (`tempax --help`) imports neither JAX nor an algorithm's modules; `resolve`
 imports them when a command runs. `register` adds a record from elsewhere (a plugin or a test).
 
-The record is the algorithm's whole contract with the rest of the project: `tempax <command>` and `tempax --help`
-(the CLI), the recipe checks (`tempax.algorithms.validate`), the model card (`tempax.export.model_card`), the
-recommendations (`tempax.algorithms.recommend`), `tempax data episodes` and the reference-curve tests read it, and
-no module outside the algorithm's folder keeps a list of algorithms (docs/adding-an-algorithm.md).
+The record is the algorithm's whole contract with the rest of the project. `tempax <command>` and `tempax --help`
+(the CLI, in the records' `listing` order), the recipe checks (`tempax.algorithms.validate`: the model sections,
+chat rendering, the algorithm's own checks), the run dir (`start_run` writes the command into config.yaml, and
+`tempax.algorithms.run_dirs` reads back where the run keeps its model, `Algorithm.model`), the model card
+(`tempax.export.model_card`), the recommendations (`tempax.algorithms.recommend`), `tempax data episodes` and the
+tests read it. No module outside the algorithm's folder names an algorithm to branch on or keeps a list of them
+(docs/adding-an-algorithm.md; `tests/algorithms/test_registry.py` checks the source for it).
 """
 
 from __future__ import annotations
@@ -19,12 +22,37 @@ import importlib
 import os
 import pkgutil
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from tempax.configlib import load_config, recipe_command
 from tempax.errors import ConfigError
 
 PACKAGE = "tempax.algorithms"
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """Where a run of a command keeps the model it trained: what `tempax generate RUN_DIR`, `tempax export`,
+    `model.source: RUN_DIR` and the other readers of a run dir load (`tempax.train.run_model`).
+
+    Attributes:
+      kept: "checkpoint": its checkpoints hold the trained model (LoRA adapters on the model section's source when
+        `lora` is set); "folder": a Hugging Face folder `folder/` it writes when it finishes; "adapters": PEFT
+        adapters in `folder/`, written when a LoRA run finishes, on the model section's source (its checkpoints
+        hold more than the model); "none": no model to generate with or train.
+      folder: the folder under the run dir for "folder" and "adapters".
+      note: a clause the one-line messages about a run without its model quote: for "folder", when the folder is
+        written; for "adapters", why the checkpoints are not the model; for "none", why there is none and what to
+        do instead (`{run_dir}` and `{source}`, the run's model.source, are filled in).
+    """
+
+    kept: Literal["checkpoint", "folder", "adapters", "none"] = "checkpoint"
+    folder: str = ""
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kept in ("folder", "adapters") and not self.folder:
+            raise ValueError(f"RunModel(kept={self.kept!r}) names the folder the run writes")
 
 
 @dataclass(frozen=True)
@@ -50,6 +78,12 @@ class Algorithm:
         (`fn(config) -> list[str]` of warnings; a `ConfigError` refuses the recipe).
       recommend: optional "module:object" of its `tempax.algorithms.recommend.Recommender`: for which data
         `tempax recommend` proposes the command, and with which settings (None: it never proposes it).
+      models: the recipe sections that name a model (each with `source` and `tokenizer`): `tempax validate`
+        resolves each, a section's `source` may name another of them (a distillation's student starts as a copy
+        of the `teacher`), and the one-line summary of a run without a recipe names them.
+      model: where its runs keep the trained model (`RunModel`; a run dir's config.yaml names its command).
+      listing: where `tempax --help` lists it among the training commands (lower first; equal values keep the
+        order the packages are found in, by name, and the order of their `ALGORITHMS`).
     """
 
     command: str
@@ -63,6 +97,9 @@ class Algorithm:
     reference_curve: str | None = None
     validate: str | None = None
     recommend: str | None = None
+    models: tuple[str, ...] = ("model",)
+    model: RunModel = RunModel()
+    listing: int = 100
 
     def config_class(self) -> type:
         return _load(self.config, f"{self.command}'s config")
@@ -99,20 +136,11 @@ def unregister(command: str) -> None:
     _REGISTERED.pop(command, None)
 
 
-# How `tempax --help` orders the packaged commands (a user's usual path); other packages follow by name.
-LISTING_ORDER = ("sft", "preference", "grpo", "rft", "ppo", "distill")
-
-
 def _packaged() -> dict[str, Algorithm]:
-    found: dict[str, Algorithm] = {}
     package = importlib.import_module(PACKAGE)
-    rank = {name: i for i, name in enumerate(LISTING_ORDER)}
-    infos = sorted(pkgutil.iter_modules(package.__path__), key=lambda i: (rank.get(i.name, len(rank)), i.name))
-    for info in infos:
-        if info.ispkg:
-            for algorithm in getattr(importlib.import_module(f"{PACKAGE}.{info.name}"), "ALGORITHMS", ()):
-                found[algorithm.command] = algorithm
-    return found
+    found = [algorithm for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name) if info.ispkg
+             for algorithm in getattr(importlib.import_module(f"{PACKAGE}.{info.name}"), "ALGORITHMS", ())]
+    return {a.command: a for a in sorted(found, key=lambda a: a.listing)}  # a stable sort: ties keep their order
 
 
 _PACKAGED: dict[str, Algorithm] | None = None
@@ -131,6 +159,21 @@ def get(command: str) -> Algorithm:
     if command not in known:
         raise ConfigError(f"'{command}' is not a training command here; available: {', '.join(sorted(known))}")
     return known[command]
+
+
+def command_of(config: Any) -> str:
+    """The command whose record names `config`'s class (what `start_run` writes into the run dir's config.yaml).
+
+    Raises:
+      ConfigError: no record names the class (register one for a config class of your own).
+    """
+    cls = type(config)
+    name = f"{cls.__module__}:{cls.__qualname__}"
+    for command, algorithm in algorithms().items():
+        if algorithm.config == name:
+            return command
+    raise ConfigError(f"no training command's record names the config class {name}; register an Algorithm whose "
+                      f"config is {name!r} (tempax.algorithms.registry.register)")
 
 
 def resolve(command: str) -> tuple[type, Callable[..., Any]]:

@@ -1,7 +1,7 @@
 """The steps every algorithm's `main` takes, as small functions it calls in order: start the run, build the
 trainer, train, finish.
 
-    def main(cfg: MyConfig, *, hooks: tuple = (), log=None) -> TrainResult:
+    def main(cfg: MyConfig, *, hooks: tuple = (), log=None) -> RunResult:
         run = start_run(cfg, log=log)                              # run dir, config.yaml, the resume check, the lock
         model, tokenizer, trainable = build_model(cfg, run.mesh)   # tempax.algorithms.common: source + LoRA
         data = build_data(cfg.data, tokenizer, ...)                # what differs: data, loss, batch source
@@ -12,11 +12,13 @@ trainer, train, finish.
         result = run.train(trainer, data.train, hooks=hooks, eval_batches=data.eval_loader)   # Trainer.fit
         return result                                              # finish: what the algorithm saves and reports
 
-`make_trainer` builds the one `Trainer` on the run's mesh with the checkpoint metadata every run records (the
-algorithm, the config's `model.source`). `Run.train` is `Trainer.fit` with the held-out evaluation around it:
-the loss function's metrics on the held-out batches before the first step (when asked) and at the end of the run
-(`fit`'s eval hook), in `result.extras["eval_before"]` / `["eval_after"]`; the trainer is closed afterwards and the
-run dir's lock given back. `Run.report_held_out` prints the before/after table and writes `eval_summary.json`.
+Every `main` returns a `RunResult`: `Trainer.fit`'s `TrainResult` with what the run made beside it (the trained
+model, the batch source, generation-based evaluations, the files written). `make_trainer` builds the one `Trainer`
+on the run's mesh with the checkpoint metadata every run records (the algorithm, the config's `model.source`).
+`Run.train` is `Trainer.fit` with the held-out evaluation around it: the loss function's metrics on the held-out
+batches before the first step (when asked) and at the end of the run (`fit`'s eval hook), in
+`result.extras["eval_before"]` / `["eval_after"]`; the trainer is closed afterwards and the run dir's lock given
+back. `Run.report_held_out` prints the before/after table and writes `eval_summary.json`.
 On-policy algorithms that evaluate by generating on held-out problems (GRPO, RFT) take their prompts with
 `task_prompts`, evaluate the starting policy with `evaluate_before` and finish with `finish_policy` (the
 evaluation after training, the before/after table in eval.json and metrics.jsonl, the adapters); generation-based
@@ -40,6 +42,7 @@ processes run the same code and compute the same values, so paths and tables are
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -48,6 +51,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from flax import nnx
 
+from tempax.algorithms.registry import command_of
 from tempax.data.sft import SFTData
 from tempax.data.tasks.spec import load_task
 from tempax.errors import ConfigError
@@ -62,6 +66,27 @@ from tempax.train.run_identity import CONFIG_FILE, acquire_run_dir, release_run_
 from tempax.train.storage import write_atomic
 
 EVAL_SUMMARY_FILE = "eval_summary.json"
+
+
+@dataclass
+class RunResult(TrainResult):
+    """What every algorithm's `main` returns: `Trainer.fit`'s `TrainResult` (the logged history, the held-out
+    loss metrics, the stop reason, the algorithm's `extras`) and what the run made beside it.
+
+    Attributes (beyond `TrainResult`'s):
+      model: the trained model as the trainer holds it (adapters not merged): the policy, the reward model, a
+        distillation's student and teacher pair, PPO's actor-critic.
+      source: the batch source it trained from (on-policy runs: their rollouts and metrics).
+      before, after: the generation-based evaluations before and after training (GRPO and RFT: a
+        `TaskEvaluation`, PPO: a `PolicyEval`), None where the run makes none or was told not to.
+      files: what the run wrote into its run dir (name -> path).
+    """
+
+    model: Any = None
+    source: Any = None
+    before: Any = None
+    after: Any = None
+    files: dict[str, str] = field(default_factory=dict)
 
 # Held-out metrics shown first in a before/after table (others the loss reports follow, sorted).
 BEFORE_AFTER_KEYS = ("accuracy", "mean_logp_accuracy", "reward_margin", "chosen_reward", "rejected_reward",
@@ -121,8 +146,9 @@ class Run:
         hooks: Sequence[Any] = (),
         eval_batches: Callable[[], Iterable[dict[str, Any]]] | None = None,
         evaluate_before: bool = False,
-    ) -> TrainResult:
-        """`trainer.fit` with the held-out loss metrics before (when asked) and after; closes the trainer."""
+    ) -> RunResult:
+        """`trainer.fit` with the held-out loss metrics before (when asked) and after; closes the trainer. The
+        result holds the trained model, the batch source and the run's files."""
         before = None
         try:
             if eval_batches is not None and evaluate_before:
@@ -134,7 +160,8 @@ class Run:
             self.close()
         after = result.eval_history[-1][1] if result.eval_history else None
         result.extras.update(eval_before=before, eval_after=after)
-        return result
+        fitted = {f.name: getattr(result, f.name) for f in dataclasses.fields(TrainResult)}
+        return RunResult(**fitted, model=trainer.model, source=batches, files=self.files)
 
     def report_held_out(self, result: TrainResult, *, title: str, extra: dict[str, Any] | None = None) -> str:
         """Prints the before/after table of `train`'s held-out metrics and writes eval_summary.json."""
@@ -172,16 +199,17 @@ class Run:
 
 
 def start_run(cfg: Any, *, log: Callable[[str], None] | None = None) -> Run:
-    """Makes `cfg.train.run_dir` and writes the resolved config to `<run_dir>/config.yaml` (see the module
-    docstring; raises `ConfigError` listing the differences when a resume would change the trajectory); `log` is
-    where the run's messages go (default stderr)."""
+    """Makes `cfg.train.run_dir` and writes the resolved config to `<run_dir>/config.yaml`, as a recipe of the
+    command whose record names the config's class (see the module docstring; raises `ConfigError` listing the
+    differences when a resume would change the trajectory); `log` is where the run's messages go (default
+    stderr)."""
     cfg.train.mesh.join()  # a multi-process run is joined before anything can start JAX's backend
     run = Run(cfg, cfg.train.run_dir, log or stderr_logger)
     _lock(run.run_dir)
     run.locked = is_writer()
     try:
-        if is_writer():  # process 0 checks a resume's config and writes config.yaml
-            save_run_config(run.run_dir, cfg, say=run.say)
+        if is_writer():  # process 0 checks a resume's config and writes config.yaml, naming the command
+            save_run_config(run.run_dir, cfg, command=command_of(cfg), say=run.say)
     except BaseException:
         run.close()
         raise
@@ -278,50 +306,35 @@ def evaluate_before(run: Run, model: Any, tokenizer: Any, held_rows: Sequence[di
 # -- finish --------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class PolicyRun:
-    """What an algorithm evaluated by generating on held-out problems returns (GRPO, RFT): the training result,
-    the evaluations before and after, the batch source and the trained policy."""
-
-    result: TrainResult
-    source: Any
-    policy: Any
-    before: Any = None
-    after: Any = None
-    files: dict[str, str] = field(default_factory=dict)
-
-
 def finish_policy(
     run: Run,
-    result: TrainResult,
+    result: RunResult,
     *,
-    policy: Any,
-    source: Any,
     tokenizer: Any,
     held_rows: Sequence[dict[str, Any]],
     options: Any,
     before: Any,
     evaluate_fn: Callable[..., Any] | None = None,
-) -> PolicyRun:
-    """After training a policy (`policy`: the trainer's model): the held-out evaluation (`eval.after`) of
+) -> RunResult:
+    """After training a policy (`result.model`, the trainer's): the held-out evaluation (`eval.after`) of
     `held_rows` with `options` (`tempax.eval.spec.eval_options`) by `evaluate_fn` (`evaluate_before`'s; None:
     `tempax.eval.evaluate.evaluate`), the before/after table (eval.json and metrics.jsonl), the adapters of a LoRA
-    run and why the run stopped early, if it did."""
-    cfg = run.config
-    out = PolicyRun(result=result, source=source, policy=policy, before=before, files=run.files)
+    run and why the run stopped early, if it did; `result` with `before` and `after` set."""
+    cfg, policy = run.config, result.model
+    result.before = before
     if held_rows and cfg.eval.after:
         # Adapters folded in: the same function, without the extra adapter matmuls per generated token.
-        out.after = (evaluate_fn or evaluate)(merge_lora(policy) if cfg.lora is not None else policy, tokenizer,
-                                              held_rows, options, label="eval after")
-        run.say(f"after training: {out.after.summary_line()}")
-    stages = [(name, r) for name, r in (("before", before), ("after", out.after)) if r is not None]
+        result.after = (evaluate_fn or evaluate)(merge_lora(policy) if cfg.lora is not None else policy, tokenizer,
+                                                 held_rows, options, label="eval after")
+        run.say(f"after training: {result.after.summary_line()}")
+    stages = [(name, r) for name, r in (("before", before), ("after", result.after)) if r is not None]
     if stages:
         last = result.history[-1][0] if result.history else 0
         run.report_stages(stages, table=format_table(stages), file="eval.json", steps={"before": 0, "after": last})
     run.save_adapters(policy)
     if result.stop_reason:
         run.say(f"stopped early: {result.stop_reason}")
-    return out
+    return result
 
 
 def brief(metrics: dict[str, float]) -> str:

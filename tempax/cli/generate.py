@@ -69,8 +69,8 @@ def sampling_config(args: argparse.Namespace, **extra: Any):
 
 def load_source(source: str, dtype: str | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) from any source `tempax.models.registry.load` accepts or a training run's directory
-    (`tempax.train.run_model.load_source`); the tokenizer is required."""
-    from tempax.train.run_model import load_source as load_model_or_run  # loads JAX and Orbax
+    (`tempax.algorithms.run_dirs.load_source`); the tokenizer is required."""
+    from tempax.algorithms.run_dirs import load_source as load_model_or_run  # loads JAX and Orbax
 
     model, tokenizer = load_model_or_run(source, dtype=dtype, param_dtype=dtype, progress=True)
     if tokenizer is None:

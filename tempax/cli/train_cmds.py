@@ -1,18 +1,22 @@
-"""`tempax sft|pretrain|dpo|kto|reward-model|grpo|ppo|distill --config RECIPE.yaml key=value ...`: train from a recipe.
+"""`tempax COMMAND --config RECIPE.yaml key=value ...`: train from a recipe, for every training command.
 
-Each training command is an `Algorithm` record of `tempax.algorithms.registry`. This file only parses arguments:
-the YAML recipe, then `a.b=value` overrides on top (typed and checked by `tempax.configlib`), then calls `main`.
+Each training command is an `Algorithm` record of `tempax.algorithms.registry` (`tempax --help` lists them). This
+file only parses arguments: the YAML recipe, then `a.b=value` overrides on top (typed and checked by
+`tempax.configlib`), then calls `main`, whose `RunResult` gives the last line and the exit status.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tempax.algorithms.registry import load_recipe, recipes_for, resolve
+from tempax.algorithms.registry import get, load_recipe, recipes_for, resolve
 from tempax.configlib import describe, dump_yaml
 from tempax.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tempax.train.loop import TrainResult
 
 # Modules that load JAX are imported in the functions using them: `tempax COMMAND --help` stays light.
 
@@ -21,11 +25,11 @@ from tempax.errors import ConfigError
 STOPPED_EXIT_STATUS = 3
 
 
-def defaults_summary(cfg: Any) -> str:
-    """One line of what a config trains: model, full or LoRA, steps x batch x seq_len, data, run dir."""
+def defaults_summary(command: str, cfg: Any) -> str:
+    """One line of what a config trains: its models (the record's `models` sections), full or LoRA,
+    steps x batch x seq_len, data, run dir."""
     t = cfg.train
-    model = (f"model {cfg.model.source}" if hasattr(cfg, "model")  # distillation: a teacher and a student
-             else f"teacher {cfg.teacher.source}, student {cfg.student.source}")
+    model = ", ".join(f"{section} {getattr(cfg, section).source}" for section in get(command).models)
     parts = [model, "full fine-tuning" if getattr(cfg, "lora", None) is None else "LoRA",
              f"{t.steps} steps of {t.batch_size} x {t.seq_len} tokens"]
     data = getattr(getattr(cfg, "data", None), "path", None) or getattr(getattr(cfg, "task", None), "name", None)
@@ -52,13 +56,13 @@ def run(args: argparse.Namespace) -> int:
     if args.config is None and not args.overrides and not args.print_config:
         raise ConfigError(
             f"tempax {command} needs a recipe: --config RECIPE ({', '.join(recipes_for(command)) or 'see recipes/'}). "
-            f"Without one every key keeps its default ({defaults_summary(load_recipe(command))}); to train on "
-            f"those, say so with at least one override, e.g. tempax {command} train.run_dir=runs/{command}-defaults"
+            f"Without one every key keeps its default ({defaults_summary(command, load_recipe(command))}); to train "
+            f"on those, say so with at least one override, e.g. tempax {command} train.run_dir=runs/{command}-defaults"
         )
     cfg = load_recipe(command, args.config, list(args.overrides))
     if args.config is None and not args.print_config:
-        print(f"tempax {command}: no --config; every key not overridden keeps its default: {defaults_summary(cfg)}",
-              file=sys.stderr)
+        print(f"tempax {command}: no --config; every key not overridden keeps its default: "
+              f"{defaults_summary(command, cfg)}", file=sys.stderr)
     if args.print_config:
         sys.stdout.write(dump_yaml(cfg, command=command))
         return 0
@@ -72,29 +76,23 @@ def run(args: argparse.Namespace) -> int:
     from tempax.parallel.process import is_writer
 
     if is_writer():
-        print(done_line(cfg, getattr(outcome, "result", outcome)), file=sys.stderr)
-    reason = stop_reason(outcome)
-    if reason is not None:
-        print(f"tempax {command}: stopped early: {reason}", file=sys.stderr)
+        print(done_line(cfg, outcome), file=sys.stderr)
+    if outcome.stop_reason is not None:
+        print(f"tempax {command}: stopped early: {outcome.stop_reason}", file=sys.stderr)
         return STOPPED_EXIT_STATUS
     return 0
 
 
-def done_line(cfg: Any, result: Any) -> str:
-    """The last line of every training command, the same for all: the step reached, its loss, the run dir."""
-    run_dir, history = cfg.train.run_dir, getattr(result, "history", None) or []
+def done_line(cfg: Any, result: TrainResult) -> str:
+    """The last line of every training command, the same for all: the step reached, its loss, the run dir
+    (`result`: what every `main` returns, a `tempax.algorithms.run.RunResult`)."""
+    run_dir, history = cfg.train.run_dir, result.history
     if history:
         step, metrics = history[-1]
         loss = metrics.get("loss")
         head = f"done: step {step}" + (f", loss {loss:.4f}" if loss is not None else "")
-    elif getattr(result, "resumed_from", 0) >= cfg.train.steps:
+    elif result.resumed_from >= cfg.train.steps:
         head = f"done: nothing to train, the run was at step {result.resumed_from} of {cfg.train.steps} already"
     else:
         head = f"done: step {cfg.train.steps}"
     return f"{head}; run dir {run_dir} (curves: tempax plot {run_dir})"
-
-
-def stop_reason(result: Any) -> str | None:
-    """Why a hook stopped the run that `main` returned (a `TrainResult`, or a run holding one as `.result`)."""
-    train_result = getattr(result, "result", result)
-    return getattr(train_result, "stop_reason", None)

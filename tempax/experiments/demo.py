@@ -411,8 +411,7 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
 
     say(f"[3/{n_stages}] {'(b) ' if compare else ''}GRPO with strict format + correctness rewards"
         + (f" on problems of difficulty {cfg.grpo_difficulty}" if cfg.grpo_difficulty is not None else ""))
-    run = pipe.train("grpo", lambda: run_grpo(model, tokenizer, grpo_training(grpo_cfg, cfg.grpo_difficulty)))
-    result = run.result
+    result = pipe.train("grpo", lambda: run_grpo(model, tokenizer, grpo_training(grpo_cfg, cfg.grpo_difficulty)))
     rewards = [v for _, v in result.series("reward/total_mean")]
     zero = [v for _, v in result.series("groups/zero_spread_frac")]
     split = {k: round(sum(v for _, v in result.series(f"perf/{k}_s"))) for k in ("step", "generation", "train")}
@@ -421,7 +420,7 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
         f"{np.mean(rewards[-3:]):.2f} (mean of first / last 3 steps); groups without reward spread: {np.mean(zero):.0%}")
     if result.stop_reason:
         say(f"  stopped early: {result.stop_reason}")
-    pipe.evaluate(COMPARE_GRPO_STAGE if compare else GRPO_STAGE, merged(run.policy, grpo_cfg.lora), trained="grpo")
+    pipe.evaluate(COMPARE_GRPO_STAGE if compare else GRPO_STAGE, merged(result.model, grpo_cfg.lora), trained="grpo")
     del run
 
     budget = None
@@ -469,7 +468,7 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
 
             def train_after(hook: Any) -> tuple[Any, int]:
                 run = run_grpo(kept.pop("a"), tokenizer, after_cfg, hooks=(hook,))
-                return merged(run.policy, after_cfg.lora), last_step(run.result)
+                return merged(run.model, after_cfg.lora), last_step(run)
 
             say(f"[{next(number)}/{n_stages}] (d) GRPO from (a)'s weights for GRPO's {seconds:.0f} s of {spent}")
             pipe.budgeted(AFTER_SFT_STAGE, _WATCH[AFTER_SFT_STAGE], equal, train_after)

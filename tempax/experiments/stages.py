@@ -63,13 +63,13 @@ def run_sft(model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: SFTConf
     step, last = result.history[-1] if result.history else (0, {})
     say(f"  {label}: {n} examples, {step} steps, final loss {last.get('loss', float('nan')):.3f}"
         + (f" ({result.stop_reason})" if result.stop_reason else ""))
-    return merged(result.extras["model"], cfg.lora), step
+    return merged(result.model, cfg.lora), step
 
 
 def run_grpo(model: Any, tokenizer: Any, cfg: GRPOConfig, write: Callable[[str], None] | None = None, *,
              hooks: tuple = ()) -> Any:
     """`grpo.main` on the in-memory model (the reference), with `hooks` (a budget) and a progress line every ~1/6
-    of the steps (through `write`, or above the progress bar); returns its run (`.policy`, `.result`)."""
+    of the steps (through `write`, or above the progress bar); returns its `RunResult` (`.model`: the policy)."""
     steps = cfg.train.steps
 
     def report(info: Any) -> None:
@@ -87,8 +87,7 @@ def run_grpo(model: Any, tokenizer: Any, cfg: GRPOConfig, write: Callable[[str],
 def run_rft(model: Any, tokenizer: Any, cfg: RFTConfig, say: Callable[[str], None], *,
             hooks: tuple = ()) -> tuple[Any, TrainResult]:
     """`rft.main` on the in-memory model; (the trained model, adapters merged; its TrainResult)."""
-    run = rft_main(cfg, hooks=hooks, log=_quiet, model=model, tokenizer=tokenizer)
-    result = run.result
+    result = rft_main(cfg, hooks=hooks, log=_quiet, model=model, tokenizer=tokenizer)
     steps = last_step(result)
     rewards = [v for _, v in result.series("reward/total_mean")]
     accept = [v for _, v in result.series("rft/accept_rate")]
@@ -97,7 +96,7 @@ def run_rft(model: Any, tokenizer: Any, cfg: RFTConfig, say: Callable[[str], Non
         say(f"  RFT: {len(rewards)} rounds, {steps} steps, {kept:.0f} kept completions; sampled reward "
             f"{rewards[0]:.2f} -> {rewards[-1]:.2f}, accept rate {accept[0]:.0%} -> {accept[-1]:.0%} (first / last "
             "round)" + (f" ({result.stop_reason})" if result.stop_reason else ""))
-    return merged(run.policy, cfg.lora), result
+    return merged(result.model, cfg.lora), result
 
 
 def merged(model: Any, lora: Any) -> Any:

@@ -180,20 +180,20 @@ def main(cfg: ToolDemoConfig, *, say: Callable[[str], None] | None = None) -> di
             result = pipe.train(name, lambda: sft_main(sft, log=lambda text: None, model=model, tokenizer=tokenizer))
             say(f"  SFT {name}: {cfg.demonstrations} demonstrations, {result.history[-1][0]} steps, final loss "
                 f"{result.history[-1][1].get('loss', float('nan')):.3f} ({watch.wall[name]:.0f} s)")
-            return merged(result.extras["model"], sft.lora)
+            return merged(result.model, sft.lora)
 
         def reinforce(name: str, start: Any, env: EnvironmentConfig) -> Any:
             g = dataclasses.replace(cfg.grpo, model=cfg.model, task=task, env=env,
                                     train=dataclasses.replace(cfg.grpo.train, run_dir=os.path.join(run_dir, name),
                                                               seed=cfg.seed, progress_bar=False))
             run = pipe.train(name, lambda: grpo_main(g, log=lambda text: None, model=start, tokenizer=tokenizer))
-            history = run.result.history
+            history = run.history
             first, last = history[0][1], history[-1][1]
             counters[name] = {k: v for k, v in last.items() if k.startswith(("episode/", "entropy/"))}
             say(f"  GRPO {name}: {len(history)} steps in {watch.wall[name]:.0f} s; reward "
                 f"{first['reward/total_mean']:.2f} -> {last['reward/total_mean']:.2f} (first -> last step)"
                 + "".join(f", {k} {v:.2f}" for k, v in sorted(counters[name].items())))
-            return merged(run.policy, g.lora)
+            return merged(run.model, g.lora)
 
         say(f"tempax demo --task {TASK}: {cfg.model.source}; {len(held_rows)} held-out problems; writing to {run_dir}")
         say("[1/5] base model, no tools")

@@ -3,7 +3,7 @@ each with the model card of `tempax.export.model_card`.
 
 SOURCE is a training run's directory or any model source `tempax.load` takes (a Hugging Face folder, a .gguf
 file, a registered name, a Hub id, `preset:<name>`). For a run, the model it trained is rebuilt by
-`tempax.train.run_model.load_run` (its `config.yaml`: model source, LoRA/QLoRA; the trainable arrays of the
+`tempax.algorithms.run_dirs.load_run` (its `config.yaml`: model source, LoRA/QLoRA; the trainable arrays of the
 latest, or `step`, checkpoint) and LoRA adapters folded into the weights (`W + alpha/r * A B`, a QLoRA base
 dequantized first). A damaged latest checkpoint is an error naming the intact steps rather than a silent older
 export.
@@ -129,7 +129,8 @@ def export(source: str, out: str, *, step: int | None = None, dtype: str | None 
     this export (the card quotes it); `overwrite` lets an existing OUT be replaced; `warn` receives what the user
     should know about a file that was written anyway (a GGUF without a tokenizer)."""
     from tempax.models.lora import has_adapters, save_adapters
-    from tempax.train.run_model import load_run, merged
+    from tempax.algorithms.run_dirs import load_run
+    from tempax.train.run_model import merged
 
     gguf = gguf or out.endswith(".gguf")
     if quant is not None and not gguf:

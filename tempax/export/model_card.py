@@ -1,7 +1,7 @@
 """The model card `tempax export` writes: README.md in a Hugging Face folder, `general.*` metadata in a GGUF file.
 
 Everything on the card is read from what the run left in its directory, never re-measured:
-  config.yaml         the recipe in effect (algorithm inferred from which training config it is), hyper-parameters
+  config.yaml         the recipe in effect (its `command:` key names the algorithm), hyper-parameters
                       (the sections its record names as `knobs`);
   data_report.json    each data set's path and its row counts before and after cleaning;
   summary.json        the steps trained;
@@ -25,8 +25,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from tempax.algorithms.registry import algorithms, resolve
-from tempax.configlib import from_dict, to_dict, upgrade_keys
+from tempax.algorithms.registry import algorithms
+from tempax.algorithms.run_dirs import config_command
+from tempax.configlib import COMMAND_KEY, upgrade_keys
 from tempax.models.gguf_io import read_gguf_header
 from tempax.models.registry import MODELS, resolve_source
 
@@ -97,33 +98,6 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return found
-
-
-def infer_algorithm(raw: dict[str, Any]) -> str | None:
-    """The training command whose config class reads config.yaml back to exactly itself.
-
-    config.yaml is a full dump of the run's typed config, so only the classes of its shape round-trip it unchanged
-    (others reject a key or add one); the dump of an older run is read with the class's renamed keys under their
-    new names (`tempax.configlib.upgrade_keys`). Commands that share a shape (sft and pretrain differ in defaults
-    only) are told apart by how many of the run's values are the class's own defaults. None when no class fits.
-    """
-    scored = []
-    for command in algorithms():
-        cls, _ = resolve(command)
-        try:
-            current, _ = upgrade_keys(cls, raw)
-            if to_dict(from_dict(cls, current)) != current:
-                continue
-            scored.append((_shared_leaves(to_dict(cls()), current), command))
-        except Exception:  # noqa: BLE001 - any refusal means "not this class"
-            continue
-    return max(scored)[1] if scored else None
-
-
-def _shared_leaves(a: Any, b: Any) -> int:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return sum(_shared_leaves(a[k], b[k]) for k in a.keys() & b.keys())
-    return int(a == b)
 
 
 def _read_json(path: str) -> Any:
@@ -222,9 +196,10 @@ def gather(*, source: str, run_dir: str | None = None, export_command: str | Non
     raw = yaml.safe_load(recipe) or {}
     model_source = str((raw.get("model") or {}).get("source") or source)
     base, license_ = _base_model_facts(model_source)
-    algorithm = infer_algorithm(raw)
-    if algorithm is not None:  # an older run's renamed keys under their names now, as the hyper-parameters show them
-        raw, _ = upgrade_keys(algorithms()[algorithm].config_class(), raw)
+    algorithm = config_command(raw)  # an older run's config.yaml names none: inferred from its shape
+    if algorithm in algorithms():  # an older run's renamed keys under their names now, as the hyper-parameters show
+        config = {k: v for k, v in raw.items() if k != COMMAND_KEY}
+        raw, _ = upgrade_keys(algorithms()[algorithm].config_class(), config)
     evaluation: dict[str, Any] = {}
     for name in ("eval_summary.json", "eval.json"):
         found = _read_json(os.path.join(run_dir, name))

@@ -3,7 +3,7 @@ tensor types, and the architectural features that set it apart (`tempax model-in
 
 SOURCE is anything `tempax.load` accepts: a registered name (`smollm2-135m-instruct`), `preset:<name>`, a `.gguf`
 file, a Hugging Face folder or a Hub repo id; or a training run's directory, whose model has the shape of the
-model it started from (`tempax.train.run_model.shape_source`). Only config.json or the GGUF header is read.
+model it started from (`tempax.algorithms.run_dirs.shape_source`). Only config.json or the GGUF header is read.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def inspect_source(source: str) -> tuple[ModelInfo, str | None]:
     model has). A run's model is its newest checkpoint with adapters merged, so LoRA adds no shape to it."""
     if not (os.path.isdir(source) and is_run_dir(source)):
         return inspect_model(source), None
-    from tempax.train.run_model import shape_source  # the training layer, for run dirs only
+    from tempax.algorithms.run_dirs import shape_source  # the training layer, for run dirs only
 
     base, overrides = shape_source(source)
     info = inspect_model(base)

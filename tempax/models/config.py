@@ -22,7 +22,7 @@ from tempax.errors import CheckpointError, ConfigError
 LayerType = Literal["full", "sliding"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3", "mistral",
-                         "qwen3_moe", "mixtral", "gpt_oss")
+                         "qwen3_moe", "mixtral", "gpt_oss", "smollm3", "olmo2", "olmo3", "phi3")
 MOE_MODEL_TYPES = ("qwen3_moe", "mixtral", "gpt_oss")
 
 
@@ -181,6 +181,15 @@ class ModelConfig:
       moe: the sparse mixture-of-experts block of the layers `MoeConfig.is_sparse_layer` picks; None = dense.
       attention_sinks: each attention head has a learned sink logit that joins the softmax's denominator
         (gpt-oss).
+      nope_layers: layers without rotary position embedding ("NoPE", SmolLM3: every fourth layer); their rotary
+        inverse frequencies are 0, which rotates by nothing.
+      pre_norms: RMSNorm on the attention and MLP inputs (input_layernorm and the pre-MLP norm). False with
+        `post_norms`: OLMo 2/3's placement, the norms only on the attention and MLP outputs before the residual
+        add (x + norm(attn(x)), then x + norm(mlp(x))).
+      qk_norm_across_heads: the q/k RMSNorm spans the whole projection (all heads together, weights of size
+        num_heads * head_dim and num_kv_heads * head_dim: OLMo 2/3) instead of each head's head_dim.
+      partial_rotary_factor: the share of each head's features that rotary embedding rotates (the first
+        `rotary_dim` = int(head_dim * factor); the rest pass through unrotated: Phi-3 / Phi-4-mini).
     """
 
     family: str = "llama"
@@ -218,8 +227,13 @@ class ModelConfig:
     attention_impl: Literal["tempax", "xla", "cudnn"] = "tempax"
     moe: MoeConfig | None = None
     attention_sinks: bool = False
+    nope_layers: tuple[int, ...] = ()
+    pre_norms: bool = True
+    qk_norm_across_heads: bool = False
+    partial_rotary_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        self._check_dense_switches()
         if self.attention_impl not in ("tempax", "xla", "cudnn"):
             raise ConfigError(f"attention_impl {self.attention_impl!r} is not 'tempax', 'xla' or 'cudnn'")
         if self.attention_impl != "tempax" and self.attn_logit_softcap is not None:
@@ -239,6 +253,9 @@ class ModelConfig:
                 raise CheckpointError(f"layer type {t!r} is not 'full' or 'sliding'")
         if "sliding" in self.layer_types and not self.sliding_window:
             raise CheckpointError("sliding layers need a sliding_window size")
+        if self.attention_sinks and self.attention_impl != "tempax":
+            raise ConfigError(f"attention_impl={self.attention_impl!r} has no attention sinks, which this model uses "
+                              "(attention_sinks=True, gpt-oss); use attention_impl='tempax'")
         if self.moe is not None:
             outside = [i for i in self.moe.mlp_only_layers if not 0 <= i < self.num_layers]
             if outside:
@@ -261,10 +278,46 @@ class ModelConfig:
         """Whether layer i's feed-forward block is the sparse mixture of experts (else the dense MLP)."""
         return self.moe is not None and self.moe.is_sparse_layer(i)
 
+    def mixed_feed_forward_error(self) -> str | None:
+        """Why the decoder cannot be built from this config when its MoE settings mix dense and sparse layers, or
+        None. The decoder runs one layer's code over weights stacked on a "layers" axis (`jax.lax.scan`), so every
+        layer must hold the same feed-forward block; `moe.mlp_only_layers` and `moe.decoder_sparse_step` > 1 (Qwen
+        MoE's switches, unused by its released checkpoints) would make some layers dense."""
+        if self.moe is None:
+            return None
+        dense = [i for i in range(self.num_layers) if not self.is_moe_layer(i)]
+        if not dense:
+            return None
+        return (f"moe.mlp_only_layers={list(self.moe.mlp_only_layers)} and moe.decoder_sparse_step="
+                f"{self.moe.decoder_sparse_step} make layers {dense[:8]}{'...' if len(dense) > 8 else ''} dense while "
+                "others are sparse; tempax's decoder scans one layer kind over the stack, so a model mixes no dense "
+                "and sparse layers: set mlp_only_layers to [] and decoder_sparse_step to 1 (every layer sparse)")
+
     @property
     def attn_scale(self) -> float:
         base = self.query_pre_attn_scalar if self.query_pre_attn_scalar else self.head_dim
         return float(base) ** -0.5
+
+    @property
+    def rotary_dim(self) -> int:
+        """Features of each head that rotary embedding rotates (all of them unless `partial_rotary_factor` < 1)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def _check_dense_switches(self) -> None:
+        """ConfigError naming the field when NoPE layers, norm placement or partial rotary are inconsistent."""
+        outside = [i for i in self.nope_layers if not 0 <= i < self.num_layers]
+        if outside:
+            raise ConfigError(f"nope_layers {outside} are not layers of a {self.num_layers}-layer model")
+        object.__setattr__(self, "nope_layers", tuple(sorted(int(i) for i in self.nope_layers)))
+        if not self.pre_norms and not self.post_norms:
+            raise ConfigError("pre_norms=False leaves the layers without any norm; set post_norms=True (OLMo 2's "
+                              "placement) or keep pre_norms")
+        if self.qk_norm_across_heads and not self.qk_norm:
+            raise ConfigError("qk_norm_across_heads=True needs qk_norm=True")
+        if not 0.0 < self.partial_rotary_factor <= 1.0 or self.rotary_dim % 2 or not self.rotary_dim:
+            raise ConfigError(f"partial_rotary_factor={self.partial_rotary_factor} gives {self.rotary_dim} rotated "
+                              f"features of head_dim {self.head_dim}; it must be in (0, 1] and give an even, "
+                              "positive count")
 
     def num_params(self, *, active: bool = False) -> int:
         """Parameter count; a tied embedding/LM-head matrix is counted once. `active`: a mixture of experts counts
@@ -276,14 +329,14 @@ class ModelConfig:
         if self.o_bias:
             attn += d
         if self.qk_norm:
-            attn += 2 * h
+            attn += (n + k) * h if self.qk_norm_across_heads else 2 * h
         if self.attention_sinks:
             attn += n
         mlp = 3 * d * self.intermediate_size
         if self.mlp_bias:
             mlp += 2 * self.intermediate_size + d
         sparse = self.moe.block_params(d)[1 if active else 0] if self.moe is not None else 0
-        norms = (4 if self.post_norms else 2) * d
+        norms = (2 * self.pre_norms + 2 * self.post_norms) * d  # pre: before attention and MLP; post: after
         layers = sum(attn + norms + (sparse if self.is_moe_layer(i) else mlp) for i in range(self.num_layers))
         embed = self.vocab_size * d
         head = 0 if self.tie_word_embeddings else self.vocab_size * d
@@ -302,6 +355,9 @@ class ModelConfig:
                 f"(architectures={hf.get('architectures')}). tempax supports: {', '.join(SUPPORTED_MODEL_TYPES)}."
             )
         try:
+            if model_type in DENSE_FAMILY_TYPES:
+                hf = _dense_family_hf(hf, model_type)
+                return _dense_family_from_hf(_from_hf(hf, model_type), hf)
             return _from_hf(hf, model_type)
         except KeyError as e:
             raise CheckpointError(f"{source}: required key {e.args[0]!r} is missing for model_type={model_type!r}")
@@ -320,6 +376,9 @@ class ModelConfig:
 
     def to_hf_config(self) -> dict[str, Any]:
         """A `config.json` dictionary that `transformers` loads into the matching *ForCausalLM class."""
+        if self.family in DENSE_FAMILY_TYPES:
+            return _dense_family_to_hf(self, _to_hf(self))
+        _dense_switches_unset(self)
         return _to_hf(self)
 
 
@@ -335,6 +394,10 @@ _ARCH = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "olmo3": "Olmo3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 
 
@@ -617,6 +680,143 @@ def _to_hf(c: ModelConfig) -> dict[str, Any]:
         hf["final_logit_softcapping"] = c.final_logit_softcap
         if c.family == "gemma2":
             hf["attn_logit_softcapping"] = c.attn_logit_softcap
+    return hf
+
+
+# --------------------------------------------------------------------------------------------------------------
+# SmolLM3, OLMo 2/3 and Phi-3: Llama's decoder with NoPE layers (SmolLM3), norms after the attention and MLP outputs
+# and a q/k norm over the whole projection (OLMo 2; OLMo 3 adds sliding windows), or partial rotary embedding
+# (Phi-3, whose fused qkv_proj / gate_up_proj exist only in its checkpoint files: `tempax.models.fused`).
+
+DENSE_FAMILY_TYPES = ("smollm3", "olmo2", "olmo3", "phi3")
+_OLMO = ("olmo2", "olmo3")
+
+# transformers' values for the keys a config.json of these families may leave out.
+_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "smollm3": {"rope_theta": 2000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True},
+    "olmo2": {"rope_theta": 10000.0, "rms_norm_eps": 1e-5},
+    "olmo3": {"rope_theta": 500000.0, "rms_norm_eps": 1e-5, "sliding_window": 4096},
+    "phi3": {"rope_theta": 10000.0, "rms_norm_eps": 1e-5},
+}
+
+
+def _dense_family_hf(hf: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """`hf` with the family's defaults for missing keys; CheckpointError for what the decoder does not run."""
+    if model_type == "phi3":
+        params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        kind = params.get("rope_type", params.get("type"))
+        if kind not in (None, "default"):
+            raise CheckpointError(
+                f"phi3 with rope type {kind!r} is not supported: LongRoPE (Phi-3.5-mini, Phi-4-mini, the 128k Phi-3 "
+                "models) switches its frequencies with the sequence length, which tempax does not implement; Phi-3 "
+                "models with the default rope (rope_scaling null: Phi-3-mini-4k, Phi-3-medium-4k, Phi-4) load")
+    defaults = {k: v for k, v in _FAMILY_DEFAULTS[model_type].items() if hf.get(k) is None}
+    return {**hf, **defaults}
+
+
+def _dense_family_from_hf(cfg: ModelConfig, hf: dict[str, Any]) -> ModelConfig:
+    """The family switches of a SmolLM3, OLMo 2/3 or Phi-3 config.json on top of the generic reading `cfg`."""
+    model_type, n = hf["model_type"], cfg.num_layers
+    changes: dict[str, Any] = {}
+    if model_type == "smollm3":
+        # no_rope_layers: 1 = this layer uses rope, 0 = NoPE; absent, every no_rope_layer_interval-th layer is NoPE.
+        interval = int(hf.get("no_rope_layer_interval") or 4)
+        flags = hf.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
+        if len(flags) < n:
+            raise CheckpointError(f"no_rope_layers has {len(flags)} entries for {n} layers")
+        nope = tuple(i for i in range(n) if not flags[i])
+        kinds: tuple[str, ...] = ()
+        window = hf.get("sliding_window")
+        if hf.get("use_sliding_window") and window:  # transformers windows the layers layer_types names (NoPE ones)
+            names = hf.get("layer_types")
+            kinds = (tuple("sliding" if "sliding" in t else "full" for t in names) if names
+                     else tuple("sliding" if i in nope else "full" for i in range(n)))
+        sliding = "sliding" in kinds
+        changes.update(nope_layers=nope, layer_types=kinds if sliding else (),
+                       sliding_window=int(window) if sliding else None)
+    if model_type in _OLMO:
+        changes.update(qk_norm=True, qk_norm_across_heads=True, pre_norms=False, post_norms=True)
+    if model_type == "olmo3":
+        kinds = cfg.layer_types
+        if not hf.get("layer_types"):  # transformers' default: every fourth layer full, the others sliding
+            kinds = tuple("full" if (i + 1) % 4 == 0 else "sliding" for i in range(n))
+        sliding = "sliding" in kinds
+        # Olmo 3's sliding layers use the unscaled rope of the same base (a rope scaling applies to full layers).
+        changes.update(layer_types=kinds if sliding else (),
+                       sliding_window=int(hf["sliding_window"]) if sliding else None,
+                       rope_local=cfg.rope_local or RopeConfig(theta=cfg.rope.theta))
+    if model_type == "phi3":
+        params = hf.get("rope_parameters") or {}
+        window = hf.get("sliding_window")
+        changes.update(partial_rotary_factor=float(params.get("partial_rotary_factor",
+                                                              hf.get("partial_rotary_factor", 1.0))),
+                       layer_types=("sliding",) * n if window else (), sliding_window=int(window) if window else None)
+    return cfg.replace(**changes)
+
+
+def _dense_family_check(c: ModelConfig) -> None:
+    """CheckpointError when `c` has switches its family's config.json cannot state (transformers would build a
+    different model from it)."""
+    olmo = c.family in _OLMO
+    expected: dict[str, Any] = {
+        "pre_norms": not olmo, "post_norms": olmo, "qk_norm": olmo, "qk_norm_across_heads": olmo,
+        "norm_offset": False, "embed_scale": False, "activation": "silu", "attn_logit_softcap": None,
+        "final_logit_softcap": None, "attention_sinks": False, "moe": None,
+    }
+    if c.family != "smollm3":
+        expected["nope_layers"] = ()
+    if c.family != "phi3":
+        expected["partial_rotary_factor"] = 1.0
+    if c.family in ("olmo2", "phi3"):
+        expected["mlp_bias"] = False
+    if c.family == "phi3":
+        expected.update(qkv_bias=False, o_bias=False)
+    if c.family == "olmo2":
+        expected["layer_types"] = ()
+    differ = [f"{k}={getattr(c, k)!r}" for k, v in expected.items() if getattr(c, k) != v]
+    if c.attn_scale != c.head_dim ** -0.5:
+        differ.append(f"query_pre_attn_scalar={c.query_pre_attn_scalar!r}")
+    if c.qkv_bias != c.o_bias:
+        differ.append(f"qkv_bias={c.qkv_bias} with o_bias={c.o_bias} (attention_bias sets both)")
+    if c.family == "phi3" and c.layer_types and set(c.layer_types) != {"sliding"}:
+        differ.append("some layers sliding and others not (Phi-3's sliding_window windows every layer)")
+    if c.rope_local is not None and c.family != "olmo3":
+        differ.append("a separate rope for sliding layers")
+    if c.family == "olmo3" and c.rope_local is not None and c.rope_local != RopeConfig(theta=c.rope.theta):
+        differ.append(f"rope_local={c.rope_local} (Olmo 3's sliding layers use the unscaled rope of the same base)")
+    if differ:
+        raise CheckpointError(f"a {c.family} config.json cannot express {', '.join(differ)}; export it as another "
+                              "family or keep the family's settings")
+
+
+def _dense_switches_unset(c: ModelConfig) -> None:
+    """CheckpointError when a family other than SmolLM3, OLMo 2/3 and Phi-3 has one of their switches set (its
+    config.json has no key for it)."""
+    defaults = {"nope_layers": (), "pre_norms": True, "qk_norm_across_heads": False, "partial_rotary_factor": 1.0}
+    differ = [f"{k}={getattr(c, k)!r}" for k, v in defaults.items() if getattr(c, k) != v]
+    if differ:
+        raise CheckpointError(f"a {c.family} config.json cannot express {', '.join(differ)}; export it as a family "
+                              f"that has it ({', '.join(DENSE_FAMILY_TYPES)}) or keep the default")
+
+
+def _dense_family_to_hf(c: ModelConfig, hf: dict[str, Any]) -> dict[str, Any]:
+    """The SmolLM3, OLMo 2/3 or Phi-3 keys on top of the generic `config.json` dictionary `hf`."""
+    _dense_family_check(c)
+    hf["attention_bias"] = c.qkv_bias
+    if c.family == "smollm3":
+        hf["mlp_bias"] = c.mlp_bias
+        hf["no_rope_layers"] = [0 if i in c.nope_layers else 1 for i in range(c.num_layers)]
+        hf["use_sliding_window"] = bool(c.layer_types)
+    if c.family == "olmo3":
+        hf["rope_parameters"] = {"full_attention": _rope_params(c.rope),
+                                 "sliding_attention": _rope_params(c.rope_local or RopeConfig(theta=c.rope.theta))}
+        hf["layer_types"] = ["sliding_attention" if c.layer_type(i) == "sliding" else "full_attention"
+                             for i in range(c.num_layers)]
+        hf["sliding_window"] = c.sliding_window
+    if c.family == "phi3":
+        hf.pop("layer_types", None)
+        hf["sliding_window"] = c.sliding_window if c.layer_types else None
+        hf["rope_parameters"]["partial_rotary_factor"] = c.partial_rotary_factor
     return hf
 
 

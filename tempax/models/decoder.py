@@ -25,8 +25,11 @@ import numpy as np
 from flax import nnx
 
 from tempax import ops
+from tempax.errors import ConfigError
 from tempax.models.cache import KVCache
 from tempax.models.config import ModelConfig, RopeConfig
+from tempax.models.moe import (SparseMoeBlock, is_recording_router_statistics, record_router_statistics,
+                               router_statistics)
 from tempax.parallel.rules import shard
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -61,8 +64,11 @@ class RMSNorm(nnx.Module):
 
 
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> jax.Array:
-    """inv_freq[i] = theta^(-2i/d), then the family's scaling (linear: / factor; llama3: per-band rescale)."""
+    """inv_freq[i] = theta^(-2i/d), then the family's scaling (linear: / factor; llama3: per-band rescale; yarn:
+    `yarn_inverse_frequencies`)."""
     inv = 1.0 / (rope.theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if rope.scaling == "yarn":
+        return yarn_inverse_frequencies(rope, head_dim)
     if rope.scaling == "linear":
         inv = inv / rope.factor
     elif rope.scaling == "llama3":
@@ -78,11 +84,58 @@ def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> jax.Array:
     return inv
 
 
-def apply_rope(x_btnh: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """Rotate-half RoPE: x*cos + rotate_half(x)*sin with angles positions * inv_freq (Su et al. 2021)."""
+def yarn_inverse_frequencies(rope: RopeConfig, head_dim: int) -> jax.Array:
+    """YaRN's inverse frequencies (Peng et al. 2023, arXiv:2309.00071, "NTK-by-parts"), as transformers computes
+    them: each frequency blends the extrapolated theta^(-2i/d) and the interpolated theta^(-2i/d) / factor,
+
+        inv[i] = inter[i] * ramp[i] + extra[i] * (1 - ramp[i]),  ramp[i] = clip((i - low) / (high - low), 0, 1)
+
+    where low and high are the dimensions that turn `beta_fast` and `beta_slow` times over the original context,
+    d * ln(L / (2 pi beta)) / (2 ln theta), rounded outwards when `truncate` and kept within [0, d - 1]."""
+    d, base = head_dim, rope.theta
+    extrapolated = 1.0 / (base ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    interpolated = extrapolated / rope.factor
+
+    def correction_dim(rotations: float) -> float:
+        return d * math.log(rope.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = jnp.clip((jnp.arange(d // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+    return interpolated * ramp + extrapolated * (1 - ramp)
+
+
+def rope_attention_factor(rope: RopeConfig) -> float:
+    """The factor YaRN multiplies cos and sin by (so q . k by its square): `attention_factor`, or by default
+    0.1 * ln(factor) + 1 (YaRN's eq. 21; 1 for a factor <= 1). 1 for every other rope."""
+    if rope.scaling != "yarn":
+        return 1.0
+    if rope.attention_factor is not None:
+        return float(rope.attention_factor)
+    return 0.1 * math.log(rope.factor) + 1.0 if rope.factor > 1 else 1.0
+
+
+def apply_rope(x_btnh: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array,
+               scale: jax.Array | None = None) -> jax.Array:
+    """Rotate-half RoPE: x*cos + rotate_half(x)*sin with angles positions * inv_freq (Su et al. 2021); cos and
+    sin times `scale` when given (YaRN's `rope_attention_factor`).
+
+    Only the first 2 * len(inv_freq) features of each head rotate when that is fewer than head_dim (partial rotary,
+    Phi-3); the others pass through. Inverse frequencies of 0 (a NoPE layer, SmolLM3) give cos 1 and sin 0: x
+    itself, bit for bit."""
+    rotary_dim = 2 * inv_freq.shape[-1]
+    if rotary_dim < x_btnh.shape[-1]:
+        rotated_part = apply_rope(x_btnh[..., :rotary_dim], positions_bt, inv_freq, scale)
+        return jnp.concatenate([rotated_part, x_btnh[..., rotary_dim:]], axis=-1)
     angles = positions_bt[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
+    if scale is not None:
+        cos, sin = cos * scale, sin * scale
     x32 = x_btnh.astype(jnp.float32)
     half = x32.shape[-1] // 2
     rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
@@ -93,8 +146,10 @@ class Attention(nnx.Module):
     """Grouped-query self-attention with rotary positions, optional q/k norms, soft-capping and sliding windows.
 
     One module serves every layer of the scanned stack, so what differs between layers comes in as data: the
-    rotary inverse frequencies (`inv_freq`, Gemma 3's local and global bases) and, when a model mixes full and
-    sliding layers, whether this layer slides (`sliding`, a traced bool)."""
+    rotary inverse frequencies (`inv_freq`, Gemma 3's local and global bases), YaRN's factor on cos and sin
+    (`rope_scale`, or None), and, when a model mixes full and sliding layers, whether this layer slides
+    (`sliding`, a traced bool). With `ModelConfig.attention_sinks` (gpt-oss) each query head has a learned sink
+    logit [N] in the softmax's denominator (`tempax.ops.plain.attention_probs`)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         pd, dt = as_dtype(cfg.param_dtype), as_dtype(cfg.dtype)
@@ -112,11 +167,15 @@ class Attention(nnx.Module):
         self.o_proj = linear(n * h, d, ("q_heads", "embed"), cfg.o_bias)
         if cfg.qk_norm:
             kw = dict(eps=cfg.rms_norm_eps, offset=cfg.norm_offset, param_dtype=pd, rngs=rngs)
-            self.q_norm = RMSNorm(h, **kw)
-            self.k_norm = RMSNorm(h, **kw)
+            across = cfg.qk_norm_across_heads  # OLMo 2/3: one norm over the whole projection, not per head
+            self.q_norm = RMSNorm(n * h if across else h, **kw)
+            self.k_norm = RMSNorm(k * h if across else h, **kw)
         else:
             self.q_norm = None
             self.k_norm = None
+        self.qk_norm_across_heads = cfg.qk_norm_across_heads
+        # transformers initialises gpt-oss's sinks like its weights (normal, std 0.02)
+        self.sinks = nnx.Param(_init(("q_heads",))(rngs.params(), (n,), pd)) if cfg.attention_sinks else None
         self.num_heads, self.num_kv_heads, self.head_dim = n, k, h
         self.scale = cfg.attn_scale
         self.softcap = cfg.attn_logit_softcap
@@ -135,6 +194,7 @@ class Attention(nnx.Module):
         fresh_cache: bool,
         inv_freq: jax.Array,
         sliding: jax.Array | None,
+        rope_scale: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None]:
         """Attends x [B,T,D] to itself, or to this layer's cache `kv` = (k, v, k_segments, write_at) when decoding.
 
@@ -147,10 +207,12 @@ class Attention(nnx.Module):
         b, t, _ = x.shape
         n, k, h = self.num_heads, self.num_kv_heads, self.head_dim
         q, key, val = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, key, val = q.reshape(b, t, n, h), key.reshape(b, t, k, h), val.reshape(b, t, k, h)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.qk_norm_across_heads:  # before the split into heads (OLMo 2/3)
             q, key = self.q_norm(q), self.k_norm(key)
-        q, key = apply_rope(q, positions, inv_freq), apply_rope(key, positions, inv_freq)
+        q, key, val = q.reshape(b, t, n, h), key.reshape(b, t, k, h), val.reshape(b, t, k, h)
+        if self.q_norm is not None and not self.qk_norm_across_heads:
+            q, key = self.q_norm(q), self.k_norm(key)
+        q, key = apply_rope(q, positions, inv_freq, rope_scale), apply_rope(key, positions, inv_freq, rope_scale)
         new_kv = None
         if kv is None:
             keys, vals, k_segments, k_index = key, val, q_segments, q_index
@@ -170,7 +232,7 @@ class Attention(nnx.Module):
             q, keys, vals, q_index=q_index, k_index=k_index, q_segments=q_segments, k_segments=k_segments,
             scale=self.scale, logit_cap=self.softcap, window=self.window,
             window_on=sliding if self.window_per_layer else None, kv_heads_first=kv is not None,
-            implementation=self.attention_impl,
+            implementation=self.attention_impl, sinks=None if self.sinks is None else self.sinks[...],
         )
         out = out.reshape(b, t, n * h)
         return self.o_proj(out), new_kv
@@ -203,33 +265,56 @@ class MLP(nnx.Module):
 
 class DecoderLayer(nnx.Module):
     """One transformer block. The decoder holds a single `DecoderLayer` whose weights are stacked over the layers
-    (a leading axis of size `num_layers`, logical name "layers") and scans over it (`Decoder.hidden_states`)."""
+    (a leading axis of size `num_layers`, logical name "layers") and scans over it (`Decoder.hidden_states`).
+
+    Its feed-forward block (`mlp`) is the gated `MLP`, or with `ModelConfig.moe` the sparse mixture of experts
+    (`tempax.models.moe.SparseMoeBlock`) in every layer: one scanned layer means one kind of block, so a config
+    whose MoE settings make some layers dense is refused (`ModelConfig.mixed_feed_forward_error`)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         kw = dict(eps=cfg.rms_norm_eps, offset=cfg.norm_offset, param_dtype=as_dtype(cfg.param_dtype), rngs=rngs)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, **kw)
+        # OLMo 2/3 (pre_norms=False) norm only the attention and MLP outputs: no input or pre-MLP norm.
+        self.input_layernorm = RMSNorm(cfg.hidden_size, **kw) if cfg.pre_norms else None
         self.self_attn = Attention(cfg, rngs=rngs)
         # Llama names its pre-MLP norm post_attention_layernorm; Gemma 2/3 use that name for the norm applied
         # to the attention output and add pre/post feed-forward norms.
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, **kw)
         if cfg.post_norms:
-            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, **kw)
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, **kw) if cfg.pre_norms else None
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, **kw)
         else:
             self.pre_feedforward_layernorm = None
             self.post_feedforward_layernorm = None
-        self.mlp = MLP(cfg, rngs=rngs)
+        if cfg.moe is not None:
+            reason = cfg.mixed_feed_forward_error()
+            if reason is not None:
+                raise ConfigError(reason)
+            self.mlp = SparseMoeBlock(cfg.moe, cfg.hidden_size, dtype=as_dtype(cfg.dtype),
+                                      param_dtype=as_dtype(cfg.param_dtype), rngs=rngs)
+        else:
+            self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, q_index, q_segments, kv, fresh_cache: bool, inv_freq, sliding):
-        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, q_index, q_segments, kv, fresh_cache,
-                                      inv_freq, sliding)
-        if self.pre_feedforward_layernorm is not None:
+    def _feed_forward(self, x: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+        if isinstance(self.mlp, SparseMoeBlock):
+            return self.mlp(x)
+        return self.mlp(x), None
+
+    def __call__(self, x, positions, q_index, q_segments, kv, fresh_cache: bool, inv_freq, sliding, rope_scale=None):
+        """(x, the attention's cache output (see `Attention.__call__`), router logits [B, T, E] float32 of a sparse
+        block or None)."""
+        normed = x if self.input_layernorm is None else self.input_layernorm(x)
+        attn, new_kv = self.self_attn(normed, positions, q_index, q_segments, kv, fresh_cache, inv_freq, sliding,
+                                      rope_scale)
+        if self.post_feedforward_layernorm is not None:  # norms on the outputs (Gemma 2/3 around, OLMo 2/3 only)
             x = x + self.post_attention_layernorm(attn)
-            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+            normed = x if self.pre_feedforward_layernorm is None else self.pre_feedforward_layernorm(x)
+            y, router_logits = self._feed_forward(normed)
+            x = x + self.post_feedforward_layernorm(y)
         else:
             x = x + attn
-            x = x + self.mlp(self.post_attention_layernorm(x))
-        return shard(x, ("batch", "seq", "act_embed")), new_kv
+            y, router_logits = self._feed_forward(self.post_attention_layernorm(x))
+            x = x + y
+        return shard(x, ("batch", "seq", "act_embed")), new_kv, router_logits
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -286,14 +371,27 @@ def abstract_stack(layer: nnx.Module, num_layers: int) -> nnx.Module:
 
 def layer_constants(cfg: ModelConfig) -> tuple[jax.Array, jax.Array | None]:
     """What differs between layers besides their weights, as arrays scanned with them: the rotary inverse
-    frequencies [L, head_dim / 2] and, when full and sliding layers mix, whether each slides [L] (else None)."""
+    frequencies [L, rotary_dim / 2] (0 in a NoPE layer: `apply_rope` is then the identity) and, when full and
+    sliding layers mix, whether each slides [L] (else None)."""
     kinds = layer_kinds(cfg)
     ropes = list(dict.fromkeys(cfg.rope_for(i) for i in range(cfg.num_layers)))
     which = np.asarray([ropes.index(cfg.rope_for(i)) for i in range(cfg.num_layers)])
-    tables = jnp.stack([rope_inverse_frequencies(rope, cfg.head_dim) for rope in ropes])
+    tables = jnp.stack([rope_inverse_frequencies(rope, cfg.rotary_dim) for rope in ropes])
     inv_freq = tables[which]
+    if cfg.nope_layers:
+        nope = np.asarray([i in cfg.nope_layers for i in range(cfg.num_layers)])
+        inv_freq = jnp.where(jnp.asarray(nope)[:, None], 0.0, inv_freq)
     sliding = jnp.asarray(np.asarray([k == "sliding" for k in kinds])) if len(set(kinds)) > 1 else None
     return inv_freq, sliding
+
+
+def rope_scales(cfg: ModelConfig) -> jax.Array | None:
+    """Each layer's factor on cos and sin [L] (`rope_attention_factor`: YaRN's), or None where every layer's is 1
+    (no multiplication in the program)."""
+    factors = [rope_attention_factor(cfg.rope_for(i)) for i in range(cfg.num_layers)]
+    if all(f == 1.0 for f in factors):
+        return None
+    return jnp.asarray(factors, jnp.float32)
 
 
 def make_embedding(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Embed:
@@ -401,62 +499,76 @@ class Decoder(nnx.Module):
         would write the entire cache every step. Remat (`ModelConfig.remat`) applies to one layer's computation,
         inside the scan, also with a cache: GRPO's and PPO's training pass runs the prompts into a cache and the
         completions against it. Without differentiation jax.checkpoint adds nothing, so decoding under a remat
-        config compiles to the same program (tests/models/test_remat.py)."""
+        config compiles to the same program (tests/models/test_remat.py).
+
+        A mixture-of-experts model inside `tempax.models.moe.recording_router_statistics` (a training loss) also
+        forms each layer's `RouterStatistics` of the real tokens in the scan, as a scanned output, and records
+        their sum over the layers: what transformers' load-balancing loss pools."""
         cfg = self.config
         graphdef, weights, shared = nnx.split(self.layers, _stacked_filter, ...)
         # Only an active dropout changes `shared` (its random stream); otherwise it is not written back, so a
         # model whose state belongs to an outer trace (a closure of jit or grad) runs without mutating it.
         write_back = _draws_randomness(self.layers)
         inv_freq, sliding = layer_constants(cfg)
-        per_layer = (weights, inv_freq, sliding, jnp.arange(cfg.num_layers, dtype=jnp.int32))
+        per_layer = (weights, inv_freq, sliding, rope_scales(cfg), jnp.arange(cfg.num_layers, dtype=jnp.int32))
+        moe = cfg.moe if is_recording_router_statistics() else None
 
-        def layer(shared, weights, x, kv, inv_freq, sliding):
+        def layer(shared, weights, x, kv, inv_freq, sliding, rope_scale):
             # copy: the layer's Variables belong to this trace (remat's, or the scan's), so an adapter's dropout
             # may advance its random stream in them; the advanced stream leaves as `shared`.
             module = nnx.merge(graphdef, weights, shared, copy=True)
-            x, new_kv = module(x, positions, q_index, segment_ids, kv, fresh_cache, inv_freq, sliding)
-            return x, new_kv, nnx.state(module, nnx.Not(_stacked_filter))
+            x, new_kv, router_logits = module(x, positions, q_index, segment_ids, kv, fresh_cache, inv_freq, sliding,
+                                              rope_scale)
+            stats = None
+            if moe is not None:
+                stats = router_statistics(router_logits, experts_per_token=moe.experts_per_token,
+                                          mask=segment_ids != 0)
+            return x, new_kv, nnx.state(module, nnx.Not(_stacked_filter)), stats
 
         if cfg.remat != "none":
             layer = jax.checkpoint(layer, policy=_remat_policy(cfg.remat), prevent_cse=False)
 
+        def finish(shared, stats):
+            if write_back:
+                nnx.update(self.layers, shared)
+            if moe is not None:
+                record_router_statistics(moe, jax.tree.map(lambda a: jnp.sum(a, axis=0), stats))
+
         if cache is None:
             def body(carry, xs):
                 x, shared = carry
-                weights, inv_freq, sliding, _ = xs
-                x, _, shared = layer(shared, weights, x, None, inv_freq, sliding)
-                return (x, shared), None
+                weights, inv_freq, sliding, rope_scale, _ = xs
+                x, _, shared, stats = layer(shared, weights, x, None, inv_freq, sliding, rope_scale)
+                return (x, shared), stats
 
-            (x, shared), _ = jax.lax.scan(body, (x, shared), per_layer)
-            if write_back:
-                nnx.update(self.layers, shared)
+            (x, shared), stats = jax.lax.scan(body, (x, shared), per_layer)
+            finish(shared, stats)
             return x, None, None
 
         if x.shape[1] == 1 and not fresh_cache:
             def step(carry, xs):
                 x, shared, cache_k, cache_v = carry
-                weights, inv_freq, sliding, i = xs
+                weights, inv_freq, sliding, rope_scale, i = xs
                 kv = (cache_k[i], cache_v[i], k_segments, offset)
-                x, (_, _, written_k, written_v), shared = layer(shared, weights, x, kv, inv_freq, sliding)
+                x, (_, _, written_k, written_v), shared, stats = layer(shared, weights, x, kv, inv_freq, sliding,
+                                                                       rope_scale)
                 cache_k = jax.lax.dynamic_update_slice(cache_k, written_k[None], (i, 0, 0, offset, 0))
                 cache_v = jax.lax.dynamic_update_slice(cache_v, written_v[None], (i, 0, 0, offset, 0))
-                return (x, shared, cache_k, cache_v), None
+                return (x, shared, cache_k, cache_v), stats
 
-            (x, shared, new_k, new_v), _ = jax.lax.scan(step, (x, shared, cache.k, cache.v), per_layer)
-            if write_back:
-                nnx.update(self.layers, shared)
+            (x, shared, new_k, new_v), stats = jax.lax.scan(step, (x, shared, cache.k, cache.v), per_layer)
+            finish(shared, stats)
             return x, new_k, new_v
 
         def scanned(carry, xs):
             x, shared = carry
-            (weights, inv_freq, sliding, _), layer_k, layer_v = xs
-            x, (keys, vals, _, _), shared = layer(shared, weights, x, (layer_k, layer_v, k_segments, offset),
-                                                  inv_freq, sliding)
-            return (x, shared), (keys, vals)
+            (weights, inv_freq, sliding, rope_scale, _), layer_k, layer_v = xs
+            x, (keys, vals, _, _), shared, stats = layer(shared, weights, x, (layer_k, layer_v, k_segments, offset),
+                                                         inv_freq, sliding, rope_scale)
+            return (x, shared), (keys, vals, stats)
 
-        (x, shared), (new_k, new_v) = jax.lax.scan(scanned, (x, shared), (per_layer, cache.k, cache.v))
-        if write_back:
-            nnx.update(self.layers, shared)
+        (x, shared), (new_k, new_v, stats) = jax.lax.scan(scanned, (x, shared), (per_layer, cache.k, cache.v))
+        finish(shared, stats)
         return x, new_k, new_v
 
     def logits(self, hidden: jax.Array, decode_layout: bool = False) -> jax.Array:

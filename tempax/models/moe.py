@@ -33,8 +33,10 @@ transpose and an expert index or an even/odd or half split where the checkpoint 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -46,7 +48,6 @@ from flax import nnx
 from tempax import ops
 from tempax.errors import CheckpointError
 from tempax.models.config import MoeConfig
-from tempax.ops.experts import expert_products
 
 # --------------------------------------------------------------------------------------------------------------
 # Routing
@@ -153,6 +154,106 @@ def load_balancing_loss(router_logits: jax.Array, *, experts_per_token: int,
 
 
 # --------------------------------------------------------------------------------------------------------------
+# The router statistics of a training pass, and the auxiliary loss they give
+
+
+class RecordedRouting(NamedTuple):
+    """The routing of one call of a mixture-of-experts `Decoder`: its `MoeConfig` and the `RouterStatistics` of
+    its real tokens (segment id != 0), summed over its layers."""
+
+    moe: MoeConfig
+    statistics: RouterStatistics
+
+
+_RECORDING: contextvars.ContextVar[list[RecordedRouting] | None] = contextvars.ContextVar(
+    "tempax_router_statistics", default=None)
+
+
+@contextlib.contextmanager
+def recording_router_statistics() -> Iterator[list[RecordedRouting]]:
+    """Within the block, every call of a mixture-of-experts `Decoder` appends its `RecordedRouting` to the list
+    this yields (the decoder computes the statistics inside its layer scan only while a block is open).
+
+    Enter it inside the traced function that calls the model (a loss function): the statistics are arrays of that
+    trace. A program traced outside the block records nothing, and a model call inside a nested transform of its
+    own (a `jax.checkpoint` around the whole model) would leak that transform's tracers."""
+    token = _RECORDING.set([])
+    try:
+        yield _RECORDING.get()  # type: ignore[misc]
+    finally:
+        _RECORDING.reset(token)
+
+
+@contextlib.contextmanager
+def not_recording_router_statistics() -> Iterator[None]:
+    """Calls inside the block are not recorded: a reference pass inside a loss (LoRA's frozen base under
+    `tempax.models.lora.disable_adapters`) is not the model being trained, and transformers counts only the
+    trained forward's router logits in its auxiliary loss."""
+    token = _RECORDING.set(None)
+    try:
+        yield
+    finally:
+        _RECORDING.reset(token)
+
+
+def is_recording_router_statistics() -> bool:
+    return _RECORDING.get() is not None
+
+
+def record_router_statistics(moe: MoeConfig, statistics: RouterStatistics) -> None:
+    """Appends one decoder call's routing to the open `recording_router_statistics` block (nothing without one)."""
+    recorded = _RECORDING.get()
+    if recorded is not None:
+        recorded.append(RecordedRouting(moe, statistics))
+
+
+def router_aux_loss(recorded: Sequence[RecordedRouting]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(term the training loss gains, metrics) from the routing of the decoder calls of one loss evaluation.
+
+    The calls of one model (one `MoeConfig`) are pooled as transformers pools the layers of one forward (a prompt
+    run into a cache and its completion run against it count as one sequence), then
+    `load_balancing_loss_from_statistics` gives the loss and "moe_aux_loss" / "moe_max_load". The term is
+    `router_aux_loss_coef * loss` when `MoeConfig.train_aux_loss` is set, else 0 (reported only). Several models
+    (an MoE policy and an MoE critic) add their terms; their metrics are the sum of the losses and the largest
+    max load."""
+    pooled: dict[MoeConfig, RouterStatistics] = {}
+    for moe, stats in recorded:
+        before = pooled.get(moe)
+        pooled[moe] = stats if before is None else RouterStatistics(*(a + b for a, b in zip(before, stats)))
+    term = jnp.zeros((), jnp.float32)
+    total = jnp.zeros((), jnp.float32)
+    max_load = jnp.zeros((), jnp.float32)
+    for moe, stats in pooled.items():
+        loss, metrics = load_balancing_loss_from_statistics(stats)
+        total = total + loss
+        max_load = jnp.maximum(max_load, metrics["moe_max_load"])
+        if moe.train_aux_loss:
+            term = term + moe.router_aux_loss_coef * loss
+    return term, {"moe_aux_loss": total, "moe_max_load": max_load}
+
+
+LossFn = Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+def with_router_aux_loss(loss_fn: LossFn) -> LossFn:
+    """`loss_fn(model, batch)` that also reports the router's load-balancing loss of every mixture-of-experts
+    decoder call it makes ("moe_aux_loss", "moe_max_load") and, where `MoeConfig.train_aux_loss` is set, adds
+    `router_aux_loss_coef * moe_aux_loss` to the loss it returns (`router_aux_loss`), as transformers' *ForCausalLM
+    does when `output_router_logits` is set. A loss whose model has no experts is returned unchanged, metrics
+    included. `tempax.train.step` wraps every algorithm's loss with it."""
+
+    def wrapped(model: Any, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+        with recording_router_statistics() as recorded:
+            loss, metrics = loss_fn(model, batch)
+        if not recorded:
+            return loss, metrics
+        term, aux_metrics = router_aux_loss(recorded)
+        return loss + term.astype(loss.dtype), {**metrics, **aux_metrics}
+
+    return wrapped
+
+
+# --------------------------------------------------------------------------------------------------------------
 # The block
 
 
@@ -165,7 +266,8 @@ def _zeros(names: tuple[str | None, ...]) -> Any:
 
 
 class RoutedExperts(nnx.Module):
-    """E gated-MLP experts with stacked kernels [E, in, out] (`tempax.ops.experts.expert_products`)."""
+    """E gated-MLP experts with stacked kernels [E, in, out], computed by the op table's `ops.expert_products`
+    (`tempax.ops.experts.expert_products` gives the formula; megablox's kernel on a TPU)."""
 
     def __init__(self, moe: MoeConfig, hidden_size: int, *, param_dtype: Any, rngs: nnx.Rngs):
         e, d, m = moe.num_experts, hidden_size, moe.expert_intermediate_size
@@ -183,7 +285,7 @@ class RoutedExperts(nnx.Module):
 
     def __call__(self, x_nd: jax.Array, expert_ids_nk: jax.Array, weights_nk: jax.Array) -> jax.Array:
         value = lambda p: None if p is None else p[...]  # noqa: E731
-        return expert_products(
+        return ops.expert_products(
             x_nd, expert_ids_nk, weights_nk, self.gate_proj[...], self.up_proj[...], self.down_proj[...],
             activation=self.activation, gate_bias_ei=value(self.gate_proj_bias), up_bias_ei=value(self.up_proj_bias),
             down_bias_ed=value(self.down_proj_bias), swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit)
@@ -493,8 +595,9 @@ def hf_layer_tensors(tensors: Iterable[tuple[str, np.ndarray]], layer: int) -> d
     return {name[len(prefix):]: t for name, t in tensors if name.startswith(prefix)}
 
 
-__all__ = ["HF_MOE_FAMILIES", "HfMoeFamily", "MoeTensorSlot", "RoutedExperts", "RouterStatistics", "SharedExpert",
-           "SparseMoeBlock", "block_params", "fill_slot", "hf_layer_tensors", "hf_moe_tensor_to_path",
-           "hf_moe_tensors_to_params", "load_balancing_loss", "load_balancing_loss_from_statistics",
-           "load_block_params", "moe_param_shapes", "moe_params_to_hf_tensors", "moe_path_to_hf", "route",
-           "router_statistics"]
+__all__ = ["HF_MOE_FAMILIES", "HfMoeFamily", "MoeTensorSlot", "RecordedRouting", "RoutedExperts", "RouterStatistics",
+           "SharedExpert", "SparseMoeBlock", "block_params", "fill_slot", "hf_layer_tensors", "hf_moe_tensor_to_path",
+           "hf_moe_tensors_to_params", "is_recording_router_statistics", "load_balancing_loss",
+           "load_balancing_loss_from_statistics", "load_block_params", "moe_param_shapes", "moe_params_to_hf_tensors",
+           "moe_path_to_hf", "not_recording_router_statistics", "record_router_statistics",
+           "recording_router_statistics", "route", "router_aux_loss", "router_statistics", "with_router_aux_loss"]

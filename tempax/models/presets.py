@@ -1,14 +1,14 @@
 """Named model shapes for each family (random init, or to check what a checkpoint should look like).
 
-The published checkpoints' shapes; `bench-tiny` / `bench-small` are the shared benchmark shapes
-(`../shared/bench/workloads.json`). Each `tiny-<family>` preset is a few-thousand-parameter model that exercises
+The published checkpoints' shapes; `bench-tiny` / `bench-small` are the shapes of the benchmark workloads
+(`bench/`, docs/performance.md). Each `tiny-<family>` preset is a few-thousand-parameter model that exercises
 every switch of its family, for fast tests.
 """
 
 from __future__ import annotations
 
 from tempax.errors import ConfigError
-from tempax.models.config import ModelConfig, RopeConfig
+from tempax.models.config import ModelConfig, MoeConfig, RopeConfig
 
 _LLAMA3_ROPE = RopeConfig(theta=500000.0, scaling="llama3", factor=32.0, low_freq_factor=1.0,
                           high_freq_factor=4.0, original_max_position_embeddings=8192)
@@ -89,6 +89,29 @@ PRESETS: dict[str, ModelConfig] = {
         rope=RopeConfig(theta=1000000.0), rope_local=RopeConfig(theta=10000.0),
         tie_word_embeddings=True, max_position_embeddings=32768, rms_norm_eps=1e-6,
     ),
+    # Mixture-of-experts families (= ModelConfig.from_hf_config of each Hub config.json's architecture keys).
+    "qwen3-30b-a3b": ModelConfig(
+        family="qwen3_moe", vocab_size=151936, hidden_size=2048, num_layers=48, num_heads=32, num_kv_heads=4,
+        head_dim=128, intermediate_size=6144, rope=RopeConfig(theta=1000000.0), qk_norm=True,
+        tie_word_embeddings=False, max_position_embeddings=40960, rms_norm_eps=1e-6,
+        moe=MoeConfig(num_experts=128, experts_per_token=8, expert_intermediate_size=768, normalize_top_k=True),
+    ),  # 30.5B parameters, 3.35B active per token
+    "mixtral-8x7b": ModelConfig(
+        family="mixtral", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+        head_dim=128, intermediate_size=14336, rope=RopeConfig(theta=1000000.0), tie_word_embeddings=False,
+        max_position_embeddings=32768, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+        moe=MoeConfig(num_experts=8, experts_per_token=2, expert_intermediate_size=14336, router_aux_loss_coef=0.02),
+    ),
+    "gpt-oss-20b": ModelConfig(
+        family="gpt_oss", vocab_size=201088, hidden_size=2880, num_layers=24, num_heads=64, num_kv_heads=8,
+        head_dim=64, intermediate_size=2880, qkv_bias=True, o_bias=True, attention_sinks=True,
+        rope=RopeConfig(theta=150000.0, scaling="yarn", factor=32.0, original_max_position_embeddings=4096,
+                        truncate=False),
+        sliding_window=128, layer_types=("sliding", "full") * 12, tie_word_embeddings=False,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, eos_token_id=200002, pad_token_id=199999,
+        moe=MoeConfig(num_experts=32, experts_per_token=4, expert_intermediate_size=2880, router_bias=True,
+                      expert_bias=True, expert_activation="clamped_swiglu", router_aux_loss_coef=0.9),
+    ),
     # Shared benchmark shapes.
     "bench-tiny": ModelConfig(
         family="llama", vocab_size=32000, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
@@ -117,9 +140,44 @@ PRESETS: dict[str, ModelConfig] = {
         rope=RopeConfig(theta=1e6, scaling="linear", factor=8.0), rope_local=RopeConfig(theta=1e4),
         rms_norm_eps=1e-6,
     ),
+    # Mixture-of-experts: 6 or 4 experts, top-2; every layer sparse. Mixtral slides everywhere; gpt-oss alternates
+    # sliding and full layers, with attention sinks, q/k/v/o biases, YaRN (its ramp falls inside the 8 frequencies of
+    # head_dim 16) and its biased router and experts.
+    "tiny-qwen3-moe": _tiny("qwen3_moe", qk_norm=True, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                            moe=MoeConfig(num_experts=6, experts_per_token=2, expert_intermediate_size=32,
+                                          normalize_top_k=True)),
+    "tiny-mixtral": _tiny("mixtral", intermediate_size=32, tie_word_embeddings=False, sliding_window=4,
+                          layer_types=("sliding",) * 3,
+                          moe=MoeConfig(num_experts=4, experts_per_token=2, expert_intermediate_size=32)),
+    "tiny-gpt-oss": _tiny(
+        "gpt_oss", intermediate_size=32, qkv_bias=True, o_bias=True, attention_sinks=True, tie_word_embeddings=False,
+        sliding_window=4, layer_types=("sliding", "full", "sliding"), max_position_embeddings=32 * 4096,
+        rope=RopeConfig(theta=150000.0, scaling="yarn", factor=32.0, original_max_position_embeddings=4096,
+                        truncate=False),
+        moe=MoeConfig(num_experts=4, experts_per_token=2, expert_intermediate_size=32, router_bias=True,
+                      expert_bias=True, expert_activation="clamped_swiglu"),
+    ),
+    # SmolLM3: layer 3 without rotary embedding (NoPE every fourth layer, as the published models and llama.cpp).
+    # OLMo 2/3: norms after attention and MLP only, q/k norms over the whole projection; OLMo 3 slides three layers
+    # of four. Phi-3: rotary on 12 of each head's 16 features (Phi-4-mini's factor 0.75); fused qkv and gate/up
+    # tensors in its files.
+    "tiny-smollm3": _tiny("smollm3", num_layers=4, nope_layers=(3,), rope=RopeConfig(theta=2e6), rms_norm_eps=1e-6),
+    "tiny-olmo2": _tiny("olmo2", tie_word_embeddings=False, qk_norm=True, qk_norm_across_heads=True,
+                        pre_norms=False, post_norms=True),
+    "tiny-olmo3": _tiny("olmo3", num_layers=4, tie_word_embeddings=False, qk_norm=True, qk_norm_across_heads=True,
+                        pre_norms=False, post_norms=True, sliding_window=4,
+                        layer_types=("sliding", "sliding", "sliding", "full"), rope=RopeConfig(theta=5e5),
+                        rope_local=RopeConfig(theta=5e5)),
+    "tiny-phi3": _tiny("phi3", tie_word_embeddings=False, partial_rotary_factor=0.75),
 }
 
-TINY_FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+TINY_FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "smollm3", "olmo2", "olmo3", "phi3")
+TINY_MOE_FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss")  # presets tiny-qwen3-moe, tiny-mixtral, tiny-gpt-oss
+
+
+def tiny_preset_name(family: str) -> str:
+    """The name of a family's tiny preset: "tiny-" and the family with hyphens ("gpt_oss" -> "tiny-gpt-oss")."""
+    return "tiny-" + family.replace("_", "-")
 
 
 def get_preset(name: str) -> ModelConfig:

@@ -180,7 +180,7 @@ def _folder_kind(folder: str) -> tuple[SourceKind, str]:
         # A run's model is its base plus a checkpoint, which the training layer reads (`tempax.train.run_model`).
         raise CheckpointError(
             f"{folder} is a training run's directory, not model files; every tempax command takes it as it is "
-            f"(in Python: tempax.train.run_model.load_source({folder!r})), or make model files of it with "
+            f"(in Python: tempax.algorithms.run_dirs.load_source({folder!r})), or make model files of it with "
             f"`tempax export {folder} OUT_DIR`"
         )
     ggufs = sorted(n for n in os.listdir(folder) if n.endswith(".gguf"))
@@ -344,7 +344,7 @@ def load(
 
     `tempax.load("smollm2-135m-instruct")` gives SmolLM2-135M-Instruct and its chat tokenizer. `overrides`:
     `ModelConfig` fields changed on a `preset:` shape; `mesh`: the mesh a preset is initialised sharded over. A
-    training run's directory is loaded by `tempax.train.run_model.load_source` (its checkpoint, adapters merged).
+    training run's directory is loaded by `tempax.algorithms.run_dirs.load_source` (its checkpoint, adapters merged).
     """
     _check_dtype(dtype, "dtype")
     _check_dtype(param_dtype, "param_dtype")

@@ -3,6 +3,10 @@
 Hugging Face Linear weights are [out, in]; tempax kernels are [in, out], so linear weights are transposed on
 the way in and out. Everything else keeps its shape. Loading fills an abstract model (no memory allocated
 up front) one tensor at a time, so peak host memory stays near the model's own size.
+
+A mixture-of-experts layer's tensors (`tempax.models.moe`: per-expert ones for Qwen3-MoE and Mixtral, fused ones
+for gpt-oss) fill slots of the stacked expert arrays [L, E, in, out] (`hf_moe_tensor_to_path`); export writes the
+names transformers' `save_pretrained` writes (`moe_params_to_hf_tensors`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from flax import nnx
 from tempax.errors import CheckpointError
 from tempax.models.config import ModelConfig
 from tempax.models.decoder import Decoder, DecoderLayer, abstract_stack, as_dtype, is_stacked
+from tempax.models.moe import (MoeTensorSlot, fill_slot, hf_moe_tensor_to_path, moe_params_to_hf_tensors,
+                               moe_path_to_hf)
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
@@ -41,7 +47,24 @@ def hf_to_path(name: str) -> tuple[tuple[Any, ...], bool] | None:
         return ("layers", i, *parts[:-1], "bias"), False
     if parts[-1] == "weight" and parts[-2].endswith("norm"):
         return ("layers", i, *parts), False
+    if parts == ["self_attn", "sinks"]:  # gpt-oss's attention sinks [num_heads]
+        return ("layers", i, *parts), False
     return None
+
+
+_MOE_BLOCK = ("layers", "mlp")  # where a decoder layer's SparseMoeBlock sits in the model
+
+
+def hf_moe_slots(name: str, cfg: ModelConfig) -> tuple[int, tuple[MoeTensorSlot, ...]] | None:
+    """(layer index, slots in that layer's `SparseMoeBlock`) of a Hugging Face tensor of a mixture-of-experts
+    layer, or None for any other tensor (and for every tensor of a dense model)."""
+    if cfg.moe is None:
+        return None
+    m = _LAYER.match(name)
+    if not m:
+        return None
+    slots = hf_moe_tensor_to_path(m.group(2), cfg.family)  # type: ignore[arg-type]
+    return None if slots is None else (int(m.group(1)), slots)
 
 
 def path_to_hf(path: tuple[Any, ...]) -> tuple[str, bool]:
@@ -61,6 +84,17 @@ def path_to_hf(path: tuple[Any, ...]) -> tuple[str, bool]:
     raise KeyError(f"no Hugging Face name for parameter {path}")
 
 
+def _hf_name_for_message(layer_path: tuple[Any, ...], cfg: ModelConfig) -> str:
+    """A Hugging Face name of a per-layer path, for messages: an MoE parameter's first tensor name."""
+    if cfg.moe is not None and layer_path[0] == "layers" and layer_path[2] == "mlp":
+        try:
+            first = moe_path_to_hf(tuple(layer_path[3:]), cfg.family, cfg.moe.num_experts)[0][0]  # type: ignore
+            return f"model.layers.{layer_path[1]}.{first}"
+        except (KeyError, CheckpointError):
+            pass
+    return path_to_hf(layer_path)[0]
+
+
 def abstract_model(cfg: ModelConfig) -> Decoder:
     """A model whose parameters are shapes only (no memory), to be filled by `fill_params`.
 
@@ -68,7 +102,7 @@ def abstract_model(cfg: ModelConfig) -> Decoder:
     with one layer: tracing grows with the depth nowhere, so `tempax generate` starts as fast for a deep model as
     for a shallow one.
     """
-    shell = cfg.replace(num_layers=1, layer_types=cfg.layer_types[:1])
+    shell = cfg.replace(num_layers=1, layer_types=cfg.layer_types[:1], nope_layers=())
     model = nnx.eval_shape(lambda: Decoder(shell, rngs=nnx.Rngs(0)))
     with nnx.use_eager_sharding(False):  # as `Decoder.__init__` builds its layers
         layer = nnx.eval_shape(lambda: DecoderLayer(cfg, rngs=nnx.Rngs(0)))
@@ -123,8 +157,16 @@ def fill_params(
     table = param_table(model)
     buffers: dict[tuple[Any, ...], np.ndarray] = {}
     pending: dict[tuple[Any, ...], set[int]] = {}
+    moe_pending: dict[tuple[Any, ...], dict[int, set[int | None]]] = {}
     filled: set[tuple[Any, ...]] = set()
     for name, load in tensors:
+        moe = hf_moe_slots(name, cfg)
+        if moe is not None:
+            nbytes = _fill_moe_tensor(table, buffers, moe_pending, filled, name, load, *moe, cfg=cfg, source=source,
+                                      np_dtype=np_dtype)
+            if progress is not None:
+                progress(nbytes)
+            continue
         mapped = hf_to_path(name)
         if mapped is None:
             continue
@@ -164,7 +206,7 @@ def fill_params(
             progress(array.nbytes)
     missing = [p for p, _, _ in per_layer_paths(table) if p not in filled]
     if missing:
-        names = [path_to_hf(p)[0] for p in missing[:5]]
+        names = [_hf_name_for_message(p, cfg) for p in missing[:5]]
         raise CheckpointError(
             f"{source}: {len(missing)} weights of the model are missing from the checkpoint, e.g. {names}. "
             "The file may be truncated or belong to another architecture."
@@ -172,11 +214,54 @@ def fill_params(
     return model
 
 
+def _fill_moe_tensor(table: dict[tuple[Any, ...], nnx.Variable], buffers: dict[tuple[Any, ...], np.ndarray],
+                     pending: dict[tuple[Any, ...], dict[int, set[int | None]]], filled: set[tuple[Any, ...]],
+                     name: str,
+                     load: Callable[[], np.ndarray], layer: int, slots: tuple[MoeTensorSlot, ...], *,
+                     cfg: ModelConfig, source: str, np_dtype: np.dtype) -> int:
+    """Writes one Hugging Face tensor of layer `layer`'s MoE block into the host buffers of the stacked parameters
+    it fills (each [L, ...], an expert's tensor one [E] row of its layer), handing a buffer to the model once
+    every layer (and every expert) of it is in. Returns the tensor's size in bytes."""
+    array = load()
+    for slot in slots:
+        path = (*_MOE_BLOCK, *slot.path)
+        var = table.get(path)
+        if var is None or layer >= var.shape[0]:
+            raise CheckpointError(
+                f"{source}: tensor {name!r} has no place in a {cfg.family} model with this config "
+                f"({cfg.num_layers} layers, moe={cfg.moe}); the checkpoint and its config disagree.")
+        if path not in buffers:
+            buffers[path] = np.zeros(tuple(var.shape), np_dtype)
+            units = list(range(var.shape[1])) if slot.path[0] == "experts" else [None]  # [L, E, ...]: per expert
+            pending[path] = {i: set(units) for i in range(var.shape[0])}
+        fill_slot(buffers[path][layer], slot, array, name=f"{source}: tensor {name!r}")
+        waiting = pending[path].get(layer, set())
+        if slot.expert is None:
+            waiting.clear()
+        else:
+            waiting.discard(slot.expert)
+        if not waiting:
+            pending[path].pop(layer, None)
+            filled.add(("layers", layer, *path[1:]))
+        if not pending[path]:
+            var.set_value(jnp.asarray(buffers.pop(path)))
+    return array.nbytes
+
+
 def iter_hf_tensors(model: Decoder) -> Iterator[tuple[str, np.ndarray]]:
-    """(Hugging Face name, numpy array [out, in] for linears) for every parameter of the model."""
+    """(Hugging Face name, numpy array [out, in] for linears) for every parameter of the model; a mixture of
+    experts' block as transformers' `save_pretrained` writes its family's tensors, one layer at a time."""
     table = param_table(model)
+    cfg = model.config
+    moe_paths = [p for p in table if cfg.moe is not None and p[:2] == _MOE_BLOCK]
     for layer_path, path, index in per_layer_paths(table):
+        if path in moe_paths:
+            continue
         name, transpose = path_to_hf(layer_path)
         value = table[path][...]
         array = np.asarray(jax.device_get(value if index is None else value[index]))
         yield name, (array.T if transpose else array)
+    for i in range(cfg.num_layers if moe_paths else 0):
+        block = {tuple(p[2:]): np.asarray(jax.device_get(table[p][...][i])) for p in moe_paths}
+        for name, array in moe_params_to_hf_tensors(block, cfg.family).items():  # type: ignore[arg-type]
+            yield f"model.layers.{i}.{name}", array

@@ -231,6 +231,7 @@ def attention(
     window_on: jax.Array | None = None,
     kv_heads_first: bool = False,
     implementation: str = "tempax",
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
     """Grouped-query attention with causal + segment (+ sliding-window) masking.
 
@@ -240,8 +241,13 @@ def attention(
     full and sliding layers). softmax(softcap(q k^T * scale)) in float32; fully masked query rows (padding) get a
     finite output. `implementation`: "tempax" takes the op table's choice for the backend; "xla" / "cudnn"
     (`ModelConfig.attention_impl`) name `jax.nn.dot_product_attention` for [B, S, K, H] keys (no soft-capping).
+    `sinks` [N]: gpt-oss's per-head sink logits in the softmax's denominator (`tempax.ops.plain.attention_probs`);
+    only the plain op has them, so they take it on every backend.
     """
     mask = lambda: attention_mask(q_index, k_index, q_segments, k_segments, window, window_on)  # noqa: E731
+    if sinks is not None:
+        return plain.attention(q_btnh, k, v, mask(), scale=scale, logit_cap=logit_cap,
+                               kv_layout="bksh" if kv_heads_first else "bskh", sinks=sinks)
     if implementation != "tempax" and not kv_heads_first:
         return plain.library_attention(q_btnh, k, v, mask(), scale=scale, implementation=implementation)
     chosen = IMPLEMENTATIONS["attention"][backend()]

@@ -142,26 +142,36 @@ def attention_mask(q_index: jax.Array, k_index: jax.Array, q_segments: jax.Array
 
 
 def attention_probs(q_btnh: jax.Array, k: jax.Array, mask: jax.Array, *, scale: float, logit_cap: float | None,
-                    kv_layout: str, dtype: Any) -> jax.Array:
+                    kv_layout: str, dtype: Any, sinks: jax.Array | None = None) -> jax.Array:
     """p = softmax(mask(softcap(q k^T * scale))) [B, K, G, T, S] in `dtype`, the query heads grouped by the kv
     head they share (G = N / K). k is [B, S, K, H] (`kv_layout` "bskh") or [B, K, S, H] ("bksh", the KV cache's
     layout). Scores and softmax are in float32; a fully masked row (padding) gets a uniform, finite
-    distribution."""
+    distribution.
+
+    `sinks` [N] (gpt-oss's attention sinks, one learned logit per query head): the softmax's denominator also
+    holds exp(sink_n), p_j = exp(s_j) / (exp(sink_n) + sum_i exp(s_i)), so a head's weights may sum to less than
+    one (Xiao et al. 2023, arXiv:2309.17453, with the sink a parameter instead of a token); a fully masked row
+    then gives all its weight to the sink and attends to nothing."""
     b, t, n, h = q_btnh.shape
     kh = k.shape[kv_layout.index("k")]
     q = q_btnh.reshape(b, t, kh, n // kh, h)
     scores = jnp.einsum(f"btkgh,{kv_layout}->bkgts", q, k, preferred_element_type=jnp.float32) * scale
     scores = softcap(scores, logit_cap)
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    return jax.nn.softmax(scores, axis=-1).astype(dtype)
+    if sinks is None:
+        return jax.nn.softmax(scores, axis=-1).astype(dtype)
+    sink = sinks.astype(jnp.float32).reshape(1, kh, n // kh, 1, 1)
+    with_sink = jnp.concatenate([scores, jnp.broadcast_to(sink, (*scores.shape[:-1], 1))], axis=-1)
+    return jax.nn.softmax(with_sink, axis=-1)[..., :-1].astype(dtype)
 
 
 def attention(q_btnh: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scale: float,
-              logit_cap: float | None, kv_layout: str) -> jax.Array:
-    """Grouped-query attention p v with p from `attention_probs`: q [B, T, N, H], k and v in `kv_layout`, the
-    result [B, T, N, H]."""
+              logit_cap: float | None, kv_layout: str, sinks: jax.Array | None = None) -> jax.Array:
+    """Grouped-query attention p v with p from `attention_probs` (with `sinks`, if given): q [B, T, N, H], k and v
+    in `kv_layout`, the result [B, T, N, H]."""
     b, t, n, h = q_btnh.shape
-    probs = attention_probs(q_btnh, k, mask, scale=scale, logit_cap=logit_cap, kv_layout=kv_layout, dtype=v.dtype)
+    probs = attention_probs(q_btnh, k, mask, scale=scale, logit_cap=logit_cap, kv_layout=kv_layout, dtype=v.dtype,
+                            sinks=sinks)
     return jnp.einsum(f"bkgts,{kv_layout}->btkgh", probs, v).reshape(b, t, n, h)
 
 

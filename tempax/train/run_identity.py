@@ -1,4 +1,5 @@
-"""Run identity: a run dir is one training run, and its `config.yaml` says how it was trained.
+"""Run identity: a run dir is one training run, and its `config.yaml` says how it was trained: the command (its
+`command:` key, as a recipe names it) and the config in effect.
 
 When a run resumes, the config it is started with is compared with the saved `config.yaml`. Differences fall in
 two kinds:
@@ -7,9 +8,9 @@ two kinds:
   memory checks, the mesh, micro-batching and remat, which the invariance tests show leave every step equal) and
   `train.steps` (running a run longer or shorter is the point of resuming; with a decaying schedule the note says
   that its remaining learning rates follow the new length);
-* everything else: the optimizer, the data, the model, seq_len, the batch, the algorithm's settings. Those change
-  the trajectory, and resuming with them is refused (`ConfigError` listing each difference) unless the new config
-  sets `train.allow_config_change=true`. A config class whose run does read one of the bookkeeping keys below
+* everything else: the command, the optimizer, the data, the model, seq_len, the batch, the algorithm's settings.
+  Those change the trajectory, and resuming with them is refused (`ConfigError` listing each difference) unless
+  the new config sets `train.allow_config_change=true`. A config class whose run does read one of the bookkeeping keys below
   into its training steps names it in `TRAJECTORY_KEYS` (PPO: its held-out prompts size the rollout rows).
 
 Either way nothing is silent: each accepted difference is appended to `<run_dir>/config_changes.jsonl` with the
@@ -41,7 +42,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from tempax.errors import ConfigError
 from tempax.train.storage import write_atomic
-from tempax.configlib import dump_yaml, read_yaml, to_dict, upgrade_keys
+from tempax.configlib import COMMAND_KEY, dump_yaml, read_yaml, to_dict, upgrade_keys
 
 CONFIG_FILE = "config.yaml"
 CHANGES_FILE = "config_changes.jsonl"
@@ -184,30 +185,35 @@ def checkpoint_steps(run_dir: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(folder) if n.isdigit())
 
 
-def save_run_config(run_dir: str, cfg: Any, *, say: Any = None) -> list[Change]:
-    """Writes `<run_dir>/config.yaml` for a run about to start, the one place it is written.
+def save_run_config(run_dir: str, cfg: Any, *, command: str, say: Any = None) -> list[Change]:
+    """Writes `<run_dir>/config.yaml` for a run of `command` about to start, the one place it is written: the
+    config as a recipe of its command (`command:` first), which `tempax COMMAND --config` continues.
 
     A run dir with checkpoints is a resume: the new config is checked against the saved one (`check_resume`, which
-    refuses trajectory-changing differences unless `cfg.train.allow_config_change`), accepted changes are said and
-    appended to config_changes.jsonl, then config.yaml holds the config now in effect. Returns the changes.
+    refuses trajectory-changing differences unless `cfg.train.allow_config_change`; another command is one),
+    accepted changes are said and appended to config_changes.jsonl, then config.yaml holds the config now in
+    effect. Returns the changes.
 
     The saved config is read with the renamed keys of the config's class under their new names
     (`tempax.configlib.upgrade_keys`): a key that was renamed since the run started is the same setting, not a
-    change.
+    change. A config.yaml written before it named its command is taken to be of `command`.
     """
     path = os.path.join(run_dir, CONFIG_FILE)
     steps = checkpoint_steps(run_dir) if getattr(cfg.train.checkpoint, "resume", True) else []
     changes: list[Change] = []
     if steps and os.path.isfile(path):
-        saved, _ = upgrade_keys(type(cfg), read_yaml(path) or {})
+        saved = dict(read_yaml(path) or {})
+        saved_command = saved.pop(COMMAND_KEY, command)
+        saved, _ = upgrade_keys(type(cfg), saved)
         new = to_dict(cfg)
-        changes = check_resume(saved, new, step=steps[-1], allow=cfg.train.allow_config_change, run_dir=run_dir,
+        changes = check_resume({COMMAND_KEY: saved_command, **saved}, {COMMAND_KEY: command, **new},
+                               step=steps[-1], allow=cfg.train.allow_config_change, run_dir=run_dir,
                                trajectory_keys=getattr(type(cfg), TRAJECTORY_KEYS, ()))
         for line in describe_changes(changes, step=steps[-1], new=new):
             (say or print)(line)
         record_changes(run_dir, changes, step=steps[-1])
     make_run_dir(run_dir)
-    write_atomic(path, dump_yaml(cfg))
+    write_atomic(path, dump_yaml(cfg, command=command))
     return changes
 
 

@@ -8,11 +8,14 @@ source (itself possibly a run dir: runs chain), the LoRA/QLoRA configuration, th
 checkpoint; the run's own `tokenizer/` folder when it wrote one. A damaged newest checkpoint is skipped, in one
 line, for the newest one that reads (nothing in the run dir is moved or removed: the run may still be writing it).
 
-Runs whose checkpoints do not hold a plain policy are read from the files they write when they finish: a
-distillation run's `student/` folder, a LoRA PPO run's `adapters/` on its base (its checkpoints hold the policy
-with its value head). A run with no checkpoint yet, a reward-model run where a policy is wanted, and an
-unfinished distillation or PPO run give one `RunHasNoModel` line naming the run dir and the command that makes a
-model of it.
+Which command made a run, and where such a run keeps its model, is the algorithm's to say, not the training
+core's: the caller passes `describe`, which gives a run dir's `RunKind` (its command and the layout its
+algorithm's record states; `tempax.algorithms.run_dirs` is the `describe` the commands use). Four layouts
+(`RunModelLayout.kept`): the checkpoints hold the model (above); a Hugging Face folder the run writes when it
+finishes (a distillation's `student/`); PEFT adapters a LoRA run writes when it finishes, on its base (its
+checkpoints hold more than the model: PPO's value head); no model at all (a reward model). A run with no model yet,
+or none to give, is one `RunHasNoModel` line naming the run dir and the command that makes one (or what to do
+instead).
 """
 
 from __future__ import annotations
@@ -20,23 +23,52 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 from tempax.errors import CheckpointError, ConfigError
 from tempax.models import registry
 from tempax.models.registry import RUN_CONFIG_FILE, is_run_dir
 
-__all__ = ["RunHasNoModel", "TrainedModel", "is_run_dir", "load_run", "load_source", "merged", "run_config",
-           "shape_source", "training_command"]
+__all__ = ["Describe", "RunHasNoModel", "RunKind", "RunModelLayout", "TrainedModel", "is_run_dir", "load_run",
+           "load_source", "merged", "run_config", "shape_source"]
 
-# The section only one training command's config has, to name the command that continues a run (config.yaml is
-# a dump of the typed config and does not name its command); sft and pretrain share a shape.
-_COMMAND_OF_SECTION = {"grpo": "grpo", "rft": "rft", "ppo": "ppo", "dpo": "dpo", "kto": "kto",
-                       "reward": "reward-model", "student": "distill"}
+# The layouts whose model is a folder the run writes at its end, not a checkpoint step.
+_FINAL_FOLDERS = ("folder", "adapters")
 
 
 class RunHasNoModel(CheckpointError):
     """A run dir from which no model can be made (yet): the message names the dir and the command that makes one."""
+
+
+class RunModelLayout(Protocol):
+    """Where a run keeps the model it trained (`tempax.algorithms.registry.RunModel` is the record's).
+
+    Attributes:
+      kept: "checkpoint", "folder", "adapters" or "none" (the module docstring).
+      folder: the folder under the run dir that "folder" and "adapters" read.
+      note: a clause the messages quote: ("folder") when the folder is written, ("adapters") why the checkpoints
+        are not the model, ("none") why there is none and what to do instead, with `{run_dir}` and `{source}` (the
+        run's model.source) filled in.
+    """
+
+    kept: str
+    folder: str
+    note: str
+
+
+@dataclass(frozen=True)
+class RunKind:
+    """What `describe(run_dir)` says of a run dir: the command that made it and where it keeps its model."""
+
+    command: str
+    model: RunModelLayout
+
+    def command_line(self, run_dir: str) -> str:
+        """The command line that continues (or finishes) the run in `run_dir`."""
+        return f"tempax {self.command} --config {os.path.join(run_dir, RUN_CONFIG_FILE)}"
+
+
+Describe = Callable[[str], RunKind]
 
 
 @dataclass
@@ -74,17 +106,10 @@ def run_config(run_dir: str) -> dict[str, Any]:
     return raw
 
 
-def training_command(run_dir: str, raw: Mapping[str, Any]) -> str:
-    """The command line that continues (or finishes) the run in `run_dir`."""
-    name = next((c for section, c in _COMMAND_OF_SECTION.items() if section in raw), "sft")
-    if name == "sft" and (raw.get("data") or {}).get("format") == "text":
-        name = "pretrain"
-    return f"tempax {name} --config {os.path.join(run_dir, RUN_CONFIG_FILE)}"
-
-
 def load_source(
     source: str | os.PathLike,
     *,
+    describe: Describe,
     tokenizer: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     seed: int = 0,
@@ -96,6 +121,7 @@ def load_source(
     """(model, tokenizer or None) of a run dir (`load_run`, adapters merged) or of any `registry.load` source.
 
     Args:
+      describe: what a run dir is (the module docstring).
       tokenizer: a tokenizer source to use instead of the model's own.
       overrides, mesh, seed: for `preset:` sources (see `registry.load`).
       dtype, param_dtype, progress: as `registry.load`.
@@ -105,7 +131,7 @@ def load_source(
     if os.path.isdir(path) and is_run_dir(path):
         if overrides:
             raise ConfigError(f"model overrides only apply to preset:<name> sources, not to the run dir {source}")
-        trained = load_run(path, dtype=dtype, param_dtype=param_dtype, progress=progress)
+        trained = load_run(path, describe=describe, dtype=dtype, param_dtype=param_dtype, progress=progress)
         model, own = trained.model, trained.tokenizer
     else:
         model, own = registry.load(source, dtype=dtype, param_dtype=param_dtype, seed=seed, progress=progress,
@@ -116,6 +142,7 @@ def load_source(
 def load_run(
     run_dir: str,
     *,
+    describe: Describe,
     step: int | None = None,
     merge: bool = True,
     fallback: bool = True,
@@ -128,6 +155,7 @@ def load_run(
 
     Args:
       run_dir: the run's train.run_dir.
+      describe: what a run dir is: its command and where it keeps its model (the module docstring).
       step: a checkpoint step (default: the newest intact one).
       merge: fold LoRA adapters (and a QLoRA base) into plain weights; False keeps the adapters (export --adapters).
       fallback: with `step` None, read the newest checkpoint that is intact, after a line naming each damaged one
@@ -141,50 +169,48 @@ def load_run(
       CheckpointError: `step` is not in the run, or no checkpoint of it reads.
     """
     say = say or (lambda text: print(text, file=sys.stderr))
-    shape_source(run_dir)  # the chain of runs is sound (no cycle, no reward-model run) before any weights load
-    raw = _policy_run_config(run_dir)
-    command = training_command(run_dir, raw)
-    if step is not None and ("student" in raw or "ppo" in raw):
-        made_of = "student/" if "student" in raw else "adapters/"
-        raise ConfigError(f"{run_dir}'s model is the {made_of} folder it writes at its end, not a checkpoint step; "
-                          "drop --step")
-    if "student" in raw:
-        model, tokenizer = registry.load(_student_folder(run_dir, raw), dtype=dtype, param_dtype=param_dtype,
+    shape_source(run_dir, describe=describe)  # the chain of runs is sound (no cycle, no run without a model) first
+    kind = describe(run_dir)
+    raw = _model_run_config(run_dir, kind)
+    layout = kind.model
+    if step is not None and layout.kept in _FINAL_FOLDERS:
+        raise ConfigError(f"{run_dir}'s model is the {layout.folder}/ folder it writes at its end, not a checkpoint "
+                          "step; drop --step")
+    if layout.kept == "folder":
+        model, tokenizer = registry.load(_final_folder(run_dir, kind), dtype=dtype, param_dtype=param_dtype,
                                          progress=progress)
         return TrainedModel(model, tokenizer, {}, None)
     spec = dict(raw.get("model") or {})
-    lora = raw.get("lora")
-    if "ppo" in raw:
-        if not lora:
+    if layout.kept == "adapters":
+        if not raw.get("lora"):
             raise RunHasNoModel(
-                f"{run_dir} is a full-weight PPO run: its checkpoints hold the policy with its value head and it "
-                "writes no policy of its own; train it with lora set (it then writes adapters/), or take the "
-                f"model it started from, {spec.get('source')}"
+                f"{run_dir} is a full-weight run with no model of its own: {layout.note}, and only a LoRA run "
+                f"writes its adapters ({layout.folder}/); train it with lora set, or take the model it started "
+                f"from, {spec.get('source')}"
             )
-        return _from_adapters(run_dir, spec, command, merge=merge, dtype=dtype, param_dtype=param_dtype,
-                              progress=progress)
-    return _from_checkpoint(run_dir, raw, spec, command, step=step, merge=merge, fallback=fallback, dtype=dtype,
-                            param_dtype=param_dtype, progress=progress, say=say)
+        return _from_adapters(run_dir, spec, kind, merge=merge, dtype=dtype, param_dtype=param_dtype,
+                              progress=progress, describe=describe)
+    return _from_checkpoint(run_dir, raw, spec, kind.command_line(run_dir), step=step, merge=merge,
+                            fallback=fallback, dtype=dtype, param_dtype=param_dtype, progress=progress, say=say,
+                            describe=describe)
 
 
-def _policy_run_config(run_dir: str) -> dict[str, Any]:
-    """The run's config; a `RunHasNoModel` for a reward-model run, which has no policy."""
+def _model_run_config(run_dir: str, kind: RunKind) -> dict[str, Any]:
+    """The run's config; a `RunHasNoModel` for a run that keeps no model (a reward model has no policy)."""
     raw = run_config(run_dir)
-    if "reward" in raw:
-        raise RunHasNoModel(
-            f"{run_dir} is a reward-model run: it scores replies and has no policy to generate with or train; "
-            f"score with `tempax score {run_dir}`, reward with `model:{run_dir}` in rewards.functions, or pass its "
-            f"model.source ({(raw.get('model') or {}).get('source')}) for a policy"
-        )
+    if kind.model.kept == "none":
+        source = (raw.get("model") or {}).get("source")
+        raise RunHasNoModel(f"{run_dir} is a {kind.command} run: "
+                            + kind.model.note.format(run_dir=run_dir, source=source))
     return raw
 
 
-def _student_folder(run_dir: str, raw: Mapping[str, Any]) -> str:
-    """The Hugging Face folder a distillation run writes its student to when it finishes."""
-    folder = os.path.join(run_dir, "student")
+def _final_folder(run_dir: str, kind: RunKind) -> str:
+    """The Hugging Face folder a "folder" run writes its model to when it finishes."""
+    folder = os.path.join(run_dir, kind.model.folder)
     if not os.path.isfile(os.path.join(folder, "config.json")):
-        raise RunHasNoModel(f"{run_dir} has no student/ folder yet: a distillation run writes its student there when "
-                            f"it finishes (save_student: true); finish it with `{training_command(run_dir, raw)}`")
+        raise RunHasNoModel(f"{run_dir} has no {kind.model.folder}/ folder yet: {kind.model.note}; finish it with "
+                            f"`{kind.command_line(run_dir)}`")
     return folder
 
 
@@ -196,31 +222,32 @@ def _check_chain(run_dir: str, chain: tuple[str, ...]) -> tuple[str, ...]:
     return (*chain, where)
 
 
-def shape_source(run_dir: str, _chain: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:
+def shape_source(run_dir: str, *, describe: Describe, _chain: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:
     """(model source, preset overrides) whose config is the shape of the model `load_run(run_dir)` gives, without
     reading weights: LoRA adds no shape, so it is the run's starting model (a chain of runs followed to its
-    start), or the folder a distillation run wrote."""
+    start), or the folder a "folder" run wrote."""
     chain = _check_chain(run_dir, _chain)
-    raw = _policy_run_config(run_dir)
-    if "student" in raw:
-        return _student_folder(run_dir, raw), {}
+    kind = describe(run_dir)
+    raw = _model_run_config(run_dir, kind)
+    if kind.model.kept == "folder":
+        return _final_folder(run_dir, kind), {}
     spec = raw.get("model") or {}
     source = str(spec.get("source") or "")
     path = os.path.expanduser(source)
     if os.path.isdir(path) and is_run_dir(path):
-        return shape_source(path, chain)
+        return shape_source(path, describe=describe, _chain=chain)
     return source, dict(spec.get("overrides") or {})
 
 
 def _base(run_dir: str, spec: Mapping[str, Any], *, seed: int, dtype: str | None, param_dtype: str | None,
-          progress: bool) -> tuple[Any, Any]:
+          progress: bool, describe: Describe) -> tuple[Any, Any]:
     """(model, tokenizer) the run started from: its model section, a run dir in turn when it names one."""
     source = str(spec.get("source") or "")
     if not source:
         raise CheckpointError(f"{os.path.join(run_dir, RUN_CONFIG_FILE)} names no model.source")
     path = os.path.expanduser(source)
     if os.path.isdir(path) and is_run_dir(path):
-        trained = load_run(path, dtype=dtype, param_dtype=param_dtype, progress=progress)
+        trained = load_run(path, describe=describe, dtype=dtype, param_dtype=param_dtype, progress=progress)
         model, own = trained.model, trained.tokenizer
     else:
         model, own = registry.load(source, dtype=dtype, param_dtype=param_dtype, seed=seed, progress=progress,
@@ -246,15 +273,16 @@ def merged(model: Any) -> Any:
     return model
 
 
-def _from_adapters(run_dir: str, spec: Mapping[str, Any], command: str, *, merge: bool, dtype: str | None,
-                   param_dtype: str | None, progress: bool) -> TrainedModel:
+def _from_adapters(run_dir: str, spec: Mapping[str, Any], kind: RunKind, *, merge: bool, dtype: str | None,
+                   param_dtype: str | None, progress: bool, describe: Describe) -> TrainedModel:
     from tempax.models.lora import load_adapters
 
-    folder = os.path.join(run_dir, "adapters")
+    folder = os.path.join(run_dir, kind.model.folder)
     if not os.path.isfile(os.path.join(folder, "adapter_config.json")):
-        raise RunHasNoModel(f"{run_dir} is a PPO run without adapters/ yet (its checkpoints hold the policy with its "
-                            f"value head; the adapters are written when the run finishes); finish it with `{command}`")
-    model, tokenizer = _base(run_dir, spec, seed=0, dtype=dtype, param_dtype=param_dtype, progress=progress)
+        raise RunHasNoModel(f"{run_dir} has no {kind.model.folder}/ yet: {kind.model.note}, and a LoRA run writes "
+                            f"its adapters there when it finishes; finish it with `{kind.command_line(run_dir)}`")
+    model, tokenizer = _base(run_dir, spec, seed=0, dtype=dtype, param_dtype=param_dtype, progress=progress,
+                             describe=describe)
     model = load_adapters(model, folder)
     return TrainedModel(merged(model) if merge else model, _run_tokenizer(run_dir, tokenizer),
                         {"trainable": "adapters"}, None)
@@ -262,7 +290,7 @@ def _from_adapters(run_dir: str, spec: Mapping[str, Any], command: str, *, merge
 
 def _from_checkpoint(run_dir: str, raw: Mapping[str, Any], spec: Mapping[str, Any], command: str, *,
                      step: int | None, merge: bool, fallback: bool, dtype: str | None, param_dtype: str | None,
-                     progress: bool, say: Callable[[str], None]) -> TrainedModel:
+                     progress: bool, say: Callable[[str], None], describe: Describe) -> TrainedModel:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -287,7 +315,7 @@ def _from_checkpoint(run_dir: str, raw: Mapping[str, Any], spec: Mapping[str, An
                                   + ", ".join(map(str, sorted(steps))))
         seed = int((raw.get("train") or {}).get("seed", 0))
         model, tokenizer = _base(run_dir, spec, seed=seed, dtype=dtype, param_dtype=param_dtype,
-                                 progress=progress)
+                                 progress=progress, describe=describe)
         trainable: Any = nnx.Param
         lora = raw.get("lora")
         if lora:

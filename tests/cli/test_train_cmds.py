@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
+from tempax.algorithms.registry import algorithms
 from tempax.cli.main import main
 from tempax.train.metrics import read_metrics
 from tests.algorithms.grpo.test_objective import tok  # noqa: F401  (the fixture: the tiny chat tokenizer)
@@ -80,7 +81,27 @@ def test_sft_command_trains_and_writes_the_run_dir(trained):
     lines = (trained / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(l)["step"] for l in lines] == [1, 2, 3]
     assert os.path.isdir(trained / "checkpoints" / "3")
-    assert "tiny-llama" in (trained / "config.yaml").read_text()
+    config = (trained / "config.yaml").read_text()
+    assert config.startswith("command: sft\n") and "tiny-llama" in config
+
+
+def test_a_run_saved_before_config_yaml_named_its_command_loads_the_same(trained, tmp_path):
+    """A run dir written the old way (config.yaml without its `command:` line) is recognised from its config's
+    shape and gives the same model, step and tokenizer as the run dir as written now."""
+    import shutil
+
+    from tempax.algorithms.run_dirs import describe, load_run
+
+    older = tmp_path / "older"
+    shutil.copytree(trained, older, ignore=shutil.ignore_patterns(".tempax-run.lock"))
+    (older / "config.yaml").write_text((trained / "config.yaml").read_text().removeprefix("command: sft\n"))
+    assert "command:" not in (older / "config.yaml").read_text()
+    assert describe(str(older)) == describe(str(trained))
+    now, before = load_run(str(trained)), load_run(str(older))
+    tokens = jnp.asarray(np.arange(12, dtype=np.int32).reshape(2, 6) + 5)
+    assert before.step == now.step == 3
+    np.testing.assert_array_equal(before.model(tokens)[0], now.model(tokens)[0])
+    assert before.tokenizer.encode("Paris.") == now.tokenizer.encode("Paris.")
 
 
 def test_unknown_key_names_it_and_its_neighbours(workspace, capsys):
@@ -114,7 +135,7 @@ def test_export_merges_adapters_into_a_hf_checkpoint(trained, tmp_path):
     """The exported plain model gives the trained LoRA model's logits; the adapters-only export is PEFT-shaped."""
     from tempax.models.hf_io import load_hf_checkpoint
     from tempax.models.lora import has_adapters
-    from tempax.train.run_model import load_run
+    from tempax.algorithms.run_dirs import load_run
 
     out = tmp_path / "hf"
     assert main(["export", str(trained), str(out)]) == 0
@@ -232,30 +253,27 @@ def test_pretrain_command_on_text_fields(workspace, tmp_path):
 
 def test_a_run_stopped_by_a_hook_exits_with_status_3(workspace, monkeypatch, capsys):
     """The CLI maps `TrainResult.stop_reason` to exit status 3 (documented in `tempax --help`) and prints it."""
+    from tempax.algorithms.run import RunResult
     from tempax.cli import train_cmds
     from tempax.cli.main import EXIT_STATUSES
-    from tempax.train.loop import TrainResult
 
     _, recipe, _ = workspace
     cls, _ = train_cmds.resolve("sft")
-    monkeypatch.setattr(train_cmds, "resolve", lambda command: (cls, lambda cfg: TrainResult(None, stop_reason="why")))
+    monkeypatch.setattr(train_cmds, "resolve", lambda command: (cls, lambda cfg: RunResult(None, stop_reason="why")))
     assert main(["sft", "--config", str(recipe)]) == train_cmds.STOPPED_EXIT_STATUS == 3
     assert "stopped early: why" in capsys.readouterr().err
     assert "3    a training hook stopped the run early" in EXIT_STATUSES
 
 
-@pytest.mark.parametrize("command", ["sft", "pretrain", "dpo", "kto", "reward-model", "grpo", "ppo", "distill"])
+@pytest.mark.parametrize("command", sorted(algorithms()))
 def test_every_training_command_ends_with_the_same_done_line(workspace, monkeypatch, capsys, command, tmp_path):
-    """Whatever the algorithm's `main` returns (its `TrainResult`, or a run holding one as `.result`), the
-    command's last line says the step, its loss and where the run went."""
-    from types import SimpleNamespace
-
+    """Every registered command's `main` returns a `RunResult` (tests/algorithms/test_registry.py checks the
+    mains); from it the command's last line says the step, its loss and where the run went."""
+    from tempax.algorithms.run import RunResult
     from tempax.cli import train_cmds
-    from tempax.train.loop import TrainResult
 
     cls, _ = train_cmds.resolve(command)
-    result = TrainResult(None, history=[(4, {"loss": 0.5})])
-    outcome = SimpleNamespace(result=result) if command in ("grpo", "ppo") else result
+    outcome = RunResult(None, history=[(4, {"loss": 0.5})])
     monkeypatch.setattr(train_cmds, "resolve", lambda name: (cls, lambda cfg: outcome))
     run_dir = tmp_path / "run"
     assert main([command, f"train.run_dir={run_dir}", "train.steps=4"]) == 0
@@ -333,7 +351,6 @@ def test_the_cli_exits_3_when_the_collapse_guard_stops_a_run(tok, tmp_path, caps
 def test_dpo_print_config_shows_the_overrides(capsys):
     """`tempax dpo --config RECIPE --print-config key=value` shows the overrides in the resolved config."""
     from tempax.cli.main import main as cli
-    from tempax.algorithms.registry import algorithms
 
     assert "dpo" in algorithms()
     recipe = os.path.join(ROOT, "recipes", "dpo_smollm2_lora.yaml")
@@ -354,7 +371,6 @@ def test_kto_print_config_shows_the_overrides(capsys):
 def test_reward_model_print_config_shows_the_overrides(capsys):
     """`tempax reward-model --config RECIPE --print-config key=value` shows the override in the resolved config."""
     from tempax.cli.main import main as cli
-    from tempax.algorithms.registry import algorithms
 
     assert "reward-model" in algorithms()
     recipe = os.path.join(ROOT, "recipes", "reward_model_smollm2_lora.yaml")

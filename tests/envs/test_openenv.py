@@ -139,7 +139,7 @@ def test_the_openenv_recipe_trains_two_grpo_steps(model, tok, tmp_path, monkeypa
     environment; the only reward is the environment's rubric (reward/openenv_mean)."""
     monkeypatch.chdir(ROOT)
     run = two_tiny_steps(RECIPE, model, tok, tmp_path)
-    m = run.result.history[0][1]
+    m = run.history[0][1]
     assert "reward/openenv_mean" in m and 1.0 <= m["episode/turns_mean"] <= 2.0
     assert "episode/openenv_steps_mean" in m
-    assert np.isfinite(run.result.losses).all()
+    assert np.isfinite(run.losses).all()

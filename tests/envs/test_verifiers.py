@@ -342,6 +342,6 @@ def test_the_verifiers_recipe_trains_two_grpo_steps(long_model, tok, tmp_path, m
     the rewards are the task's own (reward/correct_mean, reward/brief_mean), the episodes' tool counters logged."""
     monkeypatch.chdir(ROOT)
     run = two_tiny_steps(RECIPE, long_model, tok, tmp_path, "grpo.max_prompt_len=1024")
-    m = run.result.history[0][1]
+    m = run.history[0][1]
     assert {"reward/correct_mean", "reward/brief_mean", "episode/verifiers_tool_calls_mean"} <= set(m)
-    assert np.isfinite(run.result.losses).all()
+    assert np.isfinite(run.losses).all()

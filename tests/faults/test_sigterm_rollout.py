@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from tempax.rl.rollout import PromptSampler
+from tempax.algorithms.grpo.plan import GRPOPlan
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.rewards import combine_rewards
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
@@ -25,11 +26,11 @@ def _run(model, tok, prompts, run_dir, *, steps, reward):  # noqa: F811
         progress_bar=False, check_memory=False, optimizer=OptimizerConfig(learning_rate=3e-2, schedule="constant"),
         checkpoint=CheckpointConfig(every=0, save_at_end=True, resume=True, async_save=True),
     )
-    source = GRPOSource(tok, PromptSampler(prompts, seed=0), combine_rewards({"chars": reward}), SETTINGS,
-                        prompt_len=24)
-    trainer = make_grpo_trainer(model, SETTINGS, cfg, prompt_len=24, log=lambda s: None)
+    source = GRPOSource(tok, PromptSampler(prompts, seed=0), combine_rewards({"chars": reward}),
+                        GRPOPlan.build(SETTINGS), prompt_len=24)
+    trainer = make_grpo_trainer(model, SETTINGS, source.plan, cfg, prompt_len=24, log=lambda s: None)
     try:
-        return trainer.fit(source, hooks=list(grpo_hooks(source, SETTINGS)))
+        return trainer.fit(source, hooks=list(grpo_hooks(source)))
     finally:
         trainer.close()
 

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tempax.generate import SamplingConfig, generate  # noqa: E402
-from tests.kit.models import TINY_FAMILIES, hf_reference_pair, random_ids  # noqa: E402
+from tests.kit.models import TINY_FAMILIES, TINY_MOE_FAMILIES, hf_reference_pair, random_ids  # noqa: E402
 from tests.kit.tokenizers import smollm2_gguf_path  # noqa: E402
 
 pytestmark = pytest.mark.needs_torch
@@ -23,7 +23,7 @@ def _hf_greedy(ref, prompt: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("family", TINY_FAMILIES + TINY_MOE_FAMILIES)
 def test_greedy_matches_transformers_on_tiny_models(family):
     """Three prompts of lengths 4, 11, 7 batched (left-padded) in one tempax call; each equals transformers'
     single-prompt greedy generate for 10 tokens. Length 11 + 10 passes the sliding window (4) of Gemma 2/3."""

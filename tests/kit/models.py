@@ -9,13 +9,13 @@ import tempfile
 import numpy as np
 
 from tempax.models.config import ModelConfig
-from tempax.models.presets import PRESETS, TINY_FAMILIES
+from tempax.models.presets import PRESETS, TINY_FAMILIES, TINY_MOE_FAMILIES, tiny_preset_name
 
-__all__ = ["TINY_FAMILIES", "tiny_config", "hf_reference_pair", "tiny_tempax_model"]
+__all__ = ["TINY_FAMILIES", "TINY_MOE_FAMILIES", "tiny_config", "hf_reference_pair", "tiny_tempax_model"]
 
 
 def tiny_config(family: str) -> ModelConfig:
-    return PRESETS[f"tiny-{family}"]
+    return PRESETS[tiny_preset_name(family)]
 
 
 @functools.lru_cache(maxsize=None)

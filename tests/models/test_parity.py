@@ -1,4 +1,5 @@
-"""tempax logits equal transformers logits (float32, max abs diff < 1e-4) for a tiny model of every family."""
+"""tempax logits equal transformers logits (float32, max abs diff < 1e-4) for a tiny model of every family, the
+mixture-of-experts ones (Qwen3-MoE, Mixtral, gpt-oss) included."""
 
 import numpy as np
 import jax.numpy as jnp
@@ -7,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tempax.models.cache import KVCache  # noqa: E402
-from tests.kit.models import TINY_FAMILIES, hf_reference_pair, random_ids  # noqa: E402
+from tests.kit.models import TINY_FAMILIES, TINY_MOE_FAMILIES, hf_reference_pair, random_ids  # noqa: E402
 
 from flax import nnx  # noqa: E402
 
@@ -29,7 +30,7 @@ def _seg(ids):
     return jnp.ones(ids.shape, jnp.int32)
 
 
-@pytest.fixture(scope="module", params=TINY_FAMILIES)
+@pytest.fixture(scope="module", params=TINY_FAMILIES + TINY_MOE_FAMILIES)
 def pair(request):
     return request.param, *hf_reference_pair(request.param)
 
@@ -113,11 +114,15 @@ def test_a_prefill_into_a_fresh_cache_reads_only_the_keys_it_wrote(pair):
     full_logits, full = model(prompt, segment_ids=prompt_mask, cache=KVCache.init(model.config, 2, 64))
     real = mask[:, :4] == 1  # a padding query attends to other padding either way; nothing reads its output
     # rtol 2e-6: the two prefills are two programs whose layer scans XLA fuses differently (a softmax over 4 keys
-    # or over 64 with 60 masked), so float32 sums round differently: seen 1.2e-6 relative on a logit of 1.24.
+    # or over 64 with 60 masked), so float32 sums round differently: seen 1.2e-6 relative on a logit of 1.24, and
+    # on the cached values of a later layer of tiny-qwen3-moe 1.2e-6 relative on 0.82 (its experts' products add
+    # their own rounding between the layers). atol 2e-6 on the cache: OLMo 2/3 RMS-normalise each layer's attention
+    # output itself (post-norms), which scales that rounding up by 1 / RMS of a small output: seen 1.26e-6 absolute
+    # on a later layer's key of 0.1 (tiny-olmo3), where every pre-norm family stays under 1e-6.
     np.testing.assert_allclose(np.asarray(fresh_logits)[real], np.asarray(full_logits)[real], atol=1e-6, rtol=2e-6)
     for a, b in zip((*fresh.k, *fresh.v), (*full.k, *full.v)):  # [B, K, S, H]: the real tokens' slots
         np.testing.assert_allclose(np.asarray(a)[:, :, :4].swapaxes(1, 2)[real],
-                                   np.asarray(b)[:, :, :4].swapaxes(1, 2)[real], atol=1e-6, rtol=0)
+                                   np.asarray(b)[:, :, :4].swapaxes(1, 2)[real], atol=2e-6, rtol=2e-6)
     steps, cache = [np.asarray(fresh_logits)], fresh
     for t in (4, 5):
         logits, cache = model(jnp.asarray(ids[:, t:t + 1]), segment_ids=jnp.asarray(mask[:, t:t + 1]), cache=cache)

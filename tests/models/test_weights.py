@@ -4,10 +4,10 @@ from flax import nnx
 
 from tempax.models.decoder import Decoder
 from tempax.models.weights import abstract_model
-from tests.kit.models import TINY_FAMILIES, tiny_config
+from tests.kit.models import TINY_FAMILIES, TINY_MOE_FAMILIES, tiny_config
 
 
-@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("family", TINY_FAMILIES + TINY_MOE_FAMILIES)
 def test_abstract_model_has_the_structure_of_the_whole_constructor(family):
     """Layer by layer (abstract_model) and in one trace: the same graph, and every parameter with the same
     shape, dtype and logical axis names (sliding / full layers of the Gemma families included)."""

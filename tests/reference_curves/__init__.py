@@ -152,12 +152,6 @@ def _without_seq_len(train: dict[str, Any]) -> dict[str, Any]:
     return train
 
 
-def _history(result: Any) -> list[tuple[int, dict[str, float]]]:
-    """(step, metrics) of every logged step of what a `main` returned (a TrainResult or a run holding one)."""
-    result = getattr(result, "result", result)
-    return result.history
-
-
 def is_trajectory_metric(key: str) -> bool:
     k = key.lower()
     return not any(word in k for word in MACHINE_WORDS)
@@ -178,8 +172,8 @@ def run_one(name: str, workdir: str, configs: dict[str, tuple[str, dict[str, Any
     configs = configs or raw_configs(workdir)
     command, raw = configs[name]
     cls, main = resolve(command)
-    result = main(from_dict(cls, raw), log=lambda _: None)
-    return curves(_history(result))
+    result = main(from_dict(cls, raw), log=lambda _: None)  # every main's RunResult: its logged history
+    return curves(result.history)
 
 
 def path_of(name: str) -> str:

@@ -18,6 +18,7 @@ import ray  # in the test extra (tempax[distributed])
 from flax import nnx
 
 from tempax.algorithms.grpo.config import GRPOKnobsConfig
+from tempax.algorithms.grpo.plan import GRPOPlan
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.errors import ConfigError, TempaxError
 from tempax.models.lora import LoraConfig, apply_lora, lora_filter
@@ -73,12 +74,13 @@ def run(policy, tok, prompts, run_dir, *, steps, settings=BASE, hooks=(), ray_co
         progress_bar=False, check_memory=False, optimizer=OptimizerConfig(learning_rate=3e-2, schedule="constant"),
         checkpoint=CheckpointConfig(every=0, save_at_end=True, resume=True, async_save=False),
     )
-    source = GRPOSource(tok, PromptSampler(prompts, seed=0), combine_rewards({"chars": char_count}), settings,
-                        prompt_len=24, ray=ray_config)
-    trainer = make_grpo_trainer(policy, settings, cfg, prompt_len=24, trainable=lora_filter, log=lambda s: None)
+    source = GRPOSource(tok, PromptSampler(prompts, seed=0), combine_rewards({"chars": char_count}),
+                        GRPOPlan.build(settings), prompt_len=24, ray=ray_config)
+    trainer = make_grpo_trainer(policy, settings, source.plan, cfg, prompt_len=24, trainable=lora_filter,
+                                log=lambda s: None)
     try:
         extra = [*hooks, *(hooks_for(source) if hooks_for else [])]
-        result = trainer.fit(source, hooks=[*grpo_hooks(source, settings, NO_GUARD), *extra])
+        result = trainer.fit(source, hooks=[*grpo_hooks(source, NO_GUARD), *extra])
     finally:
         trainer.close()
         source.close()
@@ -232,4 +234,4 @@ def test_workers_without_ray_installed_say_how_to_install_it(monkeypatch, tok, p
         require_ray()
     with pytest.raises(ConfigError, match="ray==2.60.0"):
         GRPOSource(tok, PromptSampler(prompts), combine_rewards({"chars": char_count}),
-                   GRPOKnobsConfig(**{**BASE.__dict__, "workers": 1}), prompt_len=24)
+                   GRPOPlan.build(GRPOKnobsConfig(**{**BASE.__dict__, "workers": 1})), prompt_len=24)

@@ -10,7 +10,7 @@ sequence-level KD and on-policy GKD, from a frozen teacher into a student that m
 Nothing heavy is imported here (the registry reads `ALGORITHMS`).
 """
 
-from tempax.algorithms.registry import Algorithm
+from tempax.algorithms.registry import Algorithm, RunModel
 
 ALGORITHMS = (
     Algorithm("distill", "knowledge distillation of a teacher into a (layer-pruned) student from a recipe",
@@ -19,5 +19,8 @@ ALGORITHMS = (
               card="Knowledge distillation (Hinton et al. 2015; on-policy GKD, Agarwal et al. 2024): a student "
                    "trained to match a frozen teacher's token distributions (forward or reverse KL, generalised "
                    "JSD) on the data, on teacher generations or on its own samples.",
-              knobs=("mode", "loss", "sequence", "on_policy"), reference_curve="distill"),
+              knobs=("mode", "loss", "sequence", "on_policy"), reference_curve="distill", listing=60,
+              models=("teacher", "student"),
+              model=RunModel("folder", "student", note="a distillation run writes its student there when it "
+                             "finishes (save_student: true)")),
 )

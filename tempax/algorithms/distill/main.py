@@ -45,13 +45,12 @@ from tempax.algorithms.distill.models import (
 )
 from tempax.algorithms.distill.gkd import GKDSource, OnPolicyConfig
 from tempax.algorithms.distill.sequence import SequenceKDConfig, answerable_prompts, teacher_generations, write_jsonl
-from tempax.algorithms.run import make_trainer, start_run, write_run_files
+from tempax.algorithms.run import RunResult, make_trainer, start_run, write_run_files
 from tempax.configlib import help_field
 from tempax.data.sft import SFTDataConfig, build_data, read_data_rows
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig, apply_lora, has_adapters, merge_lora
 from tempax.train.config import TrainConfig
-from tempax.train.loop import TrainResult
 from tempax.train.trainable import Trainable
 from tempax.data.sources import holdout_split, read_rows
 from tempax.models.hf_io import save_hf_checkpoint
@@ -179,7 +178,7 @@ def sequence_rows(cfg: DistillConfig, teacher: Any, tokenizer: Any, rows: list[A
     return read_rows(path)
 
 
-def main(cfg: DistillConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:
+def main(cfg: DistillConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> RunResult:
     """Distils per `cfg`; writes config.yaml, data_report.json, the tokenizer, metrics, checkpoints and the
     trained student (`<run_dir>/student`) to run_dir. `result.extras` holds `sizes` (parameter counts and bytes
     of both models) and the data report."""

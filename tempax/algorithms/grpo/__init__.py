@@ -3,6 +3,7 @@
     losses.py      pure math: grpo_loss, token aggregation, GSPO's sequence ratio, dynamic sampling, entropy bonus
     config.py      GRPOConfig (recipe) and GRPOKnobsConfig (the algorithm knobs and variants)
     objective.py   the loss function for the shared train step (log-probs of the sampled completions)
+    plan.py        GRPOPlan: what a run derives from its recipe once (rollout options, the environment, passes)
     source.py      rollouts of the current policy as a batch source for Trainer.fit (GRPOSource) and its hooks
     main.py        main(GRPOConfig): `tempax grpo --config RECIPE.yaml`
 
@@ -20,5 +21,5 @@ ALGORITHMS = (
                    "prompt and scored by reward functions, each completion's advantage its reward relative to its "
                    "group's, a clipped policy-gradient step (variants: Dr. GRPO, DAPO, GSPO).",
               on_policy=True, knobs=("grpo",), renders_chat=True, reference_curve="grpo",
-              recommend="tempax.algorithms.grpo.recommend:GRPO"),
+              recommend="tempax.algorithms.grpo.recommend:GRPO", listing=30),
 )

@@ -283,7 +283,7 @@ class GRPOConfig:
         if not self.rewards.functions and self.env.single_turn:
             raise ConfigError("rewards.functions is empty; name at least one, e.g. [format, correctness] (only a "
                               "run whose environment gives the rewards may leave it empty)")
-        self.env.episode_tokens(self.grpo.max_new_tokens, key="grpo.max_new_tokens")
+        self.env.episode_tokens(self.grpo.max_new_tokens, key="grpo.max_new_tokens")  # a short budget, at parse time
         if self.lora is not None and self.lora.dropout > 0:
             raise ConfigError(
                 "lora.dropout must be 0 for GRPO: dropout makes the training forward differ from the policy that "

@@ -1,8 +1,9 @@
 """GRPO's rollouts as a batch source for `Trainer.fit` (the protocol: `tempax.train.sources`), and its hooks.
 
-    trainer = make_grpo_trainer(model, settings, cfg.train, prompt_len=96, trainable=lora_filter)
-    source = GRPOSource(tokenizer, PromptSampler(prompts), reward_fn, settings, prompt_len=96)
-    result = trainer.fit(source, hooks=grpo_hooks(source, settings))
+    plan = GRPOPlan.build(settings)           # the values the recipe settles (tempax.algorithms.grpo.plan)
+    trainer = make_grpo_trainer(model, settings, plan, cfg.train, prompt_len=96, trainable=lora_filter)
+    source = GRPOSource(tokenizer, PromptSampler(prompts), reward_fn, plan, prompt_len=96)
+    result = trainer.fit(source, hooks=grpo_hooks(source))
 
 Each rollout, drawn lazily when `fit` asks for the next batch (so from the weights the previous step produced):
   1. sample G completions for each of `train.batch_size` prompts with the current policy (`trainer.model`; the G
@@ -44,9 +45,9 @@ from flax import nnx
 
 from tempax.algorithms.grpo.config import GRPOKnobsConfig
 from tempax.algorithms.grpo.objective import make_grpo_loss
-from tempax.envs.registry import EnvironmentConfig
+from tempax.algorithms.grpo.plan import GRPOPlan, RolloutOptions
 from tempax.rl.logprobs import completion_logprobs, logprobs_no_grad
-from tempax.rl.rollout import PromptSampler, Rollout, build_batch, fill_with_spread, rollout_metrics, sample_rollout
+from tempax.rl.rollout import PromptSampler, Rollout, build_batch, fill_with_spread, rollout_metrics
 from tempax.errors import ConfigError
 from tempax.parallel.process import host_array
 from tempax.parallel.rules import use_mesh
@@ -70,12 +71,10 @@ Batch = dict[str, np.ndarray]
 _FORWARD_KEYS = ("prompt_tokens", "prompt_segments", "completion_tokens", "completion_mask", "completion_segments")
 
 
-def grpo_trainable(model: nnx.Module, settings: GRPOKnobsConfig, *, prompt_len: int,
-                   episode_tokens: int | None = None) -> Trainable:
+def grpo_trainable(model: nnx.Module, plan: GRPOPlan, *, prompt_len: int) -> Trainable:
     """The policy with the memory plan sized for a GRPO row: one prompt of `prompt_len` tokens plus its G
-    completions of max_new_tokens (multi-turn episodes: of `episode_tokens`)."""
-    per_completion = episode_tokens or settings.max_new_tokens
-    return Trainable(model, tokens_per_row=int(prompt_len) + settings.group_size * per_completion)
+    completions (episodes) of the plan's episode budget."""
+    return Trainable(model, tokens_per_row=plan.tokens_per_row(prompt_len))
 
 
 def grpo_loss(settings: GRPOKnobsConfig, guard: CollapseGuardConfig | None = None) -> Any:
@@ -88,6 +87,7 @@ def grpo_loss(settings: GRPOKnobsConfig, guard: CollapseGuardConfig | None = Non
 def make_grpo_trainer(
     model: nnx.Module,
     settings: GRPOKnobsConfig,
+    plan: GRPOPlan,
     train: TrainConfig,
     *,
     prompt_len: int,
@@ -96,12 +96,11 @@ def make_grpo_trainer(
     log: Callable[[str], None] | None = None,
     checkpoint_meta: dict[str, Any] | None = None,
     guard: CollapseGuardConfig | None = None,
-    episode_tokens: int | None = None,
 ) -> Trainer:
-    """The `Trainer` of a GRPO run on its own (tests, benchmarks): `grpo_loss` on `grpo_trainable(model)`
-    (multi-turn: `episode_tokens`, the episode budget after the prompt, in place of max_new_tokens)."""
+    """The `Trainer` of a GRPO run on its own (tests, benchmarks): `grpo_loss(settings)` on
+    `grpo_trainable(model, plan)`."""
     return Trainer(
-        grpo_trainable(model, settings, prompt_len=prompt_len, episode_tokens=episode_tokens),
+        grpo_trainable(model, plan, prompt_len=prompt_len),
         grpo_loss(settings, guard), train,
         trainable=trainable, mesh=mesh, log=log, checkpoint_meta={"algorithm": "GRPO", **(checkpoint_meta or {})},
     )
@@ -114,14 +113,13 @@ class GRPOSource:
       tokenizer: the policy's tokenizer.
       sampler: where prompts come from (its position is part of `state()`).
       reward_fn: a `tempax.rewards.CombinedReward` (never raises; failures are counted).
-      settings: the algorithm knobs.
+      plan: what the run's recipe settles (`GRPOPlan`): sampling, passes, the reference, the environment
+        episodes play (`sampler`'s prompts must come from `encode_prompts` with its `env_factory`).
       prompt_len: Lp, the fixed (left-padded) prompt length of every batch; no prompt may be longer.
       reference: full-weight training with beta > 0: the starting model, the frozen reference (copied here,
         so build the source before the trainer takes the weights). LoRA runs use the base with the adapters
         off and need none.
-      env: the environment episodes play (default: one reply to the prompt); `sampler`'s prompts must come from
-        `encode_prompts` with the same environment.
-      ray: where the rollout workers run when `settings.workers` > 0 (then the rollouts come from a
+      ray: where the rollout workers run when `plan.workers` > 0 (then the rollouts come from a
         `tempax.rl.async_source.RolloutQueue` fed by Ray actors instead of this process; call `close()` after
         training to stop them).
     """
@@ -131,26 +129,19 @@ class GRPOSource:
         tokenizer: Any,
         sampler: PromptSampler,
         reward_fn: Any,
-        settings: GRPOKnobsConfig,
+        plan: GRPOPlan,
         *,
         prompt_len: int,
         reference: nnx.Module | None = None,
-        env: EnvironmentConfig = EnvironmentConfig(),
         ray: RayConfig | None = None,
     ):
         self.tokenizer = tokenizer
-        if settings.workers > 0 and not env.single_turn:
-            raise ConfigError("grpo.workers > 0 (rollout workers on Ray) plays one-turn tasks only; with an env: "
-                              "block set grpo.workers=0")
-        self.env = env
-        self.env_factory = None if env.single_turn else env.build(tokenizer)
-        self.episode_tokens = env.episode_tokens(settings.max_new_tokens, key="grpo.max_new_tokens")
+        self.plan = plan
         self.sampler = sampler
         self.reward_fn = reward_fn
-        self.settings = settings
         self.prompt_len = int(prompt_len)
         self._reference: tuple[Any, Any] | None = None
-        if reference is not None and settings.beta > 0:
+        if reference is not None and plan.beta > 0:
             graphdef, state = nnx.split(reference)
             self._reference = (graphdef, jax.tree.map(jnp.copy, state))
         self.trainer: TrainerView | None = None
@@ -160,21 +151,20 @@ class GRPOSource:
         self._passes_left = 0
         self._metrics: dict[str, float] = {}
         # What the collapse guard may change mid-run (part of `state()`, written into every batch).
-        self.knobs: dict[str, float] = {"temperature": settings.temperature, "eps_high": settings.eps_high,
-                                        "entropy_coef": settings.entropy_coef}
+        self.knobs: dict[str, float] = dict(plan.knobs)
         self.ray_config = ray or RayConfig()
         self.queue: RolloutQueue | None = None
         self._queue_metrics: dict[str, float] = {}
-        if settings.workers > 0:
+        if plan.workers > 0:
             require_ray()
-            self.queue = RolloutQueue(self._start_workers, max_staleness=settings.max_staleness,
+            self.queue = RolloutQueue(self._start_workers, max_staleness=plan.max_staleness,
                                       encode=rollout_to_json, decode=rollout_from_json)
 
     # -- the protocol -----------------------------------------------------------------------------------------
     def attach(self, trainer: TrainerView) -> None:
         """Keeps the trainer's view (the policy to sample from) and jits the no-grad forward passes over its
         weights."""
-        if self.settings.beta > 0 and trainer.full_finetune and self._reference is None:
+        if self.plan.beta > 0 and trainer.full_finetune and self._reference is None:
             raise ConfigError(
                 "GRPO with full-weight training and grpo.beta > 0 needs the frozen reference: pass the starting "
                 "model as GRPOSource(..., reference=model), or set grpo.beta=0"
@@ -236,7 +226,7 @@ class GRPOSource:
         t0 = time.perf_counter()
         rollout = self.rollout()
         batch, extra_s = self.make_batch(rollout)
-        self.last_rollout, self._batch, self._passes_left = rollout, batch, self.settings.num_iterations
+        self.last_rollout, self._batch, self._passes_left = rollout, batch, self.plan.passes
         # Generation and the reference pass freed their temporaries; give those heap pages back before the
         # train step's temporaries arrive on top of them (tempax.runtime.host_memory.release_free_heap).
         release_free_heap()
@@ -247,22 +237,20 @@ class GRPOSource:
         """One step's rollout of `train.batch_size` groups (with dynamic sampling, several rounds)."""
         if self.queue is not None:
             return self._queued_rollout()
-        trainer, s = self._attached(), self.settings
+        trainer, plan = self._attached(), self.plan
         num_prompts = trainer.batch_size
         rounds: list[Rollout] = []
-        max_rounds = s.max_sampling_rounds if s.dynamic_sampling else 1
         model = trainer.model
-        for r in range(max_rounds):
-            rounds.append(sample_group_rollout(
-                model, self.sampler.next(num_prompts), self.tokenizer, self.reward_fn, s,
-                temperature=self.knobs["temperature"], seed=self._seed(r), env_factory=self.env_factory,
-                max_turns=self.env.max_turns, episode_tokens=self.episode_tokens,
+        for r in range(plan.sampling_rounds):
+            rounds.append(plan.rollout.sample(
+                model, self.tokenizer, self.sampler.next(num_prompts), self.reward_fn,
+                temperature=self.knobs["temperature"], seed=self._seed(r), env_factory=plan.env_factory,
             ))
             with_spread = sum(int((~ro.zero_spread).sum()) for ro in rounds)
             if with_spread >= num_prompts:
                 break
         self.rollouts_done += 1
-        return fill_with_spread(rounds, num_prompts) if s.dynamic_sampling else rounds[0]
+        return fill_with_spread(rounds, num_prompts) if plan.dynamic_sampling else rounds[0]
 
     def _seed(self, round_index: int = 0) -> int:
         return (self._attached().seed * 1_000_003 + self.rollouts_done * 101 + round_index) % (2**31 - 1)
@@ -284,8 +272,8 @@ class GRPOSource:
     def _start_workers(self, params: dict[str, Any], version: int) -> WorkerPool:
         trainer = self._attached()
         rollout_fn = functools.partial(remote_group_rollout, tokenizer=self.tokenizer, reward_fn=self.reward_fn,
-                                       settings=self.settings)
-        return WorkerPool(rollout_fn, trainer.parts, params, num_workers=self.settings.workers,
+                                       options=self.plan.rollout)
+        return WorkerPool(rollout_fn, trainer.parts, params, num_workers=self.plan.workers,
                           ray_config=self.ray_config, version=version)
 
     def close(self) -> None:
@@ -295,18 +283,17 @@ class GRPOSource:
 
     def make_batch(self, rollout: Rollout) -> tuple[Batch, float]:
         """(training batch, seconds spent on extra forward passes: reference and recomputed old log-probs)."""
-        s = self.settings
-        reuse = s.num_iterations > 1
+        plan = self.plan
         batch = build_batch(rollout, prompt_len=self.prompt_len, pad_id=self.tokenizer.pad_id,
-                            with_old_logp=reuse and s.old_logprobs == "sampling")
+                            with_old_logp=plan.passes > 1 and not plan.recompute_old_logprobs)
         p = rollout.num_prompts
         batch.update({name: np.full((p,), value, np.float32) for name, value in self.knobs.items()})
-        if self.queue is not None and s.max_staleness > 0:
+        if self.queue is not None and plan.max_staleness > 0:
             batch["sampler_logp"] = rollout.logprobs.astype(np.float32)  # for the importance weights
         t0 = time.perf_counter()
-        if reuse and s.old_logprobs == "recompute":
+        if plan.recompute_old_logprobs:
             batch["old_logp"] = self.policy_logprobs(batch)
-        if s.beta > 0:
+        if plan.beta > 0:
             batch["ref_logp"] = self.reference_logprobs(batch)
         return batch, time.perf_counter() - t0
 
@@ -369,26 +356,11 @@ class GRPOSource:
                 + "; guard.action=raise_temperature|clip_higher|entropy_bonus makes the guard apply one itself")
 
 
-def sample_group_rollout(model: Any, prompts: list, tokenizer: Any, reward_fn: Any, s: GRPOKnobsConfig, *,
-                         temperature: float, seed: int, env_factory: Any = None, max_turns: int = 1,
-                         episode_tokens: int | None = None) -> Rollout:
-    """One round of GRPO sampling: G completions (episodes, with `env_factory`) of each prompt, scored, with
-    group advantages."""
-    return sample_rollout(
-        model, tokenizer, prompts, reward_fn, group_size=s.group_size, max_new_tokens=s.max_new_tokens,
-        temperature=temperature, top_p=s.top_p, seed=seed, advantage=s.estimator,
-        reward_combination=s.reward_combination,
-        reward_weights=dict(zip(reward_fn.names, reward_fn.weights)) if reward_fn is not None else None,
-        overlong_penalty_tokens=s.overlong_penalty_tokens, env_factory=env_factory, max_turns=max_turns,
-        episode_tokens=episode_tokens, engine=s.rollout_engine, slots=s.rollout_slots,
-    )
-
-
 def remote_group_rollout(model: Any, payload: dict[str, Any], *, tokenizer: Any, reward_fn: Any,
-                         settings: GRPOKnobsConfig) -> Rollout:
-    """What a rollout worker runs for a GRPO request (`GRPOSource._request`'s payload)."""
-    return sample_group_rollout(model, [prompt_from_json(p) for p in payload["prompts"]], tokenizer, reward_fn,
-                                settings, temperature=float(payload["temperature"]), seed=int(payload["seed"]))
+                         options: RolloutOptions) -> Rollout:
+    """What a rollout worker runs for a GRPO request (`GRPOSource._request`'s payload; one-turn tasks only)."""
+    return options.sample(model, tokenizer, [prompt_from_json(p) for p in payload["prompts"]], reward_fn,
+                          temperature=float(payload["temperature"]), seed=int(payload["seed"]))
 
 
 def _perf(rollout: Rollout, extra_s: float, data_s: float) -> dict[str, float]:
@@ -427,14 +399,14 @@ class ShowCompletions(Hook):
         )
 
 
-def grpo_hooks(source: GRPOSource, settings: GRPOKnobsConfig, guard: CollapseGuardConfig | None = None) -> list[Hook]:
+def grpo_hooks(source: GRPOSource, guard: CollapseGuardConfig | None = None) -> list[Hook]:
     """The hooks every GRPO run gets: the time split, the collapse guard (default thresholds, warn-only, unless
-    `guard` says otherwise), and sample completions when `show_completion_every`."""
+    `guard` says otherwise), and sample completions when the plan's `show_completion_every`."""
     guard = guard if guard is not None else CollapseGuardConfig()
     hooks: list[Hook] = [ThroughputSplit()]
     if guard.enabled:
         hooks.append(CollapseGuard(guard, adjust=lambda action: source.adjust(action, guard),
                                    advice=lambda: source.advice(guard)))
-    if settings.show_completion_every:
-        hooks.append(ShowCompletions(source, settings.show_completion_every))
+    if source.plan.show_completion_every:
+        hooks.append(ShowCompletions(source, source.plan.show_completion_every))
     return hooks

@@ -11,7 +11,7 @@
 Nothing heavy is imported here (the registry reads `ALGORITHMS`); import the pieces from their modules.
 """
 
-from tempax.algorithms.registry import Algorithm
+from tempax.algorithms.registry import Algorithm, RunModel
 
 ALGORITHMS = (
     Algorithm("ppo", "RLHF with PPO against a trained reward model from a recipe",
@@ -19,5 +19,6 @@ ALGORITHMS = (
               card="Proximal Policy Optimization for RLHF (Schulman et al. 2017; Ziegler et al. 2019): replies "
                    "sampled from the policy, scored by a trained reward model less a KL penalty to the reference, "
                    "advantages from a value head (GAE), clipped policy and value updates.",
-              on_policy=True, knobs=("ppo",), renders_chat=True, reference_curve="ppo"),
+              on_policy=True, knobs=("ppo",), renders_chat=True, reference_curve="ppo", listing=50,
+              model=RunModel("adapters", "adapters", note="its checkpoints hold the policy with its value head")),
 )

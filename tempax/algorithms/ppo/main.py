@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import jax
@@ -28,7 +28,7 @@ from tempax.algorithms.common import build_model
 from tempax.algorithms.ppo.config import PPOConfig, PPOEvalConfig
 from tempax.algorithms.ppo.model import ActorCritic, critic_from_reward_model, trainable_filter
 from tempax.algorithms.ppo.source import PPORollouts, make_ppo_loss
-from tempax.algorithms.run import make_trainer, start_run
+from tempax.algorithms.run import RunResult, make_trainer, start_run
 from tempax.data.formats import RowError
 from tempax.data.preference import parse_preference_row
 from tempax.data.sources import read_rows
@@ -42,7 +42,7 @@ from tempax.rl.throughput import ThroughputSplit
 from tempax.train.guards import CollapseGuard, CollapseGuardConfig
 from tempax.train.trainable import Trainable
 
-__all__ = ["PPOConfig", "PPORun", "PolicyEval", "build_reward", "evaluate_policy", "load_prompts", "main"]
+__all__ = ["PPOConfig", "PolicyEval", "RunResult", "build_reward", "evaluate_policy", "load_prompts", "main"]
 
 
 def reward_model_folder(path: str) -> str:
@@ -173,18 +173,6 @@ def format_eval(before: PolicyEval | None, after: PolicyEval | None) -> str:
 # ------------------------------------------------------------------------------------------------------ main
 
 
-@dataclass
-class PPORun:
-    """What `main` returns: the training result, the evaluations and the batch source (its `.history` holds the
-    rollout metrics; `.trainer.model.policy` is the trained policy)."""
-
-    result: Any
-    source: PPORollouts
-    before: PolicyEval | None = None
-    after: PolicyEval | None = None
-    files: dict[str, str] = field(default_factory=dict)
-
-
 def _nbytes(tree: Any) -> int:
     return sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(tree))
 
@@ -211,8 +199,9 @@ def ppo_hooks(source: PPORollouts, guard: CollapseGuardConfig) -> list[Any]:
     return hooks
 
 
-def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> PPORun:
-    """Trains per `cfg` (see the module docstring)."""
+def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> RunResult:
+    """Trains per `cfg` (see the module docstring). The result's `source` is the `PPORollouts` (its `.history`
+    holds the rollout metrics), `model` the `ActorCritic`, `before` / `after` the held-out `PolicyEval`s."""
     t, s = cfg.train, cfg.ppo
     run = start_run(cfg, log=log)
     say = run.say
@@ -232,17 +221,18 @@ def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
                          batch_size=t.batch_size, seed=t.seed, reference=model.policy if cfg.lora is None else None,
                          log=say)
     held_bytes = reward_fn.functions[0].fn.nbytes + (_nbytes(source.reference[1]) if source.reference else 0)
-    out = PPORun(result=None, source=source, files=run.files)
     # A row holds the prompt once plus its completions.
     tokens_per_row = prompt_len + s.group_size * s.max_new_tokens
     trainer = make_trainer(cfg, Trainable(model, tokens_per_row=tokens_per_row, held_bytes=held_bytes),
                            make_ppo_loss(s), algorithm="PPO", trainable=trainable, mesh=run.mesh, log=say)
     del model  # the trainer holds the weights now
     source.attach(trainer)  # before `fit` (which attaches it too): the evaluation samples from its weights
+    before = None
     if held and cfg.eval.before:
-        out.before = evaluate_policy(source, held, cfg.eval)
-        say("before training: " + json.dumps(out.before.summary()))
-    out.result = run.train(trainer, source, hooks=[*ppo_hooks(source, cfg.guard), *hooks])
+        before = evaluate_policy(source, held, cfg.eval)
+        say("before training: " + json.dumps(before.summary()))
+    out = run.train(trainer, source, hooks=[*ppo_hooks(source, cfg.guard), *hooks])
+    out.before = before
     if held and cfg.eval.after:
         out.after = evaluate_policy(source, held, cfg.eval)
         say("after training: " + json.dumps(out.after.summary()))
@@ -251,8 +241,8 @@ def main(cfg: PPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
             + format_eval(out.before, out.after))
         out.files["eval"] = _write_eval(run.run_dir, held, out.before, out.after, cfg.eval.show, say)
     run.save_adapters(source.policy)
-    if out.result.stop_reason:
-        say(f"stopped early: {out.result.stop_reason}")
+    if out.stop_reason:
+        say(f"stopped early: {out.stop_reason}")
     return out
 
 

@@ -12,7 +12,7 @@
 Nothing heavy is imported here (the registry reads `ALGORITHMS`); import the pieces from their modules.
 """
 
-from tempax.algorithms.registry import Algorithm
+from tempax.algorithms.registry import Algorithm, RunModel
 
 ALGORITHMS = (
     Algorithm("dpo", "preference tuning (DPO, IPO, hinge, ORPO, SimPO) from a recipe",
@@ -22,18 +22,21 @@ ALGORITHMS = (
                    "ORPO, SimPO): the policy's log-probability margin between chosen and rejected replies, "
                    "relative to a frozen reference, pushed up; no reward model, no sampling.",
               knobs=("dpo",), renders_chat=True, reference_curve="dpo",
-              recommend="tempax.algorithms.preference.recommend:DPO"),
+              recommend="tempax.algorithms.preference.recommend:DPO", listing=20),
     Algorithm("kto", "KTO on unpaired desirable / undesirable feedback from a recipe",
               config="tempax.algorithms.preference.kto:KTOConfig", main="tempax.algorithms.preference.kto:main",
               card="Kahneman-Tversky Optimization (Ethayarajh et al. 2024): unpaired desirable and undesirable "
                    "replies, each pushed above or below a reference point (a KL estimate to the frozen reference) "
                    "through a prospect-theory value function.",
-              knobs=("kto",), renders_chat=True, reference_curve="kto"),
+              knobs=("kto",), renders_chat=True, reference_curve="kto", listing=20),
     Algorithm("reward-model", "train a Bradley-Terry reward model from a recipe",
               config="tempax.algorithms.preference.reward:RewardModelConfig",
               main="tempax.algorithms.preference.reward:main",
               card="A Bradley-Terry reward model (Ouyang et al. 2022): a scalar head on the language model, "
                    "trained so that chosen replies score above rejected ones; its scores rank replies and reward "
                    "PPO.",
-              knobs=("reward",), renders_chat=True, reference_curve="reward_model"),
+              knobs=("reward",), renders_chat=True, reference_curve="reward_model", listing=20,
+              model=RunModel("none", note="it scores replies and has no policy to generate with or train; score "
+                             "with `tempax score {run_dir}`, reward with `model:{run_dir}` in rewards.functions, "
+                             "or pass its model.source ({source}) for a policy")),
 )

@@ -55,11 +55,11 @@ from tempax.algorithms.preference.data import (
 )
 from tempax.algorithms.preference.losses import PREFERENCE_LOSS_NAMES, preference_loss_needs_reference
 from tempax.algorithms.common import ModelSourceConfig, build_model
-from tempax.algorithms.run import Run, make_trainer, start_run
+from tempax.algorithms.run import Run, RunResult, make_trainer, start_run
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig, disable_adapters
 from tempax.train.config import TrainConfig
-from tempax.train.loop import Trainer, TrainResult
+from tempax.train.loop import Trainer
 from tempax.configlib import help_field
 
 ReferenceMode = Literal["auto", "adapters_off", "precomputed", "frozen_copy"]
@@ -335,7 +335,7 @@ def prepare(cfg: DPOConfig, *, log: Callable[[str], None] | None = None) -> Pref
     )
 
 
-def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:
+def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> RunResult:
     """Trains per `cfg` and prints held-out metrics before and after.
 
     Writes to run_dir: config.yaml, data_report.json, the tokenizer, metrics.jsonl (with `eval/*` every
@@ -350,8 +350,8 @@ def main(cfg: DPOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None
     return report_pairs(run, dpo, result, what=f"{cfg.dpo.loss} loss", extra={"loss": cfg.dpo.loss})
 
 
-def report_pairs(run: Run, prepared: PreferenceRun, result: TrainResult, *, what: str,
-                 extra: dict[str, Any]) -> TrainResult:
+def report_pairs(run: Run, prepared: PreferenceRun, result: RunResult, *, what: str,
+                 extra: dict[str, Any]) -> RunResult:
     """The finish of every pair-scored preference method (DPO family, KTO): the before/after table of the
     held-out pairs (`what` names the scores), eval_summary.json (with `extra`), and the reference mode and data
     reports in `result.extras`."""

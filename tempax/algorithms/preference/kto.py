@@ -54,13 +54,12 @@ from tempax.algorithms.preference.dpo import (
     reference_field,
     resolve_reference,
 )
-from tempax.algorithms.run import start_run
+from tempax.algorithms.run import RunResult, start_run
 from tempax.configlib import help_field
 from tempax.data.preference import PreferencePair
 from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig, disable_adapters
 from tempax.train.config import TrainConfig
-from tempax.train.loop import TrainResult
 
 # The batch key holding each row's label ([2B]: 1.0 desirable, 0.0 undesirable; the mismatched row repeats it).
 DESIRABLE = "desirable"
@@ -180,7 +179,7 @@ def prepare(cfg: KTOConfig, *, log: Callable[[str], None] | None = None) -> Pref
     )
 
 
-def main(cfg: KTOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:
+def main(cfg: KTOConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> RunResult:
     """Trains per `cfg` and prints held-out preference metrics before and after.
 
     Writes what `tempax dpo` writes (config.yaml, data_report.json, the tokenizer, metrics.jsonl, checkpoints,

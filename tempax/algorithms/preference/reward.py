@@ -45,12 +45,12 @@ from tempax.algorithms.preference.data import (
 )
 from tempax.algorithms.common import ModelSourceConfig, build_model
 from tempax.algorithms.preference.losses import bradley_terry_loss
-from tempax.algorithms.run import make_trainer, start_run
+from tempax.algorithms.run import RunResult, make_trainer, start_run
 from tempax.errors import DataError
 from tempax.models.lora import LoraConfig
 from tempax.models.reward_model import RewardModel, reward_scores, save_reward_model
 from tempax.train.config import TrainConfig
-from tempax.train.loop import Trainer, TrainResult
+from tempax.train.loop import Trainer
 from tempax.train.trainable import Trainable
 from tempax.configlib import help_field
 from tempax.data.sources import read_rows
@@ -198,13 +198,13 @@ def save_trained(run: RewardRun, folder: str, *, max_length: int) -> str:
     return save_reward_model(run.trainer.model, folder, tokenizer=run.tokenizer, extra={"max_length": max_length})
 
 
-def main(cfg: RewardModelConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> TrainResult:
+def main(cfg: RewardModelConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> RunResult:
     """Trains per `cfg`, prints held-out accuracy before and after, and saves the reward model.
 
     Writes to run_dir: config.yaml, data_report.json, metrics.jsonl (`eval/*` every train.eval_every steps and
     at the end), checkpoints, eval_summary.json and reward_model/ (see `reward_model.save_reward_model`).
-    `result.extras` holds `eval_before`, `eval_after`, `reward_model_dir`, `model` (the trained `RewardModel`),
-    `data_report` and `eval_data_report`.
+    `result.extras` holds `eval_before`, `eval_after`, `reward_model_dir`, `data_report` and `eval_data_report`;
+    `result.model` is the trained `RewardModel`.
     """
     run = start_run(cfg, log=log)
     rm = prepare(cfg, log=run.say)
@@ -216,8 +216,7 @@ def main(cfg: RewardModelConfig, *, hooks: tuple = (), log: Callable[[str], None
         run.say(f"reward model saved to {folder}; score with: tempax score {folder} --input PAIRS.jsonl")
     run.report_held_out(result, title=f"held-out pairs ({len(rm.data.eval)}), reward model:",
                         extra={"eval_pairs": len(rm.data.eval), "reward_model_dir": folder})
-    result.extras.update(reward_model_dir=folder, model=rm.trainer.model, data_report=rm.data.report,
-                         eval_data_report=rm.data.eval_report)
+    result.extras.update(reward_model_dir=folder, data_report=rm.data.report, eval_data_report=rm.data.eval_report)
     return result
 
 

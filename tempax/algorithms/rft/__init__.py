@@ -19,5 +19,5 @@ ALGORITHMS = (
               card="Rejection-sampling fine-tuning (STaR, Zelikman et al. 2022; ReST-EM, Singh et al. 2023): "
                    "completions sampled from the current policy, those a checker accepts kept, and the model "
                    "fine-tuned on them with the SFT loss, round after round.",
-              on_policy=True, knobs=("rft",), renders_chat=True, reference_curve="rft"),
+              on_policy=True, knobs=("rft",), renders_chat=True, reference_curve="rft", listing=40),
 )

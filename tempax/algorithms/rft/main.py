@@ -21,7 +21,7 @@ from tempax.algorithms.common import base_model, build_model
 from tempax.algorithms.rft.config import RFTConfig, RFTKnobsConfig
 from tempax.algorithms.episode_eval import episode_evaluation
 from tempax.algorithms.rft.source import RFTSource
-from tempax.algorithms.run import PolicyRun, evaluate_before, finish_policy, make_trainer, start_run, task_prompts
+from tempax.algorithms.run import RunResult, evaluate_before, finish_policy, make_trainer, start_run, task_prompts
 from tempax.errors import ConfigError
 from tempax.eval.spec import eval_options
 from tempax.models.decoder import lm_head_of
@@ -30,7 +30,7 @@ from tempax.rewards.registry import build_rewards
 from tempax.rl.rollout import PromptSampler, round_up
 from tempax.train.trainable import Trainable
 
-__all__ = ["RFTConfig", "PolicyRun", "RFTKnobsConfig", "main", "make_rft_loss", "PLOT_METRICS"]
+__all__ = ["RFTConfig", "RFTKnobsConfig", "RunResult", "main", "make_rft_loss", "PLOT_METRICS"]
 
 # The curves worth plotting (`tempax plot RUN_DIR --metrics ...`).
 PLOT_METRICS = ("reward/total_mean", "rft/accept_rate", "rft/kept_per_problem", "loss", "rft/duplicates_dropped")
@@ -63,7 +63,7 @@ def main(
     log: Callable[[str], None] | None = None,
     model: Any = None,
     tokenizer: Any = None,
-) -> PolicyRun:
+) -> RunResult:
     """Trains per `cfg` (see the module docstring). `model` / `tokenizer`: an already built starting policy (LoRA
     adapters, when `cfg.lora` is set, are applied here) instead of loading `cfg.model` (`tempax demo` passes its
     warm-started model)."""
@@ -82,7 +82,7 @@ def main(
             f"not fit train.seq_len={cfg.train.seq_len}; set train.seq_len={round_up(longest + completion, 8)} "
             "or lower rft.max_new_tokens / rft.max_prompt_len / env.max_episode_tokens")
     options = eval_options(cfg.eval, s.max_new_tokens, seed=cfg.train.seed)
-    evaluate_fn = episode_evaluation(env_factory, cfg.env, completion, run.say)
+    evaluate_fn = episode_evaluation(env_factory, cfg.env.max_turns, completion, run.say)
     # The starting policy is evaluated before its (zero-initialised) adapters go on.
     before = evaluate_before(run, base, tok, held_rows, options, evaluate_fn=evaluate_fn)
     policy, tok, trainable = build_model(cfg, run.mesh, model=base, tokenizer=tok)
@@ -91,10 +91,10 @@ def main(
                            trainable=trainable, mesh=run.mesh, log=run.say)
     del base, policy  # the trainer holds the weights now
     result = run.train(trainer, source, hooks=hooks)
-    rft_run = finish_policy(run, result, policy=trainer.model, source=source, tokenizer=tok, held_rows=held_rows,
-                            options=options, before=before, evaluate_fn=evaluate_fn)
+    result = finish_policy(run, result, tokenizer=tok, held_rows=held_rows, options=options, before=before,
+                           evaluate_fn=evaluate_fn)
     rewards = result.series("reward/total_mean")
     if rewards:
         run.say(f"sampled reward per round: {rewards[0][1]:.2f} -> {rewards[-1][1]:.2f} over {len(rewards)} rounds")
     run.say(f"done: run dir {run.run_dir} (curves: tempax plot {run.run_dir} --metrics {','.join(PLOT_METRICS[:3])})")
-    return rft_run
+    return result

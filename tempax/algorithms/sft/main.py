@@ -24,7 +24,7 @@ import jax
 from flax import nnx
 
 from tempax.algorithms.common import ModelSourceConfig, build_model
-from tempax.algorithms.run import make_trainer, start_run, write_run_files
+from tempax.algorithms.run import RunResult, make_trainer, start_run, write_run_files
 from tempax.algorithms.sft.losses import SFT_NORMALIZATIONS, causal_lm_loss
 from tempax.configlib import help_field
 from tempax.data.sft import SFTDataConfig, build_data, read_data_rows
@@ -33,7 +33,6 @@ from tempax.models.decoder import lm_head_of
 from tempax.models.lora import LoraConfig
 from tempax.ops import fused_causal_lm_loss
 from tempax.train.config import TrainConfig
-from tempax.train.loop import TrainResult
 from tempax.train.trainable import Trainable
 
 
@@ -134,12 +133,12 @@ def main(
     log: Callable[[str], None] | None = None,
     model: nnx.Module | None = None,
     tokenizer: Any = None,
-) -> TrainResult:
+) -> RunResult:
     """Trains per `cfg`; writes config.yaml, data_report.json, the tokenizer, metrics and checkpoints to run_dir.
 
     `model` / `tokenizer`: an already built model (with its adapters, when `cfg.lora` is set, applied here) and
     tokenizer to train instead of loading `cfg.model` (`tempax demo` passes the model it evaluated).
-    `result.extras` holds `data_report` and `model` (the trained model).
+    `result.extras` holds `data_report`; `result.model` is the trained model.
     """
     run = start_run(cfg, log=log)
     rows = read_data_rows(cfg.data)  # a wrong path fails here, before any model is loaded
@@ -152,5 +151,5 @@ def main(
                            algorithm=type(cfg).__name__, trainable=trainable, mesh=run.mesh, log=run.say)
     del base  # the trainer holds the weights now
     result = run.train(trainer, data.train, hooks=hooks, eval_batches=data.eval_loader)
-    result.extras.update(data_report=data.report, model=trainer.model)
+    result.extras.update(data_report=data.report)
     return result

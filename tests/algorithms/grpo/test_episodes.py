@@ -14,6 +14,7 @@ import pytest
 
 from tempax.algorithms.grpo.config import GRPOConfig, GRPOKnobsConfig
 from tempax.algorithms.grpo.main import main as grpo_main
+from tempax.algorithms.grpo.plan import GRPOPlan
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.algorithms.rft.config import RFTKnobsConfig
 from tempax.algorithms.rft.source import RFTSource, kept_examples
@@ -54,7 +55,7 @@ def two_tiny_steps(recipe, model, tok, run_dir, *overrides):
         "train.check_memory=false", "train.mesh.num_devices=1", "grpo.max_new_tokens=4", "env.max_episode_tokens=24",
         "grpo.max_prompt_len=128", *overrides])
     run = grpo_main(cfg, model=model, tokenizer=tok, log=lambda s: None)
-    assert [s for s, _ in run.result.history] == [1, 2]
+    assert [s for s, _ in run.history] == [1, 2]
     return run
 
 
@@ -63,10 +64,10 @@ def test_the_user_environment_recipe_runs_two_steps(model, tok, tmp_path, monkey
     environment; every reward comes from it (rewards.functions is empty), each per-turn part logged."""
     monkeypatch.chdir(ROOT)  # the recipe names the environment and the rows relative to the repository root
     run = two_tiny_steps(RECIPE, model, tok, tmp_path)
-    m = run.result.history[0][1]
+    m = run.history[0][1]
     assert "reward/turn_mean" in m and 1.0 <= m["episode/turns_mean"] <= 4.0
     assert 0.0 < m["episode/policy_token_frac"] <= 1.0
-    assert np.isfinite(run.result.losses).all()
+    assert np.isfinite(run.losses).all()
 
 
 def run(model, tok, prompts, run_dir, *, steps, every_n=0, settings=SETTINGS):
@@ -75,12 +76,11 @@ def run(model, tok, prompts, run_dir, *, steps, every_n=0, settings=SETTINGS):
         progress_bar=False, check_memory=False, optimizer=OptimizerConfig(learning_rate=3e-2, schedule="constant"),
         checkpoint=CheckpointConfig(every=every_n, save_at_end=True, resume=True, async_save=False),
     )
-    source = GRPOSource(tok, PromptSampler(prompts, seed=0), combine_rewards({"chars": reply_chars}), settings,
-                        prompt_len=80, env=GUESS)
-    trainer = make_grpo_trainer(model, settings, cfg, prompt_len=80, log=lambda s: None,
-                                episode_tokens=GUESS.episode_tokens(settings.max_new_tokens))
+    source = GRPOSource(tok, PromptSampler(prompts, seed=0), combine_rewards({"chars": reply_chars}),
+                        GRPOPlan.build(settings, GUESS, tok), prompt_len=80)
+    trainer = make_grpo_trainer(model, settings, source.plan, cfg, prompt_len=80, log=lambda s: None)
     try:
-        result = trainer.fit(source, hooks=grpo_hooks(source, settings))
+        result = trainer.fit(source, hooks=grpo_hooks(source))
     finally:
         trainer.close()
     return result, source
@@ -140,9 +140,9 @@ def test_the_recipe_on_the_slot_engine_samples_what_the_batch_samples(model, tok
     """`grpo.rollout_engine=slots` with the recipe's group of 4 in 4 slots (one group at a time): the first step's episodes come from the same
     weights and random streams as on the batch engine, so its rollout metrics are equal; training goes on."""
     monkeypatch.chdir(ROOT)
-    batch = two_tiny_steps(RECIPE, model, tok, tmp_path / "batch").result.history[0][1]
+    batch = two_tiny_steps(RECIPE, model, tok, tmp_path / "batch").history[0][1]
     slots = two_tiny_steps(RECIPE, model, tok, tmp_path / "slots", "grpo.rollout_engine=slots",
-                           "grpo.rollout_slots=4").result
+                           "grpo.rollout_slots=4")
     first = slots.history[0][1]
     for key in ("reward/total_mean", "episode/turns_mean", "completion/length_mean", "episode/policy_token_frac"):
         assert first[key] == pytest.approx(batch[key], abs=1e-6), key

@@ -14,6 +14,7 @@ import pytest
 
 from tempax.algorithms.grpo.config import GRPOKnobsConfig
 from tempax.rl.rollout import PromptSampler
+from tempax.algorithms.grpo.plan import GRPOPlan
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.rewards import combine_rewards
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
@@ -41,10 +42,10 @@ def train(model, tok, prompts, run_dir, rewards, **settings):
         progress_bar=False, check_memory=False, optimizer=OptimizerConfig(learning_rate=3e-2, schedule="constant"),
         checkpoint=CheckpointConfig(save_at_end=False, resume=False),
     )
-    source = GRPOSource(tok, PromptSampler(prompts, seed=0), combine_rewards(rewards), s, prompt_len=24)
-    trainer = make_grpo_trainer(model, s, cfg, prompt_len=24, log=lambda text: None)
+    source = GRPOSource(tok, PromptSampler(prompts, seed=0), combine_rewards(rewards), GRPOPlan.build(s), prompt_len=24)
+    trainer = make_grpo_trainer(model, s, source.plan, cfg, prompt_len=24, log=lambda text: None)
     try:
-        return trainer.fit(source, hooks=grpo_hooks(source, s))
+        return trainer.fit(source, hooks=grpo_hooks(source))
     finally:
         trainer.close()
 

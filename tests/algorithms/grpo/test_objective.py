@@ -18,6 +18,7 @@ from tempax.algorithms.grpo.config import GRPOConfig, GRPOKnobsConfig, VARIANTS
 from tempax.algorithms.grpo.objective import make_grpo_loss
 from tempax.rl.logprobs import completion_logprobs, logprobs_no_grad
 from tempax.algorithms.grpo.losses import grpo_loss
+from tempax.algorithms.grpo.plan import GRPOPlan
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.rl.rollout import (
     Prompt,
@@ -313,7 +314,8 @@ def test_one_group_per_pass_with_remat_gives_the_unsplit_update(model, tmp_path)
     def one_step(**train_kw):
         cfg = train_config(tmp_path, optimizer=OptimizerConfig(name="sgd", learning_rate=1.0, schedule="constant"),
                            **train_kw)
-        trainer = make_grpo_trainer(model, settings, cfg, prompt_len=8, log=lambda s: None)
+        trainer = make_grpo_trainer(model, settings, GRPOPlan.build(settings), cfg, prompt_len=8,
+                                    log=lambda s: None)
         try:
             before = {k: np.asarray(v) for k, v in trainer.state.params.items()}
             metrics = jax.device_get(trainer.train_step(batch))
@@ -349,11 +351,11 @@ def test_every_variant_gives_a_finite_loss_and_gradient(model, variant):
 
 def fit_grpo(model, tok, prompts, reward, settings, cfg, *, reference=None, source=None):
     """`Trainer.fit` over a `GRPOSource` (the tiny end-to-end and resume runs are in test_source.py)."""
-    source = source or GRPOSource(tok, PromptSampler(prompts, seed=0), reward, settings, prompt_len=24,
-                                  reference=reference)
-    trainer = make_grpo_trainer(model, settings, cfg, prompt_len=24, log=lambda s: None)
+    source = source or GRPOSource(tok, PromptSampler(prompts, seed=0), reward, GRPOPlan.build(settings),
+                                  prompt_len=24, reference=reference)
+    trainer = make_grpo_trainer(model, settings, source.plan, cfg, prompt_len=24, log=lambda s: None)
     try:
-        return trainer.fit(source, hooks=grpo_hooks(source, settings))
+        return trainer.fit(source, hooks=grpo_hooks(source))
     finally:
         trainer.close()
 
@@ -369,9 +371,10 @@ def test_reference_is_the_base_model_with_adapters_off(model, tok, prompts, tmp_
     for _, layer in lora_layers(policy):
         layer.lora_b.set_value(jnp.full(layer.lora_b.shape, 0.05, jnp.float32))
     settings = GRPOKnobsConfig(group_size=2, max_new_tokens=4)
-    source = GRPOSource(tok, PromptSampler(prompts), combine_rewards({"e": e_fraction}), settings, prompt_len=24)
-    trainer = make_grpo_trainer(policy, settings, train_config(tmp_path), prompt_len=24, trainable=lora_filter,
-                                log=lambda s: None)
+    source = GRPOSource(tok, PromptSampler(prompts), combine_rewards({"e": e_fraction}), GRPOPlan.build(settings),
+                        prompt_len=24)
+    trainer = make_grpo_trainer(policy, settings, source.plan, train_config(tmp_path), prompt_len=24,
+                                trainable=lora_filter, log=lambda s: None)
     source.attach(trainer)
     ro = hand_rollout([[1.0, 0.0], [0.5, 2.0]], _random_tokens((2, 2, 4), 4), np.ones((2, 2, 4)),
                       [list(p.ids) for p in prompts[:2]])
@@ -415,8 +418,8 @@ def test_several_passes_per_rollout_use_the_sampling_logprobs_as_old_policy(mode
     settings = GRPOKnobsConfig(group_size=4, max_new_tokens=8, beta=0.0, num_iterations=2)
     cfg = train_config(tmp_path, steps=2, batch_size=2, optimizer=OptimizerConfig(learning_rate=5e-2,
                                                                                   schedule="constant"))
-    source = GRPOSource(tok, PromptSampler(prompts, seed=1), combine_rewards({"e": e_fraction}), settings,
-                        prompt_len=24)
+    source = GRPOSource(tok, PromptSampler(prompts, seed=1), combine_rewards({"e": e_fraction}),
+                        GRPOPlan.build(settings), prompt_len=24)
     result = fit_grpo(model, tok, prompts, None, settings, cfg, source=source)
     (s1, m1), (s2, m2) = result.history
     assert (s1, s2) == (1, 2) and source.rollouts_done == 1
@@ -490,5 +493,5 @@ def test_main_trains_and_evaluates_a_tiny_model(tok, tmp_path):
     assert run.after.sampled.pass_at_k.keys() == {1, 2}
     for name in ("eval", "adapters"):
         assert os.path.exists(run.files[name])
-    assert run.result.last_checkpoint is not None
+    assert run.last_checkpoint is not None
     assert os.path.exists(tmp_path / "run" / "metrics.jsonl")

@@ -14,6 +14,7 @@ import pytest
 
 from tempax.algorithms.grpo.config import GRPOKnobsConfig
 from tempax.rl.rollout import PromptSampler
+from tempax.algorithms.grpo.plan import GRPOPlan
 from tempax.algorithms.grpo.source import GRPOSource, grpo_hooks, make_grpo_trainer
 from tempax.rewards import combine_rewards
 from tempax.train.config import CheckpointConfig, MeshConfig, OptimizerConfig, TrainConfig
@@ -44,11 +45,11 @@ def run(model, tok, prompts, run_dir, *, steps, every_n=0, hooks=(), settings=SE
         progress_bar=False, check_memory=False, optimizer=OptimizerConfig(learning_rate=3e-2, schedule="constant"),
         checkpoint=CheckpointConfig(every=every_n, save_at_end=True, resume=True, async_save=False),
     )
-    source = GRPOSource(tok, PromptSampler(prompts, seed=0), combine_rewards({"chars": char_count}), settings,
-                        prompt_len=24)
-    trainer = make_grpo_trainer(model, settings, cfg, prompt_len=24, log=lambda s: None, guard=guard)
+    source = GRPOSource(tok, PromptSampler(prompts, seed=0), combine_rewards({"chars": char_count}),
+                        GRPOPlan.build(settings), prompt_len=24)
+    trainer = make_grpo_trainer(model, settings, source.plan, cfg, prompt_len=24, log=lambda s: None, guard=guard)
     try:
-        result = trainer.fit(source, hooks=[*grpo_hooks(source, settings, guard), *hooks])
+        result = trainer.fit(source, hooks=[*grpo_hooks(source, guard), *hooks])
     finally:
         trainer.close()
     return result, source
@@ -144,9 +145,9 @@ def test_the_entropy_bonus_adjustment_needs_the_term_in_the_compiled_loss(model,
     cfg = TrainConfig(steps=1, batch_size=2, mesh=MeshConfig(num_devices=1), run_dir=str(tmp_path),
                       check_memory=False, progress_bar=False, tensorboard=False)
     for with_guard in (True, False):
-        source = GRPOSource(tok, PromptSampler(prompts), combine_rewards({"chars": char_count}), SETTINGS,
-                            prompt_len=24)
-        source.attach(make_grpo_trainer(model, SETTINGS, cfg, prompt_len=24, log=lambda s: None,
+        source = GRPOSource(tok, PromptSampler(prompts), combine_rewards({"chars": char_count}),
+                            GRPOPlan.build(SETTINGS), prompt_len=24)
+        source.attach(make_grpo_trainer(model, SETTINGS, source.plan, cfg, prompt_len=24, log=lambda s: None,
                                         guard=guard if with_guard else None))
         if with_guard:
             assert source.adjust("entropy_bonus", guard) == "entropy_coef 0 -> 0.01"

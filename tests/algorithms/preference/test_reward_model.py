@@ -173,7 +173,7 @@ def test_reward_model_learns_a_synthetic_preference(files, tmp_path, tok, varian
     # Saved and reloaded = trained (with adapters merged: equal up to float rounding); the scorer agrees.
     pairs, _ = tokenize_preference_rows(test_rows[:4], tok, PreferenceOptions(max_length=SEQ))
     batch = collate_pairs(pairs, seq_len=SEQ, pad_id=tok.pad_id)
-    trained = np.asarray(rewards_of(result.extras["model"], batch))
+    trained = np.asarray(rewards_of(result.model, batch))
     reloaded = np.asarray(rewards_of(load_reward_model(folder)[0], batch))
     np.testing.assert_allclose(reloaded, trained, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(reloaded[:4], np.array(chosen[:4]), rtol=1e-4, atol=1e-4)
