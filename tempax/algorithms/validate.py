@@ -4,11 +4,12 @@ result).
 The training command is read from the recipe's `command:` key (`tempax.configlib.recipe_command`), or given.
 Checks: the YAML parses; every key exists and has the right type (unknown keys name their nearest neighbours);
 cross-field rules; the optimizer builds; the run dir is a folder (or can be one); the dataset path exists and its
-first rows parse in a format the command reads; the reward functions resolve (built-in names, `model:RUN_DIR`
-folders, importable `module:function`s); the task's data is there; the model source resolves and a local
-tokenizer folder has its files and, where the run renders chats (the record's `renders_chat`, or chat rows in
-the data), a chat template; then the algorithm's own checks (its record's `validate`). Everything a run would
-refuse, found without downloading or loading a model.
+first rows parse; the reward functions resolve (built-in names, `model:RUN_DIR` folders, importable
+`module:function`s); the task's data is there; each model section the record names (`Algorithm.models`) resolves
+and a local tokenizer folder has its files and, where the run renders chats (the record's `renders_chat`), a chat
+template; then the algorithm's own checks (its record's `validate`: SFT's, that its rows are in a format it trains
+on and chat rows meet a chat template). Everything a run would refuse, found without downloading or loading a
+model.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 from tempax.algorithms.registry import algorithms, get, load_recipe
 from tempax.configlib import COMMAND_KEY, read_recipe, recipe_command
 from tempax.errors import ConfigError, TempaxError
-from tempax.data.formats import RowError, detect_format
 from tempax.data.sources import iter_rows
 from tempax.data.tasks.gsm8k import DEFAULT_GSM8K_DIR, load_gsm8k
 from tempax.models.registry import inspect_model, is_run_dir, resolve_source
@@ -52,37 +52,37 @@ def check_recipe(path: str, overrides: list[str] | None = None, command: str | N
             raise ConfigError(f"data.path: dataset file not found: {data_path} (relative to {os.getcwd()})")
         warnings.append(f"data.path {data_path!r} is not local; it will be read from the Hugging Face Hub")
     check_run_dir(cfg)
-    chats = check_data_rows(command, cfg)
+    first_rows(cfg)
     check_rewards(cfg)
     check_task(cfg)
-    for section in ("model", "teacher", "student"):  # distillation names two models
+    for section in algorithm.models:
         model = getattr(cfg, section, None)
         for key in ("source", "tokenizer"):
             source = getattr(model, key, None)
-            if isinstance(source, str) and not (section == "student" and source == "teacher"):
-                if key == "source" and is_run_dir(os.path.expanduser(source)):
-                    from tempax.train.run_model import shape_source  # the training layer, for run dirs only
+            if not isinstance(source, str) or source in algorithm.models:  # a copy of another section's model
+                continue
+            if key == "source" and is_run_dir(os.path.expanduser(source)):
+                from tempax.algorithms.run_dirs import shape_source  # the training layer, for run dirs only
 
-                    try:  # a training run as the model: its chain of runs is sound (config files only)
-                        shape_source(os.path.expanduser(source))
-                    except TempaxError as e:
-                        raise ConfigError(f"{section}.{key}: {e}") from None
-                    continue
-                try:
-                    resolved = resolve_source(source)
+                try:  # a training run as the model: its chain of runs is sound (config files only)
+                    shape_source(os.path.expanduser(source))
                 except TempaxError as e:
                     raise ConfigError(f"{section}.{key}: {e}") from None
-                if key == "source" and resolved.kind in ("hf_folder", "gguf"):
-                    try:  # its config.json or GGUF header, read as `tempax model-info` reads it (no weights)
-                        inspect_model(source)
-                    except TempaxError as e:
-                        raise ConfigError(f"{section}.{key}: {e}") from None
-                if resolved.kind == "hub":
-                    warnings.append(f"{section}.{key} {source!r} is a Hub repo; it needs network on first use")
-                elif resolved.kind != "preset" and os.path.isdir(os.path.expanduser(source)):
-                    if key == "tokenizer" or getattr(model, "tokenizer", None) is None:
-                        check_tokenizer_folder(f"{section}.{key}", os.path.expanduser(source),
-                                               chat=chats or algorithm.renders_chat)
+                continue
+            try:
+                resolved = resolve_source(source)
+            except TempaxError as e:
+                raise ConfigError(f"{section}.{key}: {e}") from None
+            if key == "source" and resolved.kind in ("hf_folder", "gguf"):
+                try:  # its config.json or GGUF header, read as `tempax model-info` reads it (no weights)
+                    inspect_model(source)
+                except TempaxError as e:
+                    raise ConfigError(f"{section}.{key}: {e}") from None
+            if resolved.kind == "hub":
+                warnings.append(f"{section}.{key} {source!r} is a Hub repo; it needs network on first use")
+        found = tokenizer_folder(section, model, others=algorithm.models)
+        if found is not None:
+            check_tokenizer_folder(*found, chat=algorithm.renders_chat)
     extra_checks = algorithm.validate_function()
     if extra_checks is not None:
         warnings += extra_checks(cfg)
@@ -100,13 +100,14 @@ def check_run_dir(cfg: Any) -> None:
                           "folder (a new one starts a new run)")
 
 
-def check_data_rows(command: str, cfg: Any) -> bool:
-    """Reads the first rows of a local `data.path` as the run will; raises `ConfigError` when none of them parses
-    (or, for sft, none is in a format it trains on). Returns True when the rows are chats (messages)."""
+def first_rows(cfg: Any) -> list[Any]:
+    """The first rows of a local `data.path` that parse, read as the run reads them (none: no local file); raises
+    `ConfigError` when none of them parses. An algorithm's own checks (its record's `validate`) ask it again for
+    the format its rows must have."""
     data = getattr(cfg, "data", None)
     path = getattr(data, "path", None)
     if not isinstance(path, str) or not os.path.exists(os.path.expanduser(path)):
-        return False
+        return []
     rows = []
     try:
         for row in iter_rows(path, split=getattr(data, "split", None)):
@@ -121,18 +122,26 @@ def check_data_rows(command: str, cfg: Any) -> bool:
     if not good:
         raise ConfigError(f"data.path: none of the first {len(rows)} rows of {path} parses; first: {rows[0].where}: "
                           f"{rows[0].error}")
-    if command != "sft" or getattr(data, "text_fields", None):
-        return False
-    formats, problems = [], []
-    for row in good:
-        try:
-            formats.append(detect_format(row.data, getattr(data, "messages_field", "messages")))
-        except RowError as e:
-            problems.append(f"{row.where}: {e}")
-    if not formats:
-        raise ConfigError(f"data.path: none of the first {len(good)} rows of {path} is in a format sft reads; "
-                          f"{problems[0]}")
-    return "messages" in formats
+    return good
+
+
+def tokenizer_folder(section: str, model: Any, *, others: tuple[str, ...] = ()) -> tuple[str, str] | None:
+    """(key, local folder) of the tokenizer a model section reads (its `tokenizer`, else its `source`) when that
+    is a local folder of model files; None for a preset, a Hub repo, a run dir, or a copy of another model
+    section (`others`)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    key, where = ("tokenizer", tokenizer) if isinstance(tokenizer, str) else ("source", getattr(model, "source", None))
+    if not isinstance(where, str) or where in others:
+        return None
+    path = os.path.expanduser(where)
+    if not os.path.isdir(path) or (key == "source" and is_run_dir(path)):
+        return None
+    try:
+        if resolve_source(where).kind == "preset":
+            return None
+    except TempaxError:
+        return None  # the model checks name the source that does not resolve
+    return f"{section}.{key}", path
 
 
 def check_rewards(cfg: Any) -> None:

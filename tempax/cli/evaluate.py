@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tempax.eval.evaluate import EvalOptions, evaluate, format_table, interval_lines
-    from tempax.train.run_model import load_source
+    from tempax.algorithms.run_dirs import load_source
 
     if args.source_model and args.model and args.source_model != args.model:
         raise ConfigError(f"two models given: SOURCE {args.source_model} and --model {args.model}; pass one")
