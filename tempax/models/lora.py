@@ -47,6 +47,7 @@ from flax import nnx
 
 from tempax.errors import CheckpointError, ConfigError
 from tempax.models.decoder import Decoder, as_dtype
+from tempax.models.moe import not_recording_router_statistics
 from tempax.models.quant import QUANT_KINDS, QuantizedLinear
 from tempax.models.weights import abstract_model
 from tempax.ops import matmul
@@ -342,7 +343,10 @@ def disable_adapters(model: nnx.Module) -> Iterator[nnx.Module]:
     for layer in layers:
         layer.adapters_enabled = False
     try:
-        yield model
+        # The base is a reference here, not the model being trained: a mixture of experts' routing in the block
+        # stays out of the training loss's load-balancing term (`tempax.models.moe.with_router_aux_loss`).
+        with not_recording_router_statistics():
+            yield model
     finally:
         for layer, enabled in zip(layers, before):
             layer.adapters_enabled = enabled

@@ -41,6 +41,10 @@ DEFAULT_RULES: Rules = MappingProxyType(
         "head_dim": None,
         "mlp": "tensor",
         "norm": None,
+        # A mixture of experts' stacked kernels [L, E, embed, mlp]: expert parallelism on the FSDP axis where the
+        # expert count divides it (each device keeps whole experts, the same bytes as FSDP's split), else the
+        # expert axis stays whole and "embed" takes the FSDP axis (rule 4 below): FSDP over every expert.
+        "expert": "fsdp",
         "layers": None,  # stacked (scanned) layers stay whole on every device
         "lora_rank": None,  # tiny; splitting it would only add communication
         # Activations. The batch is split over both data-parallel axes; the model dimension stays whole between

@@ -18,6 +18,10 @@ way, except keys named `num_*` or `*_sum`, which are summed; non-scalar metrics 
 
 Micro-batch i takes rows i, i + n, i + 2n, ... of the global batch (n = number of micro-batches): every
 device's contiguous block of rows then holds rows of every micro-batch, so all devices work on every pass.
+
+A mixture-of-experts model's router load-balancing loss joins every algorithm's loss here, not in the algorithm
+(`tempax.models.moe.with_router_aux_loss`): its metrics `moe_aux_loss` and `moe_max_load` are reported, and
+`router_aux_loss_coef` times it is trained where `MoeConfig.train_aux_loss` says so.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from tempax.models.moe import with_router_aux_loss
 from tempax.train.state import ModelParts, Params, TrainState
 
 Batch = dict[str, jax.Array]
@@ -64,7 +69,7 @@ def _weighted_loss_and_grads(
     """Weighted sums over micro-batches: (sum w L, sum w grad, combined metrics, sum w)."""
 
     def loss_of(p: Params, micro: Batch) -> tuple[jax.Array, Metrics]:
-        loss, metrics = loss_fn(parts.merge(p, rest), micro)
+        loss, metrics = with_router_aux_loss(loss_fn)(parts.merge(p, rest), micro)
         return loss, metrics
 
     grad_fn = jax.value_and_grad(loss_of, has_aux=True)
@@ -166,7 +171,7 @@ def make_eval_step(loss_fn: LossFn, parts: ModelParts) -> Callable[[Params, Any,
     """`(params, rest, batch) -> metrics` without gradients; metrics carry `loss_weight` for averaging batches."""
 
     def step(params: Params, rest: Any, batch: Batch) -> Metrics:
-        loss, metrics = loss_fn(parts.merge(params, rest), batch)
+        loss, metrics = with_router_aux_loss(loss_fn)(parts.merge(params, rest), batch)
         out = {k: v for k, v in metrics.items() if jnp.ndim(v) == 0}
         out["loss"] = loss
         out[LOSS_WEIGHT] = jnp.asarray(metrics.get(LOSS_WEIGHT, 1.0), jnp.float32)

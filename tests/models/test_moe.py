@@ -5,6 +5,8 @@ the products in the block's program showing there is no loop over experts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.extend
 import jax.numpy as jnp
@@ -13,11 +15,17 @@ import pytest
 from flax import nnx
 from numpy.testing import assert_allclose
 
-from tempax.errors import CheckpointError
+from tempax.errors import CheckpointError, ConfigError
 from tempax.models.config import ModelConfig, MoeConfig
-from tempax.models.moe import (SparseMoeBlock, block_params, hf_layer_tensors, hf_moe_tensor_to_path,
-                               hf_moe_tensors_to_params, load_balancing_loss, load_block_params, moe_param_shapes,
-                               moe_params_to_hf_tensors, moe_path_to_hf, route)
+from tempax.models.decoder import Decoder
+from tempax.models.lora import LoraConfig, apply_lora, disable_adapters
+from tempax.models.moe import (RouterStatistics, SparseMoeBlock, block_params, hf_layer_tensors,
+                               hf_moe_tensor_to_path, hf_moe_tensors_to_params, load_balancing_loss,
+                               load_block_params, moe_param_shapes, moe_params_to_hf_tensors, moe_path_to_hf,
+                               record_router_statistics, recording_router_statistics, route, router_aux_loss,
+                               router_statistics, with_router_aux_loss)
+from tempax.models.presets import TINY_MOE_FAMILIES
+from tests.kit.models import hf_reference_pair, random_ids, tiny_config, tiny_tempax_model
 
 TOL = 1e-5
 HIDDEN = 16
@@ -348,3 +356,119 @@ def test_bf16_block_routes_in_float32():
     assert y.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
     assert_allclose(np.asarray(logits), np.asarray(logits32), rtol=0, atol=1e-2)
     assert_allclose(np.asarray(y, np.float32), np.asarray(y32), rtol=0, atol=0.05 * float(jnp.max(jnp.abs(y32))))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The decoder: every layer sparse, its routing recorded for the auxiliary loss
+
+
+@nnx.jit
+def _recorded_aux_loss(model, ids, segment_ids):
+    with recording_router_statistics() as recorded:
+        model(ids, segment_ids=segment_ids)
+    assert len(recorded) == 1 and recorded[0].moe == model.config.moe  # one call, its layers summed in the scan
+    return router_aux_loss(recorded)[1]
+
+
+@pytest.mark.needs_torch
+@pytest.mark.parametrize("family", TINY_MOE_FAMILIES)
+def test_decoder_records_the_load_balancing_loss_transformers_reports(family):
+    """A batch whose first row is left-padded by 3 through each family's tiny model inside
+    `recording_router_statistics`: the loss of the recorded statistics (the three layers pooled, padding left out)
+    equals transformers' `aux_loss` (output_router_logits=True, the same attention mask) within 1e-5."""
+    import torch
+
+    ref, model = hf_reference_pair(family)
+    ids = random_ids((2, 9), seed=4)
+    mask = np.ones_like(ids)
+    mask[0, :3] = 0
+    ids[0, :3] = 0
+    metrics = _recorded_aux_loss(model, jnp.asarray(ids), jnp.asarray(mask))
+    with torch.no_grad():
+        out = ref(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask), output_router_logits=True)
+    assert abs(float(metrics["moe_aux_loss"]) - out.aux_loss.item()) <= TOL
+    assert float(metrics["moe_max_load"]) >= 1.0
+
+
+def test_router_aux_loss_pools_calls_and_trains_only_when_asked():
+    """Two experts, top-1, two recorded calls of the same model: [ln 3, 0], [0, ln 3] and [ln 3, 0], [ln 3, 0].
+    Pooled over 4 tokens: f = [3/4, 1/4]; P = [(0.75 + 0.25 + 0.75 + 0.75) / 4, ...] = [0.625, 0.375];
+    loss = 2 * (0.75 * 0.625 + 0.25 * 0.375) = 1.125, max load 0.75 / 0.5 = 1.5. With train_aux_loss and
+    coefficient 0.1 the loss gains 0.1125, without it nothing; a loss whose calls record nothing is unchanged."""
+    ln3 = float(np.log(3.0))
+    calls = [jnp.array([[ln3, 0.0], [0.0, ln3]]), jnp.array([[ln3, 0.0], [ln3, 0.0]])]
+    for train, gain in ((True, 0.1125), (False, 0.0)):
+        moe = MoeConfig(num_experts=2, experts_per_token=1, expert_intermediate_size=4, router_aux_loss_coef=0.1,
+                        train_aux_loss=train)
+
+        def loss_fn(model, batch):
+            for z in calls:
+                record_router_statistics(moe, router_statistics(z, experts_per_token=1))
+            return jnp.float32(2.0), {"token_loss": jnp.float32(2.0)}
+
+        loss, metrics = with_router_aux_loss(loss_fn)(None, None)
+        assert_allclose(float(metrics["moe_aux_loss"]), 1.125, rtol=1e-6)
+        assert_allclose(float(metrics["moe_max_load"]), 1.5, rtol=1e-6)
+        assert_allclose(float(loss), 2.0 + gain, rtol=1e-6)
+        assert float(metrics["token_loss"]) == 2.0
+    plain = with_router_aux_loss(lambda model, batch: (jnp.float32(1.0), {"a": 1}))(None, None)
+    assert plain == (1.0, {"a": 1})
+    record_router_statistics(MoeConfig(), RouterStatistics(jnp.zeros(8), jnp.zeros(8), jnp.zeros(())))  # no block
+
+
+def test_a_reference_pass_under_disable_adapters_is_not_recorded():
+    """LoRA on tiny-qwen3-moe's attention: inside one recording block the adapted call is recorded, the frozen
+    base under `disable_adapters` (DPO's and KTO's reference) is not."""
+    model = apply_lora(tiny_tempax_model("qwen3_moe"), LoraConfig(rank=2, target_modules=("q_proj",)),
+                       rngs=nnx.Rngs(1))
+    ids = jnp.asarray(random_ids((1, 5)))
+    with recording_router_statistics() as recorded:
+        model(ids)
+        with disable_adapters(model):
+            model(ids)
+    assert len(recorded) == 1 and float(recorded[0].statistics.tokens) == 3 * 5  # three layers of five tokens
+
+
+def test_a_stack_mixing_dense_and_sparse_layers_is_refused_with_the_setting_named():
+    """One scanned layer means one kind of feed-forward block: Qwen MoE's decoder_sparse_step 2 (layers 0 and 2
+    dense) and mlp_only_layers [1] are refused when the model is built, naming the settings and the fix."""
+    cfg = tiny_config("qwen3_moe")
+    for moe in (dataclasses.replace(cfg.moe, decoder_sparse_step=2), dataclasses.replace(cfg.moe, mlp_only_layers=(1,))):
+        with pytest.raises(ConfigError, match=r"mlp_only_layers=.*decoder_sparse_step=.*dense.*set mlp_only_layers"):
+            Decoder(cfg.replace(moe=moe), rngs=nnx.Rngs(0))
+
+
+def _causal_lm_loss(model, batch):
+    logits, _ = model(batch["tokens"], segment_ids=batch["segment_ids"])
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits), batch["targets"][..., None], axis=-1)[..., 0]
+    mask = batch["segment_ids"].astype(jnp.float32)
+    return -jnp.sum(logp * mask) / jnp.sum(mask), {"num_tokens": jnp.sum(mask)}
+
+
+def test_the_training_step_runs_no_loop_over_experts():
+    """The whole training step (`tempax.train.step.make_train_step`: forward, router auxiliary loss, gradient, SGD
+    update) of tiny-qwen3-moe traced for 4 and for 64 experts holds the same products: the three layers are one
+    scanned layer, whose experts are 3 grouped products forward and 6 more for their gradients (9
+    ragged_dot_general), whatever the number of experts. A loop over experts would multiply the grouped count by
+    E; a dense [tokens, experts, ...] product would change the dense count with E."""
+    import optax
+
+    from tempax.train.state import ModelParts, init_state
+    from tempax.train.step import make_train_step
+
+    counts = []
+    for num_experts in (4, 64):
+        cfg = tiny_config("qwen3_moe")
+        cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, num_experts=num_experts, train_aux_loss=True))
+        parts, params = ModelParts.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+        optimizer = optax.sgd(0.1)
+        step = make_train_step(_causal_lm_loss, parts, optimizer)
+        batch = {"tokens": jnp.asarray(random_ids((2, 8))), "targets": jnp.asarray(random_ids((2, 8), seed=1)),
+                 "segment_ids": jnp.ones((2, 8), jnp.int32)}
+        state = init_state(params, optimizer, 0)
+        jaxpr = jax.make_jaxpr(step)(state, parts.rest, batch)
+        counts.append(_product_counts(jaxpr))
+        metrics = jax.eval_shape(step, state, parts.rest, batch)[1]
+        assert {"moe_aux_loss", "moe_max_load"} <= set(metrics)
+    assert counts[0] == counts[1]
+    assert counts[0]["ragged_dot_general"] == 9

@@ -220,3 +220,46 @@ def test_sharded_linear_matches_unsharded_on_8_fake_devices():
     assert fsdp4_tp2["bias"] == ["tensor"]
     assert fsdp4_tp2["planned"] == fsdp4_tp2["actual"]
     assert fsdp4_tp2["out"] == ["fsdp", "tensor"]
+
+
+def test_expert_kernels_take_the_fsdp_axis_where_the_expert_count_divides_it():
+    """Stacked expert kernels [L, E, embed, mlp] on the (2, 2, 2) mesh: 6 experts split over fsdp (expert
+    parallelism) with mlp over tensor; 3 experts do not divide fsdp = 2, so embed takes it (FSDP); the router
+    [L, embed, E] keeps FSDP on embed."""
+    names = ("layers", "expert", "embed", "mlp")
+    assert logical_to_spec(names, mesh=MESH_222, shape=(2, 6, 16, 8)) == P(None, "fsdp", None, "tensor")
+    assert logical_to_spec(names, mesh=MESH_222, shape=(2, 3, 16, 8)) == P(None, None, "fsdp", "tensor")
+    assert logical_to_spec(("layers", "embed", None), mesh=MESH_222, shape=(2, 16, 6)) == P(None, "fsdp", None)
+
+
+def test_a_mixture_of_experts_step_on_8_devices_matches_one_device(tmp_path):
+    """One SFT step (SGD, lr 1) of tiny-qwen3-moe (6 experts) on 8 fake CPU devices, data 2 x fsdp 2 x tensor 2:
+    the experts are split over fsdp and their inner dimension over tensor, and the loss, the router's auxiliary
+    loss and every updated weight equal the one-device step's."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    from flax import nnx
+    from numpy.testing import assert_allclose
+
+    from tempax.algorithms.sft.main import make_sft_loss
+    from tempax.models.decoder import Decoder
+    from tempax.models.presets import PRESETS
+    from tempax.train.config import MeshConfig, OptimizerConfig
+    from tempax.train.loop import Trainer
+    from tests.train.helpers import host, random_batch, tiny_train_config
+
+    cfg = PRESETS["tiny-qwen3-moe"].replace(num_layers=2)
+    batch = random_batch(8, 16, seed=2)
+    sgd = OptimizerConfig(name="sgd", learning_rate=1.0, schedule="constant", weight_decay=0.0, grad_clip_norm=None)
+    results = []
+    for mesh in (MeshConfig(num_devices=1), MeshConfig(num_devices=8, data=2, fsdp=2, tensor=2)):
+        trainer = Trainer(Decoder(cfg, rngs=nnx.Rngs(0)), make_sft_loss(),
+                          tiny_train_config(tmp_path, optimizer=sgd, mesh=mesh))
+        metrics = host(trainer.train_step(batch))
+        results.append((metrics, host(trainer.state.params), trainer.state.params["layers.mlp.experts.gate_proj"]))
+    (one_m, one_p, _), (eight_m, eight_p, experts) = results
+    assert experts.sharding.spec == P(None, "fsdp", None, "tensor")
+    for key in ("loss", "moe_aux_loss", "moe_max_load"):
+        assert_allclose(eight_m[key], one_m[key], rtol=1e-5, err_msg=key)
+    for key in one_p:
+        assert_allclose(eight_p[key], one_p[key], atol=1e-5, err_msg=key)

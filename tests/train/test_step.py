@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -180,3 +181,23 @@ def test_remat_gives_the_same_update_and_bf16_keeps_float32_masters(tiny_model_c
     assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(trainer.state.params))
     assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(trainer.state.opt_state) if v.ndim)
     assert trainer.model.config.dtype == "bfloat16"
+
+
+def test_a_mixture_of_experts_step_reports_and_trains_the_router_aux_loss(tmp_path):
+    """tiny-qwen3-moe (one layer) under SFT's loss: the step reports moe_aux_loss and moe_max_load; with
+    `train_aux_loss` its loss is the token loss plus router_aux_loss_coef * moe_aux_loss (0.5 here, so the term is
+    visible), without it the token loss alone, and only then do the router's weights move differently."""
+    cfg = PRESETS["tiny-qwen3-moe"].replace(num_layers=1)
+    batch = random_batch(4, 8, seed=3)
+    results = {}
+    for train in (False, True):
+        moe = dataclasses.replace(cfg.moe, train_aux_loss=train, router_aux_loss_coef=0.5)
+        trainer = Trainer(Decoder(cfg.replace(moe=moe), rngs=nnx.Rngs(0)), make_sft_loss(),
+                          tiny_train_config(tmp_path, batch_size=4, seq_len=8, optimizer=sgd(1.0)))
+        metrics = host(trainer.train_step(batch))
+        results[train] = metrics, host(trainer.state.params)["layers.mlp.gate.kernel"]
+    (off, router_off), (on, router_on) = results[False], results[True]
+    assert 1.0 <= off["moe_max_load"] <= 3.0 and off["moe_aux_loss"] > 0
+    assert_allclose(on["moe_aux_loss"], off["moe_aux_loss"], rtol=1e-6)
+    assert_allclose(on["loss"], off["loss"] + 0.5 * off["moe_aux_loss"], rtol=1e-6)
+    assert not np.allclose(router_on, router_off)
