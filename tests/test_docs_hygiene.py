@@ -183,6 +183,28 @@ def test_code_and_docs_carry_no_dates_hashes_people_or_outside_paths():
     assert not found, "prose that only this one machine or day can read:\n" + "\n".join(found)
 
 
+# The library is what a pip user installs: none of its lines (a default, a help text, a message, a docstring) may
+# name the data and benchmark folders that sit only beside a clone. The recipes, tests, benchmarks and docs of the
+# repository reach them; the library defaults to a Hub id or needs the key set (tests/cli/test_validate.py).
+BESIDE_THE_CLONE = re.compile(r"\.\./shared\b|\bshared/(data|bench)\b|[\"']shared[\"']")
+
+
+@pytest.mark.parametrize("line", [
+    'path: str = "../shared/data/hh-rlhf-sft/train.jsonl"', "DIR = REPO_ROOT.parent / 'shared' / 'data' / 'gsm8k'",
+    "the shared benchmark shapes (shared/bench/workloads.json)",
+])
+def test_the_beside_the_clone_rule_catches_its_cases(line):
+    assert BESIDE_THE_CLONE.search(line)
+
+
+def test_the_library_names_no_folder_beside_the_clone():
+    found = [f"{path}:{n}: {line.strip()}" for path in scanned_files() if path.startswith("tempax/")
+             for n, line in enumerate(open(os.path.join(ROOT, path), encoding="utf-8"), 1)
+             if BESIDE_THE_CLONE.search(line)]
+    assert not found, "the library names a folder only a clone has (use a Hub id, or require the key):\n" + "\n".join(
+        found)
+
+
 def readme() -> str:
     return open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
 

@@ -20,8 +20,8 @@ from typing import Any
 from tempax.algorithms.registry import algorithms, get, load_recipe
 from tempax.configlib import COMMAND_KEY, read_recipe, recipe_command
 from tempax.errors import ConfigError, TempaxError
-from tempax.data.sources import iter_rows
-from tempax.data.tasks.gsm8k import DEFAULT_GSM8K_DIR, load_gsm8k
+from tempax.data.sources import DATA_PATH_REQUIRED, iter_rows
+from tempax.data.tasks.gsm8k import load_gsm8k
 from tempax.models.registry import inspect_model, is_run_dir, resolve_source
 
 # The training layer (JAX) is imported only to check a run dir named as a model: `tempax validate` stays light.
@@ -45,6 +45,8 @@ def check_recipe(path: str, overrides: list[str] | None = None, command: str | N
         warnings += train.warnings()
     data = getattr(cfg, "data", None)
     data_path = getattr(data, "path", None)
+    if data is not None and hasattr(data, "path") and data_path is None:
+        raise ConfigError(DATA_PATH_REQUIRED)
     if isinstance(data_path, str) and not os.path.exists(os.path.expanduser(data_path)):
         looks_local = data_path.startswith((".", "/", "~")) or data_path.count("/") > 1 or data_path.endswith(
             (".jsonl", ".json", ".parquet", ".gz"))
@@ -185,10 +187,8 @@ def check_task(cfg: Any) -> None:
         return
 
     source = task.source
-    if source is None and not os.path.isdir(DEFAULT_GSM8K_DIR):
-        return  # the Hub's openai/gsm8k: read on first use, with network
-    if source is not None and not os.path.exists(os.path.expanduser(source)) and source.count("/") == 1:
-        return  # a Hub id: read on first use, with network
+    if source is None or (not os.path.exists(os.path.expanduser(source)) and source.count("/") == 1):
+        return  # a Hub id (with none, the Hub's openai/gsm8k): read on first use, with network
     try:
         rows = list(load_gsm8k(task.train_split, source, limit=_FIRST_ROWS))
     except TempaxError as e:

@@ -68,7 +68,7 @@ _CLEAN_HELP = ("Streams IN to OUT (JSON Lines, .gz for gzip) through the steps o
                "report of rows kept and dropped per reason.")
 _ITEMS_HELP = ("dataset file or folder (jsonl/json/parquet, saved dataset); the cleaned JSON Lines file (.gz for gzip; "
                "omit with --dry-run); config overrides, e.g. near_dedup.threshold=0.8 pii.enabled=true "
-               "decontaminate.eval_sets=[../shared/data/gsm8k/test.jsonl]")
+               "decontaminate.eval_sets=[gsm8k/test.jsonl]")
 _CLEAN_OPTIONS = ("config", "dry_run", "split", "report", "describe", "overwrite")
 
 

@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the task (default arithmetic; = grpo.task.name); arithmetic-tools runs the tool demo "
                              "(tempax/experiments/tool_demo.py: base, warm-starts and RL with and without a "
                              "calculator)")
+    parser.add_argument("--source", default=None,
+                        help="--task gsm8k: a folder with train.jsonl/test.jsonl, a jsonl file or a Hub id (default "
+                             "the Hub's openai/gsm8k; = grpo.task.source)")
     parser.add_argument("--eval-problems", type=int, default=None,
                         help=f"held-out problems per evaluation (default {d.eval_problems}; = grpo.eval.num_problems)")
     parser.add_argument("--run-dir", default=None, help="output folder (default runs/demo-<date>-<time>)")
@@ -58,7 +61,7 @@ def _shortcuts(args: argparse.Namespace, keys: dict[str, str]) -> list[str]:
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
     """The flags are shortcuts for keys of the typed config; KEY=VALUE overrides come after them."""
     shortcuts = _shortcuts(args, {
-        "model": "model.source", "steps": "grpo.train.steps", "task": "grpo.task.name",
+        "model": "model.source", "steps": "grpo.train.steps", "task": "grpo.task.name", "source": "grpo.task.source",
         "eval_problems": "grpo.eval.num_problems", "run_dir": "run_dir", "seed": "seed",
         "advantage": "grpo.grpo.advantage", "compare": "compare", "budget": "budget",
         "demonstrations": "demonstrations"})

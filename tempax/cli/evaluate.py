@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=("gsm8k", "arithmetic", "code"), default="gsm8k",
                         help="the task (default gsm8k); code: generated function-writing problems whose hidden "
                         "tests run in the sandbox (docs/code-execution.md)")
-    parser.add_argument("--source", help="gsm8k: a folder, jsonl file or Hub id (default ../shared/data/gsm8k)")
+    parser.add_argument("--source", help="gsm8k: a folder with train.jsonl/test.jsonl, a jsonl file or a Hub id "
+                        "(default the Hub's openai/gsm8k)")
     parser.add_argument("--split", default="test", help="split to evaluate (default test)")
     parser.add_argument("--num-problems", "--limit", type=int, default=200, dest="num_problems",
                         help="problems to evaluate, the first N of the split (default 200)")

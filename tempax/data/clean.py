@@ -244,7 +244,7 @@ class DecontaminateConfig:
     """Drop training rows that share word n-grams with evaluation sets, so held-out figures stay honest."""
 
     eval_sets: tuple[str, ...] = help_field(
-        "Evaluation datasets (files or folders the data layer reads), e.g. [../shared/data/gsm8k/test.jsonl]; "
+        "Evaluation datasets (files or folders the data layer reads), e.g. [gsm8k/test.jsonl]; "
         "empty: no decontamination.", ())
     ngram: int = help_field("Word n-gram size (13 as in GPT-3's contamination study; 8 is stricter).", 13)
     min_overlaps: int = help_field("Drop a row sharing at least this many distinct n-grams with the evaluation sets.", 1)
@@ -394,7 +394,7 @@ def load_eval_ngrams(paths: Iterable[str], n: int) -> set[tuple[str, ...]]:
                 grams.update(g for g in ngrams(tokens, n) if len(g) == n and wordy_ngram(g))
         if not found:
             raise DataError(f"decontaminate.eval_sets: {path} holds no readable rows (text, chat, qa, ...); "
-                            "pass an evaluation file the data layer reads, e.g. ../shared/data/gsm8k/test.jsonl")
+                            "pass an evaluation file the data layer reads, e.g. gsm8k/test.jsonl")
     return grams
 
 

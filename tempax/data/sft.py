@@ -20,8 +20,8 @@ from tempax.errors import ConfigError
 class SFTDataConfig:
     """Training rows and how they become batches."""
 
-    path: str = help_field(
-        "Dataset: a .jsonl/.json/.parquet file, a folder, or a Hub dataset id.", "../shared/data/hh-rlhf-sft/train.jsonl"
+    path: str | None = help_field(
+        "Dataset (required): a .jsonl/.json/.parquet file, a folder, or a Hub dataset id.", None
     )
     split: str | None = help_field("Split of a folder or Hub dataset.", None)
     format: Literal["auto", "messages", "prompt_completion", "text"] = help_field(
@@ -73,7 +73,8 @@ class SFTData:
 
 
 def read_data_rows(spec: SFTDataConfig) -> list[Any]:
-    """The dataset's rows (raises `DataError` naming the path when it does not exist)."""
+    """The dataset's rows (raises `ConfigError` when no path is set, `DataError` naming the path when it does not
+    exist)."""
     return read_rows(spec.path, split=spec.split)
 
 

@@ -27,6 +27,10 @@ import numpy as np
 from tempax.errors import ConfigError, DataError
 
 _EXTENSIONS = (".jsonl", ".json", ".parquet")
+# tempax ships no default data set: a recipe names its rows, and a run without them stops before reading anything.
+DATA_PATH_REQUIRED = ("data.path is required: the training rows, as a .jsonl/.json/.parquet file (gzip ok), a folder "
+                      "or a Hugging Face Hub dataset id; set it in the recipe (data: {path: ...}) or on the command "
+                      "line (data.path=...)")
 
 
 @dataclass(frozen=True)
@@ -74,17 +78,21 @@ def as_rows(items: Iterable[dict[str, Any] | Row], *, source: str = "<memory>") 
     return out
 
 
-def read_rows(path: str | os.PathLike, *, split: str | None = None) -> list[Row]:
+def read_rows(path: str | os.PathLike | None, *, split: str | None = None) -> list[Row]:
     """Reads every row of a dataset.
 
     Args:
-      path: a local file or folder (see the module docstring) or a Hugging Face Hub dataset id.
+      path: a local file or folder (see the module docstring) or a Hugging Face Hub dataset id; None (a recipe's
+        unset `data.path`) is a `ConfigError` naming the key.
       split: the split to read from a folder or Hub dataset ("train", "test", ...). Must be None for a file.
 
     Raises:
+      ConfigError: no path (`DATA_PATH_REQUIRED`).
       DataError: the path is neither a readable local dataset nor a reachable Hub dataset, or the split is
         missing.
     """
+    if path is None:
+        raise ConfigError(DATA_PATH_REQUIRED)
     path = os.fspath(path)
     expanded = os.path.expanduser(path)
     if os.path.isfile(expanded):

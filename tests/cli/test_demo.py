@@ -28,6 +28,9 @@ def test_demo_takes_no_arguments_and_maps_its_flags():
     assert config_from_args(build_parser().parse_args(["demo", "--sft-steps", "3"])).sft.train.steps == 3
     gsm = config_from_args(build_parser().parse_args(["demo", "--task", "gsm8k"]))
     assert gsm.grpo.grpo.max_new_tokens == gsm.grpo.eval.max_new_tokens == 256
+    assert gsm.grpo.task.source is None  # the Hub's openai/gsm8k; --source names a local copy
+    local = config_from_args(build_parser().parse_args(["demo", "--task", "gsm8k", "--source", "data/gsm8k"]))
+    assert local.grpo.task.source == "data/gsm8k" and local.task == "gsm8k"
     sft, grpo, baseline = cfg.stages("/tmp/x")
     assert sft is None and grpo.train.run_dir == "/tmp/x/grpo" and grpo.model.source == "preset:tiny-llama"
     assert baseline is None and DemoConfig().compare is False

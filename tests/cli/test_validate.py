@@ -74,3 +74,31 @@ def test_a_mistyped_recipe_path_gets_the_nearest_names(monkeypatch, capsys):
     assert main(["sft", "--config", "recipe/sft_full_tiny.yml"]) == 2
     assert "does not exist; did you mean recipes/sft_full_tiny.yaml" in capsys.readouterr().err
 
+
+
+def test_a_recipe_without_data_is_refused_naming_the_key(tmp_path, capsys):
+    """tempax ships no default data set: every command whose config reads one (`data.path`) is refused by
+    `tempax validate` in one line naming the key, and `tempax sft` stops with the same line before loading a model.
+    The task-sampling commands need none (a generated task, or the Hub's GSM8K)."""
+    from tempax.algorithms.registry import algorithms
+
+    needs_data = []
+    for command, algorithm in algorithms().items():
+        recipe = tmp_path / f"{command}.yaml"
+        recipe.write_text(f"command: {command}\ntrain: {{run_dir: {tmp_path / command}, steps: 1}}\n")
+        data = getattr(algorithm.config_class()(), "data", None)
+        if data is None or not hasattr(data, "path"):
+            continue
+        needs_data.append(command)
+        assert data.path is None
+        assert main(["validate", str(recipe)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"tempax validate: error: data.path is required: ") and len(err.splitlines()) == 1
+    assert {"sft", "pretrain", "dpo", "kto", "reward-model", "ppo", "distill"} <= set(needs_data)
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text(f"command: sft\nmodel: {{source: /no/such/model}}\ntrain: {{run_dir: {tmp_path / 'sft'}}}\n")
+    assert main(["sft", "--config", str(recipe)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "tempax sft: error: data.path is required: the training rows, as a .jsonl/.json/.parquet file (gzip ok), a "
+        "folder or a Hugging Face Hub dataset id; set it in the recipe (data: {path: ...}) or on the command line "
+        "(data.path=...)")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tempax.data.sft import SFTDataConfig, build_data
-from tempax.errors import DataError
+from tempax.errors import ConfigError, DataError
 from tests.kit.tokenizers import tiny_chat_tokenizer
 
 HH_PAIR = {"chosen": "\n\nHuman: What is 2+2?\n\nAssistant: 4.", "rejected": "\n\nHuman: What is 2+2?\n\nAssistant: 5."}
@@ -16,6 +16,13 @@ HH_PAIR = {"chosen": "\n\nHuman: What is 2+2?\n\nAssistant: 4.", "rejected": "\n
 def _write(path, rows) -> str:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
+
+
+def test_data_has_no_default_path():
+    """No default data set ships with the library: a config that names none says which key to set."""
+    assert SFTDataConfig().path is None
+    with pytest.raises(ConfigError, match=r"^data.path is required: .*\(data.path=\.\.\.\)$"):
+        build_data(SFTDataConfig(), tiny_chat_tokenizer(), batch_size=2, seq_len=64)
 
 
 def test_a_file_of_preference_pairs_points_to_dpo_not_to_the_threshold(tmp_path):

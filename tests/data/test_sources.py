@@ -103,6 +103,21 @@ def test_missing_local_path_names_it_and_never_touches_the_hub(tmp_path, monkeyp
         assert missing in str(e.value)
 
 
+def test_no_path_is_a_config_error_naming_the_key(monkeypatch):
+    """A recipe that names no data (tempax ships no default data set) stops before any file or the Hub is read."""
+    import datasets
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("no path must not reach the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    with pytest.raises(ConfigError) as e:
+        read_rows(None)
+    assert str(e.value) == ("data.path is required: the training rows, as a .jsonl/.json/.parquet file (gzip ok), a "
+                            "folder or a Hugging Face Hub dataset id; set it in the recipe (data: {path: ...}) or on "
+                            "the command line (data.path=...)")
+
+
 def test_unreachable_hub_id_is_a_data_error(monkeypatch):
     import datasets
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from tempax.data.tasks import arithmetic
 from tempax.data.tasks import (
-    DEFAULT_GSM8K_DIR,
+    GSM8K_HUB_ID,
     SYSTEM_PROMPT,
     ArithmeticConfig,
     generate_arithmetic,
@@ -20,7 +21,9 @@ from tempax.data.tasks import (
 from tempax.errors import ConfigError, DataError
 from tempax.rewards import answers_match, extract_answer, format_score, strict_format_ok
 
-needs_gsm8k = pytest.mark.skipif(not DEFAULT_GSM8K_DIR.is_dir(), reason=f"GSM8K not at {DEFAULT_GSM8K_DIR}")
+# The repository's copy (its recipes name it as task.source); the library itself defaults to the Hub.
+GSM8K_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
+needs_gsm8k = pytest.mark.skipif(not GSM8K_DIR.is_dir(), reason=f"GSM8K not at {GSM8K_DIR}")
 
 
 # ---------------------------------------------------------------- system prompt
@@ -59,7 +62,7 @@ def test_parse_final_answer(solution: str, expected: str | None) -> None:
 @needs_gsm8k
 def test_load_real_gsm8k_splits() -> None:
     """The shared copy has 7473 train and 1319 test rows (README), none malformed."""
-    train, test = load_gsm8k("train"), load_gsm8k("test")
+    train, test = load_gsm8k("train", GSM8K_DIR), load_gsm8k("test", GSM8K_DIR)
     assert (len(train), len(test)) == (7473, 1319)
     assert train.skipped == [] and test.skipped == []
     first = train[0]
@@ -73,7 +76,7 @@ def test_load_real_gsm8k_splits() -> None:
 
 @needs_gsm8k
 def test_load_gsm8k_from_a_file_and_with_limit(tmp_path: Path) -> None:
-    rows = load_gsm8k(source=DEFAULT_GSM8K_DIR / "test.jsonl", limit=5, system_prompt=None)
+    rows = load_gsm8k(source=GSM8K_DIR / "test.jsonl", limit=5, system_prompt=None)
     assert len(rows) == 5
     assert rows[0]["prompt_messages"] == [{"role": "user", "content": rows[0]["question"]}]
 
@@ -111,6 +114,43 @@ def test_too_many_malformed_rows_is_a_data_error(tmp_path: Path) -> None:
     file = _write_lines(tmp_path / "bad.jsonl", ['{"question": "Q?", "answer": "#### 1"}', "{oops", "{oops"])
     with pytest.raises(DataError, match=r"2 of 3 rows are malformed.*bad.jsonl:2"):
         load_gsm8k(source=file)
+
+
+def test_no_source_reads_the_hub_and_an_unreachable_hub_names_the_key(monkeypatch) -> None:
+    """With no source the rows come from the Hub's openai/gsm8k (config "main", the asked split), whatever folders
+    sit beside the installed package; a Hub that cannot be reached is a DataError naming task.source."""
+    import datasets
+
+    calls = []
+
+    def load_dataset(name, config, *, split):
+        calls.append((name, config, split))
+        return [{"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"}]
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    rows = load_gsm8k("test")
+    assert calls == [(GSM8K_HUB_ID, "main", "test")] and GSM8K_HUB_ID == "openai/gsm8k"
+    assert [row["answer"] for row in rows] == ["5"] and rows.source == "openai/gsm8k[test]"
+
+    def offline(name, config, *, split):
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(DataError, match=r"from the Hub id 'openai/gsm8k' \(ConnectionError: .*\); set task.source "
+                                        r"\(--source of `tempax eval` and `tempax demo`\) to a local folder holding "
+                                        r"train.jsonl"):
+        load_gsm8k("train")
+
+
+def test_a_relative_source_is_read_from_the_working_directory(tmp_path: Path, monkeypatch) -> None:
+    """`gsm/` names <cwd>/gsm, not a folder relative to the package; a missing one says where it was looked for."""
+    (tmp_path / "gsm").mkdir()
+    _write_lines(tmp_path / "gsm" / "train.jsonl", [json.dumps({"question": "Q?", "answer": "#### 4"})])
+    monkeypatch.chdir(tmp_path)
+    assert [row["answer"] for row in load_gsm8k("train", "gsm")] == ["4"]
+    with pytest.raises(DataError, match=r"GSM8K source \.\./gsm does not exist \(a relative path is read from "
+                                        + re.escape(str(tmp_path)) + r"\); set task.source"):
+        load_gsm8k("train", "../gsm")
 
 
 def test_missing_sources_are_data_errors(tmp_path: Path) -> None:

@@ -38,7 +38,8 @@ PAIRS_SMALL = f"{SMALL_TRAIN} data.max_rows=4 data.max_eval_rows=4"
 README_EXPORT, README_GGUF = "tempax export RUN_DIR OUT_DIR", "tempax export RUN_DIR MODEL.gguf --quant q8_0"
 
 CASES = [
-    Case("tempax demo [--steps N --sft-steps N --task arithmetic|gsm8k --model SOURCE --advantage grpo|rloo]",
+    Case("tempax demo [--steps N --sft-steps N --task arithmetic|gsm8k --source ../shared/data/gsm8k --model SOURCE "
+         "--advantage grpo|rloo]",
          f"demo --task arithmetic --model smollm2-135m-instruct --advantage grpo {DEMO_SMALL}",
          expect=(DEMO_TABLE,), files=("{tmp}/demo",)),
     Case("tempax demo --compare --eval-problems 200",
@@ -78,7 +79,8 @@ CASES = [
          f"rft --config recipes/rft_arithmetic_smollm2.yaml model.source={{sft}} train.steps=2 eval.num_problems=2 "
          f"{RFT_SMALL}", steps=2, metrics=("loss", "rft/accept_rate")),
     Case("tempax rft --describe", "rft --describe", expect=(r"rft\.group_size",)),
-    Case("tempax eval SOURCE --task gsm8k", "eval {sft} --task gsm8k --limit 4 --max-new-tokens 16 --out {tmp}/eval.json",
+    Case("tempax eval SOURCE --task gsm8k --source ../shared/data/gsm8k",
+         "eval {sft} --task gsm8k --source ../shared/data/gsm8k --limit 4 --max-new-tokens 16 --out {tmp}/eval.json",
          files=("{tmp}/eval.json",), expect=(r"answer acc", r"4 gsm8k problems")),
     Case("tempax data clean ../shared/data/gsm8k/train.jsonl OUT.jsonl --config examples/clean_sft.yaml",
          "data clean ../shared/data/gsm8k/train.jsonl {tmp}/OUT.jsonl --config examples/clean_sft.yaml",

@@ -5,7 +5,7 @@ A recipe is a `PPOConfig`:
     model:        {source: smollm2-135m-instruct}
     lora:         {rank: 16, alpha: 32}              # null: full-weight training
     reward_model: runs/reward_model_smollm2_lora     # a `tempax reward-model` run dir (or its reward_model/)
-    data:         {path: ../shared/data/hh-rlhf/train.jsonl.gz, eval_path: ../shared/data/hh-rlhf/test.jsonl.gz}
+    data:         {path: pairs/train.jsonl.gz, eval_path: pairs/test.jsonl.gz}   # HH-RLHF dialogues
     ppo:          {value: head, kl_coef: 0.05, gamma: 1.0, lam: 0.95, epochs: 2, mini_batches: 2, ...}
     eval:         {num_prompts: 64, before: true, after: true}
     train:        {steps: 24, batch_size: 8, optimizer: {learning_rate: 1.0e-4}}
@@ -98,13 +98,12 @@ class PPOKnobsConfig:
 class PromptDataConfig:
     """Where the prompts come from: the shared prompt of preference pairs (HH-RLHF dialogues) or chat rows."""
 
-    path: str = help_field(
-        "Training prompts: preference pairs (HH-RLHF dialogues, {prompt, chosen, rejected}) or rows with "
-        "`prompt_messages`; .jsonl/.json/.parquet (gzip ok), a folder or a Hub id.",
-        "../shared/data/hh-rlhf/train.jsonl.gz",
+    path: str | None = help_field(
+        "Training prompts (required): preference pairs (HH-RLHF dialogues, {prompt, chosen, rejected}) or rows "
+        "with `prompt_messages`; .jsonl/.json/.parquet (gzip ok), a folder or a Hub id (its train split).",
+        None,
     )
-    eval_path: str | None = help_field("Held-out prompts (same kinds); null: no evaluation.",
-                                  "../shared/data/hh-rlhf/test.jsonl.gz")
+    eval_path: str | None = help_field("Held-out prompts (same kinds); null: no evaluation.", None)
     max_rows: int | None = help_field("Use only the first N training rows; null: all.", None)
 
     def validate(self) -> None:

@@ -28,15 +28,17 @@ from tempax.data.unpaired import tokenize_unpaired_rows
 class PreferenceDataConfig:
     """Preference pairs for training and a held-out split for evaluation."""
 
-    path: str = help_field(
-        "Training pairs: a .jsonl/.json/.parquet file (gzip ok), a folder, or a Hub dataset id. Rows: "
-        "{prompt, chosen, rejected} as text or messages, {chosen, rejected} conversations, or HH-RLHF dialogues.",
-        "../shared/data/hh-rlhf/train.jsonl.gz",
+    path: str | None = help_field(
+        "Training pairs (required): a .jsonl/.json/.parquet file (gzip ok), a folder, or a Hub dataset id (e.g. "
+        "Anthropic/hh-rlhf). Rows: {prompt, chosen, rejected} as text or messages, {chosen, rejected} "
+        "conversations, or HH-RLHF dialogues.",
+        None,
     )
     split: str | None = help_field("Split of a folder or Hub dataset.", None)
     eval_path: str | None = help_field(
-        "Held-out pairs (same kinds as `path`); null: carve `eval_fraction` out of the training rows.",
-        "../shared/data/hh-rlhf/test.jsonl.gz",
+        "Held-out pairs (same kinds as `path`; e.g. Anthropic/hh-rlhf with eval_split=test); null: carve "
+        "`eval_fraction` out of the training rows.",
+        None,
     )
     eval_split: str | None = help_field("Split of `eval_path` when it is a folder or Hub dataset.", None)
     eval_fraction: float = help_field("Without eval_path: hold out this fraction of training rows (0: no evaluation).", 0.0)

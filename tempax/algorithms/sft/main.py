@@ -79,9 +79,8 @@ class PretrainConfig(SFTConfig):
     """Continued pre-training on plain text: every token is trained."""
 
     data: SFTDataConfig = help_field(
-        "The data (plain text).",
-        default_factory=lambda: SFTDataConfig(path="../shared/data/gsm8k/train.jsonl", format="text", train_on="all",
-                                              text_fields=("question", "answer"), overlong="split"),
+        "The data (plain text; data.path is required).",
+        default_factory=lambda: SFTDataConfig(format="text", train_on="all", overlong="split"),
     )
 
 

@@ -6,10 +6,9 @@ Rows are plain dicts: `prompt_messages` (chat messages: system instruction + que
 
 from tempax.data.tasks.arithmetic import ArithmeticConfig, generate_arithmetic, is_heldout_question
 from tempax.data.tasks.common import SYSTEM_PROMPT, SkippedRow, TaskRows, build_prompt_messages, format_target
-from tempax.data.tasks.gsm8k import DEFAULT_GSM8K_DIR, GSM8K_HUB_ID, load_gsm8k, parse_final_answer
+from tempax.data.tasks.gsm8k import GSM8K_HUB_ID, load_gsm8k, parse_final_answer
 
 __all__ = [
-    "DEFAULT_GSM8K_DIR",
     "GSM8K_HUB_ID",
     "SYSTEM_PROMPT",
     "ArithmeticConfig",

@@ -1,8 +1,8 @@
 """GSM8K (Cobbe et al. 2021, arXiv:2110.14168): grade-school math word problems with integer answers.
 
-Rows come from a local JSON Lines file (`{"question": ..., "answer": "...\\n#### 72"}` per line) or a folder holding
-`train.jsonl` / `test.jsonl`; by default the copy in the shared data folder next to this checkout. Only when the
-given source does not exist locally and looks like a Hub id is `datasets.load_dataset(id, "main")` used.
+Rows come from a local JSON Lines file (`{"question": ..., "answer": "...\\n#### 72"}` per line), a folder holding
+`train.jsonl` / `test.jsonl`, or a Hub id read with `datasets.load_dataset(id, "main")`; with no source, the Hub's
+`openai/gsm8k`. A source that exists locally is always read locally (relative to the working directory).
 
 Each row becomes `{prompt_messages, question, answer}`: chat messages (system instruction + question), the question
 text, and the reference number from after the final `####`, thousands commas removed ("1,080" -> "1080").
@@ -24,9 +24,6 @@ logger = logging.getLogger(__name__)
 
 GSM8K_HUB_ID = "openai/gsm8k"
 GSM8K_HUB_CONFIG = "main"
-REPO_ROOT = Path(__file__).resolve().parents[3]
-# The shared data folder sits next to the checkout: <repo>/../shared/data/gsm8k.
-DEFAULT_GSM8K_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
 
 _FINAL_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -63,8 +60,6 @@ def _row_from_record(record: Any, system_prompt: str | None) -> tuple[dict[str, 
 def _resolve_local(source: str | Path, split: str) -> Path | None:
     """The jsonl file for `source` (a file, or a folder holding `{split}.jsonl`), or None if it does not exist."""
     path = Path(source).expanduser()
-    if not path.exists() and not path.is_absolute() and (REPO_ROOT / path).exists():
-        path = REPO_ROOT / path
     if not path.exists():
         return None
     if path.is_dir():
@@ -104,7 +99,8 @@ def _read_hub(hub_id: str, split: str, system_prompt: str | None) -> tuple[list[
     except Exception as err:  # offline, unknown id, unknown split: all fixable by pointing at local files
         raise DataError(
             f"could not load GSM8K {split!r} from the Hub id {hub_id!r} ({type(err).__name__}: {err}); "
-            f"pass a local folder with {split}.jsonl (default {DEFAULT_GSM8K_DIR})"
+            f"set task.source (--source of `tempax eval` and `tempax demo`) to a local folder holding "
+            f"{split}.jsonl, or a jsonl file"
         ) from err
     rows, skipped = [], []
     for index, record in enumerate(records):
@@ -128,15 +124,15 @@ def load_gsm8k(
 
     Args:
       split: "train" or "test"; picks `{split}.jsonl` in a folder, or the Hub split. Ignored for a file path.
-      source: a jsonl file or a folder of them (relative paths are tried against the working directory, then the
-        repository root); None means `DEFAULT_GSM8K_DIR`. A source that does not exist locally but looks like
-        `owner/name` is loaded from the Hub (config "main"); with None and no local copy, `openai/gsm8k`.
+      source: a jsonl file or a folder of them (relative to the working directory), or a Hub id: a source that
+        does not exist locally but looks like `owner/name` is loaded from the Hub (config "main"). None means
+        `GSM8K_HUB_ID`.
       system_prompt: the system turn of every prompt (None for no system turn).
       limit: keep only the first `limit` valid rows.
       max_malformed_fraction: raise `DataError` when a larger share of rows is malformed.
     """
     if source is None:
-        source = DEFAULT_GSM8K_DIR if DEFAULT_GSM8K_DIR.exists() else GSM8K_HUB_ID
+        source = GSM8K_HUB_ID
     file = _resolve_local(source, split)
     if file is not None:
         rows, skipped = _read_jsonl(file, system_prompt)
@@ -145,7 +141,9 @@ def load_gsm8k(
         rows, skipped = _read_hub(str(source), split, system_prompt)
         where = f"{source}[{split}]"
     else:
-        raise DataError(f"GSM8K source {source} does not exist; pass a jsonl file, a folder, or a Hub id")
+        raise DataError(f"GSM8K source {source} does not exist (a relative path is read from {Path.cwd()}); set "
+                        "task.source (--source of `tempax eval` and `tempax demo`) to a jsonl file, a folder with "
+                        "train.jsonl/test.jsonl, or a Hub id")
 
     total = len(rows) + len(skipped)
     if total == 0:

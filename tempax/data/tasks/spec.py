@@ -24,8 +24,8 @@ class TaskConfig:
         "gsm8k",
     )
     source: str | None = help_field(
-        "gsm8k: a folder with train.jsonl/test.jsonl, a jsonl file or a Hub id; null: ../shared/data/gsm8k, "
-        "else openai/gsm8k. jsonl: the file of task rows (one JSON object a line).",
+        "gsm8k: a folder with train.jsonl/test.jsonl, a jsonl file or a Hub id; null: the Hub's openai/gsm8k. "
+        "jsonl: the file of task rows (one JSON object a line).",
         None,
     )
     train_split: str = help_field("Split the prompts are drawn from.", "train")
