@@ -53,15 +53,13 @@ def _program_processes(reward) -> list[psutil.Process]:
 
 def attack(reward, contained, name: str, body: str, counter: str | tuple[str, ...], *,
            guard: str | None = None) -> None:
-    """Runs one attack: scored 0, counted under `counter` (or one of several), nothing left running, `guard` (a
-    file) unchanged."""
+    """Runs one attack: scored 0, counted under `counter` (or one of several: the limit that stopped it, so it ran
+    no longer than that limit allows), nothing left running, `guard` (a file) unchanged."""
     counters = (counter,) if isinstance(counter, str) else counter
     before = dict(reward.metrics())
     snapshot = open(guard, "rb").read() if guard else None
-    start = time.monotonic()
     scores = reward(["p"], [fenced(body)], tests=[TESTS], entry_point=["square"])
     assert scores == [0.0], f"{name}: scored {scores}"
-    assert time.monotonic() - start < 15
     after = reward.metrics()
     grew = [c for c in counters if after[c] == before[c] + 1]
     assert len(grew) == 1 and after["sandbox/programs"] == before["sandbox/programs"] + 1, \

@@ -3,8 +3,8 @@ run, and that only process 0 prints (the command itself: tests/cli/test_launch.p
 
 from __future__ import annotations
 
+import os
 import sys
-import time
 
 from tempax.parallel.launch import command_argv, launch, process_env
 
@@ -20,18 +20,48 @@ def test_each_process_gets_jax_coordinator_settings_and_its_device_count():
                                                                "-c", "r.yaml"]
 
 
-def test_a_failing_process_stops_the_others_and_gives_its_status():
-    """Process 1 exits with status 3 at once; process 0 would sleep 60 s: the launcher returns 3 within seconds."""
-    script = "import os, sys, time; sys.exit(3) if os.environ['JAX_PROCESS_ID'] == '1' else time.sleep(60)"
-    start = time.monotonic()
-    assert launch([sys.executable, "-c", script], nproc=2, grace=2.0) == 3
-    assert time.monotonic() - start < 30
+# Each process writes its pid (atomically), then sleeps 60 s and marks that it reached its end; with `fail`,
+# process 1 waits until process 0 has started and exits with status 3.
+SLEEPER = """
+import os, sys, time
+marks, fail, me = sys.argv[1], sys.argv[2] == "fail", os.environ["JAX_PROCESS_ID"]
+with open(os.path.join(marks, f"pid{me}.tmp"), "w") as f:
+    f.write(str(os.getpid()))
+os.replace(os.path.join(marks, f"pid{me}.tmp"), os.path.join(marks, f"pid{me}"))
+if fail and me == "1":
+    while not os.path.exists(os.path.join(marks, "pid0")):
+        time.sleep(0.01)
+    sys.exit(3)
+time.sleep(60)
+open(os.path.join(marks, f"finished{me}"), "w").close()
+"""
 
 
-def test_timeout_stops_a_hung_run_with_status_124():
-    start = time.monotonic()
-    assert launch([sys.executable, "-c", "import time; time.sleep(60)"], nproc=2, timeout=1.0, grace=2.0) == 124
-    assert time.monotonic() - start < 30
+def stopped(marks, index: int) -> bool:
+    """Process `index` was stopped before its sleep ended: it is no longer running and never marked its end."""
+    if (marks / f"finished{index}").exists():
+        return False
+    pid_file = marks / f"pid{index}"
+    if not pid_file.exists():
+        return True  # stopped before it wrote its pid
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_failing_process_stops_the_others_and_gives_its_status(tmp_path):
+    """Process 1 exits with status 3 once process 0 has started; process 0 would sleep 60 s: the launcher
+    returns 3 with process 0 stopped (gone, its sleep never ended), not after waiting for it."""
+    assert launch([sys.executable, "-c", SLEEPER, str(tmp_path), "fail"], nproc=2, grace=2.0) == 3
+    assert stopped(tmp_path, 0)
+
+
+def test_timeout_stops_a_hung_run_with_status_124(tmp_path):
+    """Both processes would sleep 60 s; past the 1 s timeout the launcher stops both and returns 124."""
+    assert launch([sys.executable, "-c", SLEEPER, str(tmp_path), "hang"], nproc=2, timeout=1.0, grace=2.0) == 124
+    assert stopped(tmp_path, 0) and stopped(tmp_path, 1)
 
 
 def test_all_processes_succeeding_is_status_0():

