@@ -19,13 +19,13 @@ Commands (the model is the real SmolLM2-135M-Instruct GGUF):
   sft       tempax sft --config recipes/sft_lora_smollm2.yaml, 2 steps of 2 x 256 tokens, no evaluation
   demo      tempax demo, as `bash scripts/demo.sh` runs it (SFT warm-start, GRPO, three evaluations); not in
             the default set, each run takes minutes; its before/after table is checked equal across the modes
-A measuring run appends its table to `docs/performance.md` (`--page`), headed by the CPU class and date.
+A measuring run appends its table to `docs/measurements/performance-history.md` (`--page`), headed by the CPU class
+and the commands it ran.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--data", default=os.path.join(os.path.dirname(ROOT), "shared", "data", "hh-rlhf-sft",
                                                     "train.jsonl"), help="the SFT recipe's data file")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated, from " + ", ".join(MODES))
-    ap.add_argument("--page", default=os.path.join(ROOT, "docs", "performance.md"),
+    ap.add_argument("--page", default=os.path.join(ROOT, "docs", "measurements", "performance-history.md"),
                     help="the docs page the run's table is appended to ('' = none)")
     args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -158,8 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
         subprocess.run([sys.executable, "-c", "import tempax; tempax.load_tokenizer('smollm2-135m-instruct')"],
                        env=env, check=True)
-        started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-        for name in [c.strip() for c in args.commands.split(",") if c.strip()]:
+        commands = [c.strip() for c in args.commands.split(",") if c.strip()]
+        for name in commands:
             for mode in modes:
                 records.append(measure(name, mode, env, args.data))
                 print(json.dumps(records[-1]), flush=True)
@@ -172,8 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bench.compare import append_run, repeatable_command
 
         command = repeatable_command("bench/cli_startup.py", argv if argv is not None else sys.argv[1:])
-        append_run(args.page, f"CPU: {cpu_line()}\n\n{table}", f"## {cpu_class(cpu_info())}: {started}, start-up "
-                   "of tempax commands (bench/cli_startup.py)", command)
+        append_run(args.page, f"CPU: {cpu_line()}\n\n{table}", f"### {cpu_class(cpu_info())}: start-up of tempax "
+                   f"{', '.join(commands)} (bench/cli_startup.py)", command)
     return 0
 
 

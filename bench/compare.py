@@ -6,9 +6,10 @@
     python bench/compare.py --dtype bf16 --workloads sft_full,sft_lora --sizes small
     python bench/compare.py --table-from runs/cmp.jsonl       # the table again from kept records, no measuring
 
-A measuring run appends its table to `docs/performance.md` (`--page`; `--page ''` writes nothing) under a
-heading that names the CPU class (`tempax.runtime.host.cpu_class`: AVX-512 + AMX, AVX-512, AVX2), the CPU, the flags
-and the date, so the page keeps one history per CPU class; the newest section of a class is its current figure.
+A measuring run appends its table to `docs/measurements/performance-history.md` (`--page`; `--page ''` writes
+nothing), at the end of its "Runs appended by the benchmarks", under a heading that names the CPU class
+(`tempax.runtime.host.cpu_class`: AVX-512 + AMX, AVX-512, AVX2) and what ran, with the command that repeats it, the
+CPU, the load and the flags. The page names no date: the raw records (`--out`) keep each measurement's UTC time.
 
 For each (workload, size) cell it runs tempax's own one-measurement entry point (`bench/sft.py --one W S`,
 `bench/decode.py --one S`, `bench/grpo_step.py --one S`) and each peer's that measures the workload
@@ -172,13 +173,10 @@ def build_table(records: Sequence[dict]) -> str:
 
 
 def header_lines(records: Sequence[dict]) -> list[str]:
-    """CPU, date and load average of the run, from the records' driver labels."""
+    """CPU and load average of the run, from the records' driver labels."""
     cpus = sorted({r["host_cpu"] for r in records if "host_cpu" in r})
-    times = sorted(r["utc"] for r in records if "utc" in r)
     loads = [r["load_average_before"][0] for r in records if "load_average_before" in r]
     lines = [f"CPU: {'; '.join(cpus) or 'unknown'}"]
-    if times:
-        lines.append(f"Date (UTC): {times[0]} to {times[-1]}")
     if loads:
         lines.append(f"1-min load average before each measurement: {min(loads):.2f} to {max(loads):.2f} "
                      f"(median {statistics.median(loads):.2f})")
@@ -287,9 +285,10 @@ def imitated_class(real_class: str, xla_flags: str, aten_capability: str | None)
 
 
 def run_heading(records: Sequence[dict], cpu_class: str) -> str:
-    """The page heading of one run: its CPU class and its first measurement's date (UTC)."""
-    times = sorted(r["utc"] for r in records if "utc" in r)
-    return f"## {cpu_class}: {times[0] if times else 'undated'}"
+    """The page heading of one run: its CPU class and the workloads and sizes it measured."""
+    workloads = [w for w in METRICS if any(r.get("workload") == w for r in records)]
+    sizes = [s for s in SIZES if any(r.get("size") == s for r in records)]
+    return f"### {cpu_class}: {', '.join(workloads) or 'nothing measured'} at {', '.join(sizes) or '-'}"
 
 
 def repeatable_command(script: str, argv: Sequence[str],
@@ -308,15 +307,14 @@ def repeatable_command(script: str, argv: Sequence[str],
 
 def append_run(page: str, table: str, heading: str, command: str) -> None:
     """Appends one run (heading, the command that repeats it, the table) to the page, creating the page with its
-    introduction when it does not exist yet."""
+    introduction and its "Runs appended by the benchmarks" section when it does not exist yet."""
     new = not os.path.exists(page)
     with open(page, "a", encoding="utf-8") as f:
         if new:
-            f.write("# Performance against the peers, per CPU class\n\nWritten by `bench/compare.py` (and "
-                    "`bench/cli_startup.py`): each run appends a section (CPU class, date, CPU and flags, the table). A ratio belongs to its "
-                    "CPU: read the newest section of your class. Figures for AVX2 taken on an AVX-512 host with "
-                    "`--xla_cpu_max_isa=AVX2` and `ATEN_CPU_CAPABILITY=avx2` imitate the instruction set only, "
-                    "not an AVX2 CPU's execution units; such a run says so in its XLA_FLAGS line.\n")
+            f.write("# Speed against the peers, per CPU class\n\nA ratio belongs to its CPU and its run. Figures "
+                    "for AVX2 taken on an AVX-512 host with `--xla_cpu_max_isa=AVX2` and `ATEN_CPU_CAPABILITY=avx2` "
+                    "imitate the instruction set only, not an AVX2 CPU's execution units; such a run says so in its "
+                    "heading and its XLA_FLAGS line.\n\n## Runs appended by the benchmarks\n")
         f.write(f"\n{heading}\n\n`{command}`\n\n{table}\n")
 
 
@@ -341,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lock", help="a lock file held for each tempax/peer pair (other jobs that take it wait)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before one measurement is failed")
     parser.add_argument("--table-from", metavar="FILE.jsonl", help="print the table of kept records; measure nothing")
-    parser.add_argument("--page", default=os.path.join(ROOT, "docs", "performance.md"),
+    parser.add_argument("--page", default=os.path.join(ROOT, "docs", "measurements", "performance-history.md"),
                         help="the docs page a measuring run appends its table to ('' = none)")
     args = parser.parse_args(argv)
     if args.table_from:

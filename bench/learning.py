@@ -419,8 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/learning", help="where the runs go")
     parser.add_argument("--table", default=None, metavar="OUT",
                         help="print the table of the runs already in OUT, run nothing")
-    parser.add_argument("--page", default="", help="also write the table to this docs page (e.g. "
-                        "docs/measurements/learning-table.md)")
+    parser.add_argument("--page", default="", help="also write the table to this Markdown file (e.g. "
+                        "runs/learning-table.md; the results page takes the rows from --record)")
     parser.add_argument("--after-sft", default=None, metavar="RUN[,RUN...]",
                         help="table (d) GRPO after the best SFT against (a) for these `tempax demo --compare "
                              "rl_after_sft=true` run dirs (one lever each), run nothing")

@@ -66,9 +66,6 @@ CODE_STRING_RULES = {"a path outside the repository": re.compile(r"(?<![\w.])/(w
 
 # (path, rule) -> why that file may match the rule.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("docs/performance.md", "a calendar date"): "written by `python bench/compare.py`; every run header carries its "
-    "date, so the page shows when each table was measured",
-    ("docs/performance.md", "a time of day"): "written by `python bench/compare.py` (the span of each run)",
     ("tests/test_docs_hygiene.py", "a path outside the repository"): "its own cases of what the rule catches",
 }
 
@@ -351,8 +348,7 @@ REPO_PATH = re.compile(r"(?<![\w./-])((?:tempax|tests|bench|scripts|recipes|docs
 
 def test_paths_the_docs_name_exist():
     """Every repository path that the README or a docs page names in a link or inside backticks (a command's
-    `pytest tests/...` too) exists, so a moved module cannot leave a stale pointer (docs/performance.md is
-    written by `python bench/compare.py`)."""
+    `pytest tests/...` too) exists, so a moved module cannot leave a stale pointer."""
     pages = ["README.md"] + [p for p in scanned_files() if p.startswith("docs/") and p.endswith(".md")]
     missing = []
     for page in pages:
@@ -361,7 +357,7 @@ def test_paths_the_docs_name_exist():
         names |= {path for span in re.findall(r"`([^`]+)`", text) for path in REPO_PATH.findall(span)}
         for name in sorted(names):
             target = os.path.normpath(os.path.join(os.path.dirname(page), name)) if name.startswith("..") else name
-            if not PLACEHOLDER.search(name) and target != "docs/performance.md" and not os.path.exists(
+            if not PLACEHOLDER.search(name) and not os.path.exists(
                     os.path.join(ROOT, target)):
                 missing.append(f"{page}: {name}")
     assert not missing, "the docs name files that do not exist:\n" + "\n".join(missing)

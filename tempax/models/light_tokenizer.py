@@ -3,7 +3,8 @@
 `tempax generate` needs five things from a tokenizer: the chat template rendered for plain text messages, encoding,
 decoding, the special ids and the vocabulary (for stop tokens). `transformers` gives them all, but importing it
 costs CPU time before any of it runs (most of it checking installed package versions), which was the largest
-part of a warm `tempax generate`'s time to its first token after the weights (`docs/performance.md`, start-up). This backend reads the folder that
+part of a warm `tempax generate`'s time to its first token after the weights
+(`docs/measurements/performance-history.md`, start-up). This backend reads the folder that
 `tempax.models.tokenizer` caches for a GGUF file (a `tokenizer.json`, a `tokenizer_config.json` and the template)
 and answers those five the way `transformers`' `TokenizersBackend` does, with the same `tokenizers` object
 underneath; tests check them equal, text for text and id for id, on the real SmolLM2 tokenizer and the test ones.

@@ -1,8 +1,8 @@
 """Named model shapes for each family (random init, or to check what a checkpoint should look like).
 
 The published checkpoints' shapes; `bench-tiny` / `bench-small` are the shapes of the benchmark workloads
-(`bench/`, docs/performance.md). Each `tiny-<family>` preset is a few-thousand-parameter model that exercises
-every switch of its family, for fast tests.
+(`bench/`, `docs/measurements/performance-history.md`). Each `tiny-<family>` preset is a few-thousand-parameter
+model that exercises every switch of its family, for fast tests.
 """
 
 from __future__ import annotations

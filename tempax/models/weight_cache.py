@@ -19,7 +19,7 @@ own cache folder).
 The `tempax` command turns it on (`TEMPAX_WEIGHTS_DIR`, `$TEMPAX_CACHE/weights`, set by
 `tempax.runtime.process.weight_cache_env`); `TEMPAX_WEIGHT_CACHE=0` turns it off. Models whose parameters
 would take more than `TEMPAX_WEIGHT_CACHE_MAX_GIB` (default 4) are not cached: the disk they would take is worth
-more than the seconds. Measured: `docs/performance.md` (`python bench/cli_startup.py`).
+more than the seconds. Measured: `docs/measurements/performance-history.md` (`python bench/cli_startup.py`).
 """
 
 from __future__ import annotations

@@ -22,14 +22,13 @@ of XLA:CPU's matrix-product library, and glibc's malloc told to keep a training 
   alternative is faster on the training step's own shapes (`bench/matmul_shapes.py`); on Intel CPUs with AVX-512
   `--xla_cpu_use_onednn=true` is added, the one flag measured faster there (the float32 step and the 4096^3
   product, on an Intel CPU with AMX); on AVX2-only CPUs oneDNN made the step slower, so nothing is added. The
-  before/after pairs of these settings: `docs/performance.md` (per CPU class), earlier ones
-  `docs/measurements/performance-history.md`.
+  before/after pairs of these settings, per CPU class: `docs/measurements/performance-history.md`.
 * Persistent compilation cache, on for the `tempax` command (`compilation_cache_env`): JAX writes every compiled
   program to `$TEMPAX_CACHE/xla/<CPU fingerprint>` and a later run with the same program, shapes, jaxlib and XLA
   flags loads it instead of compiling (XLA:CPU included, sharded programs too; tests check both; the figures are
-  in `docs/performance.md`). `tempax generate` and `tempax chat` instead store their generation executables whole
-  (`TEMPAX_PROGRAMS_DIR`, a `programs/` folder inside it; `tempax.generate.program_store`), which skips their
-  tracing and lowering too.
+  in `docs/measurements/performance-history.md`). `tempax generate` and `tempax chat` instead store their
+  generation executables whole (`TEMPAX_PROGRAMS_DIR`, a `programs/` folder inside it;
+  `tempax.generate.program_store`), which skips their tracing and lowering too.
   The folder is per CPU because JAX's cache key names the backend ("cpu") but not the host's instruction set:
   a home folder shared by an AVX-512 and an AVX2 machine must not hand one the other's machine code.
   `TEMPAX_COMPILE_CACHE=0` turns it off; a `JAX_COMPILATION_CACHE_DIR` the user set is used as it is.
@@ -86,7 +85,7 @@ def huge_pages_available() -> bool:
 def cpu_xla_flags(cpu: Mapping[str, Any]) -> list[str]:
     """The XLA:CPU flags chosen for `cpu` (a `tempax.runtime.host.cpu_info()` record: vendor and flags): oneDNN's
     products on Intel CPUs with AVX-512, nothing elsewhere (AMD's default products are as fast; oneDNN capped to
-    AVX2 is slower than them). Measured per CPU class in `docs/performance.md`."""
+    AVX2 is slower than them). Measured per CPU class in `docs/measurements/performance-history.md`."""
     if cpu.get("vendor") == "GenuineIntel" and "avx512f" in cpu.get("flags", ()):
         return [ONEDNN_FLAG]
     return []
@@ -137,10 +136,11 @@ def compilation_cache_env(
     and lowering; what else those commands compile is a handful of tiny programs (tens of ms together, measured
     with `JAX_LOG_COMPILES=1` on a two-turn chat), left uncached. Every other command uses JAX's persistent
     cache, for every program however fast it compiled (JAX's default, `jax_persistent_cache_min_compile_time_secs`,
-    keeps only the slow ones; the many small ones add up on a few cores); a large training step gains little from it with the pinned jaxlib, whose loader
-    looks up each YNNPACK fusion by a walk over the whole module (the figures: `docs/performance.md`). Never both
-    in one process: a program compiled where JAX has loaded executables from its cache can serialise
-    incompletely (XLA:CPU then fails with "Function ... not found" when the stored copy runs)."""
+    keeps only the slow ones; the many small ones add up on a few cores); a large training step gains little from
+    it with the pinned jaxlib, whose loader looks up each YNNPACK fusion by a walk over the whole module (the
+    figures: `docs/measurements/performance-history.md`). Never both in one process: a program compiled where JAX
+    has loaded executables from its cache can serialise incompletely (XLA:CPU then fails with "Function ... not
+    found" when the stored copy runs)."""
     out = dict(env)
     if env.get("TEMPAX_COMPILE_CACHE", "1") == "0" or env.get("JAX_COMPILATION_CACHE_DIR"):
         return out

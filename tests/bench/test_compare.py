@@ -58,16 +58,16 @@ def test_a_failed_measurement_shows_its_error_and_no_ratio():
     assert "| error: RuntimeError: a \\| b |  | 84.6 (transformers generate) | 84.6 |  | ? / 0.90 |" in table
 
 
-def test_rows_follow_workload_then_size_order_and_the_header_names_cpu_date_load():
-    """Rows in METRICS order (sft_full, ..., decode, grpo_step); header: the CPU, first..last UTC stamp,
-    and the 1-min loads [1, 1, 1, 1, 3, 2, 1, 1]: min 1.00, max 3.00, median 1.00."""
+def test_rows_follow_workload_then_size_order_and_the_header_names_cpu_and_load():
+    """Rows in METRICS order (sft_full, ..., decode, grpo_step); header: the CPU and the 1-min loads
+    [1, 1, 1, 1, 3, 2, 1, 1]: min 1.00, max 3.00, median 1.00; no date (the records keep theirs)."""
     table = build_table(RECORDS)
     lines = table.splitlines()
     starts = [line.split("|")[1].strip() for line in lines if line.startswith("| ") and "workload" not in line]
     assert starts == ["sft_full tokens/s", "decode generated tokens/s", "grpo_step s/step"]
     assert lines[0] == f"CPU: {CPU}"
-    assert lines[1] == "Date (UTC): 2026-12-01 09:55 to 2026-12-01 10:30"
-    assert lines[2] == "1-min load average before each measurement: 1.00 to 3.00 (median 1.00)"
+    assert lines[1] == "1-min load average before each measurement: 1.00 to 3.00 (median 1.00)"
+    assert "2026" not in table
     assert "transformers 5.24.0 + torch 2.13.0 + TRL 1.16.0" in lines[-2] and "JAX 0.10.2" in lines[-2]
     assert lines[-1] == "grpo_step tiny mean completion tokens: tempax 63.5; peer 64.0."
 
@@ -198,8 +198,9 @@ def test_tunix_gets_the_workload_prompts_as_text_that_encodes_back_to_them():
 
 
 def test_a_measuring_run_appends_its_table_to_the_page_under_its_cpu_class(tmp_path, monkeypatch):
-    """Two runs -> the page's introduction once, then two sections in run order, each headed by the class and
-    the first measurement's date, with the command and the table; --table-from writes nothing."""
+    """Two runs -> the page's introduction and its "Runs appended" section once, then two runs in run order, each
+    headed by the class and what it measured (workloads in METRICS order, then sizes), with the command and the
+    table; --table-from writes nothing."""
     import bench.compare as compare
 
     page = tmp_path / "performance.md"
@@ -208,9 +209,10 @@ def test_a_measuring_run_appends_its_table_to_the_page_under_its_cpu_class(tmp_p
     assert main(["--sizes", "tiny", "--page", str(page)]) == 0
     assert main(["--sizes", "small", "--page", str(page)]) == 0
     text = page.read_text()
-    assert text.startswith("# Performance against the peers, per CPU class") and text.count("# Performance") == 1
-    sections = text.split("\n## ")[1:]
-    assert [s.splitlines()[0] for s in sections] == ["AVX2: 2026-12-01 09:55"] * 2
+    assert text.startswith("# Speed against the peers, per CPU class") and text.count("# Speed") == 1
+    assert text.count("\n## Runs appended by the benchmarks\n") == 1
+    sections = text.split("\n### ")[1:]
+    assert [s.splitlines()[0] for s in sections] == ["AVX2: sft_full, decode, grpo_step at tiny, small"] * 2
     assert "`python bench/compare.py --sizes tiny`" in sections[0]
     assert "`python bench/compare.py --sizes small`" in sections[1]
     assert build_table(RECORDS) in sections[0]
