@@ -4,8 +4,11 @@ The file is what llama.cpp's own converter (`convert_hf_to_gguf.py`) would write
 checkpoint, so `tempax.models.gguf_io` (which undoes exactly those edits) reads it back unchanged:
   * tensor names are llama.cpp's (`token_embd`, `blk.N.attn_q`, `blk.N.ffn_down`, `output_norm`, `output`); a tied
     LM head is simply absent;
-  * the llama architecture (Llama, Mistral, SmolLM2) has its q/k rows permuted per head from rotate-half to
-    interleaved RoPE order (`gguf_io.permute_qk`); Qwen and Gemma use NeoX RoPE and are stored as they are;
+  * the llama architecture (Llama, Mistral, SmolLM2) and smollm3 have their q/k rows permuted per head from
+    rotate-half to interleaved RoPE order (`gguf_io.permute_qk`); Qwen, Gemma, OLMo and Phi-3 use NeoX RoPE and are
+    stored as they are;
+  * Phi-3's q/k/v and gate/up projections are written fused (`attn_qkv`; `ffn_up` holding gate then up rows), and
+    OLMo 3 as llama.cpp's olmo2 with its sliding window and per-layer pattern;
   * Gemma norm weights are stored as `w + 1` (llama.cpp multiplies by the weight, tempax and HF by `1 + w`);
   * Llama 3 RoPE scaling becomes a `rope_freqs.weight` tensor of per-frequency divisors;
   * the tokenizer goes into `tokenizer.*` metadata (`tokenizer_metadata`).
@@ -32,7 +35,15 @@ import numpy as np
 
 from tempax.errors import CheckpointError, ConfigError
 from tempax.models.config import ModelConfig
-from tempax.models.gguf_io import GGUF_ARCHITECTURES, llama3_rope_factors, permute_qk
+from tempax.models.fused import fuse_tensors
+from tempax.models.gguf_io import (
+    GGUF_ARCHITECTURES,
+    PERMUTED_ARCHITECTURES,
+    gguf_architecture,
+    llama3_rope_factors,
+    permute_qk,
+    smollm3_nope_layers,
+)
 from tempax.models.gguf_tokenizer import DIGITS_THEN_GPT2, SPLIT_PATTERNS
 
 if TYPE_CHECKING:
@@ -50,6 +61,7 @@ _LAYER_PARTS = {
     "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down", "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
+    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3's fused projections
 }
 _TOP_LEVEL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
               "lm_head.weight": "output.weight"}
@@ -76,17 +88,40 @@ def _llamacpp_attention_scalar(cfg: ModelConfig) -> float:
     return float(cfg.hidden_size // cfg.num_heads) if cfg.num_layers in (46, 62) else float(cfg.head_dim)
 
 
+def _dense_family_refusal(cfg: ModelConfig) -> str | None:
+    """What llama.cpp's smollm3, olmo2 (OLMo 2 and 3) and phi3 architectures cannot run, or None."""
+    family, arch = cfg.family, gguf_architecture(cfg)
+    if cfg.partial_rotary_factor != 1.0 and family != "phi3":
+        return "partial rotary embedding, which this exporter writes for llama.cpp's phi3 only"
+    if family not in ("smollm3", "olmo2", "olmo3", "phi3"):
+        return None
+    if arch in ("olmo2", "phi3") and cfg.num_heads * cfg.head_dim != cfg.hidden_size:
+        return (f"num_heads * head_dim = {cfg.num_heads * cfg.head_dim} differs from hidden_size = "
+                f"{cfg.hidden_size}; llama.cpp's {arch} assumes they are equal")
+    if arch == "olmo2" and cfg.tie_word_embeddings:
+        return "a tied LM head; llama.cpp's olmo2 always reads a separate output tensor"
+    if cfg.rope.scaling not in (None, "linear", "llama3"):
+        return f"{cfg.rope.scaling} RoPE scaling, which this exporter does not write for llama.cpp's {arch}"
+    return None
+
+
 def gguf_refusal(cfg: ModelConfig) -> str | None:
     """Why llama.cpp cannot run this model as its family's GGUF architecture, or None when it can."""
     family = cfg.family
-    if family not in GGUF_ARCHITECTURES:
+    if gguf_architecture(cfg) not in GGUF_ARCHITECTURES:
         return f"family {family!r} has no llama.cpp architecture here (supported: {', '.join(GGUF_ARCHITECTURES)})"
     gemma = family.startswith("gemma")
+    olmo = family in ("olmo2", "olmo3")
     expected = {"norm_offset": gemma, "embed_scale": gemma, "activation": "gelu_tanh" if gemma else "silu",
-                "post_norms": family in ("gemma2", "gemma3"), "qk_norm": family in ("qwen3", "gemma3")}
+                "post_norms": family in ("gemma2", "gemma3") or olmo, "qk_norm": family in ("qwen3", "gemma3") or olmo,
+                "pre_norms": not olmo, "qk_norm_across_heads": olmo,
+                "nope_layers": smollm3_nope_layers(cfg.num_layers) if family == "smollm3" else ()}
     for field_name, value in expected.items():
         if getattr(cfg, field_name) != value:
             return f"{field_name}={getattr(cfg, field_name)!r}, but llama.cpp's {family} always has {value!r}"
+    reason = _dense_family_refusal(cfg)
+    if reason is not None:
+        return reason
     if cfg.qkv_bias and family not in ("llama", "qwen2"):
         return f"q/k/v biases, which llama.cpp's {family} has no tensors for"
     if (cfg.o_bias or cfg.mlp_bias) and family != "llama":
@@ -98,7 +133,7 @@ def gguf_refusal(cfg: ModelConfig) -> str | None:
         return f"an untied LM head; llama.cpp's {family} always reuses the embedding"
     if cfg.rope.scaling == "llama3" and family != "llama":
         return f"Llama 3 RoPE scaling on {family}; llama.cpp reads rope_freqs only for the llama architecture"
-    if cfg.rope_local is not None and family != "gemma3":
+    if cfg.rope_local is not None and family not in ("gemma3", "olmo3"):
         return f"a separate RoPE for sliding layers, which llama.cpp's {family} does not read"
     if cfg.rope_local is not None and cfg.rope_local.scaling:
         return "a scaled RoPE on sliding layers; llama.cpp scales only the global layers"
@@ -118,7 +153,7 @@ def gguf_refusal(cfg: ModelConfig) -> str | None:
     elif cfg.query_pre_attn_scalar is not None and cfg.query_pre_attn_scalar != cfg.head_dim:
         return f"query_pre_attn_scalar={cfg.query_pre_attn_scalar:g}, which llama.cpp's {family} does not read"
     sliding = "sliding" in cfg.layer_types
-    if sliding and family not in ("gemma2", "gemma3"):
+    if sliding and family not in ("gemma2", "gemma3", "olmo3"):
         return f"sliding-window layers, which llama.cpp's {family} does not window"
     if family == "gemma2":
         alternating = tuple("sliding" if i % 2 == 0 else "full" for i in range(cfg.num_layers))
@@ -298,7 +333,7 @@ def _add_hyperparameters(w: Any, cfg: ModelConfig) -> None:
     w.add_head_count_kv(cfg.num_kv_heads)
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
-    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_rope_dimension_count(cfg.rotary_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     w.add_rope_freq_base(cfg.rope.theta)
@@ -311,6 +346,8 @@ def _add_hyperparameters(w: Any, cfg: ModelConfig) -> None:
         w.add_sliding_window(cfg.sliding_window)
         if cfg.family == "gemma3":
             w.add_sliding_window_pattern(_gemma3_pattern(cfg.layer_types))
+        if cfg.family == "olmo3":  # one bool per layer, true = sliding, as llama.cpp's converter writes it
+            w.add_sliding_window_pattern([t == "sliding" for t in cfg.layer_types])
     if cfg.attn_logit_softcap is not None:
         w.add_attn_logit_softcapping(cfg.attn_logit_softcap)
     if cfg.final_logit_softcap is not None:
@@ -357,7 +394,7 @@ def save_gguf(
     token_meta = tokenizer_metadata(tokenizer, vocab_size=cfg.vocab_size, pre=pre) if tokenizer is not None else {}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
-    w = gguf.GGUFWriter(tmp, cfg.family)
+    w = gguf.GGUFWriter(tmp, gguf_architecture(cfg))
     try:
         w.add_type(gguf.GGUFType.MODEL)
         _add_hyperparameters(w, cfg)
@@ -367,11 +404,12 @@ def save_gguf(
             _add_value(w, key, value)
         if cfg.rope.scaling == "llama3":
             w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg.rope, cfg.head_dim).astype(np.float32))
-        for hf_name, array in iter_hf_tensors(model):
+        permuted = gguf_architecture(cfg) in PERMUTED_ARCHITECTURES
+        for hf_name, array in fuse_tensors(iter_hf_tensors(model), cfg):  # Phi-3: attn_qkv, ffn_up = gate + up
             array = np.asarray(array, np.float32)
-            if cfg.family == "llama" and ".q_proj." in hf_name:
+            if permuted and ".q_proj." in hf_name:
                 array = permute_qk(array, cfg.num_heads)
-            elif cfg.family == "llama" and ".k_proj." in hf_name:
+            elif permuted and ".k_proj." in hf_name:
                 array = permute_qk(array, cfg.num_kv_heads)
             if cfg.norm_offset and hf_name.endswith("norm.weight"):
                 array = array + 1.0

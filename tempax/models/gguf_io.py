@@ -10,15 +10,20 @@ tensor at a time from its own memory map, so host memory peaks at the model plus
 
 What llama.cpp's converter (`convert_hf_to_gguf.py`) does to a Hugging Face checkpoint, and how we undo it:
   * Dims are stored fastest-varying first (`ne[0]` = columns), so a GGUF [in, out] is numpy/HF [out, in].
-  * Llama-architecture files (Llama, Mistral, SmolLM) have their q_proj/k_proj rows (and biases) permuted per
-    head from rotate-half RoPE order to the interleaved (GPT-J) order llama.cpp's "normal" RoPE uses:
+  * Llama-architecture files (Llama, Mistral, SmolLM; also `smollm3`) have their q_proj/k_proj rows (and biases)
+    permuted per head from rotate-half RoPE order to the interleaved (GPT-J) order llama.cpp's "normal" RoPE uses:
     `w.reshape(n_head, 2, head_dim // 2, ...).swapaxes(1, 2)`. We apply the inverse,
-    `w.reshape(n_head, head_dim // 2, 2, ...).swapaxes(1, 2)`. Qwen and Gemma use NeoX RoPE and are not permuted.
+    `w.reshape(n_head, head_dim // 2, 2, ...).swapaxes(1, 2)`. Qwen, Gemma, OLMo 2 and Phi-3 use NeoX RoPE and are
+    not permuted.
   * Gemma, Gemma 2 and Gemma 3 norm weights are stored as `w + 1` (llama.cpp multiplies by the weight, HF by
     `1 + w`); every `*norm.weight` tensor of those architectures gets 1 subtracted.
   * Llama 3 RoPE scaling is stored as a `rope_freqs.weight` tensor of per-frequency divisors instead of the four
     config numbers; `_llama3_rope_from_factors` finds numbers that reproduce the divisors (see there).
   * A tied LM head is simply absent (`output.weight` missing).
+  * Phi-3's q/k/v and gate/up projections are fused (`attn_qkv`, and `ffn_up` holding gate then up rows), as in
+    its Hugging Face files; they are split on reading (`tempax.models.fused`).
+  * OLMo 3 is llama.cpp's `olmo2` with a sliding window and a per-layer pattern; SmolLM3's NoPE layers are every
+    fourth, fixed by llama.cpp rather than stored.
 """
 
 from __future__ import annotations
@@ -35,11 +40,27 @@ import numpy as np
 
 from tempax.errors import CheckpointError
 from tempax.models.config import ModelConfig, RopeConfig
+from tempax.models.fused import split_fused_tensors
 
 if TYPE_CHECKING:
     from tempax.models.decoder import Decoder
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "smollm3", "olmo2", "phi3")
+# Architectures whose converter permutes q/k rows to llama.cpp's interleaved rope (both are Llama's converter).
+PERMUTED_ARCHITECTURES = ("llama", "smollm3")
+# llama.cpp's SmolLM3 leaves out rotary embedding in every fourth layer, a step it reads from no key.
+SMOLLM3_NOPE_STEP = 4
+
+
+def gguf_architecture(cfg: ModelConfig) -> str:
+    """llama.cpp's architecture name of a family: its own, except OLMo 3, which llama.cpp runs as olmo2 with
+    sliding-window metadata."""
+    return "olmo2" if cfg.family == "olmo3" else cfg.family
+
+
+def smollm3_nope_layers(num_layers: int) -> tuple[int, ...]:
+    """The layers llama.cpp's SmolLM3 runs without rotary embedding: every `SMOLLM3_NOPE_STEP`-th (3, 7, ...)."""
+    return tuple(i for i in range(num_layers) if (i + 1) % SMOLLM3_NOPE_STEP == 0)
 _GGUF_MAGIC = b"GGUF"
 _DEFAULT_ALIGNMENT = 32
 
@@ -270,14 +291,14 @@ def gguf_config(source: str | os.PathLike | GGUFHeader) -> ModelConfig:
     head_dim = int(h.get("attention.key_length") or hidden // heads)
     value_dim = int(h.get("attention.value_length") or head_dim)
     rope_dim = int(h.get("rope.dimension_count") or head_dim)
-    if value_dim != head_dim or rope_dim != head_dim:
+    if value_dim != head_dim or (rope_dim != head_dim and arch != "phi3"):
         raise CheckpointError(
             f"{h.path}: key_length={head_dim}, value_length={value_dim}, rope.dimension_count={rope_dim}; tempax "
-            "supports only equal key/value head sizes with RoPE over the whole head."
+            "supports only equal key/value head sizes with RoPE over the whole head (partial rotary: phi3 only)."
         )
     rope = _rope(h, head_dim)
     tensors = h.tensors
-    post_norms = arch in ("gemma2", "gemma3")
+    post_norms = arch in ("gemma2", "gemma3", "olmo2")  # OLMo: after the blocks only (pre_norms below)
     layer_types: tuple[str, ...] = ()
     window = None
     rope_local = None
@@ -295,6 +316,14 @@ def gguf_config(source: str | os.PathLike | GGUFHeader) -> ModelConfig:
         rope_local = RopeConfig(theta=float(h.get("rope.freq_base_swa", 10000.0)))
         cap = h.get("final_logit_softcapping")
         final_cap = float(cap) if cap else None
+    family = arch
+    if arch == "olmo2" and h.get("attention.sliding_window"):  # OLMo 3: llama.cpp's olmo2 with windows
+        family, window = "olmo3", h.get("attention.sliding_window")
+        layer_types = _olmo3_layer_types(h, num_layers)
+        rope_local = RopeConfig(theta=float(h.get("rope.freq_base_swa", rope.theta)))
+    if arch == "phi3" and h.get("attention.sliding_window"):  # transformers windows every layer of a Phi-3
+        window = h.get("attention.sliding_window")
+        layer_types = ("sliding",) * num_layers
     if arch in ("gemma2", "gemma3"):
         scale = h.get("attention.scale")
         if scale:
@@ -307,7 +336,7 @@ def gguf_config(source: str | os.PathLike | GGUFHeader) -> ModelConfig:
             query_scalar = float(head_dim)
     md = h.metadata
     return ModelConfig(
-        family=arch,
+        family=family,
         vocab_size=tensors["token_embd.weight"].shape[0],
         hidden_size=hidden,
         num_layers=num_layers,
@@ -336,6 +365,10 @@ def gguf_config(source: str | os.PathLike | GGUFHeader) -> ModelConfig:
         bos_token_id=_opt_int(md.get("tokenizer.ggml.bos_token_id")),
         eos_token_id=_opt_int(md.get("tokenizer.ggml.eos_token_id")),
         pad_token_id=_opt_int(md.get("tokenizer.ggml.padding_token_id")),
+        nope_layers=smollm3_nope_layers(num_layers) if arch == "smollm3" else (),
+        pre_norms=arch != "olmo2",
+        qk_norm_across_heads=arch == "olmo2",
+        partial_rotary_factor=rope_dim / head_dim,
     )
 
 
@@ -354,6 +387,19 @@ def _gemma3_layer_types(h: GGUFHeader, num_layers: int) -> tuple[str, ...]:
     n = int(pattern) if pattern is not None else 6  # llama.cpp's Gemma 3 default: 5 local layers, then 1 global
     if n <= 1:
         return ()
+    return tuple("full" if (i + 1) % n == 0 else "sliding" for i in range(num_layers))
+
+
+def _olmo3_layer_types(h: GGUFHeader, num_layers: int) -> tuple[str, ...]:
+    """OLMo 3's layer kinds from llama.cpp's sliding_window_pattern: one bool per layer (true = sliding, what the
+    converter writes) or a period n (every n-th layer full); absent, llama.cpp's default period 4."""
+    pattern = h.get("attention.sliding_window_pattern")
+    if isinstance(pattern, (list, np.ndarray)):
+        if len(pattern) != num_layers:
+            raise CheckpointError(f"{h.path}: sliding_window_pattern has {len(pattern)} entries for {num_layers} "
+                                  "layers")
+        return tuple("sliding" if bool(p) else "full" for p in pattern)
+    n = int(pattern) if pattern is not None else 4
     return tuple("full" if (i + 1) % n == 0 else "sliding" for i in range(num_layers))
 
 
@@ -443,6 +489,8 @@ _ATTN = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "
          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
          "attn_norm": "input_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
          "post_attention_norm": "post_attention_layernorm"}
+# Phi-3's fused projections: q, k and v rows in attn_qkv; gate then up rows in ffn_up.
+_PHI3_FUSED = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 # Tensors llama.cpp writes that carry nothing the decoder needs (or that the config already absorbed).
 _IGNORED = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$")
 
@@ -463,6 +511,8 @@ def gguf_to_hf_name(name: str, cfg: ModelConfig) -> str | None:
         if part == "ffn_norm":
             # Llama/Qwen call the pre-MLP norm post_attention_layernorm; Gemma 2/3 call it pre_feedforward_layernorm.
             module = "pre_feedforward_layernorm" if cfg.post_norms else "post_attention_layernorm"
+        elif cfg.family == "phi3" and part in _PHI3_FUSED:
+            module = _PHI3_FUSED[part]  # split into its parts by `tempax.models.fused.split_fused_tensors`
         else:
             module = _ATTN.get(part)
         if module is not None:
@@ -550,8 +600,13 @@ def load_gguf_tensor(header: GGUFHeader, name: str) -> np.ndarray:
 
 def iter_gguf_tensors(header: GGUFHeader, cfg: ModelConfig) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
     """(Hugging Face name, loader) pairs for `tempax.models.weights.fill_params`, with llama.cpp's edits undone."""
-    permuted = header.architecture == "llama"
+    permuted = header.architecture in PERMUTED_ARCHITECTURES
     norm_plus_one = header.architecture.startswith("gemma")
+    yield from split_fused_tensors(_gguf_tensor_loaders(header, cfg, permuted, norm_plus_one), cfg)
+
+
+def _gguf_tensor_loaders(header: GGUFHeader, cfg: ModelConfig, permuted: bool,
+                         norm_plus_one: bool) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
     for name in header.tensors:
         hf_name = gguf_to_hf_name(name, cfg)
         if hf_name is None:

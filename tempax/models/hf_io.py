@@ -17,6 +17,7 @@ import numpy as np
 from tempax.errors import CheckpointError
 from tempax.models.config import ModelConfig
 from tempax.models.decoder import Decoder
+from tempax.models.fused import fuse_tensors, split_fused_tensors
 from tempax.models.weights import abstract_model, fill_params, iter_hf_tensors
 from tempax.progress import on_terminal
 
@@ -129,7 +130,8 @@ def load_hf_checkpoint(
     bar = _progress_bar(total, f"loading {os.path.basename(os.path.normpath(folder))}", progress)
     model = abstract_model(cfg)
     try:
-        fill_params(model, _iter_safetensors(files), source=folder, progress=bar.update if bar else None)
+        fill_params(model, split_fused_tensors(_iter_safetensors(files), cfg), source=folder,
+                    progress=bar.update if bar else None)
     finally:
         if bar:
             bar.close()
@@ -184,7 +186,7 @@ def save_hf_checkpoint(
         out_dtype = ml_dtypes.bfloat16
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
-    for name, array in iter_hf_tensors(model):
+    for name, array in fuse_tensors(iter_hf_tensors(model), cfg):  # Phi-3's files fuse qkv and gate/up
         array = np.ascontiguousarray(array.astype(out_dtype))
         if size + array.nbytes > max_shard_bytes and shards[-1]:
             shards.append({})

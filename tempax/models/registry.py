@@ -93,6 +93,17 @@ MODELS: dict[str, RegisteredModel] = {
         description="Llama-3.2-1B-Instruct (gated)", hub_repo="meta-llama/Llama-3.2-1B-Instruct"),
     "gemma3-1b-it": RegisteredModel(
         description="Gemma 3 1B instruction-tuned (gated)", hub_repo="google/gemma-3-1b-it"),
+    "smollm3-3b": RegisteredModel(
+        description="SmolLM3-3B, instruction-tuned with a reasoning mode (NoPE every fourth layer)",
+        hub_repo="HuggingFaceTB/SmolLM3-3B"),
+    "olmo2-1b-instruct": RegisteredModel(
+        description="OLMo 2 1B Instruct (norms after each block)", hub_repo="allenai/OLMo-2-0425-1B-Instruct"),
+    "olmo3-7b-instruct": RegisteredModel(
+        description="Olmo 3 7B Instruct (norms after each block, sliding windows)",
+        hub_repo="allenai/Olmo-3-7B-Instruct"),
+    "phi3-mini-4k-instruct": RegisteredModel(
+        description="Phi-3-mini-4k-instruct (fused q/k/v and gate/up in its files)",
+        hub_repo="microsoft/Phi-3-mini-4k-instruct"),
 }
 
 SourceKind = Literal["preset", "gguf", "hf_folder", "hub", "hub_gguf"]

@@ -108,3 +108,81 @@ def test_bad_moe_settings_name_the_key():
         mixtral.replace(moe=MoeConfig(num_experts=8, router_bias=True)).to_hf_config()
     with pytest.raises(CheckpointError, match="hidden_act='gelu'"):
         ModelConfig.from_hf_config({**QWEN3_30B_A3B, "hidden_act": "gelu"})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The dense families: SmolLM3 (NoPE layers), OLMo 2/3 (post-norms, q/k norm over the whole projection, OLMo 3's
+# windows) and Phi-3 (partial rotary, a window on every layer).
+
+_DENSE_EXTRA = {
+    "smollm3": dict(num_hidden_layers=8, use_sliding_window=True, sliding_window=16, attention_bias=True),
+    "olmo2": dict(attention_bias=True),
+    "olmo3": dict(num_hidden_layers=8, sliding_window=32),
+    "phi3": dict(sliding_window=32, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                      "partial_rotary_factor": 0.5}),
+}
+
+
+@pytest.mark.needs_torch
+@pytest.mark.parametrize("model_type", list(_DENSE_EXTRA))
+def test_dense_families_round_trip_through_transformers(model_type):
+    """transformers' own config -> ModelConfig -> config.json -> transformers: every key transformers set comes back,
+    reading it again gives the same ModelConfig, and num_params equals the parameter count of the model
+    transformers builds from it."""
+    import transformers
+
+    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=24, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    theirs = transformers.AutoConfig.for_model(model_type, **{**shape, **_DENSE_EXTRA[model_type]}).to_dict()
+    cfg = ModelConfig.from_hf_config(theirs)
+    back = transformers.AutoConfig.for_model(**cfg.to_hf_config())
+    skip = {"transformers_version", "architectures", "dtype", "torch_dtype"}
+    assert {k: back.to_dict().get(k) for k in theirs if k not in skip} == {
+        k: v for k, v in theirs.items() if k not in skip}
+    assert ModelConfig.from_hf_config(back.to_dict()) == cfg
+    model = transformers.AutoModelForCausalLM.from_config(back)
+    assert cfg.num_params() == sum(p.numel() for p in model.parameters())
+
+
+def test_dense_family_switches_are_read():
+    """SmolLM3: no_rope_layers 0 marks NoPE layers; absent, every no_rope_layer_interval-th layer; its window covers
+    the NoPE layers. OLMo: norms after the blocks only, q/k norm across heads; OLMo 3 without layer_types slides
+    three layers of four, its sliding layers on the unscaled rope. Phi-3: partial rotary, a window on every layer."""
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=24, num_hidden_layers=8, num_attention_heads=4,
+                num_key_value_heads=2)
+    smol = ModelConfig.from_hf_config({**base, "model_type": "smollm3", "no_rope_layer_interval": 3,
+                                       "use_sliding_window": True, "sliding_window": 16})
+    assert smol.nope_layers == (2, 5) and smol.rope.theta == 2e6 and smol.tie_word_embeddings
+    assert smol.layer_types == tuple("sliding" if i in (2, 5) else "full" for i in range(8))
+    listed = ModelConfig.from_hf_config({**base, "model_type": "smollm3", "no_rope_layers": [1, 0] * 4})
+    assert listed.nope_layers == (1, 3, 5, 7) and listed.layer_types == ()
+    olmo3 = ModelConfig.from_hf_config({**base, "model_type": "olmo3", "rope_theta": 5e5,
+                                        "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    assert not olmo3.pre_norms and olmo3.post_norms and olmo3.qk_norm and olmo3.qk_norm_across_heads
+    assert olmo3.layer_types == ("sliding", "sliding", "sliding", "full") * 2 and olmo3.sliding_window == 4096
+    assert olmo3.rope == RopeConfig(theta=5e5, scaling="linear", factor=2.0)
+    assert olmo3.rope_local == RopeConfig(theta=5e5)
+    phi3 = ModelConfig.from_hf_config({**base, "model_type": "phi3", "partial_rotary_factor": 0.75,
+                                       "sliding_window": 2047})
+    assert phi3.rotary_dim == 6 and phi3.layer_types == ("sliding",) * 8 and phi3.sliding_window == 2047
+    assert not phi3.tie_word_embeddings and phi3.rms_norm_eps == 1e-5
+
+
+def test_dense_family_settings_that_cannot_be_stated_are_refused():
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=24, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2)
+    with pytest.raises(CheckpointError, match="LongRoPE"):
+        ModelConfig.from_hf_config({**base, "model_type": "phi3", "rope_scaling": {
+            "type": "longrope", "short_factor": [1.0] * 2, "long_factor": [2.0] * 2}})
+    olmo2 = ModelConfig.from_hf_config({**base, "model_type": "olmo2"})
+    with pytest.raises(CheckpointError, match="olmo2 config.json cannot express pre_norms=True"):
+        olmo2.replace(pre_norms=True).to_hf_config()
+    with pytest.raises(CheckpointError, match=r"llama config.json cannot express nope_layers=\(1,\)"):
+        olmo2.replace(family="llama", pre_norms=True, post_norms=False, qk_norm=False, qk_norm_across_heads=False,
+                      nope_layers=(1,)).to_hf_config()
+    with pytest.raises(ConfigError, match="nope_layers \\[4\\] are not layers of a 4-layer model"):
+        olmo2.replace(nope_layers=(4,))
+    with pytest.raises(ConfigError, match="partial_rotary_factor=0.1 gives 0 rotated features"):
+        olmo2.replace(partial_rotary_factor=0.1)
+    with pytest.raises(ConfigError, match="pre_norms=False leaves the layers without any norm"):
+        olmo2.replace(post_norms=False)

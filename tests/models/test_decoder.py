@@ -14,9 +14,9 @@ import pytest
 from flax import nnx
 
 from tempax.models.cache import KVCache
-from tempax.models.decoder import layer_constants, layer_kinds
+from tempax.models.decoder import apply_rope, layer_constants, layer_kinds
 from tempax.models.lora import LoraConfig, apply_lora, lora_filter
-from tests.kit.models import random_ids, tiny_tempax_model
+from tests.kit.models import random_ids, tiny_config, tiny_tempax_model
 
 
 def _step_ops(num_layers: int, *, remat: str, lora: bool) -> int:
@@ -70,3 +70,27 @@ def test_a_decode_step_writes_only_its_slot_of_the_stacked_cache():
     assert after_k.shape == (3, 2, model.config.num_kv_heads, 6, model.config.head_dim)
     changed = np.any(after_k != before_k, axis=(1, 2, 4))  # [L, S]
     assert changed[:, 3].all() and not changed[:, :3].any() and not changed[:, 4:].any()
+
+
+def test_a_nope_layer_rotates_nothing_bit_for_bit():
+    """tiny-smollm3's layer 3 has no rotary embedding (SmolLM3's NoPE): its scanned inverse frequencies are 0, and
+    `apply_rope` with them returns its input exactly (cos 0 = 1, sin 0 = 0), in float32 and bfloat16, compiled, at
+    positions up to 99999."""
+    inv_freq, _ = layer_constants(tiny_config("smollm3"))
+    assert not np.asarray(inv_freq[3]).any() and np.asarray(inv_freq[:3]).all()
+    x = np.random.RandomState(0).standard_normal((2, 5, 4, 16)).astype(np.float32)
+    positions = jnp.asarray([[0, 1, 2, 3, 99999]] * 2)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        inputs = jnp.asarray(x, dtype)
+        out = jax.jit(apply_rope)(inputs, positions, inv_freq[3])
+        assert out.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), np.asarray(inputs.astype(jnp.float32)))
+
+
+def test_partial_rotary_turns_the_first_features_only():
+    """Phi-3's partial rotary, by hand: head_dim 4, one inverse frequency pi/2 (rotary_dim 2), position 1. The pair
+    (x0, x1) = (1, 2) turns by pi/2: (x0 cos - x1 sin, x1 cos + x0 sin) = (-2, 1); x2 = 3 and x3 = 4 pass through."""
+    x = jnp.asarray([[[[1.0, 2.0, 3.0, 4.0]]]])  # [B=1, T=1, N=1, H=4]
+    out = apply_rope(x, jnp.asarray([[1]]), jnp.asarray([np.pi / 2], jnp.float32))
+    np.testing.assert_allclose(np.asarray(out)[0, 0, 0], [-2.0, 1.0, 3.0, 4.0], atol=1e-6)
+    assert tiny_config("phi3").rotary_dim == 12 and layer_constants(tiny_config("phi3"))[0].shape == (3, 6)

@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tempax.models.fused import fuse_tensors
 from tempax.models.gguf_io import (
     _llama3_rope_from_factors,
+    gguf_architecture,
     gguf_config,
     llama3_rope_factors,
     load_gguf,
@@ -60,7 +62,7 @@ def write_gguf(path: str, model, *, qtype: str = "F32", tokenizer=None, pre: str
     dict of tokenizer metadata (`tests.kit.tokenizers.tiny_sentencepiece_metadata()`), or None for no tokenizer.
     """
     cfg = model.config
-    arch = cfg.family
+    arch = gguf_architecture(cfg)  # OLMo 3 is llama.cpp's olmo2
     w = gguf.GGUFWriter(path, arch)
     _add_hyperparameters(w, cfg)  # the exporter's shape keys; the attention scale llama.cpp ignores is added here
     if cfg.query_pre_attn_scalar:
@@ -71,11 +73,11 @@ def write_gguf(path: str, model, *, qtype: str = "F32", tokenizer=None, pre: str
         _add_tokenizer(w, tokenizer, pre)
     if cfg.rope.scaling == "llama3":
         w.add_tensor("rope_freqs.weight", _llamacpp_rope_factors(cfg.rope, cfg.head_dim))
-    for hf_name, array in iter_hf_tensors(model):
+    for hf_name, array in fuse_tensors(iter_hf_tensors(model), cfg):  # Phi-3's converter keeps its fused tensors
         array = np.asarray(array, np.float32)
-        if arch == "llama" and ".q_proj." in hf_name:
+        if arch in ("llama", "smollm3") and ".q_proj." in hf_name:  # Llama's converter, which SmolLM3's extends
             array = permute_qk(array, cfg.num_heads)
-        if arch == "llama" and ".k_proj." in hf_name:
+        if arch in ("llama", "smollm3") and ".k_proj." in hf_name:
             array = permute_qk(array, cfg.num_kv_heads)
         if arch.startswith("gemma") and hf_name.endswith("norm.weight"):
             array = array + 1.0

@@ -31,6 +31,7 @@ from tempax.models.gguf_export import (
     save_gguf,
     tokenizer_metadata,
 )
+from tempax.models.fused import fuse_tensors
 from tempax.models.gguf_io import gguf_config, gguf_to_hf_name, llama3_rope_factors, load_gguf, read_gguf_header
 from tempax.models.gguf_tokenizer import gguf_tokenizer
 from tempax.models.weights import abstract_model, fill_params, iter_hf_tensors
@@ -70,9 +71,10 @@ def _as_stored(model, quant: str):
 # ------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_tensor_names_are_the_importers(family):
-    """Every tensor's llama.cpp name maps back to its Hugging Face name through the importer's table."""
+    """Every tensor's llama.cpp name maps back to its Hugging Face name through the importer's table (Phi-3's as the
+    fused tensors its files hold)."""
     model = exportable_model(family)
-    for name, _ in iter_hf_tensors(model):
+    for name, _ in fuse_tensors(iter_hf_tensors(model), model.config):
         assert gguf_to_hf_name(hf_to_gguf_name(name, model.config), model.config) == name
 
 
@@ -128,6 +130,21 @@ def test_unrepresentable_models_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="Llama 3 RoPE scaling on qwen2"):
         check_exportable(exportable_model("qwen2").config.replace(rope=RopeConfig(scaling="llama3", factor=8.0)))
     assert not (tmp_path / "g.gguf").exists() and not (tmp_path / "g.gguf.tmp").exists()
+
+
+def test_dense_family_settings_llama_cpp_cannot_run_are_refused():
+    """llama.cpp's smollm3 leaves rope out of every fourth layer (a step it reads from no key), its olmo2 always
+    reads an output tensor, its phi3 runs no window, and only its phi3 is written with partial rotary."""
+    with pytest.raises(ConfigError, match=r"smollm3 model to GGUF: nope_layers=\(1,\), but llama.cpp's smollm3 "
+                                          r"always has \(3,\)"):
+        check_exportable(exportable_model("smollm3").config.replace(nope_layers=(1,)))
+    with pytest.raises(ConfigError, match="olmo3 model to GGUF: a tied LM head; llama.cpp's olmo2 always reads"):
+        check_exportable(exportable_model("olmo3").config.replace(tie_word_embeddings=True))
+    with pytest.raises(ConfigError, match="phi3 model to GGUF: sliding-window layers, which llama.cpp's phi3 does "
+                                          "not window"):
+        check_exportable(exportable_model("phi3").config.replace(sliding_window=8, layer_types=("sliding",) * 3))
+    with pytest.raises(ConfigError, match="qwen2 model to GGUF: partial rotary embedding"):
+        check_exportable(exportable_model("qwen2").config.replace(partial_rotary_factor=0.5))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -211,7 +228,9 @@ def test_file_with_tokenizer_loads_through_tempax(tmp_path):
 # or local rope base, for Qwen3 no head size (key_length; it assumes 128) and for Llama no rope_freqs, so those
 # files get the config tempax would write beside them (the weights still come from the GGUF). It has no GGUF
 # reader for Gemma (1) at all.
-_TRANSFORMERS_READS_CONFIG = {"llama": True, "qwen2": True, "qwen3": False, "gemma2": False, "gemma3": False}
+# For Phi-3 it reads no partial rotary factor. It has no GGUF reader for SmolLM3 or OLMo 2/3.
+_TRANSFORMERS_READS_CONFIG = {"llama": True, "qwen2": True, "qwen3": False, "gemma2": False, "gemma3": False,
+                              "phi3": False}
 
 
 @pytest.mark.needs_torch
