@@ -19,7 +19,10 @@ How much data and memory decide full fine-tuning vs LoRA vs QLoRA: full fine-tun
 a lot of data (>= `FULL_FT_MIN_TOKENS` training tokens; below that LoRA matches it and overfits less, Hu et al.
 2021; Biderman et al. 2024, "LoRA Learns Less and Forgets Less") and the memory plan (`tempax.train.memory`)
 says it fits; then LoRA if it fits, then QLoRA (4-bit NF4 base, Dettmers et al. 2023). For each the largest
-micro-batch and the lightest activation recomputation that fit are chosen. `recommend()` is a pure function of a
+micro-batch and the lightest activation recomputation that fit are chosen. A mixture of experts holds all its
+experts but computes with the k a token is routed to: its memory is that of its total parameters, and LoRA adapts
+its attention projections (`lora_target_modules`: tempax has no LoRA on stacked experts), while QLoRA stores the
+experts in 4 bits too. `recommend()` is a pure function of a
 `DataProfile`, a model config and a capacity, so tests pin every decision; `write_recipe` writes a recipe that
 `tempax validate` accepts.
 """
@@ -170,6 +173,25 @@ def _choose(profile: DataProfile) -> tuple[Recommender, list[str], list[str]]:
     return fallback
 
 
+def lora_target_modules(model: ModelConfig) -> list[str]:
+    """The projections a recommended LoRA adapts: attention and MLP, or for a mixture of experts attention (and a
+    shared expert's projections) only, the routed experts and the router taking no adapters."""
+    attention = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    if model.moe is not None and not model.moe.shared_expert_intermediate_size:
+        return attention
+    return [*attention, "gate_proj", "up_proj", "down_proj"]
+
+
+def model_size(model: ModelConfig) -> str:
+    """The model's size in words: "135M-parameter model", or for a mixture of experts its total and active
+    parameters."""
+    if model.moe is None:
+        return f"{model.num_params() / 1e6:.0f}M-parameter model"
+    active = model.num_params(active=True) / 1e6
+    return (f"{model.num_params() / 1e6:.0f}M-parameter mixture of experts ({active:.0f}M active per token, "
+            f"{model.moe.experts_per_token} of {model.moe.num_experts} experts)")
+
+
 def _plan_inputs(method: Recommender, model: ModelConfig, adaptation: str, micro_rows: int, seq_len: int,
                  precision: str, remat: str) -> mem.PlanInputs:
     trainable = None if adaptation == "full" else mem.lora_param_estimate(model, rank=16)
@@ -229,7 +251,7 @@ def recommend(
             break
     gib = lambda b: f"{b / mem.GiB:.2f} GiB"  # noqa: E731
     cap = gib(capacity) if capacity else "unknown memory"
-    params = f"{model.num_params() / 1e6:.0f}M-parameter model"
+    params = model_size(model)
     if chosen is None:
         rows = method.rows_per_item
         plan = mem.plan_memory(_plan_inputs(method, model, "qlora", rows, seq_len, precision, "full"), capacity)
@@ -253,9 +275,15 @@ def recommend(
     if micro < batch or remat != "none":
         reasons.append(f"memory: micro-batch {micro} of {batch}{method.unit} (gradient accumulation), remat {remat}, "
                        f"leaving {HEADROOM:.0%} of the memory free for the plan's error")
+    if model.moe is not None and adaptation != "full":
+        reasons.append("mixture of experts: the weights in memory are all the experts', though a token computes "
+                       "with the active ones; LoRA adapts the attention projections (" + ", ".join(
+                           lora_target_modules(model)) + "), the experts stay frozen"
+                       + (" and are stored in 4 bits" if adaptation == "qlora" else ""))
 
     recipe, hparams = _recipe(method, profile, model_source, tokenizer_source, adaptation, batch, micro, remat,
-                              seq_len, precision, run_dir or f"runs/recommended_{command}")
+                              seq_len, precision, run_dir or f"runs/recommended_{command}",
+                              lora_target_modules(model))
     name = method.method + {"full": " (full fine-tuning)", "lora": " with LoRA (rank 16)",
                             "qlora": " with QLoRA (NF4 base, rank 16)"}[adaptation]
     return Recommendation(command=command, method=name, adaptation=adaptation, reasons=reasons,
@@ -265,16 +293,14 @@ def recommend(
 
 def _recipe(method: Recommender, profile: DataProfile, source: str, tokenizer: str | None, adaptation: str,
             batch: int, micro: int, remat: str, seq_len: int, precision: str,
-            run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(recipe data, the main hyper-parameters)."""
+            run_dir: str, targets: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(recipe data, the main hyper-parameters); `targets`: the LoRA's target modules."""
     lr = method.learning_rates[adaptation]
     epochs, steps = method.schedule(profile, batch, seq_len)
     warmup = max(int(0.03 * steps), 1)
     recipe: dict[str, Any] = {"model": {"source": source, **({"tokenizer": tokenizer} if tokenizer else {})}}
     if adaptation != "full":
-        lora: dict[str, Any] = {"rank": 16, "alpha": 32.0,
-                                "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                   "down_proj"]}
+        lora: dict[str, Any] = {"rank": 16, "alpha": 32.0, "target_modules": list(targets)}
         if adaptation == "qlora":
             lora["quantize_base"] = "nf4"
         recipe["lora"] = lora

@@ -47,7 +47,8 @@ from flax import nnx
 
 from tempax.errors import CheckpointError, ConfigError
 from tempax.models.decoder import Decoder, as_dtype
-from tempax.models.moe import not_recording_router_statistics
+from tempax.models.moe import (EXPERT_KERNELS, QuantizedRoutedExperts, RoutedExperts,
+                               not_recording_router_statistics)
 from tempax.models.quant import QUANT_KINDS, QuantizedLinear
 from tempax.models.weights import abstract_model
 from tempax.ops import matmul
@@ -233,18 +234,46 @@ def _layer_paths(model: Decoder) -> list[tuple[Any, ...]]:
     return [("layers", i, *p[1:]) for i in range(model.config.num_layers) for p in modules]
 
 
+# What Hugging Face checkpoints call a mixture of experts' expert weights (Qwen, gpt-oss; Mixtral's w1/w2/w3).
+_EXPERT_NAMES = (*EXPERT_KERNELS, "gate_up_proj", "w1", "w2", "w3", "experts")
+
+
+def _is_router(path: tuple[Any, ...]) -> bool:
+    """A mixture of experts' router (`SparseMoeBlock.gate`), by its stacked or per-layer path."""
+    return tuple(path[-2:]) == ("mlp", "gate")
+
+
 def target_paths(model: Decoder, cfg: LoraConfig) -> list[tuple[Any, ...]]:
     """Per-layer paths ("layers", 3, "self_attn", "q_proj") of the projections `cfg.target_modules` selects,
-    layer-major."""
+    layer-major.
+
+    A mixture-of-experts model adapts its attention projections only: LoRA on the stacked experts (PEFT's
+    `target_parameters`) is not implemented, and transformers' routers are not Linear modules, so PEFT would name
+    an adapter on them as a target parameter too; both are refused with the fix (QLoRA still stores the experts
+    in 4 bits: `quantize_base`)."""
     paths = _layer_paths(model)
+    moe = model.config.moe is not None
     for pattern in cfg.target_modules:
+        if moe and not any(_matches(pattern, p) for p in paths if not _is_router(p)) and any(
+                pattern == n or re.fullmatch(pattern, n) or re.search(r"experts", pattern) for n in _EXPERT_NAMES):
+            raise ConfigError(
+                f"lora.target_modules: {pattern!r} names the routed experts of this mixture-of-experts model "
+                f"({model.config.family}); tempax has no LoRA on stacked expert weights (PEFT's target_parameters). "
+                "Adapt the attention projections: lora.target_modules=[q_proj, k_proj, v_proj, o_proj]; "
+                "lora.quantize_base=nf4 (QLoRA) still stores the experts in 4 bits.")
         if not any(_matches(pattern, p) for p in paths):
             names = sorted({str(p[-1]) for p in paths})
             raise ConfigError(
                 f"lora.target_modules: {pattern!r} matches no linear layer of this model. Layer names: "
                 f"{', '.join(names)}; or a regex over paths such as {_dotted(paths[0])!r}."
             )
-    return [p for p in paths if any(_matches(pat, p) for pat in cfg.target_modules)]
+    selected = [p for p in paths if any(_matches(pat, p) for pat in cfg.target_modules)]
+    if moe and any(_is_router(p) for p in selected):
+        raise ConfigError(
+            "lora.target_modules selects the router (mlp.gate) of this mixture-of-experts model; transformers' "
+            "routers are not Linear modules, so PEFT adapts them as target_parameters, which tempax does not "
+            "write. Leave the router out: lora.target_modules=[q_proj, k_proj, v_proj, o_proj].")
+    return selected
 
 
 def _module_path(layer_path: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -277,7 +306,8 @@ def apply_lora(model: Decoder, cfg: LoraConfig, *, rngs: nnx.Rngs) -> Decoder:
     `quantize_base`, drop your reference to `model` to free its float kernels. Called like the base model;
     train only the adapters with `wrt=lora_filter`.
     """
-    if has_adapters(model) or any(isinstance(m, QuantizedLinear) for _, m in nnx.iter_modules(model)):
+    if has_adapters(model) or any(isinstance(m, (QuantizedLinear, QuantizedRoutedExperts))
+                                  for _, m in nnx.iter_modules(model)):
         raise ConfigError("the model already has adapters or a quantized base; apply_lora takes a plain model")
     targets = target_paths(model, cfg)
     num_layers = model.config.num_layers
@@ -309,15 +339,19 @@ def _in_features(layer: nnx.Module) -> int:
 
 def quantize_base(model: Decoder, kind: str = "nf4", block_size: int = 64) -> Decoder:
     """A copy of `model` with every attention and MLP projection stored blockwise-quantized and frozen
-    (`QuantizedLinear`; embeddings, norms and the LM head stay float). QLoRA's base without adapters, e.g. a
-    frozen distillation teacher in 4.5 / 16 of bfloat16's bytes (NF4). Drop your reference to `model` to free its
-    float kernels."""
+    (`QuantizedLinear`; embeddings, norms and the LM head stay float), and a mixture of experts' expert kernels
+    too (`tempax.models.moe.QuantizedRoutedExperts`; its router stays float). QLoRA's base without adapters, e.g.
+    a frozen distillation teacher in 4.5 / 16 of bfloat16's bytes (NF4). Drop your reference to `model` to free
+    its float kernels."""
     if kind not in QUANT_KINDS:
         raise ConfigError(f"quantization kind must be one of {', '.join(QUANT_KINDS)}, got {kind!r}")
     model = nnx.clone(model)
     for path, layer in _projections(model):
-        if isinstance(layer, nnx.Linear):
+        # A mixture of experts' router stays float: tiny, and its scores decide which experts run.
+        if isinstance(layer, nnx.Linear) and not _is_router(path):
             setattr(_parent(model, path), path[-1], QuantizedLinear(layer, kind=kind, block_size=block_size))
+    for path, module in [(tuple(p), m) for p, m in nnx.iter_modules(model) if isinstance(m, RoutedExperts)]:
+        setattr(_parent(model, path), path[-1], QuantizedRoutedExperts(module, kind=kind, block_size=block_size))
     return model
 
 
@@ -379,6 +413,8 @@ def merge_lora(model: Decoder) -> Decoder:
             value = _base_kernel(base) + layer.delta_kernel() if leaf == "kernel" else base.bias[...]
         elif isinstance(layer, QuantizedLinear):
             value = _base_kernel(layer) if leaf == "kernel" else layer.bias[...]
+        elif isinstance(layer, QuantizedRoutedExperts) and leaf in EXPERT_KERNELS:
+            value = layer.dequantized(leaf)
         else:
             value = getattr(layer, leaf)[...]
         var.set_value(jnp.asarray(value, dtype))

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from flax import nnx
 from tempax import ops
 from tempax.errors import CheckpointError
 from tempax.models.config import MoeConfig
+from tempax.models.quant import QuantizedWeight, QuantKind, dequantize_blockwise, quantize_blockwise
 
 # --------------------------------------------------------------------------------------------------------------
 # Routing
@@ -289,6 +291,110 @@ class RoutedExperts(nnx.Module):
             x_nd, expert_ids_nk, weights_nk, self.gate_proj[...], self.up_proj[...], self.down_proj[...],
             activation=self.activation, gate_bias_ei=value(self.gate_proj_bias), up_bias_ei=value(self.up_proj_bias),
             down_bias_ed=value(self.down_proj_bias), swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit)
+
+
+EXPERT_KERNELS = ("gate_proj", "up_proj", "down_proj")
+
+
+class _QuantizedExpertsSpec(NamedTuple):
+    """The static side of `QuantizedRoutedExperts`' product (hashable: a custom_vjp's non-differentiated argument)."""
+
+    kind: str
+    in_features: tuple[int, int, int]
+    activation: str
+    swiglu_alpha: float
+    swiglu_limit: float
+
+
+def _dequantized_experts(quantized, spec: _QuantizedExpertsSpec, dtype: Any) -> list[jax.Array]:
+    """The [E, in, out] kernels in `dtype` from their codes and scales."""
+    out = []
+    for (codes, scale), n_in in zip(quantized, spec.in_features):
+        one = functools.partial(dequantize_blockwise, kind=spec.kind, in_features=n_in, dtype=dtype)
+        out.append(jax.vmap(one)(codes, scale))
+    return out
+
+
+def _quantized_experts_forward(x, ids, weights, quantized, biases, spec: _QuantizedExpertsSpec):
+    # Tied to x, as `tempax.models.quant.quantized_matmul` ties its kernel: a scheduler may not dequantize every
+    # layer's experts up front.
+    x, quantized = jax.lax.optimization_barrier((x, quantized))
+    gate, up, down = _dequantized_experts(quantized, spec, x.dtype)
+    return ops.expert_products(x, ids, weights, gate, up, down, activation=spec.activation, gate_bias_ei=biases[0],
+                               up_bias_ei=biases[1], down_bias_ed=biases[2], swiglu_alpha=spec.swiglu_alpha,
+                               swiglu_limit=spec.swiglu_limit)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def quantized_expert_products(x, ids, weights, quantized, biases, spec: _QuantizedExpertsSpec) -> jax.Array:
+    """`ops.expert_products` over kernels dequantized from `quantized` ((codes, scale) of gate, up, down), with
+    gradients for the tokens x and the routing weights only: the codes, the scales and the experts' biases are
+    frozen (QLoRA's base). The backward pass dequantizes again and recomputes the products instead of keeping a
+    float copy of the experts from the forward to the backward pass (the memory QLoRA exists to save)."""
+    return _quantized_experts_forward(x, ids, weights, quantized, biases, spec)
+
+
+def _quantized_experts_fwd(x, ids, weights, quantized, biases, spec):
+    return _quantized_experts_forward(x, ids, weights, quantized, biases, spec), (x, ids, weights, quantized, biases)
+
+
+def _quantized_experts_bwd(spec, residuals, g):
+    x, ids, weights, quantized, biases = residuals
+    g, quantized = jax.lax.optimization_barrier((g, quantized))
+    _, vjp = jax.vjp(lambda x, w: _quantized_experts_forward(x, ids, w, quantized, biases, spec), x, weights)
+    d_x, d_weights = vjp(g)
+    return d_x, None, d_weights, None, None
+
+
+quantized_expert_products.defvjp(_quantized_experts_fwd, _quantized_experts_bwd)
+
+
+class QuantizedRoutedExperts(nnx.Module):
+    """`RoutedExperts` whose kernels are stored blockwise-quantized and frozen (`tempax.models.quant`: NF4 or int8,
+    each expert's [in, out] kernel quantized on its own, as QLoRA quantizes a linear layer): a mixture of experts'
+    QLoRA base, where the experts hold nearly all the weights. The same call; the kernels are dequantized inside
+    the product (`quantized_expert_products`).
+
+    Attributes:
+      {gate,up,down}_proj_codes, {gate,up,down}_proj_scale: `QuantizedWeight`s [..., E, rows, out] with the logical
+        axes of the kernel they stand for (a decoder's stack leads with "layers").
+      {gate,up,down}_proj_bias: the experts' float biases (gpt-oss), frozen, or None.
+    """
+
+    def __init__(self, experts: RoutedExperts, *, kind: QuantKind = "nf4", block_size: int = 64):
+        in_features = []
+        for name in EXPERT_KERNELS:
+            kernel = getattr(experts, name)
+            w = kernel[...]
+            flat = w.reshape(-1, *w.shape[-2:])
+            codes, scale = jax.lax.map(lambda k: quantize_blockwise(k, kind=kind, block_size=block_size), flat)
+            names = kernel.get_metadata().get("out_sharding")
+            with nnx.use_eager_sharding(False):
+                setattr(self, f"{name}_codes", QuantizedWeight(codes.reshape(*w.shape[:-2], *codes.shape[1:]),
+                                                               out_sharding=names))
+                setattr(self, f"{name}_scale", QuantizedWeight(scale.reshape(*w.shape[:-2], *scale.shape[1:]),
+                                                               out_sharding=names))
+            in_features.append(int(w.shape[-2]))
+        self.gate_proj_bias, self.up_proj_bias, self.down_proj_bias = (
+            experts.gate_proj_bias, experts.up_proj_bias, experts.down_proj_bias)
+        self.kind, self.block_size = kind, block_size
+        self.spec = _QuantizedExpertsSpec(kind, tuple(in_features), experts.activation,  # type: ignore[arg-type]
+                                          experts.swiglu_alpha, experts.swiglu_limit)
+
+    def dequantized(self, name: str, dtype: Any = jnp.float32) -> jax.Array:
+        """The kernel `name` ("gate_proj", "up_proj", "down_proj") the codes stand for, [..., E, in, out]."""
+        n_in = self.spec.in_features[EXPERT_KERNELS.index(name)]
+        one = functools.partial(dequantize_blockwise, kind=self.kind, in_features=n_in, dtype=dtype)
+        codes, scale = getattr(self, f"{name}_codes")[...], getattr(self, f"{name}_scale")[...]
+        lead = codes.shape[:-2]
+        flat = jax.vmap(one)(codes.reshape(-1, *codes.shape[-2:]), scale.reshape(-1, *scale.shape[-2:]))
+        return flat.reshape(*lead, *flat.shape[-2:])
+
+    def __call__(self, x_nd: jax.Array, expert_ids_nk: jax.Array, weights_nk: jax.Array) -> jax.Array:
+        quantized = tuple((getattr(self, f"{n}_codes")[...], getattr(self, f"{n}_scale")[...]) for n in EXPERT_KERNELS)
+        biases = tuple(None if b is None else b[...] for b in (self.gate_proj_bias, self.up_proj_bias,
+                                                                self.down_proj_bias))
+        return quantized_expert_products(x_nd, expert_ids_nk, weights_nk, quantized, biases, self.spec)
 
 
 def _linear(i: int, o: int, names: tuple[str | None, str | None], *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs,
@@ -595,9 +701,10 @@ def hf_layer_tensors(tensors: Iterable[tuple[str, np.ndarray]], layer: int) -> d
     return {name[len(prefix):]: t for name, t in tensors if name.startswith(prefix)}
 
 
-__all__ = ["HF_MOE_FAMILIES", "HfMoeFamily", "MoeTensorSlot", "RecordedRouting", "RoutedExperts", "RouterStatistics",
+__all__ = ["EXPERT_KERNELS", "HF_MOE_FAMILIES", "HfMoeFamily", "MoeTensorSlot", "QuantizedRoutedExperts",
+           "RecordedRouting", "RoutedExperts", "RouterStatistics",
            "SharedExpert", "SparseMoeBlock", "block_params", "fill_slot", "hf_layer_tensors", "hf_moe_tensor_to_path",
            "hf_moe_tensors_to_params", "is_recording_router_statistics", "load_balancing_loss",
            "load_balancing_loss_from_statistics", "load_block_params", "moe_param_shapes", "moe_params_to_hf_tensors",
-           "moe_path_to_hf", "not_recording_router_statistics", "record_router_statistics",
+           "moe_path_to_hf", "not_recording_router_statistics", "quantized_expert_products", "record_router_statistics",
            "recording_router_statistics", "route", "router_aux_loss", "router_statistics", "with_router_aux_loss"]

@@ -218,9 +218,13 @@ def suggest_fixes(p: PlanInputs, batch_size: int, capacity: int) -> list[str]:
 
 
 def lora_param_estimate(cfg: ModelConfig, rank: int) -> int:
-    """Trainable parameters of rank-`rank` LoRA on every attention and MLP projection: r (in + out) per matrix."""
-    d, i, n, k, h = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    per_layer = rank * ((d + n * h) * 2 + (d + k * h) * 2 + 2 * (d + i) + (i + d))
+    """Trainable parameters of rank-`rank` LoRA on every attention and MLP projection: r (in + out) per matrix. A
+    mixture of experts adapts its attention (and a shared expert's projections) only: its routed experts and
+    router take no adapters (`tempax.models.lora.target_paths`)."""
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    i = cfg.intermediate_size if cfg.moe is None else cfg.moe.shared_expert_intermediate_size
+    mlp = 2 * (d + i) + (i + d) if i else 0
+    per_layer = rank * ((d + n * h) * 2 + (d + k * h) * 2 + mlp)
     return per_layer * cfg.num_layers
 
 

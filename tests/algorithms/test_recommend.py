@@ -130,3 +130,24 @@ def test_a_registered_algorithms_hook_is_asked_like_the_packaged_ones(tmp_path):
         assert other.command == "pretrain"
     finally:
         registry.unregister(toy.command)
+
+
+def test_a_mixture_of_experts_gets_attention_lora_or_qlora_by_memory(tmp_path):
+    """Qwen3-30B-A3B (30.5B parameters, 3.35B active per token) with lots of data. Full fine-tuning needs ~16 bytes
+    a parameter of all its experts (30.5B x 16 = 455 GiB before activations), so it fits in 600 GiB only; in 160
+    GiB LoRA fits (the float32 base, 30.5B x 4 = 113.7 GiB), its adapters on the attention projections alone (no
+    LoRA on stacked experts); in 40 GiB only QLoRA (30.5B x 0.5625 = 16 GiB, the experts in 4 bits too); the
+    reasons name the total and active parameters."""
+    moe = get_preset("qwen3-30b-a3b")
+    p = _profile(tmp_path, "messages", rows=100_000, tokens_per_row=400)
+    assert recommend(p, moe, model_source="Qwen/Qwen3-30B-A3B", capacity=600 * GiB).adaptation == "full"
+    lora = recommend(p, moe, model_source="Qwen/Qwen3-30B-A3B", capacity=160 * GiB)
+    assert lora.adaptation == "lora" and lora.fits
+    assert lora.recipe["lora"]["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert 113.5 * GiB < lora.plan.weights < 114 * GiB
+    qlora = recommend(p, moe, model_source="Qwen/Qwen3-30B-A3B", capacity=40 * GiB)
+    assert qlora.adaptation == "qlora" and qlora.fits and qlora.recipe["lora"]["quantize_base"] == "nf4"
+    assert 15.9 * GiB < qlora.plan.weights < 16.1 * GiB
+    assert any("30532M-parameter mixture of experts (3353M active per token, 8 of 128 experts)" in r
+               for r in qlora.reasons)
+    assert any("LoRA adapts the attention projections" in r and "4 bits" in r for r in qlora.reasons)

@@ -18,7 +18,7 @@ from numpy.testing import assert_allclose
 from tempax.errors import CheckpointError, ConfigError
 from tempax.models.config import ModelConfig, MoeConfig
 from tempax.models.decoder import Decoder
-from tempax.models.lora import LoraConfig, apply_lora, disable_adapters
+from tempax.models.lora import LoraConfig, apply_lora, disable_adapters, lora_layers
 from tempax.models.moe import (RouterStatistics, SparseMoeBlock, block_params, hf_layer_tensors,
                                hf_moe_tensor_to_path, hf_moe_tensors_to_params, load_balancing_loss,
                                load_block_params, moe_param_shapes, moe_params_to_hf_tensors, moe_path_to_hf,
@@ -472,3 +472,57 @@ def test_the_training_step_runs_no_loop_over_experts():
         assert {"moe_aux_loss", "moe_max_load"} <= set(metrics)
     assert counts[0] == counts[1]
     assert counts[0]["ragged_dot_general"] == 9
+
+
+# --------------------------------------------------------------------------------------------------------------
+# LoRA and QLoRA on a mixture of experts
+
+
+def test_lora_on_experts_or_the_router_is_refused_with_the_fix():
+    """The default targets name gate_proj / up_proj / down_proj, which are routed experts here: refused, naming the
+    attention projections; "gate" selects the router: refused; the attention projections are accepted."""
+    model = tiny_tempax_model("qwen3_moe")
+    with pytest.raises(ConfigError, match=r"'gate_proj' names the routed experts.*\[q_proj, k_proj, v_proj, o_proj\]"):
+        apply_lora(model, LoraConfig(rank=2), rngs=nnx.Rngs(0))
+    with pytest.raises(ConfigError, match=r"selects the router \(mlp.gate\)"):
+        apply_lora(model, LoraConfig(rank=2, target_modules=("q_proj", "gate")), rngs=nnx.Rngs(0))
+    adapted = apply_lora(model, LoraConfig(rank=2, target_modules=("q_proj", "k_proj", "v_proj", "o_proj")),
+                         rngs=nnx.Rngs(0))
+    assert len(list(lora_layers(adapted))) == 4
+
+
+def test_qlora_stores_the_experts_in_4_bits_and_differentiates_through_them():
+    """tiny-gpt-oss (expert biases, clamped SwiGLU) with QLoRA: the expert kernels become NF4 codes (one uint8 per
+    two weights) and a float32 scale per 64, the router stays float; the quantized model computes what the float
+    model with the dequantized kernels computes, and the adapters' gradients through the quantized experts (their
+    own backward pass, which dequantizes again) equal those through the float experts."""
+    from tempax.models.lora import lora_filter, merge_lora, quantize_base
+    from tempax.models.moe import QuantizedRoutedExperts
+
+    base = tiny_tempax_model("gpt_oss")
+    targets = LoraConfig(rank=2, target_modules=("q_proj", "v_proj"))
+    quantized = apply_lora(base, dataclasses.replace(targets, quantize_base="nf4"), rngs=nnx.Rngs(3))
+    experts = quantized.layers.mlp.experts
+    assert isinstance(experts, QuantizedRoutedExperts) and isinstance(quantized.layers.mlp.gate, nnx.Linear)
+    # [L, E, D, I] = [3, 4, 64, 32]: codes [3, 4, 32, 32] uint8, scales [3, 4, 1, 32]
+    assert experts.gate_proj_codes.shape == (3, 4, 32, 32) and experts.gate_proj_codes.dtype == jnp.uint8
+    assert experts.gate_proj_scale.shape == (3, 4, 1, 32)
+    dequantized = apply_lora(merge_lora(quantize_base(base)), targets, rngs=nnx.Rngs(3))
+    ids = jnp.asarray(random_ids((2, 7), seed=6))
+
+    @nnx.jit
+    def value_and_grads(model):
+        graphdef, adapters, rest = nnx.split(model, lora_filter, ...)
+
+        def loss(adapters):
+            logits, _ = nnx.merge(graphdef, adapters, rest)(ids)
+            return jnp.mean(jax.nn.log_softmax(logits)[..., 5])
+
+        return jax.value_and_grad(loss)(adapters)
+
+    (loss_q, grads_q), (loss_f, grads_f) = value_and_grads(quantized), value_and_grads(dequantized)
+    assert_allclose(float(loss_q), float(loss_f), rtol=1e-6)
+    flat_q, flat_f = jax.tree.leaves(grads_q), jax.tree.leaves(grads_f)
+    assert len(flat_q) == 4 and any(float(jnp.max(jnp.abs(g))) > 0 for g in flat_q)
+    for gq, gf in zip(flat_q, flat_f):
+        assert_allclose(np.asarray(gq), np.asarray(gf), rtol=0, atol=1e-6)

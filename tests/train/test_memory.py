@@ -101,3 +101,31 @@ def test_trainer_reports_the_compiled_steps_memory_without_running_it(tmp_path):
     assert analysis.argument_size_in_bytes >= 3 * weight_bytes
     assert analysis.temp_size_in_bytes > 0
     assert trainer.step == 0
+
+
+def test_a_qwen3_30b_a3b_shape_validates_and_plans_without_allocating():
+    """Qwen3-30B-A3B's shape (48 layers, 128 experts, 8 a token) builds as shapes only and plans per device on
+    fsdp = 8, for LoRA (rank 16 on the attention projections: 48 x 16 x ((2048 + 4096) * 2 + (2048 + 512) * 2) =
+    13,369,344 adapter weights) and QLoRA, without an array of its size ever existing.
+    LoRA weights: 30,532,122,624 parameters x 4 bytes / 8 = 15,266,061,312 per device.
+    QLoRA weights: (30,518,753,280 frozen x 0.5625 + 13,369,344 x 4) / 8 = 2,152,534,512 per device."""
+    import jax
+
+    from tempax.models.weights import abstract_model
+
+    cfg = PRESETS["qwen3-30b-a3b"]
+    before = sum(a.nbytes for a in jax.live_arrays())
+    model = abstract_model(cfg)
+    assert all(isinstance(v, jax.ShapeDtypeStruct) for v in jax.tree.leaves(model))
+    assert model.layers.mlp.experts.gate_proj.shape == (48, 128, 2048, 768)
+    adapters = mem.lora_param_estimate(cfg, rank=16)
+    assert adapters == 13_369_344
+    plans = {}
+    for name, frozen_bytes in (("lora", None), ("qlora", 0.5625)):
+        inputs = mem.PlanInputs(model=cfg, micro_batch_size=8, seq_len=1024, trainable_params=adapters,
+                                precision="bf16", remat="full", frozen_bytes_per_param=frozen_bytes,
+                                mesh_shape=(("fsdp", 8),))
+        plans[name] = mem.plan_memory(inputs, capacity=16 * mem.GiB)
+    assert plans["lora"].weights == 15_266_061_312 and not plans["lora"].fits
+    assert plans["qlora"].weights == 2_152_534_512 and plans["qlora"].total < plans["lora"].total
+    assert sum(a.nbytes for a in jax.live_arrays()) - before < 2**20
