@@ -94,3 +94,27 @@ def test_partial_rotary_turns_the_first_features_only():
     out = apply_rope(x, jnp.asarray([[1]]), jnp.asarray([np.pi / 2], jnp.float32))
     np.testing.assert_allclose(np.asarray(out)[0, 0, 0], [-2.0, 1.0, 3.0, 4.0], atol=1e-6)
     assert tiny_config("phi3").rotary_dim == 12 and layer_constants(tiny_config("phi3"))[0].shape == (3, 6)
+
+
+@pytest.mark.needs_torch
+@pytest.mark.parametrize("head_dim,truncate,factor", [(64, False, 32.0), (16, True, 8.0), (128, True, 0.5)])
+def test_yarn_frequencies_and_attention_factor_are_transformers(head_dim, truncate, factor):
+    """YaRN's inverse frequencies and its factor on cos and sin equal transformers' `_compute_yarn_parameters` (within
+    float32 rounding) for gpt-oss's settings (no truncation, factor 32: mscale 0.1 ln 32 + 1 = 1.3466), rounded
+    ramp ends, and a factor below 1 (mscale 1)."""
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from tempax.models.config import RopeConfig
+    from tempax.models.decoder import rope_attention_factor, rope_inverse_frequencies
+
+    params = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": factor, "beta_fast": 32.0, "beta_slow": 1.0,
+              "truncate": truncate, "original_max_position_embeddings": 4096}
+    hf = transformers.AutoConfig.for_model("gpt_oss", head_dim=head_dim, num_attention_heads=4, hidden_size=64,
+                                           max_position_embeddings=int(4096 * max(factor, 1)),
+                                           rope_parameters=params)
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](hf)
+    rope = RopeConfig(theta=150000.0, scaling="yarn", factor=factor, original_max_position_embeddings=4096,
+                      truncate=truncate)
+    np.testing.assert_allclose(np.asarray(rope_inverse_frequencies(rope, head_dim)), inv_freq.numpy(), rtol=1e-6)
+    assert abs(rope_attention_factor(rope) - attention_factor) < 1e-12

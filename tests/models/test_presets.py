@@ -31,3 +31,24 @@ def test_llama3_2_1b_preset_is_the_hub_config():
     mlp = 3 * 2048 * 8192
     norms = 2 * 2048
     assert preset.num_params() == embed + 16 * (attention + mlp + norms) + 2048 == 1_235_814_400
+
+
+def test_mixture_of_experts_presets_are_their_hub_configs():
+    """qwen3-30b-a3b, mixtral-8x7b and gpt-oss-20b equal ModelConfig.from_hf_config of their config.json's
+    architecture keys (written out here), and count 30.5B / 46.7B / 20.9B parameters."""
+    from tests.models.test_config import GPT_OSS, QWEN3_30B_A3B
+
+    mixtral = {
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "bos_token_id": 1, "eos_token_id": 2,
+        "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 32768,
+        "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8,
+        "num_local_experts": 8, "output_router_logits": False, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.02, "sliding_window": None, "tie_word_embeddings": False, "vocab_size": 32000,
+    }
+    gpt_oss = {**GPT_OSS, "num_hidden_layers": 24, "router_aux_loss_coef": 0.9, "eos_token_id": 200002,
+               "pad_token_id": 199999, "layer_types": ["sliding_attention", "full_attention"] * 12}
+    for name, hf, billions in (("qwen3-30b-a3b", QWEN3_30B_A3B, 30.5), ("mixtral-8x7b", mixtral, 46.7),
+                               ("gpt-oss-20b", gpt_oss, 20.9)):
+        preset = get_preset(name)
+        assert preset == ModelConfig.from_hf_config(hf), name
+        assert round(preset.num_params() / 1e9, 1) == billions

@@ -55,3 +55,26 @@ def test_soft_capped_models_must_keep_tempax_attention():
         tiny_config("gemma2").replace(attention_impl="xla")
     with pytest.raises(ConfigError, match="attention_impl 'flash'"):
         tiny_config("llama").replace(attention_impl="flash")
+
+
+def test_attention_sinks_by_hand():
+    """One query head over two keys (scale 1): scores q . k = 0 and ln 2, the head's sink ln 3. The softmax's
+    denominator is e^0 + e^ln2 + e^ln3 = 1 + 2 + 3 = 6, so the weights are 1/6 and 2/6 (they sum to 1/2, the
+    sink takes the rest) and the output is (1/6) v0 + (2/6) v1 = (1/6) [6, 0] + (1/3) [0, 3] = [1, 1]. A query
+    that sees no key at all (padding) gives all its weight to the sink: output 0. Every backend's column takes the
+    plain op, so the result is the same under the CPU's."""
+    ln2, ln3 = float(np.log(2.0)), float(np.log(3.0))
+    q = jnp.array([[[[1.0, 0.0]], [[1.0, 0.0]]]])  # [B=1, T=2, N=1, H=2]
+    k = jnp.array([[[[0.0, 0.0]], [[ln2, 0.0]]]])  # [B=1, S=2, K=1, H=2]
+    v = jnp.array([[[[6.0, 0.0]], [[0.0, 3.0]]]])
+    index = jnp.arange(2)
+    segments = jnp.array([[1, 1]], jnp.int32)
+    out = attention(q, k, v, q_index=jnp.array([1, 1]), k_index=index, q_segments=jnp.array([[1, 0]], jnp.int32),
+                    k_segments=segments, scale=1.0, sinks=jnp.array([ln3]))
+    np.testing.assert_allclose(np.asarray(out)[0, 0, 0], [1.0, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(out)[0, 1, 0], [0.0, 0.0], atol=1e-30)
+
+
+def test_attention_sinks_need_tempax_attention():
+    with pytest.raises(ConfigError, match="attention sinks"):
+        tiny_config("gpt_oss").replace(attention_impl="xla")
