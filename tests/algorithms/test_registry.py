@@ -177,11 +177,11 @@ OTHER_NAMES_OF_GROUP_SIZE = {"samples_per_prompt", "samples_per_problem", "num_s
 
 def recipe_blocks(cls: type, path: str = "") -> dict[str, type]:
     """Dotted key -> class of every block of the recipe `cls` describes: the dataclasses its fields reach."""
-    from tempax.configlib import _dataclass_arm, _hints
+    from tempax.configlib.fields import dataclass_arm, field_types
 
     blocks = {}
     for f in dataclasses.fields(cls):
-        sub = _dataclass_arm(_hints(cls)[f.name])
+        sub = dataclass_arm(field_types(cls)[f.name])
         if sub is not None:
             key = f"{path}{f.name}"
             blocks[key] = sub
@@ -196,7 +196,8 @@ def test_every_packaged_algorithm_follows_the_config_scheme():
     `teacher` and `student`), `lora`, `data` or `task`, its knobs, `train`, and an `eval` whose `before` evaluates
     the starting model; `group_size` is the one recipe key for completions per prompt; the renamed keys a block
     declares lead to keys it has; and no shipped recipe uses an old name."""
-    from tempax.configlib import _all_keys, read_recipe, renamed_keys, upgrade_keys
+    from tempax.configlib import read_recipe, renamed_keys, upgrade_keys
+    from tempax.configlib.fields import all_keys
 
     by_name: dict[str, type] = {}
     for algorithm in packaged_records():
@@ -218,7 +219,7 @@ def test_every_packaged_algorithm_follows_the_config_scheme():
         assert ("data" in sections) != ("task" in sections), f"{command}: one of data or task, got {sections}"
         assert "eval" not in blocks or "before" in {f.name for f in dataclasses.fields(blocks["eval"])}, command
 
-        keys = _all_keys(top)
+        keys = all_keys(top)
         assert not [k for k in keys if k.rsplit(".", 1)[-1] in OTHER_NAMES_OF_GROUP_SIZE], command
         for prefix, cls in [("", top), *((k + ".", c) for k, c in blocks.items())]:
             for old, new in renamed_keys(cls).items():

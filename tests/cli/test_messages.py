@@ -17,7 +17,7 @@ import pytest
 
 from tempax.cli.main import build_parser
 from tempax.algorithms.registry import algorithms, resolve
-from tempax.configlib import _all_keys
+from tempax.configlib.fields import all_keys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCES = sorted(glob.glob(os.path.join(ROOT, "tempax", "**", "*.py"), recursive=True))
@@ -30,7 +30,7 @@ def _config_keys() -> set[str]:
 
     keys: set[str] = set()
     for cls in [resolve(command)[0] for command in algorithms()] + [DemoConfig]:
-        for key in _all_keys(cls):
+        for key in all_keys(cls):
             parts = key.split(".")
             keys.update(".".join(parts[: i + 1]) for i in range(len(parts)))  # sections count too
     return keys
@@ -147,7 +147,7 @@ def test_every_suggested_key_is_named_with_its_full_dotted_path():
     from tempax.data.clean import CleanConfig
 
     leaves = _leaves(_config_keys())
-    clean_top = {k for k in _all_keys(CleanConfig) if "." not in k}
+    clean_top = {k for k in all_keys(CleanConfig) if "." not in k}
     bad = [f"{f}:{line}: {word}" for f, line, text in message_templates()
            for word in bare_suggestions(text, leaves - (clean_top if f in CLEAN_FILES else set()))]
     assert not bad, "messages suggest a key by its last part only; write it in full (data.max_bad_fraction):\n" + \
