@@ -93,6 +93,13 @@ MODELS: dict[str, RegisteredModel] = {
         description="Llama-3.2-1B-Instruct (gated)", hub_repo="meta-llama/Llama-3.2-1B-Instruct"),
     "gemma3-1b-it": RegisteredModel(
         description="Gemma 3 1B instruction-tuned (gated)", hub_repo="google/gemma-3-1b-it"),
+    # Mixtures of experts (their chat templates come with the repos' tokenizer files, as for the dense models).
+    "qwen3-30b-a3b": RegisteredModel(
+        description="Qwen3-30B-A3B, mixture of experts: 30.5B parameters, 3.35B active per token",
+        hub_repo="Qwen/Qwen3-30B-A3B"),
+    "mixtral-8x7b-instruct": RegisteredModel(
+        description="Mixtral-8x7B-Instruct-v0.1, mixture of experts: 46.7B parameters, 12.9B active per token",
+        hub_repo="mistralai/Mixtral-8x7B-Instruct-v0.1"),
     "smollm3-3b": RegisteredModel(
         description="SmolLM3-3B, instruction-tuned with a reasoning mode (NoPE every fourth layer)",
         hub_repo="HuggingFaceTB/SmolLM3-3B"),
