@@ -433,7 +433,8 @@ def test_a_stack_mixing_dense_and_sparse_layers_is_refused_with_the_setting_name
     """One scanned layer means one kind of feed-forward block: Qwen MoE's decoder_sparse_step 2 (layers 0 and 2
     dense) and mlp_only_layers [1] are refused when the model is built, naming the settings and the fix."""
     cfg = tiny_config("qwen3_moe")
-    for moe in (dataclasses.replace(cfg.moe, decoder_sparse_step=2), dataclasses.replace(cfg.moe, mlp_only_layers=(1,))):
+    for moe in (dataclasses.replace(cfg.moe, decoder_sparse_step=2),
+                dataclasses.replace(cfg.moe, mlp_only_layers=(1,))):
         with pytest.raises(ConfigError, match=r"mlp_only_layers=.*decoder_sparse_step=.*dense.*set mlp_only_layers"):
             Decoder(cfg.replace(moe=moe), rngs=nnx.Rngs(0))
 
@@ -526,3 +527,24 @@ def test_qlora_stores_the_experts_in_4_bits_and_differentiates_through_them():
     assert len(flat_q) == 4 and any(float(jnp.max(jnp.abs(g))) > 0 for g in flat_q)
     for gq, gf in zip(flat_q, flat_f):
         assert_allclose(np.asarray(gq), np.asarray(gf), rtol=0, atol=1e-6)
+
+
+def test_a_prompt_run_into_a_cache_and_its_continuation_are_recorded_and_pooled():
+    """GRPO's training pass runs the prompts into a KV cache and the completions against it: a left-padded prefill
+    of 5 positions (2 of them padding), then 4 tokens, then 1 (a decode step) are three recorded calls, whose
+    statistics pool to 3 layers x (3 + 4 + 1) = 24 real tokens and equal one uncached pass over the same 8 tokens."""
+    from tempax.models.cache import KVCache
+
+    model = tiny_tempax_model("mixtral")
+    ids = jnp.asarray(random_ids((1, 10), seed=9))
+    seg = jnp.asarray([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1]], jnp.int32)
+    with recording_router_statistics() as recorded:
+        cache = KVCache.init(model.config, 1, 16)
+        _, cache = model(ids[:, :5], segment_ids=seg[:, :5], cache=cache, fresh_cache=True)
+        _, cache = model(ids[:, 5:9], segment_ids=seg[:, 5:9], cache=cache)
+        model(ids[:, 9:], segment_ids=seg[:, 9:], cache=cache)
+    with recording_router_statistics() as whole:
+        model(ids[:, 2:])
+    assert len(recorded) == 3 and [float(r.statistics.tokens) for r in recorded] == [9.0, 12.0, 3.0]
+    pooled, one_pass = router_aux_loss(recorded)[1], router_aux_loss(whole)[1]
+    assert_allclose(float(pooled["moe_aux_loss"]), float(one_pass["moe_aux_loss"]), rtol=1e-5)
