@@ -1,61 +1,12 @@
-"""The demo pipeline (`tempax demo`): post-train SmolLM2-135M-Instruct with LoRA on a CPU in about ten minutes, and
-show it worked.
+"""The demo pipeline (`tempax demo`): post-train SmolLM2-135M-Instruct with LoRA on a CPU in minutes and show it
+worked. The base model, a short SFT warm-start and GRPO are evaluated on the same held-out arithmetic word problems
+with 95% Wilson intervals; `--compare` gives the GRPO stage's compute to other arms (more SFT on the same scarce
+demonstrations, RFT, SFT on fresh ones, GRPO after the best SFT) and adds paired differences.
 
-Three stages on generated arithmetic word problems ("Sam has 23 marbles and finds 48 more..."):
-
-  1. the base model, evaluated greedily on held-out problems: it does not know the answer format;
-  2. a short LoRA SFT warm-start on ideal completions (`<reasoning>..</reasoning><answer>..</answer>`), merged into
-     the weights, then evaluated;
-  3. GRPO with fresh LoRA adapters on top (the SFT model is the reference), rewarded by a strict format check
-     plus answer correctness, then evaluated.
-
-Stages 2 and 3 are `tempax.algorithms.sft.main.main` and `tempax.algorithms.grpo.main.main` on the model in
-memory (`tempax.experiments.stages`), chained and evaluated by a `tempax.experiments.pipeline.Pipeline`;
-`DemoConfig` embeds their two configs (`sft:`, `grpo:`), so any of their keys can be overridden
-(`tempax demo grpo.guard.action=stop`), and the flags of `tempax demo` are shortcuts for the common ones.
-
-With `--compare` (`compare=true`) the demo measures what RL adds where demonstrations are scarce: a fixed set of
-N worked solutions (`demonstrations`, the ideal completions of the first N training problems) is all the SFT data
-there is, and the warm-start trains on them. After it, the same compute as the GRPO stage's training in this run
-goes to each of the following (`StageBudget`; `budget=wall`, the default: its wall time; `budget=cpu`: its process
-CPU seconds, the fair measure on a shared machine; both are printed for every stage), every one from the same
-warm-start with fresh LoRA adapters:
-  (a) SFT continued on the same N (more epochs: what a user without more data would do; `scarce_sft`);
-  (b) GRPO (`grpo`) on unlimited problems, with the checker (strict format + correctness rewards);
-  (c) rejection-sampling fine-tuning (`rft`, `tempax.algorithms.rft`) on unlimited problems, same checker;
-and, as a labelled reference row, SFT on fresh worked solutions of the next problems (`baseline`: unlimited
-demonstrations, the one setting in which RL is not needed). All are evaluated on the same held-out problems, and
-the table adds (b) - (a) and (c) - (a) with paired intervals.
-
-Users run RL after SFT, not instead of it. Two settings ask whether RL adds to the best SFT model:
-  * `validation_problems=V` makes (a) the SFT a user would keep: it is scored (greedy answer accuracy) on V
-    validation problems every `validation_every` steps, keeps the weights of its best score and stops after
-    `validation_patience` scores without improvement (or when the budget is spent; the scoring's seconds are not
-    counted in it). The validation problems are the last V training problems: never among the demonstrations,
-    never the test problems, which stay untouched until each chosen model is evaluated once;
-  * `rl_after_sft=true` adds (d): GRPO (the `grpo` settings, fresh LoRA adapters, (a) as its reference) started
-    from (a)'s kept weights, for the same budget as (b); the table adds (d) - (a) and (d) - (b).
-    `after_sft_overrides=[KEY=VALUE, ...]` changes the grpo settings of (d) alone (a lever: completions per
-    prompt, dynamic sampling, learning rate, KL), and `rft=null` skips (c).
-
-It prints a table of format accuracy and answer accuracy per stage, each with its 95% Wilson interval
-(`tempax.eval.metrics.wilson_interval`), and, with --compare, the paired differences with Newcombe's interval for
-paired proportions (`paired_difference_interval`: both are scored on the same problems, whose
-difficulty they share, so an interval for independent samples would be too wide). It writes, into the run dir it
-names, the GRPO metrics (metrics.jsonl, TensorBoard), the reward curves (reward_curve.png), the other stages' metrics
-(sft/, scarce_sft/, rft/, baseline_sft/), outcomes.jsonl (each stage's per-problem verdicts, written as soon as
-the stage is evaluated) and results.json with every number and a few completions.
-
-Why these defaults (what a CPU GRPO run of this model can learn, and the timings of these defaults:
-`docs/measurements/demo-calibration.md`):
-  * the format reward is strict (anchored, each tag once, in order), so copying the instructions earns little;
-  * prompts are short, and the G samples of a prompt share one prefill, in sampling *and* in the training
-    forward (the prompt is run once per group), since prompt tokens dominated CPU RL compute;
-  * the SFT warm-start is deliberately short (6 steps of ~8 problems at LoRA lr 1e-3): it teaches most of the
-    format (measured ~65% strict format, ~40% answers on held-out problems) but leaves the policy stochastic
-    enough that GRPO groups disagree, so RL has signal (watch groups/zero_spread_frac and entropy). Eight steps
-    give 100% format and ~47% answers, and then GRPO has little left to show in ten steps;
-  * many small GRPO steps (2 prompts x 8 completions, 48 new tokens) rather than few large ones.
+The stages are the algorithms' own mains on the model in memory (`tempax.experiments.stages`), chained by a
+`tempax.experiments.pipeline.Pipeline`; `DemoConfig` embeds their configs, so any of their keys is an override.
+What each stage and setting does, what the run writes and why the defaults are what they are:
+`docs/measurements/demo-calibration.md`.
 """
 
 
@@ -108,8 +59,9 @@ def demo_sft_config() -> SFTConfig:
 
 def demo_baseline_config() -> SFTConfig:
     """The reference row of `--compare`: SFT continued from the warm-start (fresh LoRA adapters on the merged
-    warm-start model, as GRPO's) on fresh ideal completions of the problems after the N demonstrations, at a constant LoRA lr 5e-4 (the
-    middle of the warm-start's cosine), 4 packed 256-token rows a step, until the GRPO stage's wall time is spent.
+    warm-start model, as GRPO's) on fresh ideal completions of the problems after the N demonstrations, at a
+    constant LoRA lr 5e-4 (the middle of the warm-start's cosine), 4 packed 256-token rows a step, until the GRPO
+    stage's wall time is spent.
     `train.steps` is only an upper bound: the wall-time budget ends the run."""
     return SFTConfig(
         lora=_DEMO_LORA, data=SFTDataConfig(path="<run_dir>/baseline_examples.jsonl"),
@@ -171,10 +123,10 @@ class DemoConfig:
         default_factory=demo_grpo_config,
     )
     compare: bool = help_field(
-        "The scarce-demonstration comparison (`--compare`, module docstring): after a warm-start on `demonstrations` "
-        "worked solutions, the GRPO stage's training time in this run (`budget`: wall or process CPU seconds) goes to "
-        "each of (a) SFT on the same N, (c) RFT and the reference SFT on fresh solutions; the table adds (b) - (a) and (c) - (a) "
-        "with paired intervals.",
+        "The scarce-demonstration comparison (`--compare`, docs/measurements/demo-calibration.md): after a "
+        "warm-start on `demonstrations` worked solutions, the GRPO stage's training time in this run (`budget`: "
+        "wall or process CPU seconds) goes to each of (a) SFT on the same N, (c) RFT and the reference SFT on fresh "
+        "solutions; the table adds (b) - (a) and (c) - (a) with paired intervals.",
         False,
     )
     budget: str = help_field(
@@ -364,6 +316,21 @@ COMPARISONS = ((COMPARE_GRPO_STAGE, SCARCE_STAGE), (RFT_STAGE, SCARCE_STAGE), (A
                (RFT_STAGE, REFERENCE_STAGE))
 
 
+@dataclass
+class _DemoRun:
+    """What the stages of one demo run share: its settings, the pipeline that times and evaluates them, the
+    tokenizer, the task's training and validation rows, the evaluation options and the number of stages."""
+
+    cfg: DemoConfig
+    pipe: Pipeline
+    tokenizer: Any
+    train_rows: list[dict[str, Any]]
+    validation_rows: list[dict[str, Any]]
+    options: Any
+    n_stages: int
+    say: Callable[[str], None]
+
+
 def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str], None],
             ) -> tuple[Pipeline, TrainResult, list[dict[str, Any]], dict[str, str], dict[str, Any] | None]:
     """The stages in order: (the pipeline with its evaluations, GRPO's result, the held-out rows, the files
@@ -372,16 +339,8 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
     # The demo evaluates every stage itself, so the GRPO stage's wall time is training alone.
     grpo_cfg = dataclasses.replace(grpo_cfg, eval=dataclasses.replace(grpo_cfg.eval, after=False))
     compare = baseline_cfg is not None
-    n_stages = 4 + (cfg.rft is not None) + cfg.reference + cfg.rl_after_sft if compare else 3
     say(f"tempax demo: {cfg.model.source} on {cfg.task}; writing to {run_dir}")
-    train_rows, held_rows = load_task(grpo_cfg.task, eval_problems=grpo_cfg.eval.num_problems)
-    validation_rows = train_rows[len(train_rows) - cfg.validation_problems:] if cfg.validation_problems else []
-    if validation_rows and len(train_rows) - len(validation_rows) < cfg.demonstrations:
-        raise ConfigError(f"validation_problems={cfg.validation_problems} leaves fewer than the {cfg.demonstrations} "
-                          f"demonstrations among the task's {len(train_rows)} training problems; lower it")
-    if compare and not any(r.get("target") for r in train_rows):
-        raise ConfigError(f"--compare trains SFT on the task's ideal completions; task {cfg.task} has none "
-                          "(use --task arithmetic, or drop --compare)")
+    train_rows, held_rows, validation_rows = _task_rows(cfg, grpo_cfg, compare)
     with watch("load"):
         model, tokenizer = cfg.model.build(seed=cfg.seed)
     say(f"  loaded the model in {watch.wall['load']:.0f} s")
@@ -391,104 +350,16 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
         evaluate=lambda name, m: evaluate(m, tokenizer, held_rows, options, label=f"eval {name}"),
         line=lambda name, r, seconds: (f"  {name}: format {r.format_accuracy:.1%}, answer {r.answer_accuracy:.1%} "
                                        f"on {len(held_rows)} held-out problems ({seconds:.0f} s)"))
+    n_stages = 4 + (cfg.rft is not None) + cfg.reference + cfg.rl_after_sft if compare else 3
+    demo = _DemoRun(cfg, pipe, tokenizer, train_rows, validation_rows, options, n_stages, say)
 
-    say(f"[1/{n_stages}] base model")
-    if cfg.evaluate_base:
-        pipe.evaluate("base model", model)
-    else:
-        say("  not evaluated (evaluate_base=false)")
-
-    n_demos = cfg.demonstrations if compare else None
-    say(f"[2/{n_stages}] SFT warm-start on the answer format"
-        + (f" ({n_demos} worked solutions: all the demonstrations there are)" if compare else ""))
-    if sft_cfg is not None and any(r.get("target") for r in train_rows):
-        model, _ = pipe.train("sft", lambda: run_sft(model, tokenizer, train_rows, sft_cfg, say, limit=n_demos))
-        say(f"  trained in {watch.wall['sft']:.0f} s")
-        pipe.evaluate("after SFT", model, trained="sft")
-    else:
-        say("  skipped (" + ("sft: null / --sft-steps 0" if sft_cfg is None else
-                             f"task {cfg.task} has no SFT targets") + ")")
-
-    say(f"[3/{n_stages}] {'(b) ' if compare else ''}GRPO with strict format + correctness rewards"
-        + (f" on problems of difficulty {cfg.grpo_difficulty}" if cfg.grpo_difficulty is not None else ""))
-    result = pipe.train("grpo", lambda: run_grpo(model, tokenizer, grpo_training(grpo_cfg, cfg.grpo_difficulty)))
-    rewards = [v for _, v in result.series("reward/total_mean")]
-    zero = [v for _, v in result.series("groups/zero_spread_frac")]
-    split = {k: round(sum(v for _, v in result.series(f"perf/{k}_s"))) for k in ("step", "generation", "train")}
-    say(f"  {len(rewards)} steps in {split['step']} s (generation {split['generation']} s, training "
-        f"{split['train']} s; the stage {watch.wall['grpo']:.0f} s); reward {np.mean(rewards[:3]):.2f} -> "
-        f"{np.mean(rewards[-3:]):.2f} (mean of first / last 3 steps); groups without reward spread: {np.mean(zero):.0%}")
-    if result.stop_reason:
-        say(f"  stopped early: {result.stop_reason}")
-    pipe.evaluate(COMPARE_GRPO_STAGE if compare else GRPO_STAGE, merged(result.model, grpo_cfg.lora), trained="grpo")
-    del run
-
+    model = _warm_start(demo, model, sft_cfg, limit=cfg.demonstrations if compare else None)
+    result = _grpo_stage(demo, model, grpo_cfg, compare)
     budget = None
     if compare:
-        scarce_cfg, rft_cfg = cfg.compare_stages(run_dir)
         # `model` is still the warm-start: each stage trains adapters on a copy sharing its (frozen) arrays.
-        equal = Budget.of(watch, "grpo", cfg.budget, label="GRPO")
-        budget = {"clock": equal.clock, "seconds": watch.wall["grpo"], "grpo_cpu_seconds": watch.cpu["grpo"],
-                  "grpo_steps": len(rewards), "demonstrations": n_demos, "stages": pipe.budgeted_stages,
-                  "budget_seconds": equal.seconds}
-        seconds, spent = equal.seconds, equal.spent
-
-        number = iter(range(4, n_stages + 1))
-        kept: dict[str, Any] = {}
-
-        def train_scarce(hook: Any) -> tuple[Any, int]:
-            best = None
-            if validation_rows:
-                val_options = dataclasses.replace(options, greedy=True, group_size=0, ks=(1,),
-                                                  batch_size=len(validation_rows))
-                best = BestOnValidation(
-                    every=cfg.validation_every, patience=cfg.validation_patience, budget=hook, say=say,
-                    score=lambda m: evaluate(m, tokenizer, validation_rows, val_options,
-                                             label="validation").answer_accuracy)
-            trained, steps = run_sft(model, tokenizer, train_rows, scarce_cfg, say, hooks=(hook,) if best is None
-                                     else (hook, best), label="SFT on the same demonstrations", limit=n_demos)
-            if best is not None:
-                trained = merged(best.best_model(), scarce_cfg.lora)
-                budget["validation"] = {"problems": len(validation_rows), "scores": best.history,
-                                        "kept_step": best.best_step, "kept_score": best.best_score,
-                                        "seconds": best.wall_seconds, "cpu_seconds": best.cpu_seconds}
-                say(f"  kept the weights of step {best.best_step} of {steps} (validation answers "
-                    f"{best.best_score:.1%} on {len(validation_rows)} problems; the scoring took "
-                    f"{best.wall_seconds:.0f} s wall, {best.cpu_seconds:.0f} s process CPU, outside the budget)")
-            kept["a"] = trained
-            return trained, steps
-
-        say(f"[{next(number)}/{n_stages}] (a) SFT continued on the same {n_demos} worked solutions for GRPO's "
-            f"{seconds:.0f} s of {spent}" + (f", kept at its best score on {len(validation_rows)} validation problems"
-                                             if validation_rows else ""))
-        pipe.budgeted(SCARCE_STAGE, _WATCH[SCARCE_STAGE], equal, train_scarce)
-
-        if cfg.rl_after_sft:
-            after_cfg = grpo_training(cfg.after_sft_stage(grpo_cfg), cfg.grpo_difficulty)
-
-            def train_after(hook: Any) -> tuple[Any, int]:
-                run = run_grpo(kept.pop("a"), tokenizer, after_cfg, hooks=(hook,))
-                return merged(run.model, after_cfg.lora), last_step(run)
-
-            say(f"[{next(number)}/{n_stages}] (d) GRPO from (a)'s weights for GRPO's {seconds:.0f} s of {spent}")
-            pipe.budgeted(AFTER_SFT_STAGE, _WATCH[AFTER_SFT_STAGE], equal, train_after)
-        kept.clear()
-
-        def train_rft(hook: Any) -> tuple[Any, int]:
-            trained, rft_result = run_rft(model, tokenizer, rft_cfg, say, hooks=(hook,))
-            budget["rft"] = {k: [v for _, v in rft_result.series(k)] for k in
-                             ("reward/total_mean", "rft/accept_rate", "rft/kept", "rft/round_steps")}
-            return trained, last_step(rft_result)
-
-        if rft_cfg is not None:
-            say(f"[{next(number)}/{n_stages}] (c) RFT with the same checker for GRPO's {seconds:.0f} s of {spent}")
-            pipe.budgeted(RFT_STAGE, _WATCH[RFT_STAGE], equal, train_rft)
-        if cfg.reference:
-            say(f"[{next(number)}/{n_stages}] reference: SFT on fresh worked solutions (unlimited demonstrations) for GRPO's "
-                f"{seconds:.0f} s of {spent}")
-            pipe.budgeted(REFERENCE_STAGE, _WATCH[REFERENCE_STAGE], equal, lambda hook: run_sft(
-                model, tokenizer, train_rows[n_demos:], baseline_cfg, say, hooks=(hook,),
-                label="SFT on fresh demonstrations"))
+        budget = _compare_stages(demo, model, grpo_cfg, baseline_cfg,
+                                 grpo_steps=len(result.series("reward/total_mean")))
 
     files: dict[str, str] = {"metrics": os.path.join(grpo_cfg.train.run_dir, "metrics.jsonl")}
     try:
@@ -496,6 +367,144 @@ def _stages(cfg: DemoConfig, run_dir: str, watch: Stopwatch, say: Callable[[str]
     except Exception as e:  # a plotting problem must not hide the results
         say(f"  (could not draw the reward curve: {e})")
     return pipe, result, held_rows, files, budget
+
+
+def _task_rows(cfg: DemoConfig, grpo_cfg: GRPOConfig, compare: bool,
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The task's (training, held-out, validation) rows, the validation rows being the last `validation_problems`
+    training problems, checked against what the stages need."""
+    train_rows, held_rows = load_task(grpo_cfg.task, eval_problems=grpo_cfg.eval.num_problems)
+    validation_rows = train_rows[len(train_rows) - cfg.validation_problems:] if cfg.validation_problems else []
+    if validation_rows and len(train_rows) - len(validation_rows) < cfg.demonstrations:
+        raise ConfigError(f"validation_problems={cfg.validation_problems} leaves fewer than the {cfg.demonstrations} "
+                          f"demonstrations among the task's {len(train_rows)} training problems; lower it")
+    if compare and not any(r.get("target") for r in train_rows):
+        raise ConfigError(f"--compare trains SFT on the task's ideal completions; task {cfg.task} has none "
+                          "(use --task arithmetic, or drop --compare)")
+    return train_rows, held_rows, validation_rows
+
+
+def _warm_start(demo: _DemoRun, model: Any, sft_cfg: SFTConfig | None, *, limit: int | None) -> Any:
+    """Stages 1 and 2: the base model's evaluation, then the SFT warm-start (on the first `limit` worked solutions
+    with --compare) and its evaluation; returns the model the later stages start from."""
+    cfg, pipe, say = demo.cfg, demo.pipe, demo.say
+    say(f"[1/{demo.n_stages}] base model")
+    if cfg.evaluate_base:
+        pipe.evaluate("base model", model)
+    else:
+        say("  not evaluated (evaluate_base=false)")
+
+    say(f"[2/{demo.n_stages}] SFT warm-start on the answer format"
+        + (f" ({limit} worked solutions: all the demonstrations there are)" if limit is not None else ""))
+    if sft_cfg is not None and any(r.get("target") for r in demo.train_rows):
+        model, _ = pipe.train("sft", lambda: run_sft(model, demo.tokenizer, demo.train_rows, sft_cfg, say,
+                                                     limit=limit))
+        say(f"  trained in {pipe.watch.wall['sft']:.0f} s")
+        pipe.evaluate("after SFT", model, trained="sft")
+    else:
+        say("  skipped (" + ("sft: null / --sft-steps 0" if sft_cfg is None else
+                             f"task {cfg.task} has no SFT targets") + ")")
+    return model
+
+
+def _grpo_stage(demo: _DemoRun, model: Any, grpo_cfg: GRPOConfig, compare: bool) -> TrainResult:
+    """Stage 3 ((b) of --compare): GRPO from `model`, a summary of its training, and its evaluation; returns its
+    result without the trained policy, which no later stage starts from."""
+    cfg, pipe, say, watch = demo.cfg, demo.pipe, demo.say, demo.pipe.watch
+    say(f"[3/{demo.n_stages}] {'(b) ' if compare else ''}GRPO with strict format + correctness rewards"
+        + (f" on problems of difficulty {cfg.grpo_difficulty}" if cfg.grpo_difficulty is not None else ""))
+    result = pipe.train("grpo", lambda: run_grpo(model, demo.tokenizer, grpo_training(grpo_cfg, cfg.grpo_difficulty)))
+    rewards = [v for _, v in result.series("reward/total_mean")]
+    zero = [v for _, v in result.series("groups/zero_spread_frac")]
+    split = {k: round(sum(v for _, v in result.series(f"perf/{k}_s"))) for k in ("step", "generation", "train")}
+    say(f"  {len(rewards)} steps in {split['step']} s (generation {split['generation']} s, training "
+        f"{split['train']} s; the stage {watch.wall['grpo']:.0f} s); reward {np.mean(rewards[:3]):.2f} -> "
+        f"{np.mean(rewards[-3:]):.2f} (mean of first / last 3 steps); groups without reward spread: "
+        f"{np.mean(zero):.0%}")
+    if result.stop_reason:
+        say(f"  stopped early: {result.stop_reason}")
+    pipe.evaluate(COMPARE_GRPO_STAGE if compare else GRPO_STAGE, merged(result.model, grpo_cfg.lora), trained="grpo")
+    # The policy is let go here so that --compare's stages do not hold it beside their own.
+    return dataclasses.replace(result, model=None, source=None)
+
+
+def _compare_stages(demo: _DemoRun, model: Any, grpo_cfg: GRPOConfig, baseline_cfg: SFTConfig, *,
+                    grpo_steps: int) -> dict[str, Any]:
+    """--compare's stages after GRPO, each from the warm-start `model` for the GRPO stage's budget: (a), (d) from
+    (a)'s kept weights, (c) and the reference row; returns the budget record."""
+    cfg, pipe, say, watch = demo.cfg, demo.pipe, demo.say, demo.pipe.watch
+    scarce_cfg, rft_cfg = cfg.compare_stages(pipe.run_dir)
+    n_demos = cfg.demonstrations
+    equal = Budget.of(watch, "grpo", cfg.budget, label="GRPO")
+    budget = {"clock": equal.clock, "seconds": watch.wall["grpo"], "grpo_cpu_seconds": watch.cpu["grpo"],
+              "grpo_steps": grpo_steps, "demonstrations": n_demos, "stages": pipe.budgeted_stages,
+              "budget_seconds": equal.seconds}
+    seconds, spent = equal.seconds, equal.spent
+    number = iter(range(4, demo.n_stages + 1))
+    kept: dict[str, Any] = {}
+
+    def train_scarce(hook: Any) -> tuple[Any, int]:
+        kept["a"], steps = _scarce_sft(demo, model, scarce_cfg, hook, budget)
+        return kept["a"], steps
+
+    say(f"[{next(number)}/{demo.n_stages}] (a) SFT continued on the same {n_demos} worked solutions for GRPO's "
+        f"{seconds:.0f} s of {spent}" + (f", kept at its best score on {len(demo.validation_rows)} validation "
+                                         "problems" if demo.validation_rows else ""))
+    pipe.budgeted(SCARCE_STAGE, _WATCH[SCARCE_STAGE], equal, train_scarce)
+
+    if cfg.rl_after_sft:
+        after_cfg = grpo_training(cfg.after_sft_stage(grpo_cfg), cfg.grpo_difficulty)
+
+        def train_after(hook: Any) -> tuple[Any, int]:
+            run = run_grpo(kept.pop("a"), demo.tokenizer, after_cfg, hooks=(hook,))
+            return merged(run.model, after_cfg.lora), last_step(run)
+
+        say(f"[{next(number)}/{demo.n_stages}] (d) GRPO from (a)'s weights for GRPO's {seconds:.0f} s of {spent}")
+        pipe.budgeted(AFTER_SFT_STAGE, _WATCH[AFTER_SFT_STAGE], equal, train_after)
+    kept.clear()
+
+    def train_rft(hook: Any) -> tuple[Any, int]:
+        trained, rft_result = run_rft(model, demo.tokenizer, rft_cfg, say, hooks=(hook,))
+        budget["rft"] = {k: [v for _, v in rft_result.series(k)] for k in
+                         ("reward/total_mean", "rft/accept_rate", "rft/kept", "rft/round_steps")}
+        return trained, last_step(rft_result)
+
+    if rft_cfg is not None:
+        say(f"[{next(number)}/{demo.n_stages}] (c) RFT with the same checker for GRPO's {seconds:.0f} s of {spent}")
+        pipe.budgeted(RFT_STAGE, _WATCH[RFT_STAGE], equal, train_rft)
+    if cfg.reference:
+        say(f"[{next(number)}/{demo.n_stages}] reference: SFT on fresh worked solutions (unlimited demonstrations) "
+            f"for GRPO's {seconds:.0f} s of {spent}")
+        pipe.budgeted(REFERENCE_STAGE, _WATCH[REFERENCE_STAGE], equal, lambda hook: run_sft(
+            model, demo.tokenizer, demo.train_rows[n_demos:], baseline_cfg, say, hooks=(hook,),
+            label="SFT on fresh demonstrations"))
+    return budget
+
+
+def _scarce_sft(demo: _DemoRun, model: Any, scarce_cfg: SFTConfig, hook: Any,
+                budget: dict[str, Any]) -> tuple[Any, int]:
+    """(a) of --compare: SFT continued on the same demonstrations under `hook` (the budget); with validation
+    problems, scored every `validation_every` steps and kept at its best score (recorded in `budget`).
+    (the model it keeps, its steps)."""
+    cfg, say, rows = demo.cfg, demo.say, demo.validation_rows
+    best = None
+    if rows:
+        val_options = dataclasses.replace(demo.options, greedy=True, group_size=0, ks=(1,), batch_size=len(rows))
+        best = BestOnValidation(
+            every=cfg.validation_every, patience=cfg.validation_patience, budget=hook, say=say,
+            score=lambda m: evaluate(m, demo.tokenizer, rows, val_options, label="validation").answer_accuracy)
+    trained, steps = run_sft(model, demo.tokenizer, demo.train_rows, scarce_cfg, say,
+                             hooks=(hook,) if best is None else (hook, best),
+                             label="SFT on the same demonstrations", limit=cfg.demonstrations)
+    if best is not None:
+        trained = merged(best.best_model(), scarce_cfg.lora)
+        budget["validation"] = {"problems": len(rows), "scores": best.history,
+                                "kept_step": best.best_step, "kept_score": best.best_score,
+                                "seconds": best.wall_seconds, "cpu_seconds": best.cpu_seconds}
+        say(f"  kept the weights of step {best.best_step} of {steps} (validation answers "
+            f"{best.best_score:.1%} on {len(rows)} problems; the scoring took "
+            f"{best.wall_seconds:.0f} s wall, {best.cpu_seconds:.0f} s process CPU, outside the budget)")
+    return trained, steps
 
 
 def _report(cfg: DemoConfig, pipe: Pipeline, result: TrainResult, held_rows: list[dict[str, Any]],
