@@ -129,3 +129,39 @@ def test_a_prefill_into_a_fresh_cache_reads_only_the_keys_it_wrote(pair):
         steps.append(np.asarray(logits))
     got = np.concatenate(steps, axis=1)
     np.testing.assert_allclose(got[mask == 1], expected[mask == 1], atol=TOL, rtol=0)
+
+
+
+def _variant(family: str):
+    """Olmo 3 checkpoints scale the rope of their full-attention layers (YaRN: here factor 8 over an original context
+    of 32, attention factor 1.2) and leave the sliding layers' rope unscaled; Phi-3-mini-4k windows every layer."""
+    from tempax.models.config import RopeConfig
+    from tests.kit.models import tiny_config
+
+    if family == "olmo3":
+        return tiny_config(family).replace(rope=RopeConfig(theta=5e5, scaling="yarn", factor=8.0,
+                                                           original_max_position_embeddings=32, attention_factor=1.2))
+    return tiny_config(family).replace(sliding_window=4, layer_types=("sliding",) * 3)
+
+
+@pytest.mark.parametrize("family", ["olmo3", "phi3"])
+def test_what_the_published_checkpoints_add_to_the_tiny_presets(tmp_path, family):
+    """`_variant`'s config, saved by transformers with random weights, loaded by tempax: 40 tokens (past the
+    original context and the window of 4) give transformers' logits, and the config reads back unchanged."""
+    import transformers
+
+    from tempax.models.hf_io import load_hf_checkpoint
+
+    cfg = _variant(family)
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg.to_hf_config()))
+    ref.eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    ref.save_pretrained(str(tmp_path))
+    model = load_hf_checkpoint(str(tmp_path))
+    assert model.config == cfg
+    ids = random_ids((2, 40), seed=7)
+    out = _forward(model, jnp.asarray(ids), _seg(ids))
+    np.testing.assert_allclose(np.asarray(out), _ref_logits(ref, ids), atol=TOL, rtol=0)
