@@ -64,10 +64,10 @@ def test_the_next_turn_is_written_into_the_same_cache():
     run = DecodeRun(model, PROMPTS, GREEDY, stop_ids=(), pad_id=0, reserve=32)
     run.advance()
     before = run._state.cache
-    where = [x.unsafe_buffer_pointer() for x in (*before.k, *before.v)]
+    where = [x.unsafe_buffer_pointer() for x in (before.k, before.v)]  # [L, B, K, S, H] each
     run.continue_with([[11, 12], [13], [14]])
     after = run._state.cache
-    assert all(x.is_deleted() for x in (*before.k, *before.v))
-    assert [x.unsafe_buffer_pointer() for x in (*after.k, *after.v)] == where
+    assert all(x.is_deleted() for x in (before.k, before.v))
+    assert [x.unsafe_buffer_pointer() for x in (after.k, after.v)] == where
     run.advance()
     assert run.output().lengths.tolist() == [6, 6, 6]
