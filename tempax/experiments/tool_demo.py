@@ -140,87 +140,118 @@ def main(cfg: ToolDemoConfig, *, say: Callable[[str], None] | None = None) -> di
     os.makedirs(run_dir, exist_ok=True)
     watch = Stopwatch()
     with watch("total"):
-        task = dataclasses.replace(cfg.grpo.task, seed=cfg.seed)
-        train_rows, held_rows = load_task(task, eval_problems=cfg.eval_problems)
-        model, tokenizer = cfg.model.build(seed=cfg.seed)
-        tool_env = cfg.grpo.env
-        plain_env = dataclasses.replace(tool_env, name="single_turn", max_turns=1, max_episode_tokens=None)
-        max_new = cfg.grpo.grpo.max_new_tokens
-        options = EvalOptions(max_new_tokens=max_new, greedy=True, group_size=0, batch_size=cfg.eval_batch_size)
-        counters: dict[str, dict[str, float]] = {}
-        notes: dict[str, str] = {}  # a row -> the episode counters its evaluation said
+        demo = _ToolDemoRun(cfg, run_dir, say, watch)
+        _run_stages(demo)
+    return _report(demo)
 
-        def evaluate(name: str, policy: Any, env: EnvironmentConfig) -> TaskEvaluation:
-            factory = None if env.single_turn else env.build(tokenizer)
-            said: list[str] = []
-            r = evaluate_task(policy, tokenizer, held_rows, options, env_factory=factory, max_turns=env.max_turns,
-                              episode_tokens=env.episode_tokens(max_new, key="grpo.grpo.max_new_tokens"), label=name,
-                              log=said.append)
-            if said:
-                notes[name] = said[0]
-            return r
 
-        pipe = Pipeline(run_dir, watch=watch, say=say, evaluate=evaluate,
-                        line=lambda name, r, seconds: (
-                            f"  {name}: answer {r.answer_accuracy:.1%}, format {r.format_accuracy:.1%} on "
-                            f"{len(held_rows)} held-out problems ({seconds:.0f} s)"
-                            + (f"; {notes[name]}" if name in notes else "")))
+class _ToolDemoRun:
+    """What the five stages share (the task's rows, the model, the pipeline that times and evaluates them, the
+    episode counters) and the two kinds of stage each arm runs: a warm-start and RL."""
 
-        def warm_start(name: str, env: EnvironmentConfig) -> Any:
-            path = os.path.join(run_dir, f"{name}.jsonl")
-            rows = train_rows[:cfg.demonstrations]
-            if env.single_turn:
-                write_sft_examples(rows, path, len(rows))
-            else:
-                record_transcripts(path, env.build(tokenizer), rows, calculator_policy, tokenizer=tokenizer,
-                                   max_turns=env.max_turns)
-            sft = dataclasses.replace(cfg.sft, model=cfg.model, data=dataclasses.replace(cfg.sft.data, path=path),
-                                      train=dataclasses.replace(cfg.sft.train, run_dir=os.path.join(run_dir, name),
-                                                                seed=cfg.seed, progress_bar=False))
-            result = pipe.train(name, lambda: sft_main(sft, log=lambda text: None, model=model, tokenizer=tokenizer))
-            say(f"  SFT {name}: {cfg.demonstrations} demonstrations, {result.history[-1][0]} steps, final loss "
-                f"{result.history[-1][1].get('loss', float('nan')):.3f} ({watch.wall[name]:.0f} s)")
-            return merged(result.model, sft.lora)
+    def __init__(self, cfg: ToolDemoConfig, run_dir: str, say: Callable[[str], None], watch: Stopwatch):
+        self.cfg, self.run_dir, self.say, self.watch = cfg, run_dir, say, watch
+        self.task = dataclasses.replace(cfg.grpo.task, seed=cfg.seed)
+        self.train_rows, self.held_rows = load_task(self.task, eval_problems=cfg.eval_problems)
+        self.model, self.tokenizer = cfg.model.build(seed=cfg.seed)
+        self.max_new = cfg.grpo.grpo.max_new_tokens
+        self.options = EvalOptions(max_new_tokens=self.max_new, greedy=True, group_size=0,
+                                   batch_size=cfg.eval_batch_size)
+        self.counters: dict[str, dict[str, float]] = {}
+        self.notes: dict[str, str] = {}  # a row -> the episode counters its evaluation said
+        self.pipe = Pipeline(run_dir, watch=watch, say=say, evaluate=self._evaluate, line=self._line)
 
-        def reinforce(name: str, start: Any, env: EnvironmentConfig) -> Any:
-            g = dataclasses.replace(cfg.grpo, model=cfg.model, task=task, env=env,
-                                    train=dataclasses.replace(cfg.grpo.train, run_dir=os.path.join(run_dir, name),
-                                                              seed=cfg.seed, progress_bar=False))
-            run = pipe.train(name, lambda: grpo_main(g, log=lambda text: None, model=start, tokenizer=tokenizer))
-            history = run.history
-            first, last = history[0][1], history[-1][1]
-            counters[name] = {k: v for k, v in last.items() if k.startswith(("episode/", "entropy/"))}
-            say(f"  GRPO {name}: {len(history)} steps in {watch.wall[name]:.0f} s; reward "
-                f"{first['reward/total_mean']:.2f} -> {last['reward/total_mean']:.2f} (first -> last step)"
-                + "".join(f", {k} {v:.2f}" for k, v in sorted(counters[name].items())))
-            return merged(run.model, g.lora)
+    def _evaluate(self, name: str, policy: Any, env: EnvironmentConfig) -> TaskEvaluation:
+        factory = None if env.single_turn else env.build(self.tokenizer)
+        said: list[str] = []
+        r = evaluate_task(policy, self.tokenizer, self.held_rows, self.options, env_factory=factory,
+                          max_turns=env.max_turns,
+                          episode_tokens=env.episode_tokens(self.max_new, key="grpo.grpo.max_new_tokens"),
+                          label=name, log=said.append)
+        if said:
+            self.notes[name] = said[0]
+        return r
 
-        say(f"tempax demo --task {TASK}: {cfg.model.source}; {len(held_rows)} held-out problems; writing to {run_dir}")
-        say("[1/5] base model, no tools")
-        pipe.evaluate(STAGES[0], model, env=plain_env)
-        say(f"[2/5] warm-start on {cfg.demonstrations} tool-use episodes")
-        tool_start = warm_start("tool_demos", tool_env)
-        pipe.evaluate(STAGES[1], tool_start, env=tool_env, trained="tool_demos")
-        say("[3/5] GRPO with the calculator")
-        pipe.evaluate(STAGES[2], reinforce("grpo_tools", tool_start, tool_env), env=tool_env, trained="grpo_tools")
-        del tool_start
-        say(f"[4/5] warm-start on the same {cfg.demonstrations} problems' worked answers, no tools")
-        plain_start = warm_start("plain_demos", plain_env)
-        if cfg.evaluate_plain_warm_start:
-            pipe.evaluate(STAGES[3], plain_start, env=plain_env, trained="plain_demos")
+    def _line(self, name: str, r: TaskEvaluation, seconds: float) -> str:
+        return (f"  {name}: answer {r.answer_accuracy:.1%}, format {r.format_accuracy:.1%} on "
+                f"{len(self.held_rows)} held-out problems ({seconds:.0f} s)"
+                + (f"; {self.notes[name]}" if name in self.notes else ""))
+
+    def warm_start(self, name: str, env: EnvironmentConfig) -> Any:
+        """LoRA SFT of the base model on the first `demonstrations` problems: tool-use transcripts the scripted
+        policy plays with `env`, or the ideal completions where `env` is single-turn; the model, merged."""
+        cfg, tokenizer = self.cfg, self.tokenizer
+        path = os.path.join(self.run_dir, f"{name}.jsonl")
+        rows = self.train_rows[:cfg.demonstrations]
+        if env.single_turn:
+            write_sft_examples(rows, path, len(rows))
         else:
-            say("  not evaluated (evaluate_plain_warm_start=false)")
-        say("[5/5] GRPO without tools, same steps and samples")
-        pipe.evaluate(STAGES[4], reinforce("grpo_plain", plain_start, plain_env), env=plain_env, trained="grpo_plain")
+            record_transcripts(path, env.build(tokenizer), rows, calculator_policy, tokenizer=tokenizer,
+                               max_turns=env.max_turns)
+        sft = dataclasses.replace(cfg.sft, model=cfg.model, data=dataclasses.replace(cfg.sft.data, path=path),
+                                  train=dataclasses.replace(cfg.sft.train, run_dir=os.path.join(self.run_dir, name),
+                                                            seed=cfg.seed, progress_bar=False))
+        result = self.pipe.train(name, lambda: sft_main(sft, log=lambda text: None, model=self.model,
+                                                        tokenizer=tokenizer))
+        self.say(f"  SFT {name}: {cfg.demonstrations} demonstrations, {result.history[-1][0]} steps, final loss "
+                 f"{result.history[-1][1].get('loss', float('nan')):.3f} ({self.watch.wall[name]:.0f} s)")
+        return merged(result.model, sft.lora)
+
+    def reinforce(self, name: str, start: Any, env: EnvironmentConfig) -> Any:
+        """GRPO from `start` in `env` with the demo's RL settings; the policy, merged. Its last step's episode and
+        entropy counters are kept in `counters`."""
+        cfg = self.cfg
+        g = dataclasses.replace(cfg.grpo, model=cfg.model, task=self.task, env=env,
+                                train=dataclasses.replace(cfg.grpo.train, run_dir=os.path.join(self.run_dir, name),
+                                                          seed=cfg.seed, progress_bar=False))
+        run = self.pipe.train(name, lambda: grpo_main(g, log=lambda text: None, model=start, tokenizer=self.tokenizer))
+        history = run.history
+        first, last = history[0][1], history[-1][1]
+        self.counters[name] = {k: v for k, v in last.items() if k.startswith(("episode/", "entropy/"))}
+        self.say(f"  GRPO {name}: {len(history)} steps in {self.watch.wall[name]:.0f} s; reward "
+                 f"{first['reward/total_mean']:.2f} -> {last['reward/total_mean']:.2f} (first -> last step)"
+                 + "".join(f", {k} {v:.2f}" for k, v in sorted(self.counters[name].items())))
+        return merged(run.model, g.lora)
+
+
+def _run_stages(demo: _ToolDemoRun) -> None:
+    """The five stages in order: the tool arm (warm-start, RL), then the plain arm, each evaluated."""
+    cfg, pipe, say = demo.cfg, demo.pipe, demo.say
+    tool_env = cfg.grpo.env
+    plain_env = dataclasses.replace(tool_env, name="single_turn", max_turns=1, max_episode_tokens=None)
+    say(f"tempax demo --task {TASK}: {cfg.model.source}; {len(demo.held_rows)} held-out problems; writing to "
+        f"{demo.run_dir}")
+    say("[1/5] base model, no tools")
+    pipe.evaluate(STAGES[0], demo.model, env=plain_env)
+    say(f"[2/5] warm-start on {cfg.demonstrations} tool-use episodes")
+    tool_start = demo.warm_start("tool_demos", tool_env)
+    pipe.evaluate(STAGES[1], tool_start, env=tool_env, trained="tool_demos")
+    say("[3/5] GRPO with the calculator")
+    pipe.evaluate(STAGES[2], demo.reinforce("grpo_tools", tool_start, tool_env), env=tool_env, trained="grpo_tools")
+    del tool_start
+    say(f"[4/5] warm-start on the same {cfg.demonstrations} problems' worked answers, no tools")
+    plain_start = demo.warm_start("plain_demos", plain_env)
+    if cfg.evaluate_plain_warm_start:
+        pipe.evaluate(STAGES[3], plain_start, env=plain_env, trained="plain_demos")
+    else:
+        say("  not evaluated (evaluate_plain_warm_start=false)")
+    say("[5/5] GRPO without tools, same steps and samples")
+    pipe.evaluate(STAGES[4], demo.reinforce("grpo_plain", plain_start, plain_env), env=plain_env,
+                  trained="grpo_plain")
+
+
+def _report(demo: _ToolDemoRun) -> dict[str, Any]:
+    """Says the table and writes results.json; returns what it holds."""
+    pipe, watch, say = demo.pipe, demo.watch, demo.say
     table = pipe.table()
     say("")
-    say(f"Held-out arithmetic-tools problems ({len(held_rows)}, greedy; 95% Wilson intervals):")
+    say(f"Held-out arithmetic-tools problems ({len(demo.held_rows)}, greedy; 95% Wilson intervals):")
     say(table)
     say(f"total {watch.wall['total']:.0f} s wall, {watch.cpu['total']:.0f} s process CPU")
     out = {"table": table, "wall_s": watch.wall["total"], "cpu_s": watch.cpu["total"],
-           "seconds": {name: watch.wall[name] for name in pipe.training}, "episode_metrics": counters,
+           "seconds": {name: watch.wall[name] for name in pipe.training}, "episode_metrics": demo.counters,
            "accuracy": {name: r.answer_accuracy for name, r in pipe.evaluations},
            "examples": {name: [dataclasses.asdict(x) for x in r.greedy_records[:3]] for name, r in pipe.evaluations}}
-    with open(os.path.join(run_dir, "results.json"), "w") as f:
+    with open(os.path.join(demo.run_dir, "results.json"), "w") as f:
         json.dump(out, f, indent=2, default=str)
     return out

@@ -3,7 +3,11 @@ policy plays with the calculator environment."""
 
 from __future__ import annotations
 
-from tempax.experiments.tool_demo import ToolDemoConfig, calculator_expression, calculator_policy
+import json
+
+import pytest
+
+from tempax.experiments.tool_demo import STAGES, ToolDemoConfig, calculator_expression, calculator_policy, main
 from tempax.configlib import load_config
 from tempax.data.formats import encode_chat
 from tempax.data.tasks.common import format_target
@@ -46,3 +50,38 @@ def test_a_demonstration_is_a_correct_call_its_result_and_the_worked_answer():
 def test_the_config_parses_with_overrides():
     cfg = load_config(ToolDemoConfig, None, ["grpo.train.steps=3", "eval_problems=200"])
     assert cfg.grpo.train.steps == 3 and cfg.grpo.env.name == "calculator" and cfg.eval_problems == 200
+
+
+@pytest.mark.slow
+def test_the_five_stages_run_end_to_end_on_a_tiny_model(tmp_path):
+    """The two arms on a random-init tiny model (4 demonstrations, 1 SFT step, 1 GRPO step of 2 episodes, 2
+    held-out problems): the five rows in stage order, each written to outcomes.jsonl as it was evaluated, both
+    RL arms' episode counters, and results.json holding what `main` returns."""
+    from tempax.algorithms.common import ModelSourceConfig
+    from tempax.configlib import from_dict
+
+    tok_dir = tmp_path / "tokenizer"
+    tiny_chat_tokenizer().hf.save_pretrained(str(tok_dir))
+    spec = ModelSourceConfig(source="preset:tiny-llama", tokenizer=str(tok_dir),
+                             overrides={"vocab_size": 400, "max_position_embeddings": 4096})
+    lora = {"rank": 2, "alpha": 4.0}
+    cfg = from_dict(ToolDemoConfig, {
+        "model": spec, "run_dir": str(tmp_path / "run"), "demonstrations": 4, "eval_problems": 2,
+        "eval_batch_size": 2,
+        "sft": {"lora": lora, "train": {"steps": 1, "batch_size": 1, "seq_len": 2048}},
+        "grpo": {"lora": lora, "task": {"num_train_problems": 16}, "grpo": {"group_size": 2, "max_new_tokens": 8, "max_prompt_len": 2048},
+                 "env": {"max_episode_tokens": 24}, "train": {"steps": 1}},
+    })
+    lines: list[str] = []
+    out = main(cfg, say=lines.append)
+    assert list(out["accuracy"]) == list(STAGES)
+    with open(tmp_path / "run" / "outcomes.jsonl") as f:
+        assert [json.loads(line)["stage"] for line in f] == list(STAGES)
+    assert set(out["seconds"]) == {"tool_demos", "grpo_tools", "plain_demos", "grpo_plain"}
+    assert set(out["episode_metrics"]) == {"grpo_tools", "grpo_plain"}
+    with open(tmp_path / "run" / "results.json") as f:
+        assert json.load(f)["accuracy"] == out["accuracy"]
+    assert [line for line in lines if line.startswith("[")] == [
+        "[1/5] base model, no tools", "[2/5] warm-start on 4 tool-use episodes", "[3/5] GRPO with the calculator",
+        "[4/5] warm-start on the same 4 problems' worked answers, no tools",
+        "[5/5] GRPO without tools, same steps and samples"]
