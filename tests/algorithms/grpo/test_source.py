@@ -154,3 +154,30 @@ def test_the_entropy_bonus_adjustment_needs_the_term_in_the_compiled_loss(model,
         else:
             with pytest.raises(ConfigError, match="entropy_bonus needs the bonus term"):
                 source.adjust("entropy_bonus", guard)
+
+
+def test_steps_after_the_first_compile_nothing(model, tok, prompts, tmp_path):
+    """No program is traced after the first GRPO step: sampling, the reference pass and the update run the
+    programs the first step built (every step has the same shapes), so a long run pays compilation once."""
+    import jax
+
+    from tempax.train.hooks import FunctionHook
+
+    traced: list[int] = []
+    step_now = [0]
+
+    def listen(event, _secs, **_):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            traced.append(step_now[0])
+
+    def mark(info):
+        step_now[0] = info.step
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        run(model, tok, prompts, tmp_path / "run", steps=3, hooks=[FunctionHook(1, mark)])
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    per_step = {step: traced.count(step) for step in range(4)}
+    assert per_step[0] > 0  # the first step built its programs
+    assert per_step[1] == per_step[2] == 0, per_step
