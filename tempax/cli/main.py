@@ -2,10 +2,10 @@
 
 Every command lives in its own module under `tempax.cli` exposing `add_arguments(parser)` and `run(args)`;
 modules are imported only when their command runs, so `tempax --help` stays fast. User-caused problems
-(`TempaxError`) print one clear message and exit with status 2 instead of a traceback; a training run that a
-hook stopped early exits with status 3, one whose checkpoint or metrics could not be written (a full disk) with 4,
-one stopped by SIGTERM or Ctrl-C (after saving a checkpoint) with 143 or
-130 (`EXIT_STATUSES`, shown by `tempax --help`).
+(`TempaxError`, and XLA running out of device memory) print one clear message and exit with status 2 instead of a
+traceback; a training run that a hook stopped early exits with status 3, one whose checkpoint or metrics could
+not be written (a full disk) with 4, one stopped by SIGTERM or Ctrl-C (after saving a checkpoint) with 143 or 130
+(`EXIT_STATUSES`, shown by `tempax --help`).
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "tempax":  # the `
     interrupt.exit_on_ctrl_c()  # before the imports below: a Ctrl-C while they run ends it without a traceback
 
 from tempax.algorithms import registry  # noqa: E402  (after the Ctrl-C handler above)
-from tempax.errors import TempaxError  # noqa: E402
+from tempax.errors import TempaxError, device_out_of_memory, is_device_out_of_memory  # noqa: E402
 from tempax.runtime.process import (  # noqa: E402
     compilation_cache_env, error_stream, quiet_unless_first_process, setup_process, weight_cache_env,
 )
 
 EXIT_STATUSES = """exit status:
   0    done
-  2    a problem with the input (bad recipe, missing file, model too big...): the message says what to fix
+  2    a problem with the input (bad recipe, missing file, model too big, device out of memory...): the message
+       says what to fix
   3    a training hook stopped the run early (e.g. the entropy-collapse guard); the reason is printed and
        written to RUN_DIR/metrics.jsonl and RUN_DIR/summary.json, and a checkpoint of that step is saved
   4    a run's file could not be written (disk full, file-size limit, I/O error): the message names the file,
@@ -164,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if interrupt.requested():  # the Ctrl-C came out as another error (an import it cut short raises ImportError)
             return _interrupted(process=argv is None)
+        if is_device_out_of_memory(e):  # XLA's RESOURCE_EXHAUSTED outside a train step (which explains its own)
+            e = device_out_of_memory(e, what=f"tempax {args.command}")
         if not isinstance(e, TempaxError):
             raise
         status = getattr(e, "exit_status", 2)  # RunStopped: 128 + the signal, not an error

@@ -116,6 +116,15 @@ class TrainConfig:
         "null keeps the model's setting.",
         None,
     )
+    memory: Literal["auto", "device", "bf16_moments", "offload_optimizer", "offload_optimizer_and_master"] = help_field(
+        "Where the training state lives, fastest first: device (float32 master weights and optimizer state on the "
+        "device), bf16_moments (the optimizer's moments stored in bfloat16, computed in float32), "
+        "offload_optimizer (the optimizer's state in host memory, streamed through the device for the update), "
+        "offload_optimizer_and_master (the float32 master weights in host memory too; the device holds the copy "
+        "the forward pass reads, bf16 under precision=bf16). auto: the fastest the memory plan says fits, printed "
+        "with the reason before compiling.",
+        "auto",
+    )
     optimizer: OptimizerConfig = help_field("Optimizer and schedule.", default_factory=OptimizerConfig)
     mesh: MeshConfig = help_field("Device mesh.", default_factory=MeshConfig)
     checkpoint: CheckpointConfig = help_field("Checkpointing.", default_factory=CheckpointConfig)

@@ -18,6 +18,7 @@ the weights and the forward pieces, `put_batch`, the mesh, the micro-batch size,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -32,7 +33,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from tempax.errors import TempaxError
+from tempax.errors import TempaxError, device_out_of_memory, is_device_out_of_memory
 from tempax.progress import work_bar
 from tempax.parallel.process import global_batch, host_tree, is_writer
 from tempax.parallel.rules import batch_sharding, use_mesh
@@ -43,6 +44,8 @@ from tempax.train.checkpoint import Checkpointer, CheckpointSaveFailed, unfinish
 from tempax.train.config import TrainConfig
 from tempax.train.hooks import CheckpointHook, EvalHook, Hook, LoggingHook, StepInfo, Stop, StopTraining
 from tempax.train.metrics import MetricsWriter, ProgressBar
+from tempax.train.offload import Placement, StreamedUpdate, host_state_shardings
+from tempax.train.optim import optimizer_parts
 from tempax.train.preemption import GracefulStop, RunStopped
 from tempax.train.state import (
     ModelParts,
@@ -143,36 +146,66 @@ class Trainer:
             self._say(f"warning: {warning}")
 
         self.parts, params = ModelParts.split(model, trainable)
-        params = cast_params(params, jnp.float32)  # master weights and optimizer state in float32
+        # A model of shapes only (`nnx.eval_shape`) makes a trainer that plans and compiles (`step_memory`) without
+        # holding any weight: how bench/memory_plan.py sizes a step for a device it could not hold.
+        self.abstract = any(isinstance(v, jax.ShapeDtypeStruct) for v in params.values())
+        if self.abstract:
+            params = {k: jax.ShapeDtypeStruct(v.shape, jnp.float32 if jnp.issubdtype(v.dtype, jnp.floating)
+                                              else v.dtype) for k, v in params.items()}
+        else:
+            params = cast_params(params, jnp.float32)  # master weights and optimizer state in float32
         self.trainable_keys = tuple(params)
         self.num_trainable = sum(int(v.size) for v in params.values())
         self.full_finetune = trainable is nnx.Param
 
         mesh_shape = dict(self.mesh.shape)
         self.data_parallel = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1)
-        micro = self._choose_micro_batch(model_cfg)
+        self._plan_inputs: mem.PlanInputs | None = None
+        self._capacity: int | None = None
+        micro, self.memory = self._choose_micro_batch(model_cfg, model, trainable)
         self.micro_batch_size = micro
         self.num_micro_batches = config.batch_size // micro
 
-        self.optimizer = config.optimizer.build(config.steps)
+        # train.memory (tempax.train.memory): bf16 moments, or state in host memory streamed through the device.
+        moment_dtype = jnp.bfloat16 if self.memory == "bf16_moments" else None
+        self.placement = Placement(
+            optimizer_on_host=self.memory in ("offload_optimizer", "offload_optimizer_and_master"),
+            master_on_host=self.memory == "offload_optimizer_and_master",
+            compute_dtype=jnp.bfloat16 if self.precision == "bf16" else None,
+        )
+        self.optimizer = config.optimizer.build(config.steps, moment_dtype=moment_dtype)
         self.schedule = config.optimizer.schedule_fn(config.steps)
 
-        with use_mesh(self.mesh):
-            self.param_shardings = self.parts.param_shardings(self.mesh)
+        with use_mesh(self.mesh), self._out_of_memory_explained("creating the training state"):
+            self.param_shardings = self.parts.param_shardings(self.mesh)  # on the device, where the step computes
             abstract = jax.eval_shape(lambda p: init_state(p, self.optimizer, config.seed), params)
-            self.state_shardings = state_shardings(abstract, self.optimizer, self.param_shardings, self.mesh)
+            device_state = state_shardings(abstract, self.optimizer, self.param_shardings, self.mesh)
+            self.state_shardings = host_state_shardings(device_state, self.optimizer, abstract, self.placement)
             self.rest_shardings = self.parts.rest_shardings(self.mesh)
             self.batch_sharding = batch_sharding(self.mesh)
-            params = jax.device_put(params, self.param_shardings)
-            self.rest = jax.device_put(self.parts.rest, self.rest_shardings)
             seed = config.seed
-            self.state: TrainState = jax.jit(
-                lambda p: init_state(p, self.optimizer, seed), out_shardings=self.state_shardings
-            )(params)
+            self._streamed: StreamedUpdate | None = None
+            if self.placement.offloaded:
+                clip, update = optimizer_parts(config.optimizer, config.steps, moment_dtype=moment_dtype)
+                self._streamed = StreamedUpdate(self.placement, clip, update, self.param_shardings,
+                                                device_state.opt_state, self.state_shardings.opt_state)
+            if self.abstract:
+                with_sharding = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
+                self.rest = jax.tree.map(with_sharding, self.parts.rest, self.rest_shardings)
+                self.state: TrainState = jax.tree.map(with_sharding, abstract, self.state_shardings)
+            else:
+                params = jax.device_put(params, self.state_shardings.params)
+                self.rest = jax.device_put(self.parts.rest, self.rest_shardings)
+                if self._streamed is not None:
+                    self.state = self._streamed.init_state(params, seed, self.state_shardings)
+                else:
+                    self.state = jax.jit(
+                        lambda p: init_state(p, self.optimizer, seed), out_shardings=self.state_shardings
+                    )(params)
             del params
             step = make_train_step(
                 loss_fn, self.parts, self.optimizer, num_micro_batches=self.num_micro_batches,
-                schedule=self.schedule, grad_sharding=self.param_shardings,
+                schedule=self.schedule, grad_sharding=self.param_shardings, streamed=self._streamed,
             )
             self._step = jax.jit(
                 step,
@@ -181,8 +214,9 @@ class Trainer:
                 donate_argnums=(0,),
             )
             self._eval = jax.jit(
-                make_eval_step(eval_loss_fn or loss_fn, self.parts),
-                in_shardings=(self.param_shardings, self.rest_shardings, self.batch_sharding),
+                make_eval_step(eval_loss_fn or loss_fn, self.parts,
+                               self._streamed if self.placement.master_on_host else None),
+                in_shardings=(self.state_shardings.params, self.rest_shardings, self.batch_sharding),
             )
         self.checkpointer: Checkpointer | None = None
         self.writer: MetricsWriter | None = None
@@ -193,56 +227,81 @@ class Trainer:
         self._heap_released = False  # see train_step
 
     # -- set-up helpers ---------------------------------------------------------------------------------------
-    def _choose_micro_batch(self, model_cfg: Any) -> int:
+    def _choose_micro_batch(self, model_cfg: Any, model: nnx.Module, trainable: Any) -> tuple[int, str]:
+        """(micro-batch size, train.memory setting), from the memory plan when there is one (printed, with the
+        memory setting and why)."""
         cfg = self.config
         micro = cfg.micro_batch_size or cfg.batch_size
+        fixed = "device" if cfg.memory == "auto" else cfg.memory
         if cfg.batch_size % self.data_parallel:
             raise TempaxError(
                 f"batch_size={cfg.batch_size} must be a multiple of the data-parallel devices "
                 f"(mesh data x fsdp = {self.data_parallel})"
             )
-        if model_cfg is None or not hasattr(model_cfg, "num_params") or not (cfg.check_memory or cfg.auto_micro_batch):
+        if model_cfg is None or not hasattr(model_cfg, "num_params"):
             mem.validate_micro_batch(cfg.batch_size, micro, self.data_parallel)
-            return micro
+            return micro, fixed
         profile = self.memory_profile
         total = model_cfg.num_params()
         frozen_count = max(total - self.num_trainable, 0)
-        rest_bytes = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(self.parts.rest))
-        inputs = mem.PlanInputs(
-            model=model_cfg,
-            micro_batch_size=micro,
-            seq_len=profile.tokens_per_row or cfg.seq_len,
-            num_micro_batches=cfg.batch_size // micro,
+        rest_bytes = sum(int(x.size) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(self.parts.rest)
+                         if hasattr(x, "dtype") and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key))
+        inputs = mem.train_plan_inputs(
+            cfg, model_cfg,
             trainable_params=profile.full_params if self.full_finetune else self.num_trainable,
-            precision=cfg.precision,
-            remat=self.remat or getattr(model_cfg, "remat", "none"),
-            optimizer=cfg.optimizer.name,
-            momentum=cfg.optimizer.momentum,
             frozen_bytes_per_param=(rest_bytes / frozen_count) if frozen_count and not self.full_finetune else None,
-            mesh_shape=tuple(dict(self.mesh.shape).items()),
-            loss_chunk_len=profile.logit_positions,
-            held_bytes=profile.held_bytes,
-            trunks=profile.trunks,
             extra_frozen_bytes=0 if frozen_count else rest_bytes,  # e.g. a distillation teacher beside the model
+            tokens_per_row=profile.tokens_per_row, logit_positions=profile.logit_positions,
+            held_bytes=profile.held_bytes, trunks=profile.trunks, mesh_shape=tuple(dict(self.mesh.shape).items()),
+            remat=self.remat, host_is_separate=self.mesh.devices.flat[0].platform != "cpu",
         )
-        capacity = mem.device_capacity(self.mesh.devices.flat) if cfg.check_memory or cfg.auto_micro_batch else None
+        if hasattr(model, "hidden_states"):  # a decoder, adapters and all: its own residuals, traced
+            inputs = dataclasses.replace(inputs, probe=mem.residual_probe(
+                model, trainable, seq_len=inputs.seq_len, precision=cfg.precision))
+        self._plan_inputs = inputs
+        if not (cfg.check_memory or cfg.auto_micro_batch):
+            mem.validate_micro_batch(cfg.batch_size, micro, self.data_parallel)
+            return micro, fixed
+        capacity = mem.device_capacity(self.mesh.devices.flat)
+        choice = mem.choose_memory(inputs, capacity, requested=cfg.memory)
+        inputs = dataclasses.replace(inputs, memory=choice.setting)
         if cfg.auto_micro_batch and capacity is not None:
             best = mem.largest_fitting_micro_batch(inputs, cfg.batch_size, capacity)
             if best is not None:
                 micro = best
-                inputs = mem.PlanInputs(**{**inputs.__dict__, "micro_batch_size": micro,
-                                           "num_micro_batches": cfg.batch_size // micro})
+                inputs = dataclasses.replace(inputs, micro_batch_size=micro, num_micro_batches=cfg.batch_size // micro)
         mem.validate_micro_batch(cfg.batch_size, micro, self.data_parallel)
+        self._plan_inputs, self._capacity = inputs, capacity
         if cfg.check_memory:
             plan = mem.check_fits(inputs, cfg.batch_size, capacity)
+            self._say(choice.reason)
             self._say(plan.format())
-        return micro
+        return micro, choice.setting
+
+    def memory_plan(self) -> mem.MemoryPlan | None:
+        """The memory plan of this trainer's step (its model, micro-batch, remat, precision and `train.memory`
+        setting), against the device's capacity when it was asked for; None for a model without a config."""
+        return None if self._plan_inputs is None else mem.plan_memory(self._plan_inputs, self._capacity)
+
+    @contextlib.contextmanager
+    def _out_of_memory_explained(self, what: str) -> Iterator[None]:
+        """XLA's out-of-memory error inside the block (compiling or running) becomes a `DeviceOutOfMemory` with
+        the plan and the settings that would fit (exit status 2 from the CLI), not a traceback."""
+        try:
+            yield
+        except Exception as e:
+            if not is_device_out_of_memory(e):
+                raise
+            if self._plan_inputs is None:
+                raise device_out_of_memory(e, what=what) from None
+            raise mem.explain_out_of_memory(e, self._plan_inputs, self.config.batch_size, self._capacity,
+                                            what=what) from None
 
     # -- the model ---------------------------------------------------------------------------------------------
     @property
     def model(self) -> nnx.Module:
         """The current model (trainable arrays of `state` merged with the frozen rest)."""
-        return self.parts.merge(self.state.params, self.rest)
+        return self.parts.merge(self.params, self.rest)
 
     @property
     def step(self) -> int:
@@ -250,7 +309,10 @@ class Trainer:
 
     @property
     def params(self) -> dict[str, jax.Array]:
-        """The current trainable arrays (`state.params`; each step donates them, so read them again after one)."""
+        """The current trainable arrays (`state.params`; each step donates them, so read them again after one); a
+        copy on the device when train.memory keeps them in host memory."""
+        if self.placement.master_on_host:
+            return jax.device_put(self.state.params, self.param_shardings)
         return self.state.params
 
     # -- the settings sources and hooks read (`tempax.train.view.TrainerView`) ------------------------------------
@@ -280,7 +342,10 @@ class Trainer:
 
         No host synchronisation: the metrics stay on the device until something reads them.
         """
-        with use_mesh(self.mesh):
+        if self.abstract:
+            raise TempaxError("this trainer was built from a model of shapes only: it plans and compiles the step "
+                              "(step_memory) but holds no weights to train")
+        with use_mesh(self.mesh), self._out_of_memory_explained("the train step"):
             self.state, metrics = self._step(self.state, self.rest, self.put_batch(batch))
         if not self._heap_released and jax_cache_in_use():
             # The first call loaded the step from JAX's persistent cache, whose loader leaves freed heap behind on
@@ -359,8 +424,8 @@ class Trainer:
         size = len(batches) if hasattr(batches, "__len__") else None
         total = min(size, max_batches) if size is not None and max_batches else (size or max_batches or None)
         shown = None if self.config.progress_bar and is_writer() else False
-        with use_mesh(self.mesh), work_bar(total, f"held-out eval at step {self.step}", unit="batch",
-                                           enabled=shown) as bar:
+        with use_mesh(self.mesh), self._out_of_memory_explained("the held-out evaluation"), work_bar(
+                total, f"held-out eval at step {self.step}", unit="batch", enabled=shown) as bar:
             for i, batch in enumerate(batches):
                 if max_batches and i >= max_batches:
                     break
@@ -457,7 +522,7 @@ class Trainer:
         signals = GracefulStop(say=self.progress.write)
         failure: BaseException | None = None
         try:
-            with use_mesh(self.mesh), signals:
+            with use_mesh(self.mesh), signals, self._out_of_memory_explained("the train step"):
                 for hook in all_hooks:
                     hook.start(self)
                 while step < cfg.steps and stop_reason is None:

@@ -1,42 +1,80 @@
-"""A memory plan for one train step, made from the config and batch shape before anything is compiled.
+"""A memory plan for one train step, made from the config and batch shape before anything is compiled, and the
+choice of where the training state lives (`train.memory`).
 
-Per device, in bytes (P = all parameters, P_t = trainable ones, N = tokens of one micro-batch on one device,
-a = bytes per activation element: 4 in fp32, 2 in bf16):
+Per device, in bytes (P_t = trainable parameters, P_f = frozen ones, N = tokens of one micro-batch on one device,
+L layers, V vocabulary):
 
-    weights       trainable P_t * 4 (float32 master) + frozen (P - P_t) * their storage bytes (4, 2, or ~0.56 for
-                  NF4 QLoRA) + frozen arrays of other models (a distillation teacher), divided over the
-                  parameter-sharding axes (fsdp x tensor)
-    compute copy  bf16 only: a 2-byte copy of the weights used by the matmuls
-    gradients     P_t * 4, plus an accumulator of the same size with more than one micro-batch
-    optimizer     Adam/AdamW: 2 moments, P_t * 8; SGD with momentum: P_t * 4
-    activations   what the backward pass keeps per layer and token (L layers, D hidden, I mlp, n/k heads, h
-                  head dim, T sequence length):
-                    none: (5 D + 3 n h + 4 k h + 4 I) a + n T (4 + a)      every intermediate, incl. attention
-                    dots: (2 D + n h + 2 k h + 2 I) a                        matmul outputs only
-                    full: D a                                                the layer input only
-                  times N L, plus (remat only) one layer fully materialised while it is recomputed; times the
-                  number of decoder trunks the loss runs (2 for PPO with a separate critic)
-    logits        N V (4 + 4 + 4): float32 logits, their softmax and their gradient (V split over tensor)
+    weights       the float32 master P_t * 4 (none on the device when the master lives on the host) + the frozen
+                  weights at their storage bytes (4, 2, or ~0.56 for NF4 QLoRA) + frozen arrays of other models (a
+                  distillation teacher), divided over the parameter-sharding axes (fsdp x tensor)
+    compute copy  with the master on the host only: the device copy the forward pass reads, P_t * 2 (bf16) or 4
+    gradients     P_t * 4 (P_t * 2 for gradients of a bf16 device copy), plus a float32 accumulator with more
+                  than one micro-batch
+    optimizer     on the device: Adam's 2 moments P_t * 8 (float32) or P_t * 4 (bf16_moments), SGD with momentum
+                  half of that; offloaded: the state of the largest parameter while it streams through (its
+                  moments, and its master with the master on the host; the update writes over them in place)
+    activations   what autodiff keeps for the backward pass, traced, not guessed: the residuals of the model's
+                  forward pass (`residual_bytes`: jax.vjp under `jax.eval_shape`, with this remat and precision, on
+                  this backend's ops; of the trained model as built, adapters and all, when the plan has its
+                  `residual_probe`, else of a plain decoder of its config, L layers), times the decoder trunks the
+                  loss runs (2 for PPO with a separate critic)
+    backward      the larger of the two peaks of the backward pass, which never coexist: the loss's, N_l V 8 +
+                  N D 16 (float32 logits and their gradient, V split over tensor, for the N_l positions whose
+                  logits the loss holds at once: all, a chunk, or none), and one layer's, N x WORKING_SET[remat]
+                  x that layer's residuals without remat (the layer recomputed, and the cotangents of its
+                  intermediates)
     held          models kept beside the trained one and never trained (a reward model, a frozen reference
                   copy), as given in bytes
 
-The sum gets 10% for XLA temporaries and fragmentation. The numbers are estimates meant to be within ~25% (the
-benchmark checks them against measured peaks); what matters is naming the setting that brings a run under the
-limit before minutes of compilation: a smaller micro-batch, remat, LoRA, or QLoRA.
+On XLA:CPU bfloat16 residuals count as float32: its compiler keeps bfloat16 elementwise work in float32. The total is meant to be XLA's own figure for the compiled step (arguments + outputs +
+temporaries - aliased, `compiled.memory_analysis()`): tests/train/test_memory.py holds it within 15% of that on
+XLA:CPU, and `bench/memory_plan.py` prints both for the Llama-3.2-1B shape. What matters is naming the setting
+that brings a run under the limit before minutes of compilation: where the state lives (`train.memory`), a
+smaller micro-batch, remat, LoRA, or QLoRA.
+
+`train.memory` (fastest first; `auto` takes the first that fits and says why):
+
+    device                         float32 master weights and optimizer state on the device
+    bf16_moments                   the optimizer's moments stored in bfloat16 (`tempax.train.optim`)
+    offload_optimizer              the optimizer's state in host memory, streamed through the device for the
+                                   update (`tempax.train.offload`)
+    offload_optimizer_and_master   the float32 master weights in host memory too; the device holds the copy the
+                                   forward pass reads (bf16 under train.precision=bf16) and its gradients
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-from tempax.errors import ConfigError, TempaxError
+from tempax.errors import ConfigError, DeviceOutOfMemory, TempaxError
 from tempax.models.config import ModelConfig
 from tempax.runtime.host_memory import available_memory, resident_memory
 
 GiB = 2**30
-OVERHEAD = 1.10
+# The plan must stay this far under the capacity to count as fitting: the allocator's fragmentation and what
+# the runtime holds besides the step's buffers.
+HEADROOM = 0.05
+# The working set of one layer's backward pass, as a multiple of that layer's residuals without remat: the
+# layer's recomputed residuals (under remat) plus the cotangents of its intermediates. Fitted to XLA:CPU's
+# memory_analysis of the SFT step, as the loss's peak (8 bytes a logit, 16 a hidden unit) is (the whole plan
+# within 15% of XLA's figure: tests/train/test_memory.py).
+WORKING_SET = {"none": 0.8, "dots": 1.0, "full": 1.6}
+LOGIT_BYTES = 8  # float32 logits and their gradient
+HIDDEN_BYTES = 16  # the loss's float32 hidden states and their gradient, and the head's input
+
+MEMORY_SETTINGS = ("device", "bf16_moments", "offload_optimizer", "offload_optimizer_and_master")
+MEMORY_CHOICES = ("auto", *MEMORY_SETTINGS)
+_MEANING = {
+    "device": "float32 master weights and optimizer state on the device",
+    "bf16_moments": "the optimizer's moments in bfloat16 on the device",
+    "offload_optimizer": "the optimizer's state in host memory, streamed through the device for the update",
+    "offload_optimizer_and_master": "the optimizer's state and the float32 master weights in host memory",
+}
 
 
 class OutOfMemoryPlan(TempaxError):
@@ -45,41 +83,48 @@ class OutOfMemoryPlan(TempaxError):
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Estimated peak bytes per device of one train step, by category (see the module docstring)."""
+    """Estimated peak bytes per device of one train step, by category (see the module docstring).
+
+    `host` is what the setting keeps in host memory instead (not counted in `total`)."""
 
     weights: int
     compute_copy: int
     gradients: int
     optimizer: int
     activations: int
-    logits: int
+    backward: int
     micro_batch_size: int
     remat: str
     capacity: int | None = None
     held: int = 0
+    memory: str = "device"
+    host: int = 0
 
     @property
     def total(self) -> int:
-        parts = (self.weights + self.compute_copy + self.gradients + self.optimizer + self.activations + self.logits
-                 + self.held)
-        return int(parts * OVERHEAD)
+        return int(self.weights + self.compute_copy + self.gradients + self.optimizer + self.activations
+                   + self.backward + self.held)
 
     @property
     def fits(self) -> bool:
-        return self.capacity is None or self.total <= self.capacity
+        return self.capacity is None or self.total <= self.capacity * (1 - HEADROOM)
 
     def format(self) -> str:
-        def g(x: int) -> str:
-            return f"{x / GiB:.2f} GiB" if x >= GiB // 4 else f"{x / 2**20:.1f} MiB"
-
-        cap = f" of {g(self.capacity)} available" if self.capacity else ""
+        cap = f" of {_size(self.capacity)} available" if self.capacity else ""
+        host = f", in host memory {_size(self.host)}" if self.host else ""
         return (
-            f"memory plan per device (micro-batch {self.micro_batch_size}, remat {self.remat}): "
-            f"weights {g(self.weights)}, compute copy {g(self.compute_copy)}, gradients {g(self.gradients)}, "
-            f"optimizer {g(self.optimizer)}, activations {g(self.activations)}, logits {g(self.logits)}"
-            + (f", held models {g(self.held)}" if self.held else "") + "; "
-            f"total ~{g(self.total)} (incl. 10% overhead){cap}"
+            f"memory plan per device (micro-batch {self.micro_batch_size}, remat {self.remat}, memory {self.memory}): "
+            f"weights {_size(self.weights)}, "
+            + (f"compute copy {_size(self.compute_copy)}, " if self.compute_copy else "")
+            + f"gradients {_size(self.gradients)}, optimizer {_size(self.optimizer)}, activations "
+            f"{_size(self.activations)}, backward pass {_size(self.backward)}"
+            + (f", held models {_size(self.held)}" if self.held else "") + host + "; "
+            f"total ~{_size(self.total)}{cap}"
         )
+
+
+def _size(x: int | float) -> str:
+    return f"{x / GiB:.2f} GiB" if x >= GiB // 4 else f"{x / 2**20:.1f} MiB"
 
 
 @dataclass(frozen=True)
@@ -102,12 +147,45 @@ class PlanInputs:
     loss_chunk_len: int | None = None
     held_bytes: int = 0  # models held beside the trained one and outside it (reward model, frozen reference)
     trunks: int = 1  # decoder stacks the loss runs forward and backward (2: a policy and a separate critic)
-    # Frozen arrays inside the trained module but outside `model`'s own parameters (a distillation teacher held next to the student), in bytes.
+    # Frozen arrays inside the trained module but outside `model`'s own parameters (a distillation teacher held
+    # next to the student), in bytes.
     extra_frozen_bytes: int = 0
+    memory: str = "device"  # one of MEMORY_SETTINGS (`choose_memory` resolves "auto")
+    # Host memory is separate from the device's (an accelerator); False on XLA:CPU, where offloading saves nothing.
+    host_is_separate: bool = True
+    # Whose ops the activations are traced with ("cpu", "tpu", "gpu", "plain": `tempax.ops.BACKENDS`); None: this
+    # process's backend.
+    backend: str | None = None
+    # remat -> bytes per token the trained model's backward pass keeps (`residual_probe`: the model as built, with
+    # its adapters); None: a plain decoder of `model` is traced (`decoder_residuals`).
+    probe: Callable[[str], float] | None = None
+
+
+def train_plan_inputs(
+    train: Any, model: ModelConfig, *, trainable_params: int | None, frozen_bytes_per_param: float | None = None,
+    extra_frozen_bytes: int = 0, tokens_per_row: int | None = None, logit_positions: int | None = None,
+    held_bytes: int = 0, trunks: int = 1, mesh_shape: tuple[tuple[str, int], ...] = (), remat: str | None = None,
+    host_is_separate: bool = True, backend: str | None = None,
+) -> PlanInputs:
+    """The `PlanInputs` of a run of the `TrainConfig` `train` on `model` (the trainer's and `tempax validate`'s):
+    its micro-batch, seq_len (or the rows' own `tokens_per_row`), precision, remat (`remat`, else the model's),
+    optimizer and `train.memory` (auto: device, until `choose_memory` settles it)."""
+    micro = train.micro_batch_size or train.batch_size
+    return PlanInputs(
+        model=model, micro_batch_size=micro, seq_len=tokens_per_row or train.seq_len,
+        num_micro_batches=train.batch_size // micro, trainable_params=trainable_params, precision=train.precision,
+        remat=remat or getattr(model, "remat", "none"), optimizer=train.optimizer.name,
+        momentum=train.optimizer.momentum, frozen_bytes_per_param=frozen_bytes_per_param, mesh_shape=mesh_shape,
+        loss_chunk_len=logit_positions, held_bytes=held_bytes, trunks=trunks, extra_frozen_bytes=extra_frozen_bytes,
+        memory="device" if train.memory == "auto" else train.memory, host_is_separate=host_is_separate,
+        backend=backend,
+    )
 
 
 def plan_memory(p: PlanInputs, capacity: int | None = None) -> MemoryPlan:
     """The `MemoryPlan` for `p` (see the module docstring for the formulas)."""
+    if p.memory not in MEMORY_SETTINGS:
+        raise ConfigError(f"train.memory={p.memory!r} is not a setting; use one of {', '.join(MEMORY_CHOICES)}")
     cfg = p.model
     mesh = dict(p.mesh_shape)
     dp = mesh.get("data", 1) * mesh.get("fsdp", 1)
@@ -118,35 +196,170 @@ def plan_memory(p: PlanInputs, capacity: int | None = None) -> MemoryPlan:
     frozen = max(total_params - trainable, 0) if p.trainable_params is not None else 0
     storage = 2 if cfg.param_dtype == "bfloat16" else 4
     frozen_bytes = storage if p.frozen_bytes_per_param is None else p.frozen_bytes_per_param
-    a = 2 if p.precision == "bf16" else 4
+    moments = {"adamw": 2, "adam": 2}.get(p.optimizer, 1 if p.momentum else 0)
+    moment_bytes = 2 if p.memory == "bf16_moments" else 4
+    optimizer_on_host = p.memory in ("offload_optimizer", "offload_optimizer_and_master")
+    master_on_host = p.memory == "offload_optimizer_and_master"
+    compute_bytes = 2 if p.precision == "bf16" else 4
 
-    weights = (trainable * 4 + frozen * frozen_bytes + p.extra_frozen_bytes) / shard
-    compute_copy = total_params * 2 / shard if p.precision == "bf16" else 0
-    grads = trainable * 4 / shard * (2 if p.num_micro_batches > 1 else 1)
-    if p.optimizer in ("adamw", "adam"):
-        opt = trainable * 8 / shard
-    else:
-        opt = trainable * 4 / shard if p.momentum else 0
+    frozen_weights = frozen * frozen_bytes + p.extra_frozen_bytes
+    master = trainable * 4
+    weights = (frozen_weights + (0 if master_on_host else master)) / shard
+    compute_copy = trainable * compute_bytes / shard if master_on_host else 0
+    grad_bytes = compute_bytes if master_on_host else 4
+    grads = trainable * grad_bytes / shard + (trainable * 4 / shard if p.num_micro_batches > 1 else 0)
+    state = trainable * moments * moment_bytes / shard
+    largest = largest_param(cfg) if trainable == total_params else trainable
+    streaming = min(largest, trainable) / shard * (moments * moment_bytes + (4 if master_on_host else 0))
+    optimizer = streaming if optimizer_on_host else state
+    host = (state if optimizer_on_host else 0) + (master / shard if master_on_host else 0)
+    if not p.host_is_separate:  # host memory is the device's: what lives "on the host" counts all the same
+        optimizer += state if optimizer_on_host else 0
+        weights += master / shard if master_on_host else 0
+        host = 0
 
-    tokens = math.ceil(p.micro_batch_size / dp) * p.seq_len
-    d, i, n, k, h, t = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                        p.seq_len)
-    full_layer = (5 * d + (3 * n * h + 4 * k * h) / tp + 4 * i / tp) * a + (n / tp) * t * (4 + a)
-    if p.remat == "none":
-        per_layer, extra = full_layer, 0.0
-    elif p.remat == "dots":
-        per_layer, extra = (2 * d + (n * h + 2 * k * h + 2 * i) / tp) * a, full_layer
-    else:
-        per_layer, extra = d * a, full_layer
-    activations = tokens * (per_layer * cfg.num_layers + extra + 4 * d * a) * p.trunks
     rows = math.ceil(p.micro_batch_size / dp)
+    tokens = rows * p.seq_len
+    unkept = decoder_residuals(cfg, p.seq_len, "none", p.precision, p.backend)
+    if p.probe is not None:
+        kept_per_token = p.probe(p.remat)
+    else:
+        kept = decoder_residuals(cfg, p.seq_len, p.remat, p.precision, p.backend)
+        kept_per_token = kept.per_layer * cfg.num_layers + kept.other
+    activations = tokens * kept_per_token / tp * p.trunks
     logit_tokens = tokens if p.loss_chunk_len is None else rows * min(p.seq_len, p.loss_chunk_len)
-    logits = logit_tokens * cfg.vocab_size / tp * 12
+    loss_peak = logit_tokens * cfg.vocab_size / tp * LOGIT_BYTES + tokens * cfg.hidden_size * HIDDEN_BYTES
+    layer_peak = tokens * WORKING_SET[p.remat] * unkept.per_layer / tp
     return MemoryPlan(
-        weights=int(weights), compute_copy=int(compute_copy), gradients=int(grads), optimizer=int(opt),
-        activations=int(activations), logits=int(logits), micro_batch_size=p.micro_batch_size, remat=p.remat,
-        capacity=capacity, held=int(p.held_bytes),
+        weights=int(weights), compute_copy=int(compute_copy), gradients=int(grads), optimizer=int(optimizer),
+        activations=int(activations), backward=int(max(loss_peak, layer_peak)), micro_batch_size=p.micro_batch_size,
+        remat=p.remat,
+        capacity=capacity, held=int(p.held_bytes), memory=p.memory, host=int(host),
     )
+
+
+@dataclass(frozen=True)
+class Residuals:
+    """Bytes per token that autodiff keeps for the backward pass of a decoder: `per_layer` for each layer, `other`
+    for the rest (the embedding's output, the final norm, attention masks shared by the layers)."""
+
+    per_layer: float
+    other: float
+
+
+def decoder_residuals(cfg: ModelConfig, seq_len: int, remat: str, precision: str,
+                      backend: str | None = None) -> Residuals:
+    """What the backward pass of `cfg`'s decoder keeps per token, traced: the residuals of `jax.vjp` of its
+    forward pass over one row of `seq_len` tokens, under `jax.eval_shape` (no memory, no compilation), with one
+    layer and with two; their difference is one layer's. The trace runs the ops `backend` runs (None: this
+    process's; `tempax.ops.backend`), so the figure follows the code rather than a formula about it. Residuals
+    that are the parameters themselves (a weight the backward pass multiplies with) are not counted: they are
+    the weights. On XLA:CPU bfloat16 residuals count 4 bytes (its compiler keeps them in float32)."""
+    from tempax import ops  # deferred, as in `_trace_residuals`
+
+    return _residuals(cfg, seq_len, remat, precision, backend or ops.backend())
+
+
+@functools.lru_cache(maxsize=256)
+def _residuals(cfg: ModelConfig, seq_len: int, remat: str, precision: str, backend: str) -> Residuals:
+    from tempax import ops
+
+    def trace(layers: int) -> int:
+        with ops.use_backend(backend) if backend != ops.backend() else contextlib.nullcontext():
+            return _trace_residuals(cfg, layers, seq_len, remat, precision, backend)
+
+    one, two = _outside_any_mesh(trace, 1), _outside_any_mesh(trace, 2)
+    per_layer = max(two - one, 0)
+    return Residuals(per_layer=per_layer / seq_len, other=max(one - per_layer, 0) / seq_len)
+
+
+def _outside_any_mesh(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` with no mesh, JAX's or tempax's (`tempax.parallel.rules.use_mesh`): a model built from its
+    config gets no shardings from the mesh of a training run the plan is made in (its logical axis names are not
+    that mesh's axes)."""
+    import jax
+
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+        return contextvars.Context().run(fn, *args)
+
+
+def _trace_residuals(cfg: ModelConfig, layers: int, seq_len: int, remat: str, precision: str, backend: str) -> int:
+    # Deferred: the model code and JAX load only when a plan is made (`tempax validate` imports this module).
+    from flax import nnx
+
+    from tempax.models.decoder import Decoder
+
+    shallow = cfg.replace(num_layers=layers, layer_types=cfg.layer_types[:layers],
+                          nope_layers=tuple(i for i in cfg.nope_layers if i < layers))
+    model = nnx.eval_shape(lambda: Decoder(shallow, rngs=nnx.Rngs(0)))
+    return residual_bytes(model, nnx.Param, seq_len=seq_len, remat=remat, precision=precision, backend=backend)
+
+
+def residual_bytes(model: Any, trainable: Any, *, seq_len: int, remat: str, precision: str, backend: str) -> int:
+    """Bytes autodiff keeps for the backward pass of `model.hidden_states` over one row of `seq_len` tokens, with
+    gradients for the `trainable` filter's parameters, `remat` and `precision` applied (`training_view`): the
+    residuals of `jax.vjp` under `jax.eval_shape`, so nothing is computed or allocated (a model of shapes only
+    does). Residuals that are the model's own variables (a weight the backward pass multiplies with) are not
+    counted; with `backend` "cpu" bfloat16 residuals count 4 bytes (XLA:CPU keeps them in float32)."""
+    import collections
+
+    import jax
+    import jax.numpy as jnp
+
+    from tempax.train.state import ModelParts, training_view
+
+    parts, params = ModelParts.split(training_view(model, remat=remat, precision=precision), trainable)
+    params = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in params.items()}
+    tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
+
+    def forward(p: Any, rest: Any, t: jax.Array) -> jax.Array:
+        hidden, _ = parts.merge(p, rest).hidden_states(t)
+        return jnp.sum(hidden.astype(jnp.float32))
+
+    vjp = jax.eval_shape(lambda p, r, t: jax.vjp(lambda q: forward(q, r, t), p)[1], params, parts.rest, tokens)
+    variables = [v for v in jax.tree.leaves((params, parts.rest)) if hasattr(v, "shape") and hasattr(v, "dtype")]
+    weights = collections.Counter((tuple(v.shape), jnp.dtype(v.dtype)) for v in variables)
+    total = 0
+    for leaf in jax.tree.leaves(vjp):
+        key = (tuple(leaf.shape), jnp.dtype(leaf.dtype))
+        if weights[key] > 0:
+            weights[key] -= 1
+            continue
+        itemsize = 4 if backend == "cpu" and key[1] == jnp.bfloat16 else key[1].itemsize
+        total += math.prod(leaf.shape) * itemsize
+    return total
+
+
+def residual_probe(model: Any, trainable: Any, *, seq_len: int, precision: str,
+                   backend: str | None = None) -> Callable[[str], float]:
+    """`remat -> bytes per token` that `model`'s backward pass keeps (`residual_bytes` over its whole depth,
+    traced once per remat setting): the plan's activations for that model exactly as it is built (its adapters,
+    a quantized base, experts), where a `PlanInputs` without a probe traces a plain decoder of its config."""
+    from tempax import ops
+
+    chosen = backend or ops.backend()
+    seen: dict[str, float] = {}
+
+    def probe(remat: str) -> float:
+        if remat not in seen:
+            with ops.use_backend(chosen) if chosen != ops.backend() else contextlib.nullcontext():
+                seen[remat] = residual_bytes(model, trainable, seq_len=seq_len, remat=remat, precision=precision,
+                                             backend=chosen) / seq_len
+        return seen[remat]
+
+    return probe
+
+
+@functools.lru_cache(maxsize=64)
+def largest_param(cfg: ModelConfig) -> int:
+    """Elements of the largest parameter array of `cfg`'s decoder (a stacked layer weight, or the embedding)."""
+    import jax
+    from flax import nnx
+
+    from tempax.models.weights import abstract_model
+
+    model = _outside_any_mesh(abstract_model, cfg)
+    return max(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 def device_capacity(devices: Iterable[Any] | None = None) -> int | None:
@@ -185,9 +398,64 @@ def largest_fitting_micro_batch(p: PlanInputs, batch_size: int, capacity: int) -
     return None
 
 
+def memory_settings(p: PlanInputs) -> tuple[str, ...]:
+    """The `train.memory` settings worth trying for `p`, fastest first: offloading only where host memory is
+    not the device's, and the master weights only when the device copy is smaller (bf16 compute)."""
+    out = ["device"]
+    if p.optimizer in ("adamw", "adam") or p.momentum:
+        out.append("bf16_moments")
+    if p.host_is_separate:
+        out.append("offload_optimizer")
+        if p.precision == "bf16":
+            out.append("offload_optimizer_and_master")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class MemoryChoice:
+    """What `choose_memory` settled: the setting, its plan, and the one line that says why."""
+
+    setting: str
+    plan: MemoryPlan
+    reason: str
+
+
+def choose_memory(p: PlanInputs, capacity: int | None, *, requested: str = "auto") -> MemoryChoice:
+    """`train.memory`: `requested` when it names a setting, else (auto) the fastest of `memory_settings(p)` whose
+    plan fits `capacity` (device when the capacity is unknown or nothing fits: `check_fits` then names fixes)."""
+    if requested != "auto":
+        if requested not in MEMORY_SETTINGS:
+            raise ConfigError(f"train.memory={requested!r}: use one of {', '.join(MEMORY_CHOICES)}")
+        plan = plan_memory(replace(p, memory=requested), capacity)
+        return MemoryChoice(requested, plan, f"train.memory={requested}: {_MEANING[requested]} (as set)")
+    first = plan_memory(replace(p, memory="device"), capacity)
+    if capacity is None:
+        return MemoryChoice("device", first, f"train.memory=auto chose device: {_MEANING['device']} (the device's "
+                                             "capacity is unknown)")
+    if first.fits:
+        return MemoryChoice("device", first, f"train.memory=auto chose device: {_MEANING['device']} fits "
+                                             f"(~{_size(first.total)} of {_size(capacity)})")
+    for setting in memory_settings(p)[1:]:
+        plan = plan_memory(replace(p, memory=setting), capacity)
+        if plan.fits:
+            return MemoryChoice(setting, plan, (
+                f"train.memory=auto chose {setting}: {_MEANING[setting]}; on the device the step needs "
+                f"~{_size(plan.total)} of {_size(capacity)}, where with everything on the device it would need "
+                f"~{_size(first.total)}"))
+    return MemoryChoice("device", first, (
+        f"train.memory=auto: no setting fits at micro-batch {p.micro_batch_size} and remat {p.remat} (with everything "
+        f"on the device the step needs ~{_size(first.total)} of {_size(capacity)}); planned as device"))
+
+
 def suggest_fixes(p: PlanInputs, batch_size: int, capacity: int) -> list[str]:
     """Settings that would make the step fit, cheapest in speed first."""
     out: list[str] = []
+    for setting in memory_settings(p):
+        if setting == p.memory or MEMORY_SETTINGS.index(setting) < MEMORY_SETTINGS.index(p.memory):
+            continue
+        if plan_memory(replace(p, memory=setting), capacity).fits:
+            out.append(f"train.memory={setting}")
+            break
     m = largest_fitting_micro_batch(p, batch_size, capacity)
     if m is not None and m < p.micro_batch_size:
         out.append(f"train.micro_batch_size={m} (gradient accumulation over {batch_size // m} passes)")
@@ -202,14 +470,21 @@ def suggest_fixes(p: PlanInputs, batch_size: int, capacity: int) -> list[str]:
         if m is not None:
             out.append(f"train.remat={remat} with train.micro_batch_size={m}")
             break
+    if not out:  # nothing about the memory setting, micro-batch or remat alone: try them together
+        for setting in memory_settings(p)[1:]:
+            q = replace(p, memory=setting, remat="full")
+            m = largest_fitting_micro_batch(q, batch_size, capacity)
+            if m is not None:
+                out.append(f"train.memory={setting} with train.remat=full and train.micro_batch_size={m}")
+                break
     if p.trainable_params is None:
         lora_params = lora_param_estimate(p.model, rank=16)
-        q = replace(p, trainable_params=lora_params, remat="full" if p.remat == "none" else p.remat)
+        q = replace(p, trainable_params=lora_params, remat="full" if p.remat == "none" else p.remat, memory="device")
         if plan_memory(q, capacity).fits:
             out.append("LoRA (add a `lora:` section, e.g. lora.rank=16) with train.remat=full")
         q = replace(q, frozen_bytes_per_param=0.5625)
         if plan_memory(q, capacity).fits:
-            out.append("QLoRA (lora.quantize=nf4)")
+            out.append("QLoRA (lora.quantize_base=nf4)")
     if p.precision == "fp32":
         q = replace(p, precision="bf16")
         if plan_memory(q, capacity).fits:
@@ -228,20 +503,53 @@ def lora_param_estimate(cfg: ModelConfig, rank: int) -> int:
     return per_layer * cfg.num_layers
 
 
+def not_fitting_message(plan: MemoryPlan, fixes: list[str], capacity: int, *, what: str) -> str:
+    """One message: what needs how much, the plan, and the settings that would fit."""
+    hint = ("; it would fit with: " + "; or ".join(fixes)) if fixes else (
+        "; nothing tried fits (train.memory, a smaller micro-batch, remat, LoRA/QLoRA): use more devices "
+        "(mesh.fsdp) or a shorter seq_len"
+    )
+    return (f"{what} about {plan.total / GiB:.2f} GiB per device but only {capacity / GiB:.2f} GiB is available "
+            f"({plan.format()}){hint}.")
+
+
 def check_fits(p: PlanInputs, batch_size: int, capacity: int | None) -> MemoryPlan:
     """The plan; raises `OutOfMemoryPlan` naming settings that fit when it does not."""
     plan = plan_memory(p, capacity)
     if plan.fits or capacity is None:
         return plan
     fixes = suggest_fixes(p, batch_size, capacity)
+    raise OutOfMemoryPlan(not_fitting_message(plan, fixes, capacity, what="the train step needs"))
+
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def xla_bytes_needed(message: str) -> int | None:
+    """The bytes XLA says a program needed, from its out-of-memory message ("Used 27.53G of 15.75G hbm"), or None
+    when it does not say."""
+    import re
+
+    found = re.search(r"Used ([0-9.]+)([KMGT]?)i?B? of ([0-9.]+)([KMGT]?)", message)
+    if not found:
+        return None
+    return int(float(found.group(1)) * _UNITS[found.group(2)])
+
+
+def explain_out_of_memory(error: BaseException, p: PlanInputs, batch_size: int, capacity: int | None, *,
+                          what: str = "the train step") -> DeviceOutOfMemory:
+    """XLA's out-of-memory `error` for the step `p` plans, as one message: XLA's own line, the plan, and the
+    settings that would fit. The plan under-counted this program, so the settings are sized by XLA's figure when
+    its message gives one (each plan scaled by XLA's figure over this plan's total), else with 15% more room."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    plan = plan_memory(p, capacity)
+    needed = xla_bytes_needed(str(error))
+    scale = max(needed / plan.total, 1.0) if needed and plan.total else 1.15
+    fixes = suggest_fixes(p, batch_size, int(capacity / scale)) if capacity else []
     hint = ("; it would fit with: " + "; or ".join(fixes)) if fixes else (
-        "; nothing tried fits (smaller micro-batch, remat, LoRA/QLoRA): use more devices (mesh.fsdp) or a "
-        "shorter seq_len"
-    )
-    raise OutOfMemoryPlan(
-        f"the train step needs about {plan.total / GiB:.2f} GiB per device but only {capacity / GiB:.2f} GiB is "
-        f"available ({plan.format()}){hint}."
-    )
+        "; nothing tried fits (train.memory, a smaller micro-batch, remat, LoRA/QLoRA): use more devices "
+        "(mesh.fsdp) or a shorter seq_len")
+    return DeviceOutOfMemory(f"the device ran out of memory for {what} ({first}); {plan.format()}{hint}.")
 
 
 def validate_micro_batch(batch_size: int, micro: int, data_parallel: int) -> None:

@@ -53,8 +53,8 @@ LOCK_FILE = ".tempax-run.lock"  # holds "pid host" of the process running the ru
 BOOKKEEPING = (
     "train.log_every", "train.eval_every", "train.eval_batches", "train.eval_at_start", "train.run_dir",
     "train.tensorboard", "train.report_to", "train.run_name", "train.progress_bar", "train.check_memory",
-    "train.micro_batch_size", "train.auto_micro_batch", "train.remat", "train.checkpoint.", "train.mesh.",
-    "eval.", "task.eval_split", "data.eval_path", "data.eval_split", "data.max_eval_rows",
+    "train.micro_batch_size", "train.auto_micro_batch", "train.remat", "train.memory", "train.checkpoint.",
+    "train.mesh.", "eval.", "task.eval_split", "data.eval_path", "data.eval_split", "data.max_eval_rows",
     "grpo.show_completion_every", "grpo.log_entropy",
 )
 # The class attribute where a config class names keys (or prefixes ending in ".") of BOOKKEEPING that change its

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from tempax.train.offload import StreamedUpdate
 from tempax.models.moe import with_router_aux_loss
 from tempax.train.state import ModelParts, Params, TrainState
 
@@ -119,6 +120,7 @@ def make_train_step(
     num_micro_batches: int = 1,
     schedule: optax.Schedule | None = None,
     grad_sharding: Any = None,
+    streamed: StreamedUpdate | None = None,
 ) -> Callable[[TrainState, Any, Batch], tuple[TrainState, Metrics]]:
     """The (unjitted) step `(state, rest, batch) -> (new_state, metrics)`; jit it with donation (see `Trainer`).
 
@@ -129,30 +131,37 @@ def make_train_step(
       num_micro_batches: gradient-accumulation passes per step; the batch's leading dim must divide by it.
       schedule: reported as metrics["lr"] when given.
       grad_sharding: sharding of the gradient accumulator (the params' shardings), so FSDP keeps it split.
+      streamed: the update of a state partly in host memory (`tempax.train.offload`): the forward pass reads its
+        device copy of the weights and the optimizer runs one parameter at a time; None: all on the device.
 
     The metrics always include `loss`, `grad_norm` (before clipping), `nonfinite` (1 when this step was
     skipped) and, with a schedule, `lr` (the rate this update used).
     """
 
     def step(state: TrainState, rest: Any, batch: Batch) -> tuple[TrainState, Metrics]:
+        weights = state.params if streamed is None else streamed.device_params(state.params)
         wloss, grads, metrics, wsum = _weighted_loss_and_grads(
-            loss_fn, parts, state.params, rest, batch, num_micro_batches, grad_sharding
+            loss_fn, parts, weights, rest, batch, num_micro_batches, grad_sharding
         )
         scale = jnp.where(wsum > 0, 1.0 / jnp.maximum(wsum, 1e-30), 0.0)
         loss = wloss * scale
         grads = jax.tree.map(lambda g: g * scale, grads)
         grad_norm = global_norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
         # A non-finite step (and every step after it) keeps the previous values, so no NaN reaches the
         # parameters, the optimizer moments or a checkpoint; the loop reads bad_step and stops with a message.
         ok = finite & (state.bad_step < 0)
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+        if streamed is not None and streamed.placement.offloaded:
+            new_params, new_opt = streamed.apply(grads, state.opt_state, state.params, ok)
+        else:
+            updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+            keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+            new_params = keep(optax.apply_updates(state.params, updates), state.params)
+            new_opt = keep(new_opt, state.opt_state)
         new_state = state.replace(
             step=state.step + 1,
-            params=keep(new_params, state.params),
-            opt_state=keep(new_opt, state.opt_state),
+            params=new_params,
+            opt_state=new_opt,
             bad_step=jnp.where((state.bad_step < 0) & ~finite, state.step, state.bad_step),
         )
         out = dict(metrics)
@@ -167,10 +176,15 @@ def make_train_step(
     return step
 
 
-def make_eval_step(loss_fn: LossFn, parts: ModelParts) -> Callable[[Params, Any, Batch], Metrics]:
-    """`(params, rest, batch) -> metrics` without gradients; metrics carry `loss_weight` for averaging batches."""
+def make_eval_step(
+    loss_fn: LossFn, parts: ModelParts, streamed: StreamedUpdate | None = None
+) -> Callable[[Params, Any, Batch], Metrics]:
+    """`(params, rest, batch) -> metrics` without gradients; metrics carry `loss_weight` for averaging batches.
+    `streamed`: the weights live in host memory and are brought to the device as the train step brings them."""
 
     def step(params: Params, rest: Any, batch: Batch) -> Metrics:
+        if streamed is not None:
+            params = streamed.device_params(params)
         loss, metrics = with_router_aux_loss(loss_fn)(parts.merge(params, rest), batch)
         out = {k: v for k, v in metrics.items() if jnp.ndim(v) == 0}
         out["loss"] = loss

@@ -69,3 +69,23 @@ def test_a_setting_written_as_an_option_gets_the_form_without_dashes(capsys):
         assert main(argv) == 2
         assert capsys.readouterr().err == message + "\n"
 
+
+
+def test_xla_out_of_memory_from_any_command_is_one_line_and_status_2(monkeypatch, capsys):
+    """A RESOURCE_EXHAUSTED raised outside a train step (which explains its own) still ends as one message naming
+    it and what to change, exit status 2, never a traceback."""
+    import jax
+
+    import tempax.cli.validate
+    from tempax.cli.main import main
+
+    def out_of_memory(args):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to "
+                                         "allocate 4.00G. That was not possible. There are 1.20G free.")
+
+    monkeypatch.setattr(tempax.cli.validate, "run", out_of_memory)
+    assert main(["validate", "recipe.yaml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tempax validate: error: the device ran out of memory running tempax validate")
+    assert "Attempting to allocate 4.00G" in err and "train.memory=offload_optimizer" in err
+    assert "Traceback" not in err and err.count("\n") == 0

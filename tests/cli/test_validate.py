@@ -102,3 +102,36 @@ def test_a_recipe_without_data_is_refused_naming_the_key(tmp_path, capsys):
         "tempax sft: error: data.path is required: the training rows, as a .jsonl/.json/.parquet file (gzip ok), a "
         "folder or a Hugging Face Hub dataset id; set it in the recipe (data: {path: ...}) or on the command line "
         "(data.path=...)")
+
+
+def test_memory_gib_prints_the_plan_for_that_device_and_how_it_fits(tmp_path, capsys):
+    """A full fine-tune of the Llama-3.2-1B shape at 8 x 1024 tokens (bf16, remat full), sized with a TPU's ops
+    for a 15.75 GiB chip without loading a weight: float32 moments on the device do not fit, so
+    train.memory=auto settles on a setting that does and says so (exit 0). Forced to the device, the same recipe
+    does not fit and the plan names the setting that would (exit 2, as a run would refuse it)."""
+    recipe = _sft_recipe(tmp_path, "preset:llama3.2-1b")
+    over = ["train.batch_size=8", "train.seq_len=1024", "train.precision=bf16", "train.remat=full"]
+    assert main(["validate", recipe, *over, "--memory-gib", "15.75", "--backend", "tpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("memory plan for a device of 15.75 GiB (tpu ops; micro-batch 8 x 1024 tokens")
+    assert out[2].strip().startswith("train.memory=auto chose offload_optimizer")
+    assert "in host memory" in out[3] and out[4].strip().startswith("fits: ~")
+    assert main(["validate", recipe, *over, "train.memory=device", "--memory-gib", "15.75", "--backend", "tpu"]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].strip() == ("train.memory=device: float32 master weights and optimizer state on the device (as "
+                              "set)")
+    assert out[4].strip().startswith("does not fit; it would fit with: train.memory=offload_optimizer")
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_memory_gib_on_a_lora_recipe_names_a_micro_batch_that_fits(tmp_path, capsys):
+    """LoRA rank 16 on the 1B shape at 8 x 1024 without remat: the adapters' state is small, the activations are
+    not; on a 15.75 GiB device the plan names a smaller micro-batch (or remat) that fits. A size that is not a
+    size is refused."""
+    recipe = _sft_recipe(tmp_path, "preset:llama3.2-1b", "lora:\n  rank: 16\n")
+    over = ["train.batch_size=8", "train.seq_len=1024", "train.precision=bf16", "train.remat=none"]
+    assert main(["validate", recipe, *over, "--memory-gib", "15.75", "--backend", "tpu"]) == 2
+    out = capsys.readouterr().out
+    assert "11.27M trained" in out and "train.micro_batch_size=" in out.splitlines()[-1]
+    assert main(["validate", recipe, "--memory-gib", "0"]) == 2
+    assert "--memory-gib must be a positive number" in capsys.readouterr().err

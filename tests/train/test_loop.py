@@ -216,3 +216,40 @@ def test_with_jax_cache_the_freed_heap_is_handed_back_after_the_first_step_only(
     monkeypatch.setattr(trainer, "train_step", marked_step)
     trainer.fit(_loader())
     assert events == (["release"] if cache_on else []) + ["step", "step", "step"]
+
+
+def test_xla_running_out_of_device_memory_ends_as_the_plan_and_the_settings_that_fit(tmp_path):
+    """XLA's RESOURCE_EXHAUSTED from the step (at compile or at run time, both raised by the call) becomes one
+    DeviceOutOfMemory (exit status 2 in the CLI): XLA's own line, the plan, and settings sized by XLA's figure (5%
+    over the capacity here). A trainer of shapes only plans and compiles but refuses to train."""
+    import jax
+    from flax import nnx
+
+    from tempax.errors import DeviceOutOfMemory, TempaxError
+    from tempax.train import memory as mem
+    from tests.kit.models import tiny_tempax_model
+    from tests.train.helpers import random_batch
+
+    trainer = Trainer(tiny_tempax_model("llama"), make_sft_loss(), tiny_train_config(tmp_path, check_memory=True))
+    needed = trainer._capacity * 1.05
+    message = (f"RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm. Used {needed / 2**30:.3f}G of "
+               f"{trainer._capacity / 2**30:.3f}G hbm.")
+
+    def out_of_memory(*args):
+        raise jax.errors.JaxRuntimeError(message)
+
+    trainer._step = out_of_memory
+    with pytest.raises(DeviceOutOfMemory) as info:
+        trainer.train_step(random_batch(8, 16, vocab=128))
+    text = str(info.value)
+    assert "Ran out of memory" in text and "memory plan per device" in text
+    assert "it would fit with" in text or "nothing tried fits" in text
+    assert text.count("\n") == 0 and trainer.step == 0
+
+    shapes = Trainer(nnx.eval_shape(lambda: tiny_tempax_model("llama")), make_sft_loss(), tiny_train_config(tmp_path))
+    assert shapes.abstract and shapes.memory_plan().total > 0
+    assert shapes.step_memory(random_batch(8, 16, vocab=128)).temp_size_in_bytes > 0
+    with pytest.raises(TempaxError, match="shapes only"):
+        shapes.train_step(random_batch(8, 16, vocab=128))
+    assert isinstance(mem.explain_out_of_memory(RuntimeError(message), trainer._plan_inputs, 8, trainer._capacity),
+                      DeviceOutOfMemory)

@@ -35,6 +35,7 @@ import numpy as np
 from flax import nnx
 
 from tempax.algorithms.preference.batches import (
+    LOGPROB_CHUNK,
     REF_LOGPS,
     check_micro_batching,
     compute_reference_logps,
@@ -60,6 +61,7 @@ from tempax.errors import ConfigError
 from tempax.models.lora import LoraConfig, disable_adapters
 from tempax.train.config import TrainConfig
 from tempax.train.loop import Trainer
+from tempax.train.trainable import Trainable
 from tempax.configlib import help_field
 
 ReferenceMode = Literal["auto", "adapters_off", "precomputed", "frozen_copy"]
@@ -313,8 +315,9 @@ def prepare_run(
     loader, eval_batches = pair_loaders(train_items, eval_items, pairs=pairs, seq_len=t.seq_len, pad_id=pad,
                                         seed=t.seed, shuffle=cfg.data.shuffle, collate=collate)
     loss_fn, eval_loss_fn = losses_of(mode)
-    trainer = make_trainer(cfg, model, loss_fn, algorithm=meta["algorithm"], trainable=trainable, mesh=mesh, log=say,
-                           eval_loss_fn=eval_loss_fn, checkpoint_meta=meta)
+    # `sequence_logps` runs the head on LOGPROB_CHUNK positions of a row at a time: the memory plan sizes that.
+    trainer = make_trainer(cfg, Trainable(model, logit_positions=LOGPROB_CHUNK), loss_fn, algorithm=meta["algorithm"],
+                           trainable=trainable, mesh=mesh, log=say, eval_loss_fn=eval_loss_fn, checkpoint_meta=meta)
     del model  # the trainer holds the weights now
     # The trainer may have picked the micro-batch itself (auto_micro_batch); pairs must still stay whole.
     check_micro_batching(pairs, trainer.num_micro_batches)

@@ -1,0 +1,205 @@
+"""Optimizer state, and float32 master weights, in host memory: JAX memory kinds, streamed through the device for
+the update (`train.memory=offload_optimizer` / `offload_optimizer_and_master`, chosen by `tempax.train.memory`).
+
+Every array of the training state has a sharding, and every sharding a memory kind: "device" (the accelerator's
+own memory, the default) or "pinned_host" (the host's memory, which the accelerator reads and writes by DMA).
+Offloading puts some of the state's arrays in "pinned_host" (`host_state_shardings`) and moves them in the jitted
+step itself, with `jax.device_put` to a sharding of the other kind, which XLA compiles into transfers:
+
+    offload_optimizer              Adam's moments (SGD's momentum) live on the host. The forward and backward pass
+                                   never see them; the update brings them in one parameter at a time, updates
+                                   that parameter, and sends them back before the next one comes in.
+    offload_optimizer_and_master   the float32 master weights live on the host too. The step makes the weights
+                                   the forward pass reads from them on the device, cast to the compute dtype
+                                   (bfloat16 under train.precision=bf16), one parameter at a time; the gradients
+                                   come out in that dtype, and the update brings each master weight in with its
+                                   moments (ZeRO-Offload's split of the state, Ren et al. 2021, with the update
+                                   on the accelerator rather than the host's CPU).
+
+One parameter at a time is enforced, not hoped for: the transfer of parameter i + 1's state depends, through an
+optimization barrier, on parameter i's new state having been sent back, so the device holds the state of one
+parameter (the largest, for the plan) beside the weights and gradients, never all of it. An optimizer applied
+to a part of the parameters with the matching part of its state is exact because the optimizer after clipping is
+elementwise (`tempax.train.optim.optimizer_parts`); clipping by the norm of all gradients comes first, on the
+device, where the gradients are.
+
+Where the host's memory is the device's (XLA:CPU) the moves compile to nothing, so the same program runs and
+gives the same numbers on a CPU; there it saves nothing, and `train.memory=auto` does not choose it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding
+
+from tempax.train.state import Params, TrainState, init_state
+
+HOST = "pinned_host"
+DEVICE = "device"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which parts of the training state live in host memory.
+
+    Attributes:
+      optimizer_on_host: the optimizer's per-parameter state (moments) lives in host memory.
+      master_on_host: the trainable (float32 master) weights live in host memory too.
+      compute_dtype: the dtype of the device copy the forward pass reads when the master is on the host
+        (bfloat16 under bf16 precision; None keeps the master's dtype).
+    """
+
+    optimizer_on_host: bool = False
+    master_on_host: bool = False
+    compute_dtype: Any = None
+
+    @property
+    def offloaded(self) -> bool:
+        return self.optimizer_on_host or self.master_on_host
+
+
+def with_kind(shardings: Any, kind: str) -> Any:
+    """Every sharding in the tree with memory kind `kind`."""
+    return jax.tree.map(lambda s: s.with_memory_kind(kind), shardings,
+                        is_leaf=lambda s: isinstance(s, jax.sharding.Sharding))
+
+
+def host_state_shardings(
+    shardings: TrainState, optimizer: optax.GradientTransformation, abstract: TrainState, placement: Placement
+) -> TrainState:
+    """`shardings` (the device shardings of a `TrainState`) with the parts `placement` offloads in host memory:
+    the optimizer's per-parameter leaves and, with `master_on_host`, the params. Scalars (the step, update
+    counts) stay on the device."""
+    if not placement.offloaded:
+        return shardings
+    opt = shardings.opt_state
+    if placement.optimizer_on_host:
+        # As `tempax.train.state.state_shardings` places them: per-parameter leaves follow their parameter (here
+        # in host memory), the rest is the step's own (replicated, on the device).
+        opt = optax.tree_map_params(optimizer, lambda _, s: s, abstract.opt_state, with_kind(shardings.params, HOST),
+                                    transform_non_params=lambda _: shardings.step)
+    params = with_kind(shardings.params, HOST) if placement.master_on_host else shardings.params
+    return shardings.replace(params=params, opt_state=opt)
+
+
+def _is_param_dict(tree: Any, keys: frozenset[str]) -> bool:
+    return isinstance(tree, dict) and bool(tree) and set(tree) <= keys
+
+
+def select_params(tree: Any, names: tuple[str, ...], keys: frozenset[str]) -> Any:
+    """The part of an optimizer state (or of a tree of its shardings) for the parameters `names`: every dict keyed
+    by parameter names (moments, traces) cut down to `names`; everything else (counts, empty states) kept."""
+    if _is_param_dict(tree, keys):
+        return {n: tree[n] for n in names}
+    if isinstance(tree, tuple):
+        items = [select_params(t, names, keys) for t in tree]
+        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
+    return tree
+
+
+def merge_params(parts: list[Any], keys: frozenset[str]) -> Any:
+    """Inverse of `select_params` over parts that together name every parameter once (in their order); the
+    leaves outside parameter dicts (update counts) are equal in every part and taken from the first."""
+    first = parts[0]
+    if _is_param_dict(first, keys):
+        out: dict[str, Any] = {}
+        for part in parts:
+            out.update(part)
+        return out
+    if isinstance(first, tuple):
+        items = [merge_params([p[i] for p in parts], keys) for i in range(len(first))]
+        return type(first)(*items) if hasattr(first, "_fields") else type(first)(items)
+    return first
+
+
+@dataclass(frozen=True)
+class StreamedUpdate:
+    """The optimizer update of a step whose state is partly in host memory (see the module docstring).
+
+    Attributes:
+      placement: what lives on the host.
+      clip: global-norm clipping (`optimizer_parts`' first part), or None.
+      update: the elementwise rest of the optimizer.
+      param_device: per trainable key, the device sharding of the weight (and of its gradient).
+      opt_device: the device shardings of the whole optimizer state.
+      opt_host: the shardings the state lives in between steps (host kinds where offloaded).
+    """
+
+    placement: Placement
+    clip: optax.GradientTransformation | None
+    update: optax.GradientTransformation
+    param_device: dict[str, NamedSharding]
+    opt_device: Any
+    opt_host: Any
+
+    def init_state(self, params: Params, seed: int, shardings: TrainState) -> TrainState:
+        """A fresh `TrainState` (as `tempax.train.state.init_state` makes it) whose optimizer state is created one
+        parameter at a time straight into its shardings, so the device never holds all of it at once."""
+        keys = frozenset(params)
+        inner_host = self.opt_host[1] if self.clip is not None else self.opt_host
+        parts = []
+        for key, value in params.items():
+            out = select_params(inner_host, (key,), keys)
+            parts.append(jax.jit(lambda p, k=key: self.update.init({k: p}), out_shardings=out)(value))
+        inner = merge_params(parts, keys)
+        opt_state = inner if self.clip is None else (self.clip.init(params), inner)
+        shell = jax.jit(lambda: init_state({}, optax.identity(), seed),
+                        out_shardings=shardings.replace(params={}, opt_state=optax.EmptyState()))()
+        return shell.replace(params=params, opt_state=opt_state)
+
+    def device_params(self, params: Params) -> Params:
+        """Inside jit: the weights the forward pass reads, on the device. With the master on the host, each one is
+        brought in (after the previous one) and cast to the compute dtype; otherwise `params` itself."""
+        if not self.placement.master_on_host:
+            return params
+        dtype = self.placement.compute_dtype
+        out: Params = {}
+        done = None
+        for key, host in params.items():
+            if done is not None:
+                done, host = jax.lax.optimization_barrier((done, host))
+            value = jax.device_put(host, self.param_device[key])
+            if dtype is not None and jnp.issubdtype(value.dtype, jnp.floating):
+                value = value.astype(dtype)
+            out[key] = done = value
+        return out
+
+    def apply(self, grads: Params, opt_state: Any, params: Params, ok: jax.Array) -> tuple[Params, Any]:
+        """Inside jit: (new params, new optimizer state), one parameter at a time, each new value kept only when
+        `ok` (a finite step), as the device-resident step keeps them."""
+        if self.clip is not None:
+            grads, _ = self.clip.update(grads, self.clip.init(grads))  # stateless: the norm of all gradients
+            clip_state, inner = opt_state
+        else:
+            clip_state, inner = None, opt_state
+        keys = frozenset(params)
+        inner_device = self.opt_device[1] if self.clip is not None else self.opt_device
+        inner_host = self.opt_host[1] if self.clip is not None else self.opt_host
+        master_device = self.placement.master_on_host
+        new_params: Params = {}
+        new_states: list[Any] = []
+        done = None
+        for key in params:
+            names = (key,)
+            incoming = (select_params(inner, names, keys), params[key])
+            if done is not None:  # parameter i + 1 comes in once parameter i's state has gone back
+                done, incoming = jax.lax.optimization_barrier((done, incoming))
+            state = jax.device_put(incoming[0], select_params(inner_device, names, keys))
+            master = jax.device_put(incoming[1], self.param_device[key]) if master_device else incoming[1]
+            updates, new_state = self.update.update({key: grads[key]}, state, {key: master})
+            new_master = optax.apply_updates({key: master}, updates)[key]
+            new_master = jnp.where(ok, new_master, master)
+            new_state = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new_state, state)
+            new_state = jax.device_put(new_state, select_params(inner_host, names, keys))
+            if master_device:
+                new_master = jax.device_put(new_master, self.param_device[key].with_memory_kind(HOST))
+            new_params[key] = new_master
+            new_states.append(new_state)
+            done = (new_master, new_state) if master_device else new_state
+        merged = merge_params(new_states, keys)
+        return new_params, (merged if self.clip is None else (clip_state, merged))
