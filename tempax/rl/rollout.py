@@ -331,16 +331,8 @@ def sample_rollout(
     lengths = episodes.lengths.reshape(p, g)
     texts = [episodes.texts[i * g:(i + 1) * g] for i in range(p)]
     finals = [episodes.final_texts[i * g:(i + 1) * g] for i in range(p)]
-    if reward_fn is not None:
-        total, parts, failures = score(
-            reward_fn, prompts, finals, lengths, max_new_tokens=t, overlong_penalty_tokens=overlong_penalty_tokens,
-        )
-    else:
-        total, parts, failures = np.zeros((p, g), np.float32), {}, {}
-    for name in sorted({k for r in episodes.turn_rewards for k in r}):
-        values = np.asarray([r.get(name, 0.0) for r in episodes.turn_rewards], np.float32).reshape(p, g)
-        parts[name] = parts.get(name, 0.0) + values
-        total = total + values
+    total, parts, failures = _episode_rewards(reward_fn, prompts, finals, lengths, episodes.turn_rewards,
+                                              episode_tokens=t, overlong_penalty_tokens=overlong_penalty_tokens)
     t2 = time.perf_counter()
     if reward_combination == "sum":
         arrays, weights = [total.reshape(-1)], [1.0]
@@ -364,6 +356,25 @@ def sample_rollout(
         env_metrics={k: v.reshape(p, g) for k, v in episodes.env_metrics.items()},
         prefilled_tokens=episodes.prefilled_tokens, reprefill_tokens=episodes.reprefill_tokens,
     )
+
+
+def _episode_rewards(reward_fn: RewardCall | None, prompts: Sequence[Prompt], finals: list[list[str]],
+                     lengths: np.ndarray, turn_rewards: Sequence[dict[str, float]], *, episode_tokens: int,
+                     overlong_penalty_tokens: int) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, int]]:
+    """(each episode's reward [P, G], its parts by name [P, G], the reward functions' failed samples): the task's
+    reward functions on the final replies (`score`; none when `reward_fn` is None) plus every part the environment
+    gave on the episode's turns, each part also logged under its own name."""
+    p, g = lengths.shape
+    if reward_fn is not None:
+        total, parts, failures = score(reward_fn, prompts, finals, lengths, max_new_tokens=episode_tokens,
+                                       overlong_penalty_tokens=overlong_penalty_tokens)
+    else:
+        total, parts, failures = np.zeros((p, g), np.float32), {}, {}
+    for name in sorted({k for r in turn_rewards for k in r}):
+        values = np.asarray([r.get(name, 0.0) for r in turn_rewards], np.float32).reshape(p, g)
+        parts[name] = parts.get(name, 0.0) + values
+        total = total + values
+    return total, parts, failures
 
 
 def fill_with_spread(rounds: Sequence[Rollout], num_prompts: int) -> Rollout:
