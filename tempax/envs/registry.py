@@ -4,31 +4,11 @@
     env: {name: calculator, max_turns: 3, max_episode_tokens: 256}
     env: {name: tools, tools: ["examples/price_tools.py:price_of", "tempax.envs.calculator:calculator_tool"],
           max_turns: 3}
-    env: {name: python, max_turns: 3, sandbox: {timeout_s: 2.0}}     # programs run in tempax.rewards.sandbox
-    env: {name: "examples/guess_number_env.py:GuessNumberEnvironment", max_turns: 4,
-          options: {wrong_guess_penalty: 0.1}}
+    env: {name: "examples/guess_number_env.py:GuessNumberEnvironment", max_turns: 4, options: {...}}
 
-A user environment is named `FILE.py:Class` (a path relative to the working directory) or `package.module:Class`;
-it is built as `Class(**options)` once per episode, so it may keep the episode's state on itself, and a class
-whose constructor takes `tokenizer` gets the run's tokenizer as well (so a subclass of `ToolEnvironment` works).
-Built-in names: `single_turn` (`SingleTurnEnvironment`), `calculator` (`ToolEnvironment` with the exact
-calculator) and `tools` (`ToolEnvironment` with the user's functions named in `env.tools`). All three leave the
-final answer to the task's reward functions, which the rollout calls once for the whole batch.
-
-An OpenEnv environment (the `openenv` extra) is named by the function or class that builds it,
-`openenv:FILE.py:make_env` or `openenv:package.module:make_env`, called with `env.options` once per episode
-(`tempax.envs.openenv`: the reply becomes the action's text, observations become messages, the observation's
-reward is the `openenv` reward part).
-
-A verifiers taskset (the `verifiers` extra, verifiers 0.4) is named by its `Taskset` class or a function that
-returns one, `verifiers:FILE.py:MyTaskset` or `verifiers:package.module:make_taskset`, built once with
-`env.options` (a class from its own config class); task rows name its tasks, `{"idx": 3}` or `{"id": "..."}`
-(`tempax.envs.verifiers`: its prompt opens the episode, its toolsets' tools are called in-process, and its
-`@vf.reward`s score the conversation as reward parts under their own names).
-
-A tool is named like an environment, `FILE.py:function` or `package.module:function`: a plain function with type
-hints and a Google-style docstring becomes a tool (`Tool.from_function`); a `Tool` object is taken as it is; a
-function annotated `-> Tool` (such as `calculator_tool`) is called with no arguments to make one.
+The built-in names, user environments (`FILE.py:Class`, `package.module:Class`), OpenEnv (`openenv:...`) and
+verifiers (`verifiers:...`) environments, and tools named the same way: `EnvironmentConfig`'s fields and
+docs/adding-an-environment.md.
 """
 
 from __future__ import annotations
@@ -128,7 +108,11 @@ class EnvironmentConfig:
         return budget
 
     def build(self, tokenizer: Tokenizer) -> EnvFactory:
-        """A function that makes a fresh environment for one episode."""
+        """A function that makes a fresh environment for one episode. A user environment is built as
+        `Class(**options)` once per episode, so it may keep the episode's state on itself, with the run's tokenizer
+        as `tokenizer=` when its constructor takes one (so a subclass of `ToolEnvironment` works). The built-in
+        environments leave the final answer to the task's reward functions, which the rollout calls once for the
+        whole batch."""
         self.validate()
         if self.name == "single_turn":
             return lambda: SingleTurnEnvironment(tokenizer)
@@ -221,8 +205,10 @@ def _returns_tool(fn: Callable[..., Any]) -> bool:
 
 
 def load_tool(name: str, key: str = "env.tools") -> Tool:
-    """The tool `FILE.py:function` or `package.module:function` names (module docstring); a function that cannot
-    be described to the model is refused with the reason."""
+    """The tool `FILE.py:function` or `package.module:function` names: a plain function with type hints and a
+    Google-style docstring becomes a tool (`Tool.from_function`), a `Tool` object is taken as it is, and a function
+    annotated `-> Tool` (such as `calculator_tool`) is called with no arguments to make one. A function that
+    cannot be described to the model is refused with the reason."""
     found = load_object(name, key)
     try:
         if isinstance(found, Tool):

@@ -1,44 +1,11 @@
 """Tasksets written for verifiers 0.4 (`import verifiers.v1 as vf`, the `verifiers` extra) played as tempax
-environments, in-process: no harness program, no interception server, no container, no network.
+environments, in-process (no harness program, interception server, container or network): tempax's engine plays
+the turns where verifiers' `null` harness and interception server would, and verifiers' own `Task.score` gives each
+reply's reward parts. What is played, scored and refused, and how a recipe names a taskset:
+docs/adding-an-environment.md, "Environments written for verifiers".
 
-In verifiers a `Taskset` yields typed `Task`s (`TaskData`: `prompt`, `system_prompt` and the task's own fields),
-a harness drives a model through an OpenAI-compatible endpoint, and `Task.score(trace)` runs the task's
-`@vf.reward` / `@vf.metric` methods (and the functions its config plugs in) over the recorded `Trace`. Here
-tempax's engine plays the turns and this adapter stands where the chat loop of verifiers' `null` harness and
-the interception server stand: a recipe names the taskset, `env: {name:
-"verifiers:FILE.py:MyTaskset"}` or `"verifiers:package.module:make_taskset"` (a `Taskset` class, built from its
-own config class with `env.options`, or a function called with them), and task rows name its tasks:
-
-  * a row `{"idx": 3}` plays the taskset's task at position 3 (the order `load()` yields them), `{"id": "..."}`
-    the task whose `TaskData.id` it is; the row's other keys are left to the recipe's reward functions;
-  * the first messages are `system_prompt` and `prompt` (a string becomes a user message); the tools of the
-    task's and the taskset's `Toolset`s are listed after the system prompt in the model's own call format;
-  * each reply is recorded as verifiers records a model turn (`graph.prepare_turn(...).commit(response)`), its
-    well-formed calls as the turn's `tool_calls`; a reply without a call ends the episode, as it ends the chat
-    loop. A call is answered by the toolset's `@vf.tool` method, called in-process with the rollout's shared
-    `trace.state` (MCP's own argument checks; an error comes back as the tool's answer, never raised); a call
-    that cannot be read is counted and, in a reply with no readable call, left in the text of what is then the
-    final answer, as an OpenAI-compatible server's tool parser leaves it. A task's own toolsets are set up for
-    its episode (`setup`, `setup_task`) and closed when the episode ends by a final reply or a stop;
-  * `@vf.stop` predicates end the episode where the interception server would: `Response` ones after a reply,
-    `Request` ones before a call runs and before the next reply, `Trace` ones before the next reply;
-  * after every reply the trace is scored with verifiers' own `task.score(trace)` and each reward's weighted
-    value (`Reward.value`, score x weight, as `trace.reward` adds them) is a reward part under the reward's
-    name, given as the change since the last reply: an episode's parts always add up to verifiers' score of
-    the conversation as far as it went, whether the task ended it or tempax cut it (`env.max_turns`,
-    `env.max_episode_tokens`). Metrics come back as `verifiers_<name>` episode metrics.
-
-Refused, each with one line when the recipe's environment is built: a verifiers `Env` (it plays its own agents;
-`UserSimEnv`'s user is a second model), a task that needs a container (`NEEDS_CONTAINER`), judges (a model call),
-`@vf.intercept` hooks, rewards, metrics or `setup` that need a runtime, a `finalize` or `stage_verifier`
-(once-per-rollout hooks of a sandbox; tempax scores after every reply), a reward or metric that is not `async def`
-(verifiers awaits them), a toolset served from a URL, colocated in the agent's box or in a non-subprocess runtime,
-and a task with no prompt (a user agent opens it). A reward that raises on a reply scores that reply 0, counted
-as `verifiers_scoring_errors`, with the first error shown once.
-
-This module imports verifiers; only its users import it (`tempax.envs.registry` does so when a recipe names a
-`verifiers:` environment). It uses verifiers' own graph builder, scoring and hook helpers, so it follows the
-0.4 series (`verifiers>=0.4,<0.5`).
+Only its users import this module (`tempax.envs.registry`, when a recipe names a `verifiers:` environment). It uses
+verifiers' own graph builder, scoring and hook helpers, so it follows the 0.4 series (`verifiers>=0.4,<0.5`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The LM head and the causal-LM cross-entropy fused, computed over sequence chunks, with the gradient formed in
-the forward pass.
+the forward pass: the [B, T, V] float32 logits and their gradient (4 B T V bytes each) never exist at once.
 
-`causal_lm_loss(logits, ...)` needs the [B, T, V] float32 logits, and autodiff then keeps them (or their softmax)
-for the backward pass and writes a second [B, T, V] array for d loss / d logits: 4 B T V bytes per copy (at
-V = 49k and 2k tokens per micro-batch, several hundred MB) and several memory passes. Because the loss is linear
-in the per-token NLLs with coefficients known up front (the loss mask over its normaliser), the gradient with
-respect to the logits is known as soon as they are:
+The loss is linear in the per-token NLLs with coefficients known up front (the loss mask over its normaliser),
+so the gradient with respect to the logits is known as soon as they are:
 
     z = h W                                    logits of one chunk   [C, V]   (W: [D, V], or the tied [V, D]^T)
     nll_i = logsumexp(z_i) - z_i[y_i]
@@ -13,37 +10,12 @@ respect to the logits is known as soon as they are:
     dL/dz_i = c_i (softmax(z_i) - onehot(y_i))
     dL/dh_i = dL/dz_i W^T,    dL/dW = sum_i h_i^T dL/dz_i
 
-so a custom VJP computes the three matmuls chunk by chunk in the forward pass and keeps only dL/dh [B, T, D] and
-dL/dW (the size of the head's own gradient) for the backward. Only one chunk's logits exist at a time; the matmul
-count is the same as plain autodiff (no recomputation). Token accuracy uses argmax == target <=> z[y] >= max(z),
-free once the max is known (ties count as a hit; they have probability ~0 with real logits).
-
-The head may be a float32 master weight under bfloat16 hidden states (`train.precision=bf16`): it is cast to
-the hidden states' dtype once, every product is bf16 x bf16 with float32 accumulation, and dL/dW is summed in
-float32 and returned in the master's dtype (float32), never rounded to bf16 on the way.
-
-Gemma-2-style final soft-capping z = cap tanh(z' / cap) is applied inside, with dz'/dz = 1 - tanh^2.
-
-This is the same quantity as `tempax.algorithms.sft.losses.causal_lm_loss` (tested equal, value and gradients);
-only the way it is computed differs. Liger-Kernel's "fused linear cross-entropy" is the same idea on GPUs.
-
-Only the positions the loss reads (`compact_positions`). A loss mask often covers a small part of a batch:
-assistant turns of a dialogue, a preference pair's two replies (about a quarter of the positions of
-`recipes/dpo_smollm2_lora.yaml`'s batches, where prompts and padding fill the rest). The head's three products
-and the [C, V] softmax cost the same at every position, so both fused forms first gather the masked positions of
-each group of rows to the front (in order, a stable sort of the mask) and skip every chunk that holds none
-(`jax.lax.cond` inside the scan), then put the results back in place. The values are unchanged: a position
-outside the mask contributes nothing to the loss, and its reported NLL / log-prob is 0. A group is the whole
-batch on one device; under a mesh each device's share of the rows is its own group (`compaction_groups`), so no
-device gathers another's rows.
-
-`fused_token_logprobs` is the same idea for log p(y_t) itself (the preference losses' per-row sums of reply
-log-probs): its forward pass keeps each position's d log p / d h, so a LoRA run's backward pass is a product
-by the incoming cotangent, and only a trained head (full fine-tuning) recomputes the chunk's logits for dL/dW.
-
-Two steps have more than one form (`HeadForms`): each chunk's softmax and how dL/dW is summed. The plain forms
-here compute exp once more and sum dL/dW in the head's own layout; `tempax.ops.cpu.lm_head.CPU_FORMS` are the
-ones XLA:CPU runs fast. `tempax.ops.fused_causal_lm_loss` passes the forms of the platform's variant.
+A custom VJP computes the three products chunk by chunk in the forward pass and keeps only dL/dh [B, T, D] and
+dL/dW for the backward: one chunk's logits at a time, as many products as plain autodiff. Gemma-2-style final
+soft-capping z = cap tanh(z' / cap) is applied inside, with dz'/dz = 1 - tanh^2. The value is
+`tempax.algorithms.sft.losses.causal_lm_loss`'s (tested equal, value and gradients); Liger-Kernel's "fused linear
+cross-entropy" is the same idea on GPUs. This docstring keeps the formulas it implements; what each part adds
+(`compacted_chunks`, `HeadForms`, `fused_causal_lm_loss`, `fused_token_logprobs`) is said where it is defined.
 """
 
 from __future__ import annotations
@@ -69,7 +41,9 @@ def logsumexp_from_max(z: jax.Array, m: jax.Array) -> jax.Array:
 
 
 class HeadForms:
-    """How the fused head forms a chunk's softmax and sums dL/dW: the plain forms (any backend).
+    """How the fused head forms a chunk's softmax and sums dL/dW: the plain forms (any backend), which compute exp
+    once more and sum dL/dW in the head's own layout. `tempax.ops.cpu.lm_head.CPU_FORMS` are the forms XLA:CPU
+    runs fast; `tempax.ops.fused_causal_lm_loss` passes the forms of the platform's variant.
 
     The sum of dL/dW over chunks is kept in `gradient_shape` and returned in the head's layout by
     `head_gradient`; here it is the head's own layout throughout.
@@ -162,7 +136,13 @@ def active_chunks(counts: jax.Array, length: int, chunk: int) -> jax.Array:
 
 def compacted_chunks(mask_bt: jax.Array, chunk_len: int | None) -> tuple[jax.Array, int, jax.Array]:
     """(order, chunk, active) for both fused forms: the compaction of `mask_bt` into its groups
-    (`compact_positions`), the chunk length over the N compacted positions (`chunk_size`), and which chunks run."""
+    (`compact_positions`), the chunk length over the N compacted positions (`chunk_size`), and which chunks run.
+
+    A loss mask often covers a small part of a batch (assistant turns, a preference pair's two replies), and the
+    head's three products and the [C, V] softmax cost the same at every position. So the masked positions of each
+    group of rows are gathered to the front (in order: a stable sort of the mask), every chunk that holds none is
+    skipped (`jax.lax.cond` inside the scan), and the results are put back in place. The values are unchanged: a
+    position outside the mask contributes nothing to the loss, and its reported NLL / log-prob is 0."""
     order, counts = compact_positions(mask_bt, compaction_groups(mask_bt.shape[0]))
     length = order.shape[1]
     chunk = chunk_size(length, chunk_len)
@@ -260,7 +240,13 @@ def fused_causal_lm_loss(forms: HeadForms, hidden_btd: jax.Array, head: jax.Arra
                          loss_mask_bt: jax.Array, vocab_major: bool, normalize: str, chunk_len: int | None,
                          softcap: float | None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`tempax.ops.fused_causal_lm_loss` (whose docstring gives the arguments) with the softmax and dL/dW formed
-    by `forms`: `PLAIN_FORMS`, or the CPU variant's."""
+    by `forms`: `PLAIN_FORMS`, or the CPU variant's.
+
+    The head may be a float32 master weight under bfloat16 hidden states (`train.precision=bf16`): it is cast to
+    the hidden states' dtype once, every product is bf16 x bf16 with float32 accumulation, and dL/dW is summed in
+    float32 and returned in the master's dtype, never rounded to bf16 on the way. Token accuracy uses
+    argmax == target <=> z[y] >= max(z), free once the max is known (ties count as a hit; they have probability
+    ~0 with real logits)."""
     b, t = targets_bt.shape
     mask = loss_mask_bt.astype(jnp.float32)
     tokens_b = jnp.sum(mask, axis=-1)
@@ -373,7 +359,10 @@ _target_logprobs.defvjp(_target_logprobs_fwd, _target_logprobs_bwd)
 
 def fused_token_logprobs(hidden_btd: jax.Array, head: jax.Array, targets_bt: jax.Array, mask_bt: jax.Array,
                          vocab_major: bool, chunk_len: int | None, softcap: float | None) -> jax.Array:
-    """`tempax.ops.fused_token_logprobs` (whose docstring gives the arguments)."""
+    """`tempax.ops.fused_token_logprobs` (whose docstring gives the arguments): log p(y_t) at the masked positions,
+    the preference losses' per-row sums of reply log-probs. Its forward pass keeps each position's d log p / d h,
+    so a LoRA run's backward pass is a product by the incoming cotangent; only a trained head (full fine-tuning)
+    recomputes the chunk's logits for dL/dW."""
     b, t = targets_bt.shape
     order, chunk, active = compacted_chunks(mask_bt, chunk_len)
     logp = _target_logprobs(take_positions(hidden_btd, order), head, take_positions(targets_bt, order), active,

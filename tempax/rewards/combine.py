@@ -5,24 +5,9 @@ The reward API: a reward function is any callable
     fn(prompts: list[str], completions: list[str], **dataset_columns) -> list[float]
 
 where each dataset column (for example `answer=[...]`) arrives as a list aligned with `completions`. A returned
-`None` means "does not apply to this sample" and counts as 0.0.
-
-A reward function must never stop or stall a training run. `safe_reward` wraps one so that a call which raises,
-returns something malformed (wrong length, non-numbers, NaN) or runs past its timeout gives 0.0 for the affected
-samples and bumps failure counters the trainer logs.
-
-Functions marked `@per_completion` (the built-in format and answer-correctness rewards; any module-level function
-of yours can be) are run one completion at a time in `tempax.rewards.bounded.shared_pool()`, a persistent pool of
-worker processes: each completion has its own `timeout_s` deadline, which works from any thread, and a completion
-past it is scored 0.0 and counted alone while its worker is killed and replaced.
-
-Other functions (objects such as a reward model, closures) are called in-process on the whole batch; when the
-batch raises, the samples are retried one by one, so one odd completion does not zero its whole GRPO group.
-Their timeout uses `signal.setitimer`, the only way to interrupt pure-Python code without a subprocess: signals
-can only be handled in the main thread, so elsewhere (or when another interval timer is already running, which
-we must not cancel) such a call runs without a timeout but stays exception-safe. The timeout exception derives
-from `BaseException` on purpose: reward code (math-verify included) catches `Exception` to turn bad input into
-"wrong", and would otherwise swallow the timeout and keep running.
+`None` means "does not apply to this sample" and counts as 0.0. A reward function must never stop or stall a
+training run: `safe_reward` wraps one so that a call which raises, returns something malformed or runs past its
+timeout gives 0.0 for the affected samples and bumps failure counters the trainer logs (`SafeReward` says how).
 """
 
 from __future__ import annotations
@@ -48,7 +33,7 @@ class RewardFn(Protocol):
 
 def per_completion(fn: RewardFn) -> RewardFn:
     """Marks a module-level reward function to be run one completion at a time under its own deadline, in a
-    worker process (see the module docstring). It must be importable by name and need nothing but its arguments."""
+    worker process (`SafeReward`). It must be importable by name and need nothing but its arguments."""
     fn.tempax_per_completion = True  # type: ignore[attr-defined]
     return fn
 
@@ -133,7 +118,20 @@ def _to_rewards(output: Any, n: int) -> list[float]:
 
 @dataclass
 class SafeReward:
-    """A reward function that never raises and never hangs (in the main thread); see the module docstring.
+    """A reward function that never raises and never hangs (in the main thread).
+
+    Functions marked `@per_completion` (the built-in format and answer-correctness rewards; any module-level
+    function can be) are run one completion at a time in `tempax.rewards.bounded.shared_pool()`, a persistent pool
+    of worker processes: each completion has its own `timeout_s` deadline, which works from any thread, and a
+    completion past it is scored 0.0 and counted alone while its worker is killed and replaced.
+
+    Other functions (objects such as a reward model, closures) are called in-process on the whole batch; when the
+    batch raises, the samples are retried one by one, so one odd completion does not zero its whole GRPO group.
+    Their timeout uses `signal.setitimer` (`time_limit`), the only way to interrupt pure-Python code without a
+    subprocess: signals can only be handled in the main thread, so elsewhere (or when another interval timer is
+    already running, which must not be cancelled) such a call runs without a timeout but stays exception-safe.
+    The timeout exception derives from `BaseException` on purpose: reward code (math-verify included) catches
+    `Exception` to turn bad input into "wrong", and would otherwise swallow the timeout and keep running.
 
     Counters are cumulative over the object's life, for logging:
       failed_samples: samples that got 0.0 because their call raised, misbehaved or timed out.

@@ -1,35 +1,13 @@
 """Running a program the model wrote, isolated from the trainer, the machine and the network.
 
     sandbox = Sandbox(SandboxConfig(timeout_s=2.0))
-    result = sandbox.run("print(sum(range(10)))")          # ProgramResult(stdout='45\\n', exit_code=0, ...)
+    result = sandbox.run("print(sum(range(10)))")          # ProgramResult(stdout='45\n', exit_code=0, ...)
     results = sandbox.run_many([code_a, code_b, code_c])   # in parallel, `workers` at a time
 
-Each program runs in a fresh process tree, never in the caller's process: the caller starts the trusted launcher
-(`tempax.rewards.sandbox_launcher`, standard library only), which builds the isolation and execs the interpreter
-on the program. What a program gets, each bound a `SandboxConfig` field:
-
-    wall-clock deadline     the caller kills the launcher's whole process group at `timeout_s`; the launcher and
-                            the namespace's first process die with it, and the kernel then kills every process
-                            left in the process-id namespace (children that outlived the program included)
-    CPU seconds             RLIMIT_CPU (SIGXCPU, then SIGKILL a second later)
-    memory                  RLIMIT_AS, the address space of each process
-    file size               RLIMIT_FSIZE; the writable temporary folder is itself a tmpfs of `workdir_mb`
-    processes               RLIMIT_NPROC on an unprivileged uid that belongs to this one program (RLIMIT_NPROC
-                            does not bind root, so the uid is dropped; a fork bomb stops at the limit)
-    output                  at most `max_output_bytes` of stdout and of stderr are kept; past that the program is
-                            killed (status "output_limit")
-    network                 a new network namespace: only a loopback interface that is down
-    files                   a new mount namespace: everything read-only and nosuid, the system's temporary
-                            folder a fresh tmpfs (the working directory, gone with the program), an empty
-                            read-only tmpfs over the hidden paths (home, the working directory, the Python
-                            environment, /var/tmp, /dev/shm and `hide_paths`); /proc shows only the sandbox's
-                            processes
-    environment             PATH, HOME, TMPDIR and LANG only: none of the caller's variables (tokens, keys)
-
-What stays readable: world-readable files outside the hidden paths (the system's /usr, /etc; data sets elsewhere
-on the disk), and the interpreter's own install. What the kernel refuses is said once per process (a warning
-naming what is missing) the first time a sandbox starts; a missing network namespace refuses to start with
-`SandboxUnavailable` unless `allow_network_check` is false. The guide: docs/code-execution.md.
+Each program runs in a fresh process tree started by the trusted launcher (`tempax.rewards.sandbox_launcher`,
+standard library only), which builds the isolation (namespaces, rlimits, an unprivileged uid, a bare environment)
+before it execs the interpreter; each limit is a `SandboxConfig` field. What is isolated and what is not, limit by
+limit: docs/code-execution.md.
 """
 
 from __future__ import annotations

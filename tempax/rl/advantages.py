@@ -21,12 +21,8 @@ Which to use (all plug into the same clipped objective; `GRPOKnobsConfig.advanta
                                               std over the whole batch. Keeps dr_grpo's immunity to small-spread
                                               groups while holding the overall scale at 1 whatever the reward's.
 
-Several reward functions (`combine_and_estimate`): `sum` (the default) adds them with their weights and runs
-the estimator on the total; `normalize_each` (GDPO, Liu et al. 2026) runs the estimator on each reward within
-its group *before* the weighted sum, then normalises the sum over the batch. With a sum, different mixtures of
-the parts collapse onto the same totals (format 1 + correctness 0 ties format 0 + correctness 1) and a reward with
-a large scale drowns one with a small scale; normalising each gives every reward the same say in the ranking.
-Per-reward values stay in the rollout metrics (`reward/<name>`), so hacking of one reward shows either way.
+Several reward functions are combined by `combine_and_estimate` (a weighted sum, or GDPO's per-reward
+normalisation). This docstring keeps the estimators' formulas and the papers they come from.
 """
 
 from __future__ import annotations
@@ -199,6 +195,11 @@ def combine_and_estimate(
         normalize_each:  A = batch_normalize(sum_k w_k est(r_k))      (GDPO, Liu et al. 2026, "GDPO: group
                                                                       reward-decoupled normalization policy
                                                                       optimization for multi-reward RL")
+
+    With a sum, different mixtures of the parts collapse onto the same totals (format 1 + correctness 0 ties
+    format 0 + correctness 1) and a reward with a large scale drowns one with a small scale; normalising each gives
+    every reward the same say in the ranking. Per-reward values stay in the rollout metrics (`reward/<name>`), so
+    hacking of one reward shows either way.
 
     `est` is `estimate_advantages(estimator)`. GDPO is normalize_each with estimator grpo; other estimators
     normalise each reward their way. With normalize_each a group where two rewards separate the samples gets a

@@ -1,33 +1,10 @@
-"""The queue between rollout workers and an on-policy batch source: bounded staleness, weight sync, restarts, resume.
+"""The queue between rollout workers and an on-policy batch source: bounded staleness, weight sync, restarts,
+resume. `RolloutQueue` states its deterministic schedule (rollout i is sampled at most `max_staleness` versions
+before it is trained on; 0 is the synchronous loop, step for step) and what a resume keeps.
 
     queue = RolloutQueue(pool_factory, max_staleness=1)
     result, meta = queue.next(version=trainer.step, params=lambda: trainer.params,
                               make_request=lambda: payload)     # called by the source for each rollout
-
-Schedule (deterministic, so runs are reproducible): rollout i is requested when the trainer is about to train on
-rollout i - max_staleness, with the newest weights, and rollouts are handed out in request order. So rollout i is
-sampled by version max(0, i - max_staleness) - or newer - and trained on at version i:
-
-  * max_staleness = 0: rollout i is requested after update i, with its weights: the synchronous loop, step for
-    step (the same prompts, seeds and weights, so the same losses);
-  * max_staleness = k: the workers sample up to k rollouts ahead while the trainer trains, each at most k
-    versions old. A rollout that comes back older than that (a replacement worker, several workers out of
-    order) is dropped and requested again with the newest weights (`async/dropped_stale`).
-
-Weights are published before each batch is handed out when the trainer has a newer version (`WorkerPool.publish`),
-so a worker never samples with a version older than the schedule allows.
-
-Faults: a worker that died is replaced (`WorkerPool.restart`) and every request it held is issued again to the
-replacement (`async/worker_restarts`, `async/reissued`).
-
-Resume (`state()` / `restore()`, JSON-able): requests in flight and rollouts already returned but not yet handed
-to the trainer. Results that have arrived are kept in the state, encoded by the caller's `encode`, so a resumed
-run trains on them without sampling them again; requests without a result are issued again (with the resumed
-trainer's weights). Nothing is lost and nothing that finished is generated twice; with max_staleness = 0 nothing
-is in flight at a step boundary, so a resumed run equals the uninterrupted one exactly.
-
-Overlap: every result carries the worker's start and end wall times; `overlap()` reports the time during which
-a worker was generating while the trainer was not waiting for it.
 """
 
 from __future__ import annotations
@@ -49,8 +26,23 @@ class _Request:
 
 
 class RolloutQueue:
-    """Requests rollouts from a `WorkerPool` ahead of the trainer, at most `max_staleness` versions (see the module
-    docstring).
+    """Requests rollouts from a `WorkerPool` ahead of the trainer, at most `max_staleness` versions.
+
+    Schedule (deterministic, so runs are reproducible): rollout i is requested when the trainer is about to train
+    on rollout i - max_staleness, with the newest weights, and rollouts are handed out in request order. So
+    rollout i is sampled by version max(0, i - max_staleness) - or newer - and trained on at version i:
+
+      * max_staleness = 0: rollout i is requested after update i, with its weights: the synchronous loop, step
+        for step (the same prompts, seeds and weights, so the same losses);
+      * max_staleness = k: the workers sample up to k rollouts ahead while the trainer trains, each at most k
+        versions old. A rollout that comes back older than that (a replacement worker, several workers out of
+        order) is dropped and requested again with the newest weights (`async/dropped_stale`).
+
+    Weights are published before each batch is handed out when the trainer has a newer version
+    (`WorkerPool.publish`), so a worker never samples with a version older than the schedule allows. A worker
+    that died is replaced (`WorkerPool.restart`) and every request it held is issued again to the replacement
+    (`async/worker_restarts`, `async/reissued`). Every result carries the worker's start and end wall times, for
+    `overlap()`.
 
     Args:
       pool_factory: `pool_factory(params, version) -> WorkerPool`, called on the first `next`.
@@ -152,7 +144,11 @@ class RolloutQueue:
 
     # -- resume -----------------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """In-flight requests (issued again on restore) and arrived results (kept): see the module docstring."""
+        """In-flight requests and arrived results, JSON-able. Results that have arrived but were not yet handed to
+        the trainer are kept, encoded by `encode`, so a resumed run trains on them without sampling them again;
+        requests without a result are issued again on restore (with the resumed trainer's weights). Nothing is lost
+        and nothing that finished is generated twice; with max_staleness = 0 nothing is in flight at a step
+        boundary, so a resumed run equals the uninterrupted one exactly."""
         self._collect_ready()
         return {
             "issued": self.issued, "taken": self.taken, "counters": dict(self.counters),

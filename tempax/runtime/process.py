@@ -1,43 +1,8 @@
-"""Process setup that has to happen before JAX starts: XLA:CPU's memory-minimising scheduler, the per-CPU choice
-of XLA:CPU's matrix-product library, and glibc's malloc told to keep a training step's memory between steps.
-
-* Scheduler, on by default. XLA:CPU orders a step's operations for concurrency, which keeps far more activations
-  alive at once; `--xla_cpu_enable_concurrency_optimized_scheduler=false` orders them to minimise live memory,
-  which lowers a training step's peak without a measurable loss of speed on a few cores.
-* A kept heap, on by default for training jobs (`setup_process(job="train")`: the `tempax` training commands,
-  `bench/sft.py`, `bench/profile_step.py`), otherwise opt-in with `TEMPAX_KEEP_HEAP=1`; `TEMPAX_KEEP_HEAP=0` turns
-  it off. XLA:CPU allocates a training step's temporaries (gigabytes, one block) afresh on every execution. glibc
-  serves a block that size with `mmap` and gives it back with `munmap` when the step ends, so every step faults
-  every page in again, 4 KiB at a time, and the kernel zeroes each one. `KEEP_HEAP_TUNABLES` make malloc take
-  every block from one heap (`arena_max=1`: XLA's worker threads would otherwise each get an arena of their own,
-  and a thread arena maps a large block whatever `mmap_max` says), never from `mmap` (`mmap_max=0`), and never
-  give the heap's top back (`trim_threshold`), so from the second step on the step's memory is already mapped.
-  The process keeps its high-water mark, which for a training job is its peak anyway. glibc reads its tunables
-  only when a process starts, so the command re-executes itself once with them set.
-* Huge pages, opt-in with `TEMPAX_HUGE_PAGES=1`: glibc's `glibc.malloc.hugetlb=1` asks for transparent huge
-  pages (`madvise(MADV_HUGEPAGE)`) on what malloc maps, so memory faults in 2 MiB at a time. It was the training
-  default before the kept heap, which faults nothing after the first step; on a host whose kernel compacts
-  memory to find each huge page it costs more kernel time than it saves.
-* Matrix-product library, per CPU (`cpu_xla_flags`). XLA:CPU's default float32 products are kept where no
-  alternative is faster on the training step's own shapes (`bench/matmul_shapes.py`); on Intel CPUs with AVX-512
-  `--xla_cpu_use_onednn=true` is added, the one flag measured faster there (the float32 step and the 4096^3
-  product, on an Intel CPU with AMX); on AVX2-only CPUs oneDNN made the step slower, so nothing is added. The
-  before/after pairs of these settings, per CPU class: `docs/measurements/performance-history.md`.
-* Persistent compilation cache, on for the `tempax` command (`compilation_cache_env`): JAX writes every compiled
-  program to `$TEMPAX_CACHE/xla/<CPU fingerprint>` and a later run with the same program, shapes, jaxlib and XLA
-  flags loads it instead of compiling (XLA:CPU included, sharded programs too; tests check both; the figures are
-  in `docs/measurements/performance-history.md`). `tempax generate` and `tempax chat` instead store their
-  generation executables whole (`TEMPAX_PROGRAMS_DIR`, a `programs/` folder inside it;
-  `tempax.generate.program_store`), which skips their tracing and lowering too.
-  The folder is per CPU because JAX's cache key names the backend ("cpu") but not the host's instruction set:
-  a home folder shared by an AVX-512 and an AVX2 machine must not hand one the other's machine code.
-  `TEMPAX_COMPILE_CACHE=0` turns it off; a `JAX_COMPILATION_CACHE_DIR` the user set is used as it is.
-* Dequantised GGUF weights, kept for the `tempax` command (`weight_cache_env`) under `$TEMPAX_CACHE/weights`, so a
-  second load of a GGUF file copies its parameters instead of dequantising them (`tempax.models.weight_cache`);
-  `TEMPAX_WEIGHT_CACHE=0` turns that off.
-
-Opt out of the first four with `TEMPAX_REEXEC=0`; a glibc tunable or an XLA flag named in the user's
-`GLIBC_TUNABLES` or `XLA_FLAGS` is left as the user set it.
+"""Process setup that has to happen before JAX starts (`setup_process`): XLA:CPU's memory-minimising scheduler,
+the per-CPU XLA flags, glibc's malloc told to keep a training step's memory between steps (huge pages opt-in), and
+the environment of the compilation and dequantised-weight caches. Each setting's reason is given where it is
+defined; what each bought, per CPU class: `docs/measurements/performance-history.md`; how to change them:
+`docs/running-commands.md`, "Settings of the process" (`TEMPAX_REEXEC=0` turns all of it off).
 """
 
 from __future__ import annotations
@@ -51,12 +16,23 @@ from typing import Any
 from tempax.runtime.host import cpu_info, cpu_line
 from tempax.runtime.caches import cache_root
 
+# Transparent huge pages (`madvise(MADV_HUGEPAGE)`) on what malloc maps, so memory faults in 2 MiB at a time;
+# opt-in (`TEMPAX_HUGE_PAGES=1`). It was the training default before the kept heap, which faults nothing after the
+# first step; on a host whose kernel compacts memory to find each huge page it costs more kernel time than it saves.
 HUGETLB_TUNABLE = "glibc.malloc.hugetlb=1"
-# One heap, no mmap, no trimming: a training step's memory stays mapped from one step to the next (module docstring).
+# The kept heap. XLA:CPU allocates a training step's temporaries (gigabytes, one block) afresh on every execution;
+# glibc serves a block that size with mmap and unmaps it when the step ends, so every step faults every page in
+# again, 4 KiB at a time, and the kernel zeroes each one. One heap (`arena_max=1`: XLA's worker threads would
+# otherwise each get an arena, and a thread arena maps a large block whatever `mmap_max` says), never mmap
+# (`mmap_max=0`), never trim the heap's top (`trim_threshold`): from the second step on the step's memory is
+# already mapped. The process keeps its high-water mark, which for a training job is its peak anyway.
 KEEP_HEAP_TUNABLES = (
     "glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=1099511627776",
 )
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+# XLA:CPU orders a step's operations for concurrency, which keeps far more activations alive at once; this orders
+# them to minimise live memory, which lowers a training step's peak without a measurable loss of speed on a few
+# cores.
 SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 ONEDNN_FLAG = "--xla_cpu_use_onednn=true"
 
@@ -95,7 +71,8 @@ def tuned_env(env: dict[str, str], cpu: Mapping[str, Any] | None = None, job: st
     """`env` with the settings added where they change something and the user has not chosen otherwise; `cpu`
     (default: this machine's `cpu_info()`) decides the per-CPU XLA flags; `job` "train" keeps the heap unless
     `TEMPAX_KEEP_HEAP=0` (any other job: only with `TEMPAX_KEEP_HEAP=1`); huge pages only with
-    `TEMPAX_HUGE_PAGES=1`. A tunable or flag the user named keeps the user's value."""
+    `TEMPAX_HUGE_PAGES=1`. A tunable or flag the user named keeps the user's value. glibc reads its tunables only
+    when a process starts, which is why `setup_process` re-executes the command once with them set."""
     if env.get("TEMPAX_REEXEC", "1") == "0":
         return dict(env)
     out = dict(env)
@@ -129,7 +106,9 @@ def compilation_cache_env(
 ) -> dict[str, str]:
     """`env` with compiled programs kept under `$TEMPAX_CACHE/xla/<cpu fingerprint>` (`cpu`: a `cpu_info()`
     record, default this machine's). Unchanged when `TEMPAX_COMPILE_CACHE=0` or when the user named a JAX cache
-    folder (`JAX_COMPILATION_CACHE_DIR`).
+    folder (`JAX_COMPILATION_CACHE_DIR`). The folder is per CPU because JAX's cache key names the backend ("cpu")
+    but not the host's instruction set: a home folder shared by an AVX-512 and an AVX2 machine must not hand one
+    the other's machine code.
 
     `command` "generate" or "chat" (`STORED_PROGRAM_COMMANDS`) stores its prefill and decode programs whole, one
     pair per prompt-length bucket (`TEMPAX_PROGRAMS_DIR`, the `programs/` folder), which also skips their tracing

@@ -1,29 +1,15 @@
 """The training core every algorithm shares (SFT, pre-training, DPO, reward models, GRPO, PPO, distillation).
 
-An algorithm supplies two things:
-
-    loss_fn(model, batch) -> (loss, metrics)
-        `batch` is a dict of arrays with a leading batch axis (one micro-batch); `loss` a scalar mean over it.
-        Put `metrics["loss_weight"]` = how much this micro-batch counts (e.g. its supervised token count) to make
-        gradient accumulation exact; metrics named `num_*` / `*_sum` are summed over micro-batches, other scalars
-        averaged with that weight, per-row arrays concatenated.
-    batches: a batch source (`tempax.train.sources`): an iterable of fixed-shape global host batches (dicts of
-        numpy arrays [batch_size, ...]); with `state()` / `restore(state)` its position is checkpointed (like
-        `tempax.data.loader.BatchLoader`); with `attach(trainer)` it can sample from the current policy (GRPO's
-        rollouts: `tempax.algorithms.grpo.source.GRPOSource`); `batch_metrics()` joins each step's record.
-        A source, like a hook, sees the trainer as a `TrainerView` (`tempax.train.view`), not the loop.
-
-and runs
+An algorithm supplies a loss, `loss_fn(model, batch) -> (loss, metrics)` on one micro-batch (its
+`metrics["loss_weight"]` makes gradient accumulation exact: `tempax.train.step`), and a batch source
+(`tempax.train.sources.BatchSource`), and runs
 
     trainer = Trainer(model, loss_fn, cfg.train, trainable=nnx.Param)   # or tempax.models.lora.lora_filter
-    # a composite model, or a run that adds to the memory plan: tempax.train.trainable (TrainableModel, Trainable)
     result = trainer.fit(batches, hooks=[...], eval_batches=lambda: held_out_batches)
 
-The core owns the rest: the mesh and sharding (`cfg.train.mesh`), bf16 compute over float32 masters, remat, the
-memory plan, one jitted step with donation (gradients, micro-batch accumulation, clipping, AdamW + schedule,
-non-finite detection), Orbax checkpoints with resume, metrics (progress bar, metrics.jsonl, TensorBoard) and
-hooks with a cadence (`Hook`, `every(n, fn)`) that can stop the run (`Stop(reason)`). `Trainer.fit` is the only
-optimisation loop; `trainer.train_step(batch)` runs one step on its own (tests and step benchmarks).
+The core owns the rest: the mesh and sharding, bf16 compute over float32 masters, remat, the memory plan, one
+jitted step with donation, checkpoints with resume, metrics and hooks with a cadence (`tempax.train.hooks`).
+`Trainer.fit` is the only optimisation loop; `trainer.train_step(batch)` runs one step on its own.
 """
 
 from tempax.train.checkpoint import Checkpointer

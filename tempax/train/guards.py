@@ -5,23 +5,7 @@ RL fine-tuning with verifiable rewards fails most often by collapse: the policy'
 completions of a prompt become the same text, every group gets one reward for all its completions (no advantage,
 no gradient), and completions shrink. DAPO's clip-higher (Yu et al. 2025) and entropy bonuses (Williams & Peng
 1991; the c2 S[pi] term of PPO, Schulman et al. 2017) are the usual remedies; a higher sampling temperature is the
-bluntest. The guard reads the step metrics every RL algorithm here logs, by name:
-
-    entropy                    mean per-token policy entropy (nats), computed in the loss, chunked over vocab
-    groups/zero_spread_frac    fraction of groups whose completions all got the same reward
-    completion/duplicate_frac  fraction of completions that repeat an earlier one of their group
-    completion/length_mean     mean completion length (tokens)
-    entropy/turn_<k>           multi-turn episodes: the sampled tokens' mean -log p of reply k (one estimate per
-                               turn, so a policy that turns deterministic on one turn only, e.g. its tool calls,
-                               is seen although the mean over all tokens hides it); same thresholds as entropy
-
-Each signal is the mean over the last `window` steps; entropy and length are compared with their mean over the
-first `baseline_steps` steps. When a threshold is crossed the guard logs `guard/*` numbers into that step's
-record (`guard/fired`, the values and thresholds, `guard/message`), prints a message that says what collapsed and
-which settings to change, and then acts (`action`): `warn`, `stop` (ends the run with a checkpoint and exit status
-3), or one of the adjustments the algorithm offers (`raise_temperature`, `clip_higher`, `entropy_bonus`). It fires
-again only after `cooldown_steps`, so an adjustment has time to act. On resume it replays the logged metrics up to
-the checkpoint, so its baselines and cooldown are those of the uninterrupted run.
+bluntest. `CollapseGuard` says which metrics it reads and when it fires.
 """
 
 from __future__ import annotations
@@ -121,7 +105,25 @@ class _Series:
 
 
 class CollapseGuard(Hook):
-    """The guard hook (see the module docstring).
+    """The guard hook. It reads the step metrics every RL algorithm here logs, by name:
+
+        entropy                    mean per-token policy entropy (nats), computed in the loss, chunked over vocab
+        groups/zero_spread_frac    fraction of groups whose completions all got the same reward
+        completion/duplicate_frac  fraction of completions that repeat an earlier one of their group
+        completion/length_mean     mean completion length (tokens)
+        entropy/turn_<k>           multi-turn episodes: the sampled tokens' mean -log p of reply k (one estimate
+                                   per turn, so a policy that turns deterministic on one turn only, e.g. its tool
+                                   calls, is seen although the mean over all tokens hides it); same thresholds as
+                                   entropy
+
+    Each signal is the mean over the last `window` steps; entropy and length are compared with their mean over the
+    first `baseline_steps` steps. When a threshold is crossed the guard logs `guard/*` numbers into that step's
+    record (`guard/fired`, the values and thresholds, `guard/message`), prints a message that says what collapsed
+    and which settings to change, and then acts (`action`): `warn`, `stop` (ends the run with a checkpoint and exit
+    status 3), or one of the adjustments the algorithm offers (`raise_temperature`, `clip_higher`,
+    `entropy_bonus`). It fires again only after `cooldown_steps`, so an adjustment has time to act. On resume it
+    replays the logged metrics up to the checkpoint, so its baselines and cooldown are those of the uninterrupted
+    run.
 
     Args:
       config: thresholds and action.

@@ -1,29 +1,10 @@
 """Side effects attached to the training loop with a cadence: logging, checkpoints, evaluation, your own.
 
 A hook runs after optimizer step `s` when `s % every == 0`, and after the last step when `at_end` is true. Hooks
-never run inside the jitted step, and the step never does side effects: that is how the loop avoids a host
-sync per step (metrics are fetched from the device only at steps some hook needs them).
-
-    class SampleHook(Hook):
-        def __init__(self, every):
-            super().__init__(every=every)
-        def __call__(self, info):
-            model = info.trainer.model          # the current model (merged trainable + frozen state)
-            ...                                 # generate, then info.trainer.write(text) or info.add_metrics({...})
-
-or, for a one-off, `every(50, lambda info: print(info.step, info.metrics()["loss"]))`.
-
-A hook sees the trainer as a `tempax.train.view.TrainerView` (`info.trainer`, and the argument of `start` /
-`end`): the step, the weights, the mesh, a few settings, `write`, `log`, `save_checkpoint` and `evaluate`, and
-nothing else of the loop.
-
-Order: the hooks passed to `Trainer.fit` run first, in their order, then logging, evaluation and checkpoints,
-so a hook can add numbers to the step's record (`info.add_metrics`) before it is written.
-
-Stopping: a hook returns `Stop(reason)` (or raises `StopTraining(reason)`) to end the run after this step. The
-hooks after it then run as at the last step (the record carries `stop_reason`), `fit` saves a checkpoint of the
-step even when `checkpoint.save_at_end` is off, writes the reason to `<run_dir>/summary.json` and returns it in
-`TrainResult.stop_reason`; the `tempax` training commands then exit with status 3 (`tempax.cli.main`).
+never run inside the jitted step, and the step never does side effects: that is how the loop avoids a host sync
+per step (metrics are fetched from the device only at steps some hook needs them). `Hook` says how one is
+written, in what order hooks run and how one stops the run; for a one-off,
+`every(50, lambda info: print(info.step, info.metrics()["loss"]))`.
 """
 
 from __future__ import annotations
@@ -97,9 +78,26 @@ class StepInfo:
 
 
 class Hook:
-    """Base class: override `__call__` (and optionally `start` / `end`). See the module docstring.
+    """Base class: override `__call__` (and optionally `start` / `end`).
 
-    `__call__` may return `Stop(reason)` (or raise `StopTraining(reason)`) to end the run after this step.
+        class SampleHook(Hook):
+            def __init__(self, every):
+                super().__init__(every=every)
+            def __call__(self, info):
+                model = info.trainer.model          # the current model (merged trainable + frozen state)
+                ...                                 # generate, then info.trainer.write(text) or info.add_metrics({...})
+
+    A hook sees the trainer as a `tempax.train.view.TrainerView` (`info.trainer`, and the argument of `start` /
+    `end`): the step, the weights, the mesh, a few settings, `write`, `log`, `save_checkpoint` and `evaluate`, and
+    nothing else of the loop.
+
+    Order: the hooks passed to `Trainer.fit` run first, in their order, then logging, evaluation and checkpoints,
+    so a hook can add numbers to the step's record (`info.add_metrics`) before it is written.
+
+    Stopping: `__call__` returns `Stop(reason)` (or raises `StopTraining(reason)`) to end the run after this step.
+    The hooks after it then run as at the last step (the record carries `stop_reason`), `fit` saves a checkpoint of
+    the step even when `checkpoint.save_at_end` is off, writes the reason to `<run_dir>/summary.json` and returns
+    it in `TrainResult.stop_reason`; the `tempax` training commands then exit with status 3.
     """
 
     def __init__(self, every: int = 1, *, at_end: bool = True):

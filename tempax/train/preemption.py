@@ -1,5 +1,7 @@
 """Graceful stop: SIGTERM (what preemptible VMs, SLURM and Kubernetes send) and the first Ctrl-C end a run at the
-next step boundary with a checkpoint, instead of losing every step since the last periodic one.
+next step boundary with a checkpoint, instead of losing every step since the last periodic one; a second signal
+stops at once. The exit status is the shell's for that signal (143, 130), so a scheduler's requeue logic keeps
+working and the same command continues from the checkpoint.
 
     with GracefulStop(say=print) as stop:
         while step < steps:
@@ -7,26 +9,6 @@ next step boundary with a checkpoint, instead of losing every step since the las
             if stop.requested:
                 save_checkpoint(); wait_for_it()
                 raise RunStopped(step, stop.signal_name, checkpoint_path)
-
-While the context is open, the first SIGTERM or SIGINT only sets `requested` (the step in flight finishes). A
-second signal stops at once: a second Ctrl-C raises `KeyboardInterrupt` (exit status 130), a second SIGTERM gets
-the default action (the process ends, status 143).
-
-"At once" has to hold while the main thread is inside a step: JAX runs it in C++, and Python runs a signal's
-handler only when the main thread is back in Python, so two Ctrl-C pressed during one step would reach the handler
-as one (Python keeps one pending flag per signal) after the step and its checkpoint. So the signals are also
-counted off the main thread: `signal.set_wakeup_fd` makes the C-level handler write one byte per delivery to a
-pipe, and a watcher thread reads them. On the second delivery the watcher nudges the main thread (a real signal,
-so a blocking system call returns and the handler runs); when the main thread has not raised within
-`STUCK_AFTER_S`, it is inside native code, and the watcher ends the process itself with the same status
-(`os._exit`: nothing more of the run is written, and what is on disk is whole: checkpoints commit by renaming a
-finished folder, and the next run drops an unfinished one).
-
-Exit status after a graceful stop (`tempax` commands, `RunStopped.exit_status`): 128 + the signal number, as a
-shell reports a process ended by that signal: 143 for SIGTERM, 130 for Ctrl-C. A scheduler's requeue logic keeps
-working unchanged, and the run continues from its checkpoint when the same command runs again.
-
-Handlers can only be installed from the main thread; elsewhere the context does nothing (`active` is false).
 """
 
 from __future__ import annotations
@@ -64,6 +46,22 @@ class RunStopped(TempaxError):
 
 class GracefulStop:
     """Context manager turning the first SIGTERM / SIGINT into a request to stop at the next step boundary.
+
+    While the context is open, the first SIGTERM or SIGINT only sets `requested` (the step in flight finishes). A
+    second signal stops at once: a second Ctrl-C raises `KeyboardInterrupt` (exit status 130), a second SIGTERM
+    gets the default action (the process ends, status 143).
+
+    "At once" has to hold while the main thread is inside a step: JAX runs it in C++, and Python runs a signal's
+    handler only when the main thread is back in Python, so two Ctrl-C pressed during one step would reach the
+    handler as one (Python keeps one pending flag per signal) after the step and its checkpoint. So the signals are
+    also counted off the main thread: `signal.set_wakeup_fd` makes the C-level handler write one byte per delivery
+    to a pipe, and a watcher thread reads them. On the second delivery the watcher nudges the main thread (a real
+    signal, so a blocking system call returns and the handler runs); when the main thread has not raised within
+    `STUCK_AFTER_S`, it is inside native code, and the watcher ends the process itself with the same status
+    (`os._exit`: nothing more of the run is written, and what is on disk is whole: checkpoints commit by renaming
+    a finished folder, and the next run drops an unfinished one).
+
+    Handlers can only be installed from the main thread; elsewhere the context does nothing (`active` is false).
 
     Args:
       say: where the one line acknowledging the signal goes (default: stderr).

@@ -3,25 +3,8 @@
 `Trainer.fit` hands its sources (`source.attach(trainer)`) and hooks (`hook.start(trainer)`, `info.trainer`,
 `hook.end(trainer)`) this narrow view instead of the whole trainer, so a source or a hook depends on the members
 named here rather than on the loop's internals, and the modules that define sources and hooks never import the
-loop (`tempax.train.loop` imports them; an arrow back would be an import cycle). `Trainer` provides every member
-itself; a test's stand-in provides the ones its source or hook reads. `tests/train/test_view.py` checks that the
-sources and hooks of tempax read nothing else: one that needs more widens the view here.
-
-    where the run stands   step, run_dir
-    the weights            params (trainable arrays), rest (frozen arrays), parts (`ModelParts`: `merge(params,
-                           rest)` rebuilds the model, also inside jit), model (the current model, merged),
-                           full_finetune (every weight trains: a reference must be a frozen copy), loss_fn (the loss
-                           the step was compiled with)
-    the devices            mesh, put_batch(batch) (a global host batch onto the mesh), micro_batch_size (rows of
-                           one forward pass: no-grad passes over a rollout go in chunks of it)
-    the settings           batch_size, seq_len, seed, learning_rate (`train.*`; the peak of the schedule)
-    side effects           write(text) (a message above the progress bar), log(step, metrics) (a record in
-                           metrics.jsonl and the trackers), save_checkpoint(data_state), evaluate(batches)
-
-An on-policy source samples with `model` and runs its no-grad forward passes as jitted functions of
-`(params, rest, batch)` that call `parts.merge(params, rest)`, on `mesh`, `micro_batch_size` rows at a time placed
-with `put_batch` (`tempax.algorithms.grpo.source`). Members are read-only: what a source or hook changes goes
-through `log`, `write`, `save_checkpoint` or a hook's `Stop`.
+loop (an arrow back would be an import cycle). `tests/train/test_view.py` checks that the sources and hooks of
+tempax read nothing else: one that needs more widens the view here.
 """
 
 from __future__ import annotations
@@ -39,7 +22,25 @@ if TYPE_CHECKING:  # annotations only: the view itself needs neither JAX nor the
 
 @runtime_checkable
 class TrainerView(Protocol):
-    """The trainer as its batch sources and hooks see it (see the module docstring for each member)."""
+    """The trainer as its batch sources and hooks see it. `Trainer` provides every member itself; a test's
+    stand-in provides the ones its source or hook reads.
+
+        where the run stands   step, run_dir
+        the weights            params (trainable arrays), rest (frozen arrays), parts (`ModelParts`: `merge(params,
+                               rest)` rebuilds the model, also inside jit), model (the current model, merged),
+                               full_finetune (every weight trains: a reference must be a frozen copy), loss_fn
+                               (the loss the step was compiled with)
+        the devices            mesh, put_batch(batch) (a global host batch onto the mesh), micro_batch_size (rows
+                               of one forward pass: no-grad passes over a rollout go in chunks of it)
+        the settings           batch_size, seq_len, seed, learning_rate (`train.*`; the peak of the schedule)
+        side effects           write(text) (a message above the progress bar), log(step, metrics) (a record in
+                               metrics.jsonl and the trackers), save_checkpoint(data_state), evaluate(batches)
+
+    An on-policy source samples with `model` and runs its no-grad forward passes as jitted functions of
+    `(params, rest, batch)` that call `parts.merge(params, rest)`, on `mesh`, `micro_batch_size` rows at a time
+    placed with `put_batch` (`tempax.algorithms.grpo.source`). Members are read-only: what a source or hook changes
+    goes through `log`, `write`, `save_checkpoint` or a hook's `Stop`.
+    """
 
     # -- where the run stands ----------------------------------------------------------------------------------
     @property

@@ -1,38 +1,7 @@
-"""Attention in the forms XLA:CPU runs fast: training attention at bfloat16, and one decode step over the cache.
-
-Both compute `tempax.ops.plain.attention` (tests/ops/test_ops.py, tests/ops/cpu/test_attention.py).
-
-**bf16 training attention** (`bf16_attention`, `train.precision=bf16`). XLA:CPU (jaxlib 0.10) runs a bf16 dot at
-bf16 speed only when the dot asks for a float32 result and its left operand's contracting axis is the minor one
-(`tempax.ops.cpu.matmul`); otherwise it upcasts both operands to float32 first, which is slower than float32
-throughout. Plain autodiff of the einsum attention at bf16 misses this on every product: p @ v asks for a bf16
-result, and the backward mixes float32 cotangents with bf16 operands and contracts the query or key axis of the
-[T, S] arrays.
-
-`bf16_attention` computes the same function as a custom VJP. Heads go first ([B, K, G*T, H] for the queries of a
-kv group, [B, K, S, H] for keys and values), so that each of the six products contracts the left operand's minor
-axis with no copy of a [T, S] array:
-
-    scores  = q k^T        [GT, H] x [S, H]  -> [GT, S]   (contract H)
-    out     = p v          [GT, S] x [S, H]  -> [GT, H]   (contract S)
-    dp      = do v^T       [GT, H] x [S, H]  -> [GT, S]   (contract H)
-    dq      = ds k         [GT, S] x [S, H]  -> [GT, H]   (contract S)
-    dk^T    = q^T ds       [H, GT] x [GT, S] -> [H, S]    (contract GT)
-    dv^T    = do^T p       [H, GT] x [GT, S] -> [H, S]    (contract GT)
-
-Only the small [GT, H] / [S, H] arrays are transposed (q and do to [H, GT], dk and dv back), each materialised
-row-major (`_row_major`): XLA:CPU refuses a bf16 dot whose operand has a transpose's bitcast layout and upcasts
-it instead. dk and dv sit behind an optimization barrier, or XLA folds their transposes back into the dots by
-swapping the operands (ds then contracts its major axis, and the dot fails at run time as a bf16 `DotThunk`).
-Softmax and its gradient are in float32: ds = p * (dp - sum_s(p * dp)), the softmax's vector-Jacobian product,
-then the soft-cap's factor 1 - tanh^2 and the scale; p and ds are rounded to bf16 for the products, whose sums
-accumulate in float32. Residuals: q, k, v (bf16) and p (bf16, [GT, S]); soft-capped scores are recomputed.
-Autodiff of the einsum form at bf16 is slower than this on a CPU with AVX512-BF16, and no faster than the
-float32 path (`python bench/attention.py`; figures in `docs/measurements/performance-history.md`).
-
-**One decode step** (`decode_step_attention`). XLA:CPU runs the [G, S] x [S, H] product p v of one query per
-(batch, kv head) as a plain dot thunk that streams the cache slowly; a multiply-and-sum over S reads the cache
-once as one fused loop.
+"""Attention in the forms XLA:CPU runs fast: training attention at bfloat16 (`bf16_attention`) and one decode
+step over the cache (`decode_step_attention`). Both compute `tempax.ops.plain.attention` (tests/ops/test_ops.py,
+tests/ops/cpu/test_attention.py); why each form is faster on XLA:CPU is said at each function, and the figures
+are in `docs/measurements/performance-history.md` (`python bench/attention.py`).
 """
 
 from __future__ import annotations
@@ -120,7 +89,30 @@ def bf16_attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, mask
     """softmax(mask(softcap(q k^T * scale))) v for bf16 q [B, T, N, H], k and v [B, S, K, H] and a boolean
     mask [B, T, S] (True = visible; a fully masked row gets a uniform distribution), with every product, forward
     and backward, a bf16 x bf16 -> float32 dot in the form XLA:CPU runs on its bf16 kernels. Returns
-    [B, T, N, H] bf16."""
+    [B, T, N, H] bf16 (`train.precision=bf16`).
+
+    XLA:CPU (jaxlib 0.10) runs a bf16 dot at bf16 speed only when the dot asks for a float32 result and its left
+    operand's contracting axis is the minor one (`tempax.ops.cpu.matmul`); otherwise it upcasts both operands to
+    float32 first, which is slower than float32 throughout. Plain autodiff of the einsum attention at bf16 misses
+    this on every product: p @ v asks for a bf16 result, and the backward mixes float32 cotangents with bf16
+    operands and contracts the query or key axis of the [T, S] arrays. So this is a custom VJP with heads first
+    ([B, K, G*T, H] for the queries of a kv group, [B, K, S, H] for keys and values), each of the six products
+    contracting the left operand's minor axis with no copy of a [T, S] array:
+
+        scores  = q k^T        [GT, H] x [S, H]  -> [GT, S]   (contract H)
+        out     = p v          [GT, S] x [S, H]  -> [GT, H]   (contract S)
+        dp      = do v^T       [GT, H] x [S, H]  -> [GT, S]   (contract H)
+        dq      = ds k         [GT, S] x [S, H]  -> [GT, H]   (contract S)
+        dk^T    = q^T ds       [H, GT] x [GT, S] -> [H, S]    (contract GT)
+        dv^T    = do^T p       [H, GT] x [GT, S] -> [H, S]    (contract GT)
+
+    Only the small [GT, H] / [S, H] arrays are transposed (q and do to [H, GT], dk and dv back), each materialised
+    row-major (`_row_major`): XLA:CPU refuses a bf16 dot whose operand has a transpose's bitcast layout and
+    upcasts it instead. dk and dv sit behind an optimization barrier, or XLA folds their transposes back into the
+    dots by swapping the operands (ds then contracts its major axis, and the dot fails at run time as a bf16
+    `DotThunk`). Softmax and its gradient are in float32: ds = p * (dp - sum_s(p * dp)), then the soft-cap's
+    factor 1 - tanh^2 and the scale; p and ds are rounded to bf16 for the products, whose sums accumulate in
+    float32. Residuals: q, k, v (bf16) and p (bf16, [GT, S]); soft-capped scores are recomputed."""
     b, t, n, h = q_btnh.shape
     kh = k_bskh.shape[2]
     g = n // kh
@@ -133,7 +125,9 @@ def bf16_attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, mask
 def decode_step_attention(q_btnh: jax.Array, k_bksh: jax.Array, v_bksh: jax.Array, mask_bts: jax.Array, *,
                           scale: float, logit_cap: float | None) -> jax.Array:
     """`tempax.ops.plain.attention` of one query position (T = 1) over the KV cache's [B, K, S, H] keys and
-    values, p v made as a multiply-and-sum over S. Returns [B, 1, N, H]."""
+    values, p v made as a multiply-and-sum over S. Returns [B, 1, N, H]. XLA:CPU runs the [G, S] x [S, H]
+    product p v of one query per (batch, kv head) as a plain dot thunk that streams the cache slowly; a
+    multiply-and-sum over S reads the cache once as one fused loop."""
     b, t, n, h = q_btnh.shape
     probs = attention_probs(q_btnh, k_bksh, mask_bts, scale=scale, logit_cap=logit_cap, kv_layout="bksh",
                             dtype=v_bksh.dtype)  # [B, K, G, 1, S]

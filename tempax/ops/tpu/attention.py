@@ -29,9 +29,8 @@ What we do differently from the plain op:
   positions, is the plain op's;
 * scores, softmax and the p v product accumulate in float32 inside the kernel, as the plain op does; the output
   is in q's dtype.
-
-`unsupported_reason` names what the kernel cannot take (S != T, T not a multiple of 128, a head_dim that is not
-a multiple of 64, mixed or other dtypes); the op table uses the plain op there.
+This docstring keeps the formulas and the paper it implements; `unsupported_reason` names what the kernel cannot
+take, where the op table uses the plain op.
 """
 
 from __future__ import annotations
@@ -52,8 +51,9 @@ DEFAULT_BLOCK = 512
 
 def unsupported_reason(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, *, window: int | None = None,
                        logit_cap: float | None = None) -> str | None:
-    """Why the splash kernel cannot compute this self-attention, or None when it can. Reads only shapes and
-    dtypes (tracers and `jax.ShapeDtypeStruct`s work): q [B, T, N, H], k and v [B, S, K, H]."""
+    """Why the splash kernel cannot compute this self-attention, or None when it can (S != T, T not a multiple of
+    128, a head_dim that is not a multiple of 64, mixed or other dtypes); the op table uses the plain op there.
+    Reads only shapes and dtypes (tracers and `jax.ShapeDtypeStruct`s work): q [B, T, N, H], k and v [B, S, K, H]."""
     if q_btnh.ndim != 4 or k_bskh.ndim != 4 or v_bskh.ndim != 4:
         return f"q, k and v must be [B, T, N, H] and [B, S, K, H]; got {q_btnh.shape}, {k_bskh.shape}, {v_bskh.shape}"
     b, t, n, h = q_btnh.shape

@@ -1,39 +1,21 @@
 """Decode-step attention on a TPU: one query token per row over the KV cache, on JAX's paged attention kernel
-(`jax.experimental.pallas.ops.tpu.paged_attention`).
-
-The function is `tempax.ops.plain.attention` for one query per row whose visible keys are the row's first
-`length` cache slots:
+(`jax.experimental.pallas.ops.tpu.paged_attention`). The function is `tempax.ops.plain.attention` for one query
+per row whose visible keys are the row's first `length` cache slots:
 
     out[b, n] = sum_{j < length[b]} p[b, n, j] v[b, n // G, j]     p[b, n, :] = softmax_j(softcap(s[b, n, :]))
     s[b, n, j] = scale * q[b, n] . k[b, n // G, j]                 (G = N / K query heads share a kv head)
 
 The kernel is FlashAttention's decode form (Dao et al., 2022, "FlashAttention: Fast and Memory-Efficient Exact
 Attention with IO-Awareness"; paged KV blocks as in vLLM, Kwon et al., 2023, "Efficient Memory Management for
-Large Language Model Serving with PagedAttention"): for each row and kv head it copies the row's pages from HBM
-a block at a time (double-buffered) and folds each block into a running max, normaliser and output, stopping at
-the row's length, so a step reads only the slots written so far rather than the whole buffer.
-
-Two entry points:
-
-* `paged_attention`: the kernel's own layout, a page pool k_pages, v_pages [K, P, page, H] shared by all rows
-  and a page table [B, pages per row] (what a paged cache that allocates pages on demand holds);
-* `cache_attention`: tempax's cache as it is, k and v [B, K, S, H]. Nothing is copied: the buffer is read as a
-  pool of [B * K * S / page, page, H] pages of a single kv head, and each (row, kv head) pair is one row of the
-  kernel, with its G query heads and the pages of its own [S, H] block in order.
-
-What the kernel cannot express, and so what `unsupported_reason` refuses (the op table falls back to the plain
-op there):
-
-* visible keys other than a prefix: no segment ids and no per-row start, so a row whose padding sits before its
-  tokens (the left-padded rows of a batch that shares one write index) cannot use it; the slot engine, which
-  puts each prompt at slot 0, can (length = the slots written, the current token's included);
-* a sliding window shorter than the cache (a window as long as the cache hides nothing);
-* a cache in any dtype other than bfloat16: the kernel rounds keys and values to bfloat16 as it loads them.
+Large Language Model Serving with PagedAttention"): for each row and kv head it folds the row's pages, a block at
+a time, into a running max, normaliser and output, stopping at the row's length, so a step reads only the slots
+written so far. This docstring keeps the formula and the papers; `paged_attention` takes the kernel's own page
+pool, `cache_attention` tempax's cache read in place, and `unsupported_reason` says what the kernel cannot take.
 
 Where it differs from the plain op: q is taken in float32 with the scale folded in (the kernel has no scale
-argument; q enters its products in float32 either way), scores, softmax and p v stay in float32 (the plain op
-rounds p to the values' dtype first), and a row of length 0 comes out as zeros (the plain op: the mean of every
-value); the output is in q's dtype. Forward only: the kernel has no gradient, and decoding needs none.
+argument), scores, softmax and p v stay in float32 (the plain op rounds p to the values' dtype first), and a row
+of length 0 comes out as zeros (the plain op: the mean of every value); the output is in q's dtype. Forward only:
+the kernel has no gradient, and decoding needs none.
 """
 
 from __future__ import annotations
@@ -69,7 +51,8 @@ def paged_attention(q_bnh: jax.Array, k_pages: jax.Array, v_pages: jax.Array, le
                     page_indices: jax.Array, *, scale: float, logit_cap: float | None = None,
                     pages_per_compute_block: int | None = None, interpret: bool = False) -> jax.Array:
     """One query per row over a page pool: row b sees the first lengths[b] slots of its pages
-    page_indices[b, 0], page_indices[b, 1], ... (in that order).
+    page_indices[b, 0], page_indices[b, 1], ... (in that order): the kernel's own layout, a pool shared by all
+    rows and a page table, what a paged cache that allocates pages on demand holds.
 
     Args:
       q_bnh: [B, N, H] queries.
@@ -102,7 +85,14 @@ def page_size(s: int) -> int | None:
 def unsupported_reason(q_b1nh: jax.Array, k_bksh: jax.Array, v_bksh: jax.Array, *, window: int | None = None,
                        logit_cap: float | None = None) -> str | None:
     """Why `cache_attention` cannot compute this decode step, or None when it can (shapes and dtypes only:
-    whether the rows' visible keys are prefixes is the caller's to know). q [B, 1, N, H]; k, v [B, K, S, H]."""
+    whether the rows' visible keys are prefixes is the caller's to know). q [B, 1, N, H]; k, v [B, K, S, H].
+
+    The kernel sees a prefix of each row: no segment ids and no per-row start, so a row whose padding sits before
+    its tokens (the left-padded rows of a batch that shares one write index) cannot use it; the slot engine, which
+    puts each prompt at slot 0, can (length = the slots written, the current token's included). So a sliding window
+    shorter than the cache is refused (one as long as the cache hides nothing), and so is a cache in any dtype but
+    bfloat16 (the kernel rounds keys and values to bfloat16 as it loads them). The op table falls back to the plain
+    op wherever this names a reason."""
     if q_b1nh.ndim != 4 or k_bksh.ndim != 4 or k_bksh.shape != v_bksh.shape:
         return f"q must be [B, 1, N, H] and k, v one [B, K, S, H] shape; got {q_b1nh.shape}, {k_bksh.shape}, " \
                f"{v_bksh.shape}"
@@ -135,6 +125,10 @@ def cache_attention(q_b1nh: jax.Array, k_bksh: jax.Array, v_bksh: jax.Array, *, 
                     logit_cap: float | None = None, page: int | None = None,
                     block_len: int = DEFAULT_BLOCK_LEN, interpret: bool = False) -> jax.Array:
     """One decode step over tempax's KV cache, read in place: row b's query sees its first lengths[b] slots.
+
+    Nothing is copied: the [B, K, S, H] buffer is read as a pool of [B * K * S / page, page, H] pages of a single
+    kv head, and each (row, kv head) pair is one row of the kernel, with its G query heads and the pages of its own
+    [S, H] block in order.
 
     Args:
       q_b1nh: [B, 1, N, H] the step's queries.
