@@ -32,18 +32,22 @@ class RopeConfig:
 
     Attributes:
       theta: base of the inverse frequencies.
-      scaling: None, "linear" (positions divided by `factor`), "llama3" (Llama 3.1 frequency-band scaling) or
-        "yarn" (YaRN, Peng et al. 2023, arXiv:2309.00071: gpt-oss).
-      factor: scaling factor for "linear", "llama3" and "yarn".
+      scaling: None, "linear" (positions divided by `factor`), "llama3" (Llama 3.1 frequency-band scaling),
+        "yarn" (YaRN, Peng et al. 2023, arXiv:2309.00071: gpt-oss) or "longrope" (LongRoPE, Ding et al. 2024,
+        arXiv:2402.13753: Phi-3.5 / Phi-4-mini; per-frequency divisors `short_factor`, or `long_factor` for a call
+        whose positions pass original_max_position_embeddings).
+      factor: scaling factor for "linear", "llama3", "yarn" and "longrope" (its context extension).
       low_freq_factor, high_freq_factor: the "llama3" band edges.
       original_max_position_embeddings: the pre-training context of "llama3" and "yarn".
       beta_fast, beta_slow: "yarn"'s ramp between extrapolated and interpolated frequencies (in rotations).
       truncate: "yarn" rounds the ramp's ends to whole dimensions (transformers' default; gpt-oss sets False).
-      attention_factor: "yarn"'s scale of cos and sin; None = 0.1 * ln(factor) + 1.
+      attention_factor: "yarn"'s and "longrope"'s scale of cos and sin; None = the method's default (yarn:
+        0.1 * ln(factor) + 1; longrope: sqrt(1 + ln(factor) / ln(original_max_position_embeddings))).
+      short_factor, long_factor: "longrope"'s divisors of the inverse frequencies, one per rotated pair.
     """
 
     theta: float = 10000.0
-    scaling: Literal["linear", "llama3", "yarn"] | None = None
+    scaling: Literal["linear", "llama3", "yarn", "longrope"] | None = None
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -52,6 +56,8 @@ class RopeConfig:
     beta_slow: float = 1.0
     truncate: bool = True
     attention_factor: float | None = None
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
 
 
 RouterActivation = Literal["softmax", "sigmoid"]
@@ -314,6 +320,13 @@ class ModelConfig:
                               "placement) or keep pre_norms")
         if self.qk_norm_across_heads and not self.qk_norm:
             raise ConfigError("qk_norm_across_heads=True needs qk_norm=True")
+        for rope in (self.rope, self.rope_local):
+            pairs = self.rotary_dim // 2
+            if rope is not None and rope.scaling == "longrope" and not (
+                    len(rope.short_factor) == len(rope.long_factor) == pairs):
+                raise ConfigError(f"longrope short_factor and long_factor have {len(rope.short_factor)} and "
+                                  f"{len(rope.long_factor)} entries; the rotary dimension {self.rotary_dim} needs "
+                                  f"{pairs} each")
         if not 0.0 < self.partial_rotary_factor <= 1.0 or self.rotary_dim % 2 or not self.rotary_dim:
             raise ConfigError(f"partial_rotary_factor={self.partial_rotary_factor} gives {self.rotary_dim} rotated "
                               f"features of head_dim {self.head_dim}; it must be in (0, 1] and give an even, "
@@ -434,7 +447,19 @@ def _rope_from_params(p: dict[str, Any] | None, default_theta: float) -> RopeCon
             truncate=bool(p.get("truncate", True)),
             attention_factor=None if attention_factor is None else float(attention_factor),
         )
-    raise CheckpointError(f"rope type {kind!r} is not supported (supported: default, linear, llama3, yarn)")
+    if kind == "longrope":
+        attention_factor = p.get("attention_factor")
+        return RopeConfig(
+            theta=theta,
+            scaling="longrope",
+            factor=float(p["factor"]),
+            original_max_position_embeddings=int(p["original_max_position_embeddings"]),
+            attention_factor=None if attention_factor is None else float(attention_factor),
+            short_factor=tuple(float(f) for f in p["short_factor"]),
+            long_factor=tuple(float(f) for f in p["long_factor"]),
+        )
+    raise CheckpointError(f"rope type {kind!r} is not supported (supported: default, linear, llama3, yarn, "
+                          "longrope)")
 
 
 def _ropes(hf: dict[str, Any]) -> tuple[RopeConfig, RopeConfig | None]:
@@ -565,6 +590,9 @@ def _from_hf(hf: dict[str, Any], model_type: str) -> ModelConfig:
         pad_token_id=hf.get("pad_token_id"),
         moe=_moe_from_hf(hf, model_type),
         attention_sinks=model_type == "gpt_oss",
+        # Phi-3's alone among these (transformers 5 keeps it in rope_parameters, older configs at the top level)
+        partial_rotary_factor=float((hf.get("rope_parameters") or {}).get("partial_rotary_factor")
+                                    or hf.get("partial_rotary_factor") or 1.0) if model_type == "phi3" else 1.0,
     )
 
 
@@ -585,6 +613,11 @@ def _rope_params(r: RopeConfig) -> dict[str, Any]:
             beta_slow=r.beta_slow,
             truncate=r.truncate,
         )
+        if r.attention_factor is not None:
+            out["attention_factor"] = r.attention_factor
+    if r.scaling == "longrope":
+        out.update(original_max_position_embeddings=r.original_max_position_embeddings,
+                   short_factor=list(r.short_factor), long_factor=list(r.long_factor))
         if r.attention_factor is not None:
             out["attention_factor"] = r.attention_factor
     return out
@@ -701,17 +734,28 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def _dense_family_hf(hf: dict[str, Any], model_type: str) -> dict[str, Any]:
-    """`hf` with the family's defaults for missing keys; CheckpointError for what the decoder does not run."""
-    if model_type == "phi3":
-        params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        kind = params.get("rope_type", params.get("type"))
-        if kind not in (None, "default"):
-            raise CheckpointError(
-                f"phi3 with rope type {kind!r} is not supported: LongRoPE (Phi-3.5-mini, Phi-4-mini, the 128k Phi-3 "
-                "models) switches its frequencies with the sequence length, which tempax does not implement; Phi-3 "
-                "models with the default rope (rope_scaling null: Phi-3-mini-4k, Phi-3-medium-4k, Phi-4) load")
+    """`hf` with the family's defaults for missing keys (and Phi-3's LongRoPE in the generic form)."""
     defaults = {k: v for k, v in _FAMILY_DEFAULTS[model_type].items() if hf.get(k) is None}
-    return {**hf, **defaults}
+    hf = {**hf, **defaults}
+    return _phi3_longrope(hf) if model_type == "phi3" else hf
+
+
+def _phi3_longrope(hf: dict[str, Any]) -> dict[str, Any]:
+    """A Phi-3 config.json's LongRoPE in the form `_rope_from_params` reads, as transformers reads it: the older
+    names "su" and "yarn" (which Phi-3 configs used for LongRoPE) become "longrope", the original context comes
+    from the top-level key when the rope dictionary lacks it, and a missing factor is max_position_embeddings over
+    that original context."""
+    key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    params = dict(hf.get(key) or {})
+    if params.get("rope_type", params.get("type")) not in ("su", "yarn", "longrope"):
+        return hf
+    params.pop("type", None)
+    original = int(params.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings")
+                   or 4096)
+    params.update(rope_type="longrope", original_max_position_embeddings=original)
+    if params.get("factor") is None:
+        params["factor"] = int(hf.get("max_position_embeddings") or 4096) / original
+    return {**hf, key: params}
 
 
 def _dense_family_from_hf(cfg: ModelConfig, hf: dict[str, Any]) -> ModelConfig:
@@ -746,11 +790,8 @@ def _dense_family_from_hf(cfg: ModelConfig, hf: dict[str, Any]) -> ModelConfig:
                        sliding_window=int(hf["sliding_window"]) if sliding else None,
                        rope_local=cfg.rope_local or RopeConfig(theta=cfg.rope.theta))
     if model_type == "phi3":
-        params = hf.get("rope_parameters") or {}
         window = hf.get("sliding_window")
-        changes.update(partial_rotary_factor=float(params.get("partial_rotary_factor",
-                                                              hf.get("partial_rotary_factor", 1.0))),
-                       layer_types=("sliding",) * n if window else (), sliding_window=int(window) if window else None)
+        changes.update(layer_types=("sliding",) * n if window else (), sliding_window=int(window) if window else None)
     return cfg.replace(**changes)
 
 
@@ -817,6 +858,8 @@ def _dense_family_to_hf(c: ModelConfig, hf: dict[str, Any]) -> dict[str, Any]:
         hf.pop("layer_types", None)
         hf["sliding_window"] = c.sliding_window if c.layer_types else None
         hf["rope_parameters"]["partial_rotary_factor"] = c.partial_rotary_factor
+        if c.rope.scaling == "longrope":
+            hf["original_max_position_embeddings"] = c.rope.original_max_position_embeddings
     return hf
 
 

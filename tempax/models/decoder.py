@@ -63,9 +63,12 @@ class RMSNorm(nnx.Module):
         return (y * w).astype(x.dtype)
 
 
-def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> jax.Array:
+def rope_inverse_frequencies(rope: RopeConfig, head_dim: int, *, long: bool = False) -> jax.Array:
     """inv_freq[i] = theta^(-2i/d), then the family's scaling (linear: / factor; llama3: per-band rescale; yarn:
-    `yarn_inverse_frequencies`)."""
+    `yarn_inverse_frequencies`; longrope: 1 / (short_factor[i] * theta^(2i/d)), or long_factor's with `long`)."""
+    if rope.scaling == "longrope":
+        factors = jnp.asarray(rope.long_factor if long else rope.short_factor, jnp.float32)
+        return 1.0 / (factors * rope.theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     inv = 1.0 / (rope.theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     if rope.scaling == "yarn":
         return yarn_inverse_frequencies(rope, head_dim)
@@ -111,12 +114,17 @@ def yarn_inverse_frequencies(rope: RopeConfig, head_dim: int) -> jax.Array:
 
 def rope_attention_factor(rope: RopeConfig) -> float:
     """The factor YaRN multiplies cos and sin by (so q . k by its square): `attention_factor`, or by default
-    0.1 * ln(factor) + 1 (YaRN's eq. 21; 1 for a factor <= 1). 1 for every other rope."""
-    if rope.scaling != "yarn":
+    0.1 * ln(factor) + 1 (YaRN's eq. 21; 1 for a factor <= 1). LongRoPE's default is
+    sqrt(1 + ln(factor) / ln(original context)) (1 for a factor <= 1). 1 for every other rope."""
+    if rope.scaling not in ("yarn", "longrope"):
         return 1.0
     if rope.attention_factor is not None:
         return float(rope.attention_factor)
-    return 0.1 * math.log(rope.factor) + 1.0 if rope.factor > 1 else 1.0
+    if rope.factor <= 1:
+        return 1.0
+    if rope.scaling == "longrope":
+        return math.sqrt(1 + math.log(rope.factor) / math.log(rope.original_max_position_embeddings))
+    return 0.1 * math.log(rope.factor) + 1.0
 
 
 def apply_rope(x_btnh: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array,
@@ -369,14 +377,24 @@ def abstract_stack(layer: nnx.Module, num_layers: int) -> nnx.Module:
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
-def layer_constants(cfg: ModelConfig) -> tuple[jax.Array, jax.Array | None]:
+def layer_constants(cfg: ModelConfig, positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array | None]:
     """What differs between layers besides their weights, as arrays scanned with them: the rotary inverse
     frequencies [L, rotary_dim / 2] (0 in a NoPE layer: `apply_rope` is then the identity) and, when full and
-    sliding layers mix, whether each slides [L] (else None)."""
+    sliding layers mix, whether each slides [L] (else None).
+
+    A LongRoPE layer takes its long factors when the call's `positions` [B, T] pass its original context (the
+    largest position + 1 > original_max_position_embeddings, as transformers decides for each forward pass), its
+    short factors otherwise or without `positions`."""
     kinds = layer_kinds(cfg)
     ropes = list(dict.fromkeys(cfg.rope_for(i) for i in range(cfg.num_layers)))
     which = np.asarray([ropes.index(cfg.rope_for(i)) for i in range(cfg.num_layers)])
     tables = jnp.stack([rope_inverse_frequencies(rope, cfg.rotary_dim) for rope in ropes])
+    if positions is not None and any(rope.scaling == "longrope" for rope in ropes):
+        last = jnp.max(positions) + 1
+        beyond = jnp.stack([(last > rope.original_max_position_embeddings) & (rope.scaling == "longrope")
+                            for rope in ropes])
+        long_tables = jnp.stack([rope_inverse_frequencies(rope, cfg.rotary_dim, long=True) for rope in ropes])
+        tables = jnp.where(beyond[:, None], long_tables, tables)
     inv_freq = tables[which]
     if cfg.nope_layers:
         nope = np.asarray([i in cfg.nope_layers for i in range(cfg.num_layers)])
@@ -386,8 +404,8 @@ def layer_constants(cfg: ModelConfig) -> tuple[jax.Array, jax.Array | None]:
 
 
 def rope_scales(cfg: ModelConfig) -> jax.Array | None:
-    """Each layer's factor on cos and sin [L] (`rope_attention_factor`: YaRN's), or None where every layer's is 1
-    (no multiplication in the program)."""
+    """Each layer's factor on cos and sin [L] (`rope_attention_factor`: YaRN's, LongRoPE's), or None where every
+    layer's is 1 (no multiplication in the program)."""
     factors = [rope_attention_factor(cfg.rope_for(i)) for i in range(cfg.num_layers)]
     if all(f == 1.0 for f in factors):
         return None
@@ -509,7 +527,7 @@ class Decoder(nnx.Module):
         # Only an active dropout changes `shared` (its random stream); otherwise it is not written back, so a
         # model whose state belongs to an outer trace (a closure of jit or grad) runs without mutating it.
         write_back = _draws_randomness(self.layers)
-        inv_freq, sliding = layer_constants(cfg)
+        inv_freq, sliding = layer_constants(cfg, positions)
         per_layer = (weights, inv_freq, sliding, rope_scales(cfg), jnp.arange(cfg.num_layers, dtype=jnp.int32))
         moe = cfg.moe if is_recording_router_statistics() else None
 

@@ -10,7 +10,9 @@ checkpoint, so `tempax.models.gguf_io` (which undoes exactly those edits) reads 
   * Phi-3's q/k/v and gate/up projections are written fused (`attn_qkv`; `ffn_up` holding gate then up rows), and
     OLMo 3 as llama.cpp's olmo2 with its sliding window and per-layer pattern;
   * Gemma norm weights are stored as `w + 1` (llama.cpp multiplies by the weight, tempax and HF by `1 + w`);
-  * Llama 3 RoPE scaling becomes a `rope_freqs.weight` tensor of per-frequency divisors;
+  * Llama 3 RoPE scaling becomes a `rope_freqs.weight` tensor of per-frequency divisors, Phi-3's LongRoPE the
+    `rope_factors_long` / `rope_factors_short` tensors with its original context and cos/sin factor (llama.cpp
+    picks the long divisors by the context size it runs with, where transformers and tempax pick them per call);
   * the tokenizer goes into `tokenizer.*` metadata (`tokenizer_metadata`).
 
 Quantisation (`--quant`), per tensor, with the `gguf` package's own encoders (`gguf.quants.quantize`):
@@ -93,6 +95,8 @@ def _dense_family_refusal(cfg: ModelConfig) -> str | None:
     family, arch = cfg.family, gguf_architecture(cfg)
     if cfg.partial_rotary_factor != 1.0 and family != "phi3":
         return "partial rotary embedding, which this exporter writes for llama.cpp's phi3 only"
+    if cfg.rope.scaling == "longrope" and family != "phi3":
+        return "LongRoPE, which this exporter writes for llama.cpp's phi3 only"
     if family not in ("smollm3", "olmo2", "olmo3", "phi3"):
         return None
     if arch in ("olmo2", "phi3") and cfg.num_heads * cfg.head_dim != cfg.hidden_size:
@@ -100,7 +104,7 @@ def _dense_family_refusal(cfg: ModelConfig) -> str | None:
                 f"{cfg.hidden_size}; llama.cpp's {arch} assumes they are equal")
     if arch == "olmo2" and cfg.tie_word_embeddings:
         return "a tied LM head; llama.cpp's olmo2 always reads a separate output tensor"
-    if cfg.rope.scaling not in (None, "linear", "llama3"):
+    if cfg.rope.scaling not in (None, "linear", "llama3", "longrope"):
         return f"{cfg.rope.scaling} RoPE scaling, which this exporter does not write for llama.cpp's {arch}"
     return None
 
@@ -384,7 +388,8 @@ def save_gguf(
     """
     import gguf
 
-    from tempax.models.weights import iter_hf_tensors  # here: the command line imports this module before JAX
+    from tempax.models.decoder import rope_attention_factor  # here: the command line imports this module before JAX
+    from tempax.models.weights import iter_hf_tensors
 
     if quant not in GGUF_QUANTS:
         raise ConfigError(f"--quant {quant!r} is not a GGUF type tempax writes; choose one of {', '.join(GGUF_QUANTS)}")
@@ -404,6 +409,11 @@ def save_gguf(
             _add_value(w, key, value)
         if cfg.rope.scaling == "llama3":
             w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg.rope, cfg.head_dim).astype(np.float32))
+        if cfg.rope.scaling == "longrope":  # Phi-3's converter: both divisor sets as tensors, the context it extends
+            w.add_rope_scaling_attn_factors(rope_attention_factor(cfg.rope))
+            w.add_rope_scaling_orig_ctx_len(cfg.rope.original_max_position_embeddings)
+            w.add_tensor("rope_factors_long.weight", np.asarray(cfg.rope.long_factor, np.float32))
+            w.add_tensor("rope_factors_short.weight", np.asarray(cfg.rope.short_factor, np.float32))
         permuted = gguf_architecture(cfg) in PERMUTED_ARCHITECTURES
         for hf_name, array in fuse_tensors(iter_hf_tensors(model), cfg):  # Phi-3: attn_qkv, ffn_up = gate + up
             array = np.asarray(array, np.float32)

@@ -409,11 +409,31 @@ def _rope(h: GGUFHeader, head_dim: int) -> RopeConfig:
     if "rope_freqs.weight" in h.tensors:
         factors = load_gguf_tensor(h, "rope_freqs.weight").astype(np.float64)
         return _llama3_rope_from_factors(factors, theta=theta, head_dim=head_dim, source=h.path)
+    if "rope_factors_long.weight" in h.tensors:
+        return _longrope(h, theta)
     if kind in (None, "none") or (kind == "linear" and float(h.get("rope.scaling.factor", 1.0)) == 1.0):
         return RopeConfig(theta=theta)
     if kind == "linear":
         return RopeConfig(theta=theta, scaling="linear", factor=float(h.get("rope.scaling.factor")))
     raise CheckpointError(f"{h.path}: RoPE scaling type {kind!r} is not supported (none, linear, llama3)")
+
+
+def _longrope(h: GGUFHeader, theta: float) -> RopeConfig:
+    """Phi-3's LongRoPE from llama.cpp's `rope_factors_long` / `rope_factors_short` tensors, its original context and
+    its cos/sin factor; the extension factor is the context length over the original (as the converter computes
+    it). The cos/sin factor is kept only where it differs from LongRoPE's default for that factor."""
+    original = h.get("rope.scaling.original_context_length")
+    if original is None:
+        raise CheckpointError(f"{h.path}: rope_factors_long without {h.architecture}.rope.scaling."
+                              "original_context_length; the LongRoPE context is unknown")
+    factor = float(h.get("context_length", original)) / float(original)
+    stored = h.get("rope.scaling.attn_factor")
+    default = math.sqrt(1 + math.log(factor) / math.log(float(original))) if factor > 1 else 1.0
+    attention_factor = None if stored is None or math.isclose(stored, default, rel_tol=1e-6) else float(stored)
+    return RopeConfig(theta=theta, scaling="longrope", factor=factor, original_max_position_embeddings=int(original),
+                      attention_factor=attention_factor,
+                      short_factor=tuple(float(f) for f in load_gguf_tensor(h, "rope_factors_short.weight")),
+                      long_factor=tuple(float(f) for f in load_gguf_tensor(h, "rope_factors_long.weight")))
 
 
 def llama3_rope_factors(rope: RopeConfig, head_dim: int) -> np.ndarray:
@@ -492,7 +512,8 @@ _ATTN = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "
 # Phi-3's fused projections: q, k and v rows in attn_qkv; gate then up rows in ffn_up.
 _PHI3_FUSED = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 # Tensors llama.cpp writes that carry nothing the decoder needs (or that the config already absorbed).
-_IGNORED = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd(\.weight)?)$")
+_IGNORED = re.compile(r"^(rope_freqs\.weight|rope_factors_(long|short)\.weight"
+                      r"|blk\.\d+\.attn_rot_embd(\.weight)?)$")
 
 
 def gguf_to_hf_name(name: str, cfg: ModelConfig) -> str | None:

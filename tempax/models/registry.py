@@ -111,6 +111,9 @@ MODELS: dict[str, RegisteredModel] = {
     "phi3-mini-4k-instruct": RegisteredModel(
         description="Phi-3-mini-4k-instruct (fused q/k/v and gate/up in its files)",
         hub_repo="microsoft/Phi-3-mini-4k-instruct"),
+    "phi4-mini-instruct": RegisteredModel(
+        description="Phi-4-mini-instruct (phi3 architecture: LongRoPE, rotary on 3/4 of each head)",
+        hub_repo="microsoft/Phi-4-mini-instruct"),
 }
 
 SourceKind = Literal["preset", "gguf", "hf_folder", "hub", "hub_gguf"]

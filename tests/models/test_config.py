@@ -171,7 +171,8 @@ def test_dense_family_switches_are_read():
 def test_dense_family_settings_that_cannot_be_stated_are_refused():
     base = dict(vocab_size=64, hidden_size=32, intermediate_size=24, num_hidden_layers=4, num_attention_heads=4,
                 num_key_value_heads=2)
-    with pytest.raises(CheckpointError, match="LongRoPE"):
+    with pytest.raises(ConfigError, match="longrope short_factor and long_factor have 2 and 2 entries; the rotary "
+                                          "dimension 8 needs 4 each"):
         ModelConfig.from_hf_config({**base, "model_type": "phi3", "rope_scaling": {
             "type": "longrope", "short_factor": [1.0] * 2, "long_factor": [2.0] * 2}})
     olmo2 = ModelConfig.from_hf_config({**base, "model_type": "olmo2"})
@@ -186,3 +187,41 @@ def test_dense_family_settings_that_cannot_be_stated_are_refused():
         olmo2.replace(partial_rotary_factor=0.1)
     with pytest.raises(ConfigError, match="pre_norms=False leaves the layers without any norm"):
         olmo2.replace(post_norms=False)
+
+
+def test_phi3_longrope_is_read_as_transformers_reads_it():
+    """Phi-3.5-mini's form (transformers 4): rope_scaling {"type": "su" or "longrope", short/long factors} and the
+    original context at the top level; the extension factor is max_position_embeddings / original = 131072 / 4096
+    = 32. The config.json tempax writes gives transformers the same rope parameters and reads back equal."""
+    import math
+
+    base = dict(model_type="phi3", vocab_size=64, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=131072,
+                original_max_position_embeddings=4096, partial_rotary_factor=0.5)
+    factors = {"short_factor": [1.0, 1.5], "long_factor": [4.0, 9.0]}
+    for name in ("su", "longrope"):
+        cfg = ModelConfig.from_hf_config({**base, "rope_scaling": {"type": name, **factors}})
+        assert cfg.rotary_dim == 4
+        assert cfg.rope == RopeConfig(theta=10000.0, scaling="longrope", factor=32.0,
+                                      original_max_position_embeddings=4096, short_factor=(1.0, 1.5),
+                                      long_factor=(4.0, 9.0))
+        assert ModelConfig.from_hf_config(cfg.to_hf_config()) == cfg
+    from tempax.models.decoder import rope_attention_factor
+
+    assert rope_attention_factor(cfg.rope) == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))
+
+
+@pytest.mark.needs_torch
+def test_phi3_longrope_config_json_loads_in_transformers():
+    import transformers
+
+    cfg = ModelConfig.from_hf_config(dict(
+        model_type="phi3", vocab_size=64, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, original_max_position_embeddings=32,
+        pad_token_id=0, rope_scaling={"type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0],
+                                      "long_factor": [4.0, 9.0, 12.0, 20.0]}))
+    theirs = transformers.AutoConfig.for_model(**cfg.to_hf_config())
+    params = theirs.rope_parameters
+    assert params["rope_type"] == "longrope" and params["original_max_position_embeddings"] == 32
+    assert params["short_factor"] == [1.0, 1.5, 2.0, 3.0] and params["long_factor"] == [4.0, 9.0, 12.0, 20.0]
+    assert ModelConfig.from_hf_config(theirs.to_dict()) == cfg

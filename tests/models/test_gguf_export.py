@@ -16,6 +16,8 @@ every storage type.
 
 from __future__ import annotations
 
+import dataclasses
+
 import gguf
 import jax.numpy as jnp
 import numpy as np
@@ -130,6 +132,28 @@ def test_unrepresentable_models_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="Llama 3 RoPE scaling on qwen2"):
         check_exportable(exportable_model("qwen2").config.replace(rope=RopeConfig(scaling="llama3", factor=8.0)))
     assert not (tmp_path / "g.gguf").exists() and not (tmp_path / "g.gguf.tmp").exists()
+
+
+def test_phi3_longrope_is_written_as_llama_cpp_converts_it(tmp_path):
+    """Phi-3.5 / Phi-4-mini's LongRoPE goes into the file as llama.cpp's converter writes it: rope_factors_long and
+    rope_factors_short tensors (float32), the original context (32 of 128) and the cos/sin factor
+    sqrt(1 + ln 4 / ln 32) = 1.1832. Read back, the rope has the float32-rounded divisors, and the model gives the
+    logits of the original within and past the original context (llama.cpp itself picks the long divisors by the
+    context size it runs with, not per call)."""
+    rope = RopeConfig(theta=1e4, scaling="longrope", factor=4.0, original_max_position_embeddings=32,
+                      short_factor=(1.0, 1.05, 1.1, 1.3, 1.6, 2.0), long_factor=(1.5, 2.0, 3.0, 4.5, 6.0, 8.0))
+    model = exportable_model("phi3", rope=rope, max_position_embeddings=128)
+    path = save_gguf(model, tmp_path / "m.gguf", quant="f32")
+    header = read_gguf_header(path)
+    assert header.get("rope.scaling.original_context_length") == 32
+    assert header.get("rope.scaling.attn_factor") == pytest.approx(1.1832, abs=1e-4)
+    assert header.tensors["rope_factors_long.weight"].shape == (6,)
+    back = load_gguf(path)
+    rounded = tuple(float(np.float32(f)) for f in rope.short_factor)
+    assert back.config.rope == dataclasses.replace(rope, short_factor=rounded)
+    for length in (12, 40):
+        ids = random_ids((2, length), model.config.vocab_size)
+        np.testing.assert_array_equal(_logits(back, ids), _logits(model, ids))
 
 
 def test_dense_family_settings_llama_cpp_cannot_run_are_refused():

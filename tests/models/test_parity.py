@@ -132,36 +132,72 @@ def test_a_prefill_into_a_fresh_cache_reads_only_the_keys_it_wrote(pair):
 
 
 
-def _variant(family: str):
-    """Olmo 3 checkpoints scale the rope of their full-attention layers (YaRN: here factor 8 over an original context
-    of 32, attention factor 1.2) and leave the sliding layers' rope unscaled; Phi-3-mini-4k windows every layer."""
+
+def _variant(name: str):
+    """What published checkpoints add to the tiny presets. "olmo3-yarn": Olmo 3 scales the rope of its
+    full-attention layers (YaRN: factor 8 over an original context of 32, attention factor 1.2) and leaves the
+    sliding layers' unscaled. "phi3-window": Phi-3-mini-4k windows every layer. "phi3-longrope": Phi-3.5 /
+    Phi-4-mini's LongRoPE (short and long divisors for tiny-phi3's 6 rotated pairs, original context 32 of 128)."""
     from tempax.models.config import RopeConfig
     from tests.kit.models import tiny_config
 
-    if family == "olmo3":
-        return tiny_config(family).replace(rope=RopeConfig(theta=5e5, scaling="yarn", factor=8.0,
-                                                           original_max_position_embeddings=32, attention_factor=1.2))
-    return tiny_config(family).replace(sliding_window=4, layer_types=("sliding",) * 3)
+    if name == "olmo3-yarn":
+        return tiny_config("olmo3").replace(rope=RopeConfig(theta=5e5, scaling="yarn", factor=8.0,
+                                                            original_max_position_embeddings=32, attention_factor=1.2))
+    if name == "phi3-window":
+        return tiny_config("phi3").replace(sliding_window=4, layer_types=("sliding",) * 3)
+    return tiny_config("phi3").replace(max_position_embeddings=128, rope=RopeConfig(
+        theta=1e4, scaling="longrope", factor=4.0, original_max_position_embeddings=32,
+        short_factor=(1.0, 1.05, 1.1, 1.3, 1.6, 2.0), long_factor=(1.5, 2.0, 3.0, 4.5, 6.0, 8.0)))
 
 
-@pytest.mark.parametrize("family", ["olmo3", "phi3"])
-def test_what_the_published_checkpoints_add_to_the_tiny_presets(tmp_path, family):
-    """`_variant`'s config, saved by transformers with random weights, loaded by tempax: 40 tokens (past the
-    original context and the window of 4) give transformers' logits, and the config reads back unchanged."""
+def _variant_pair(name: str, folder: str):
+    """(transformers model, tempax model) of `_variant(name)`: saved by transformers with random weights, loaded by
+    tempax."""
     import transformers
 
     from tempax.models.hf_io import load_hf_checkpoint
 
-    cfg = _variant(family)
+    cfg = _variant(name)
     torch.manual_seed(0)
     ref = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg.to_hf_config()))
     ref.eval()
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    ref.save_pretrained(str(tmp_path))
-    model = load_hf_checkpoint(str(tmp_path))
+    ref.save_pretrained(folder)
+    model = load_hf_checkpoint(folder)
     assert model.config == cfg
-    ids = random_ids((2, 40), seed=7)
-    out = _forward(model, jnp.asarray(ids), _seg(ids))
-    np.testing.assert_allclose(np.asarray(out), _ref_logits(ref, ids), atol=TOL, rtol=0)
+    return ref, model
+
+
+@pytest.mark.parametrize("name", ["olmo3-yarn", "phi3-window", "phi3-longrope"])
+def test_what_the_published_checkpoints_add_to_the_tiny_presets(tmp_path, name):
+    """`_variant`'s config reads back unchanged from transformers' save, and 12 tokens (within the original context
+    of 32: LongRoPE's short factors) and 40 (past it and past the window of 4) give transformers' logits."""
+    ref, model = _variant_pair(name, str(tmp_path))
+    for length in (12, 40):
+        ids = random_ids((2, length), seed=7)
+        out = _forward(model, jnp.asarray(ids), _seg(ids))
+        np.testing.assert_allclose(np.asarray(out), _ref_logits(ref, ids), atol=TOL, rtol=0)
+
+
+def test_longrope_switches_factors_when_decoding_passes_the_original_context(tmp_path):
+    """transformers picks LongRoPE's factors per forward pass from its largest position: a prefill of 20 tokens and
+    decode steps to 40 switch to the long factors at the step whose position is 32 (keys cached before stay as they
+    were rotated). tempax's cached decoding gives the same logits at every step."""
+    ref, model = _variant_pair("phi3-longrope", str(tmp_path))
+    ids = random_ids((1, 40), seed=9)
+    with torch.no_grad():
+        out = ref(torch.tensor(ids[:, :20], dtype=torch.long), use_cache=True)
+        expected = [out.logits.numpy()]
+        for t in range(20, 40):
+            out = ref(torch.tensor(ids[:, t:t + 1], dtype=torch.long), cache=out.cache, use_cache=True)
+            expected.append(out.logits.numpy())
+    logits, cache = _cached_forward(model, jnp.asarray(ids[:, :20]), _seg(ids[:, :20]),
+                                    KVCache.init(model.config, 1, 48))
+    got = [np.asarray(logits)]
+    for t in range(20, 40):
+        logits, cache = _cached_forward(model, jnp.asarray(ids[:, t:t + 1]), _seg(ids[:, t:t + 1]), cache)
+        got.append(np.asarray(logits))
+    np.testing.assert_allclose(np.concatenate(got, 1), np.concatenate(expected, 1), atol=TOL, rtol=0)
