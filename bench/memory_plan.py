@@ -8,7 +8,9 @@ For each workload x remat x `train.memory` setting it builds the trainer the alg
 trainable parameters, what its rows hold), from a model of shapes only: no weight is allocated, so a step the
 device could not hold still compiles, and XLA's figure for it is read without running it. One JSON line each:
 
-  plan_gib     the plan's total per device (`Trainer.memory_plan`, `tempax.train.memory`), and its parts
+  plan_gib     the plan's total per device with the activations of the loss on this batch (`Trainer.memory_plan
+               (batch)`, what a run checks before its first step compiles), and its parts; plan_before_batch_gib,
+               the plan made when the trainer is built (a decoder over rows of tokens_per_row)
   xla_gib      XLA's figure from `compiled.memory_analysis()`: arguments + outputs + temporaries - aliased (device
                memory; `xla_host_gib` is what XLA places in host memory). When XLA refuses the step for lack of
                memory, the figure its error gives (`xla_from`: "error") and that error's first line
@@ -124,9 +126,10 @@ def measure(name: str, cfg, remat: str, memory: str, args) -> dict:
                         optimizer=OptimizerConfig(learning_rate=1e-5),
                         checkpoint=CheckpointConfig(save_at_end=False, async_save=False))
     trainer = Trainer(model, loss, train, trainable=trainable, log=lambda _: None)
-    plan = trainer.memory_plan()
-    out = {"workload": name, "remat": remat, "memory": memory, "rows": rows, "tokens_per_row": trainer.memory_profile.tokens_per_row or seq_len,
-           "precision": args.precision, "plan_gib": round(plan.total / GiB, 3),
+    first, plan = trainer.memory_plan(), trainer.memory_plan(batch)
+    out = {"workload": name, "remat": remat, "memory": memory, "rows": rows,
+           "tokens_per_row": trainer.memory_profile.tokens_per_row or seq_len, "precision": args.precision,
+           "plan_gib": round(plan.total / GiB, 3), "plan_before_batch_gib": round(first.total / GiB, 3),
            "plan_parts_gib": {k: round(getattr(plan, k) / GiB, 3) for k in (
                "weights", "compute_copy", "gradients", "optimizer", "activations", "backward", "held", "host")}}
     start = time.perf_counter()
@@ -153,7 +156,7 @@ def measure(name: str, cfg, remat: str, memory: str, args) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="llama3.2-1b", help="the model shape (tempax.models.presets)")
     ap.add_argument("--small", action="store_true",
@@ -168,7 +171,7 @@ def main() -> None:
     ap.add_argument("--grpo-prompt-len", type=int, default=None, help="default 256; 64 with --small")
     ap.add_argument("--grpo-completion-len", type=int, default=None, help="default 512; 128 with --small")
     ap.add_argument("--run-dir", default=os.path.join("runs", "memory_plan"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     small = args.small
     for key, full_size, small_size in (("batch", 8, 4), ("seq_len", 1024, 256), ("grpo_group", 8, 4),
                                        ("grpo_prompt_len", 256, 64), ("grpo_completion_len", 512, 128)):

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -38,7 +39,7 @@ from tempax.progress import work_bar
 from tempax.parallel.process import global_batch, host_tree, is_writer
 from tempax.parallel.rules import batch_sharding, use_mesh
 from tempax.runtime.caches import jax_cache_in_use
-from tempax.runtime.host_memory import release_free_heap
+from tempax.runtime.host_memory import available_memory, release_free_heap
 from tempax.train import memory as mem
 from tempax.train.checkpoint import Checkpointer, CheckpointSaveFailed, unfinished_saves
 from tempax.train.config import TrainConfig
@@ -162,6 +163,7 @@ class Trainer:
         self.data_parallel = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1)
         self._plan_inputs: mem.PlanInputs | None = None
         self._capacity: int | None = None
+        self._first_batch_due = False
         micro, self.memory = self._choose_micro_batch(model_cfg, model, trainable)
         self.micro_batch_size = micro
         self.num_micro_batches = config.batch_size // micro
@@ -263,7 +265,9 @@ class Trainer:
             mem.validate_micro_batch(cfg.batch_size, micro, self.data_parallel)
             return micro, fixed
         capacity = mem.device_capacity(self.mesh.devices.flat)
-        choice = mem.choose_memory(inputs, capacity, requested=cfg.memory)
+        free = available_memory() if inputs.host_is_separate else None
+        host = None if free is None else free // max(len(jax.local_devices()), 1)  # offloaded state's room a device
+        choice = mem.choose_memory(inputs, capacity, requested=cfg.memory, host_capacity=host)
         inputs = dataclasses.replace(inputs, memory=choice.setting)
         if cfg.auto_micro_batch and capacity is not None:
             best = mem.largest_fitting_micro_batch(inputs, cfg.batch_size, capacity)
@@ -272,16 +276,46 @@ class Trainer:
                 inputs = dataclasses.replace(inputs, micro_batch_size=micro, num_micro_batches=cfg.batch_size // micro)
         mem.validate_micro_batch(cfg.batch_size, micro, self.data_parallel)
         self._plan_inputs, self._capacity = inputs, capacity
+        self._first_batch_due = cfg.check_memory and capacity is not None
         if cfg.check_memory:
             plan = mem.check_fits(inputs, cfg.batch_size, capacity)
             self._say(choice.reason)
             self._say(plan.format())
         return micro, choice.setting
 
-    def memory_plan(self) -> mem.MemoryPlan | None:
+    def memory_plan(self, batch: dict[str, Any] | None = None) -> mem.MemoryPlan | None:
         """The memory plan of this trainer's step (its model, micro-batch, remat, precision and `train.memory`
-        setting), against the device's capacity when it was asked for; None for a model without a config."""
-        return None if self._plan_inputs is None else mem.plan_memory(self._plan_inputs, self._capacity)
+        setting), against the device's capacity when it was asked for; None for a model without a config. With a
+        global host `batch`, the activations are what autodiff keeps for this trainer's own loss on one
+        micro-batch of that shape (`tempax.train.memory.loss_probe`), not for the decoder over rows of
+        `tokens_per_row`."""
+        if self._plan_inputs is None:
+            return None
+        return mem.plan_memory(self._batch_plan_inputs(batch) if batch is not None else self._plan_inputs,
+                               self._capacity)
+
+    def _batch_plan_inputs(self, batch: dict[str, Any]) -> mem.PlanInputs:
+        p = self._plan_inputs
+        rows = max(self.micro_batch_size // self.data_parallel, 1)
+        shapes = {k: jax.ShapeDtypeStruct((rows, *np.shape(v)[1:]), np.asarray(v).dtype) for k, v in batch.items()}
+        probe = mem.loss_probe(self.loss_fn, self.parts, self.state.params, self.rest, shapes, tokens=rows * p.seq_len,
+                               p=p)
+        return dataclasses.replace(p, probe=probe)
+
+    def _check_first_batch(self, batch: dict[str, Any]) -> None:
+        """Before the first step compiles: the plan with this loss's own activations on this batch's shapes (a
+        step whose rows are not one sequence, GRPO's, holds more or less than the first plan said); a step that
+        cannot fit stops here with the settings that would, and a plan that moved by more than 15% is printed."""
+        self._first_batch_due = False
+        p = self._batch_plan_inputs(batch)
+        plan = mem.plan_memory(p, self._capacity)
+        first = mem.plan_memory(self._plan_inputs, self._capacity)
+        if not plan.fits:
+            fixes = mem.suggest_fixes(p, self.config.batch_size, self._capacity)
+            raise mem.OutOfMemoryPlan(mem.not_fitting_message(plan, fixes, self._capacity,
+                                                              what="the train step on these batches needs"))
+        if abs(plan.total - first.total) > 0.15 * first.total:
+            self._say(f"on these batches, {plan.format()}")
 
     @contextlib.contextmanager
     def _out_of_memory_explained(self, what: str) -> Iterator[None]:
@@ -345,6 +379,8 @@ class Trainer:
         if self.abstract:
             raise TempaxError("this trainer was built from a model of shapes only: it plans and compiles the step "
                               "(step_memory) but holds no weights to train")
+        if self._first_batch_due:
+            self._check_first_batch(batch)
         with use_mesh(self.mesh), self._out_of_memory_explained("the train step"):
             self.state, metrics = self._step(self.state, self.rest, self.put_batch(batch))
         if not self._heap_released and jax_cache_in_use():

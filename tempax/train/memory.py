@@ -301,23 +301,44 @@ def residual_bytes(model: Any, trainable: Any, *, seq_len: int, remat: str, prec
     residuals of `jax.vjp` under `jax.eval_shape`, so nothing is computed or allocated (a model of shapes only
     does). Residuals that are the model's own variables (a weight the backward pass multiplies with) are not
     counted; with `backend` "cpu" bfloat16 residuals count 4 bytes (XLA:CPU keeps them in float32)."""
-    import collections
-
     import jax
     import jax.numpy as jnp
 
     from tempax.train.state import ModelParts, training_view
 
     parts, params = ModelParts.split(training_view(model, remat=remat, precision=precision), trainable)
-    params = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in params.items()}
-    tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
 
-    def forward(p: Any, rest: Any, t: jax.Array) -> jax.Array:
-        hidden, _ = parts.merge(p, rest).hidden_states(t)
+    def forward(m: Any, tokens: jax.Array) -> jax.Array:
+        hidden, _ = m.hidden_states(tokens)
         return jnp.sum(hidden.astype(jnp.float32))
 
-    vjp = jax.eval_shape(lambda p, r, t: jax.vjp(lambda q: forward(q, r, t), p)[1], params, parts.rest, tokens)
-    variables = [v for v in jax.tree.leaves((params, parts.rest)) if hasattr(v, "shape") and hasattr(v, "dtype")]
+    return kept_bytes(forward, parts, params, parts.rest, jax.ShapeDtypeStruct((1, seq_len), jnp.int32),
+                      backend=backend)
+
+
+def kept_bytes(fn: Callable[[Any, Any], Any], parts: Any, params: Any, rest: Any, inputs: Any, *,
+               backend: str | None = None) -> int:
+    """Bytes autodiff keeps for the backward pass of `fn(model, inputs)` (a scalar, or a tuple whose first item
+    is) with respect to `params`, the model being `parts.merge(params, rest)`: the residuals of `jax.vjp` under
+    `jax.eval_shape` (`params`, `rest` and `inputs` may be arrays or shapes), the model's own variables not
+    counted (see `residual_bytes`)."""
+    import collections
+
+    import jax
+    import jax.numpy as jnp
+
+    if backend is None:
+        from tempax import ops
+
+        backend = ops.backend()
+    shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in params.items()}
+
+    def scalar(p: Any, r: Any, x: Any) -> jax.Array:
+        out = fn(parts.merge(p, r), x)
+        return out[0] if isinstance(out, tuple) else out
+
+    vjp = jax.eval_shape(lambda p, r, x: jax.vjp(lambda q: scalar(q, r, x), p)[1], shapes, rest, inputs)
+    variables = [v for v in jax.tree.leaves((shapes, rest)) if hasattr(v, "shape") and hasattr(v, "dtype")]
     weights = collections.Counter((tuple(v.shape), jnp.dtype(v.dtype)) for v in variables)
     total = 0
     for leaf in jax.tree.leaves(vjp):
@@ -328,6 +349,21 @@ def residual_bytes(model: Any, trainable: Any, *, seq_len: int, remat: str, prec
         itemsize = 4 if backend == "cpu" and key[1] == jnp.bfloat16 else key[1].itemsize
         total += math.prod(leaf.shape) * itemsize
     return total
+
+
+def loss_probe(loss_fn: Callable[[Any, Any], Any], parts: Any, params: Any, rest: Any, batch: Any, *, tokens: int,
+               p: PlanInputs) -> Callable[[str], float]:
+    """`remat -> bytes per token` from what autodiff keeps for `loss_fn` itself on `batch` (one micro-batch of one
+    device, shapes or arrays; `tokens` of its rows), with the model `parts.merge(params, rest)` under `p.remat`:
+    exact for a loss whose rows are not one sequence (GRPO's prompt, then its completions against the prompt's
+    cache). Another remat scales it by the ratio of a plain decoder's figures."""
+    kept = _outside_any_mesh(lambda: kept_bytes(loss_fn, parts, params, rest, batch, backend=p.backend)) / tokens
+
+    def per_token(remat: str) -> float:
+        r = decoder_residuals(p.model, p.seq_len, remat, p.precision, p.backend)
+        return r.per_layer * p.model.num_layers + r.other
+
+    return lambda remat: kept if remat == p.remat else kept * per_token(remat) / max(per_token(p.remat), 1.0)
 
 
 def residual_probe(model: Any, trainable: Any, *, seq_len: int, precision: str,
@@ -420,9 +456,11 @@ class MemoryChoice:
     reason: str
 
 
-def choose_memory(p: PlanInputs, capacity: int | None, *, requested: str = "auto") -> MemoryChoice:
+def choose_memory(p: PlanInputs, capacity: int | None, *, requested: str = "auto",
+                  host_capacity: int | None = None) -> MemoryChoice:
     """`train.memory`: `requested` when it names a setting, else (auto) the fastest of `memory_settings(p)` whose
-    plan fits `capacity` (device when the capacity is unknown or nothing fits: `check_fits` then names fixes)."""
+    plan fits `capacity` and whose part in host memory fits `host_capacity` (None: not checked), device when the
+    capacity is unknown or nothing fits (`check_fits` then names fixes)."""
     if requested != "auto":
         if requested not in MEMORY_SETTINGS:
             raise ConfigError(f"train.memory={requested!r}: use one of {', '.join(MEMORY_CHOICES)}")
@@ -437,7 +475,7 @@ def choose_memory(p: PlanInputs, capacity: int | None, *, requested: str = "auto
                                              f"(~{_size(first.total)} of {_size(capacity)})")
     for setting in memory_settings(p)[1:]:
         plan = plan_memory(replace(p, memory=setting), capacity)
-        if plan.fits:
+        if plan.fits and (host_capacity is None or plan.host <= host_capacity * (1 - HEADROOM)):
             return MemoryChoice(setting, plan, (
                 f"train.memory=auto chose {setting}: {_MEANING[setting]}; on the device the step needs "
                 f"~{_size(plan.total)} of {_size(capacity)}, where with everything on the device it would need "

@@ -253,3 +253,21 @@ def test_xla_running_out_of_device_memory_ends_as_the_plan_and_the_settings_that
         shapes.train_step(random_batch(8, 16, vocab=128))
     assert isinstance(mem.explain_out_of_memory(RuntimeError(message), trainer._plan_inputs, 8, trainer._capacity),
                       DeviceOutOfMemory)
+
+
+def test_the_first_batch_is_planned_with_the_losss_own_activations_before_it_compiles(tmp_path):
+    """The first step's batch gives the plan this loss's own residuals on one micro-batch of its shapes (SFT's:
+    within 15% of the decoder's); a capacity it cannot fit stops the run there, naming settings, before any
+    compilation, and with the step count untouched."""
+    from tempax.train.memory import OutOfMemoryPlan
+    from tests.kit.models import tiny_tempax_model
+    from tests.train.helpers import random_batch
+
+    trainer = Trainer(tiny_tempax_model("llama"), make_sft_loss(), tiny_train_config(tmp_path, check_memory=True))
+    batch = random_batch(8, 16, vocab=128)
+    first, planned = trainer.memory_plan(), trainer.memory_plan(batch)
+    assert planned.activations == pytest.approx(first.activations, rel=0.15)
+    trainer._capacity = planned.total // 2
+    with pytest.raises(OutOfMemoryPlan, match="the train step on these batches needs"):
+        trainer.train_step(batch)
+    assert trainer.step == 0

@@ -219,3 +219,13 @@ def test_plan_within_15_percent_of_xla_for_the_sft_step(tmp_path, remat):
     planned = trainer.memory_plan().total
     compiled = xla_total(trainer.step_memory(random_batch(4, 384, vocab=8192, ragged=False)))
     assert planned == pytest.approx(compiled, rel=0.15), (planned / 2**20, compiled / 2**20)
+
+
+def test_auto_offloads_only_what_host_memory_can_hold():
+    """A setting whose state in host memory would not fit the host's free memory is passed over."""
+    p = mem.PlanInputs(model=PRESETS["llama3.2-1b"], micro_batch_size=8, seq_len=1024, precision="bf16",
+                       remat="full", loss_chunk_len=64, backend="tpu")
+    offloaded = mem.plan_memory(dataclasses.replace(p, memory="offload_optimizer"))
+    capacity = int(offloaded.total / (1 - mem.HEADROOM)) + 1
+    assert mem.choose_memory(p, capacity, host_capacity=None).setting == "offload_optimizer"
+    assert mem.choose_memory(p, capacity, host_capacity=offloaded.host // 2).setting == "device"
