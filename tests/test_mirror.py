@@ -100,10 +100,7 @@ TESTED_ELSEWHERE: dict[str, str] = {
     "tempax/models/quant.py": "QLoRA's quantised kernels: tests/models/test_qlora.py",
     "tempax/models/reward_model.py": "the scalar-head model: tests/algorithms/preference/test_reward_model.py and "
                                      "tests/eval/test_scoring.py",
-    "tempax/models/vocab.py": "growing a vocabulary: tests/data/test_tokenizer_train.py",
     # -- parallel
-    "tempax/parallel/mesh.py": "meshes over the eight test devices: tests/parallel/test_sharding.py and "
-                               "tests/parallel/test_reshape_and_init.py",
     "tempax/parallel/peers.py": "a lost process named in one line: tests/parallel/test_two_hosts.py",
     "tempax/parallel/process.py": "whose rows and host copies: tests/parallel/test_reshape_and_init.py (process_rows, "
                                   "host_array), and who writes in the two-process runs of "
@@ -126,9 +123,6 @@ TESTED_ELSEWHERE: dict[str, str] = {
     "tempax/serve/protocol.py": "the OpenAI wire format: tests/serve/test_server.py",
     # -- train
     "tempax/train/config.py": "the training settings: tests/train/test_loop.py, test_step.py and test_optim.py",
-    "tempax/train/hooks.py": "hooks, their cadence and stopping: tests/train/test_loop.py",
-    "tempax/train/sources.py": "the batch-source protocol and exact resume: tests/train/test_loop.py and "
-                               "tests/algorithms/grpo/test_source.py",
     "tempax/train/state.py": "the trainable / frozen split: tests/train/test_checkpoint.py and "
                              "tests/train/test_loop.py",
     "tempax/train/trainable.py": "composite models and their memory profile: tests/train/test_memory.py and "
