@@ -116,8 +116,6 @@ TESTED_ELSEWHERE: dict[str, str] = {
     # -- rl
     "tempax/rl/logprobs.py": "the training forward's log-probs: tests/rl/test_episodes.py and "
                              "tests/algorithms/grpo/test_objective.py",
-    "tempax/rl/rollout.py": "rollouts, batches and their metrics: tests/rl/test_episodes.py and "
-                            "tests/algorithms/grpo/test_source.py",
     # -- serve
     "tempax/serve/__init__.py": "the server: tests/serve/test_server.py",
     "tempax/serve/protocol.py": "the OpenAI wire format: tests/serve/test_server.py",
