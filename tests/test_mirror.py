@@ -123,8 +123,6 @@ TESTED_ELSEWHERE: dict[str, str] = {
     "tempax/train/config.py": "the training settings: tests/train/test_loop.py, test_step.py and test_optim.py",
     "tempax/train/state.py": "the trainable / frozen split: tests/train/test_checkpoint.py and "
                              "tests/train/test_loop.py",
-    "tempax/train/trainable.py": "composite models and their memory profile: tests/train/test_memory.py and "
-                                 "tests/algorithms/ppo/test_source.py",
 }
 
 
