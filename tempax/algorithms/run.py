@@ -56,7 +56,7 @@ from tempax.data.sft import SFTData
 from tempax.data.tasks.spec import load_task
 from tempax.errors import ConfigError
 from tempax.eval.evaluate import evaluate, format_table
-from tempax.models.lora import merge_lora, save_adapters
+from tempax.models.lora import merge_lora, peft_unsupported_reason, save_adapters
 from tempax.parallel.process import is_writer, sync
 from tempax.rl.rollout import encode_prompts
 from tempax.train.loop import Trainer, TrainResult
@@ -190,9 +190,14 @@ class Run:
 
     def save_adapters(self, policy: Any) -> None:
         """A LoRA run's adapters in `<run_dir>/adapters` (PEFT layout); nothing for full weights."""
-        if self.config.lora is not None:
-            self.files["adapters"] = save_adapters(policy, self.path("adapters"),
-                                                   base_model_name_or_path=self.config.model.source)
+        if self.config.lora is None:
+            return
+        reason = peft_unsupported_reason(policy)
+        if reason is not None:  # the checkpoints still hold the adapters; export merges them
+            self.say(f"adapters not written in PEFT's layout: {reason}")
+            return
+        self.files["adapters"] = save_adapters(policy, self.path("adapters"),
+                                               base_model_name_or_path=self.config.model.source)
 
 
 # -- start the run -------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from flax import nnx
 
 from tempax.errors import CheckpointError, ConfigError
 from tempax.models.decoder import Decoder, as_dtype
+from tempax.models.fused import fused_projections
 from tempax.models.moe import (EXPERT_KERNELS, QuantizedRoutedExperts, RoutedExperts,
                                not_recording_router_statistics)
 from tempax.models.quant import QUANT_KINDS, QuantizedLinear
@@ -441,6 +442,17 @@ def _adapter_slices(model: Decoder) -> Iterator[tuple[tuple[Any, ...], LoraLinea
                 yield ("layers", i, *path[1:]), layer, i
 
 
+def peft_unsupported_reason(model: Decoder) -> str | None:
+    """Why this model's adapters cannot be written in PEFT's layout, or None. A family whose checkpoints fuse
+    projections (Phi-3's qkv_proj and gate_up_proj) has no q_proj / gate_proj modules for PEFT to put tempax's
+    separate adapters on: PEFT would load such a file and silently drop them."""
+    fused = fused_projections(model.config)
+    if not fused:
+        return None
+    return (f"{model.config.family} checkpoints fuse {', '.join(sorted(fused))}, which tempax's adapters do not "
+            "target separately in PEFT's layout; export the merged model instead (tempax export RUN_DIR OUT)")
+
+
 def save_adapters(model: Decoder, folder: str, *, base_model_name_or_path: str | None = None) -> str:
     """Writes only the adapters in the Hugging Face PEFT layout.
 
@@ -454,6 +466,9 @@ def save_adapters(model: Decoder, folder: str, *, base_model_name_or_path: str |
     layers = list(lora_layers(model))
     if not layers:
         raise ConfigError("save_adapters: the model has no LoRA adapters (apply_lora first)")
+    reason = peft_unsupported_reason(model)
+    if reason is not None:
+        raise ConfigError(f"save_adapters: {reason}")
     ranks = {layer.rank for _, layer in layers}
     alphas = {layer.alpha for _, layer in layers}
     rates = {layer.dropout.rate if layer.dropout is not None else 0.0 for _, layer in layers}
@@ -579,5 +594,5 @@ def load_adapters(
 __all__ = [
     "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "DEFAULT_TARGETS", "LoraConfig", "LoraLinear", "apply_lora",
     "disable_adapters", "has_adapters", "load_adapters", "lora_filter", "lora_layers", "merge_lora",
-    "read_adapter_config", "save_adapters", "target_paths",
+    "peft_unsupported_reason", "read_adapter_config", "save_adapters", "target_paths",
 ]

@@ -23,6 +23,7 @@ from tempax.models.lora import (
     lora_filter,
     lora_layers,
     merge_lora,
+    peft_unsupported_reason,
     save_adapters,
     target_paths,
 )
@@ -389,3 +390,14 @@ def test_adapters_trained_with_peft_load_into_tempax(tokens, tmp_path):
     loaded = load_adapters(base, str(tmp_path / "adapter"))
     assert len(list(lora_layers(loaded))) == 3  # q, k and v, each stacked over the layers
     np.testing.assert_allclose(np.asarray(_logits(loaded, tokens)), _torch_logits(ref, tokens), atol=1e-4, rtol=0)
+
+
+def test_adapters_of_a_fused_family_are_refused_in_peft_layout(tmp_path):
+    """Phi-3's checkpoints fuse qkv_proj and gate_up_proj: PEFT would load separate q/k/v adapters and silently
+    drop them, so the PEFT file is refused with the way out (export the merged model)."""
+    lora = apply_lora(tiny_tempax_model("phi3"), CFG, rngs=nnx.Rngs(1))
+    assert peft_unsupported_reason(lora) is not None
+    with pytest.raises(ConfigError, match="fuse mlp.gate_up_proj, self_attn.qkv_proj.*tempax export"):
+        save_adapters(lora, str(tmp_path))
+    assert not os.listdir(tmp_path)
+    assert peft_unsupported_reason(apply_lora(tiny_tempax_model("llama"), CFG, rngs=nnx.Rngs(1))) is None
