@@ -272,33 +272,11 @@ def _required(header: GGUFHeader, key: str) -> int:
     return _one(header, key, value)
 
 
-def gguf_config(source: str | os.PathLike | GGUFHeader) -> ModelConfig:
-    """The `ModelConfig` a GGUF file describes, from its metadata and tensor names only (no weights are read)."""
-    h = _header(source)
+def _attention_layout(h: GGUFHeader, num_layers: int, hidden_per_head: int, head_dim: int,
+                      rope: RopeConfig) -> dict[str, Any]:
+    """The `ModelConfig` fields a GGUF architecture sets beyond the common ones: the family name, sliding and full
+    layers with their window and local RoPE, Gemma's soft-caps and query scale."""
     arch = h.architecture
-    if arch not in GGUF_ARCHITECTURES:
-        raise CheckpointError(
-            f"{h.path}: unsupported architecture general.architecture={arch!r}. tempax reads GGUF files of: "
-            f"{', '.join(GGUF_ARCHITECTURES)}."
-        )
-    if "token_embd.weight" not in h.tensors:
-        raise CheckpointError(f"{h.path}: no token_embd.weight tensor; the file is incomplete or not a language model")
-    gemma = arch.startswith("gemma")
-    num_layers = _required(h, "block_count")
-    hidden = _required(h, "embedding_length")
-    heads = _required(h, "attention.head_count")
-    kv_heads = _one(h, "attention.head_count_kv", h.get("attention.head_count_kv", heads))
-    head_dim = int(h.get("attention.key_length") or hidden // heads)
-    value_dim = int(h.get("attention.value_length") or head_dim)
-    rope_dim = int(h.get("rope.dimension_count") or head_dim)
-    if value_dim != head_dim or (rope_dim != head_dim and arch != "phi3"):
-        raise CheckpointError(
-            f"{h.path}: key_length={head_dim}, value_length={value_dim}, rope.dimension_count={rope_dim}; tempax "
-            "supports only equal key/value head sizes with RoPE over the whole head (partial rotary: phi3 only)."
-        )
-    rope = _rope(h, head_dim)
-    tensors = h.tensors
-    post_norms = arch in ("gemma2", "gemma3", "olmo2")  # OLMo: after the blocks only (pre_norms below)
     layer_types: tuple[str, ...] = ()
     window = None
     rope_local = None
@@ -331,12 +309,44 @@ def gguf_config(source: str | os.PathLike | GGUFHeader) -> ModelConfig:
         elif num_layers in (46, 62):
             # The 27B models scale by (hidden / heads) ** -0.5 rather than head_dim ** -0.5; llama.cpp keys this off
             # the layer count too (46 layers: Gemma 2 27B, 62 layers: Gemma 3 27B).
-            query_scalar = float(hidden // heads)
+            query_scalar = float(hidden_per_head)
         else:
             query_scalar = float(head_dim)
+    return {"family": family, "layer_types": layer_types, "sliding_window": int(window) if layer_types else None,
+            "rope_local": rope_local, "attn_logit_softcap": attn_cap, "final_logit_softcap": final_cap,
+            "query_pre_attn_scalar": query_scalar}
+
+
+def gguf_config(source: str | os.PathLike | GGUFHeader) -> ModelConfig:
+    """The `ModelConfig` a GGUF file describes, from its metadata and tensor names only (no weights are read)."""
+    h = _header(source)
+    arch = h.architecture
+    if arch not in GGUF_ARCHITECTURES:
+        raise CheckpointError(
+            f"{h.path}: unsupported architecture general.architecture={arch!r}. tempax reads GGUF files of: "
+            f"{', '.join(GGUF_ARCHITECTURES)}."
+        )
+    if "token_embd.weight" not in h.tensors:
+        raise CheckpointError(f"{h.path}: no token_embd.weight tensor; the file is incomplete or not a language model")
+    gemma = arch.startswith("gemma")
+    num_layers = _required(h, "block_count")
+    hidden = _required(h, "embedding_length")
+    heads = _required(h, "attention.head_count")
+    kv_heads = _one(h, "attention.head_count_kv", h.get("attention.head_count_kv", heads))
+    head_dim = int(h.get("attention.key_length") or hidden // heads)
+    value_dim = int(h.get("attention.value_length") or head_dim)
+    rope_dim = int(h.get("rope.dimension_count") or head_dim)
+    if value_dim != head_dim or (rope_dim != head_dim and arch != "phi3"):
+        raise CheckpointError(
+            f"{h.path}: key_length={head_dim}, value_length={value_dim}, rope.dimension_count={rope_dim}; tempax "
+            "supports only equal key/value head sizes with RoPE over the whole head (partial rotary: phi3 only)."
+        )
+    rope = _rope(h, head_dim)
+    tensors = h.tensors
+    post_norms = arch in ("gemma2", "gemma3", "olmo2")  # OLMo: after the blocks only (pre_norms below)
     md = h.metadata
     return ModelConfig(
-        family=family,
+        **_attention_layout(h, num_layers, hidden // heads, head_dim, rope),
         vocab_size=tensors["token_embd.weight"].shape[0],
         hidden_size=hidden,
         num_layers=num_layers,
@@ -345,7 +355,6 @@ def gguf_config(source: str | os.PathLike | GGUFHeader) -> ModelConfig:
         head_dim=head_dim,
         intermediate_size=_required(h, "feed_forward_length"),
         rope=rope,
-        rope_local=rope_local,
         rms_norm_eps=float(h.get("attention.layer_norm_rms_epsilon", 1e-6 if gemma else 1e-5)),
         norm_offset=gemma,
         embed_scale=gemma,
@@ -356,11 +365,6 @@ def gguf_config(source: str | os.PathLike | GGUFHeader) -> ModelConfig:
         mlp_bias="blk.0.ffn_up.bias" in tensors,
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
         post_norms=post_norms,
-        attn_logit_softcap=attn_cap,
-        final_logit_softcap=final_cap,
-        query_pre_attn_scalar=query_scalar,
-        sliding_window=int(window) if layer_types else None,
-        layer_types=layer_types,
         max_position_embeddings=int(h.get("context_length", 2048)),
         bos_token_id=_opt_int(md.get("tokenizer.ggml.bos_token_id")),
         eos_token_id=_opt_int(md.get("tokenizer.ggml.eos_token_id")),
