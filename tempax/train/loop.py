@@ -117,6 +117,8 @@ class Trainer:
       log: where set-up messages go (default stderr).
     """
 
+    # Long on purpose: one ordered set-up (view, split, micro-batch plan, placement, sharded state, jitted steps),
+    # each step reading what the one before it made; the helpers below hold the parts that stand alone.
     def __init__(
         self,
         model: nnx.Module | TrainableModel,
@@ -512,6 +514,8 @@ class Trainer:
                   + (f"; dropped {dropped}" if unfinished else ""))
         return self.step
 
+    # Long on purpose: the one optimisation loop, whose try / finally must see every hook, the writer and the
+    # checkpointer it opened; what a step does beyond the loop is in `train_step`, `_run_hooks` and `_stop_at`.
     def fit(
         self,
         batches: Iterable[dict[str, Any]],
