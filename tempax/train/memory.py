@@ -10,8 +10,9 @@ L layers, V vocabulary):
     compute copy  with the master on the host only: the device copy the forward pass reads, P_t * 2 (bf16) or 4
     gradients     P_t * 4 (P_t * 2 for gradients of a bf16 device copy), plus a float32 accumulator with more
                   than one micro-batch
-    optimizer     on the device: Adam's 2 moments P_t * 8 (float32) or P_t * 4 (bf16_moments), SGD with momentum
-                  half of that; offloaded: the state of the largest parameter while it streams through (its
+    optimizer     on the device: Adam's 2 moments P_t * 8 (float32) or P_t * 4 (bf16_moments, plus the largest
+                  parameter's moments in float32 while its update computes them), SGD with momentum half of that;
+                  offloaded: the state of the largest parameter while it streams through (its
                   moments, and its master with the master on the host; the update writes over them in place)
     activations   what autodiff keeps for the backward pass, traced, not guessed: the residuals of the model's
                   forward pass (`residual_bytes`: jax.vjp under `jax.eval_shape`, with this remat and precision, on
@@ -212,6 +213,8 @@ def plan_memory(p: PlanInputs, capacity: int | None = None) -> MemoryPlan:
     largest = largest_param(cfg) if trainable == total_params else trainable
     streaming = min(largest, trainable) / shard * (moments * moment_bytes + (4 if master_on_host else 0))
     optimizer = streaming if optimizer_on_host else state
+    if p.memory == "bf16_moments":  # the largest parameter's moments in float32 while its update computes them
+        optimizer += min(largest, trainable) / shard * moments * 4
     host = (state if optimizer_on_host else 0) + (master / shard if master_on_host else 0)
     if not p.host_is_separate:  # host memory is the device's: what lives "on the host" counts all the same
         optimizer += state if optimizer_on_host else 0

@@ -22,6 +22,7 @@ rounding to nearest makes a slow moving average stop moving (the docstring there
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
@@ -159,35 +160,52 @@ def optimizer_parts(
 # Optimizer state in low precision
 
 
-def stochastic_round(x: jax.Array, dtype: Any, key: jax.Array) -> jax.Array:
+def stochastic_round(x: jax.Array, dtype: Any, seed: jax.Array | int) -> jax.Array:
     """float32 `x` rounded to bfloat16 (`dtype`) up or down at random, so that E[result] = x.
 
     A float32 is a bfloat16 plus 16 more mantissa bits. Adding 16 uniform random bits to those and truncating
     rounds the magnitude up with probability (dropped bits) / 2^16, i.e. exactly in proportion to how far x lies
     from the bfloat16 below it: unbiased, for either sign (the sign bit is untouched), and less than one
-    bfloat16 step (at most 2^-7 relative) from x. Infinities stay infinite and NaNs stay NaN (Gupta et al. 2015, "Deep
-    Learning with Limited Numerical Precision"; Zamirai et al. 2020, "Revisiting BFloat16 Training").
+    bfloat16 step (at most 2^-7 relative) from x. Infinities stay infinite and NaNs stay NaN (Gupta et al. 2015,
+    "Deep Learning with Limited Numerical Precision"; Zamirai et al. 2020, "Revisiting BFloat16 Training").
+
+    The random bits are a hash of each element's index and `seed` (a uint32), elementwise integer arithmetic
+    that the compiler fuses into the rounding: a random-number generator's output would be an array as large as
+    the parameter, materialised beside it (for a 1B-parameter model, gigabytes the update does not need).
     """
     if jnp.dtype(dtype) != jnp.bfloat16:
         return x.astype(dtype)
     bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
-    noise = jax.random.bits(key, x.shape, jnp.uint32) >> 16
+    index = jax.lax.iota(jnp.uint32, math.prod(x.shape)).reshape(x.shape)
+    noise = _mix(index ^ _mix(jnp.asarray(seed, jnp.uint32))) >> 16
     finite = jnp.isfinite(x)
     rounded = jnp.where(finite, (bits + noise) & jnp.uint32(0xFFFF0000), bits)
     return jax.lax.bitcast_convert_type(rounded, jnp.float32).astype(jnp.bfloat16)
 
 
-def _leaf_keys(tree: Any, key: jax.Array) -> Any:
-    """A random key per leaf, from the leaf's path in the tree (not its position): the same parameter draws the
-    same numbers whether the whole tree or a part of it is updated (`optimizer_parts`)."""
+def _mix(x: jax.Array) -> jax.Array:
+    """A 32-bit integer hash whose output bits each flip with about half the input bit flips (Wellons'
+    "lowbias32"): consecutive indices give unrelated bits."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * jnp.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def _leaf_seeds(tree: Any, base: jax.Array) -> Any:
+    """A seed per leaf, from the leaf's path in the tree (not its position): the same parameter draws the same
+    numbers whether the whole tree or a part of it is updated (`optimizer_parts`)."""
     def one(path: Any, _: Any) -> jax.Array:
-        return jax.random.fold_in(key, zlib.crc32(jax.tree_util.keystr(path).encode()) & 0x7FFFFFFF)
+        return _mix(base ^ jnp.uint32(zlib.crc32(jax.tree_util.keystr(path).encode())))
 
     return jax.tree_util.tree_map_with_path(one, tree)
 
 
-def _round_key(seed: int, count: jax.Array, salt: int) -> jax.Array:
-    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), count), salt)
+def _round_seed(seed: int, count: jax.Array, salt: int) -> jax.Array:
+    """The base seed of one update's rounding: (`seed`, the update count, which moment)."""
+    offset = jnp.uint32((salt * 0x85EBCA6B + seed) & 0xFFFFFFFF)
+    return _mix(_mix(jnp.asarray(count, jnp.uint32) * jnp.uint32(0x9E3779B1) + offset))
 
 
 def scale_by_adam_low_precision(
@@ -228,8 +246,8 @@ def scale_by_adam_low_precision(
         t = count.astype(jnp.float32)
         out = jax.tree.map(lambda m, v, g: (m / (1 - b1 ** t) / (jnp.sqrt(v / (1 - b2 ** t)) + eps)).astype(g.dtype),
                            mu, nu, updates)
-        mu_keys = _leaf_keys(mu, _round_key(seed, count, 0))
-        nu_keys = _leaf_keys(nu, _round_key(seed, count, 1))
+        mu_keys = _leaf_seeds(mu, _round_seed(seed, count, 0))
+        nu_keys = _leaf_seeds(nu, _round_seed(seed, count, 1))
         stored_mu = jax.tree.map(lambda m, k: stochastic_round(m, moment_dtype, k), mu, mu_keys)
         stored_nu = jax.tree.map(lambda v, k: stochastic_round(v, moment_dtype, k), nu, nu_keys)
         return out, optax.ScaleByAdamState(count=count, mu=stored_mu, nu=stored_nu)
@@ -256,7 +274,7 @@ def trace_low_precision(decay: float, *, moment_dtype: Any = jnp.bfloat16, seed:
         del params
         count = optax.safe_increment(state.count)
         trace = jax.tree.map(lambda t, g: decay * t.astype(jnp.float32) + g.astype(jnp.float32), state.trace, updates)
-        keys = _leaf_keys(trace, _round_key(seed, count, 2))
+        keys = _leaf_seeds(trace, _round_seed(seed, count, 2))
         stored = jax.tree.map(lambda t, k: stochastic_round(t, moment_dtype, k), trace, keys)
         return jax.tree.map(lambda t, g: t.astype(g.dtype), trace, updates), LowPrecisionTraceState(count, stored)
 
