@@ -5,20 +5,9 @@ An environment is any object with
     reset(task_row) -> first messages            chat messages ([{role, content}]) the policy answers first
     step(assistant_message) -> StepResult         (new messages, reward parts, done)
 
-`StepResult.messages` are what the environment says back (tool results, feedback), rendered through the chat
-template after the policy's reply; they are never the policy's tokens, so a trainer masks them out of the loss.
-`StepResult.rewards` are reward parts (name -> float) earned on that turn: a final-answer reward comes on the
-last turn, per-turn rewards on any; an episode's reward part is the sum over its turns. The RL layer drives
-environments; an environment never samples or trains.
-
-`run_episode` is the reference driver: it alternates a reply function and `step`, and ends an episode when the
-environment says done, after `EpisodeLimits.max_turns` replies, or once the rendered conversation reaches
-`max_total_tokens` (then `Episode.truncated` names the limit). A batched rollout on the generation engine must
-produce the same episodes; the limits live here, not in each environment, so every environment gets them.
-
-`SingleTurnEnvironment` is the one-prompt-one-completion task (arithmetic, GSM8K) as a one-turn episode, so
-there is one rollout path; `ToolEnvironment` lets the policy call tools (tempax.envs.tools) in its own format
-(tempax.envs.tool_calls) until it answers without a call.
+What it says back is rendered after the policy's reply and never trained on; the RL layer drives environments,
+an environment never samples or trains. `run_episode` is the reference driver (and where the episode limits
+live); `SingleTurnEnvironment` makes a one-prompt task one more episode, so there is one rollout path.
 """
 
 from __future__ import annotations
@@ -40,7 +29,12 @@ PROMPT_COLUMN = "prompt_messages"
 @dataclass(frozen=True)
 class StepResult:
     """What one `step` returns: the environment's new messages, the reward parts of this turn, and whether the
-    episode is over."""
+    episode is over.
+
+    `messages` are what the environment says back (tool results, feedback), rendered through the chat template
+    after the policy's reply; they are never the policy's tokens, so a trainer masks them out of the loss.
+    `rewards` are reward parts (name -> float) earned on that turn: a final-answer reward comes on the last turn,
+    per-turn rewards on any; an episode's reward part is the sum over its turns."""
 
     messages: tuple[Message, ...] = ()
     rewards: Mapping[str, float] = field(default_factory=dict)
@@ -109,7 +103,12 @@ def run_episode(
     tokenizer: Tokenizer,
     limits: EpisodeLimits = EpisodeLimits(),
 ) -> Episode:
-    """Plays one episode: `reply(messages) -> assistant text` answers each turn, `env.step` answers the reply."""
+    """Plays one episode: `reply(messages) -> assistant text` answers each turn, `env.step` answers the reply.
+
+    The episode ends when the environment says done, after `EpisodeLimits.max_turns` replies, or once the rendered
+    conversation reaches `max_total_tokens` (then `Episode.truncated` names the limit). A batched rollout on the
+    generation engine must produce the same episodes; the limits live here, not in each environment, so every
+    environment gets them."""
     messages = list(env.reset(task_row))
     turn_rewards: list[dict[str, float]] = []
     truncated = None

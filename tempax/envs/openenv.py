@@ -1,24 +1,8 @@
-"""OpenEnv environments (`openenv-core`, the `openenv` extra) played as tempax environments.
-
-An OpenEnv environment (`openenv.core.env_server.interfaces.Environment`) is a Gym-style object whose
-`reset(seed=None, episode_id=None, **kwargs)` and `step(action)` return an `Observation` (a pydantic model with
-`done`, `reward` and the environment's own fields), where the action is the environment's pydantic `Action`
-class; a rubric, if it has one, is applied by the environment inside `step` and comes back as
-`observation.reward`. Run locally and in-process, no server, no container: a recipe names the function (or class)
-that builds one, `env: {name: "openenv:FILE.py:make_env"}` or `"openenv:package.module:make_env"`, called with
-`env.options` once per episode.
-
-The adapter turns text into actions and observations into messages:
-
-  * the policy's reply becomes the one string field of the action class (besides `metadata`), or the field
-    `env.options.action_field` names when there are several (the others need defaults); a reply the action
-    class refuses (its own constraints) is answered with an `error: ...` message and no reward, never raised;
-  * an observation becomes a `user` message: its one string field (besides the base `done`, `reward`,
-    `metadata`), the field `env.options.observation_field` names, or else its own fields as JSON;
-  * the reset observation is the first message, after `system_prompt` when the task row has one; the task row's
-    other keys go to `reset` as keyword arguments (`seed` among them, so the G episodes of a prompt start alike);
-  * each step's `observation.reward` is the `openenv` reward part (an episode's part is the sum over its turns);
-    `observation.done` ends the episode, and the environment is closed then.
+"""OpenEnv environments (`openenv-core`, the `openenv` extra) played as tempax environments, locally and
+in-process (no server, no container): the policy's reply becomes the environment's action, each observation a
+message, and the observation's reward the `openenv` reward part. A recipe names the function or class that builds
+one, `env: {name: "openenv:FILE.py:make_env"}`, called with `env.options` once per episode. How text maps onto
+actions and observations: `OpenEnvEnvironment` and docs/adding-an-environment.md.
 """
 
 from __future__ import annotations
@@ -71,7 +55,22 @@ def _text_field(model: type, chosen: str | None, what: str, key: str, exclude: s
 
 
 class OpenEnvEnvironment:
-    """One OpenEnv environment object as a tempax environment (module docstring)."""
+    """One OpenEnv environment object as a tempax environment.
+
+    An OpenEnv environment is a Gym-style object whose `reset(seed=None, episode_id=None, **kwargs)` and
+    `step(action)` return an `Observation` (a pydantic model with `done`, `reward` and its own fields); its
+    rubric, if any, is applied inside `step` and comes back as `observation.reward`. The adapter:
+
+      * the policy's reply becomes the one string field of the action class (besides `metadata`), or the field
+        `env.options.action_field` names when there are several (the others need defaults); a reply the action
+        class refuses is answered with an `error: ...` message and no reward, never raised;
+      * an observation becomes a `user` message: its one string field (besides `done`, `reward`, `metadata`), the
+        field `env.options.observation_field` names, or else its own fields as JSON;
+      * the reset observation is the first message, after `system_prompt` when the task row has one; the task
+        row's other keys go to `reset` as keyword arguments (`seed` among them, so the G episodes of a prompt
+        start alike);
+      * each step's `observation.reward` is the `openenv` reward part; `observation.done` ends the episode, and
+        the environment is closed then."""
 
     def __init__(self, env: Any, *, action_field: str | None = None, observation_field: str | None = None) -> None:
         if not (callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))):

@@ -1,4 +1,6 @@
-"""Tools: plain Python callables with a JSON-schema signature built from their type hints and docstring.
+"""Tools: plain Python callables with a JSON-schema signature built from their type hints and docstring
+(`json_schema`, `Tool.from_function`), and `call_tool`, which runs one parsed call and never raises (whatever goes
+wrong comes back as the tool's answer; nothing the model wrote is executed).
 
     def calculator(expression: str) -> str:
         '''Evaluates an arithmetic expression exactly.
@@ -6,17 +8,6 @@
         Args:
           expression: the expression, e.g. "12 * (3 + 4)".
         '''
-
-`Tool.from_function(calculator)` gives the OpenAI-style schema a chat template or a system prompt lists
-(`{"type": "function", "function": {"name", "description", "parameters"}}`), in the spirit of `transformers`'
-`get_json_schema`. Types map int -> integer, float -> number, str -> string, bool -> boolean, list[X] -> array,
-dict -> object, Literal[...] -> enum, `X | None` -> nullable; a parameter without a hint or a description is
-refused when the tool is built, since the model would see a signature it cannot follow.
-
-`call_tool` runs one parsed call and never raises: an unknown tool, arguments that do not match the schema, a
-tool's own refusal (`ToolRefusal`) or any exception in the tool all come back as an error `ToolResult` whose text
-the model reads as the tool's answer. The arguments are JSON values handed to the function; nothing the model
-wrote is executed.
 """
 
 from __future__ import annotations
@@ -150,7 +141,13 @@ def argument_problems(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -
 
 @dataclass(frozen=True)
 class Tool:
-    """A callable the model may call, with the schema it is shown."""
+    """A callable the model may call, with the schema it is shown.
+
+    `Tool.from_function(fn)` gives the OpenAI-style schema a chat template or a system prompt lists
+    (`{"type": "function", "function": {"name", "description", "parameters"}}`), in the spirit of `transformers`'
+    `get_json_schema`. Types map int -> integer, float -> number, str -> string, bool -> boolean, list[X] -> array,
+    dict -> object, Literal[...] -> enum, `X | None` -> nullable; a parameter without a hint or a description is
+    refused when the tool is built, since the model would see a signature it cannot follow."""
 
     name: str
     fn: Callable[..., Any]
@@ -173,7 +170,10 @@ class ToolResult:
 
 
 def call_tool(tools: Mapping[str, Tool], call: ToolCall) -> ToolResult:
-    """Runs `call` against `tools` (name -> Tool); never raises."""
+    """Runs `call` against `tools` (name -> Tool); never raises: an unknown tool, arguments that do not match the
+    schema, a tool's own refusal (`ToolRefusal`) or any exception in the tool all come back as an error
+    `ToolResult` whose text the model reads as the tool's answer. The arguments are JSON values handed to the
+    function."""
     tool = tools.get(call.name)
     if tool is None:
         return ToolResult(call.name, f"error: unknown tool {call.name!r}; available tools: {sorted(tools)}", True)

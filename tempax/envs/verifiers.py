@@ -165,7 +165,7 @@ def _overrides(task: vf.Task, hook: str) -> bool:
 
 def check_task(task: vf.Task) -> None:
     """Refuses, in one line naming the hook, a task whose scoring or set-up needs what in-process play does not
-    have (the module docstring lists them)."""
+    have (docs/adding-an-environment.md lists them)."""
     kind = type(task).__name__
     if type(task).NEEDS_CONTAINER:
         raise ConfigError(f"{kind}.NEEDS_CONTAINER is set: the task runs in a container, which tempax's in-process "
@@ -329,8 +329,9 @@ def as_chat(message: VerifiersMessage, where: str) -> Message:
 
 
 class VerifiersEnvironment:
-    """One episode of a verifiers task (module docstring). Built by `verifiers_factory`, which holds what the
-    episodes share: the task index, the loop, the taskset's shared toolsets and the call format."""
+    """One episode of a verifiers task (docs/adding-an-environment.md, "Environments written for verifiers").
+    Built by `verifiers_factory`, which holds what the episodes share: the task index, the loop, the taskset's
+    shared toolsets and the call format."""
 
     def __init__(self, shared: "_Shared") -> None:
         self.shared = shared
@@ -446,7 +447,8 @@ class VerifiersEnvironment:
         return StepResult(rewards=rewards, done=True)
 
     async def _score(self) -> dict[str, float]:
-        """Each reward's weighted value minus what the earlier replies were given (module docstring)."""
+        """Each reward's weighted value minus what the earlier replies were given, so an episode's parts add up to
+        verifiers' score of the conversation as far as it went."""
         assert self.trace is not None and self.task is not None
         try:
             await self.task.score(self.trace)

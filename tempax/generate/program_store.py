@@ -1,23 +1,8 @@
 """Compiled generation programs kept on disk, so that a later process skips tracing and lowering as well as
-compiling.
-
-JAX's persistent compilation cache skips XLA's compilation, but a process still has to trace the Python
-function and lower it to StableHLO before it can compute that cache's key; for a 30-layer model that is most of
-what a second `tempax generate` spends before its first token. This store keeps the compiled executable itself
-(`jax.experimental.serialize_executable`) under a key computed without tracing: the program's name and static
-arguments, the model's graph definition, the shapes, dtypes and tree of its array arguments, the jax and jaxlib
-versions, the XLA flags, the device kind and a digest of tempax's own source (any change to the package makes a
-new key, so an edited model never runs a stale program).
-
-`tempax generate` and `tempax chat` turn it on in place of JAX's compilation cache (`TEMPAX_PROGRAMS_DIR`, a
-folder inside the per-CPU cache folder; see `tempax.runtime.process.compilation_cache_env`); unset, or with JAX's
-cache on, nothing is stored. It serves one process on one device only: a program over a mesh or several
-processes compiles as before. A file that cannot be read or loaded (truncated, written by another jaxlib) is
-ignored and replaced; a file that cannot be written (a full disk) costs only the next start's time. Files are
-written whole and renamed into place.
-
-Loading a stored executable runs machine code from the file, so the folder must be as trusted as the Python
-environment itself (it is the user's own cache folder).
+compiling: JAX's persistent cache skips only XLA's compilation, and tracing and lowering a 30-layer model is most
+of what a second `tempax generate` spends before its first token. `tempax generate` and `tempax chat` use it in
+place of JAX's cache (`TEMPAX_PROGRAMS_DIR`, set by `tempax.runtime.process.compilation_cache_env`); one process
+on one device only. `ProgramStore` says what the key holds and how files are read and written.
 """
 
 from __future__ import annotations
@@ -100,7 +85,16 @@ def decode_key(prefill_key: str) -> str:
 
 
 class ProgramStore:
-    """Serialised executables in one folder, one file per key (see the module docstring)."""
+    """Serialised executables in one folder, one file per key.
+
+    The compiled executable itself is kept (`jax.experimental.serialize_executable`) under a key computed without
+    tracing (`program_key`): the program's name and static arguments, the model's graph definition, the shapes,
+    dtypes and tree of its array arguments, the jax and jaxlib versions, the XLA flags, the device kind and a
+    digest of tempax's own source (any change to the package makes a new key, so an edited model never runs a
+    stale program). A file that cannot be read or loaded (truncated, written by another jaxlib) is ignored and
+    replaced; a file that cannot be written (a full disk) costs only the next start's time; files are written
+    whole and renamed into place. Loading a stored executable runs machine code from the file, so the folder must
+    be as trusted as the Python environment itself (it is the user's own cache folder)."""
 
     def __init__(self, folder: str):
         self.folder = folder

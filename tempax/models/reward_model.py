@@ -5,19 +5,9 @@
 where h_last is the decoder's final-norm hidden state at the last non-padding token of the rendered conversation
 (prompt + response through the chat template, exactly as training renders the chosen/rejected sides) and w a
 [hidden] vector (Ouyang et al. 2022, InstructGPT; the same pooling as `transformers`' *ForSequenceClassification).
-There is no bias: the Bradley-Terry loss -log sigmoid(r_c - r_r - m) sees only reward differences, so a bias
-would get no gradient and only shift every score.
-
-A trained reward model is saved as a folder
-
-    config.json, model.safetensors, tokenizer files   the backbone as a Hugging Face causal-LM checkpoint
-                                                      (adapters merged), loadable by `load_hf_checkpoint`
-    score.safetensors                                 the head, `score.weight` [1, hidden] (HF's name and layout)
-    reward_model.json                                 {"format": "tempax-reward-model", "version": 1, ...}
-
-and `load_reward_model(folder)` reads it back; `tempax.rewards.reward_model.RewardScorer` turns it into a reward
-function with the API of `tempax.rewards` — `fn(prompts, completions, **columns) -> list[float]` — that GRPO, PPO
-or best-of-n can call.
+There is no bias: the Bradley-Terry loss -log sigmoid(r_c - r_r - m) sees only reward differences, so a bias would
+get no gradient and only shift every score. Saved and loaded as a folder (`save_reward_model`); used as a reward
+function by `tempax.rewards.reward_model.RewardScorer`.
 """
 
 from __future__ import annotations
@@ -96,7 +86,14 @@ def reward_scores(model: RewardModel, batch: dict[str, jax.Array]) -> jax.Array:
 def save_reward_model(
     model: RewardModel, folder: str, *, tokenizer: Any = None, extra: dict[str, Any] | None = None
 ) -> str:
-    """Writes the folder described in the module docstring.
+    """Writes the reward model's folder:
+
+        config.json, model.safetensors, tokenizer files   the backbone as a Hugging Face causal-LM checkpoint
+                                                          (adapters merged), loadable by `load_hf_checkpoint`
+        score.safetensors                                 the head, `score.weight` [1, hidden] (HF's name and layout)
+        reward_model.json                                 {"format": "tempax-reward-model", "version": 1, ...}
+
+    `load_reward_model(folder)` reads it back.
 
     A backbone with LoRA adapters (or a quantized QLoRA base) is saved merged — W + (alpha / r) A B, dequantized —
     so the folder is a plain checkpoint that loads without knowing how it was trained.

@@ -163,7 +163,7 @@ def _h_product(g, w, vocab_major, dtype):
 @partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
 def _weighted_nll(h, w, targets, coef, active, chunk, vocab_major, softcap, forms):
     """(sum c_i nll_i, nll [B, T], hit [B, T]); only the first output is differentiable. `w` may be a float32
-    master of a lower-precision `h` (module docstring). `active` [T / chunk] bool: chunks not active hold no
+    master of a lower-precision `h` (`fused_causal_lm_loss`). `active` [T / chunk] bool: chunks not active hold no
     position with c_i != 0 and are skipped (their nll and hit are 0)."""
     w = w.astype(h.dtype)
 

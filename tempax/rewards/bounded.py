@@ -1,22 +1,12 @@
 """Calls with a deadline each, from any thread: a small pool of worker processes that are killed on timeout.
 
-Checking model output (math-verify parsing an answer, sympy evaluating it) can take unbounded time on odd text:
-`9^9^9^9` makes sympy compute a power tower that never finishes. Python cannot interrupt such a call in its own
-process except with a signal, and signals reach only the main thread, while rewards are also scored from other
-threads (and math-verify's own timeouts are signal-based too). So each checked item runs in a worker process:
+Checking model output (math-verify parsing an answer, sympy evaluating it) can take unbounded time on odd text
+(`9^9^9^9` makes sympy compute a power tower that never finishes), and Python can interrupt such a call in its own
+process only with a signal, which reaches only the main thread. So each checked item runs in a worker process:
 
     pool = DeadlinePool(workers=2)
     outcomes = pool.map(answers_match, [(("71", "71"), {}), (("9^9^9^9", "5"), {})], timeout_s=2.0)
     # [Outcome(value=True), Outcome(timed_out=True)]
-
-Each item gets its own deadline, counted from the moment a ready worker receives it (worker start-up and the
-import of `preload` modules never count). A worker past its item's deadline is killed and replaced; the item
-alone is reported as timed out, the others are unaffected. Workers are fresh Python processes (never forks of a
-process running JAX threads, and not multiprocessing children, which re-run the caller's main script unless it
-has an `if __name__ == "__main__"` guard). The pool is persistent, so start-up (a fresh Python
-process importing sympy, slow to import) is paid once per worker, not per call; `shared_pool()` is the one the
-reward and evaluation code use. Functions and arguments travel by pickle, so the function must be importable by
-name (a module-level function); a raise inside it comes back as `Outcome.error`.
 """
 
 from __future__ import annotations
@@ -118,7 +108,16 @@ class _Worker:
 
 
 class DeadlinePool:
-    """A persistent pool of worker processes running calls with a deadline each (see the module docstring).
+    """A persistent pool of worker processes running calls with a deadline each.
+
+    Each item gets its own deadline, counted from the moment a ready worker receives it (worker start-up and the
+    import of `preload` modules never count). A worker past its item's deadline is killed and replaced; the item
+    alone is reported as timed out, the others are unaffected. Workers are fresh Python processes (never forks of
+    a process running JAX threads, and not multiprocessing children, which re-run the caller's main script unless
+    it has an `if __name__ == "__main__"` guard). The pool is persistent, so start-up (a fresh Python process
+    importing sympy, slow to import) is paid once per worker, not per call; `shared_pool()` is the one the reward
+    and evaluation code use. Functions and arguments travel by pickle, so the function must be importable by name
+    (a module-level function); a raise inside it comes back as `Outcome.error`.
 
     Args:
       workers: worker processes (default: 2, at most the machine's CPUs).

@@ -248,7 +248,7 @@ def _missing(applied: dict) -> list[str]:
 
 
 class Sandbox:
-    """Runs programs under `config`'s limits (see the module docstring); thread-safe. `counters` keep how they
+    """Runs programs under `config`'s limits (docs/code-execution.md); thread-safe. `counters` keep how they
     ended."""
 
     def __init__(self, config: SandboxConfig = SandboxConfig()) -> None:

@@ -1,24 +1,12 @@
-"""Rollout workers: processes that each hold a copy of the policy and the generation engine, run as Ray actors.
+"""Rollout workers: processes that each hold a copy of the policy and the generation engine, run as Ray actors,
+so sampling runs beside training (`tempax.rl.async_source` schedules them). Only trainable arrays travel after a
+worker is built (with LoRA the adapters, never the base), and a failure says what happened instead of hanging.
+Ray is optional (`pip install 'tempax[distributed]'`) and imported only when a pool is built.
 
     pool = WorkerPool(rollout_fn, parts, params, num_workers=1, ray_config=RayConfig())
     pool.publish(version=1, params=new_params)     # trainable weights through Ray's object store
     ref = pool.submit(request_id=0, payload={...}) # the worker samples with the newest version it was sent
     request_id, version, result, timing = pool.result(ref)
-
-A worker is built once from the model split the trainer uses (`tempax.train.state.ModelParts`: graph, frozen
-rest, trainable templates) and the trainable arrays; afterwards only trainable arrays travel (`publish`): with
-LoRA the adapters, a few MB, never the base. An actor runs its calls one at a time in the order they were
-sent, so a new version is applied between two requests and never in the middle of a sequence. `rollout_fn(model,
-payload)` is what a request does (GRPO: `sample_rollout` on the payload's prompts); it must be picklable (a
-module-level function or a `functools.partial` of one).
-
-Failures say what happened instead of hanging: a weight version the worker cannot apply (wrong keys or shapes)
-fails its next request with a `TempaxError`, a worker that answers nothing within `ray.timeout_s` raises
-`WorkerTimeout`, and a worker process that died raises `WorkerDied` so the caller (`tempax.rl.async_source`) can
-start a replacement and re-issue its requests.
-
-Ray is an optional dependency (`pip install 'tempax[distributed]'`): this module imports it only when a pool is
-built, so runs without workers and `tempax --help` never load it.
 """
 
 from __future__ import annotations
@@ -102,7 +90,7 @@ def params_nbytes(params: dict[str, Any]) -> int:
 
 
 class RolloutWorker:
-    """The actor's body (see the module docstring); `WorkerPool` starts it with `ray.remote`."""
+    """The actor's body (`WorkerPool` says how it is built and fed); `WorkerPool` starts it with `ray.remote`."""
 
     def __init__(self, index: int, rollout_fn: Callable[[Any, Any], Any], parts: Any, params: dict[str, np.ndarray],
                  version: int, cpus: tuple[int, ...] = ()):
@@ -144,6 +132,17 @@ class RolloutWorker:
 
 class WorkerPool:
     """N `RolloutWorker` actors on Ray, the weight versions they were sent, and replacement of dead ones.
+
+    A worker is built once from the model split the trainer uses (`tempax.train.state.ModelParts`: graph, frozen
+    rest, trainable templates) and the trainable arrays; afterwards only trainable arrays travel (`publish`). An
+    actor runs its calls one at a time in the order they were sent, so a new version is applied between two
+    requests and never in the middle of a sequence. `rollout_fn(model, payload)` is what a request does (GRPO:
+    `sample_rollout` on the payload's prompts); it must be picklable (a module-level function or a
+    `functools.partial` of one).
+
+    Failures: a weight version the worker cannot apply (wrong keys or shapes) fails its next request with a
+    `TempaxError`, a worker that answers nothing within `ray.timeout_s` raises `WorkerTimeout`, and a worker
+    process that died raises `WorkerDied`, so the caller can start a replacement and re-issue its requests.
 
     Args:
       rollout_fn: `rollout_fn(model, payload) -> result`, run by a worker per request (picklable).

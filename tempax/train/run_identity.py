@@ -1,31 +1,10 @@
 """Run identity: a run dir is one training run, and its `config.yaml` says how it was trained: the command (its
-`command:` key, as a recipe names it) and the config in effect.
-
-When a run resumes, the config it is started with is compared with the saved `config.yaml`. Differences fall in
-two kinds:
-
-* bookkeeping that cannot change the numbers (logging and evaluation cadence, checkpoint cadence, progress bar,
-  memory checks, the mesh, micro-batching and remat, which the invariance tests show leave every step equal) and
-  `train.steps` (running a run longer or shorter is the point of resuming; with a decaying schedule the note says
-  that its remaining learning rates follow the new length);
-* everything else: the command, the optimizer, the data, the model, seq_len, the batch, the algorithm's settings.
-  Those change the trajectory, and resuming with them is refused (`ConfigError` listing each difference) unless
-  the new config sets `train.allow_config_change=true`. A config class whose run does read one of the bookkeeping keys below
-  into its training steps names it in `TRAJECTORY_KEYS` (PPO: its held-out prompts size the rollout rows).
-
-Either way nothing is silent: each accepted difference is appended to `<run_dir>/config_changes.jsonl` with the
-step it takes effect after, before `config.yaml` is replaced by the config now in effect. Both files are written
-through a temporary file and a rename (`tempax.train.storage.write_atomic`), so a full disk never leaves either
-half-written.
+`command:` key, as a recipe names it) and the config in effect. A resume compares the new config with it
+(`check_resume`: bookkeeping may change, the trajectory may not unless allowed, and every accepted difference is
+recorded), and one process at a time holds a run dir (`hold_run_dir`).
 
     changes = check_resume(saved_dict, to_dict(cfg), step=3, allow=cfg.train.allow_config_change)
     record_changes(run_dir, changes, step=3)
-
-One run per run dir: `hold_run_dir(run_dir)` takes an exclusive OS lock (`fcntl.flock`) on `<run_dir>/.tempax-run.lock`
-for the life of the run. The kernel drops it when the process ends, however it ends (kill -9 included), so a lock
-is never stale; a second process on the same run dir gets `RunDirBusy` naming the holder's PID and host at once,
-before anything is loaded. Within one process the lock is re-entrant (a command and the `start_run` inside it
-share it). Reading a run dir (`tempax export`, `tempax eval`, `tempax plot`) takes no lock.
 """
 
 from __future__ import annotations
@@ -131,7 +110,19 @@ def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any], *,
 def check_resume(saved: Mapping[str, Any], new: Mapping[str, Any], *, step: int, allow: bool,
                  run_dir: str = "this run dir", trajectory_keys: Sequence[str] = ()) -> list[Change]:
     """The changes a resume at `step` would apply; raises `ConfigError` listing the trajectory-changing ones unless
-    `allow`."""
+    `allow`.
+
+    Differences fall in two kinds. Bookkeeping cannot change the numbers (logging and evaluation cadence,
+    checkpoint cadence, progress bar, memory checks, the mesh, micro-batching and remat, which the invariance tests
+    show leave every step equal), and `train.steps` may change (running a run longer or shorter is the point of
+    resuming; with a decaying schedule the note says that its remaining learning rates follow the new length).
+    Everything else (the command, the optimizer, the data, the model, seq_len, the batch, the algorithm's settings)
+    changes the trajectory, and resuming with it is refused unless the new config sets
+    `train.allow_config_change=true`. A config class whose run does read one of the bookkeeping keys into its
+    training steps names it in `TRAJECTORY_KEYS` (PPO: its held-out prompts size the rollout rows). Either way
+    nothing is silent: `record_changes` appends each accepted difference to `<run_dir>/config_changes.jsonl`
+    before `config.yaml` is replaced, both through a temporary file and a rename, so a full disk never leaves
+    either half-written."""
     changes = config_changes(saved, new, trajectory_keys=trajectory_keys)
     changing = [c for c in changes if c.trajectory]
     if changing and not allow:
@@ -285,7 +276,12 @@ def release_run_dir(run_dir: str, *, every: bool = False) -> None:
 
 @contextlib.contextmanager
 def hold_run_dir(run_dir: str) -> Iterator[None]:
-    """The run lock of `run_dir` while the block runs (see the module docstring)."""
+    """The run lock of `run_dir` while the block runs: an exclusive OS lock (`fcntl.flock`) on
+    `<run_dir>/.tempax-run.lock` for the life of the run. The kernel drops it when the process ends, however it
+    ends (kill -9 included), so a lock is never stale; a second process on the same run dir gets `RunDirBusy`
+    naming the holder's PID and host at once, before anything is loaded. Within one process the lock is
+    re-entrant (a command and the `start_run` inside it share it). Reading a run dir (`tempax export`,
+    `tempax eval`, `tempax plot`) takes no lock."""
     acquire_run_dir(run_dir)
     try:
         yield
