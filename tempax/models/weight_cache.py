@@ -1,25 +1,11 @@
-"""GGUF weights kept dequantised on disk, so a second load of the same file skips the dequantisation.
-
-A GGUF file holds its weights quantised (SmolLM2-135M-Instruct: Q4_1); tempax computes in float32 or bfloat16,
-so every load dequantises every tensor, undoes llama.cpp's q/k permutation and transposes the linears, the
-largest part of a warm `tempax generate`'s time to its first token (`docs/measurements/performance-history.md`,
-"Start-up").
-After the first load the model's parameters, in tempax's own layout and dtype, are written to one raw file
-beside a JSON index and the model's config; later loads read neither the GGUF header (its vocabulary is most of
-its parsing) nor its tensors, and copy each parameter straight into its array.
-
-An entry is keyed by the GGUF file's absolute path, size and modification time, the dtypes asked for and a digest
-of the loading code (`gguf_io.py`, `weights.py`, `config.py`, this file), so an edited model file or loader never
-reads a stale entry; a new entry replaces the older ones of the same file name. It is written to a temporary
-folder and renamed into place, the index last, so an interrupted or concurrent run never reads half an entry; a
-full disk or an unwritable folder only costs the speed-up (a warning, the load goes on). A damaged entry is removed and the GGUF
-read again. The config is a pickle, so the folder must be as trusted as the Python environment (it is the user's
-own cache folder).
-
-The `tempax` command turns it on (`TEMPAX_WEIGHTS_DIR`, `$TEMPAX_CACHE/weights`, set by
-`tempax.runtime.process.weight_cache_env`); `TEMPAX_WEIGHT_CACHE=0` turns it off. Models whose parameters
-would take more than `TEMPAX_WEIGHT_CACHE_MAX_GIB` (default 4) are not cached: the disk they would take is worth
-more than the seconds. Measured: `docs/measurements/performance-history.md` (`python bench/cli_startup.py`).
+"""GGUF weights kept dequantised on disk, so a second load of the same file skips the dequantisation (with
+llama.cpp's q/k permutation undone and the linears transposed, the largest part of a warm `tempax generate`'s time
+to its first token: `docs/measurements/performance-history.md`, "Start-up"). The `tempax` command turns it on
+(`TEMPAX_WEIGHTS_DIR`, `$TEMPAX_CACHE/weights`); `TEMPAX_WEIGHT_CACHE=0` turns it off, and models over
+`TEMPAX_WEIGHT_CACHE_MAX_GIB` (default 4) are not cached: the disk is worth more than the seconds. An entry is
+keyed so that an edited file or loader never reads a stale one (`entry_dir`) and written so that an interrupted
+run never reads half of one (`store`). Its config is a pickle, so the folder must be as trusted as the Python
+environment (it is the user's own cache folder).
 """
 
 from __future__ import annotations
@@ -68,7 +54,8 @@ def _code_digest() -> str:
 
 def entry_dir(root: str, gguf_path: str | os.PathLike, variant: str) -> str:
     """The entry folder for one GGUF file loaded one way (`variant`: the dtypes asked for); a changed, moved or
-    re-loaded-by-new-code file gets a new one."""
+    re-loaded-by-new-code file gets a new one: the key holds the file's absolute path, size and modification
+    time, the dtypes and a digest of the loading code (`gguf_io.py`, `weights.py`, `config.py`, this file)."""
     path = os.path.abspath(os.fspath(gguf_path))
     st = os.stat(path)
     key = hashlib.sha256(
@@ -153,7 +140,11 @@ def _max_bytes() -> float:
 def store(model: Decoder, folder: str) -> bool:
     """Writes the model's parameters as an entry at `folder` (atomically) and removes the older entries of the
     same file; False when the model is over the size limit or the write failed (with a warning: a full disk
-    costs only the speed-up)."""
+    costs only the speed-up). The parameters, in tempax's own layout and dtype, go to one raw file beside a JSON
+    index and the model's config, so a later load reads neither the GGUF header nor its tensors and copies each
+    parameter straight into its array; it is written to a temporary folder and renamed into place, the index
+    last, so an interrupted or concurrent run never reads half an entry (a damaged entry is removed and the GGUF
+    read again)."""
     params = _params(model)
     entries: list[dict[str, Any]] = []
     offset = 0

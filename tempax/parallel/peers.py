@@ -1,26 +1,10 @@
 """The processes of a multi-process run as peers: reaching the coordinator, and what a lost one looks like.
 
-A run over several hosts loses a process when a host dies, is preempted or runs out of memory. JAX's
-coordination service notices by missed heartbeats (`heartbeat_timeout_s`), and by default it then ends every
-surviving process from inside C++ with a page of logs, while a survivor waiting in a collective of the lost
-process gets an error from deep inside XLA (gloo: "Connection reset by peer"). Instead, in every process of a
-tempax run:
-
-* the coordination service is recoverable (`jax_enable_recoverability`), so a lost process does not end the
-  others from C++; they learn of it by asking the service which processes are alive;
-* `PeerWatch`, a daemon thread, asks that every `POLL_S` seconds. When a process is missing (or, in the other
-  processes, when the coordinator stops answering) it prints one line naming the lost process and its host, and
-  ends this process with `EXIT_PROCESS_LOST` at once: the interpreter's exit handlers would wait for the lost
-  process at JAX's shutdown barrier;
-* an XLA runtime error that reaches the top of the program (a collective whose peer went away) is held until the
-  watch has named the lost process, at most the heartbeat timeout, so that line is what the user reads; an error
-  with every process alive is reported as usual.
-
-The step that was being checkpointed when a process was lost is not committed (Orbax commits a step only after
-every process wrote its shards), so the run dir's newest intact checkpoint is the one the same command resumes
-from. Before joining, a process other than 0 checks that the coordinator's address answers within
-`init_timeout_s` (`wait_for_coordinator`), so an unreachable coordinator is one line naming the address and the
-timeout rather than JAX's fatal check.
+A run over several hosts loses a process when a host dies, is preempted or runs out of memory. By default JAX's
+coordination service then ends every survivor from inside C++ with a page of logs, and a survivor waiting in a
+collective gets an error from deep inside XLA. Instead, every tempax process ends with one line naming the lost
+process and its host (`PeerWatch`, `EXIT_PROCESS_LOST`), and the run resumes from its newest intact checkpoint
+(Orbax commits a step only after every process wrote its shards).
 """
 
 from __future__ import annotations
@@ -84,7 +68,17 @@ def own_address(coordinator: str) -> str:
 
 
 class PeerWatch:
-    """Watches the other processes of this run through JAX's coordination service (see the module docstring)."""
+    """Watches the other processes of this run through JAX's coordination service.
+
+    The service is recoverable (`jax_enable_recoverability`, set by `init_distributed`), so a lost process does not
+    end the others from C++; they learn of it by asking which processes are alive. This daemon thread asks every
+    `POLL_S` seconds; when a process is missing (or, in the other processes, when the coordinator stops answering)
+    it prints one line naming the lost process and its host, and ends this process with `EXIT_PROCESS_LOST` at
+    once: the interpreter's exit handlers would wait for the lost process at JAX's shutdown barrier. An XLA runtime
+    error that reaches the top of the program (a collective whose peer went away) is held until the watch has named
+    the lost process, at most the heartbeat timeout, so that line is what the user reads; an error with every
+    process alive is reported as usual. Before joining, a process other than 0 checks that the coordinator's
+    address answers within `init_timeout_s` (`wait_for_coordinator`)."""
 
     def __init__(self, client: Any, *, process_id: int, num_processes: int, coordinator: str,
                  heartbeat_timeout_s: float, shutdown_timeout_s: float):
@@ -127,7 +121,7 @@ class PeerWatch:
                 return
 
     def lost(self, processes: list[int], why: str) -> None:
-        """Says which processes were lost, in one line, and ends this one (see the module docstring)."""
+        """Says which processes were lost, in one line, and ends this one (`PeerWatch`)."""
         names = "; ".join(self.describe(p) for p in processes)
         print(f"tempax: lost {names}: {why}. Stopping {self.describe(self.process_id)}; the newest intact "
               "checkpoint stays in the run dir: run the same command again to resume (on the hosts left, the "

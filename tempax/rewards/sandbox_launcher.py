@@ -2,25 +2,8 @@
 
 Run as `python -I -S sandbox_launcher.py` with one JSON line of settings and then the program's source on its
 stdin; it imports nothing from tempax (the standard library only), so it starts in a few milliseconds and runs
-the same whatever the caller has imported. Its steps, each one reported in the status it writes to the file
-descriptor the caller passed (one JSON object: what was applied, how the program ended):
-
-    1. die with the caller (PR_SET_PDEATHSIG), so a killed trainer leaves no sandbox behind;
-    2. new namespaces (unshare): network (only a loopback that is down), mounts, process ids, IPC, host name;
-       each that the kernel refuses is reported, never skipped silently;
-    3. fork the namespace's first process (pid 1), which also dies with the launcher; when it exits, the kernel
-       kills every process left in the namespace, so a child that outlives the program cannot survive it;
-    4. in the new mount namespace: every mount read-only and nosuid, a fresh /proc that shows only the
-       sandbox's processes, an empty read-only tmpfs over each hidden path (home, the caller's working directory,
-       its Python environment, /var/tmp, /dev/shm) with the interpreter's own install re-exposed read-only, and a
-       fresh size-bounded tmpfs on the temporary folder as the program's working directory (gone with the namespace);
-    5. fork the program: stdin from /dev/null, resource limits (CPU seconds, address space, file size,
-       processes, open files, no core files), no new privileges, an unprivileged uid and gid without
-       supplementary groups, a minimal environment, then exec the interpreter on main.py there (unbuffered, so
-       what it printed before a kill comes back).
-
-Without a process-id namespace the first process kills every process of the program's uid once the program
-has ended (the uid is the program's alone), which catches children that left its process group.
+the same whatever the caller has imported. `main` lists its steps; each is reported in the status it writes to
+the file descriptor the caller passed (what was applied, how the program ended).
 """
 
 from __future__ import annotations
@@ -105,7 +88,7 @@ def _inside(path: str, folder: str) -> bool:
 
 
 def _set_up_mounts(settings: dict, source: bytes, applied: dict[str, bool]) -> str:
-    """Step 4 of the module docstring; returns the program's working directory."""
+    """Step 4 of `main`; returns the program's working directory."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     problems = []
     for point, keep in _mount_points():
@@ -232,6 +215,25 @@ def _first_process(settings: dict, source: bytes, status_fd: int, applied: dict,
 
 
 def main() -> None:
+    """The launcher's steps, each reported in its status:
+
+        1. die with the caller (PR_SET_PDEATHSIG), so a killed trainer leaves no sandbox behind;
+        2. new namespaces (unshare): network (only a loopback that is down), mounts, process ids, IPC, host name;
+           each that the kernel refuses is reported, never skipped silently;
+        3. fork the namespace's first process (pid 1), which also dies with the launcher; when it exits, the
+           kernel kills every process left in the namespace, so a child that outlives the program cannot survive;
+        4. in the new mount namespace: every mount read-only and nosuid, a fresh /proc that shows only the
+           sandbox's processes, an empty read-only tmpfs over each hidden path (home, the caller's working
+           directory, its Python environment, /var/tmp, /dev/shm) with the interpreter's own install re-exposed
+           read-only, and a fresh size-bounded tmpfs on the temporary folder as the program's working directory;
+        5. fork the program: stdin from /dev/null, resource limits (CPU seconds, address space, file size,
+           processes, open files, no core files), no new privileges, an unprivileged uid and gid without
+           supplementary groups, a minimal environment, then exec the interpreter on main.py there (unbuffered, so
+           what it printed before a kill comes back).
+
+    Without a process-id namespace the first process kills every process of the program's uid once the program
+    has ended (the uid is the program's alone), which catches children that left its process group.
+    """
     settings = json.loads(sys.stdin.buffer.readline())
     source = sys.stdin.buffer.read()
     status_fd = settings["status_fd"]

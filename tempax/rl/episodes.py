@@ -1,25 +1,7 @@
-"""Batched episodes on the decode engine: the one rollout path, for one-turn tasks and multi-turn environments.
-
-`play_episodes` plays P x G episodes (G per prompt, sharing the prompt's prefill) of an environment
-(`tempax.envs.environment`):
-
-  1. every row decodes its turn until a stop token (the chat template's end of turn, which also ends a tool-call
-     turn) or max_new_tokens;
-  2. each row's reply goes to its environment's `step`; a row whose environment says done, that has used
-     `max_turns` replies, or whose next turn would not fit in `episode_tokens`, is finished and stays finished;
-  3. the others get the environment's messages rendered through the chat template (the `tool` role, then the
-     next assistant header) and continue with `DecodeRun.continue_with`, which prefills only those new tokens.
-
-One episode's tokens after the prompt form one row of the batch, [episode_tokens] long:
-
-    reply 1 (policy) | end-of-turn glue + env messages + assistant header (env) | reply 2 (policy) | ... | pad
-
-`mask` is 1 on the policy's tokens only (each reply with its stop token), so the loss never sees what the
-environment wrote; the training forward reads exactly the sequence the sampler's cache held. The glue is what the
-template writes after an assistant message's stop token (ChatML: a newline), so the sequence equals the rendered
-conversation.
-
-A one-turn task is the same path with `SingleTurnEnvironment` and `max_turns` 1 (no second code path).
+"""Batched episodes on the decode engine: the one rollout path, for one-turn tasks and multi-turn environments
+(a one-turn task is `SingleTurnEnvironment` with `max_turns` 1, no second code path). `play_episodes` plays
+P x G episodes sharing each prompt's prefill; the training forward reads exactly the sequence the sampler's
+cache held, and the loss mask covers the policy's tokens only.
 """
 
 from __future__ import annotations
@@ -194,7 +176,22 @@ def play_episodes(
     slots: int = 0,
     chunk: int = 8,
 ) -> Episodes:
-    """Plays G episodes of each task row (see the module docstring).
+    """Plays G episodes of each task row (G per prompt, sharing the prompt's prefill):
+
+      1. every row decodes its turn until a stop token (the chat template's end of turn, which also ends a
+         tool-call turn) or max_new_tokens;
+      2. each row's reply goes to its environment's `step`; a row whose environment says done, that has used
+         `max_turns` replies, or whose next turn would not fit in `episode_tokens`, is finished and stays so;
+      3. the others get the environment's messages rendered through the chat template (the `tool` role, then the
+         next assistant header) and continue with `DecodeRun.continue_with`, which prefills only those tokens.
+
+    One episode's tokens after the prompt form one row of the batch, [episode_tokens] long:
+
+        reply 1 (policy) | end-of-turn glue + env messages + assistant header (env) | reply 2 (policy) | ... | pad
+
+    `mask` is 1 on the policy's tokens only (each reply with its stop token), so the loss never sees what the
+    environment wrote. The glue is what the template writes after an assistant message's stop token (ChatML: a
+    newline), so the sequence equals the rendered conversation.
 
     Args:
       model, tokenizer: the policy.
