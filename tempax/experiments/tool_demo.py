@@ -1,22 +1,11 @@
 """The tool demo pipeline (`tempax demo --task arithmetic-tools`): does a calculator tool make SmolLM2-135M right
-where it is wrong alone?
-
-Arithmetic word problems with operands past what the model computes reliably (`max_operand`, `max_factor`), and
-five stages, each evaluated greedily on the same held-out problems (answer accuracy with 95% Wilson intervals):
-
-  1. base model, no tools (one reply);
-  2. tool warm-start: LoRA SFT on `demonstrations` tool-use transcripts that a scripted policy plays with the
-     calculator environment (a correct calculator call, the calculator's answer as a `tool` turn, then the worked
-     answer), written and trained in the common tool-calling layout as `tempax data episodes` and `tempax sft` do
-     for a user's tool, evaluated as episodes with the calculator (`env: calculator`);
-  3. agentic GRPO from (2) with the calculator (multi-turn episodes; the loss on the policy's tokens only);
-  4. plain warm-start: the same SFT budget (steps, problems) on the same problems' ideal completions, no tools;
-  5. GRPO from (4) without tools, with the same steps, prompts and samples as (3).
-
-(3) against (5) is the comparison: the same RL budget with and without the tool, each from its own warm-start
-of the same cost. The stage configs are `sft:` and `grpo:` (any key is an override, e.g.
-`grpo.train.steps=12`); `grpo.env` is the tool environment, and the no-tool arm uses it with `name: single_turn`.
-Everything is written to the run dir (outcomes.jsonl per stage as soon as it is evaluated, results.json).
+where it is wrong alone? Five stages on arithmetic problems past what the model computes reliably, each evaluated
+greedily on the same held-out problems (answer accuracy with 95% Wilson intervals): the base model; a tool
+warm-start (LoRA SFT on transcripts a scripted policy plays with the calculator, `calculator_policy`) and agentic
+GRPO from it with the calculator; a plain warm-start of the same cost on the same problems' worked answers and
+GRPO from it without tools. RL with the tool against RL without it, each from its own warm-start, is the
+comparison; `sft:` and `grpo:` are the stages' configs (any key is an override). The measured run:
+`docs/measurements/arithmetic-tools.md`.
 """
 
 from __future__ import annotations
@@ -87,7 +76,7 @@ def tools_grpo_config() -> GRPOConfig:
 
 @dataclass(frozen=True)
 class ToolDemoConfig:
-    """The tool demo (module docstring): the model, the warm-start and RL configs, the held-out problems."""
+    """The tool demo: the model, the warm-start and RL configs, the held-out problems."""
 
     model: ModelSourceConfig = help_field(
         "The model.", default_factory=lambda: ModelSourceConfig(source="smollm2-135m-instruct"))
@@ -133,7 +122,7 @@ def calculator_policy(messages: list[dict[str, Any]], row: dict[str, Any]) -> di
 
 
 def main(cfg: ToolDemoConfig, *, say: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Runs the five stages and prints the table (module docstring); returns the numbers written to results.json."""
+    """Runs the five stages and prints the table; returns the numbers written to results.json."""
     say = say or (lambda text: print(text, flush=True))
     cfg.validate()
     run_dir = cfg.run_dir or os.path.join("runs", time.strftime("demo-tools-%Y%m%d-%H%M%S"))

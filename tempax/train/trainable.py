@@ -1,22 +1,11 @@
-"""What the `Trainer` needs from the model it trains, declared once: the `TrainableModel` protocol.
+"""What the `Trainer` needs from the model it trains, declared once: the `TrainableModel` protocol, a training
+view (remat and precision applied to a new graph over the same arrays, so the trainer never edits the caller's
+model) and a memory profile (what the memory plan sizes). `Trainable` is the adapter for a plain `Decoder` and
+states what a run adds to the profile, so no config is rewritten to feed the plan.
 
     trainer = Trainer(model, loss_fn, cfg.train)                             # a Decoder: the default adapter
     trainer = Trainer(Trainable(model, logit_positions=64), loss_fn, cfg.train)  # a chunked loss
     trainer = Trainer(Trainable(actor_critic, tokens_per_row=n, held_bytes=b), loss_fn, cfg.train)
-
-A trainable model gives the trainer two things:
-
-    training_view(remat=, precision=)  a new module graph over the same arrays (nothing copied) with per-layer
-                                       recomputation and compute precision applied to its decoder trunks, so the
-                                       trainer never edits the object its caller holds
-    memory_profile()                   a `MemoryProfile`: what the memory plan (`tempax.train.memory`) sizes
-
-A plain `Decoder` (or any module whose `config` carries `remat`) needs nothing: `Trainable(module)` is its
-adapter, and the trainer wraps a bare module in it. A composite model (a policy with a value head, a student
-beside its teacher) implements both methods itself, naming its trunks. What a run adds to the profile (a row
-longer than `train.seq_len` because it holds a prompt and its G completions, models held beside the trained one,
-a loss that materialises logits chunk by chunk) is stated with `Trainable(model, ...)`, so no config is rewritten
-to feed the plan.
 """
 
 from __future__ import annotations
@@ -57,7 +46,11 @@ class MemoryProfile:
 
 @runtime_checkable
 class TrainableModel(Protocol):
-    """What the `Trainer` needs from a model (see the module docstring)."""
+    """What the `Trainer` needs from a model. A plain `Decoder` (or any module whose `config` carries `remat`)
+    needs nothing: `Trainable(module)` is its adapter, and the trainer wraps a bare module in it. A composite model
+    (a policy with a value head, a student beside its teacher) implements both methods itself, naming its trunks.
+    What a run adds (a row longer than `train.seq_len` because it holds a prompt and its G completions, models held
+    beside the trained one, a loss that materialises logits chunk by chunk) is stated with `Trainable(model, ...)`."""
 
     def training_view(self, *, remat: str | None, precision: str) -> nnx.Module:
         """A new graph over the same arrays with `remat` on its decoder trunks and `precision` compute."""
