@@ -68,22 +68,22 @@ def test_invalid_config_json(hf_folder, tmp_path):
 
 def test_unsupported_architecture_in_config_json(hf_folder, tmp_path):
     folder = _copy(hf_folder, tmp_path)
-    _edit_config(folder, model_type="phi3", architectures=["Phi3ForCausalLM"])
-    with pytest.raises(CheckpointError, match=r"unsupported architecture model_type='phi3'.*supports: llama") as e:
+    _edit_config(folder, model_type="mamba", architectures=["MambaForCausalLM"])
+    with pytest.raises(CheckpointError, match=r"unsupported architecture model_type='mamba'.*supports: llama") as e:
         load_model(folder)
     assert os.path.join(folder, "config.json") in str(e.value)
 
 
 def test_unsupported_architecture_in_gguf(tmp_path):
-    path = str(tmp_path / "phi.gguf")
-    w = gguf.GGUFWriter(path, "phi3")
+    path = str(tmp_path / "mamba.gguf")
+    w = gguf.GGUFWriter(path, "mamba")
     w.add_block_count(1)
     w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(CheckpointError, match=r"unsupported architecture general.architecture='phi3'") as e:
+    with pytest.raises(CheckpointError, match=r"unsupported architecture general.architecture='mamba'") as e:
         load_model(path)
     assert path in str(e.value)
 

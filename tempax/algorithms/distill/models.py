@@ -160,5 +160,6 @@ def parameter_count(model: nnx.Module) -> int:
     total = sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     for _, module in nnx.iter_modules(model):
         if isinstance(module, QuantizedLinear):
-            total += module.in_features * module.out_features
+            stacked = module.codes[...].ndim == 3  # a decoder's stacked projection: one kernel per layer
+            total += module.in_features * module.out_features * (module.codes.shape[0] if stacked else 1)
     return total
