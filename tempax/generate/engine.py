@@ -405,6 +405,9 @@ class DecodeRun:
         prompt_configs: Sequence[SamplingConfig] | None = None,
         reserve: int = 0,
     ):
+        # Long on purpose: the steps run once, in this order, and each sets state the next reads (checks, the
+        # padded batch and its per-row knobs, the cache sized for every turn, the prefill); split into helpers they
+        # would pass that state back and forth.
         _check_prompt_configs(config, prompt_configs, len(prompt_ids))
         check_prompts(prompt_ids, config, model_context(model, config), int(model.config.vocab_size), prompt_configs)
         self.config = config
