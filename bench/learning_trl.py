@@ -111,7 +111,8 @@ _PAIRS = ("data.max_eval_rows=200",)
 # alike, 10 steps of 2 prompts x 8 completions of up to 48 tokens at a constant LoRA lr 2e-4, the whole batch in
 # one pass (the demo's loop settings), the answers of 200 held-out problems.
 _GRPO = ("task.name=arithmetic", "task.source=null", "task.num_train_problems=2000", "rewards.weights=null",
-         "grpo.max_new_tokens=48", "grpo.max_prompt_len=512", "grpo.show_completion_every=0", "eval.num_problems=200", "eval.max_new_tokens=48",
+         "grpo.max_new_tokens=48", "grpo.max_prompt_len=512", "grpo.show_completion_every=0", "eval.num_problems=200",
+         "eval.max_new_tokens=48",
          "train.steps=10", "train.micro_batch_size=null", "train.remat=null", "train.optimizer.learning_rate=2e-4",
          "train.optimizer.warmup_steps=0", "train.optimizer.grad_clip_norm=1.0", "train.checkpoint.every=0")
 _TINY_GRPO = ("train.steps=2", "train.batch_size=1", "grpo.group_size=2", "grpo.max_new_tokens=8",
