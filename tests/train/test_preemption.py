@@ -75,7 +75,10 @@ def test_second_sigterm_ends_the_process_with_the_default_action():
             "    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(5)\nprint('not reached')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": os.getcwd()})
-    assert proc.returncode == -signal.SIGTERM and "not reached" not in proc.stdout
+    # The shell's status 143 either way: the handler re-raised with the default action (-15), or, when the main
+    # thread did not reach the handler within STUCK_AFTER_S (a loaded machine), the watcher ended it with 128 + 15.
+    assert proc.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM), (proc.stdout, proc.stderr)
+    assert "not reached" not in proc.stdout
 
 
 def test_run_stopped_exit_status_is_128_plus_the_signal():
