@@ -30,7 +30,7 @@ find_python() {
   if [ -n "${TPU_PYTHON:-}" ]; then echo "$TPU_PYTHON"; return; fi
   for candidate in python3 python; do
     if command -v "$candidate" > /dev/null &&
-        env -u PYTHONPATH "$candidate" -c 'import importlib.util, sys; sys.exit(not importlib.util.find_spec("jax"))'; then
+        "$candidate" -c 'import importlib.util, sys; sys.exit(not importlib.util.find_spec("jax"))'; then
       command -v "$candidate"
       return
     fi
@@ -42,7 +42,8 @@ find_python() {
 set_environment() {
   local machine
   machine="$(env -u PYTHONPATH "$PY" -c 'import sys; print(":".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))')"
-  export PYTHONPATH="$ROOT:$machine:$TPU/site-b:$TPU/site-a:$TPU/model/packages"
+  # The machine's own PYTHONPATH (where its JAX may live) stays ahead of its site-packages and of ours.
+  export PYTHONPATH="$ROOT:${MACHINE_PYTHONPATH:+$MACHINE_PYTHONPATH:}$machine:$TPU/site-b:$TPU/site-a:$TPU/model/packages"
   export TEMPAX_CACHE="${TEMPAX_CACHE:-$TPU/cache}"
   export TEMPAX_BENCH_SHARED="${TEMPAX_BENCH_SHARED:-$TPU/data/bench}"
   export GSM8K_DIR="${GSM8K_DIR:-$TPU/data/gsm8k}"
@@ -102,6 +103,7 @@ if [ "$1" = -h ] || [ "$1" = --help ]; then
   exit 0
 fi
 PY="$(find_python)"
+MACHINE_PYTHONPATH="${MACHINE_PYTHONPATH-${PYTHONPATH:-}}"
 case "$1" in
   assemble-model)
     assemble_model required
