@@ -41,6 +41,7 @@ TOPICS = {
     "correctness": "Correctness against transformers",
     "start-up": "Start-up",
     "gpu": "GPU",
+    "tpu": "TPU v5e",
     "suite": "The test suite",
 }
 
