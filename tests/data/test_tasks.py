@@ -18,6 +18,7 @@ from tempax.data.tasks import (
     load_gsm8k,
     parse_final_answer,
 )
+from tempax.data.tasks.gsm8k import worked_solution_target
 from tempax.errors import ConfigError, DataError
 from tempax.rewards import answers_match, extract_answer, format_score, strict_format_ok
 
@@ -66,8 +67,11 @@ def test_load_real_gsm8k_splits() -> None:
     assert (len(train), len(test)) == (7473, 1319)
     assert train.skipped == [] and test.skipped == []
     first = train[0]
-    assert set(first) == {"prompt_messages", "question", "answer"}
+    assert set(first) == {"prompt_messages", "question", "answer", "target"}
     assert first["answer"] == "72"  # Natalia's clips
+    assert first["target"] == ("<reasoning>\nNatalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips "
+                               "altogether in April and May.\n</reasoning>\n<answer>\n72\n</answer>")
+    assert not any("<<" in row["target"] or "####" in row["target"] for row in train)
     assert first["prompt_messages"][0] == {"role": "system", "content": SYSTEM_PROMPT}
     assert first["prompt_messages"][1] == {"role": "user", "content": first["question"]}
     assert all("," not in row["answer"] for row in train)  # thousands separators removed (79 in train)
@@ -227,3 +231,13 @@ def test_arithmetic_rejects_bad_config(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="distinct"):
         tiny = ArithmeticConfig(max_operand=3, max_steps=1, operations=("add",))
         generate_arithmetic(5000, split="test", config=tiny)
+
+
+def test_a_gsm8k_worked_solution_becomes_the_answer_formats_ideal_completion() -> None:
+    """Steps before the last `####` are the reasoning, the calculator marks and blank lines go, the parsed final
+    number is the answer; the strict-format reward accepts it."""
+    solution = "He pays 3 * $4 = $<<3*4=12>>12.\n\nThen  12 + 1,000 = <<12+1000=1012>>1012.\n#### 1,012"
+    target = worked_solution_target(solution, "1012")
+    assert target == ("<reasoning>\nHe pays 3 * $4 = $12.\nThen 12 + 1,000 = 1012.\n</reasoning>\n<answer>\n1012\n"
+                      "</answer>")
+    assert strict_format_ok(target) and extract_answer(target) == "1012"

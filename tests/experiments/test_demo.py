@@ -176,16 +176,26 @@ def test_compare_keeps_a_at_its_best_validation_score_and_runs_grpo_after_it(tmp
 
 
 def test_compare_needs_a_task_with_sft_targets(tmp_path):
-    """GSM8K rows carry no ideal completions, so there is nothing to continue SFT on: a clear error before the
-    model is loaded (the model source below does not exist)."""
+    """Task rows without ideal completions (a jsonl task of questions and answers only) leave nothing to continue
+    SFT on: a clear error before the model is loaded (the model source below does not exist). GSM8K's rows carry
+    their worked solutions as targets, so --compare goes on to load the model there."""
     from tempax.configlib import load_config
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "1 + 1?", "answer": "2"}) + "\n")
+    cfg = load_config(DemoConfig, None, ["compare=true", "grpo.task.name=jsonl", f"grpo.task.source={rows}",
+                                         "grpo.eval.num_problems=1", "demonstrations=1", "validation_problems=0",
+                                         f"run_dir={tmp_path / 'run'}", "model.source=/nonexistent/model"])
+    with pytest.raises(ConfigError, match="--compare trains SFT on the task's ideal completions; task"):
+        main(cfg, say=lambda text: None)
 
     data = tmp_path / "gsm8k"
     data.mkdir()
     for split in ("train", "test"):
         (data / f"{split}.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
     cfg = load_config(DemoConfig, None, ["compare=true", "grpo.task.name=gsm8k", f"grpo.task.source={data}",
-                                         "grpo.eval.num_problems=1", f"run_dir={tmp_path / 'run'}",
-                                         "model.source=/nonexistent/model"])
-    with pytest.raises(ConfigError, match="--compare trains SFT on the task's ideal completions; task gsm8k"):
+                                         "grpo.eval.num_problems=1", "demonstrations=1", "validation_problems=0",
+                                         f"run_dir={tmp_path / 'run2'}", "model.source=/nonexistent/model"])
+    with pytest.raises(Exception, match="/nonexistent/model") as failed:
         main(cfg, say=lambda text: None)
+    assert "ideal completions" not in str(failed.value)

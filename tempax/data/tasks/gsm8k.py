@@ -4,8 +4,10 @@ Rows come from a local JSON Lines file (`{"question": ..., "answer": "...\\n####
 `train.jsonl` / `test.jsonl`, or a Hub id read with `datasets.load_dataset(id, "main")`; with no source, the Hub's
 `openai/gsm8k`. A source that exists locally is always read locally (relative to the working directory).
 
-Each row becomes `{prompt_messages, question, answer}`: chat messages (system instruction + question), the question
-text, and the reference number from after the final `####`, thousands commas removed ("1,080" -> "1080").
+Each row becomes `{prompt_messages, question, answer, target}`: chat messages (system instruction + question), the
+question text, the reference number from after the final `####`, thousands commas removed ("1,080" -> "1080"), and
+the worked solution as the ideal completion in the answer format (`worked_solution_target`), what an SFT
+warm-start trains on.
 Malformed rows are skipped and reported with their `file:line`; too many of them is a `DataError`.
 """
 
@@ -17,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tempax.data.tasks.common import SYSTEM_PROMPT, SkippedRow, TaskRows, build_prompt_messages
+from tempax.data.tasks.common import SYSTEM_PROMPT, SkippedRow, TaskRows, build_prompt_messages, format_target
 from tempax.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -27,6 +29,7 @@ GSM8K_HUB_CONFIG = "main"
 
 _FINAL_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_CALCULATOR_MARK = re.compile(r"<<[^<>]*>>")
 
 
 def parse_final_answer(solution: str) -> str | None:
@@ -35,6 +38,15 @@ def parse_final_answer(solution: str) -> str | None:
         return None
     final = solution.rsplit("####", 1)[1].strip().replace(",", "")
     return final if _FINAL_NUMBER.fullmatch(final) else None
+
+
+def worked_solution_target(solution: str, answer: str) -> str:
+    """A GSM8K solution as the ideal completion: its steps (before the final `####`) as the reasoning, without the
+    calculator marks the annotators left in them (`<<48/2=24>>`, which the answer format does not use), and the
+    final number as the answer (`format_target`)."""
+    steps = solution.rsplit("####", 1)[0]
+    lines = [" ".join(_CALCULATOR_MARK.sub("", line).split()) for line in steps.strip().splitlines()]
+    return format_target("\n".join(line for line in lines if line), answer)
 
 
 def _row_from_record(record: Any, system_prompt: str | None) -> tuple[dict[str, Any] | None, str]:
@@ -53,7 +65,8 @@ def _row_from_record(record: Any, system_prompt: str | None) -> tuple[dict[str, 
     if answer is None:
         return None, "answer has no '#### <number>' final line"
     question = question.strip()
-    row = {"prompt_messages": build_prompt_messages(question, system_prompt), "question": question, "answer": answer}
+    row = {"prompt_messages": build_prompt_messages(question, system_prompt), "question": question, "answer": answer,
+           "target": worked_solution_target(solution, answer)}
     return row, ""
 
 
