@@ -17,6 +17,19 @@ from tempax.experiments.budget import BUDGET_CLOCKS
 from tempax.experiments.demo import DEFAULT_MODEL, DemoConfig, main
 
 
+# On a TPU or GPU the demo's CPU sizes take about a minute and score 48 problems, too few for an interval that
+# tells stages apart: there it scores 300 held-out problems and trains longer. Flags and KEY=VALUE still win.
+ACCELERATOR_SIZES = ("grpo.eval.num_problems=300", "sft.train.steps=30", "grpo.train.steps=60")
+
+
+def demo_sizes(size: str, backend: str) -> tuple[str, ...]:
+    """The overrides of `--size`: none for "cpu", ACCELERATOR_SIZES for "accelerator", and for "auto" whichever
+    `backend` (JAX's default backend: "cpu", "tpu", "gpu") is."""
+    if size == "auto":
+        size = "cpu" if backend == "cpu" else "accelerator"
+    return ACCELERATOR_SIZES if size == "accelerator" else ()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = DemoConfig()
     assert d.sft is not None
@@ -47,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"--compare: the N worked solutions (default {d.demonstrations}; = demonstrations)")
     parser.add_argument("--advantage", choices=("grpo", "dr_grpo", "rloo", "reinforce_pp"), default=None,
                         help="GRPO advantage estimator (default grpo; = grpo.grpo.advantage)")
+    parser.add_argument("--size", choices=("auto", "cpu", "accelerator"), default="auto",
+                        help="the demo's sizes: 'cpu' (the defaults above), 'accelerator' (" +
+                             " ".join(ACCELERATOR_SIZES) + "), or 'auto' (default): 'accelerator' on a TPU or GPU")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="any DemoConfig key, e.g. grpo.guard.action=stop grpo.grpo.temperature=0.7 "
                              "sft.train.optimizer.learning_rate=5e-4 (see --describe)")
@@ -68,9 +84,14 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     if args.sft_steps is not None:
         shortcuts.append("sft=null" if args.sft_steps == 0 else f"sft.train.steps={args.sft_steps}")
     if args.task == "gsm8k":
-        # GSM8K answers need room: longer generations for training and evaluation; it has no SFT targets.
+        # GSM8K answers need room: longer generations for training and evaluation.
         shortcuts += ["grpo.grpo.max_new_tokens=256", "grpo.eval.max_new_tokens=256", "grpo.task.max_train_rows=2000"]
-    return load_config(DemoConfig, None, shortcuts + list(getattr(args, "overrides", []) or []))
+    sizes: tuple[str, ...] = ()
+    if getattr(args, "size", "cpu") != "cpu":
+        import jax
+
+        sizes = demo_sizes(args.size, jax.default_backend())
+    return load_config(DemoConfig, None, [*sizes, *shortcuts, *(getattr(args, "overrides", []) or [])])
 
 
 def tool_config_from_args(args: argparse.Namespace) -> tool_demo.ToolDemoConfig:

@@ -57,3 +57,18 @@ def test_budget_flag_maps_to_the_config():
     assert config_from_args(args).budget == "cpu"
     assert DemoConfig().reference is True
     assert load_config(DemoConfig, None, ["compare=true", "reference=false"]).reference is False
+
+
+def test_on_an_accelerator_the_demo_scores_more_problems_and_trains_longer_unless_told_otherwise():
+    from tempax.cli.demo import ACCELERATOR_SIZES, demo_sizes
+
+    assert demo_sizes("auto", "cpu") == () and demo_sizes("cpu", "tpu") == ()
+    assert demo_sizes("auto", "tpu") == demo_sizes("auto", "gpu") == ACCELERATOR_SIZES
+    assert demo_sizes("accelerator", "cpu") == ACCELERATOR_SIZES
+    big = config_from_args(build_parser().parse_args(["demo", "--size", "accelerator"]))
+    assert (big.sft.train.steps, big.grpo.train.steps, big.eval_problems) == (30, 60, 300)
+    # flags and KEY=VALUE overrides come after the sizes, so they win
+    mine = config_from_args(build_parser().parse_args(["demo", "--size", "accelerator", "--steps", "5",
+                                                       "--sft-steps", "0", "grpo.eval.num_problems=20"]))
+    assert (mine.sft, mine.grpo.train.steps, mine.eval_problems) == (None, 5, 20)
+    assert config_from_args(build_parser().parse_args(["demo"])).eval_problems == 48  # this CPU: auto is cpu
