@@ -91,7 +91,7 @@ def sft_case(name: str, args: argparse.Namespace, env: dict, cache: str, extra: 
     cmd = [sys.executable, "-m", "tempax.cli.main", "sft", "--config", RECIPE, f"data.path={args.data}",
            f"model.tokenizer={args.tokenizer}", f"train.batch_size={batch}", f"train.seq_len={seq}",
            f"train.steps={args.steps}", f"train.run_dir={run_dir}", f"train.remat={args.remat}",
-           *([TINY] if args.tiny else []), *extra]
+           *([TINY] if args.tiny else []), *extra, *args.set]
     out = timed_run(cmd, os.path.join(args.out, f"{name}.log"), {**env, "TEMPAX_CACHE": cache}, args.timeout,
                     {"plan": "memory plan per device", "chose": "train.memory=auto chose", "step1": "train step 1/"})
     if "step1_at_s" in out:
@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", default=".tpu/data/tokenizer", help="a tokenizer folder for the preset shape")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--remat", default="full", help="train.remat of the SFT cases")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override for the SFT cases, repeatable (e.g. --set loss.fused=false)")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds each case may take")
     ap.add_argument("--tiny", action="store_true", help="2-layer, 128-wide copies (a CPU smoke run)")
     ap.add_argument("--record", metavar="FILE", help="append a figure record (topic tpu) per finished case")
@@ -209,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         figure = summary(name, out)
         if args.record and figure is not None and not args.tiny:
             remat = f" --remat {args.remat}" if name.startswith("sft_") and args.remat != "full" else ""
-            record = {"kind": "figure", "topic": "tpu", "what": WHAT[name].format(remat=args.remat),
+            remat += "".join(f" --set {kv}" for kv in args.set) if name.startswith("sft_") else ""
+            what = WHAT[name].format(remat=args.remat)
+            what += "".join(f", {kv}" for kv in args.set) if name.startswith("sft_") else ""
+            record = {"kind": "figure", "topic": "tpu", "what": what,
                       "figure": figure, "cpu": device,
                       "command": f"bash scripts/tpu/run.sh python bench/tpu_check.py --cases {name}{remat}"}
             with open(args.record, "a") as f:
