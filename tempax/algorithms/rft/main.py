@@ -86,7 +86,8 @@ def main(
     # The starting policy is evaluated before its (zero-initialised) adapters go on.
     before = evaluate_before(run, base, tok, held_rows, options, evaluate_fn=evaluate_fn)
     policy, tok, trainable = build_model(cfg, run.mesh, model=base, tokenizer=tok)
-    source = RFTSource(tok, PromptSampler(prompts, seed=cfg.train.seed), build_rewards(cfg.rewards), s, env=cfg.env)
+    source = RFTSource(tok, PromptSampler(prompts, seed=cfg.train.seed), build_rewards(cfg.rewards), s,
+                       env_factory=env_factory, max_turns=cfg.env.max_turns, episode_tokens=completion)
     trainer = make_trainer(cfg, Trainable(policy, logit_positions=64), make_rft_loss(), algorithm="RFT",
                            trainable=trainable, mesh=run.mesh, log=run.say)
     del base, policy  # the trainer holds the weights now

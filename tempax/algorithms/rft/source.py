@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -42,7 +42,6 @@ from tempax.algorithms.rft.selection import Selection, completion_weights, selec
 from tempax.data.formats import Example
 from tempax.data.packing import collate_rows, plan_packing
 from tempax.errors import TempaxError
-from tempax.envs.registry import EnvironmentConfig
 from tempax.rl.rollout import PromptSampler, Rollout, concat_rollouts, episode_metrics, sample_rollout
 from tempax.train.sources import decode_arrays, encode_arrays
 from tempax.train.view import TrainerView
@@ -122,13 +121,19 @@ class RFTSource:
       sampler: where problems come from (its position is part of `state()`).
       reward_fn: the checker, a `tempax.rewards.CombinedReward` (never raises; failures score 0).
       settings: the algorithm knobs.
+      env_factory: builds one episode's environment (`EnvironmentConfig.build`); None: one reply per problem.
+      max_turns: the policy's replies in an episode (the environment config's `max_turns`).
+      episode_tokens: the completion budget after the prompt, derived once by the caller
+        (`EnvironmentConfig.episode_tokens`); None: `settings.max_new_tokens` (one reply).
     """
 
-    def __init__(self, tokenizer: Any, sampler: PromptSampler, reward_fn: Any, settings: RFTKnobsConfig,
-                 env: EnvironmentConfig = EnvironmentConfig()):
+    def __init__(self, tokenizer: Any, sampler: PromptSampler, reward_fn: Any, settings: RFTKnobsConfig, *,
+                 env_factory: Callable[[], Any] | None = None, max_turns: int = 1,
+                 episode_tokens: int | None = None):
         self.tokenizer = tokenizer
-        self.env = env
-        self.env_factory = None if env.single_turn else env.build(tokenizer)
+        self.env_factory = env_factory
+        self.max_turns = max_turns
+        self.episode_tokens = episode_tokens or settings.max_new_tokens
         self.sampler = sampler
         self.reward_fn = reward_fn
         self.settings = settings
@@ -186,8 +191,7 @@ class RFTSource:
                 group_size=s.group_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                 top_p=s.top_p, seed=seed,
                 advantage="dr_grpo",  # unused by RFT; the one estimator defined for a single sample per problem
-                env_factory=self.env_factory, max_turns=self.env.max_turns,
-                episode_tokens=self.env.episode_tokens(s.max_new_tokens, key="rft.max_new_tokens"),
+                env_factory=self.env_factory, max_turns=self.max_turns, episode_tokens=self.episode_tokens,
             ))
         return concat_rollouts(parts)
 

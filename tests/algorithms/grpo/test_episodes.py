@@ -132,8 +132,10 @@ def test_rft_keeps_episodes_with_the_loss_on_the_policy_tokens_only(model, tok, 
         length = int(rollout.lengths[i, j])
         assert len(example.tokens) == n + length
         assert list(example.loss_mask[n:]) == list(rollout.completion_mask[i, j, :length].astype(bool))
-    assert RFTSource(tok, PromptSampler(prompts), combine_rewards({"chars": reply_chars}), RFTKnobsConfig(),
-                     env=GUESS).env_factory is not None
+    factory = GUESS.build(tok)
+    source = RFTSource(tok, PromptSampler(prompts), combine_rewards({"chars": reply_chars}), RFTKnobsConfig(),
+                       env_factory=factory, max_turns=GUESS.max_turns, episode_tokens=48)
+    assert (source.env_factory, source.max_turns, source.episode_tokens) == (factory, GUESS.max_turns, 48)
 
 
 def test_the_recipe_on_the_slot_engine_samples_what_the_batch_samples(model, tok, tmp_path, monkeypatch):
