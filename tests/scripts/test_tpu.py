@@ -183,3 +183,23 @@ def test_notebook_runner_refuses_ipython_syntax(tmp_path):
     path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": "%matplotlib inline\nx = 1"}]}))
     with pytest.raises(run_notebook.NotebookError, match="code cell 1 uses IPython syntax .*%matplotlib inline"):
         run_notebook.code_cells(str(path))
+
+
+def test_run_keeps_the_machines_own_pythonpath_ahead_of_the_installed_folders(tmp_path):
+    """A machine whose JAX lives on its PYTHONPATH (not in site-packages): that folder stays on the path, after the
+    checkout and before .tpu/site-b and site-a, so its JAX is the one imported."""
+    machine = tmp_path / "machine"
+    for folder in ("site-a", "site-b"):
+        (machine / folder).mkdir(parents=True)
+    key = subprocess.run([sys.executable, os.path.join(TPU, "carry.py"), "stamp-key", "pyproject.toml",
+                          "scripts/tpu/wheels.txt", "file:///opt/pypi/simple"], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout.strip()
+    (machine / "installed").write_text(key + "\n")
+    own = tmp_path / "machine-jax"
+    own.mkdir()
+    done = _bash("run.sh", "python", "-c", "import os; print(os.environ['PYTHONPATH'])", TPU_DIR=str(machine),
+                 PYTHONPATH=str(own))
+    assert done.returncode == 0, done.stderr
+    path = done.stdout.strip().splitlines()[-1].split(":")
+    assert path[0] == ROOT and path.index(str(own)) < path.index(str(machine / "site-b")) < path.index(
+        str(machine / "site-a"))
