@@ -11,7 +11,7 @@
 # The first call on a machine installs tempax's dependencies from the carried wheels and the machine's index into
 # .tpu/site-a (everything but the tokenizer path) and .tpu/site-b (transformers, huggingface-hub and what they
 # need); .tpu/installed records what was installed, and later calls on the same warm machine skip it. Python's
-# path is: the checkout, the machine's own site-packages (its JAX first), .tpu/site-b, .tpu/site-a, and
+# path is: the checkout, the machine's own PYTHONPATH and site-packages (its JAX first), .tpu/site-b, .tpu/site-a, and
 # .tpu/model/packages (where the assembled model is found by its registered name, smollm2-135m-instruct).
 # TEMPAX_CACHE is .tpu/cache, so compiled programs and tokenizers outlive a call while the machine is warm.
 # Every call also assembles the model when its last part has arrived, and says which parts are still missing.
