@@ -109,13 +109,11 @@ def workload(name: str, cfg, args) -> tuple:
             batch, prompt_len + completion_len)
 
 
-def measure(name: str, cfg, remat: str, memory: str, args) -> dict:
-    import jax
-
-    from tempax.errors import is_device_out_of_memory
+def bench_trainer(name: str, cfg, remat: str, memory: str, args, mesh=None) -> tuple:
+    """(trainer, batch, rows, tokens per row) of one workload under `remat` and `train.memory=memory`, on `mesh`
+    (None: the config's, over this process's devices)."""
     from tempax.train.config import CheckpointConfig, MeshConfig, TrainConfig
     from tempax.train.loop import Trainer
-    from tempax.train.memory import xla_bytes_needed
     from tempax.train.optim import OptimizerConfig
 
     model, loss, trainable, batch, seq_len = workload(name, cfg, args)
@@ -125,7 +123,28 @@ def measure(name: str, cfg, remat: str, memory: str, args) -> dict:
                         run_dir=os.path.join(args.run_dir, name), mesh=MeshConfig(num_devices=1),
                         optimizer=OptimizerConfig(learning_rate=1e-5),
                         checkpoint=CheckpointConfig(save_at_end=False, async_save=False))
-    trainer = Trainer(model, loss, train, trainable=trainable, log=lambda _: None)
+    return Trainer(model, loss, train, trainable=trainable, log=lambda _: None, mesh=mesh), batch, rows, seq_len
+
+
+def xla_figures(analysis) -> dict:
+    """XLA's figures from `compiled.memory_analysis()`, in GiB: device memory (arguments + outputs + temporaries -
+    aliased), host memory likewise, and the device's parts."""
+    device = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes
+              - analysis.alias_size_in_bytes)
+    host = (analysis.host_argument_size_in_bytes + analysis.host_output_size_in_bytes
+            + analysis.host_temp_size_in_bytes - analysis.host_alias_size_in_bytes)
+    return dict(xla_from="memory_analysis", xla_gib=round(device / GiB, 3), xla_host_gib=round(host / GiB, 3),
+                xla_parts_gib={k: round(getattr(analysis, f"{k}_size_in_bytes") / GiB, 3)
+                               for k in ("argument", "output", "temp", "alias")})
+
+
+def measure(name: str, cfg, remat: str, memory: str, args) -> dict:
+    import jax
+
+    from tempax.errors import is_device_out_of_memory
+    from tempax.train.memory import xla_bytes_needed
+
+    trainer, batch, rows, seq_len = bench_trainer(name, cfg, remat, memory, args)
     first, plan = trainer.memory_plan(), trainer.memory_plan(batch)
     out = {"workload": name, "remat": remat, "memory": memory, "rows": rows,
            "tokens_per_row": trainer.memory_profile.tokens_per_row or seq_len, "precision": args.precision,
@@ -142,13 +161,7 @@ def measure(name: str, cfg, remat: str, memory: str, args) -> dict:
         out.update(xla_from="error", error=str(e).strip().splitlines()[0][:300],
                    xla_gib=None if needed is None else round(needed / GiB, 3))
     else:
-        device = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes
-                  - analysis.alias_size_in_bytes)
-        host = (analysis.host_argument_size_in_bytes + analysis.host_output_size_in_bytes
-                + analysis.host_temp_size_in_bytes - analysis.host_alias_size_in_bytes)
-        out.update(xla_from="memory_analysis", xla_gib=round(device / GiB, 3), xla_host_gib=round(host / GiB, 3),
-                   xla_parts_gib={k: round(getattr(analysis, f"{k}_size_in_bytes") / GiB, 3)
-                                  for k in ("argument", "output", "temp", "alias")})
+        out.update(xla_figures(analysis))
     out["compile_s"] = round(time.perf_counter() - start, 1)
     if out.get("xla_gib"):
         out["ratio"] = round(out["plan_gib"] / out["xla_gib"], 3)

@@ -4,16 +4,21 @@ choice of where the training state lives (`train.memory`).
 Per device, in bytes (P_t = trainable parameters, P_f = frozen ones, N = tokens of one micro-batch on one device,
 L layers, V vocabulary):
 
-    weights       the float32 master P_t * 4 (none on the device when the master lives on the host) + the frozen
-                  weights at their storage bytes (4, 2, or ~0.56 for NF4 QLoRA) + frozen arrays of other models (a
-                  distillation teacher), divided over the parameter-sharding axes (fsdp x tensor)
-    compute copy  with the master on the host only: the device copy the forward pass reads, P_t * 2 (bf16) or 4
+    weights       the float32 master P_t * 4 + the frozen weights at their storage bytes (4, 2, or ~0.56 for NF4
+                  QLoRA) + frozen arrays of other models (a distillation teacher), divided over the
+                  parameter-sharding axes (fsdp x tensor). With the master in host memory it still counts on an
+                  accelerator: XLA brings it in whole for the cast to the compute copy (see below)
+    compute copy  the weights the forward pass reads in bf16, P_t * 2: with the master on the host, the device
+                  copy (P_t * 4 under fp32); on an accelerator under bf16 also with the master on the device, where
+                  XLA casts each float32 weight whole before the layer loop and keeps the copy for the backward pass
     gradients     P_t * 4 (P_t * 2 for gradients of a bf16 device copy), plus a float32 accumulator with more
                   than one micro-batch
     optimizer     on the device: Adam's 2 moments P_t * 8 (float32) or P_t * 4 (bf16_moments, plus the largest
                   parameter's moments in float32 while its update computes them), SGD with momentum half of that;
-                  offloaded: the state of the largest parameter while it streams through (its
-                  moments, and its master with the master on the host; the update writes over them in place)
+                  offloaded: the state of the largest parameter while it streams through (its moments, and its
+                  master with the master on the host), twice on an accelerator: XLA schedules the transfers itself
+                  and drops the barriers that order them, so one parameter's new state going back overlaps the next
+                  one's coming in
     activations   what autodiff keeps for the backward pass, traced, not guessed: the residuals of the model's
                   forward pass (`residual_bytes`: jax.vjp under `jax.eval_shape`, with this remat and precision, on
                   this backend's ops; of the trained model as built, adapters and all, when the plan has its
@@ -203,20 +208,29 @@ def plan_memory(p: PlanInputs, capacity: int | None = None) -> MemoryPlan:
     master_on_host = p.memory == "offload_optimizer_and_master"
     compute_bytes = 2 if p.precision == "bf16" else 4
 
+    # Where the device has its own memory (an accelerator), XLA schedules the transfers between host and device
+    # memory itself and drops the optimization barriers that `tempax.train.offload` orders them with: the master
+    # weights all come in at once (in float32, before their cast), and one parameter's new state going back
+    # overlaps the next one's coming in. Under bf16 XLA casts each float32 weight whole before the layer loop and
+    # keeps that copy through the backward pass. (A v5e's compiled step: `bench/memory_plan_v5e.py`.)
+    accelerator = p.host_is_separate
+    in_flight = 2 if accelerator else 1
     frozen_weights = frozen * frozen_bytes + p.extra_frozen_bytes
     master = trainable * 4
-    weights = (frozen_weights + (0 if master_on_host else master)) / shard
-    compute_copy = trainable * compute_bytes / shard if master_on_host else 0
+    weights = (frozen_weights + (0 if master_on_host and not accelerator else master)) / shard
+    compute_copy = trainable * 2 / shard if p.precision == "bf16" and accelerator else 0
+    if master_on_host:
+        compute_copy = trainable * compute_bytes / shard
     grad_bytes = compute_bytes if master_on_host else 4
     grads = trainable * grad_bytes / shard + (trainable * 4 / shard if p.num_micro_batches > 1 else 0)
     state = trainable * moments * moment_bytes / shard
     largest = largest_param(cfg) if trainable == total_params else trainable
-    streaming = min(largest, trainable) / shard * (moments * moment_bytes + (4 if master_on_host else 0))
+    streaming = min(largest, trainable) / shard * (moments * moment_bytes + (4 if master_on_host else 0)) * in_flight
     optimizer = streaming if optimizer_on_host else state
     if p.memory == "bf16_moments":  # the largest parameter's moments in float32 while its update computes them
         optimizer += min(largest, trainable) / shard * moments * 4
     host = (state if optimizer_on_host else 0) + (master / shard if master_on_host else 0)
-    if not p.host_is_separate:  # host memory is the device's: what lives "on the host" counts all the same
+    if not accelerator:  # host memory is the device's: what lives "on the host" counts all the same
         optimizer += state if optimizer_on_host else 0
         weights += master / shard if master_on_host else 0
         host = 0

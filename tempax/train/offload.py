@@ -16,9 +16,13 @@ step itself, with `jax.device_put` to a sharding of the other kind, which XLA co
                                    moments (ZeRO-Offload's split of the state, Ren et al. 2021, with the update
                                    on the accelerator rather than the host's CPU).
 
-One parameter at a time is enforced, not hoped for: the transfer of parameter i + 1's state depends, through an
-optimization barrier, on parameter i's new state having been sent back, so the device holds the state of one
-parameter (the largest, for the plan) beside the weights and gradients, never all of it. An optimizer applied
+The traced program orders the transfers: parameter i + 1's state goes in after parameter i's new state, through
+an optimization barrier. XLA's TPU compiler does not keep that order: it drops the barriers when it schedules
+the transfers between host and device memory (a v5e's compiled step), so the masters come in together, the
+first parameter's moments may come in during the backward pass, and one parameter's new state going back
+overlaps the next one's coming in. What stays true is that a parameter is a whole array: a stacked layer weight
+([layers, ...]) streams as one, so the device holds at least twice the state of the largest one (what
+`tempax.train.memory` plans) beside the weights, their bf16 copy and the gradients. An optimizer applied
 to a part of the parameters with the matching part of its state is exact because the optimizer after clipping is
 elementwise (`tempax.train.optim.optimizer_parts`); clipping by the norm of all gradients comes first, on the
 device, where the gradients are.
