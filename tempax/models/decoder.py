@@ -438,9 +438,21 @@ def _draws_randomness(module: nnx.Module) -> bool:
     return any(isinstance(m, nnx.Dropout) and m.rate > 0 and not m.deterministic for _, m in nnx.iter_modules(module))
 
 
+def _saves_activation_casts(prim: Any, *avals: Any, **params: Any) -> bool:
+    """Remat "dots": the products without batch dimensions (the projections), and the bfloat16 cast of a
+    float32 activation [B, T, D]. Under train.precision=bf16 a projection accumulates in float32 and casts its
+    output to bfloat16 at once (`tempax.ops.projection_dot`); the cast is what the layer goes on with, so it is
+    what the scan stacks for the backward pass, at half the bytes of the float32 product (which the backward pass
+    then never reads). The same rule keeps a norm's bfloat16 output, which the next projection reads."""
+    if prim is jax.lax.convert_element_type_p:
+        (operand,) = avals
+        return operand.ndim == 3 and operand.dtype == jnp.float32 and params["new_dtype"] == jnp.bfloat16
+    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *avals, **params)
+
+
 def _remat_policy(name: str) -> Any:
     if name == "dots":
-        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+        return _saves_activation_casts
     return None  # "full": save nothing, recompute everything
 
 
