@@ -150,6 +150,17 @@ def apply_rope(x_btnh: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array,
     return (x32 * cos + rotated * sin).astype(x_btnh.dtype)
 
 
+def with_slots(buffer: jax.Array, slots: jax.Array, at: jax.Array) -> jax.Array:
+    """`buffer` [B, K, S, H] as it reads with `slots` [B, K, T, H] written at positions at .. at + T - 1: the values
+    of `jax.lax.dynamic_update_slice` (which moves a start past the end back to S - T). One slot (a decode step)
+    is selected in position by position, an elementwise op XLA fuses into the attention's read of the buffer, so
+    the step writes no [B, K, S, H] array; more slots are written into a copy."""
+    if slots.shape[2] == 1:
+        at = jnp.clip(at, 0, buffer.shape[2] - 1)
+        return jnp.where((jnp.arange(buffer.shape[2]) == at)[:, None], slots, buffer)
+    return jax.lax.dynamic_update_slice(buffer, slots, (0, 0, at, 0))
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with rotary positions, optional q/k norms, soft-capping and sliding windows.
 
@@ -203,15 +214,15 @@ class Attention(nnx.Module):
         inv_freq: jax.Array,
         sliding: jax.Array | None,
         rope_scale: jax.Array | None = None,
-    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None]:
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """Attends x [B,T,D] to itself, or to this layer's cache `kv` = (k, v, k_segments, write_at) when decoding.
 
-        Returns the output and, with a cache, (keys, values, written keys, written values): the layer's whole
-        [B, K, S, H] buffers with this call's slots written, and just those slots [B, K, T, H] (a decode step
-        writes only them back into the stacked cache). `fresh_cache` (static): the cache held nothing before this
-        call (a prefill), so the queries attend to the keys written now only, not to the whole buffer with its
-        empty slots masked: a prefill into a cache that reserves room for later turns would otherwise form
-        [T, max_len] scores instead of [T, T]."""
+        Returns the output and, with a cache, this call's keys and values as the cache stores them [B, K, T, H]:
+        the caller writes them into the stacked cache at `write_at` (`Decoder._run_layers`); the buffers given
+        here are only read. `fresh_cache` (static): the cache held nothing before this call (a prefill), so the
+        queries attend to the keys written now only, not to the whole buffer with its empty slots masked: a
+        prefill into a cache that reserves room for later turns would otherwise form [T, max_len] scores instead
+        of [T, T]."""
         b, t, _ = x.shape
         n, k, h = self.num_heads, self.num_kv_heads, self.head_dim
         q, key, val = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -227,13 +238,12 @@ class Attention(nnx.Module):
         else:
             cache_k, cache_v, k_segments, write_at = kv  # [B, K, S, H] buffers (see KVCache)
             written_k, written_v = key.swapaxes(1, 2).astype(cache_k.dtype), val.swapaxes(1, 2).astype(cache_v.dtype)
-            keys = jax.lax.dynamic_update_slice(cache_k, written_k, (0, 0, write_at, 0))
-            vals = jax.lax.dynamic_update_slice(cache_v, written_v, (0, 0, write_at, 0))
-            new_kv = (keys, vals, written_k, written_v)
+            new_kv = (written_k, written_v)
             if fresh_cache:  # the slots written now, as the buffer holds them (same casts as a cache read)
                 keys, vals = written_k, written_v
                 k_index, k_segments = q_index, q_segments
             else:
+                keys, vals = with_slots(cache_k, written_k, write_at), with_slots(cache_v, written_v, write_at)
                 k_index = jnp.arange(keys.shape[2])
             keys, vals = keys.astype(q.dtype), vals.astype(q.dtype)
         out = ops.attention(
@@ -523,10 +533,16 @@ class Decoder(nnx.Module):
     def _run_layers(self, x, positions, q_index, segment_ids, cache, k_segments, offset, fresh_cache):
         """x through every layer, a scan over the stacked weights; returns (x, cache keys, cache values).
 
-        A cache is scanned with the layers ([L, B, K, S, H]: each step reads and returns its layer's buffers),
-        except in a decode step (one new position, nothing to differentiate), where the whole stacked cache is
-        carried and only the written slot of each layer is updated in place: returning whole per-layer buffers
-        would write the entire cache every step. Remat (`ModelConfig.remat`) applies to one layer's computation,
+        A cache is scanned with the layers ([L, B, K, S, H]: each step reads its layer's buffers) and only read
+        there; the scan returns each layer's new slots [L, B, K, T, H], written into the stack once after it, in
+        place when the cache is donated. Returning whole per-layer buffers would write the entire cache every
+        step, and carrying the stack through the scan to write each layer's slot in it makes XLA copy the whole
+        stack in every layer (the old stack is still read after the write; tests/models/test_decoder.py checks
+        the compiled decode loop). A decode step (one new position, nothing to differentiate) indexes its layer's
+        buffers in the closed-over stack instead of scanning them: the slot engine vmaps the step over a
+        slot-major stack [slots, L, ...], which scanning would transpose, copying the whole cache, every step
+        (a differentiated pass scans them, or the closure's gradient would be a whole stack carried and added to in
+        every layer). Remat (`ModelConfig.remat`) applies to one layer's computation,
         inside the scan, also with a cache: GRPO's and PPO's training pass runs the prompts into a cache and the
         completions against it. Without differentiation jax.checkpoint adds nothing, so decoding under a remat
         config compiles to the same program (tests/models/test_remat.py).
@@ -575,31 +591,22 @@ class Decoder(nnx.Module):
             finish(shared, stats)
             return x, None, None
 
-        if x.shape[1] == 1 and not fresh_cache:
-            def step(carry, xs):
-                x, shared, cache_k, cache_v = carry
-                weights, inv_freq, sliding, rope_scale, i = xs
-                kv = (cache_k[i], cache_v[i], k_segments, offset)
-                x, (_, _, written_k, written_v), shared, stats = layer(shared, weights, x, kv, inv_freq, sliding,
-                                                                       rope_scale)
-                cache_k = jax.lax.dynamic_update_slice(cache_k, written_k[None], (i, 0, 0, offset, 0))
-                cache_v = jax.lax.dynamic_update_slice(cache_v, written_v[None], (i, 0, 0, offset, 0))
-                return (x, shared, cache_k, cache_v), stats
-
-            (x, shared, new_k, new_v), stats = jax.lax.scan(step, (x, shared, cache.k, cache.v), per_layer)
-            finish(shared, stats)
-            return x, new_k, new_v
+        decode_step = x.shape[1] == 1 and not fresh_cache
 
         def scanned(carry, xs):
             x, shared = carry
-            (weights, inv_freq, sliding, rope_scale, _), layer_k, layer_v = xs
-            x, (keys, vals, _, _), shared, stats = layer(shared, weights, x, (layer_k, layer_v, k_segments, offset),
-                                                         inv_freq, sliding, rope_scale)
-            return (x, shared), (keys, vals, stats)
+            (weights, inv_freq, sliding, rope_scale, i), layer_kv = xs
+            if decode_step:
+                layer_kv = tuple(jax.lax.dynamic_index_in_dim(c, i, keepdims=False) for c in (cache.k, cache.v))
+            x, slots, shared, stats = layer(shared, weights, x, (*layer_kv, k_segments, offset), inv_freq, sliding,
+                                            rope_scale)
+            return (x, shared), (slots, stats)
 
-        (x, shared), (new_k, new_v, stats) = jax.lax.scan(scanned, (x, shared), (per_layer, cache.k, cache.v))
+        kv_xs = None if decode_step else (cache.k, cache.v)
+        (x, shared), ((slots_k, slots_v), stats) = jax.lax.scan(scanned, (x, shared), (per_layer, kv_xs))
         finish(shared, stats)
-        return x, new_k, new_v
+        at = (0, 0, 0, offset, 0)
+        return x, jax.lax.dynamic_update_slice(cache.k, slots_k, at), jax.lax.dynamic_update_slice(cache.v, slots_v, at)
 
     def logits(self, hidden: jax.Array, decode_layout: bool = False) -> jax.Array:
         """LM head (tied or untied) and final soft-capping; float32 logits. `decode_layout`: see `Decoder`."""
