@@ -12,31 +12,9 @@ trainer, train, finish.
         result = run.train(trainer, data.train, hooks=hooks, eval_batches=data.eval_loader)   # Trainer.fit
         return result                                              # finish: what the algorithm saves and reports
 
-Every `main` returns a `RunResult`: `Trainer.fit`'s `TrainResult` with what the run made beside it (the trained
-model, the batch source, generation-based evaluations, the files written). `make_trainer` builds the one `Trainer`
-on the run's mesh with the checkpoint metadata every run records (the algorithm, the config's `model.source`).
-`Run.train` is `Trainer.fit` with the held-out evaluation around it: the loss function's metrics on the held-out
-batches before the first step (when asked) and at the end of the run (`fit`'s eval hook), in
-`result.extras["eval_before"]` / `["eval_after"]`; the trainer is closed afterwards and the run dir's lock given
-back. `Run.report_held_out` prints the before/after table and writes `eval_summary.json`.
-On-policy algorithms that evaluate by generating on held-out problems (GRPO, RFT) take their prompts with
-`task_prompts`, evaluate the starting policy with `evaluate_before` and finish with `finish_policy` (the
-evaluation after training, the before/after table in eval.json and metrics.jsonl, the adapters); generation-based
-evaluations are stages, and `Run.report_stages` prints their table and writes them.
-
-`start_run` is where a run's config meets its directory: a run dir with checkpoints is a resume, and its new
-config is checked against the saved config.yaml before that is replaced (`tempax.train.run_identity`: differences
-that change the trajectory are refused unless `train.allow_config_change=true`, and every accepted one is
-recorded with its step in config_changes.jsonl).
-
-`start_run` takes the run dir's lock (`tempax.train.run_identity.hold_run_dir`: one run per run dir; a second
-process gets one line naming the holder and exits 2 before anything is loaded) and `Run.train` gives it back when
-the trainer is closed; `hold_run(cfg)` holds it around a whole command (the CLI's), so it covers the reports after
-training too. In a multi-process run process 0 takes it and the others wait for process 0 at a barrier.
-
-Across processes (`tempax launch`, clusters) `start_run` first joins the run (`train.mesh.join()`, before
-anything starts JAX's backend), and every file here is written by process 0 alone (`is_writer`); the other
-processes run the same code and compute the same values, so paths and tables are the same everywhere.
+Every `main` returns a `RunResult`. Across processes (`tempax launch`, clusters) every file here is written by
+process 0 alone (`is_writer`); the other processes run the same code and compute the same values, so paths and
+tables are the same everywhere.
 """
 
 from __future__ import annotations
@@ -147,8 +125,12 @@ class Run:
         eval_batches: Callable[[], Iterable[dict[str, Any]]] | None = None,
         evaluate_before: bool = False,
     ) -> RunResult:
-        """`trainer.fit` with the held-out loss metrics before (when asked) and after; closes the trainer. The
-        result holds the trained model, the batch source and the run's files."""
+        """`trainer.fit` with the held-out evaluation around it; closes the trainer. The result holds the trained
+        model, the batch source and the run's files.
+
+        The loss function's metrics on the held-out batches are taken before the first step (when
+        `evaluate_before`) and at the end of the run (`fit`'s eval hook), in `result.extras["eval_before"]` /
+        `["eval_after"]`; the trainer is closed afterwards and the run dir's lock given back."""
         before = None
         try:
             if eval_batches is not None and evaluate_before:
@@ -205,9 +187,17 @@ class Run:
 
 def start_run(cfg: Any, *, log: Callable[[str], None] | None = None) -> Run:
     """Makes `cfg.train.run_dir` and writes the resolved config to `<run_dir>/config.yaml`, as a recipe of the
-    command whose record names the config's class (see the module docstring; raises `ConfigError` listing the
-    differences when a resume would change the trajectory); `log` is where the run's messages go (default
-    stderr)."""
+    command whose record names the config's class; `log` is where the run's messages go (default stderr).
+
+    This is where a run's config meets its directory: a run dir with checkpoints is a resume, and its new config is
+    checked against the saved config.yaml before that is replaced (`tempax.train.run_identity`: differences that
+    change the trajectory are refused with a `ConfigError` listing them unless `train.allow_config_change=true`,
+    and every accepted one is recorded with its step in config_changes.jsonl).
+
+    It takes the run dir's lock (`tempax.train.run_identity.hold_run_dir`: one run per run dir; a second process
+    gets one line naming the holder and exits 2 before anything is loaded) and `Run.train` gives it back when the
+    trainer is closed. In a multi-process run it first joins the run (`train.mesh.join()`, before anything starts
+    JAX's backend); process 0 takes the lock and the others wait for process 0 at a barrier."""
     cfg.train.mesh.join()  # a multi-process run is joined before anything can start JAX's backend
     run = Run(cfg, cfg.train.run_dir, log or stderr_logger)
     _lock(run.run_dir)
@@ -232,7 +222,8 @@ def _lock(run_dir: str) -> None:
 
 @contextlib.contextmanager
 def hold_run(cfg: Any) -> Iterator[None]:
-    """The run dir's lock around a whole command (joins a multi-process run first; see the module docstring)."""
+    """The run dir's lock around a whole command (the CLI's), so it covers the reports after training too (joins a
+    multi-process run first; `start_run` says how the lock is held)."""
     cfg.train.mesh.join()
     _lock(cfg.train.run_dir)
     try:
@@ -324,7 +315,11 @@ def finish_policy(
     """After training a policy (`result.model`, the trainer's): the held-out evaluation (`eval.after`) of
     `held_rows` with `options` (`tempax.eval.spec.eval_options`) by `evaluate_fn` (`evaluate_before`'s; None:
     `tempax.eval.evaluate.evaluate`), the before/after table (eval.json and metrics.jsonl), the adapters of a LoRA
-    run and why the run stopped early, if it did; `result` with `before` and `after` set."""
+    run and why the run stopped early, if it did; `result` with `before` and `after` set.
+
+    On-policy algorithms that evaluate by generating on held-out problems (GRPO, RFT) take their prompts with
+    `task_prompts`, evaluate the starting policy with `evaluate_before` and finish here; generation-based
+    evaluations are stages, and `Run.report_stages` prints their table and writes them."""
     cfg, policy = run.config, result.model
     result.before = before
     if held_rows and cfg.eval.after:

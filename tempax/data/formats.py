@@ -1,37 +1,9 @@
 """Rows -> token ids and a loss mask, through the tokenizer's chat template.
 
-Three row formats (picked per row with `format="auto"`, or forced):
-  * chat:              {"messages": [{"role": "user", "content": ...}, {"role": "assistant", ...}, ...]}; tool-calling
-                       transcripts in the common (OpenAI / Hugging Face) layout too: an assistant message with
-                       `tool_calls` ([{"type": "function", "function": {"name", "arguments"}}], content empty or
-                       prose) and `tool` messages holding the results. A template that renders `tool_calls` itself
-                       (Qwen's) gets them as they are; one that does not (SmolLM2's ChatML) gets each call written
-                       into the reply in the model's own call format (`tempax.models.tool_format`), the text a
-                       tool rollout parses. Tool results are never trained: only assistant turns are.
-  * prompt/completion: {"prompt": str | messages, "completion": str | messages}; a string prompt is one user turn,
-                       a string completion one assistant turn. Loss goes on the completion only.
-  * text:              {"text": str} for continued pre-training; tokenised with the tokenizer's own special
-                       tokens plus a closing eos, every token trained.
-
-Which tokens are trained (`train_on`):
-  "assistant"       every assistant turn (of the completion, for prompt/completion rows) — the default;
-  "last_assistant"  only the final assistant turn;
-  "all"             every token of the rendered conversation.
-
-How the assistant mask is found, for any template: the conversation is rendered once, and for each trained
-assistant turn i the template is rendered again for `messages[:i]` with the generation prompt and for
-`messages[:i+1]`. When both renders are prefixes of the full text (true for ChatML, Llama 3, Gemma, Mistral...),
-the characters between them are turn i's reply — including the end-of-turn token the template writes after it.
-The full text is tokenised once, with character offsets, and a token is trained when it starts inside a reply
-span. Trailing template text after the last stop token of a span (ChatML's "\\n" after `<|im_end|>`) is not
-trained: the model must learn to emit `<|im_end|>`, not what the template prints after it. Templates that are
-not prefix-stable (e.g. ones that rewrite earlier turns) fall back to locating the reply text itself.
-
-Bad rows are skipped and counted in the `DataReport` by reason (`tempax.data.reasons`): invalid_utf8, invalid_json,
-not_an_object, unknown_format, wrong_kind (a preference pair or a question/answer row: the detail names what reads
-it), missing_field, wrong_type, empty_content, no_assistant_turn, template_error (the template raised),
-template_mismatch (a reply could not be found in the rendering). Length outcomes: truncated "too_long" / "split";
-dropped "too_long" (overlong="drop"), "no_target_after_truncation", "no_target".
+Three row formats are read, picked per row or forced: chat messages (tool-calling transcripts too),
+prompt/completion and plain text (`render_row` says how each is rendered and trained). `FormatOptions` says which
+tokens are trained and what an overlong example becomes; `render_chat` finds each trained reply for any template.
+Bad rows are skipped and counted in the `DataReport` by reason (`tokenize_rows` lists them).
 
 Token convention: `Example.loss_mask[i]` is true when token i is a training *target* (predicted from tokens[:i]).
 `packing.py` shifts this into next-token `targets` / `loss_mask` arrays.
@@ -65,7 +37,9 @@ class FormatOptions:
 
     Attributes:
       format: "auto" (detect per row from its keys), "messages", "prompt_completion" or "text".
-      train_on: which tokens carry loss: "assistant", "last_assistant" or "all" (see the module docstring).
+      train_on: which tokens carry loss: "assistant" (the default) every assistant turn (of the completion, for
+        prompt/completion rows); "last_assistant" only the final assistant turn; "all" every token of the rendered
+        conversation.
       max_length: the longest example in tokens (normally the training sequence length); None for no limit.
       overlong: what to do with an example longer than `max_length`: "truncate" keeps its first `max_length`
         tokens, "drop" removes it, "split" cuts it into consecutive `max_length` chunks (for `text` rows).
@@ -100,7 +74,8 @@ class Example:
 
     Attributes:
       tokens: int32 [length] token ids.
-      loss_mask: bool [length]; true where the token is a training target (predicted from the tokens before it).
+      loss_mask: bool [length]; true where the token is a training target (predicted from the tokens before it);
+        `packing.py` shifts this into next-token `targets` / `loss_mask` arrays.
       source: `file:line` of the row it came from.
     """
 
@@ -293,6 +268,15 @@ def render_chat(
       messages: validated chat messages.
       train_on: "assistant", "last_assistant" or "all".
       first_trained: turns before this index are prompt and never trained (prompt/completion and preference rows).
+
+    How the assistant mask is found, for any template: the conversation is rendered once, and for each trained
+    assistant turn i the template is rendered again for `messages[:i]` with the generation prompt and for
+    `messages[:i+1]`. When both renders are prefixes of the full text (true for ChatML, Llama 3, Gemma, Mistral...),
+    the characters between them are turn i's reply — including the end-of-turn token the template writes after it.
+    The full text is tokenised once, with character offsets, and a token is trained when it starts inside a reply
+    span. Trailing template text after the last stop token of a span (ChatML's "\\n" after `<|im_end|>`) is not
+    trained: the model must learn to emit `<|im_end|>`, not what the template prints after it. Templates that are
+    not prefix-stable (e.g. ones that rewrite earlier turns) fall back to locating the reply text itself.
     """
     messages = with_call_text(tokenizer, messages)
     text = _apply_template(tokenizer, messages)
@@ -394,14 +378,29 @@ def encode_rendered(tokenizer: Any, rendered: Sequence[Rendered]) -> list[tuple[
 def encode_chat(
     tokenizer: Any, messages: list[dict[str, Any]], *, train_on: str = "assistant", first_trained: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Tokenises one conversation: (tokens int32 [L], loss_mask bool [L]). See the module docstring."""
+    """Tokenises one conversation: (tokens int32 [L], loss_mask bool [L]). See `render_chat`."""
     return encode_rendered(
         tokenizer, [render_chat(tokenizer, messages, train_on=train_on, first_trained=first_trained)]
     )[0]
 
 
 def render_row(data: dict[str, Any], tokenizer: Any, options: FormatOptions) -> Rendered:
-    """Validates one row and renders it; raises `RowError` for a malformed row."""
+    """Validates one row and renders it; raises `RowError` for a malformed row.
+
+    The three row formats (picked per row with `format="auto"`, or forced):
+      * chat:              {"messages": [{"role": "user", "content": ...}, {"role": "assistant", ...}, ...]};
+                           tool-calling transcripts in the common (OpenAI / Hugging Face) layout too: an assistant
+                           message with `tool_calls` ([{"type": "function", "function": {"name", "arguments"}}],
+                           content empty or prose) and `tool` messages holding the results. A template that renders
+                           `tool_calls` itself (Qwen's) gets them as they are; one that does not (SmolLM2's ChatML)
+                           gets each call written into the reply in the model's own call format
+                           (`tempax.models.tool_format`), the text a tool rollout parses. Tool results are never
+                           trained: only assistant turns are.
+      * prompt/completion: {"prompt": str | messages, "completion": str | messages}; a string prompt is one user
+                           turn, a string completion one assistant turn. Loss goes on the completion only.
+      * text:              {"text": str} for continued pre-training; tokenised with the tokenizer's own special
+                           tokens plus a closing eos, every token trained.
+    """
     fmt = options.format if options.format != "auto" else detect_format(data, options.messages_field)
     if fmt == "messages":
         messages = parse_messages(_require(data, options.messages_field), options.messages_field)
@@ -424,7 +423,8 @@ def render_row(data: dict[str, Any], tokenizer: Any, options: FormatOptions) -> 
 def fit_length(
     tokens: np.ndarray, loss_mask: np.ndarray, options: FormatOptions, report: DataReport, source: str
 ) -> list[Example]:
-    """Applies `max_length` / `overlong` to one tokenised row and counts what happened."""
+    """Applies `max_length` / `overlong` to one tokenised row and counts what happened: truncated "too_long" /
+    "split"; dropped "too_long" (overlong="drop"), "no_target_after_truncation", "no_target"."""
     n = options.max_length
     if n is None or len(tokens) <= n:
         pieces, cut = [(tokens, loss_mask)], None
@@ -453,6 +453,11 @@ def tokenize_rows(
     check: bool = True,
 ) -> tuple[list[Example], DataReport]:
     """Turns rows into examples, skipping and counting malformed ones.
+
+    Bad rows are skipped and counted in the `DataReport` by reason (`tempax.data.reasons`): invalid_utf8,
+    invalid_json, not_an_object, unknown_format, wrong_kind (a preference pair or a question/answer row: the detail
+    names what reads it), missing_field, wrong_type, empty_content, no_assistant_turn, template_error (the template
+    raised), template_mismatch (a reply could not be found in the rendering). Length outcomes: `fit_length`.
 
     Args:
       rows: `Row`s from `sources.read_rows`, or plain dicts.

@@ -1,35 +1,9 @@
 """Preference pairs (prompt, chosen, rejected) -> stacked fixed-shape batches for DPO-family and reward models.
 
-Accepted rows:
-  * explicit prompt:  {"prompt": str | messages, "chosen": str | messages, "rejected": str | messages}; string
-                      responses are one assistant turn.
-  * implicit prompt:  {"chosen": messages, "rejected": messages}, two full conversations; the longest shared
-                      prefix of turns is the prompt.
-  * Anthropic HH-RLHF: {"chosen": str, "rejected": str}, full dialogues written as
-                      "\\n\\nHuman: ...\\n\\nAssistant: ...". Both are converted to messages (Human -> user,
-                      Assistant -> assistant, each turn stripped) and treated as the implicit-prompt case. For nearly
-                      every pair that makes the prompt everything up to the last "\\n\\nAssistant:" and the responses
-                      the two final assistant turns. Splitting on turns rather than on the last marker matters for the
-                      few upstream pairs whose reply itself contains a "\\n\\nAssistant:" / "\\n\\nHuman:" line: their
-                      responses become several turns (counted as the note "multi_turn_response"), and only the
-                      assistant turns carry loss.
-
-Each side is rendered through the chat template as prompt + response and tokenised; its loss mask covers the
-response's assistant tokens only (with the end-of-turn token, see `formats.py`).
-
-Batch layout — stacked, not interleaved: for B pairs every array is [2B, T]; rows 0..B-1 are the chosen sides and
-rows B..2B-1 the rejected sides, so pair i is rows i and B + i and one forward pass scores both. Keys and per-row
-conventions are those of `packing.py` (`tokens`, `targets`, `loss_mask`, `positions`, `segment_ids`); each row holds
-one sequence (segment id 1), right-padded. A short final batch is padded with empty pairs (all segment_ids 0).
-
-Length policy: when either side is longer than `max_length`, both sides lose the same number of tokens from the
-left of the prompt (keeping at least one), so the prompts stay equal (counted as truncated "prompt_left"). If the
-responses still do not fit, they are cut on the right ("response_right"). With overlong="drop" such pairs are
-dropped ("too_long").
-
-Counted outcomes: skipped (malformed) — invalid_json, not_an_object, missing_field, wrong_type, wrong_format,
-empty_content, empty_response, no_assistant_turn, no_shared_prompt, template_error, template_mismatch;
-dropped — identical (same chosen and rejected response), too_long, no_target_after_truncation.
+Rows with an explicit prompt, two full conversations, or Anthropic HH-RLHF dialogue strings are read
+(`parse_preference_row`); each side is rendered through the chat template and trained on its response only.
+Batches are stacked, not interleaved ([2B, T]: chosen rows, then rejected rows; `collate_pairs`), so one forward
+pass scores both sides of every pair. Overlong pairs keep equal prompts (`fit_pair`).
 """
 
 from __future__ import annotations
@@ -153,8 +127,22 @@ def as_response(value: Any, what: str) -> list[dict[str, Any]]:
 def parse_preference_row(data: dict[str, Any]) -> PreferenceMessages:
     """Validates a preference row and splits it into prompt / chosen / rejected messages.
 
+    Accepted rows:
+      * explicit prompt:  {"prompt": str | messages, "chosen": str | messages, "rejected": str | messages}; string
+                          responses are one assistant turn.
+      * implicit prompt:  {"chosen": messages, "rejected": messages}, two full conversations; the longest shared
+                          prefix of turns is the prompt.
+      * Anthropic HH-RLHF: {"chosen": str, "rejected": str}, full dialogues written as
+                          "\\n\\nHuman: ...\\n\\nAssistant: ...". Both are converted to messages (Human -> user,
+                          Assistant -> assistant, each turn stripped) and treated as the implicit-prompt case. For
+                          nearly every pair that makes the prompt everything up to the last "\\n\\nAssistant:" and
+                          the responses the two final assistant turns. Splitting on turns rather than on the last
+                          marker matters for the few upstream pairs whose reply itself contains a
+                          "\\n\\nAssistant:" / "\\n\\nHuman:" line: their responses become several turns
+                          (counted as the note "multi_turn_response"), and only the assistant turns carry loss.
+
     Raises:
-      RowError: for a malformed row (reasons in the module docstring). Identical pairs are returned; the caller
+      RowError: for a malformed row (reasons: `tokenize_preference_rows`). Identical pairs are returned; the caller
         drops them.
     """
     for key in ("chosen", "rejected"):
@@ -203,7 +191,13 @@ def fit_pair(
     report: DataReport,
     source: str,
 ) -> PreferencePair | None:
-    """Applies the length policy (module docstring) to one tokenised pair; None when it is dropped."""
+    """Applies the length policy to one tokenised pair; None when it is dropped.
+
+    Length policy: when either side is longer than `max_length`, both sides lose the same number of tokens from the
+    left of the prompt (keeping at least one), so the prompts stay equal (counted as truncated "prompt_left"). If the
+    responses still do not fit, they are cut on the right ("response_right"). With overlong="drop" such pairs are
+    dropped ("too_long").
+    """
     (ct, cm), (rt, rm) = chosen, rejected
     limit = options.max_length
     excess = 0 if limit is None else max(len(ct), len(rt)) - limit
@@ -237,6 +231,13 @@ def tokenize_preference_rows(
     check: bool = True,
 ) -> tuple[list[PreferencePair], DataReport]:
     """Parses, tokenises and length-fits preference rows, skipping and counting bad ones.
+
+    Each side is rendered through the chat template as prompt + response and tokenised; its loss mask covers the
+    response's assistant tokens only (with the end-of-turn token, see `formats.py`).
+
+    Counted outcomes: skipped (malformed) — invalid_json, not_an_object, missing_field, wrong_type, wrong_format,
+    empty_content, empty_response, no_assistant_turn, no_shared_prompt, template_error, template_mismatch;
+    dropped — identical (same chosen and rejected response), too_long, no_target_after_truncation.
 
     Args:
       rows: `Row`s from `sources.read_rows`, or plain dicts.
@@ -298,7 +299,14 @@ def load_preference_pairs(
 def collate_pairs(
     pairs: Sequence[PreferencePair], *, seq_len: int, pad_id: int, batch_size: int | None = None
 ) -> dict[str, np.ndarray]:
-    """Stacks pairs into [2B, T] arrays: rows 0..B-1 chosen, rows B..2B-1 rejected (B = batch_size or len(pairs))."""
+    """Stacks pairs into [2B, T] arrays: rows 0..B-1 chosen, rows B..2B-1 rejected (B = batch_size or len(pairs)).
+
+    Batch layout — stacked, not interleaved: for B pairs every array is [2B, T]; rows 0..B-1 are the chosen sides
+    and rows B..2B-1 the rejected sides, so pair i is rows i and B + i and one forward pass scores both. Keys and
+    per-row conventions are those of `packing.py` (`tokens`, `targets`, `loss_mask`, `positions`, `segment_ids`);
+    each row holds one sequence (segment id 1), right-padded. A short final batch is padded with empty pairs (all
+    segment_ids 0).
+    """
     b = len(pairs) if batch_size is None else batch_size
     if len(pairs) > b:
         raise ValueError(f"{len(pairs)} pairs do not fit batch_size={b}")

@@ -1,35 +1,8 @@
 """Training and prefill attention on a TPU: JAX's splash attention kernel with tempax's masks.
 
-The function is `tempax.ops.plain.attention` for self-attention (q_index = k_index = arange(T)):
-
-    out[b, i, n] = sum_j p[b, n, i, j] v[b, j, n // G]     p[b, n, i, :] = softmax_j(masked(softcap(s)))
-    s[b, n, i, j] = scale * q[b, i, n] . k[b, j, n // G]   (G = N / K query heads share a kv head)
-
-where query i sees key j when j <= i, segment(j) == segment(i) and (with a window) i - j < window, and
-softcap(s) = cap * tanh(s / cap) (Gemma 2). Splash attention ("sparse flash attention",
-`jax.experimental.pallas.ops.tpu.splash_attention`) computes it the way FlashAttention does (Dao et al., 2022,
-"FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness"): blocks of queries against blocks
-of keys with a running max m and normaliser l, so the [T, S] scores never reach HBM,
-
-    m' = max(m, rowmax(s_blk))    l' = e^(m - m') l + rowsum(e^(s_blk - m'))    o' = e^(m - m') o + e^(s_blk - m') v_blk
-
-and out = o / l at the last block; the backward pass recomputes p from the saved log-sum-exp m + log l
-(dq, dk and dv kernels under the kernel's custom VJP). The causal and window masks are static, so the kernel skips
-every key block they hide entirely (about half the work for causal masks, more for short windows); the segment
-mask is compared per element from the segment ids.
-
-What we do differently from the plain op:
-
-* the scale is folded into q before the kernel (which has no scale argument): scale * (q . k) = (scale q) . k,
-  exact for a power-of-two scale (head_dim 64, 256) and one rounding of q in its dtype otherwise;
-* padding positions (segment 0) come out as attention over the row's padding keys under the same causal and
-  window rule, as if segment 0 were one more segment; the plain op gives them a uniform distribution over every
-  key instead. Both are finite, and neither reaches a real position: a query of segment s != 0 never sees a key
-  of segment 0, so every real position's output, and every gradient through a loss that ignores padding
-  positions, is the plain op's;
-* scores, softmax and the p v product accumulate in float32 inside the kernel, as the plain op does; the output
-  is in q's dtype.
-This docstring keeps the formulas and the paper it implements; `unsupported_reason` names what the kernel cannot
+Splash attention computes `tempax.ops.plain.attention` blockwise, the way FlashAttention does, so the [T, S] scores
+never reach HBM and the blocks the static causal or window mask hides are skipped. `attention` keeps the formulas,
+the paper it implements and where it differs from the plain op; `unsupported_reason` names what the kernel cannot
 take, where the op table uses the plain op.
 """
 
@@ -132,7 +105,38 @@ def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, *, q_segm
 
     Returns:
       [B, T, N, H] in q's dtype: `tempax.ops.plain.attention` at every position of a nonzero segment; at padding
-      positions, attention over the row's padding keys (see the module docstring). Differentiable in q, k and v.
+      positions, attention over the row's padding keys (below). Differentiable in q, k and v.
+
+    The function is `tempax.ops.plain.attention` for self-attention (q_index = k_index = arange(T)):
+
+        out[b, i, n] = sum_j p[b, n, i, j] v[b, j, n // G]     p[b, n, i, :] = softmax_j(masked(softcap(s)))
+        s[b, n, i, j] = scale * q[b, i, n] . k[b, j, n // G]   (G = N / K query heads share a kv head)
+
+    where query i sees key j when j <= i, segment(j) == segment(i) and (with a window) i - j < window, and
+    softcap(s) = cap * tanh(s / cap) (Gemma 2). Splash attention ("sparse flash attention",
+    `jax.experimental.pallas.ops.tpu.splash_attention`) computes it the way FlashAttention does (Dao et al., 2022,
+    "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness"): blocks of queries against blocks
+    of keys with a running max m and normaliser l, so the [T, S] scores never reach HBM,
+
+        m' = max(m, rowmax(s_blk))    l' = e^(m - m') l + rowsum(e^(s_blk - m'))
+        o' = e^(m - m') o + e^(s_blk - m') v_blk
+
+    and out = o / l at the last block; the backward pass recomputes p from the saved log-sum-exp m + log l
+    (dq, dk and dv kernels under the kernel's custom VJP). The causal and window masks are static, so the kernel skips
+    every key block they hide entirely (about half the work for causal masks, more for short windows); the segment
+    mask is compared per element from the segment ids.
+
+    What we do differently from the plain op:
+
+    * the scale is folded into q before the kernel (which has no scale argument): scale * (q . k) = (scale q) . k,
+      exact for a power-of-two scale (head_dim 64, 256) and one rounding of q in its dtype otherwise;
+    * padding positions (segment 0) come out as attention over the row's padding keys under the same causal and
+      window rule, as if segment 0 were one more segment; the plain op gives them a uniform distribution over every
+      key instead. Both are finite, and neither reaches a real position: a query of segment s != 0 never sees a key
+      of segment 0, so every real position's output, and every gradient through a loss that ignores padding
+      positions, is the plain op's;
+    * scores, softmax and the p v product accumulate in float32 inside the kernel, as the plain op does; the output
+      is in q's dtype.
     """
     reason = unsupported_reason(q_btnh, k_bskh, v_bskh, window=window, logit_cap=logit_cap)
     if reason is not None:
