@@ -4,29 +4,8 @@
     report = clean_file("in.jsonl", "out.jsonl", cfg)
     print(report.table())
 
-Each row goes through these steps in order; the first one that rejects it names the reason it is dropped:
-
-  1. parse          malformed rows are *skipped*, by the reasons training gives them (`tempax.data.reasons`):
-                    "invalid_utf8", "invalid_json", "not_an_object", "unknown_format" (no row kind's keys),
-                    "wrong_type" (a content field that is not a string or a list of messages)
-  2. normalise      Unicode normal form (NFC by default) and whitespace (`normalize_text`) on every content string
-  3. empty turn     a content string that is empty after normalising: "empty_content"
-  4. PII            optional: e-mail addresses, phone numbers, IPv4 addresses and card-like numbers (Luhn-valid)
-                    replaced by <EMAIL>, <PHONE>, <IP>, <CARD>; counted per kind, the row is kept
-  5. length         characters and words of the row's text: "too_short" / "too_long"
-  6. characters     share of letters (`alpha_fraction`): "low_alpha"; share of control / replacement characters
-                    (`bad_char_fraction`): "bad_chars"
-  7. repetition     share of repeated word n-grams (`repeated_ngram_fraction`): "repetitive"
-  8. decontaminate  word n-grams shared with an evaluation set (`ngram_overlap`): "contaminated"
-  9. exact dedup    the same normalised text as an earlier kept row: "exact_duplicate"
- 10. near dedup     MinHash LSH (`datasketch`) over word shingles, candidates confirmed by the MinHash Jaccard
-                    estimate: "near_duplicate"
-
-The row's text is its content strings (see `tempax.data.kinds`) joined by newlines. Memory: rows stream from
-the input to the output file; what is kept is one 8-byte hash per kept row (exact dedup), the LSH index and a
-`num_perm` x 4-byte signature per kept row (near dedup), and the evaluation sets' n-grams.
-
-A file must hold one row kind; a row of another kind stops the run with a `DataError` naming both lines.
+Rows stream from the input to the output file; the first step that rejects a row names the reason it is dropped,
+and the report counts every reason (`clean_rows` lists the steps, what each drops and what memory they hold).
 """
 
 from __future__ import annotations
@@ -279,7 +258,7 @@ class NearDedupConfig:
 
 @dataclass(frozen=True)
 class CleanConfig:
-    """`tempax data clean`: every step and threshold (see tempax/data/clean.py)."""
+    """`tempax data clean`: every step and threshold (the steps: `clean_rows`)."""
 
     normalize: NormalizeConfig = help_field("Unicode and whitespace normalisation.", default_factory=NormalizeConfig)
     filters: FilterConfig = help_field("Length, character-class, repetition and empty-turn filters.",
@@ -445,7 +424,32 @@ def filter_reason(text: str, tokens: list[str], f: FilterConfig) -> str | None:
 
 
 def clean_rows(rows: Iterable[Row], cfg: CleanConfig, report: CleanReport) -> Iterator[dict[str, Any]]:
-    """The cleaned rows to keep, in input order; counts everything in `report` (see the module docstring)."""
+    """The cleaned rows to keep, in input order; counts everything in `report`.
+
+    Each row goes through these steps in order; the first one that rejects it names the reason it is dropped:
+
+      1. parse          malformed rows are *skipped*, by the reasons training gives them (`tempax.data.reasons`):
+                        "invalid_utf8", "invalid_json", "not_an_object", "unknown_format" (no row kind's keys),
+                        "wrong_type" (a content field that is not a string or a list of messages)
+      2. normalise      Unicode normal form (NFC by default) and whitespace (`normalize_text`) on every content string
+      3. empty turn     a content string that is empty after normalising: "empty_content"
+      4. PII            optional: e-mail addresses, phone numbers, IPv4 addresses and card-like numbers (Luhn-valid)
+                        replaced by <EMAIL>, <PHONE>, <IP>, <CARD>; counted per kind, the row is kept
+      5. length         characters and words of the row's text: "too_short" / "too_long"
+      6. characters     share of letters (`alpha_fraction`): "low_alpha"; share of control / replacement characters
+                        (`bad_char_fraction`): "bad_chars"
+      7. repetition     share of repeated word n-grams (`repeated_ngram_fraction`): "repetitive"
+      8. decontaminate  word n-grams shared with an evaluation set (`ngram_overlap`): "contaminated"
+      9. exact dedup    the same normalised text as an earlier kept row: "exact_duplicate"
+     10. near dedup     MinHash LSH (`datasketch`) over word shingles, candidates confirmed by the MinHash Jaccard
+                        estimate: "near_duplicate"
+
+    The row's text is its content strings (see `tempax.data.kinds`) joined by newlines. Memory: rows stream from
+    the input to the output file; what is kept is one 8-byte hash per kept row (exact dedup), the LSH index and a
+    `num_perm` x 4-byte signature per kept row (near dedup), and the evaluation sets' n-grams.
+
+    A file must hold one row kind; a row of another kind stops the run with a `DataError` naming both lines.
+    """
     f = cfg.filters
     form = None if cfg.normalize.unicode_form == "none" else cfg.normalize.unicode_form
     whitespace = cfg.normalize.whitespace

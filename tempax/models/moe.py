@@ -1,34 +1,11 @@
 """The sparse mixture-of-experts feed-forward block, its router's load-balancing loss, and its checkpoint names.
 
 A `SparseMoeBlock` replaces a decoder layer's MLP where `ModelConfig.is_moe_layer(i)` says so (the layer holds it
-as `mlp`, as transformers does). For tokens x [N, D]:
-
-    z = x W_r (+ b_r)                                  router logits [N, E], float32
-    s = softmax(z) or sigmoid(z)                       scores (`MoeConfig.router_activation`)
-    ids, w = top_k(s, k);  w /= sum(w) if normalize_top_k;  w *= routed_scaling
-    y = sum_j w_j * expert_{ids_j}(x)                  `tempax.ops.experts.expert_products` (sorted, grouped)
-        + [sigmoid(x w_g)] * shared_expert(x)          optional shared expert and its gate
-
-Shazeer et al. 2017 (arXiv:1701.06538) for top-k gating, Fedus et al. 2021 (Switch Transformer, arXiv:2101.03961)
-for the load-balancing loss. gpt-oss routes with a softmax over its top-k logits, which is the renormalised top-k
-of the softmax (the same weights), so it is `normalize_top_k` here.
-
-What we do deliberately differently from transformers: router logits are computed in float32 whatever the
-compute dtype (transformers uses the model's dtype; in float32 the two agree), so bfloat16 training routes on
-full-precision scores. The experts run as three grouped products over the tokens sorted by expert, never as a
-loop over experts.
-
-Parameters ([in, out] kernels, logical axes for `tempax.parallel.rules`):
-
-    gate.kernel [D, E] ("embed", None), gate.bias [E]           the router (transformers: `gate`; gpt-oss: `router`)
-    experts.gate_proj, experts.up_proj [E, D, I]                ("expert", "embed", "mlp")
-    experts.down_proj [E, I, D]                                 ("expert", "mlp", "embed")
-    experts.{gate,up}_proj_bias [E, I], experts.down_proj_bias [E, D]    gpt-oss
-    shared_expert.{gate,up,down}_proj.kernel, shared_expert_gate.kernel [D, 1]    Qwen2-MoE / Qwen3.5-MoE
-
-`hf_moe_tensor_to_path` maps each Hugging Face tensor of a layer's block to these parameters (a rename, with a
-transpose and an expert index or an even/odd or half split where the checkpoint fuses or splits differently);
-`moe_path_to_hf` and `moe_params_to_hf_tensors` go back, writing what transformers' `save_pretrained` writes.
+as `mlp`, as transformers does); its docstring holds the formula, the papers and the parameters. The router's
+auxiliary loss keeps the experts evenly used in training. `hf_moe_tensor_to_path` maps each Hugging Face tensor of
+a layer's block to these parameters (a rename, with a transpose and an expert index or an even/odd or half split
+where the checkpoint fuses or splits differently); `moe_path_to_hf` and `moe_params_to_hf_tensors` go back,
+writing what transformers' `save_pretrained` writes.
 """
 
 from __future__ import annotations
@@ -417,7 +394,32 @@ class SharedExpert(nnx.Module):
 
 
 class SparseMoeBlock(nnx.Module):
-    """A sparse mixture-of-experts feed-forward block (module docstring: the formula and the parameters).
+    """A sparse mixture-of-experts feed-forward block.
+
+    For tokens x [N, D]:
+
+        z = x W_r (+ b_r)                                  router logits [N, E], float32
+        s = softmax(z) or sigmoid(z)                       scores (`MoeConfig.router_activation`)
+        ids, w = top_k(s, k);  w /= sum(w) if normalize_top_k;  w *= routed_scaling
+        y = sum_j w_j * expert_{ids_j}(x)                  `tempax.ops.experts.expert_products` (sorted, grouped)
+            + [sigmoid(x w_g)] * shared_expert(x)          optional shared expert and its gate
+
+    Shazeer et al. 2017 (arXiv:1701.06538) for top-k gating, Fedus et al. 2021 (Switch Transformer, arXiv:2101.03961)
+    for the load-balancing loss. gpt-oss routes with a softmax over its top-k logits, which is the renormalised top-k
+    of the softmax (the same weights), so it is `normalize_top_k` here.
+
+    What we do deliberately differently from transformers: router logits are computed in float32 whatever the
+    compute dtype (transformers uses the model's dtype; in float32 the two agree), so bfloat16 training routes on
+    full-precision scores. The experts run as three grouped products over the tokens sorted by expert, never as a
+    loop over experts.
+
+    Parameters ([in, out] kernels, logical axes for `tempax.parallel.rules`):
+
+        gate.kernel [D, E] ("embed", None), gate.bias [E]           the router (transformers: `gate`; gpt-oss: `router`)
+        experts.gate_proj, experts.up_proj [E, D, I]                ("expert", "embed", "mlp")
+        experts.down_proj [E, I, D]                                 ("expert", "mlp", "embed")
+        experts.{gate,up}_proj_bias [E, I], experts.down_proj_bias [E, D]    gpt-oss
+        shared_expert.{gate,up,down}_proj.kernel, shared_expert_gate.kernel [D, 1]    Qwen2-MoE / Qwen3.5-MoE
 
     Call: `y, router_logits = block(x)` for x [..., D] in the compute dtype; y [..., D] in x's dtype, router
     logits [..., E] float32 (what `load_balancing_loss` / `router_statistics` read).
@@ -429,7 +431,7 @@ class SparseMoeBlock(nnx.Module):
         self.moe = moe
 
     def _build(self, moe: MoeConfig, hidden_size: int, dtype: Any, param_dtype: Any, rngs: nnx.Rngs) -> None:
-        # The router runs in float32 (module docstring); its kernel stays in the parameter dtype.
+        # The router runs in float32 (the class docstring); its kernel stays in the parameter dtype.
         self.gate = _linear(hidden_size, moe.num_experts, ("embed", None), dtype=jnp.float32,
                             param_dtype=param_dtype, rngs=rngs, use_bias=moe.router_bias)
         self.experts = RoutedExperts(moe, hidden_size, param_dtype=param_dtype, rngs=rngs)

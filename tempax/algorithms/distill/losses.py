@@ -1,34 +1,9 @@
 """Knowledge-distillation losses: pure functions of student and teacher logits (or hidden states), targets, masks.
 
-Per position, with p_T = softmax(z_T / T) and p_S = softmax(z_S / T) at temperature T:
-
-    forward_kl:  D = KL(p_T || p_S) = sum_v p_T (log p_T - log p_S)       Hinton et al. 2015, "Distilling the
-                 knowledge in a neural network" (mass-covering)
-    reverse_kl:  D = KL(p_S || p_T) = sum_v p_S (log p_S - log p_T)       mode-seeking (MiniLLM, Gu et al. 2024)
-    jsd:         D = beta KL(p_T || M) + (1 - beta) KL(p_S || M),  M = beta p_T + (1 - beta) p_S
-                 generalised JSD of Agarwal et al. 2024, "On-policy distillation of language models: learning from
-                 self-generated mistakes" (GKD); beta = 0.5 is the symmetric Jensen-Shannon divergence
-
-and the loss mixes it with the next-token cross-entropy on the labels (at temperature 1):
-
-    L = alpha * T^2 * mean_m(D) + (1 - alpha) * mean_m(-log softmax(z_S)[y])
-
-over the positions where the mask m is 1 (a token mean). The T^2 factor is Hinton et al.'s: the gradient of D
-with respect to the logits scales like 1 / T^2, so T^2 D keeps gradient magnitudes comparable across
-temperatures. alpha = 1 is pure distillation, alpha = 0 is plain SFT (the teacher then only feeds the metrics).
-
-Top-k teacher (`top_k` = k > 0): the teacher's distribution is cut to its k most likely tokens and renormalised
-there, p_T^k(v) = p_T(v) / sum_{u in top k} p_T(u) (tokens tied with the k-th logit are kept too). The student's
-distribution stays the full softmax, so forward KL still pushes the student's mass off the other tokens and JSD
-stays finite (M > 0 wherever p_S > 0). Reverse KL with a top-k teacher is refused: KL(p_S || p_T^k) is infinite
-as soon as the student gives any probability to a token outside the teacher's top k.
-
-`chunked_distillation_loss` computes the same loss from both models' final hidden states and LM heads, chunk by
-chunk over sequence positions, so neither model's [B, T, V] float32 logits exist whole: inside one `lax.scan`
-each chunk's logits of both models are formed, the chunk's loss and its gradient with respect to the student's
-hidden states and head are taken locally, and only d L / d h [B, T, D] and d L / d W (the head's own size) are
-kept for the backward pass (the pattern of `tempax.ops.fused_head`, with autodiff inside the chunk instead of
-a hand-written gradient, so every divergence shares it). The teacher's inputs get no gradient.
+`token_divergence` is the per-position divergence of the student from the teacher (forward KL, reverse KL or
+generalised JSD, optionally against a top-k teacher), `distillation_loss` mixes it with the label cross-entropy,
+and `chunked_distillation_loss` computes the same loss from both models' hidden states without whole [B, T, V]
+logits. Each docstring holds its formula and paper.
 """
 
 from __future__ import annotations
@@ -93,7 +68,23 @@ def token_divergence(
     jsd_beta: float = 0.5,
     top_k: int = 0,
 ) -> jax.Array:
-    """D(p_T, p_S) at every position ([..., V] logits -> [...]), as defined in the module docstring (no T^2)."""
+    """D(p_T, p_S) at every position ([..., V] logits -> [...]) (no T^2; `distillation_loss` applies it).
+
+    Per position, with p_T = softmax(z_T / T) and p_S = softmax(z_S / T) at temperature T:
+
+        forward_kl:  D = KL(p_T || p_S) = sum_v p_T (log p_T - log p_S)       Hinton et al. 2015, "Distilling the
+                     knowledge in a neural network" (mass-covering)
+        reverse_kl:  D = KL(p_S || p_T) = sum_v p_S (log p_S - log p_T)       mode-seeking (MiniLLM, Gu et al. 2024)
+        jsd:         D = beta KL(p_T || M) + (1 - beta) KL(p_S || M),  M = beta p_T + (1 - beta) p_S
+                     generalised JSD of Agarwal et al. 2024, "On-policy distillation of language models: learning from
+                     self-generated mistakes" (GKD); beta = 0.5 is the symmetric Jensen-Shannon divergence
+
+    Top-k teacher (`top_k` = k > 0): the teacher's distribution is cut to its k most likely tokens and renormalised
+    there, p_T^k(v) = p_T(v) / sum_{u in top k} p_T(u) (tokens tied with the k-th logit are kept too). The student's
+    distribution stays the full softmax, so forward KL still pushes the student's mass off the other tokens and JSD
+    stays finite (M > 0 wherever p_S > 0). Reverse KL with a top-k teacher is refused: KL(p_S || p_T^k) is infinite
+    as soon as the student gives any probability to a token outside the teacher's top k.
+    """
     z_t = teacher_top_k(teacher_logits.astype(jnp.float32), top_k)
     log_s = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature, axis=-1)
     log_t = jax.nn.log_softmax(z_t / temperature, axis=-1)
@@ -156,7 +147,15 @@ def distillation_loss(
     jsd_beta: float = 0.5,
     top_k: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """L = alpha T^2 mean_m(D) + (1 - alpha) mean_m(NLL) from whole logits (module docstring).
+    """L = alpha T^2 mean_m(D) + (1 - alpha) mean_m(NLL) from whole logits, D as in `token_divergence`.
+
+    The loss mixes D with the next-token cross-entropy on the labels (at temperature 1):
+
+        L = alpha * T^2 * mean_m(D) + (1 - alpha) * mean_m(-log softmax(z_S)[y])
+
+    over the positions where the mask m is 1 (a token mean). The T^2 factor is Hinton et al.'s: the gradient of D
+    with respect to the logits scales like 1 / T^2, so T^2 D keeps gradient magnitudes comparable across
+    temperatures. alpha = 1 is pure distillation, alpha = 0 is plain SFT (the teacher then only feeds the metrics).
 
     The teacher's logits are wrapped in `stop_gradient`: only the student learns.
 
@@ -304,6 +303,12 @@ def chunked_distillation_loss(
 
     Returns:
       (loss, metrics) with the keys and meaning of `distillation_loss`'s.
+
+    Chunk by chunk over sequence positions, neither model's [B, T, V] float32 logits exist whole: inside one
+    `lax.scan` each chunk's logits of both models are formed, the chunk's loss and its gradient with respect to the
+    student's hidden states and head are taken locally, and only d L / d h [B, T, D] and d L / d W (the head's own
+    size) are kept for the backward pass (the pattern of `tempax.ops.fused_head`, with autodiff inside the chunk
+    instead of a hand-written gradient, so every divergence shares it). The teacher's inputs get no gradient.
     """
     check_distill_args(kind, temperature, alpha, jsd_beta, top_k)
     if student_head.vocab_size != teacher_head.vocab_size:

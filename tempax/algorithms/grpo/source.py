@@ -5,31 +5,8 @@
     source = GRPOSource(tokenizer, PromptSampler(prompts), reward_fn, plan, prompt_len=96)
     result = trainer.fit(source, hooks=grpo_hooks(source))
 
-Each rollout, drawn lazily when `fit` asks for the next batch (so from the weights the previous step produced):
-  1. sample G completions for each of `train.batch_size` prompts with the current policy (`trainer.model`; the G
-     samples of a prompt share one prefill), score them, compute group advantages (`rollout.sample_rollout`).
-     With DAPO dynamic sampling, zero-spread groups are dropped and more prompts are sampled;
-  2. one fixed-shape row per prompt (`rollout.build_batch`), plus reference log-probs when beta > 0 (LoRA: the
-     same weights with the adapters switched off; full-weight: a frozen copy of the starting weights) and
-     recomputed old log-probs when `old_logprobs: recompute`;
-  3. the same batch is yielded `num_iterations` times (one optimizer step each).
-
-With `grpo.workers` > 0, step 1 runs in rollout workers beside the trainer (Ray actors; `tempax.rl.async_source`
-requests each rollout with the prompts and seed this process would use, at most `grpo.max_staleness` policy
-versions ahead) and step 2 stays here; stale rollouts carry the sampler's log-probs (`sampler_logp`) for the
-importance weights of the loss (docs/async-rl.md).
-
-The knobs the collapse guard (`tempax.train.guards`) may change — sampling temperature, upper clip range, entropy
-coefficient — live in `knobs`, go into every batch as per-row values (the step is compiled once) and into
-`state()`.
-
-Resume (the boundary rule of `tempax.train.sources`): `state()` holds the prompt sampler's position and the
-rollout count (which seeds the sampler), and, between two passes over one rollout, the rollout's batch and the
-passes left, so a checkpoint or a stop at any step resumes into exactly the batches of the uninterrupted run.
-
-Metrics of a rollout's first pass (`batch_metrics`): rewards per function, zero-spread groups, advantages,
-completion lengths, duplicate completions, and the time split `perf/generation_s`, `perf/reward_s`,
-`perf/reference_s`, rollouts/s and generated tokens/s; `ThroughputSplit` adds the step's training time.
+`GRPOSource` says how a rollout is made and trained on, with rollout workers or without, what the collapse guard
+may change, and what it resumes from.
 """
 
 from __future__ import annotations
@@ -107,7 +84,34 @@ def make_grpo_trainer(
 
 
 class GRPOSource:
-    """Rollouts of the current policy, as fixed-shape GRPO batches (see the module docstring).
+    """Rollouts of the current policy, as fixed-shape GRPO batches.
+
+    Each rollout, drawn lazily when `fit` asks for the next batch (so from the weights the previous step produced):
+      1. sample G completions for each of `train.batch_size` prompts with the current policy (`trainer.model`; the G
+         samples of a prompt share one prefill), score them, compute group advantages (`rollout.sample_rollout`).
+         With DAPO dynamic sampling, zero-spread groups are dropped and more prompts are sampled;
+      2. one fixed-shape row per prompt (`rollout.build_batch`), plus reference log-probs when beta > 0 (LoRA: the
+         same weights with the adapters switched off; full-weight: a frozen copy of the starting weights) and
+         recomputed old log-probs when `old_logprobs: recompute`;
+      3. the same batch is yielded `num_iterations` times (one optimizer step each).
+
+    With `grpo.workers` > 0, step 1 runs in rollout workers beside the trainer (Ray actors; `tempax.rl.async_source`
+    requests each rollout with the prompts and seed this process would use, at most `grpo.max_staleness` policy
+    versions ahead) and step 2 stays here; stale rollouts carry the sampler's log-probs (`sampler_logp`) for the
+    importance weights of the loss (docs/async-rl.md).
+
+    The knobs the collapse guard (`tempax.train.guards`) may change — sampling temperature, upper clip range, entropy
+    coefficient — live in `knobs`, go into every batch as per-row values (the step is compiled once) and into
+    `state()`.
+
+    Resume (the boundary rule of `tempax.train.sources`): `state()` holds the prompt sampler's position and the
+    rollout count (which seeds the sampler), and, between two passes over one rollout, the rollout's batch and the
+    passes left, so a checkpoint or a stop at any step resumes into exactly the batches of the uninterrupted run.
+
+    Metrics of a rollout's first pass (`batch_metrics`): rewards per function, zero-spread groups, advantages,
+    completion lengths, duplicate completions, and the time split `perf/generation_s`, `perf/reward_s`,
+    `perf/reference_s`, rollouts/s and generated tokens/s; `ThroughputSplit` adds the step's training time.
+
 
     Args:
       tokenizer: the policy's tokenizer.

@@ -5,28 +5,7 @@
     source.attach(trainer)
     trainer.fit(source)
 
-The source yields fixed-shape mini-batches. When the previous rollout's mini-batches are used up it makes a new
-one with the trainer's current weights:
-
-  1. sample `group_size` completions for each of batch_size x mini_batches prompts (the shared
-     generation engine; `tempax.rl.rollout.sample_rollout`, which also scores them with the reward
-     functions: the reward model, plus any others);
-  2. one no-grad forward pass of the policy and value function: log pi_old and V_old of every completion token;
-     one of the reference (LoRA: the same weights with the adapters off; full weights: a frozen copy);
-  3. per-token rewards = -beta k1 + score on the last token (`kl_penalized_rewards`, missing-EOS penalty
-     first), GAE advantages and returns, advantages whitened over the rollout's valid tokens;
-  4. `epochs` shuffled passes of `mini_batches` mini-batches of batch_size prompts each; after the rollout the
-     adaptive KL controller (when `kl_target` is set) updates beta from the rollout's measured KL.
-
-The protocol is `tempax.train.sources`': `attach` (called by `fit`; idempotent), `state()` / `restore()` and
-`batch_metrics()`. `state()` holds the prompt sampler's position, the rollout count, beta and, mid-rollout (the
-boundary rule), the rollout's arrays (`encode_arrays`) and the mini-batches still to come, so a checkpoint at any
-step resumes into exactly the batches of the uninterrupted run. `batch_metrics()` gives the rollout's host metrics
-(reward-model score, KL to the reference, lengths, explained variance of the values, time split) with the step
-that trains on its first mini-batch, and {} with the others.
-
-The collapse guard (`tempax.train.guards.CollapseGuard`) reads `entropy` (from the loss) and
-`completion/length_mean` (from here); PPO lets it warn or stop (`advice` names the settings to change).
+`PPORollouts` says how a rollout is made and cut into mini-batches, and what it resumes from.
 """
 
 from __future__ import annotations
@@ -97,7 +76,31 @@ def make_ppo_loss(settings: PPOKnobsConfig) -> Callable[[ActorCritic, Batch], tu
 
 
 class PPORollouts:
-    """The PPO batch source (see the module docstring).
+    """The PPO batch source.
+
+    The source yields fixed-shape mini-batches. When the previous rollout's mini-batches are used up it makes a new
+    one with the trainer's current weights:
+
+      1. sample `group_size` completions for each of batch_size x mini_batches prompts (the shared
+         generation engine; `tempax.rl.rollout.sample_rollout`, which also scores them with the reward
+         functions: the reward model, plus any others);
+      2. one no-grad forward pass of the policy and value function: log pi_old and V_old of every completion token;
+         one of the reference (LoRA: the same weights with the adapters off; full weights: a frozen copy);
+      3. per-token rewards = -beta k1 + score on the last token (`kl_penalized_rewards`, missing-EOS penalty
+         first), GAE advantages and returns, advantages whitened over the rollout's valid tokens;
+      4. `epochs` shuffled passes of `mini_batches` mini-batches of batch_size prompts each; after the rollout the
+         adaptive KL controller (when `kl_target` is set) updates beta from the rollout's measured KL.
+
+    The protocol is `tempax.train.sources`': `attach` (called by `fit`; idempotent), `state()` / `restore()` and
+    `batch_metrics()`. `state()` holds the prompt sampler's position, the rollout count, beta and, mid-rollout (the
+    boundary rule), the rollout's arrays (`encode_arrays`) and the mini-batches still to come, so a checkpoint at any
+    step resumes into exactly the batches of the uninterrupted run. `batch_metrics()` gives the rollout's host metrics
+    (reward-model score, KL to the reference, lengths, explained variance of the values, time split) with the step
+    that trains on its first mini-batch, and {} with the others.
+
+    The collapse guard (`tempax.train.guards.CollapseGuard`) reads `entropy` (from the loss) and
+    `completion/length_mean` (from here); PPO lets it warn or stop (`advice` names the settings to change).
+
 
     Args:
       tokenizer: the policy's tokenizer.

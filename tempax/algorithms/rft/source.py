@@ -4,29 +4,7 @@
     source = RFTSource(tokenizer, PromptSampler(prompts), reward_fn, settings)
     result = trainer.fit(source)
 
-Each round, drawn lazily when `fit` asks for a batch and the previous round's batches are used up (so from the
-weights the last step produced):
-  1. sample k completions for each of `problems_per_round` problems with the current policy (`trainer.model`;
-     the k samples of a problem share one prefill), score them with the checker's reward functions
-     (`tempax.rl.rollout.sample_rollout`, the rollout machinery GRPO uses);
-  2. keep the accepted, distinct, capped completions and weigh them (`selection.select_completions`,
-     `selection.completion_weights`);
-  3. turn each kept completion into an SFT example, prompt + completion tokens exactly as sampled (no
-     re-tokenisation), with the loss on the completion only (its stop token included), and pack the examples, in
-     a seeded shuffled order per pass, into [train.batch_size, train.seq_len] rows (`tempax.data.packing`);
-     `epochs_per_round` passes;
-  4. yield those batches one per optimizer step.
-
-A round that keeps nothing is sampled again (new problems), up to `max_empty_rounds` in a row.
-
-Resume (the boundary rule of `tempax.train.sources`): `state()` holds the problem sampler's position, the round
-count (which seeds sampling and the shuffles) and the round's batches not yet trained (`encode_arrays`), so a
-checkpoint or a stop at any step, also in the middle of a round, resumes into exactly the batches of the
-uninterrupted run, never re-sampling a round with weights it was not sampled with.
-
-Metrics (on a round's first step): reward mean of all samples (the on-policy reward, the curve that should
-rise), accept rate, kept per problem, problems with a kept completion, duplicates and capped completions dropped,
-the round's steps, and the time split `perf/generation_s`, `perf/reward_s`; every step reports `rft/round`.
+`RFTSource` says what a round samples, keeps and trains on, and what it resumes from.
 """
 
 from __future__ import annotations
@@ -114,7 +92,32 @@ def _unstack(stacked: Batch) -> list[Batch]:
 
 
 class RFTSource:
-    """Rounds of sample -> check -> keep -> SFT batches, from the current policy (see the module docstring).
+    """Rounds of sample -> check -> keep -> SFT batches, from the current policy.
+
+    Each round, drawn lazily when `fit` asks for a batch and the previous round's batches are used up (so from the
+    weights the last step produced):
+      1. sample k completions for each of `problems_per_round` problems with the current policy (`trainer.model`;
+         the k samples of a problem share one prefill), score them with the checker's reward functions
+         (`tempax.rl.rollout.sample_rollout`, the rollout machinery GRPO uses);
+      2. keep the accepted, distinct, capped completions and weigh them (`selection.select_completions`,
+         `selection.completion_weights`);
+      3. turn each kept completion into an SFT example, prompt + completion tokens exactly as sampled (no
+         re-tokenisation), with the loss on the completion only (its stop token included), and pack the examples, in
+         a seeded shuffled order per pass, into [train.batch_size, train.seq_len] rows (`tempax.data.packing`);
+         `epochs_per_round` passes;
+      4. yield those batches one per optimizer step.
+
+    A round that keeps nothing is sampled again (new problems), up to `max_empty_rounds` in a row.
+
+    Resume (the boundary rule of `tempax.train.sources`): `state()` holds the problem sampler's position, the round
+    count (which seeds sampling and the shuffles) and the round's batches not yet trained (`encode_arrays`), so a
+    checkpoint or a stop at any step, also in the middle of a round, resumes into exactly the batches of the
+    uninterrupted run, never re-sampling a round with weights it was not sampled with.
+
+    Metrics (on a round's first step): reward mean of all samples (the on-policy reward, the curve that should
+    rise), accept rate, kept per problem, problems with a kept completion, duplicates and capped completions dropped,
+    the round's steps, and the time split `perf/generation_s`, `perf/reward_s`; every step reports `rft/round`.
+
 
     Args:
       tokenizer: the policy's tokenizer.
