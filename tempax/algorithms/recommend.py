@@ -1,30 +1,10 @@
 """`tempax recommend`: the decision matrix of post-training made executable.
 
-What the data holds decides the method. Each training command that can be recommended says for which data in
-its record's `recommend` hook (a `Recommender`, kept beside the algorithm), so this module holds no list of
-methods; the packaged hooks give
-
-  raw text                                   -> continued pre-training (`tempax pretrain`)
-  demonstrations (chat, prompt/completion)   -> supervised fine-tuning (`tempax sft`)
-  question/answer rows with checkable        -> GRPO with a verifiable reward (`tempax grpo`); the model must
-  answers (GSM8K's "#### <number>")             sometimes be right already, else SFT on the worked answers first
-  question/answer rows without them          -> continued pre-training on question + answer text
-  preference pairs                           -> DPO (`tempax dpo`); reward model + PPO is the alternative that
-                                                can keep improving past the fixed pairs, at twice the models
-
-The first hook (in the registry's order) that claims the data wins; a hook marked `fallback` (continued
-pre-training, which reads any text) wins only when no other claims it.
-
-How much data and memory decide full fine-tuning vs LoRA vs QLoRA: full fine-tuning only pays when there is
-a lot of data (>= `FULL_FT_MIN_TOKENS` training tokens; below that LoRA matches it and overfits less, Hu et al.
-2021; Biderman et al. 2024, "LoRA Learns Less and Forgets Less") and the memory plan (`tempax.train.memory`)
-says it fits; then LoRA if it fits, then QLoRA (4-bit NF4 base, Dettmers et al. 2023). For each the largest
-micro-batch and the lightest activation recomputation that fit are chosen. A mixture of experts holds all its
-experts but computes with the k a token is routed to: its memory is that of its total parameters, and LoRA adapts
-its attention projections (`lora_target_modules`: tempax has no LoRA on stacked experts), while QLoRA stores the
-experts in 4 bits too. `recommend()` is a pure function of a
-`DataProfile`, a model config and a capacity, so tests pin every decision; `write_recipe` writes a recipe that
-`tempax validate` accepts.
+What the data holds decides the method; how much data and memory there is decides full fine-tuning, LoRA or
+QLoRA. Each training command that can be recommended says for which data in its record's `recommend` hook (a
+`Recommender`, kept beside the algorithm), so this module holds no list of methods (`_choose` gives the matrix the
+packaged hooks make). `recommend()` is a pure function of a `DataProfile`, a model config and a capacity, so tests
+pin every decision; `write_recipe` writes a recipe that `tempax validate` accepts.
 """
 
 from __future__ import annotations
@@ -159,7 +139,21 @@ def recommenders() -> list[Recommender]:
 
 
 def _choose(profile: DataProfile) -> tuple[Recommender, list[str], list[str]]:
-    """(the method, why, the alternatives): the first hook that claims the data, else the first fallback."""
+    """(the method, why, the alternatives): the first hook that claims the data, else the first fallback.
+
+    The packaged hooks give
+
+      raw text                                   -> continued pre-training (`tempax pretrain`)
+      demonstrations (chat, prompt/completion)   -> supervised fine-tuning (`tempax sft`)
+      question/answer rows with checkable        -> GRPO with a verifiable reward (`tempax grpo`); the model must
+      answers (GSM8K's "#### <number>")             sometimes be right already, else SFT on the worked answers first
+      question/answer rows without them          -> continued pre-training on question + answer text
+      preference pairs                           -> DPO (`tempax dpo`); reward model + PPO is the alternative that
+                                                    can keep improving past the fixed pairs, at twice the models
+
+    The first hook (in the registry's order) that claims the data wins; a hook marked `fallback` (continued
+    pre-training, which reads any text) wins only when no other claims it.
+    """
     fallback = None
     for hook in recommenders():
         fit = hook.suits(profile)
@@ -226,7 +220,17 @@ def recommend(
     accelerator: bool = False,
     run_dir: str | None = None,
 ) -> Recommendation:
-    """The method, adaptation, hyper-parameters and recipe for `profile` on `model` with `capacity` bytes."""
+    """The method, adaptation, hyper-parameters and recipe for `profile` on `model` with `capacity` bytes.
+
+    How much data and memory decide full fine-tuning vs LoRA vs QLoRA: full fine-tuning only pays when there is
+    a lot of data (>= `FULL_FT_MIN_TOKENS` training tokens; below that LoRA matches it and overfits less, Hu et al.
+    2021; Biderman et al. 2024, "LoRA Learns Less and Forgets Less") and the memory plan (`tempax.train.memory`)
+    says it fits; then LoRA if it fits, then QLoRA (4-bit NF4 base, Dettmers et al. 2023). For each the largest
+    micro-batch and the lightest activation recomputation that fit are chosen. A mixture of experts holds all its
+    experts but computes with the k a token is routed to: its memory is that of its total parameters, and LoRA adapts
+    its attention projections (`lora_target_modules`: tempax has no LoRA on stacked experts), while QLoRA stores the
+    experts in 4 bits too.
+    """
     method, reasons, alternatives = _choose(profile)
     command = method.command
     warnings: list[str] = []

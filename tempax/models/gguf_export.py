@@ -1,30 +1,8 @@
 """Writing a tempax `Decoder` (and its tokenizer) as a GGUF file that llama.cpp, ollama and LM Studio run.
 
 The file is what llama.cpp's own converter (`convert_hf_to_gguf.py`) would write for the model's Hugging Face
-checkpoint, so `tempax.models.gguf_io` (which undoes exactly those edits) reads it back unchanged:
-  * tensor names are llama.cpp's (`token_embd`, `blk.N.attn_q`, `blk.N.ffn_down`, `output_norm`, `output`); a tied
-    LM head is simply absent;
-  * the llama architecture (Llama, Mistral, SmolLM2) and smollm3 have their q/k rows permuted per head from
-    rotate-half to interleaved RoPE order (`gguf_io.permute_qk`); Qwen, Gemma, OLMo and Phi-3 use NeoX RoPE and are
-    stored as they are;
-  * Phi-3's q/k/v and gate/up projections are written fused (`attn_qkv`; `ffn_up` holding gate then up rows), and
-    OLMo 3 as llama.cpp's olmo2 with its sliding window and per-layer pattern;
-  * Gemma norm weights are stored as `w + 1` (llama.cpp multiplies by the weight, tempax and HF by `1 + w`);
-  * Llama 3 RoPE scaling becomes a `rope_freqs.weight` tensor of per-frequency divisors, Phi-3's LongRoPE the
-    `rope_factors_long` / `rope_factors_short` tensors with its original context and cos/sin factor (llama.cpp
-    picks the long divisors by the context size it runs with, where transformers and tempax pick them per call);
-  * the tokenizer goes into `tokenizer.*` metadata (`tokenizer_metadata`).
-
-Quantisation (`--quant`), per tensor, with the `gguf` package's own encoders (`gguf.quants.quantize`):
-  f32 / f16 / bf16: every 2-D weight in that type. q8_0 / q4_0: every 2-D weight in blocks of 32 weights sharing a
-  scale (8 or 4 bits each), except that q4_0 keeps the output projection (`output.weight`, or the tied
-  embedding that serves as it) in q8_0, as llama.cpp keeps it at higher precision, since every logit goes through
-  it. A weight whose rows are not whole 32-weight blocks falls back to f16. 1-D tensors (norms, biases, rope
-  factors) stay f32 in every mode, as llama.cpp stores them.
-
-What llama.cpp cannot represent is refused before anything is written (`gguf_refusal`), e.g. Gemma 2 with a
-layer pattern other than alternating sliding/full (llama.cpp hard-codes it), or a Gemma 2/3 attention scale other
-than llama.cpp's rule (it ignores `attention.scale` for them).
+checkpoint, so `tempax.models.gguf_io` reads it back unchanged (`save_gguf` lists the edits, `_tensor_type` the
+quantisation); what llama.cpp cannot represent is refused before anything is written (`gguf_refusal`).
 """
 
 from __future__ import annotations
@@ -110,7 +88,12 @@ def _dense_family_refusal(cfg: ModelConfig) -> str | None:
 
 
 def gguf_refusal(cfg: ModelConfig) -> str | None:
-    """Why llama.cpp cannot run this model as its family's GGUF architecture, or None when it can."""
+    """Why llama.cpp cannot run this model as its family's GGUF architecture, or None when it can.
+
+    What llama.cpp cannot represent is refused before anything is written (`check_exportable`), e.g. Gemma 2 with a
+    layer pattern other than alternating sliding/full (llama.cpp hard-codes it), or a Gemma 2/3 attention scale other
+    than llama.cpp's rule (it ignores `attention.scale` for them).
+    """
     family = cfg.family
     if gguf_architecture(cfg) not in GGUF_ARCHITECTURES:
         return f"family {family!r} has no llama.cpp architecture here (supported: {', '.join(GGUF_ARCHITECTURES)})"
@@ -293,7 +276,15 @@ def tokenizer_metadata(tokenizer: Any, *, vocab_size: int, pre: str | None = Non
 
 # ------------------------------------------------------------------------------------------------------------
 def _tensor_type(name: str, array: np.ndarray, quant: str, cfg: ModelConfig) -> str:
-    """The GGML type one tensor is stored in (see the module docstring)."""
+    """The GGML type one tensor is stored in.
+
+    Quantisation (`--quant`), per tensor, with the `gguf` package's own encoders (`gguf.quants.quantize`):
+      f32 / f16 / bf16: every 2-D weight in that type. q8_0 / q4_0: every 2-D weight in blocks of 32 weights sharing a
+      scale (8 or 4 bits each), except that q4_0 keeps the output projection (`output.weight`, or the tied
+      embedding that serves as it) in q8_0, as llama.cpp keeps it at higher precision, since every logit goes through
+      it. A weight whose rows are not whole 32-weight blocks falls back to f16. 1-D tensors (norms, biases, rope
+      factors) stay f32 in every mode, as llama.cpp stores them.
+    """
     if array.ndim < 2 or quant == "f32":
         return "F32"
     if quant in ("f16", "bf16"):
@@ -376,7 +367,22 @@ def save_gguf(
     pre: str | None = None,
     metadata: Mapping[str, Any] | None = None,
 ) -> str:
-    """Writes `model` as a llama.cpp GGUF file at `path` (see the module docstring); returns the path.
+    """Writes `model` as a llama.cpp GGUF file at `path`; returns the path.
+
+    The file is what llama.cpp's own converter (`convert_hf_to_gguf.py`) would write for the model's Hugging Face
+    checkpoint, so `tempax.models.gguf_io` (which undoes exactly those edits) reads it back unchanged:
+      * tensor names are llama.cpp's (`token_embd`, `blk.N.attn_q`, `blk.N.ffn_down`, `output_norm`, `output`); a tied
+        LM head is simply absent;
+      * the llama architecture (Llama, Mistral, SmolLM2) and smollm3 have their q/k rows permuted per head from
+        rotate-half to interleaved RoPE order (`gguf_io.permute_qk`); Qwen, Gemma, OLMo and Phi-3 use NeoX RoPE and are
+        stored as they are;
+      * Phi-3's q/k/v and gate/up projections are written fused (`attn_qkv`; `ffn_up` holding gate then up rows), and
+        OLMo 3 as llama.cpp's olmo2 with its sliding window and per-layer pattern;
+      * Gemma norm weights are stored as `w + 1` (llama.cpp multiplies by the weight, tempax and HF by `1 + w`);
+      * Llama 3 RoPE scaling becomes a `rope_freqs.weight` tensor of per-frequency divisors, Phi-3's LongRoPE the
+        `rope_factors_long` / `rope_factors_short` tensors with its original context and cos/sin factor (llama.cpp
+        picks the long divisors by the context size it runs with, where transformers and tempax pick them per call);
+      * the tokenizer goes into `tokenizer.*` metadata (`tokenizer_metadata`).
 
     Args:
       model: a plain `Decoder` (merge LoRA adapters and dequantize a QLoRA base first: `lora.merge_lora`).

@@ -1,29 +1,9 @@
 """GGUF files (llama.cpp's format): metadata -> `ModelConfig`, tensors -> a tempax `Decoder`.
 
 A GGUF file is a little-endian header (key/value metadata, then one info record per tensor: name, dims,
-GGML type, offset) followed by aligned tensor data. We parse the header ourselves with `struct` over an mmap:
-`gguf.GGUFReader` builds two numpy views per string of the embedded vocabulary, which makes reading a header with
-a 100k-token vocabulary take seconds; this parser reads the strings in one pass (the figures:
-`docs/measurements/performance-history.md`, "Start-up"). Tensor data is dequantised by
-`gguf.quants.dequantize` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants, IQ*, TQ*, MXFP4...), one
-tensor at a time from its own memory map, so host memory peaks at the model plus one float32 tensor.
-
-What llama.cpp's converter (`convert_hf_to_gguf.py`) does to a Hugging Face checkpoint, and how we undo it:
-  * Dims are stored fastest-varying first (`ne[0]` = columns), so a GGUF [in, out] is numpy/HF [out, in].
-  * Llama-architecture files (Llama, Mistral, SmolLM; also `smollm3`) have their q_proj/k_proj rows (and biases)
-    permuted per head from rotate-half RoPE order to the interleaved (GPT-J) order llama.cpp's "normal" RoPE uses:
-    `w.reshape(n_head, 2, head_dim // 2, ...).swapaxes(1, 2)`. We apply the inverse,
-    `w.reshape(n_head, head_dim // 2, 2, ...).swapaxes(1, 2)`. Qwen, Gemma, OLMo 2 and Phi-3 use NeoX RoPE and are
-    not permuted.
-  * Gemma, Gemma 2 and Gemma 3 norm weights are stored as `w + 1` (llama.cpp multiplies by the weight, HF by
-    `1 + w`); every `*norm.weight` tensor of those architectures gets 1 subtracted.
-  * Llama 3 RoPE scaling is stored as a `rope_freqs.weight` tensor of per-frequency divisors instead of the four
-    config numbers; `_llama3_rope_from_factors` finds numbers that reproduce the divisors (see there).
-  * A tied LM head is simply absent (`output.weight` missing).
-  * Phi-3's q/k/v and gate/up projections are fused (`attn_qkv`, and `ffn_up` holding gate then up rows), as in
-    its Hugging Face files; they are split on reading (`tempax.models.fused`).
-  * OLMo 3 is llama.cpp's `olmo2` with a sliding window and a per-layer pattern; SmolLM3's NoPE layers are every
-    fourth, fixed by llama.cpp rather than stored.
+GGML type, offset) followed by aligned tensor data. `read_gguf_header` parses the header itself (it says why),
+`load_gguf_tensor` dequantises one tensor at a time, and `load_gguf` undoes what llama.cpp's converter does to a
+Hugging Face checkpoint (listed there).
 """
 
 from __future__ import annotations
@@ -182,7 +162,12 @@ def is_gguf_file(path: str | os.PathLike) -> bool:
 
 
 def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
-    """Parses metadata and tensor infos (no tensor data); CheckpointError naming the file if it is not sound."""
+    """Parses metadata and tensor infos (no tensor data); CheckpointError naming the file if it is not sound.
+
+    We parse the header ourselves with `struct` over an mmap: `gguf.GGUFReader` builds two numpy views per string of
+    the embedded vocabulary, which makes reading a header with a 100k-token vocabulary take seconds; this parser
+    reads the strings in one pass (the figures: `docs/measurements/performance-history.md`, "Start-up").
+    """
     import gguf
 
     path = os.fspath(path)
@@ -600,7 +585,12 @@ _FAST_DEQUANTIZE = {"Q4_1": dequantize_q4_1, "Q8_0": dequantize_q8_0}
 
 
 def load_gguf_tensor(header: GGUFHeader, name: str) -> np.ndarray:
-    """One tensor, dequantised to float32 in numpy layout ([out, in] for linears), from its own memory map."""
+    """One tensor, dequantised to float32 in numpy layout ([out, in] for linears), from its own memory map.
+
+    Tensor data is dequantised by `gguf.quants.dequantize` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the
+    K-quants, IQ*, TQ*, MXFP4...), one tensor at a time from its own memory map, so host memory peaks at the model
+    plus one float32 tensor.
+    """
     import gguf
 
     info = header.tensors[name]
@@ -651,7 +641,25 @@ def _gguf_tensor_loaders(header: GGUFHeader, cfg: ModelConfig, permuted: bool,
 def load_gguf(
     path: str | os.PathLike, *, param_dtype: str | None = None, dtype: str | None = None, progress: bool = True
 ) -> "Decoder":
-    """Loads a GGUF file into a tempax `Decoder` (weights dequantised to `param_dtype`, default float32)."""
+    """Loads a GGUF file into a tempax `Decoder` (weights dequantised to `param_dtype`, default float32).
+
+    What llama.cpp's converter (`convert_hf_to_gguf.py`) does to a Hugging Face checkpoint, and how we undo it:
+      * Dims are stored fastest-varying first (`ne[0]` = columns), so a GGUF [in, out] is numpy/HF [out, in].
+      * Llama-architecture files (Llama, Mistral, SmolLM; also `smollm3`) have their q_proj/k_proj rows (and biases)
+        permuted per head from rotate-half RoPE order to the interleaved (GPT-J) order llama.cpp's "normal" RoPE uses:
+        `w.reshape(n_head, 2, head_dim // 2, ...).swapaxes(1, 2)`. We apply the inverse,
+        `w.reshape(n_head, head_dim // 2, 2, ...).swapaxes(1, 2)`. Qwen, Gemma, OLMo 2 and Phi-3 use NeoX RoPE and are
+        not permuted.
+      * Gemma, Gemma 2 and Gemma 3 norm weights are stored as `w + 1` (llama.cpp multiplies by the weight, HF by
+        `1 + w`); every `*norm.weight` tensor of those architectures gets 1 subtracted.
+      * Llama 3 RoPE scaling is stored as a `rope_freqs.weight` tensor of per-frequency divisors instead of the four
+        config numbers; `_llama3_rope_from_factors` finds numbers that reproduce the divisors (see there).
+      * A tied LM head is simply absent (`output.weight` missing).
+      * Phi-3's q/k/v and gate/up projections are fused (`attn_qkv`, and `ffn_up` holding gate then up rows), as in
+        its Hugging Face files; they are split on reading (`tempax.models.fused`).
+      * OLMo 3 is llama.cpp's `olmo2` with a sliding window and a per-layer pattern; SmolLM3's NoPE layers are every
+        fourth, fixed by llama.cpp rather than stored.
+    """
     # The weight modules import JAX; reading a GGUF header or config (the command line does) does not need it.
     from tempax.models.hf_io import _progress_bar
     from tempax.models import weight_cache

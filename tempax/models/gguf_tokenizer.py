@@ -1,27 +1,9 @@
 """The tokenizer a GGUF file describes, built from its metadata with the `tokenizers` library (no PyTorch).
 
-A GGUF carries no `tokenizer.json`; llama.cpp stores the vocabulary as metadata: `tokenizer.ggml.model` (which
-algorithm), `tokens`, `token_type` (1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte), `scores`, `merges`,
-`pre` (the pre-tokenizer's name), the special token ids, `add_bos_token` / `add_eos_token`, and
-`tokenizer.chat_template`. Two algorithms cover the Llama, Qwen, SmolLM2 and Gemma families:
-
-* `gpt2` (SmolLM2, Qwen, Llama 3): byte-level BPE. Tokens are spelled in GPT-2's byte alphabet (each byte mapped
-  to one printable character), the merges are listed in the file, and text is split by a regular expression
-  before merging: GPT-2's own by default, Llama 3's or Qwen 2's when `pre` names one of them, and for SmolLM's
-  ("smollm") every digit alone first.
-* `llama` (Llama 1/2, Mistral, Gemma): SentencePiece BPE. Spaces become U+2581 ("▁"), characters outside the
-  vocabulary fall back to `<0xNN>` byte tokens, and the file lists no merges: the merge order is the score order
-  (SentencePiece merges the adjacent pair whose joined piece scores highest). Gemma's scores do not follow its
-  merge order, so for Gemma architectures the token's position in the file is the score, and Gemma files spell
-  whitespace-only tokens with real spaces where the model looks them up as "▁" runs.
-
-Control and user-defined tokens are matched whole in the text (as llama.cpp does). The result is wrapped as a
-`transformers.PreTrainedTokenizerFast`, so chat templates, special tokens and decoding work as for any Hugging
-Face tokenizer. `transformers`' own GGUF path reads metadata through modules that import PyTorch; this one does
-not, and tests/models/test_gguf_tokenizer.py pins it token for token to `AutoTokenizer(gguf_file=...)`.
-
-We deliberately differ from `transformers` in one place: a SentencePiece file's `add_space_prefix` flag is
-honoured (transformers always prepends "▁"); files that omit the flag get the prefix, as llama.cpp does.
+A GGUF carries no `tokenizer.json`; llama.cpp stores the vocabulary as metadata, and `gguf_tokenizer` rebuilds it
+(it says how, and where it deliberately differs from `transformers`) as a `transformers.PreTrainedTokenizerFast`.
+`transformers`' own GGUF path reads metadata through modules that import PyTorch; this one does not, and
+tests/models/test_gguf_tokenizer.py pins it token for token to `AutoTokenizer(gguf_file=...)`.
 """
 
 from __future__ import annotations
@@ -163,7 +145,29 @@ def _sentencepiece_backend(metadata: Mapping[str, Any], tokens: list[str], unk: 
 
 
 def gguf_tokenizer(metadata: Mapping[str, Any], *, source: str = "the GGUF file") -> Any:
-    """A `transformers.PreTrainedTokenizerFast` built from a GGUF file's metadata (see the module docstring).
+    """A `transformers.PreTrainedTokenizerFast` built from a GGUF file's metadata.
+
+    A GGUF carries no `tokenizer.json`; llama.cpp stores the vocabulary as metadata: `tokenizer.ggml.model` (which
+    algorithm), `tokens`, `token_type` (1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte), `scores`, `merges`,
+    `pre` (the pre-tokenizer's name), the special token ids, `add_bos_token` / `add_eos_token`, and
+    `tokenizer.chat_template`. Two algorithms cover the Llama, Qwen, SmolLM2 and Gemma families:
+
+    * `gpt2` (SmolLM2, Qwen, Llama 3): byte-level BPE. Tokens are spelled in GPT-2's byte alphabet (each byte mapped
+      to one printable character), the merges are listed in the file, and text is split by a regular expression
+      before merging: GPT-2's own by default, Llama 3's or Qwen 2's when `pre` names one of them, and for SmolLM's
+      ("smollm") every digit alone first.
+    * `llama` (Llama 1/2, Mistral, Gemma): SentencePiece BPE. Spaces become U+2581 ("▁"), characters outside the
+      vocabulary fall back to `<0xNN>` byte tokens, and the file lists no merges: the merge order is the score order
+      (SentencePiece merges the adjacent pair whose joined piece scores highest). Gemma's scores do not follow its
+      merge order, so for Gemma architectures the token's position in the file is the score, and Gemma files spell
+      whitespace-only tokens with real spaces where the model looks them up as "▁" runs.
+
+    Control and user-defined tokens are matched whole in the text (as llama.cpp does). The result is wrapped as a
+    `transformers.PreTrainedTokenizerFast`, so chat templates, special tokens and decoding work as for any Hugging
+    Face tokenizer.
+
+    We deliberately differ from `transformers` in one place: a SentencePiece file's `add_space_prefix` flag is
+    honoured (transformers always prepends "▁"); files that omit the flag get the prefix, as llama.cpp does.
 
     Args:
       metadata: the file's key/value metadata (`tempax.models.gguf_io.read_gguf_header(path).metadata`).

@@ -5,24 +5,9 @@ Shapes: rewards are flat [B = P * G] arrays, prompt-major (rows g*G .. g*G + G -
 whose group's rewards are all equal (such a group carries no learning signal; the group-relative estimators give
 it exactly 0, never the float residue of r - mean(r)).
 
-Which to use (all plug into the same clipped objective; `GRPOKnobsConfig.advantage` picks one):
-
-    grpo          (r - mean_g) / std_g        GRPO's default. Every prompt gets unit-scale advantages, so rare
-                                              successes on hard prompts and rare failures on easy ones count
-                                              fully; but in a group whose rewards barely differ (noisy rubric or
-                                              reward-model scores) the std division blows noise up to unit scale.
-    dr_grpo       r - mean_g                  Dr. GRPO: no std, so no per-prompt re-weighting and no noise
-                                              amplification; the scale follows the reward's own.
-    rloo          leave-one-out baseline      RLOO: each sample's baseline is the mean of the *other* G - 1, an
-                                              unbiased baseline (it does not contain the sample itself). Equal to
-                                              dr_grpo times G / (G - 1): one constant factor, which Adam's update
-                                              all but cancels (it still meets gradient clipping).
-    reinforce_pp  (r - mean_g) / std_batch    REINFORCE++ (baseline variant): centred per prompt, scaled by one
-                                              std over the whole batch. Keeps dr_grpo's immunity to small-spread
-                                              groups while holding the overall scale at 1 whatever the reward's.
-
-Several reward functions are combined by `combine_and_estimate` (a weighted sum, or GDPO's per-reward
-normalisation). This docstring keeps the estimators' formulas and the papers they come from.
+`estimate_advantages` says which estimator to use when; each estimator's docstring keeps its formula and the
+paper it comes from. Several reward functions are combined by `combine_and_estimate` (a weighted sum, or GDPO's
+per-reward normalisation).
 """
 
 from __future__ import annotations
@@ -167,7 +152,23 @@ def check_estimator(name: str) -> None:
 def estimate_advantages(
     rewards: jax.Array, group_size: int, *, estimator: str = "grpo", eps: float = 1e-4
 ) -> tuple[jax.Array, jax.Array]:
-    """The named estimator (module docstring) on [P * G] rewards -> (advantages, zero_spread).
+    """The named estimator on [P * G] rewards -> (advantages, zero_spread).
+
+    Which to use (all plug into the same clipped objective; `GRPOKnobsConfig.advantage` picks one):
+
+        grpo          (r - mean_g) / std_g        GRPO's default. Every prompt gets unit-scale advantages, so rare
+                                                  successes on hard prompts and rare failures on easy ones count
+                                                  fully; but in a group whose rewards barely differ (noisy rubric or
+                                                  reward-model scores) the std division blows noise up to unit scale.
+        dr_grpo       r - mean_g                  Dr. GRPO: no std, so no per-prompt re-weighting and no noise
+                                                  amplification; the scale follows the reward's own.
+        rloo          leave-one-out baseline      RLOO: each sample's baseline is the mean of the *other* G - 1, an
+                                                  unbiased baseline (it does not contain the sample itself). Equal to
+                                                  dr_grpo times G / (G - 1): one constant factor, which Adam's update
+                                                  all but cancels (it still meets gradient clipping).
+        reinforce_pp  (r - mean_g) / std_batch    REINFORCE++ (baseline variant): centred per prompt, scaled by one
+                                                  std over the whole batch. Keeps dr_grpo's immunity to small-spread
+                                                  groups while holding the overall scale at 1 whatever the reward's.
 
     Raises:
       ConfigError: for an unknown name.

@@ -5,23 +5,8 @@ An algorithm supplies only
 
     loss_fn(model, batch) -> (loss, metrics)
 
-where `batch` is a dict of arrays with a leading batch dimension (one micro-batch) and `loss` is a scalar mean
-over that micro-batch. To make accumulation exact, `metrics["loss_weight"]` (optional, default 1) says how much
-the micro-batch counts: the step combines micro-batches i as
-
-    L = sum_i w_i L_i / sum_i w_i,        grad L = sum_i w_i grad L_i / sum_i w_i
-
-so a token-mean loss that reports w_i = its number of supervised tokens gives exactly the full-batch token mean
-(the mean of micro-batch means would over-weight short micro-batches). Scalar metrics are combined the same
-way, except keys named `num_*` or `*_sum`, which are summed; non-scalar metrics (e.g. `per_example_loss`
-[rows]) are concatenated back to the global batch order.
-
-Micro-batch i takes rows i, i + n, i + 2n, ... of the global batch (n = number of micro-batches): every
-device's contiguous block of rows then holds rows of every micro-batch, so all devices work on every pass.
-
-A mixture-of-experts model's router load-balancing loss joins every algorithm's loss here, not in the algorithm
-(`tempax.models.moe.with_router_aux_loss`): its metrics `moe_aux_loss` and `moe_max_load` are reported, and
-`router_aux_loss_coef` times it is trained where `MoeConfig.train_aux_loss` says so.
+`make_train_step` says what `batch`, `loss` and `metrics` must be so that micro-batch accumulation is exact, and
+how a mixture of experts' router loss joins every algorithm's loss here.
 """
 
 from __future__ import annotations
@@ -49,7 +34,11 @@ def _is_summed(name: str) -> bool:
 
 
 def split_micro_batches(batch: Batch, num_micro: int) -> Batch:
-    """[B, ...] -> [n, B / n, ...] with micro-batch i holding rows i, i + n, ... (see the module docstring)."""
+    """[B, ...] -> [n, B / n, ...] with micro-batch i holding rows i, i + n, ...
+
+    Micro-batch i takes rows i, i + n, i + 2n, ... of the global batch (n = number of micro-batches): every
+    device's contiguous block of rows then holds rows of every micro-batch, so all devices work on every pass.
+    """
 
     def one(x: jax.Array) -> jax.Array:
         b = x.shape[0]
@@ -125,7 +114,7 @@ def make_train_step(
     """The (unjitted) step `(state, rest, batch) -> (new_state, metrics)`; jit it with donation (see `Trainer`).
 
     Args:
-      loss_fn: `loss_fn(model, micro_batch) -> (loss, metrics)` (see the module docstring).
+      loss_fn: `loss_fn(model, micro_batch) -> (loss, metrics)` (below).
       parts: how to rebuild the model from trainable params and the rest.
       optimizer: the optax transformation (clipping included).
       num_micro_batches: gradient-accumulation passes per step; the batch's leading dim must divide by it.
@@ -136,6 +125,22 @@ def make_train_step(
 
     The metrics always include `loss`, `grad_norm` (before clipping), `nonfinite` (1 when this step was
     skipped) and, with a schedule, `lr` (the rate this update used).
+
+    `loss_fn(model, batch) -> (loss, metrics)`: `batch` is a dict of arrays with a leading batch dimension (one
+    micro-batch) and `loss` is a scalar mean over that micro-batch. To make accumulation exact,
+    `metrics["loss_weight"]` (optional, default 1) says how much the micro-batch counts: the step combines
+    micro-batches i as
+
+        L = sum_i w_i L_i / sum_i w_i,        grad L = sum_i w_i grad L_i / sum_i w_i
+
+    so a token-mean loss that reports w_i = its number of supervised tokens gives exactly the full-batch token mean
+    (the mean of micro-batch means would over-weight short micro-batches). Scalar metrics are combined the same
+    way, except keys named `num_*` or `*_sum`, which are summed; non-scalar metrics (e.g. `per_example_loss`
+    [rows]) are concatenated back to the global batch order.
+
+    A mixture-of-experts model's router load-balancing loss joins every algorithm's loss here, not in the algorithm
+    (`tempax.models.moe.with_router_aux_loss`): its metrics `moe_aux_loss` and `moe_max_load` are reported, and
+    `router_aux_loss_coef` times it is trained where `MoeConfig.train_aux_loss` says so.
     """
 
     def step(state: TrainState, rest: Any, batch: Batch) -> tuple[TrainState, Metrics]:

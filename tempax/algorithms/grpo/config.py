@@ -10,22 +10,8 @@ A recipe is a `GRPOConfig`:
     eval:    {num_problems: 200}
     train:   {steps: 200, batch_size: 4, optimizer: {learning_rate: 5.0e-5}}
 
-`train.batch_size` counts *prompts* per optimizer step; each prompt brings `grpo.group_size` completions, so a
-step trains on batch_size x group_size completions (`train.micro_batch_size` also counts prompts). `train.steps`
-counts optimizer updates; with `grpo.num_iterations` = mu, every batch of rollouts is trained on mu times, so
-the run samples steps / mu rollout batches. `train.seq_len` is not used: GRPO's sequence shape comes from the
-prompts and `grpo.max_new_tokens`.
-
-Variants are settings of `GRPOKnobsConfig` (see `VARIANTS` for the exact values):
-
-    GRPO      (Shao et al. 2024)   token ratio, seq_mean_token_mean, std-scaled advantages, beta > 0
-    Dr. GRPO  (Liu et al. 2025)    seq_mean_token_sum_norm, scale_rewards: false (= advantage: dr_grpo)
-    DAPO      (Yu et al. 2025)     token_mean, beta 0, epsilon_high 0.28 (clip-higher), dynamic_sampling,
-                                   overlong_penalty_tokens > 0
-    GSPO      (Zheng et al. 2025)  importance_sampling: sequence with epsilon 3e-4 / epsilon_high 4e-4
-
-Advantage estimators (`advantage`: grpo, dr_grpo, rloo, reinforce_pp) and the way several rewards combine
-(`reward_combination`: sum, normalize_each) are independent of the variant; see `advantages.py`.
+`GRPOConfig` says what the training loop's counts mean here; `GRPOKnobsConfig` lists the variants (GRPO,
+Dr. GRPO, DAPO, GSPO) as settings of its fields.
 """
 
 from __future__ import annotations
@@ -49,7 +35,19 @@ from tempax.configlib import help_field
 
 @dataclass(frozen=True)
 class GRPOKnobsConfig:
-    """The algorithm: sampling, advantages, the clipped objective and the variants."""
+    """The algorithm: sampling, advantages, the clipped objective and the variants.
+
+    The variants are settings of these fields (see `VARIANTS` for the exact values):
+
+        GRPO      (Shao et al. 2024)   token ratio, seq_mean_token_mean, std-scaled advantages, beta > 0
+        Dr. GRPO  (Liu et al. 2025)    seq_mean_token_sum_norm, scale_rewards: false (= advantage: dr_grpo)
+        DAPO      (Yu et al. 2025)     token_mean, beta 0, epsilon_high 0.28 (clip-higher), dynamic_sampling,
+                                       overlong_penalty_tokens > 0
+        GSPO      (Zheng et al. 2025)  importance_sampling: sequence with epsilon 3e-4 / epsilon_high 4e-4
+
+    Advantage estimators (`advantage`: grpo, dr_grpo, rloo, reinforce_pp) and the way several rewards combine
+    (`reward_combination`: sum, normalize_each) are independent of the variant; see `advantages.py`.
+    """
 
     group_size: int = help_field("Completions sampled per prompt (G); they share one prefill of the prompt.", 8)
     num_iterations: int = help_field(
@@ -246,7 +244,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    """GRPO (and Dr. GRPO, DAPO, GSPO) with verifiable rewards: full-weight, LoRA or QLoRA."""
+    """GRPO (and Dr. GRPO, DAPO, GSPO) with verifiable rewards: full-weight, LoRA or QLoRA.
+
+    `train.batch_size` counts *prompts* per optimizer step; each prompt brings `grpo.group_size` completions, so a
+    step trains on batch_size x group_size completions (`train.micro_batch_size` also counts prompts). `train.steps`
+    counts optimizer updates; with `grpo.num_iterations` = mu, every batch of rollouts is trained on mu times, so
+    the run samples steps / mu rollout batches. `train.seq_len` is not used: GRPO's sequence shape comes from the
+    prompts and `grpo.max_new_tokens`.
+    """
 
     model: ModelSourceConfig = help_field("The policy's starting model.", default_factory=ModelSourceConfig)
     lora: LoraConfig | None = help_field(
