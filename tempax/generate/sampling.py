@@ -1,25 +1,8 @@
 """Choosing the next token from logits: pure functions of arrays, jit-friendly, no model.
 
-A step turns float32 logits [B, V] into a token per row plus two log-probabilities of that token:
-
-    log p_tau(y) = z[y]/tau - logsumexp(z/tau)     (the distribution the sample came from, before filtering)
-    log p_1(y)   = z[y]     - logsumexp(z)          (the raw model distribution)
-
-Top-k / top-p / min-p truncate the distribution the token is *drawn* from but not the reported log-prob: an RL
-learner recomputes log-softmax(z / tau) over the full vocabulary, and the two must agree for the importance
-ratio to start at 1. (Truncation makes the behaviour policy differ from that distribution; keep the filters off
-for on-policy RL, as the GRPO papers do.)
-
-Sampling is inverse-CDF with one uniform number per row: the token i with
-`sum_{j<i} w_j < u * sum_j w_j <= sum_{j<=i} w_j`, w the (filtered) probabilities. One uniform instead of a
-Gumbel number per vocabulary entry keeps random-number generation off the critical path on CPU (a 49k-entry
-Gumbel draw costs more than the rest of sampling). The cumulative sum is taken in two levels (blocks of
-`_BLOCK` entries, then inside the chosen block) so it stays O(V) and short.
-
-Sorting the vocabulary is only needed for top-p without top-k; greedy, plain temperature and min-p never sort.
-
-Filters: top-k (Fan et al. 2018, arXiv:1805.04833), nucleus / top-p (Holtzman et al. 2019, arXiv:1904.09751),
-min-p (Nguyen et al. 2024, arXiv:2407.01082).
+`sample_from_logits` is one step: a token per row, drawn from the temperature-scaled distribution after the
+top-k / top-p / min-p filters (`filtered_probs`) by inverse-CDF sampling (`inverse_cdf_sample`), plus the log-probs
+an RL learner needs. Each function's docstring holds its formula and paper.
 """
 
 from __future__ import annotations
@@ -56,6 +39,12 @@ class SamplerSpec:
 
 def inverse_cdf_sample(weights_bv: jax.Array, u_b: jax.Array) -> jax.Array:
     """Index i per row with `cum_{<i} < u * total <= cum_{<=i}`, over non-negative `weights_bv`.
+
+    Sampling is inverse-CDF with one uniform number per row: the token i with
+    `sum_{j<i} w_j < u * sum_j w_j <= sum_{j<=i} w_j`, w the (filtered) probabilities. One uniform instead of a
+    Gumbel number per vocabulary entry keeps random-number generation off the critical path on CPU (a 49k-entry
+    Gumbel draw costs more than the rest of sampling). The cumulative sum is taken in two levels (blocks of
+    `_BLOCK` entries, then inside the chosen block) so it stays O(V) and short.
 
     Args:
       weights_bv: [B, V] non-negative weights (need not sum to 1); every row needs a positive entry.
@@ -102,6 +91,11 @@ def filtered_probs(
 ) -> tuple[jax.Array, jax.Array | None]:
     """Probabilities left after top-k, top-p and min-p, over candidate tokens.
 
+    Sorting the vocabulary is only needed for top-p without top-k; greedy, plain temperature and min-p never sort.
+
+    Filters: top-k (Fan et al. 2018, arXiv:1805.04833), nucleus / top-p (Holtzman et al. 2019, arXiv:1904.09751),
+    min-p (Nguyen et al. 2024, arXiv:2407.01082).
+
     Args:
       scaled_bv: [B, V] temperature-scaled logits z / tau.
       top_k: static k, 0 = off (k >= V is also off).
@@ -147,6 +141,16 @@ def sample_from_logits(
     min_p: jax.Array | float = 0.0,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One sampling step: token ids and their temperature-adjusted and raw log-probabilities.
+
+    A step turns float32 logits [B, V] into a token per row plus two log-probabilities of that token:
+
+        log p_tau(y) = z[y]/tau - logsumexp(z/tau)     (the distribution the sample came from, before filtering)
+        log p_1(y)   = z[y]     - logsumexp(z)          (the raw model distribution)
+
+    Top-k / top-p / min-p truncate the distribution the token is *drawn* from but not the reported log-prob: an RL
+    learner recomputes log-softmax(z / tau) over the full vocabulary, and the two must agree for the importance
+    ratio to start at 1. (Truncation makes the behaviour policy differ from that distribution; keep the filters off
+    for on-policy RL, as the GRPO papers do.)
 
     Args:
       logits_bv: [B, V] logits (any float dtype; computed in float32).

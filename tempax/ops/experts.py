@@ -1,26 +1,10 @@
 """The routed experts of a mixture-of-experts layer as one op: tokens sorted by expert, grouped matrix products.
 
-Each token t goes to the k experts e = ids[t, j] its router chose, with weights w[t, j]. Expert e is a gated MLP
-with kernels G_e, U_e [hidden, inner], D_e [inner, hidden] and, for gpt-oss, biases; the layer's output is
-
-    y_t = sum_j  w[t, j] * ( act(x_t G_e + b^G_e,  x_t U_e + b^U_e) D_e + b^D_e ),     e = ids[t, j]
-
-(Shazeer et al. 2017, arXiv:1701.06538; the dropless form of Gale et al. 2022, MegaBlocks, arXiv:2211.15841: no
-token is dropped and no expert has a capacity). Computed without a loop over experts and without a dense
-[tokens, experts, ...] product: the T * k (token, expert) pairs are sorted by expert, so each expert's rows are
-contiguous, and each of the three products is one grouped matrix product over the sorted rows,
-
-    out[r] = lhs[r] @ rhs[g(r)],    g(r) = the group (expert) whose contiguous block holds row r,
-
-with the group sizes (how many rows each expert received) as data, so the program is the same whatever the
-routing. The rows are then put back in (token, slot) order and summed with the routing weights.
-
-The grouped product here is `jax.lax.ragged_dot` (plain JAX, lowered by XLA for any backend); a platform's
+`expert_products` computes every token's weighted sum over the experts its router chose without a loop over
+experts and without a dense [tokens, experts, ...] product; its docstring holds the formula, the papers and the
+method. The grouped product here is `jax.lax.ragged_dot` (plain JAX, lowered by XLA for any backend); a platform's
 kernel is passed as `expert_products(grouped_product=...)` (`tempax.ops.tpu.experts`: megablox's Pallas kernel).
-Every grouped product is built by `with_mixed_precision_vjp`, the rule `tempax.ops.plain.projection_dot` follows
-for a layer's projection: bfloat16 rows against float32 master kernels multiply as bf16 x bf16 with float32
-accumulation, and the kernels' gradient (a sum over every row an expert received) is accumulated and returned in
-float32, never rounded to bfloat16 on the way.
+Every grouped product is built by `with_mixed_precision_vjp` (it says how bfloat16 rows meet float32 kernels).
 """
 
 from __future__ import annotations
@@ -91,6 +75,11 @@ def with_mixed_precision_vjp(
     The kernel sees both operands in lhs's dtype (a float32 master against bf16 rows multiplies as bf16). Backward:
     d lhs = g rhs[g(r)]^T in lhs's dtype; d rhs[e] = lhs[rows of e]^T g[rows of e], returned in rhs's own dtype
     straight from the float32 accumulator. The group sizes get no gradient.
+
+    Every grouped product is built here, by the rule `tempax.ops.plain.projection_dot` follows for a layer's
+    projection: bfloat16 rows against float32 master kernels multiply as bf16 x bf16 with float32 accumulation, and
+    the kernels' gradient (a sum over every row an expert received) is accumulated and returned in float32, never
+    rounded to bfloat16 on the way.
     """
 
     @jax.custom_vjp
@@ -174,8 +163,22 @@ def expert_products(
     swiglu_limit: float = 7.0,
     grouped_product: GroupedProduct = grouped_matmul,
 ) -> jax.Array:
-    """y_t = sum_j w[t, j] * (act(x_t G_e + b^G_e, x_t U_e + b^U_e) D_e + b^D_e), e = ids[t, j] (the module
-    docstring gives the method).
+    """y_t = sum_j w[t, j] * (act(x_t G_e + b^G_e, x_t U_e + b^U_e) D_e + b^D_e), e = ids[t, j].
+
+    Each token t goes to the k experts e = ids[t, j] its router chose, with weights w[t, j]. Expert e is a gated MLP
+    with kernels G_e, U_e [hidden, inner], D_e [inner, hidden] and, for gpt-oss, biases; the layer's output is
+
+        y_t = sum_j  w[t, j] * ( act(x_t G_e + b^G_e,  x_t U_e + b^U_e) D_e + b^D_e ),     e = ids[t, j]
+
+    (Shazeer et al. 2017, arXiv:1701.06538; the dropless form of Gale et al. 2022, MegaBlocks, arXiv:2211.15841: no
+    token is dropped and no expert has a capacity). Computed without a loop over experts and without a dense
+    [tokens, experts, ...] product: the T * k (token, expert) pairs are sorted by expert, so each expert's rows are
+    contiguous, and each of the three products is one grouped matrix product over the sorted rows,
+
+        out[r] = lhs[r] @ rhs[g(r)],    g(r) = the group (expert) whose contiguous block holds row r,
+
+    with the group sizes (how many rows each expert received) as data, so the program is the same whatever the
+    routing. The rows are then put back in (token, slot) order and summed with the routing weights.
 
     Args:
       x_td: [tokens, hidden] the tokens, in the compute dtype.

@@ -1,25 +1,12 @@
 """The routed experts' grouped products on a TPU: JAX's megablox grouped matrix multiplication (Pallas).
 
-`grouped_matmul` computes what `tempax.ops.experts.grouped_matmul` computes,
-
-    out[r] = lhs[r] @ rhs[g(r)],    g(r) = the group whose contiguous block of rows holds row r,
-
-with `jax.experimental.pallas.ops.tpu.megablox`'s kernels (Gale et al. 2022, MegaBlocks, arXiv:2211.15841): `gmm`
-for the product and for d lhs = g rhs[g(r)]^T (the kernel transposing rhs as it reads it), `tgmm` for
-d rhs[e] = lhs[rows of e]^T g[rows of e]. The kernel visits only the row tiles a group occupies, so experts that
-received no row cost nothing. It is passed to `tempax.ops.experts.expert_products(grouped_product=...)`; the
-mixed-precision rule (bf16 operands, float32 accumulation, a float32 kernel gradient for a float32 master) is
-`tempax.ops.experts.with_mixed_precision_vjp`'s.
-
-What we do differently from megablox's own custom VJP (`megablox.ops.gmm`): the rows are padded with zeros to a
-multiple of the row tile and the padding joins the last group (zero rows add nothing to its kernel's gradient;
-their outputs are cut off), so any number of rows works; and the kernel gradient accumulates in float32 whatever
-the kernel's dtype.
-
-Tiles (`tiling`): rows in tiles of up to 512 (a multiple of 16, bf16's sublane packing); the contracted and output
-dimensions whole up to 512, else 512 (a multiple of the 128 lanes; megablox masks a partial last tile). On a CPU
-the kernels run in Pallas's interpret mode (`grouped_matmul_interpret`), which is how the tests compare them with
-the plain op. `unsupported_reason` names what the kernel cannot take.
+`grouped_matmul` computes what `tempax.ops.experts.grouped_matmul` computes with megablox's kernels, which visit
+only the row tiles a group occupies, so experts that received no row cost nothing. It is passed to
+`tempax.ops.experts.expert_products(grouped_product=...)`; the mixed-precision rule (bf16 operands, float32
+accumulation, a float32 kernel gradient for a float32 master) is `tempax.ops.experts.with_mixed_precision_vjp`'s.
+`_forward` and `_backward` hold the formulas, the paper and where they differ from megablox's own custom VJP. On a
+CPU the kernels run in Pallas's interpret mode (`grouped_matmul_interpret`), which is how the tests compare them
+with the plain op. `unsupported_reason` names what the kernel cannot take.
 """
 
 from __future__ import annotations
@@ -49,12 +36,17 @@ def unsupported_reason(lhs: jax.Array, rhs: jax.Array) -> str | None:
 
 
 def tiling(m: int, k: int, n: int) -> tuple[int, int, int]:
-    """(row tile, contracted tile, output tile) for m rows, a contracted dimension k and an output dimension n."""
+    """(row tile, contracted tile, output tile) for m rows, a contracted dimension k and an output dimension n.
+
+    Rows in tiles of up to 512 (a multiple of 16, bf16's sublane packing); the contracted and output dimensions
+    whole up to 512, else 512 (a multiple of the 128 lanes; megablox masks a partial last tile)."""
     tm = min(MAX_TILE, ROW_MULTIPLE * math.ceil(max(m, 1) / ROW_MULTIPLE))
     return tm, min(k, MAX_TILE), min(n, MAX_TILE)
 
 
 def _pad_rows(rows: jax.Array, group_sizes: jax.Array, tm: int) -> tuple[jax.Array, jax.Array]:
+    """The rows padded with zeros to a multiple of the row tile, the padding joining the last group (zero rows add
+    nothing to its kernel's gradient; their outputs are cut off), so any number of rows works."""
     pad = (-rows.shape[0]) % tm
     if not pad:
         return rows, group_sizes
@@ -62,6 +54,9 @@ def _pad_rows(rows: jax.Array, group_sizes: jax.Array, tm: int) -> tuple[jax.Arr
 
 
 def _forward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, interpret: bool) -> jax.Array:
+    """out[r] = lhs[r] @ rhs[g(r)],    g(r) = the group whose contiguous block of rows holds row r,
+
+    with `jax.experimental.pallas.ops.tpu.megablox`'s `gmm` kernel (Gale et al. 2022, MegaBlocks, arXiv:2211.15841)."""
     m, k = lhs.shape
     tiles = tiling(m, k, rhs.shape[2])
     rows, sizes = _pad_rows(lhs, group_sizes, tiles[0])
@@ -69,6 +64,12 @@ def _forward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, interpre
 
 
 def _backward(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, g: jax.Array, *, interpret: bool):
+    """(d lhs, d rhs) of `_forward` for its cotangent g: megablox's `gmm` for d lhs = g rhs[g(r)]^T (the kernel
+    transposing rhs as it reads it), `tgmm` for d rhs[e] = lhs[rows of e]^T g[rows of e].
+
+    What we do differently from megablox's own custom VJP (`megablox.ops.gmm`): the rows are padded with zeros to a
+    multiple of the row tile and the padding joins the last group (`_pad_rows`), so any number of rows works; and
+    the kernel gradient accumulates in float32 whatever the kernel's dtype."""
     (m, k), n = lhs.shape, rhs.shape[2]
     tiles = tiling(m, n, k)  # d lhs contracts the output dimension n and produces k
     g_rows, sizes = _pad_rows(g, group_sizes, tiles[0])
