@@ -153,7 +153,7 @@ def _tool_call_message(m: dict[str, Any], what: str) -> dict[str, Any]:
 
 def with_call_text(tokenizer: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages the chat template can render: an assistant message's `tool_calls` are written into its content
-    in the model's call format, unless the template renders `tool_calls` itself (module docstring)."""
+    in the model's call format, unless the template renders `tool_calls` itself (`render_row`)."""
     if not any(m.get("tool_calls") for m in messages):
         return messages
     template = getattr(tokenizer.hf, "chat_template", None)

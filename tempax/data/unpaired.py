@@ -1,25 +1,8 @@
 """Unpaired feedback (a prompt, one completion, a desirable / undesirable label) -> tokenised KTO examples.
 
-Accepted rows:
-  * unpaired:      {"prompt": str | messages, "completion": str | messages, "label": true | false}; a string
-                   completion is one assistant turn, a string prompt one user turn (TRL's unpaired format, plain
-                   or conversational).
-  * preference pairs, when asked (`convert_pairs=True`): every row `tempax.data.preference` accepts ({prompt,
-                   chosen, rejected}, two conversations, HH-RLHF dialogues) becomes two unpaired rows, (prompt,
-                   chosen, true) and (prompt, rejected, false). Pairs with identical replies are dropped
-                   ("identical"): they would carry contradictory labels.
-
-KTO's reference point needs, for each row i, the prompt x_i with a completion y'_i of *another* row (a mismatched
-pair; see `tempax.algorithms.preference.losses.kto_loss`). `mismatched_partners` picks it once, seeded: in a
-shuffled order each row takes the completion of the next row whose prompt differs, so a converted pair never lends
-its other reply. The mismatched sequence is tokenised with the example and both sides share the prompt tokens, so
-the pair-length policy of `tempax.data.preference.fit_pair` applies unchanged (over-long rows lose the same prompt
-tokens from the left on both sides; counted as truncated "prompt_left" / "response_right", or dropped with
-overlong="drop").
-
-Counted outcomes (`DataReport`): skipped — invalid_utf8, invalid_json, not_an_object, missing_field, wrong_type, empty_content,
-empty_response, template_error and the preference-row reasons; dropped — identical, too_long,
-no_target_after_truncation. `kept` counts rows that gave at least one example.
+Rows in TRL's unpaired format are read, and preference pairs when asked (each gives a desirable and an undesirable
+row); `tokenize_unpaired_rows` lists what is accepted and counted. Each example also carries the prompt with
+another row's completion, the mismatched pair KTO's reference point needs (`mismatched_partners`).
 """
 
 from __future__ import annotations
@@ -94,7 +77,11 @@ def split_preference_row(data: dict[str, Any]) -> list[UnpairedMessages]:
 
 
 def mismatched_partners(prompts: Sequence[Any], *, seed: int = 0) -> list[int]:
-    """For each row the index of another row with a different prompt, chosen once and seeded (module docstring).
+    """For each row the index of another row with a different prompt, chosen once and seeded.
+
+    KTO's reference point needs, for each row i, the prompt x_i with a completion y'_i of *another* row (a mismatched
+    pair; see `tempax.algorithms.preference.losses.kto_loss`). It is picked once, seeded: in a shuffled order each
+    row takes the completion of the next row whose prompt differs, so a converted pair never lends its other reply.
 
     Args:
       prompts: one hashable key per row (rows with equal keys share a prompt).
@@ -133,7 +120,25 @@ def tokenize_unpaired_rows(
     name: str | None = None,
     check: bool = True,
 ) -> tuple[list[UnpairedExample], DataReport]:
-    """Parses, pairs with mismatched completions, tokenises and length-fits unpaired rows (module docstring).
+    """Parses, pairs with mismatched completions, tokenises and length-fits unpaired rows.
+
+    Accepted rows:
+      * unpaired:      {"prompt": str | messages, "completion": str | messages, "label": true | false}; a string
+                       completion is one assistant turn, a string prompt one user turn (TRL's unpaired format, plain
+                       or conversational).
+      * preference pairs, when asked (`convert_pairs=True`): every row `tempax.data.preference` accepts ({prompt,
+                       chosen, rejected}, two conversations, HH-RLHF dialogues) becomes two unpaired rows, (prompt,
+                       chosen, true) and (prompt, rejected, false). Pairs with identical replies are dropped
+                       ("identical"): they would carry contradictory labels.
+
+    The mismatched sequence is tokenised with the example and both sides share the prompt tokens, so the
+    pair-length policy of `tempax.data.preference.fit_pair` applies unchanged (over-long rows lose the same prompt
+    tokens from the left on both sides; counted as truncated "prompt_left" / "response_right", or dropped with
+    overlong="drop").
+
+    Counted outcomes (`DataReport`): skipped — invalid_utf8, invalid_json, not_an_object, missing_field, wrong_type,
+    empty_content, empty_response, template_error and the preference-row reasons; dropped — identical, too_long,
+    no_target_after_truncation. `kept` counts rows that gave at least one example.
 
     Args:
       rows: `Row`s from `sources.read_rows`, or plain dicts.

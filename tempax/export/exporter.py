@@ -1,24 +1,8 @@
 """A run's checkpoint (or any model) written for other tools: a Hugging Face folder or one llama.cpp GGUF file,
 each with the model card of `tempax.export.model_card`.
 
-SOURCE is a training run's directory or any model source `tempax.load` takes (a Hugging Face folder, a .gguf
-file, a registered name, a Hub id, `preset:<name>`). For a run, the model it trained is rebuilt by
-`tempax.algorithms.run_dirs.load_run` (its `config.yaml`: model source, LoRA/QLoRA; the trainable arrays of the
-latest, or `step`, checkpoint) and LoRA adapters folded into the weights (`W + alpha/r * A B`, a QLoRA base
-dequantized first). A damaged latest checkpoint is an error naming the intact steps rather than a silent older
-export.
-
-OUT is then a Hugging Face folder (config.json + safetensors + tokenizer + a README.md model card + the run's
-recipe as tempax_config.yaml), loadable by `transformers.AutoModelForCausalLM.from_pretrained(OUT)` and by
-`tempax.load(OUT)`; or, with `gguf=True` (or an OUT ending in .gguf), one GGUF file holding the weights in `quant`
-f32|f16|bf16|q8_0|q4_0 (default f16), the tokenizer and the model card as `general.*` metadata
-(`tempax.models.gguf_export`). `adapters_only` writes a run's adapters alone in PEFT layout.
-
-Nothing the user has is replaced unasked: an existing OUT (a file, or a folder that is not empty) is refused,
-before the model loads, unless `overwrite` (`--overwrite`) is given, and even then only a file or a folder of
-model files that an export writes (no subfolders; a `config.json` or `adapter_config.json` among them) is
-replaced, never SOURCE or a folder holding it. OUT is written whole under a temporary name beside it and moved
-into place at the end, so a failed or interrupted export leaves the old OUT (or none) as it was.
+`export` says what SOURCE and OUT may be; nothing the user has is replaced unasked (`check_destination`), and OUT
+is written whole under a temporary name and moved into place at the end (`write_whole`).
 """
 
 from __future__ import annotations
@@ -51,7 +35,13 @@ def _listing(names: list[str], n: int = 4) -> str:
 
 
 def check_destination(source: str, out: str, *, gguf: bool, overwrite: bool) -> None:
-    """Refuses an OUT whose writing would replace what the user has (see the module docstring).
+    """Refuses an OUT whose writing would replace what the user has.
+
+    Nothing the user has is replaced unasked: an existing OUT (a file, or a folder that is not empty) is refused,
+    before the model loads, unless `overwrite` (`--overwrite`) is given, and even then only a file or a folder of
+    model files that an export writes (no subfolders; a `config.json` or `adapter_config.json` among them) is
+    replaced, never SOURCE or a folder holding it. OUT is written whole under a temporary name beside it and moved
+    into place at the end, so a failed or interrupted export leaves the old OUT (or none) as it was.
 
     Raises:
       ConfigError: OUT is SOURCE or holds it; OUT is a folder and a GGUF file is asked for; OUT exists (a file, or
@@ -125,9 +115,23 @@ def _one_rename(fresh: str, path: str) -> bool:
 def export(source: str, out: str, *, step: int | None = None, dtype: str | None = None, adapters_only: bool = False,
            gguf: bool = False, quant: str | None = None, command: str | None = None, overwrite: bool = False,
            warn: Callable[[str], None] = _to_stderr) -> str:
-    """Writes OUT (see the module docstring) and returns its path. `command` is the command line that repeats
-    this export (the card quotes it); `overwrite` lets an existing OUT be replaced; `warn` receives what the user
-    should know about a file that was written anyway (a GGUF without a tokenizer)."""
+    """Writes OUT and returns its path. `command` is the command line that repeats this export (the card quotes
+    it); `overwrite` lets an existing OUT be replaced (`check_destination`); `warn` receives what the user should
+    know about a file that was written anyway (a GGUF without a tokenizer).
+
+    SOURCE is a training run's directory or any model source `tempax.load` takes (a Hugging Face folder, a .gguf
+    file, a registered name, a Hub id, `preset:<name>`). For a run, the model it trained is rebuilt by
+    `tempax.algorithms.run_dirs.load_run` (its `config.yaml`: model source, LoRA/QLoRA; the trainable arrays of the
+    latest, or `step`, checkpoint) and LoRA adapters folded into the weights (`W + alpha/r * A B`, a QLoRA base
+    dequantized first). A damaged latest checkpoint is an error naming the intact steps rather than a silent older
+    export.
+
+    OUT is then a Hugging Face folder (config.json + safetensors + tokenizer + a README.md model card + the run's
+    recipe as tempax_config.yaml), loadable by `transformers.AutoModelForCausalLM.from_pretrained(OUT)` and by
+    `tempax.load(OUT)`; or, with `gguf=True` (or an OUT ending in .gguf), one GGUF file holding the weights in `quant`
+    f32|f16|bf16|q8_0|q4_0 (default f16), the tokenizer and the model card as `general.*` metadata
+    (`tempax.models.gguf_export`). `adapters_only` writes a run's adapters alone in PEFT layout.
+    """
     from tempax.models.lora import has_adapters, save_adapters
     from tempax.algorithms.run_dirs import load_run
     from tempax.train.run_model import merged

@@ -9,15 +9,8 @@ The format a policy is asked to produce (and that the SFT warm-start targets) is
     ...final answer...
     </answer>
 
-Why strict: in a measured GRPO run (`docs/measurements/demo-calibration.md`) a loose, search-anywhere
-format check was gamed within 8 steps by copying the system prompt's placeholder text and by nesting tags. So the
-full reward needs the whole completion (modulo surrounding whitespace) to be this form: anchored at both ends,
-each of the four tags exactly once (counted case-insensitively, so `<Answer>` cannot hide a second tag), in order,
-separated by single newlines, with non-empty contents that are not placeholders such as `...`.
-
-Partial credit (`TAG_CREDIT` per tag present exactly once and in order) gives a gradient to a model that is far from
-the format, but is capped below the strict score so that partial forms (for instance tags copied from a one-line
-instruction) can never tie with the real thing. These are pure functions of text; nothing is executed.
+The full reward needs exactly this form (`strict_format_ok`, which says why); partial forms earn capped partial
+credit (`format_score`). These are pure functions of text; nothing is executed.
 """
 
 from __future__ import annotations
@@ -81,6 +74,12 @@ def strict_format_ok(text: str) -> bool:
 
     Surrounding whitespace is allowed; each tag must occur exactly once (no nesting, no second block) and both
     contents must be non-empty and not placeholders.
+
+    Why strict: in a measured GRPO run a loose, search-anywhere format check was gamed by copying the system
+    prompt's placeholder text and by nesting tags (`docs/measurements/demo-calibration.md`). So the full reward
+    needs the whole completion (modulo surrounding whitespace) to be this form: anchored at both ends, each of the
+    four tags exactly once (counted case-insensitively, so `<Answer>` cannot hide a second tag), in order, separated
+    by single newlines, with non-empty contents that are not placeholders such as `...`.
     """
     text = _normalise_newlines(text)
     if len(_ANY_TAG.findall(text)) != len(TAGS):
@@ -115,7 +114,12 @@ def tags_in_order(text: str) -> int:
 
 
 def format_score(text: str) -> float:
-    """`STRICT_CREDIT` for the strict form, else `TAG_CREDIT` per tag present once and in order (at most 0.8)."""
+    """`STRICT_CREDIT` for the strict form, else `TAG_CREDIT` per tag present once and in order (at most 0.8).
+
+    Partial credit (`TAG_CREDIT` per tag present exactly once and in order) gives a gradient to a model that is far from
+    the format, but is capped below the strict score so that partial forms (for instance tags copied from a one-line
+    instruction) can never tie with the real thing.
+    """
     if strict_format_ok(text):
         return STRICT_CREDIT
     # Rounded so 3 tags score 0.6, not 0.6000000000000001, in logs and tests.

@@ -1,23 +1,8 @@
 """Rollouts: prompts -> groups of sampled completions -> rewards -> group advantages -> a fixed-shape batch.
 
 A rollout holds P prompts with G completions each, in arrays shaped [P, G, ...] (the generator's rows
-i * G + j reshaped). The training batch keeps that grouping: one batch row per *prompt*, holding the prompt once
-and its G completions,
-
-    prompt_tokens      [P, Lp]      int32, left-padded to the fixed prompt length Lp (pad id, segment 0)
-    prompt_segments    [P, Lp]      int32, 1 on prompt tokens, 0 on padding
-    completion_tokens  [P, G, T]    int32, T = max_new_tokens, pad id after each completion's end
-    completion_mask    [P, G, T]    float32, 1 on generated tokens (the stop token included); in a multi-turn
-                                    episode 1 on the policy's tokens only (the loss mask)
-    completion_segments [P, G, T]   int32, 1 on every token of the completion or episode (what later tokens
-                                    attend to: the environment's messages included), 0 on padding
-    advantages         [P, G]       float32, group-relative advantages
-    old_logp           [P, G, T]    float32, sampling-time log p_tau of each token (only when needed)
-    ref_logp           [P, G, T]    float32, reference log p_tau (added by the batch source when beta > 0)
-
-so the training forward can run each prompt once and share its keys/values among the G completions
-(`tempax.rl.logprobs.completion_logprobs`), like the sampler's shared prefill; and gradient
-accumulation, which splits the batch by rows, never splits a group.
+i * G + j reshaped). The training batch keeps that grouping, one batch row per prompt (`build_batch` gives the
+layout), so the training forward runs each prompt once and gradient accumulation never splits a group.
 """
 
 from __future__ import annotations
@@ -392,7 +377,25 @@ def fill_with_spread(rounds: Sequence[Rollout], num_prompts: int) -> Rollout:
 
 
 def build_batch(rollout: Rollout, *, prompt_len: int, pad_id: int, with_old_logp: bool) -> dict[str, np.ndarray]:
-    """The fixed-shape training batch of a rollout (layout in the module docstring).
+    """The fixed-shape training batch of a rollout.
+
+    The batch keeps the rollout's [P, G] grouping: one batch row per *prompt*, holding the prompt once and its G
+    completions,
+
+        prompt_tokens      [P, Lp]      int32, left-padded to the fixed prompt length Lp (pad id, segment 0)
+        prompt_segments    [P, Lp]      int32, 1 on prompt tokens, 0 on padding
+        completion_tokens  [P, G, T]    int32, T = max_new_tokens, pad id after each completion's end
+        completion_mask    [P, G, T]    float32, 1 on generated tokens (the stop token included); in a multi-turn
+                                        episode 1 on the policy's tokens only (the loss mask)
+        completion_segments [P, G, T]   int32, 1 on every token of the completion or episode (what later tokens
+                                        attend to: the environment's messages included), 0 on padding
+        advantages         [P, G]       float32, group-relative advantages
+        old_logp           [P, G, T]    float32, sampling-time log p_tau of each token (only when needed)
+        ref_logp           [P, G, T]    float32, reference log p_tau (added by the batch source when beta > 0)
+
+    so the training forward can run each prompt once and share its keys/values among the G completions
+    (`tempax.rl.logprobs.completion_logprobs`), like the sampler's shared prefill; and gradient
+    accumulation, which splits the batch by rows, never splits a group.
 
     Args:
       rollout: P groups.

@@ -3,23 +3,10 @@
     cfg = load_config(DistillConfig, "recipes/distill_smollm2.yaml", ["train.steps=20"])
     result = main(cfg)
 
-The algorithm is two pieces, everything else is `tempax.train`:
-  * `make_distill_loss(spec)` -> `loss_fn(pair, batch)`: both models' final hidden states on the batch's tokens,
-    then `chunked_distillation_loss` (alpha T^2 D(p_T, p_S) + (1 - alpha) CE, chunk by chunk over positions).
-    `pair` is a `StudentTeacher`; only the student's parameters are trainable, so the teacher is part of the
-    frozen rest of the one jitted step.
-  * the batches: the SFT data layer (`tempax.data.sft.build_data`) on the dataset's rows
-    (`mode: off_policy`), or on the teacher's own answers to the rows' prompts (`mode: sequence`, sequence-level
-    KD, `tempax.algorithms.distill.sequence`), or a batch source mixing those rows with the student's own samples
-    (`mode: on_policy`, GKD, `tempax.algorithms.distill.gkd`).
-
-Metrics (training and held-out): `loss`, `kd_loss` (the divergence at temperature T), `ce_loss` (label
-cross-entropy), `agreement` (student and teacher pick the same top-1 token), `token_accuracy`. With
-`train.eval_at_start` the held-out figures before training are logged too. At the end the student is written as
-a Hugging Face folder (`<run_dir>/student`) that `tempax.load` and `transformers` read.
-
-`loss.alpha: 0` trains the same student with plain cross-entropy on the same batches (the teacher then only
-feeds the metrics): the baseline a distillation run is compared with.
+The algorithm is two pieces, everything else is `tempax.train`: the loss, `make_distill_loss`, and the
+batches (`main` says which data each `mode` trains on, what it reports and writes). `loss.alpha: 0` trains the same
+student with plain cross-entropy on the same batches (the teacher then only feeds the metrics): the baseline a
+distillation run is compared with.
 """
 
 from __future__ import annotations
@@ -107,7 +94,10 @@ class DistillConfig:
 def make_distill_loss(
     spec: DistillLossConfig,
 ) -> Callable[[StudentTeacher, dict[str, jax.Array]], tuple[jax.Array, dict]]:
-    """`loss_fn(pair, batch)` for the shared train step.
+    """`loss_fn(pair, batch)` for the shared train step: both models' final hidden states on the batch's tokens,
+    then `chunked_distillation_loss` (alpha T^2 D(p_T, p_S) + (1 - alpha) CE, chunk by chunk over positions).
+    `pair` is a `StudentTeacher`; only the student's parameters are trainable, so the teacher is part of the
+    frozen rest of the one jitted step.
 
     batch: `tokens`, `targets`, `loss_mask`, `positions`, `segment_ids`, each [B, T] (`tempax.data.packing`).
     Both models read the same tokens (packed examples kept apart by segment ids); the loss is
@@ -181,7 +171,18 @@ def sequence_rows(cfg: DistillConfig, teacher: Any, tokenizer: Any, rows: list[A
 def main(cfg: DistillConfig, *, hooks: tuple = (), log: Callable[[str], None] | None = None) -> RunResult:
     """Distils per `cfg`; writes config.yaml, data_report.json, the tokenizer, metrics, checkpoints and the
     trained student (`<run_dir>/student`) to run_dir. `result.extras` holds `sizes` (parameter counts and bytes
-    of both models) and the data report."""
+    of both models) and the data report.
+
+    The batches: the SFT data layer (`tempax.data.sft.build_data`) on the dataset's rows (`mode: off_policy`), or
+    on the teacher's own answers to the rows' prompts (`mode: sequence`, sequence-level KD,
+    `tempax.algorithms.distill.sequence`), or a batch source mixing those rows with the student's own samples
+    (`mode: on_policy`, GKD, `tempax.algorithms.distill.gkd`).
+
+    Metrics (training and held-out): `loss`, `kd_loss` (the divergence at temperature T), `ce_loss` (label
+    cross-entropy), `agreement` (student and teacher pick the same top-1 token), `token_accuracy`. With
+    `train.eval_at_start` the held-out figures before training are logged too. At the end the student is written
+    as a Hugging Face folder (`<run_dir>/student`) that `tempax.load` and `transformers` read.
+    """
     run = start_run(cfg, log=log)
     say, t = run.say, cfg.train
     rows = read_data_rows(cfg.data)  # a wrong path fails here, before any model is loaded

@@ -4,22 +4,9 @@
     result = main(cfg)          # prints held-out metrics before and after training
 
 The algorithm is two pieces; everything else (step, optimizer, checkpoints, metrics, eval cadence) is
-`tempax.train`:
-  * `DPOLoss` — `loss_fn(model, batch)`: one forward pass over a stacked [2B, T] batch (chosen rows, then
-    rejected rows) gives each response's summed log-prob; `losses.preference_loss` turns them, with the reference
-    log-probs, into the loss and its metrics (loss, chosen/rejected implicit rewards, reward margin, preference
-    accuracy, chosen/rejected log-probs), averaged over real pairs.
-  * the batches: `tempax.data.preference` pairs, plus `ref_logps` when the reference is stored with the data.
-
-Where the reference log-probs come from (`dpo.reference`), without a second copy of the weights by default:
-  adapters_off  LoRA/QLoRA: the same model with its adapters switched off (`lora.disable_adapters`) inside the
-                loss — the frozen base *is* the reference. One model in memory; one extra forward per step.
-  precomputed   one pass of the initial model over every train and held-out pair before training, stored with
-                the pairs and batched as `ref_logps`; training then holds one model and runs one forward per step.
-  frozen_copy   a second, frozen copy of the initial weights that scores each batch as it is drawn (only when
-                asked: it doubles weight memory).
-  auto          adapters_off with LoRA, precomputed with full fine-tuning.
-ORPO and SimPO need no reference; none is computed for them.
+`tempax.train`: the loss, `DPOLoss`, and the batches, `tempax.data.preference` pairs plus `ref_logps` when the
+reference is stored with the data. `resolve_reference` says where the reference log-probs come from, without a
+second copy of the weights by default; ORPO and SimPO need none.
 """
 
 from __future__ import annotations
@@ -84,7 +71,18 @@ def reference_batch_size_field() -> Any:
 
 
 def resolve_reference(reference: str, *, needs_reference: bool, has_adapters: bool, section: str) -> str:
-    """'none', 'adapters_off', 'precomputed' or 'frozen_copy' for a `<section>.reference` choice and model."""
+    """'none', 'adapters_off', 'precomputed' or 'frozen_copy' for a `<section>.reference` choice and model.
+
+    Where the reference log-probs come from (`dpo.reference`), without a second copy of the weights by default:
+      adapters_off  LoRA/QLoRA: the same model with its adapters switched off (`lora.disable_adapters`) inside the
+                    loss — the frozen base *is* the reference. One model in memory; one extra forward per step.
+      precomputed   one pass of the initial model over every train and held-out pair before training, stored with
+                    the pairs and batched as `ref_logps`; training then holds one model and runs one forward per step.
+      frozen_copy   a second, frozen copy of the initial weights that scores each batch as it is drawn (only when
+                    asked: it doubles weight memory).
+      auto          adapters_off with LoRA, precomputed with full fine-tuning.
+    ORPO and SimPO need no reference; none is computed for them.
+    """
     if not needs_reference:
         return "none"
     if reference == "auto":
@@ -181,7 +179,12 @@ class DPOConfig:
 
 @dataclass(frozen=True)
 class DPOLoss:
-    """`loss_fn(model, batch) -> (loss, metrics)` for stacked preference batches (see the module docstring).
+    """`loss_fn(model, batch) -> (loss, metrics)` for stacked preference batches.
+
+    One forward pass over a stacked [2B, T] batch (chosen rows, then rejected rows) gives each response's summed
+    log-prob; `losses.preference_loss` turns them, with the reference log-probs, into the loss and its metrics
+    (loss, chosen/rejected implicit rewards, reward margin, preference accuracy, chosen/rejected log-probs),
+    averaged over real pairs.
 
     Attributes:
       loss: the `losses.preference_loss` name.

@@ -1,24 +1,8 @@
 """The LM head in the forms XLA:CPU runs fast: a tied head in decode steps, and two steps of the fused head.
 
-**A tied head in decode steps** (`table_on_left`). A decode step multiplies a handful of rows (the batch) by every
-weight matrix once, so its speed is how fast the weights stream from memory. For the projections the modules' own
-[in, out] kernels stream about as fast as an [out, in] copy would, so decoding copies no weight; the exception is
-the tied head, h @ E^T with the table E [vocab, hidden] on the right, which XLA:CPU runs markedly faster as
-E @ h^T with the table on the left. Per-product timings: `python bench/decode_matmul.py`; whole-workload figures:
-`docs/measurements/performance-history.md`.
-
-**The fused head + cross-entropy** (`CPU_FORMS`, for `tempax.ops.fused_head`):
-
-* bfloat16 hidden states: softmax(z) = e / sum(e) from e = exp(z - max) written out once (behind an
-  optimization barrier), instead of a second exp(z - lse) pass. XLA:CPU otherwise sends the fused exp-and-sum over
-  the vocabulary to YNNPACK, which is slower than the whole of this form.
-* dL/dW is summed as [D, V] for either head layout: h^T g reads g [.., V] in its own layout, where g^T h has
-  XLA:CPU transpose every chunk's [C, V] g first; a float32 [V, D] head's gradient is transposed once, after the
-  chunks. A bf16 [V, D] head's is summed as [V, D] from g^T made row-major (`row_major_transpose`): the
-  once-transposed [D, V] sum is read transposed by each of the optimizer's fusions on the tied embedding, at a
-  fraction of the rate of a row-major update.
-
-The measurements behind both: `docs/measurements/performance-history.md` ("bf16 fused head").
+`table_on_left` is the tied head of a decode step with the table on the left; `CpuHeadForms` (`CPU_FORMS`, for
+`tempax.ops.fused_head`) is the fused head's softmax and dL/dW. Each docstring says why its form is faster. The
+measurements behind both: `docs/measurements/performance-history.md` ("bf16 fused head").
 """
 
 from __future__ import annotations
@@ -34,6 +18,13 @@ from tempax.ops.plain import BF16
 def table_on_left(x: jax.Array, weight_out_in: jax.Array) -> jax.Array:
     """x [..., in] @ weight_out_in.T, computed as weight [out, in] @ x.T with the weight on the left.
 
+    A decode step multiplies a handful of rows (the batch) by every weight matrix once, so its speed is how fast
+    the weights stream from memory. For the projections the modules' own [in, out] kernels stream about as fast as
+    an [out, in] copy would, so decoding copies no weight; the exception is the tied head, h @ E^T with the table
+    E [vocab, hidden] on the right, which XLA:CPU runs markedly faster as E @ h^T with the table on the left.
+    Per-product timings: `python bench/decode_matmul.py`; whole-workload figures:
+    `docs/measurements/performance-history.md`.
+
     The optimization barrier keeps XLA from folding the final transpose back into the product, which would
     turn it into the slow [rows, in] x [in, out]^T form again.
     """
@@ -44,7 +35,17 @@ def table_on_left(x: jax.Array, weight_out_in: jax.Array) -> jax.Array:
 
 
 class CpuHeadForms(HeadForms):
-    """The fused head's softmax and dL/dW in the forms XLA:CPU runs fast (module docstring)."""
+    """The fused head's softmax and dL/dW in the forms XLA:CPU runs fast.
+
+    * bfloat16 hidden states: softmax(z) = e / sum(e) from e = exp(z - max) written out once (behind an
+      optimization barrier), instead of a second exp(z - lse) pass. XLA:CPU otherwise sends the fused exp-and-sum over
+      the vocabulary to YNNPACK, which is slower than the whole of this form.
+    * dL/dW is summed as [D, V] for either head layout: h^T g reads g [.., V] in its own layout, where g^T h has
+      XLA:CPU transpose every chunk's [C, V] g first; a float32 [V, D] head's gradient is transposed once, after the
+      chunks. A bf16 [V, D] head's is summed as [V, D] from g^T made row-major (`row_major_transpose`): the
+      once-transposed [D, V] sum is read transposed by each of the optimizer's fusions on the tied embedding, at a
+      fraction of the rate of a row-major update.
+    """
 
     def softmax(self, z: jax.Array, m: jax.Array, dtype: jnp.dtype) -> tuple[jax.Array, jax.Array | None]:
         if dtype != BF16:
