@@ -4,20 +4,8 @@ Compiling the whole constructor as one program (`jax.jit(lambda: nnx.split(Decod
 compile time in proportion to the depth: every weight's random draw is its own piece of the program, and XLA
 optimises and generates code for each of them, on a CPU and on a GPU alike (`docs/measurements/
 performance-history.md`, "Start-up and a 1B shape on a CPU"; `docs/measurements/gpu-h200.md`). `init_decoder`
-compiles three small programs instead and calls the per-layer one once per layer:
-
-    embedding(rngs)      -> embedding weights, rngs advanced
-    layer(rngs)          -> one DecoderLayer's weights, rngs advanced   (compiled once, called num_layers times)
-    head(rngs)           -> final norm (+ untied LM head)
-
-and each layer's weights are written into the decoder's stacked weights in place (a donated update, compiled
-once).
-
-`nnx.Rngs` draws the key `fold_in(key, count)` and increments `count`, in construction order. Passing the
-stream's state (key, count) from one program to the next therefore reproduces the draws of `Decoder.__init__`
-exactly: the weights equal those of the one-program constructor bit for bit, on any mesh. Layers never differ
-in their parameters' shapes, so one compiled layer initialiser serves them all. Each program writes its outputs directly in their shards (`out_shardings`), so no
-weight exists whole on one device, and only one layer's program is ever live.
+compiles three small programs instead and calls the per-layer one once per layer, with weights equal to the
+one-program constructor's bit for bit (it says how).
 """
 
 from __future__ import annotations
@@ -88,7 +76,20 @@ def _stack_writer(abstract_layers: Any, mesh: Mesh | None, rules: Rules | None) 
 
 
 def init_decoder(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rules: Rules | None = None) -> Decoder:
-    """`Decoder(cfg, rngs=nnx.Rngs(seed))` with equal weights, built by three compiled programs (module docstring).
+    """`Decoder(cfg, rngs=nnx.Rngs(seed))` with equal weights, built by three compiled programs:
+
+        embedding(rngs)      -> embedding weights, rngs advanced
+        layer(rngs)          -> one DecoderLayer's weights, rngs advanced   (compiled once, called num_layers times)
+        head(rngs)           -> final norm (+ untied LM head)
+
+    and each layer's weights are written into the decoder's stacked weights in place (a donated update, compiled
+    once).
+
+    `nnx.Rngs` draws the key `fold_in(key, count)` and increments `count`, in construction order. Passing the stream's
+    state (key, count) from one program to the next therefore reproduces the draws of `Decoder.__init__` exactly: the
+    weights equal those of the one-program constructor bit for bit, on any mesh. Layers never differ in their
+    parameters' shapes, so one compiled layer initialiser serves them all. Each program writes its outputs directly in
+    their shards (`out_shardings`), so no weight exists whole on one device, and only one layer's program is ever live.
 
     With `mesh`, every weight is created in the shard its logical axis names map to (replicated on no mesh:
     the default device). Each layer's weights are written into the stacked weights in place.

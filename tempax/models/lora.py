@@ -1,34 +1,9 @@
 """LoRA and QLoRA adapters for the tempax `Decoder`: apply, switch off, merge, save and load (PEFT layout).
 
-LoRA (Hu et al. 2021, arXiv:2106.09685) freezes a linear layer's kernel W [in, out] and learns a low-rank update:
-
-    y = x W + b + (alpha / r) * dropout(x) A B,     A [in, r] random, B [r, out] zeros
-
-so at initialisation the model is exactly the base model. QLoRA (Dettmers et al. 2023, arXiv:2305.14314) stores
-the frozen W in 4-bit NormalFloat (see `tempax.models.quant`) and trains A, B in float32.
-
-`apply_lora` swaps each targeted `nnx.Linear` for a `LoraLinear` at the same module path
-(`layers.3.self_attn.q_proj`), holding the original layer as `base_layer` and the adapters as `lora_a` / `lora_b`
-(`nnx.LoRAParam`, so `lora_filter` selects exactly them for gradients and optimizer state). The model keeps its
-class and call signature, KV cache included. A, B are stored float32; the adapter matmuls run in the layer's
-compute dtype, like the base matmul (PEFT computes them in the adapters' dtype and casts back).
-
-What we do differently from PEFT: A is initialised like PEFT's default (kaiming-uniform with a = sqrt(5), i.e.
-U(-1/sqrt(in), 1/sqrt(in))), but from JAX's random stream, so values differ; dropout follows `model.train()` /
-`model.eval()` (nnx's `deterministic` switch) and is on by default, as nnx.Dropout is.
-
-Why hand-written rather than qwix 0.1.8 (`qwix.LoraProvider` + `weight_qtype="nf4"`) on XLA:CPU with jax 0.10.2
-(the comparison's figures: `docs/measurements/memory.md`, "QLoRA against qwix"):
-  * QLoRA memory: qwix stores NF4 codes as `jnp.uint4`, one byte per code on XLA:CPU, so its quantized
-    projections take (8 + 0.5) / 16 of their bfloat16 bytes; the packed codes here take 4.5 / 16 (4.5 bits per
-    weight).
-  * qwix adapters attach only to a kernel qwix itself quantized (its `find_param` looks for `nnx.Param` or its
-    own `WithAux`), so the packed NF4 base rules out qwix adapters, and keeping one adapter implementation for
-    LoRA and QLoRA keeps disable / merge / save / load written once.
-  * Speed and step memory: no difference beyond noise; both compute x W + ((x A) B) * alpha / r.
-  * From qwix's source: its adapter dropout is always on (`nnx.Dropout(rate, deterministic=False)`, no eval
-    mode), and its adapters take the base parameter dtype, so with float32 parameters and bfloat16 compute it
-    adds a float32 delta to each bfloat16 matmul output, promoting the residual stream to float32.
+`apply_lora` swaps each targeted projection for a `LoraLinear`, which adds a trainable low-rank update to the frozen
+kernel (QLoRA: a base stored in 4-bit NormalFloat, `tempax.models.quant`), so fine-tuning trains and stores only the
+adapters. `LoraLinear` holds the formula, the papers, where it differs from PEFT and why it is hand-written rather
+than built on qwix.
 """
 
 from __future__ import annotations
@@ -135,6 +110,33 @@ class LoraLayerMask(nnx.Variable):
 
 class LoraLinear(nnx.Module):
     """`base_layer(x) + (alpha / r) * dropout(x) @ A @ B`, a drop-in for the `nnx.Linear` it wraps.
+
+    LoRA (Hu et al. 2021, arXiv:2106.09685) freezes a linear layer's kernel W [in, out] and learns a low-rank update:
+
+        y = x W + b + (alpha / r) * dropout(x) A B,     A [in, r] random, B [r, out] zeros
+
+    so at initialisation the model is exactly the base model. QLoRA (Dettmers et al. 2023, arXiv:2305.14314) stores
+    the frozen W in 4-bit NormalFloat (see `tempax.models.quant`) and trains A, B in float32.
+
+    A, B are stored float32; the adapter matmuls run in the layer's compute dtype, like the base matmul (PEFT
+    computes them in the adapters' dtype and casts back).
+
+    What we do differently from PEFT: A is initialised like PEFT's default (kaiming-uniform with a = sqrt(5), i.e.
+    U(-1/sqrt(in), 1/sqrt(in))), but from JAX's random stream, so values differ; dropout follows `model.train()` /
+    `model.eval()` (nnx's `deterministic` switch) and is on by default, as nnx.Dropout is.
+
+    Why hand-written rather than qwix 0.1.8 (`qwix.LoraProvider` + `weight_qtype="nf4"`) on XLA:CPU with jax 0.10.2
+    (the comparison's figures: `docs/measurements/memory.md`, "QLoRA against qwix"):
+      * QLoRA memory: qwix stores NF4 codes as `jnp.uint4`, one byte per code on XLA:CPU, so its quantized
+        projections take (8 + 0.5) / 16 of their bfloat16 bytes; the packed codes here take 4.5 / 16 (4.5 bits per
+        weight).
+      * qwix adapters attach only to a kernel qwix itself quantized (its `find_param` looks for `nnx.Param` or its
+        own `WithAux`), so the packed NF4 base rules out qwix adapters, and keeping one adapter implementation for
+        LoRA and QLoRA keeps disable / merge / save / load written once.
+      * Speed and step memory: no difference beyond noise; both compute x W + ((x A) B) * alpha / r.
+      * From qwix's source: its adapter dropout is always on (`nnx.Dropout(rate, deterministic=False)`, no eval
+        mode), and its adapters take the base parameter dtype, so with float32 parameters and bfloat16 compute it
+        adds a float32 delta to each bfloat16 matmul output, promoting the residual stream to float32.
 
     The decoder stacks its layers, so a projection and its adapters hold one value per layer on a leading axis
     (the decoder's scan hands each layer its own slice).
@@ -306,6 +308,11 @@ def apply_lora(model: Decoder, cfg: LoraConfig, *, rngs: nnx.Rngs) -> Decoder:
     The copy shares the base arrays with `model` (nothing is duplicated); `model` itself is unchanged. With
     `quantize_base`, drop your reference to `model` to free its float kernels. Called like the base model;
     train only the adapters with `wrt=lora_filter`.
+
+    Each targeted `nnx.Linear` becomes a `LoraLinear` at the same module path (`layers.3.self_attn.q_proj`),
+    holding the original layer as `base_layer` and the adapters as `lora_a` / `lora_b` (`nnx.LoRAParam`, so
+    `lora_filter` selects exactly them for gradients and optimizer state). The model keeps its class and call
+    signature, KV cache included.
     """
     if has_adapters(model) or any(isinstance(m, (QuantizedLinear, QuantizedRoutedExperts))
                                   for _, m in nnx.iter_modules(model)):

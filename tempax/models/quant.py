@@ -1,31 +1,9 @@
 """Blockwise weight quantization (4-bit NormalFloat and int8) for QLoRA's frozen base weights.
 
-A linear kernel W [in, out] is cut into blocks of `block_size` consecutive input rows per output column, and each
-block is stored as codes plus one float32 scale s = max|w| over the block (absmax scaling):
-
-    nf4:  w ~= s * NF4[code],      code in 0..15, two codes packed per uint8   (Dettmers et al. 2023, QLoRA)
-    int8: w ~= s / 127 * code,     code in -127..127
-
-NF4 levels are the 16 values of QLoRA Appendix E: quantiles of N(0, 1) rescaled to [-1, 1], with an exact 0, so a
-normally distributed block loses as little as possible. A code is the nearest level to w / s.
-
-Storage per weight: nf4 4 bits + 32 / block_size bits of scale (4.5 bits at block 64, 4.5 / 16 of bfloat16's
-bytes); int8 8.5 bits. The input dimension is zero-padded to a multiple of `block_size` (padding never raises a block's
-absmax) and cut off again when dequantizing.
-
-What we do differently from QLoRA: no second ("double") quantization of the scales (it saves 0.37 bits per
-weight at the price of another lookup per block).
-
-`quantized_matmul` has its own backward pass that recomputes the dequantized kernel from the codes, with
-optimization barriers tying each dequantization to its layer's input (forward) or output gradient (backward),
-so that a compiler need not keep a float copy of every kernel from the forward to the backward pass. XLA:CPU
-removes those barriers before scheduling and dequantizes all kernels up front either way (a 16-layer
-1024 x 1024 stack compiles to the same temp memory with or without them: `docs/measurements/memory.md`, "QLoRA
-against qwix"); whether GPU/TPU keep them is not yet measured.
-
-Why not qwix (`weight_qtype="nf4"`), measured with qwix 0.1.8 on jax 0.10.2 / XLA:CPU: qwix stores NF4 codes as
-`jnp.uint4`, which occupies one byte per element (`on_device_size_in_bytes` of a 1024 x 1024 uint4 array is
-1,048,576), so its NF4 kernels take (8 + 0.5) / 16 of bfloat16's bytes instead of 4.5 / 16.
+`quantize_blockwise` stores each block of a kernel as small codes plus one float32 scale (it holds the formulas,
+the paper, the storage cost and why not qwix); `QuantizedLinear` is the frozen layer that holds them, and
+`quantized_matmul` recomputes the dequantized kernel in the backward pass, so no float copy of the base model
+stays alive from the forward to the backward pass.
 """
 
 from __future__ import annotations
@@ -76,6 +54,26 @@ def _check_block_size(kind: str, block_size: int) -> None:
 def quantize_blockwise(w_io: jax.Array, *, kind: QuantKind, block_size: int = 64) -> tuple[jax.Array, jax.Array]:
     """Quantizes a kernel [in, out] blockwise along `in`.
 
+    A linear kernel W [in, out] is cut into blocks of `block_size` consecutive input rows per output column, and each
+    block is stored as codes plus one float32 scale s = max|w| over the block (absmax scaling):
+
+        nf4:  w ~= s * NF4[code],      code in 0..15, two codes packed per uint8   (Dettmers et al. 2023, QLoRA)
+        int8: w ~= s / 127 * code,     code in -127..127
+
+    NF4 levels are the 16 values of QLoRA Appendix E: quantiles of N(0, 1) rescaled to [-1, 1], with an exact 0, so a
+    normally distributed block loses as little as possible. A code is the nearest level to w / s.
+
+    Storage per weight: nf4 4 bits + 32 / block_size bits of scale (4.5 bits at block 64, 4.5 / 16 of bfloat16's bytes);
+    int8 8.5 bits. The input dimension is zero-padded to a multiple of `block_size` (padding never raises a block's
+    absmax) and cut off again when dequantizing.
+
+    What we do differently from QLoRA: no second ("double") quantization of the scales (it saves 0.37 bits per
+    weight at the price of another lookup per block).
+
+    Why not qwix (`weight_qtype="nf4"`), measured with qwix 0.1.8 on jax 0.10.2 / XLA:CPU: qwix stores NF4 codes as
+    `jnp.uint4`, which occupies one byte per element (`on_device_size_in_bytes` of a 1024 x 1024 uint4 array is
+    1,048,576), so its NF4 kernels take (8 + 0.5) / 16 of bfloat16's bytes instead of 4.5 / 16.
+
     Returns:
       codes: nf4: uint8 [in_padded / 2, out], row 2i in the low nibble and row 2i + 1 in the high nibble;
         int8: int8 [in_padded, out].
@@ -122,6 +120,13 @@ def quantized_matmul(
     Only the input gradient is defined (quantized weights are frozen). A plain `x @ dequantize(...)` would make
     autodiff keep every dequantized kernel alive from the forward to the backward pass, i.e. a float copy of
     the base model, which is the memory QLoRA exists to avoid.
+
+    It has its own backward pass that recomputes the dequantized kernel from the codes, with optimization barriers tying
+    each dequantization to its layer's input (forward) or output gradient (backward), so that a compiler need not keep a
+    float copy of every kernel from the forward to the backward pass. XLA:CPU removes those barriers before scheduling
+    and dequantizes all kernels up front either way (a 16-layer 1024 x 1024 stack compiles to the same temp memory with
+    or without them: `docs/measurements/memory.md`, "QLoRA against qwix"); whether GPU/TPU keep them is not yet
+    measured.
     """
     # Tying the codes to x keeps XLA from dequantizing every layer's kernel up front (they depend only on
     # parameters, so a scheduler may hoist them all), which would hold a float copy of the whole base at once.

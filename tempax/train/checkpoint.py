@@ -1,42 +1,8 @@
 """Orbax checkpoints of a training run: everything needed to continue it exactly.
 
-Layout (`<run_dir>/checkpoints/<step>/`, one folder per saved step; Orbax writes each into a temporary folder and
-renames it when complete, so a killed run never leaves a half-written checkpoint that looks valid):
-
-    params/     the trainable arrays, keyed like the model ("layers.mlp.up_proj.kernel", one array for every layer):
-                every weight for full fine-tuning, only the adapters for LoRA/QLoRA (the base comes from the model
-                source). A checkpoint written before the decoder stacked its layers keys each layer on its own
-                ("layers.0.mlp.up_proj.kernel"); `restore` and `restore_params` read it and stack (`legacy_layers`).
-    opt_state/  the optimizer state's leaves, keyed "000000", "000001"... in `jax.tree.leaves` order (optax
-                states are namedtuples; leaf order is stable for one optimizer config)
-    train/      step, rng key data, bad_step
-    data/       the data loader's `state()` (JSON), so batches continue where they stopped
-    meta/       JSON: which parameters are trainable ("full" or "adapters") and the parameter keys
-
-Only the last `keep` checkpoints stay. Saving is asynchronous when `async_save` is on: arrays are copied to the
-host before `save` returns (the next step may donate them), and files are written in the background.
-
-Integrity: once Orbax has finished a checkpoint, the size and the CRC-32 of each of its files are recorded in
-`<step>/tempax_files.json` (Orbax 0.12's OCDBT stores keep no content checksums: a truncated data file is found only
-by TensorStore mid-read, and a flipped byte that keeps the size not at all). The record is computed in a background
-thread from the finished files (zlib's CRC-32 runs at well over a GB/s and releases the GIL), so saving is not slowed;
-`wait()` waits for it. Before anything is read, `verify(step)` checks the folder with Orbax's own records (the step
-is finalized, `_CHECKPOINT_METADATA` and every item's metadata file parse, the saved array shapes and keys match the
-model about to receive them) and against that record: every file present, of its size, with its checksum. A
-checkpoint without checksums (an older tempax's, or one whose record the kill came before) is read in full before it
-is trusted, with one line saying so, and its record is then written. A failure while reading the arrays (a truncated
-or missing data file: TensorStore's OUT_OF_RANGE / NOT_FOUND) becomes a `DamagedCheckpoint` naming the file.
-`restore_newest_intact` walks the steps newest first, says in one line which step it skipped and why, moves that
-folder to `<run_dir>/damaged_checkpoints/` (so the run can write that step again) and restores the newest intact
-one. A checkpoint of another shape is not damage: it raises `CheckpointMismatch` with the way out, before
-TensorStore is asked for a single byte.
-
-A save that fails (a full disk, a file-size limit, an I/O error; in Orbax's background threads or in `save`
-itself) commits nothing: Orbax renames a step's folder into place only when every file is written, so the previous
-checkpoint stays the newest intact one, and the half-written temporary folder is removed here to give the space
-back. The failure becomes one `CheckpointSaveFailed` (exit status 4) saying which file, why, how much the save
-needed and how much was free, and what to do; Orbax's own error logs and tracebacks of that failure (its threads,
-asyncio's "Task exception was never retrieved" and "Event loop is closed") are kept from the console.
+One folder per saved step under `<run_dir>/checkpoints`; `Checkpointer` says what each holds, how its files are
+recorded and checked so that damage is found before anything is read, and `Checkpointer.save` what a failed save
+leaves behind.
 """
 
 from __future__ import annotations
@@ -182,7 +148,39 @@ def _leaves_dict(tree: Any) -> dict[str, Any]:
 
 
 class Checkpointer:
-    """Saves and restores `TrainState`s (plus data position) under `<run_dir>/checkpoints`."""
+    """Saves and restores `TrainState`s (plus data position) under `<run_dir>/checkpoints`.
+
+    Layout (`<run_dir>/checkpoints/<step>/`, one folder per saved step; Orbax writes each into a temporary folder and
+    renames it when complete, so a killed run never leaves a half-written checkpoint that looks valid):
+
+        params/     the trainable arrays, keyed like the model ("layers.mlp.up_proj.kernel", one array for every layer):
+                    every weight for full fine-tuning, only the adapters for LoRA/QLoRA (the base comes from the model
+                    source). A checkpoint written before the decoder stacked its layers keys each layer on its own
+                    ("layers.0.mlp.up_proj.kernel"); `restore` and `restore_params` read it and stack (`legacy_layers`).
+        opt_state/  the optimizer state's leaves, keyed "000000", "000001"... in `jax.tree.leaves` order (optax
+                    states are namedtuples; leaf order is stable for one optimizer config)
+        train/      step, rng key data, bad_step
+        data/       the data loader's `state()` (JSON), so batches continue where they stopped
+        meta/       JSON: which parameters are trainable ("full" or "adapters") and the parameter keys
+
+    Only the last `keep` checkpoints stay. Saving is asynchronous when `async_save` is on: arrays are copied to the
+    host before `save` returns (the next step may donate them), and files are written in the background.
+
+    Integrity: once Orbax has finished a checkpoint, the size and the CRC-32 of each of its files are recorded in
+    `<step>/tempax_files.json` (Orbax 0.12's OCDBT stores keep no content checksums: a truncated data file is found only
+    by TensorStore mid-read, and a flipped byte that keeps the size not at all). The record is computed in a background
+    thread from the finished files (zlib's CRC-32 runs at well over a GB/s and releases the GIL), so saving is not
+    slowed; `wait()` waits for it. Before anything is read, `verify(step)` checks the folder with Orbax's own records
+    (the step is finalized, `_CHECKPOINT_METADATA` and every item's metadata file parse, the saved array shapes and keys
+    match the model about to receive them) and against that record: every file present, of its size, with its checksum.
+    A checkpoint without checksums (an older tempax's, or one whose record the kill came before) is read in full before
+    it is trusted, with one line saying so, and its record is then written. A failure while reading the arrays (a
+    truncated or missing data file: TensorStore's OUT_OF_RANGE / NOT_FOUND) becomes a `DamagedCheckpoint` naming the
+    file. `restore_newest_intact` walks the steps newest first, says in one line which step it skipped and why, moves
+    that folder to `<run_dir>/damaged_checkpoints/` (so the run can write that step again) and restores the newest
+    intact one. A checkpoint of another shape is not damage: it raises `CheckpointMismatch` with the way out, before
+    TensorStore is asked for a single byte.
+    """
 
     def __init__(self, directory: str | os.PathLike, *, keep: int = 2, async_save: bool = True,
                  read_only: bool = False):
@@ -257,7 +255,7 @@ class Checkpointer:
             _compare_shapes(step, folder, item, saved, target[item])
 
     def has_checksums(self, step: int) -> bool:
-        """True when checkpoint `step` has a file record with content checksums (see the module docstring)."""
+        """True when checkpoint `step` has a file record with content checksums (the class docstring)."""
         record = os.path.join(self.path(step), FILES_RECORD)
         try:
             return bool(_read_json(record).get("crc32"))
@@ -363,7 +361,16 @@ class Checkpointer:
     # -- save / restore -----------------------------------------------------------------------------------------
     def save(self, state: TrainState, *, data_state: dict[str, Any] | None = None,
              meta: dict[str, Any] | None = None) -> int:
-        """Starts writing `state` as checkpoint `state.step`; returns the step. Refuses a non-finite state."""
+        """Starts writing `state` as checkpoint `state.step`; returns the step. Refuses a non-finite state.
+
+        A save that fails (a full disk, a file-size limit, an I/O error; in Orbax's background threads or in `save`
+        itself) commits nothing: Orbax renames a step's folder into place only when every file is written, so the
+        previous checkpoint stays the newest intact one, and the half-written temporary folder is removed here to give
+        the space back. The failure becomes one `CheckpointSaveFailed` (exit status 4) saying which file, why, how much
+        the save needed and how much was free, and what to do; Orbax's own error logs and tracebacks of that failure
+        (its threads, asyncio's "Task exception was never retrieved" and "Event loop is closed") are kept from the
+        console.
+        """
         step, bad = (int(x) for x in jax.device_get((state.step, state.bad_step)))
         if bad >= 0:
             raise CheckpointError(f"refusing to save a checkpoint at step {step}: step {bad} was not finite")
