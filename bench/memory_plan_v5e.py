@@ -20,8 +20,10 @@ import sys
 import time
 
 # Before JAX loads: the TPU runtime must not look for a chip or a cloud metadata server, and JAX runs on the CPU.
+# Compiling opens no chip, so the runtime's one-process lock (a file a finished run may leave behind) is skipped.
 for key, value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_ACCELERATOR_TYPE", "v5litepod-1"),
-                   ("TPU_WORKER_HOSTNAMES", "localhost"), ("JAX_PLATFORMS", "cpu")):
+                   ("TPU_WORKER_HOSTNAMES", "localhost"), ("JAX_PLATFORMS", "cpu"),
+                   ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")):
     os.environ.setdefault(key, value)
 
 HERE = os.path.dirname(os.path.abspath(__file__))

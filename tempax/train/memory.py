@@ -6,8 +6,8 @@ L layers, V vocabulary):
 
     weights       the float32 master P_t * 4 + the frozen weights at their storage bytes (4, 2, or ~0.56 for NF4
                   QLoRA) + frozen arrays of other models (a distillation teacher), divided over the
-                  parameter-sharding axes (fsdp x tensor). With the master in host memory it still counts on an
-                  accelerator: XLA brings it in whole for the cast to the compute copy (see below)
+                  parameter-sharding axes (fsdp x tensor). With the master in host memory it is not on the device: it
+                  streams through in pieces, for the cast to the compute copy and for the update (see below)
     compute copy  the weights the forward pass reads in bf16, P_t * 2: with the master on the host, the device
                   copy (P_t * 4 under fp32); on an accelerator under bf16 also with the master on the device, where
                   XLA casts each float32 weight whole before the layer loop and keeps the copy for the backward pass
@@ -15,10 +15,10 @@ L layers, V vocabulary):
                   than one micro-batch
     optimizer     on the device: Adam's 2 moments P_t * 8 (float32) or P_t * 4 (bf16_moments, plus the largest
                   parameter's moments in float32 while its update computes them), SGD with momentum half of that;
-                  offloaded: the state of the largest parameter while it streams through (its moments, and its
-                  master with the master on the host), twice on an accelerator: XLA schedules the transfers itself
-                  and drops the barriers that order them, so one parameter's new state going back overlaps the next
-                  one's coming in
+                  offloaded: the state of the largest piece while it streams through (its moments, and its
+                  master with the master on the host; `largest_piece`: one layer of a stacked weight, a block of
+                  rows of the embedding), twice on an accelerator: one piece's new state going back overlaps the
+                  next one's coming in
     activations   what autodiff keeps for the backward pass, traced, not guessed: the residuals of the model's
                   forward pass (`residual_bytes`: jax.vjp under `jax.eval_shape`, with this remat and precision, on
                   this backend's ops; of the trained model as built, adapters and all, when the plan has its
@@ -208,16 +208,16 @@ def plan_memory(p: PlanInputs, capacity: int | None = None) -> MemoryPlan:
     master_on_host = p.memory == "offload_optimizer_and_master"
     compute_bytes = 2 if p.precision == "bf16" else 4
 
-    # Where the device has its own memory (an accelerator), XLA schedules the transfers between host and device
-    # memory itself and drops the optimization barriers that `tempax.train.offload` orders them with: the master
-    # weights all come in at once (in float32, before their cast), and one parameter's new state going back
-    # overlaps the next one's coming in. Under bf16 XLA casts each float32 weight whole before the layer loop and
-    # keeps that copy through the backward pass. (A v5e's compiled step: `bench/memory_plan_v5e.py`.)
+    # Where the device has its own memory (an accelerator), the offloaded state streams through it in pieces
+    # (`tempax.train.offload.stream_pieces`), one piece's new state going back while the next one's comes in;
+    # the master never comes in whole. Under bf16 with the master on the device XLA casts each float32 weight
+    # whole before the layer loop and keeps that copy through the backward pass. (A v5e's compiled step:
+    # `bench/memory_plan_v5e.py`.)
     accelerator = p.host_is_separate
     in_flight = 2 if accelerator else 1
     frozen_weights = frozen * frozen_bytes + p.extra_frozen_bytes
     master = trainable * 4
-    weights = (frozen_weights + (0 if master_on_host and not accelerator else master)) / shard
+    weights = (frozen_weights + (0 if master_on_host else master)) / shard
     compute_copy = trainable * 2 / shard if p.precision == "bf16" and accelerator else 0
     if master_on_host:
         compute_copy = trainable * compute_bytes / shard
@@ -225,7 +225,8 @@ def plan_memory(p: PlanInputs, capacity: int | None = None) -> MemoryPlan:
     grads = trainable * grad_bytes / shard + (trainable * 4 / shard if p.num_micro_batches > 1 else 0)
     state = trainable * moments * moment_bytes / shard
     largest = largest_param(cfg) if trainable == total_params else trainable
-    streaming = min(largest, trainable) / shard * (moments * moment_bytes + (4 if master_on_host else 0)) * in_flight
+    piece = largest_piece(cfg) if trainable == total_params else trainable
+    streaming = min(piece, trainable) / shard * (moments * moment_bytes + (4 if master_on_host else 0)) * in_flight
     optimizer = streaming if optimizer_on_host else state
     if p.memory == "bf16_moments":  # the largest parameter's moments in float32 while its update computes them
         optimizer += min(largest, trainable) / shard * moments * 4
@@ -413,6 +414,19 @@ def largest_param(cfg: ModelConfig) -> int:
 
     model = _outside_any_mesh(abstract_model, cfg)
     return max(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def largest_piece(cfg: ModelConfig) -> int:
+    """Elements of the largest piece of a parameter of `cfg`'s decoder that an offloaded update brings to the
+    device at once (`tempax.train.offload.stream_pieces`: one layer of a stacked weight, a block of rows)."""
+    import jax
+    from flax import nnx
+
+    from tempax.models.weights import abstract_model
+    from tempax.train.offload import stream_pieces
+
+    model = _outside_any_mesh(abstract_model, cfg)
+    return max(math.prod(v.shape) // stream_pieces(v.shape) for v in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 def device_capacity(devices: Iterable[Any] | None = None) -> int | None:

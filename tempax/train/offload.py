@@ -16,13 +16,16 @@ step itself, with `jax.device_put` to a sharding of the other kind, which XLA co
                                    moments (ZeRO-Offload's split of the state, Ren et al. 2021, with the update
                                    on the accelerator rather than the host's CPU).
 
-The traced program orders the transfers: parameter i + 1's state goes in after parameter i's new state, through
-an optimization barrier. XLA's TPU compiler does not keep that order: it drops the barriers when it schedules
-the transfers between host and device memory (a v5e's compiled step), so the masters come in together, the
-first parameter's moments may come in during the backward pass, and one parameter's new state going back
-overlaps the next one's coming in. What stays true is that a parameter is a whole array: a stacked layer weight
-([layers, ...]) streams as one, so the device holds at least twice the state of the largest one (what
-`tempax.train.memory` plans) beside the weights, their bf16 copy and the gradients. An optimizer applied
+The update streams in pieces (`stream_pieces`): a parameter of at most `PIECE_ELEMENTS` elements comes in
+whole, a larger one in blocks of rows along its leading axis, one layer at a time for a weight stacked on the
+"layers" axis, in the fewest blocks that divide it within the bound for a matrix (the embedding). The blocks of
+one parameter go through a loop (`jax.lax.scan`) whose carry holds the whole state: iteration i brings block i of
+the state (and master) in, updates it and sends it back into the carry, so block i + 1 comes in only after block
+i has gone back; XLA reorders straight-line code (it drops the optimization barriers that chain one parameter
+after the next when it schedules the transfers) but does not hoist a transfer out of a loop's iteration. The
+device copy of a host-resident master is made the same way, block by block into a buffer of the compute dtype.
+So beside the weights the forward pass reads and their gradients, the device holds about two pieces' state at
+once (one going back while the next comes in: what `tempax.train.memory` plans). An optimizer applied
 to a part of the parameters with the matching part of its state is exact because the optimizer after clipping is
 elementwise (`tempax.train.optim.optimizer_parts`); clipping by the norm of all gradients comes first, on the
 device, where the gradients are.
@@ -33,6 +36,7 @@ gives the same numbers on a CPU; there it saves nothing, and `train.memory=auto`
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +162,8 @@ class StreamedUpdate:
 
     def device_params(self, params: Params) -> Params:
         """Inside jit: the weights the forward pass reads, on the device. With the master on the host, each one is
-        brought in (after the previous one) and cast to the compute dtype; otherwise `params` itself."""
+        brought in (after the previous one) and cast to the compute dtype, a large one piece by piece
+        (`stream_pieces`); otherwise `params` itself."""
         if not self.placement.master_on_host:
             return params
         dtype = self.placement.compute_dtype
@@ -167,15 +172,27 @@ class StreamedUpdate:
         for key, host in params.items():
             if done is not None:
                 done, host = jax.lax.optimization_barrier((done, host))
-            value = jax.device_put(host, self.param_device[key])
-            if dtype is not None and jnp.issubdtype(value.dtype, jnp.floating):
-                value = value.astype(dtype)
+            device = self.param_device[key]
+            cast = dtype if dtype is not None and jnp.issubdtype(host.dtype, jnp.floating) else host.dtype
+            count = stream_pieces(host.shape, device.spec)
+            if count == 1:
+                value = jax.device_put(host, device).astype(cast)
+            else:
+                rows = host.shape[0] // count
+
+                def bring(buffer: jax.Array, i: jax.Array, host=host, device=device, cast=cast, rows=rows):
+                    piece = jax.device_put(jax.lax.dynamic_slice_in_dim(host, i * rows, rows), device).astype(cast)
+                    return jax.lax.dynamic_update_slice_in_dim(buffer, piece, i * rows, 0), None
+
+                empty = jax.lax.with_sharding_constraint(jnp.zeros(host.shape, cast), device)
+                value, _ = jax.lax.scan(bring, empty, jnp.arange(count))
             out[key] = done = value
         return out
 
     def apply(self, grads: Params, opt_state: Any, params: Params, ok: jax.Array) -> tuple[Params, Any]:
-        """Inside jit: (new params, new optimizer state), one parameter at a time, each new value kept only when
-        `ok` (a finite step), as the device-resident step keeps them."""
+        """Inside jit: (new params, new optimizer state), one parameter at a time and a large parameter piece by
+        piece (`stream_pieces`), each new value kept only when `ok` (a finite step), as the device-resident step
+        keeps them."""
         if self.clip is not None:
             grads, _ = self.clip.update(grads, self.clip.init(grads))  # stateless: the norm of all gradients
             clip_state, inner = opt_state
@@ -184,7 +201,6 @@ class StreamedUpdate:
         keys = frozenset(params)
         inner_device = self.opt_device[1] if self.clip is not None else self.opt_device
         inner_host = self.opt_host[1] if self.clip is not None else self.opt_host
-        master_device = self.placement.master_on_host
         new_params: Params = {}
         new_states: list[Any] = []
         done = None
@@ -193,17 +209,108 @@ class StreamedUpdate:
             incoming = (select_params(inner, names, keys), params[key])
             if done is not None:  # parameter i + 1 comes in once parameter i's state has gone back
                 done, incoming = jax.lax.optimization_barrier((done, incoming))
-            state = jax.device_put(incoming[0], select_params(inner_device, names, keys))
-            master = jax.device_put(incoming[1], self.param_device[key]) if master_device else incoming[1]
-            updates, new_state = self.update.update({key: grads[key]}, state, {key: master})
-            new_master = optax.apply_updates({key: master}, updates)[key]
-            new_master = jnp.where(ok, new_master, master)
-            new_state = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new_state, state)
-            new_state = jax.device_put(new_state, select_params(inner_host, names, keys))
-            if master_device:
-                new_master = jax.device_put(new_master, self.param_device[key].with_memory_kind(HOST))
+            shardings = (select_params(inner_device, names, keys), select_params(inner_host, names, keys))
+            count = stream_pieces(params[key].shape, self.param_device[key].spec)
+            if count == 1:
+                new_master, new_state = self._update_piece(key, grads[key], *incoming, shardings, ok)
+            else:
+                new_master, new_state = self._update_in_pieces(key, grads[key], *incoming, shardings, ok, count)
             new_params[key] = new_master
             new_states.append(new_state)
-            done = (new_master, new_state) if master_device else new_state
+            done = (new_master, new_state) if self.placement.master_on_host else new_state
         merged = merge_params(new_states, keys)
         return new_params, (merged if self.clip is None else (clip_state, merged))
+
+    def _update_piece(self, key: str, grad: jax.Array, state: Any, master: jax.Array, shardings: tuple[Any, Any],
+                      ok: jax.Array) -> tuple[jax.Array, Any]:
+        """(new master, new state) of parameter `key` (or of rows of it: `grad`, `state`'s arrays and `master` cut
+        alike), brought to the device, updated and, where they live on the host, sent back."""
+        device, host = shardings
+        master_on_host = self.placement.master_on_host
+        state = jax.device_put(state, device)
+        master = jax.device_put(master, self.param_device[key]) if master_on_host else master
+        updates, new_state = self.update.update({key: grad}, state, {key: master})
+        new_master = optax.apply_updates({key: master}, updates)[key]
+        new_master = jnp.where(ok, new_master, master)
+        new_state = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new_state, state)
+        new_state = jax.device_put(new_state, host)
+        if master_on_host:
+            new_master = jax.device_put(new_master, self.param_device[key].with_memory_kind(HOST))
+        return new_master, new_state
+
+    def _update_in_pieces(self, key: str, grad: jax.Array, state: Any, master: jax.Array,
+                          shardings: tuple[Any, Any], ok: jax.Array, count: int) -> tuple[jax.Array, Any]:
+        """`_update_piece` over `count` equal blocks of rows (leading axis) in turn, in a loop: iteration i reads
+        block i of the state and master the loop carries and writes its new values there, so block i + 1 comes
+        in only after block i has gone back (a loop's iterations run in order; XLA does not hoist a transfer out
+        of one as it reorders straight-line code). Exact: the update is elementwise, and a block keeps every
+        axis (a stacked norm weight's block is still a matrix to the weight-decay mask). The update counts are
+        the same in every block (each block starts from the step's old count); the loop returns the first's."""
+        keys = frozenset((key,))
+        rows = master.shape[0] // count
+
+        def body(carry: tuple[Any, jax.Array], i: jax.Array) -> tuple[tuple[Any, jax.Array], Any]:
+            state_all, master_all = carry
+            cut = lambda x: jax.lax.dynamic_slice_in_dim(x, i * rows, rows)  # noqa: E731
+            new_master, new_state = self._update_piece(key, cut(grad), _map_params(cut, state_all, keys),
+                                                       cut(master_all), shardings, ok)
+            put = lambda whole, part: jax.lax.dynamic_update_slice_in_dim(whole, part, i * rows, 0)  # noqa: E731
+            state_all = _zip_params(put, state_all, new_state, keys)
+            return (state_all, put(master_all, new_master)), _without_params(new_state, keys)
+
+        (state, master), counts = jax.lax.scan(body, (state, master), jnp.arange(count))
+        return master, _with_params(state, jax.tree.map(lambda c: c[0], counts), keys)
+
+
+# The most elements of one parameter the update brings to the device at once: 2^24 float32 elements are 64 MiB an
+# array (one layer of the Llama-3.2-1B shape's MLP kernel; with Adam's moments and the master, 192 MiB).
+PIECE_ELEMENTS = 2**24
+
+
+def stream_pieces(shape: tuple[int, ...], spec: Any = ()) -> int:
+    """How many blocks of rows (leading axis) a parameter of `shape` streams through the device in: the fewest that
+    divide its leading axis into blocks of at most `PIECE_ELEMENTS` elements, else one row each (one layer of a
+    weight stacked on the "layers" axis). 1 (whole) for a scalar, a parameter that small, or one whose leading
+    axis is split over devices (`spec`, its PartitionSpec): cutting that axis would move data between devices."""
+    if not shape or (len(spec) and spec[0] is not None):
+        return 1
+    size = math.prod(shape)
+    for count in range(1, shape[0] + 1):
+        if shape[0] % count == 0 and size // count <= PIECE_ELEMENTS:
+            return count
+    return shape[0]
+
+
+def _zip_params(fn: Any, tree: Any, other: Any, keys: frozenset[str]) -> Any:
+    """`tree` with every array in a dict keyed by parameter names (`select_params`) replaced by `fn(array, the
+    array at the same place in other)`; everything else (update counts) kept from `tree`."""
+    if _is_param_dict(tree, keys):
+        return {n: jax.tree.map(fn, tree[n], other[n]) for n in tree}
+    if isinstance(tree, tuple):
+        items = [_zip_params(fn, t, o, keys) for t, o in zip(tree, other)]
+        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
+    return tree
+
+
+def _map_params(fn: Any, tree: Any, keys: frozenset[str]) -> Any:
+    return _zip_params(lambda x, _: fn(x), tree, tree, keys)
+
+
+def _without_params(tree: Any, keys: frozenset[str]) -> Any:
+    """`tree` with its parameter dicts emptied: what is left are the leaves outside them (update counts)."""
+    if _is_param_dict(tree, keys):
+        return {}
+    if isinstance(tree, tuple):
+        items = [_without_params(t, keys) for t in tree]
+        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
+    return tree
+
+
+def _with_params(params_from: Any, rest_from: Any, keys: frozenset[str]) -> Any:
+    """Inverse of `_without_params`: the parameter dicts of `params_from`, the other leaves of `rest_from`."""
+    if _is_param_dict(params_from, keys):
+        return params_from
+    if isinstance(params_from, tuple):
+        items = [_with_params(p, r, keys) for p, r in zip(params_from, rest_from)]
+        return type(params_from)(*items) if hasattr(params_from, "_fields") else type(params_from)(items)
+    return rest_from

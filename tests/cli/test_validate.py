@@ -107,9 +107,11 @@ def test_a_recipe_without_data_is_refused_naming_the_key(tmp_path, capsys):
 def test_memory_gib_prints_the_plan_for_that_device_and_how_it_fits(tmp_path, capsys):
     """A full fine-tune of the Llama-3.2-1B shape at 8 x 1024 tokens (bf16, remat full), sized with a TPU's ops
     without loading a weight. On a 24 GiB device float32 moments on the device do not fit, so train.memory=auto
-    settles on a setting that does and says so (exit 0). On a 15.75 GiB chip no setting fits (compiled for a v5e,
-    offloading the optimizer needs ~20.3 GiB, the master too ~16.1 GiB: bench/memory_plan_v5e.py), so the plan
-    refuses it and names LoRA (exit 2, as a run would refuse it)."""
+    settles on a setting that does and says so (exit 0). On a 15.75 GiB chip it fits with the state in host
+    memory, streamed through the device one layer at a time: this recipe's loss holds whole rows of logits, so
+    auto offloads the master too; the shape recipe's chunked loss leaves room with the optimizer's state alone
+    offloaded (compiled for a v5e: 14.7 GiB, bench/memory_plan_v5e.py). On 6 GiB nothing fits and the plan names
+    QLoRA (exit 2, as a run would refuse it)."""
     recipe = _sft_recipe(tmp_path, "preset:llama3.2-1b")
     over = ["train.batch_size=8", "train.seq_len=1024", "train.precision=bf16", "train.remat=full"]
     assert main(["validate", recipe, *over, "--memory-gib", "24", "--backend", "tpu"]) == 0
@@ -117,10 +119,19 @@ def test_memory_gib_prints_the_plan_for_that_device_and_how_it_fits(tmp_path, ca
     assert out[1].startswith("memory plan for a device of 24.00 GiB (tpu ops; micro-batch 8 x 1024 tokens")
     assert out[2].strip().startswith("train.memory=auto chose ")
     assert out[4].strip().startswith("fits: ~")
-    assert main(["validate", recipe, *over, "--memory-gib", "15.75", "--backend", "tpu"]) == 2
+    assert main(["validate", recipe, *over, "--memory-gib", "15.75", "--backend", "tpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].strip().startswith("train.memory=auto chose offload_optimizer_and_master: ")
+    assert out[4].strip().startswith("fits: ~")
+    shape = os.path.join(ROOT, "recipes", "sft_shape_llama3.2-1b_lora.yaml")
+    assert main(["validate", shape, "lora=null", *over, "--memory-gib", "15.75", "--backend", "tpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].strip().startswith("train.memory=auto chose offload_optimizer: ")
+    assert out[4].strip().startswith("fits: ~")
+    assert main(["validate", recipe, *over, "--memory-gib", "6", "--backend", "tpu"]) == 2
     out = capsys.readouterr().out.splitlines()
     assert out[2].strip().startswith("train.memory=auto: no setting fits at micro-batch 8 and remat full")
-    assert out[4].strip().startswith("does not fit; it would fit with: LoRA")
+    assert out[4].strip().startswith("does not fit; it would fit with: QLoRA")
     assert not os.path.exists(tmp_path / "run")
 
 

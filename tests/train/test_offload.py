@@ -14,7 +14,8 @@ from tempax.algorithms.sft.main import make_sft_loss
 from tempax.train.checkpoint import Checkpointer
 from tempax.train.config import CheckpointConfig, OptimizerConfig
 from tempax.train.loop import Trainer
-from tempax.train.offload import merge_params, select_params
+from tempax.train import offload
+from tempax.train.offload import merge_params, select_params, stream_pieces
 from tests.kit.models import tiny_tempax_model
 from tests.train.helpers import random_batch, tiny_train_config
 
@@ -64,6 +65,52 @@ def test_offloaded_state_lives_in_host_memory_and_trains_as_on_the_device(tmp_pa
         assert_allclose(got[key], want[key], atol=1e-6, err_msg=key)
     held_out = [random_batch(8, 16, vocab=128, seed=9)]
     assert offloaded.evaluate(held_out)["loss"] == pytest.approx(device.evaluate(held_out)["loss"], rel=1e-6)
+
+
+def test_a_parameter_streams_in_blocks_of_rows_of_bounded_size():
+    """A weight stacked on the layers axis streams one layer at a time when a layer is the most the device takes
+    at once, a matrix in the fewest blocks of rows that divide it within the bound, a small or device-split one
+    whole (the Llama-3.2-1B shape at the default bound of 2^24 elements: its MLP kernels per layer, its
+    embedding in 16 blocks of 8016 rows)."""
+    assert stream_pieces((16, 2048, 8192)) == 16
+    assert stream_pieces((16, 8192, 2048)) == 16
+    assert stream_pieces((128256, 2048)) == 16 and 128256 // 16 * 2048 <= 2**24 < 128256 // 8 * 2048
+    assert stream_pieces((16, 2048)) == 1 and stream_pieces((2048,)) == 1 and stream_pieces(()) == 1
+    assert stream_pieces((16, 2048, 8192), ("fsdp", None, None)) == 1
+    assert stream_pieces((16, 2048, 8192), (None, "fsdp", None)) == 16
+
+
+@pytest.mark.parametrize("memory", ["offload_optimizer", "offload_optimizer_and_master"])
+def test_a_stacked_model_streamed_in_pieces_trains_as_on_the_device(tmp_path, monkeypatch, memory):
+    """With a bound of 2048 elements a piece, the 4 layers' stacked kernels ([4, 64, 96]) stream one layer at a
+    time, the embedding and the head in 4 blocks of rows, the norms whole; AdamW with weight decay (a mask by
+    ndim, which a block keeps) and clipping gives, over three steps, the weights and moments of the update on the
+    device, and the update count of one step per step."""
+    monkeypatch.setattr(offload, "PIECE_ELEMENTS", 2048)
+    opt = OptimizerConfig(learning_rate=1e-2, schedule="constant", weight_decay=0.1, grad_clip_norm=0.5)
+
+    def run(memory: str) -> Trainer:
+        trainer = Trainer(tiny_tempax_model("llama", num_layers=4), make_sft_loss(),
+                          tiny_train_config(tmp_path / memory, memory=memory, optimizer=opt))
+        for batch in BATCHES:
+            trainer.train_step(batch)
+        return trainer
+
+    shapes = {k: v.shape for k, v in run("device").state.params.items()}
+    assert stream_pieces(shapes["layers.mlp.up_proj.kernel"]) == 4
+    assert stream_pieces(shapes["embed_tokens.embedding"]) == 4 == stream_pieces(shapes["lm_head.kernel"])
+    assert stream_pieces(shapes["layers.input_layernorm.weight"]) == 1
+    device, streamed = run("device"), run(memory)
+    want, got = jax.device_get(device.params), jax.device_get(streamed.params)
+    for key in want:
+        assert_allclose(got[key], want[key], atol=1e-6, err_msg=key)
+    want_adam, got_adam = jax.device_get(device.state.opt_state[1][0]), jax.device_get(streamed.state.opt_state[1][0])
+    assert int(got_adam.count) == int(want_adam.count) == 3
+    for key in want:
+        assert_allclose(got_adam.mu[key], want_adam.mu[key], atol=1e-7, err_msg=key)
+        assert_allclose(got_adam.nu[key], want_adam.nu[key], atol=1e-9, err_msg=key)
+    jaxpr = str(jax.make_jaxpr(streamed._step)(streamed.state, streamed.rest, streamed.put_batch(BATCHES[0])))
+    assert jaxpr.count("scan[") >= 4  # the stacked kernels' loops, and the embedding's and head's
 
 
 def test_the_update_brings_in_one_parameter_after_another(tmp_path):
