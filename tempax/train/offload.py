@@ -262,8 +262,9 @@ class StreamedUpdate:
         return master, _with_params(state, jax.tree.map(lambda c: c[0], counts), keys)
 
 
-# The most elements of one parameter the update brings to the device at once: 2^24 float32 elements are 64 MiB an
-# array (one layer of the Llama-3.2-1B shape's MLP kernel; with Adam's moments and the master, 192 MiB).
+# The most elements of one parameter the update brings to the device at once: 2^24 elements, one layer of the
+# Llama-3.2-1B shape's MLP kernel, so that a stacked weight streams one layer at a time (in float32, that piece
+# and Adam's two moments and the master are four arrays of 2^26 bytes each).
 PIECE_ELEMENTS = 2**24
 
 
