@@ -17,7 +17,7 @@ from tempax.experiments.budget import BUDGET_CLOCKS
 from tempax.experiments.demo import DEFAULT_MODEL, DemoConfig, main
 
 
-# On a TPU or GPU the demo's CPU sizes take about a minute and score 48 problems, too few for an interval that
+# On a TPU or GPU the demo's CPU sizes leave the chip idle and score 48 problems, too few for an interval that
 # tells stages apart: there it scores 300 held-out problems and trains longer. Flags and KEY=VALUE still win.
 ACCELERATOR_SIZES = ("grpo.eval.num_problems=300", "sft.train.steps=30", "grpo.train.steps=60")
 

@@ -243,7 +243,8 @@ class StreamedUpdate:
         """`_update_piece` over `count` equal blocks of rows (leading axis) in turn, in a loop: iteration i reads
         block i of the state and master the loop carries and writes its new values there, so block i + 1 comes
         in only after block i has gone back (a loop's iterations run in order; XLA does not hoist a transfer out
-        of one as it reorders straight-line code). Exact: the update is elementwise, and a block keeps every
+        of one as it reorders straight-line code). The same update as the whole parameter's up to float32
+        rounding (it is elementwise; tests/train/test_offload.py compares within 1e-6), and a block keeps every
         axis (a stacked norm weight's block is still a matrix to the weight-decay mask). The update counts are
         the same in every block (each block starts from the step's old count); the loop returns the first's."""
         keys = frozenset((key,))

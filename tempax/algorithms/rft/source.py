@@ -118,7 +118,6 @@ class RFTSource:
     rise), accept rate, kept per problem, problems with a kept completion, duplicates and capped completions dropped,
     the round's steps, and the time split `perf/generation_s`, `perf/reward_s`; every step reports `rft/round`.
 
-
     Args:
       tokenizer: the policy's tokenizer.
       sampler: where problems come from (its position is part of `state()`).
