@@ -1,27 +1,9 @@
 """Continuous batching: a decode that rows join and leave at chunk boundaries, over a KV cache in fixed slots.
 
 `DecodeRun` decodes one batch from start to end: its rows share one cache write index, so a new prompt cannot
-join it. `SlotEngine` holds `slots` rows, each with its *own* cache (write index, rotary position, length): the
-one decoder is applied to every slot with `jax.vmap`, so slot b reads and writes only its own [1, K, S, H]
-buffers. A request joins as soon as a slot is free: its prompt is prefilled alone (batch 1, left-padded to a
-length bucket) and copied into the first slots of the free row's cache; nothing else is re-padded or moved. A
-row that finishes frees its slot at once.
-
-Every program is compiled in `warm_up` for the engine's buckets (prompt lengths, cache lengths), so serving
-never compiles: the decode step for each cache length, the prefill for each prompt length, the copy of a
-prefilled row into a slot for each pair, and growing the cache to a longer bucket; prompt scoring (`score`:
-prompt-token log-probs) runs inside the prefill program, under `lax.cond`. `compiles` counts what this engine
-compiled. `warm_up` compiles several programs at once on worker threads: XLA compiles each program on one core
-and lets go of Python's lock while it does, so a server's start-up waits for the slowest thread rather than the
-sum (the figures: docs/measurements/continuous-batching.md).
-
-Sampling knobs are per slot and traced, and so is the choice of filter: a slot's token comes from the plain
-distribution, the sorted-vocabulary path (top-p or top-k) or the argmax, picked per row (the sort runs only in
-steps where some row needs it). A row's tokens therefore depend only on its own request (prompt, knobs, seed),
-never on what else is decoding: rows draw their random stream exactly as `DecodeRun` draws a request's
-(`row_keys(seed, 0, sample)`, folded with the row's step), so a request gives what `generate` gives alone
-(top-k rows: the same distribution; its candidates are cut from the sorted vocabulary rather than by
-`lax.top_k`).
+join it. `SlotEngine` gives each of its rows a cache of its own, so a request joins as soon as a slot is free and
+a finished row frees its slot at once; every program is compiled ahead (`warm_up`), so serving never compiles,
+and a row's tokens depend only on its own request (`sample_rows`), never on what else is decoding.
 
 Single-device only (the slot axis is a `vmap` axis, not a mesh axis).
 """
@@ -101,6 +83,14 @@ def sample_rows(logits_bv: jax.Array, u_b: jax.Array, knobs: SlotKnobs) -> tuple
     The same draws as `sample_from_logits` with the row's own static spec: inverse CDF with the row's uniform
     `u_b` over the filtered weights, in vocabulary order unless a top-p or top-k filter is on (then in sorted
     order). Returns tokens [B], log p_tau [B] (log p_1 on greedy rows) and log p_1 [B] over the whole vocabulary.
+
+    The knobs are per slot and traced, and so is the choice of filter: a slot's token comes from the plain
+    distribution, the sorted-vocabulary path (top-p or top-k) or the argmax, picked per row (the sort runs only in
+    steps where some row needs it). With each row's own random stream (`_uniforms`, as `DecodeRun` draws a
+    request's: `row_keys(seed, 0, sample)`, folded with the row's step), a row's tokens depend only on its own
+    request (prompt, knobs, seed), never on what else is decoding, so a request gives what `generate` gives alone
+    (top-k rows: the same distribution; its candidates are cut from the sorted vocabulary rather than by
+    `lax.top_k`).
     """
     z = logits_bv.astype(jnp.float32)
     b, v = z.shape
@@ -316,7 +306,13 @@ class SlotRow:
 
 
 class SlotEngine:
-    """A continuously batched decode over `slots` rows (see the module docstring).
+    """A continuously batched decode over `slots` rows.
+
+    Each slot has its *own* cache (write index, rotary position, length): the one decoder is applied to every slot
+    with `jax.vmap`, so slot b reads and writes only its own [1, K, S, H] buffers. A request joins as soon as a
+    slot is free (`join`): its prompt is prefilled alone (batch 1, left-padded to a length bucket) and copied into
+    the first slots of the free row's cache; nothing else is re-padded or moved. A row that finishes frees its
+    slot at once.
 
     Args:
       model: a Decoder (or anything with its call signature and a `.config`).
@@ -383,7 +379,15 @@ class SlotEngine:
     def warm_up(self, workers: int | None = None) -> int:
         """Compiles every program serving can call, for all buckets, from shapes alone (nothing runs); returns
         how many compiled. `workers`: programs compiled at once, each on its own thread (default: the CPU count,
-        at most `WARM_UP_WORKERS`); 1 compiles them one after another."""
+        at most `WARM_UP_WORKERS`); 1 compiles them one after another.
+
+        The programs, for the engine's buckets (prompt lengths, cache lengths): the decode step for each cache
+        length, the prefill for each prompt length, the copy of a prefilled row into a slot for each pair, and
+        growing the cache to a longer bucket; prompt scoring (`score`: prompt-token log-probs) runs inside the
+        prefill program, under `lax.cond`. `compiles` counts what this engine compiled. Threads help because XLA
+        compiles each program on one core and lets go of Python's lock while it does, so a server's start-up
+        waits for the slowest thread rather than the sum (the figures: docs/measurements/continuous-batching.md).
+        """
         before = self.compiles
         knobs = self._knobs
         prompt = lambda p: jax.ShapeDtypeStruct((1, p), jnp.int32)

@@ -1,30 +1,9 @@
 """The decode engine: one prefill pass, then a jitted `while_loop` over a preallocated KV cache.
 
-Shapes are bucketed so that a new request rarely compiles anything new:
-
-  * prompts are left-padded to `bucket_length(longest prompt)` (segment id 0 marks padding; all rows share the
-    cache write index, see `KVCache`);
-  * the number of prompts is rounded up to a power of two (the extra rows are born finished);
-  * the completion buffer holds `bucket_length(max_new_tokens)` tokens; the real limit is a traced value, so any
-    max_new_tokens within a bucket reuses the same executable.
-
-Sampling values (temperature, top-p, min-p thresholds, seeds, per-row token limits, stop ids) are traced too, one
-per row, so requests with different knobs share one batch (`DecodeRun`'s `prompt_configs`, used by `tempax serve`);
-only the choice of greedy / which filters run is static (`SamplerSpec`). `compile_counts()` reports how many times each function
-was traced (= compiled), so tests and benchmarks can check that a second call compiles nothing.
-
-The model enters the compiled functions as an argument (`nnx.split` into a static graph definition and a state
-of arrays), never as constants, so a LoRA/QLoRA-wrapped model, a sharded model or a freshly updated policy all
-reuse the executable compiled for their structure. Anything with the `Decoder` call signature
-`model(tokens, segment_ids=..., cache=...) -> (logits, cache)` and a `.config` works.
-
-Multi-turn rollouts continue a run (`DecodeRun.continue_with`): after a turn, each row's new tokens (a tool
-result and the next assistant header) are prefilled into the same cache, so a turn costs its new tokens, not a
-re-prefill of the conversation; `reserve` sizes the cache for the later turns.
-
-The decode loop runs entirely on device: no host round-trip per token. Callers that need to look at tokens
-while decoding (stop strings, streaming chat) advance it in chunks (`DecodeRun.advance(steps)`), which reuses
-the same executable because the step limit is traced.
+A new request rarely compiles anything new (shapes are bucketed, sampling values and the model's arrays are
+traced: `DecodeRun` says how), and the decode loop runs entirely on device, with no host round-trip per token.
+`DecodeRun` is one request in progress: its callers advance it in chunks (`advance`) and continue it with the
+next turn of a multi-turn rollout (`continue_with`).
 """
 
 from __future__ import annotations
@@ -58,7 +37,8 @@ _STORED: dict[str, tuple[Any, Any]] = {}
 
 
 def compile_counts() -> dict[str, int]:
-    """How many times the prefill and decode functions have been traced (each trace is one compilation)."""
+    """How many times the prefill and decode functions have been traced (each trace is one compilation), so tests
+    and benchmarks can check that a second call compiles nothing."""
     return dict(_TRACES)
 
 
@@ -104,7 +84,9 @@ class DecodeState:
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class _Knobs:
-    """Traced sampling values, one per row (changing them never recompiles).
+    """Traced sampling values, one per row (changing them never recompiles), so requests with different knobs
+    share one batch (`DecodeRun`'s `prompt_configs`, used by `tempax serve`); only the choice of greedy / which
+    filters run is static (`SamplerSpec`).
 
     A row whose filter is off while another row's is on gets a threshold that keeps every token: top_p 2 (no
     prefix mass reaches it), min_p 0.
@@ -373,6 +355,22 @@ class DecodeOutput:
 class DecodeRun:
     """One batched generation request in progress: prefill on construction, then `advance` in chunks.
 
+    Shapes are bucketed so that a new request rarely compiles anything new:
+
+      * prompts are left-padded to `bucket_length(longest prompt)` (segment id 0 marks padding; all rows share the
+        cache write index, see `KVCache`);
+      * the number of prompts is rounded up to a power of two (`bucket_batch`; the extra rows are born finished);
+      * the completion buffer holds `bucket_length(max_new_tokens)` tokens; the real limit is a traced value, so
+        any max_new_tokens within a bucket reuses the same executable.
+
+    The model enters the compiled functions as an argument (`nnx.split` into a static graph definition and a
+    state of arrays), never as constants, so a LoRA/QLoRA-wrapped model, a sharded model or a freshly updated
+    policy all reuse the executable compiled for their structure. Anything with the `Decoder` call signature
+    `model(tokens, segment_ids=..., cache=...) -> (logits, cache)` and a `.config` works.
+
+    Multi-turn rollouts continue a run (`continue_with`), so a turn costs its new tokens, not a re-prefill of the
+    conversation; `reserve` sizes the cache for the later turns.
+
     Args:
       model: a tempax `Decoder` (optionally LoRA-wrapped or sharded) or any nnx model with its call signature.
       prompt_ids: token ids of each prompt (not padded).
@@ -495,7 +493,10 @@ class DecodeRun:
         return self._step >= self.config.max_new_tokens or bool(np.all(self._done_host))
 
     def advance(self, steps: int | None = None) -> None:
-        """Decodes up to `steps` more tokens per row (None = to the end), stopping early when all rows are done."""
+        """Decodes up to `steps` more tokens per row (None = to the end), stopping early when all rows are done.
+
+        Callers that need to look at tokens while decoding (stop strings, streaming chat) advance in chunks; each
+        chunk reuses the same executable because the step limit is traced."""
         if self.finished:
             return
         until = self.config.max_new_tokens if steps is None else min(self._step + steps, self.config.max_new_tokens)

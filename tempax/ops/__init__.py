@@ -4,24 +4,7 @@ implementation for the backend it is traced on.
 Each op has a definition in plain JAX (`tempax.ops.plain`, the one to read) and, where a backend runs some other
 form of the same function faster, that backend's implementation: XLA:CPU's layouts and custom VJPs
 (`tempax.ops.cpu`), JAX's Pallas TPU kernels (`tempax.ops.tpu`). `IMPLEMENTATIONS` is the table, one row per op
-and one column per backend:
-
-    op               cpu                                    tpu                                gpu          plain
-    projection_dot   x^T g weight gradients (cpu.matmul)    plain                              plain        autodiff
-    gated            gradients behind a barrier             plain                              plain        autodiff
-    attention        bf16 training VJP; decode-step sum     splash attention (self-attention   cuDNN flash  einsum
-                                                            that `tpu.attention` supports)     (no softcap)
-    tied_lm_head     the table on the left in decode steps  plain                              plain        h @ E^T
-    lm_loss_forms    one exp pass for bf16; XLA:CPU layout  plain                              plain        head's layout
-    expert_products  ragged_dot                             megablox grouped matmul (shapes    ragged_dot   ragged_dot
-                                                            `tpu.experts` supports)
-
-`backend()` is the column: "cpu", "tpu" or "gpu" from JAX's default backend, "plain" for any other, or what
-`use_backend` forces (tests compare the columns on one machine). An implementation that cannot take some
-arguments (a kernel's shape limits) computes them with the plain op, so every column computes the same function
-to float rounding (tests/ops/test_ops.py, tests/ops/tpu/); a kernel's TPU column runs on a CPU only in Pallas
-interpret mode, which is how its tests run. `ModelConfig.attention_impl` can still name an attention explicitly
-("xla" or "cudnn": `jax.nn.dot_product_attention`); its default "tempax" means the table's choice.
+and one column per backend; `backend()` is the column traced now.
 """
 
 from __future__ import annotations
@@ -103,7 +86,7 @@ def table_on_left_in_decode() -> bool:
 # --------------------------------------------------------------------------------------------------------------
 
 
-# The implementations, by op and backend (the module docstring's table). Each takes the op's full arguments.
+# The implementations, by op and backend (the table above `IMPLEMENTATIONS`). Each takes the op's full arguments.
 
 
 def _projection_cpu(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
@@ -170,6 +153,21 @@ def _experts_tpu(*args, **kwargs):
     return experts.expert_products(*args, **kwargs)
 
 
+# The table, one row per op and one column per backend:
+#
+#   op               cpu                                    tpu                                gpu          plain
+#   projection_dot   x^T g weight gradients (cpu.matmul)    plain                              plain        autodiff
+#   gated            gradients behind a barrier             plain                              plain        autodiff
+#   attention        bf16 training VJP; decode-step sum     splash attention (self-attention   cuDNN flash  einsum
+#                                                           that `tpu.attention` supports)     (no softcap)
+#   tied_lm_head     the table on the left in decode steps  plain                              plain        h @ E^T
+#   lm_loss_forms    one exp pass for bf16; XLA:CPU layout  plain                              plain        head's layout
+#   expert_products  ragged_dot                             megablox grouped matmul (shapes    ragged_dot   ragged_dot
+#                                                           `tpu.experts` supports)
+#
+# An implementation that cannot take some arguments (a kernel's shape limits) computes them with the plain op, so
+# every column computes the same function to float rounding (tests/ops/test_ops.py, tests/ops/tpu/); a kernel's TPU
+# column runs on a CPU only in Pallas interpret mode, which is how its tests run.
 IMPLEMENTATIONS: dict[str, dict[Backend, Callable[..., Any]]] = {
     "projection_dot": {"cpu": _projection_cpu, "tpu": plain.projection_dot, "gpu": plain.projection_dot,
                        "plain": plain.projection_dot},

@@ -1,51 +1,10 @@
 """A memory plan for one train step, made from the config and batch shape before anything is compiled, and the
 choice of where the training state lives (`train.memory`).
 
-Per device, in bytes (P_t = trainable parameters, P_f = frozen ones, N = tokens of one micro-batch on one device,
-L layers, V vocabulary):
-
-    weights       the float32 master P_t * 4 + the frozen weights at their storage bytes (4, 2, or ~0.56 for NF4
-                  QLoRA) + frozen arrays of other models (a distillation teacher), divided over the
-                  parameter-sharding axes (fsdp x tensor). With the master in host memory it is not on the device: it
-                  streams through in pieces, for the cast to the compute copy and for the update (see below)
-    compute copy  the weights the forward pass reads in bf16, P_t * 2: with the master on the host, the device
-                  copy (P_t * 4 under fp32); on an accelerator under bf16 also with the master on the device, where
-                  XLA casts each float32 weight whole before the layer loop and keeps the copy for the backward pass
-    gradients     P_t * 4 (P_t * 2 for gradients of a bf16 device copy), plus a float32 accumulator with more
-                  than one micro-batch
-    optimizer     on the device: Adam's 2 moments P_t * 8 (float32) or P_t * 4 (bf16_moments, plus the largest
-                  parameter's moments in float32 while its update computes them), SGD with momentum half of that;
-                  offloaded: the state of the largest piece while it streams through (its moments, and its
-                  master with the master on the host; `largest_piece`: one layer of a stacked weight, a block of
-                  rows of the embedding), twice on an accelerator: one piece's new state going back overlaps the
-                  next one's coming in
-    activations   what autodiff keeps for the backward pass, traced, not guessed: the residuals of the model's
-                  forward pass (`residual_bytes`: jax.vjp under `jax.eval_shape`, with this remat and precision, on
-                  this backend's ops; of the trained model as built, adapters and all, when the plan has its
-                  `residual_probe`, else of a plain decoder of its config, L layers), times the decoder trunks the
-                  loss runs (2 for PPO with a separate critic)
-    backward      the larger of the two peaks of the backward pass, which never coexist: the loss's, N_l V 8 +
-                  N D 16 (float32 logits and their gradient, V split over tensor, for the N_l positions whose
-                  logits the loss holds at once: all, a chunk, or none), and one layer's, N x WORKING_SET[remat]
-                  x that layer's residuals without remat (the layer recomputed, and the cotangents of its
-                  intermediates)
-    held          models kept beside the trained one and never trained (a reward model, a frozen reference
-                  copy), as given in bytes
-
-On XLA:CPU bfloat16 residuals count as float32: its compiler keeps bfloat16 elementwise work in float32. The total is meant to be XLA's own figure for the compiled step (arguments + outputs +
-temporaries - aliased, `compiled.memory_analysis()`): tests/train/test_memory.py holds it within 15% of that on
-XLA:CPU, and `bench/memory_plan.py` prints both for the Llama-3.2-1B shape. What matters is naming the setting
-that brings a run under the limit before minutes of compilation: where the state lives (`train.memory`), a
-smaller micro-batch, remat, LoRA, or QLoRA.
-
-`train.memory` (fastest first; `auto` takes the first that fits and says why):
-
-    device                         float32 master weights and optimizer state on the device
-    bf16_moments                   the optimizer's moments stored in bfloat16 (`tempax.train.optim`)
-    offload_optimizer              the optimizer's state in host memory, streamed through the device for the
-                                   update (`tempax.train.offload`)
-    offload_optimizer_and_master   the float32 master weights in host memory too; the device holds the copy the
-                                   forward pass reads (bf16 under train.precision=bf16) and its gradients
+What matters is naming the setting that brings a run under the device's limit before minutes of compilation:
+where the state lives, a smaller micro-batch, remat, LoRA, or QLoRA. `MemoryPlan` gives the categories and their
+formulas, `choose_memory` the setting `train.memory=auto` takes, `check_fits` and `explain_out_of_memory` the
+message that names the settings that would fit.
 """
 
 from __future__ import annotations
@@ -73,6 +32,8 @@ WORKING_SET = {"none": 0.8, "dots": 1.0, "full": 1.6}
 LOGIT_BYTES = 8  # float32 logits and their gradient
 HIDDEN_BYTES = 16  # the loss's float32 hidden states and their gradient, and the head's input
 
+# The `train.memory` settings, fastest first (`TrainConfig.memory` says what each keeps where): bf16_moments is
+# `tempax.train.optim`'s, the two offloading settings stream the state through the device (`tempax.train.offload`).
 MEMORY_SETTINGS = ("device", "bf16_moments", "offload_optimizer", "offload_optimizer_and_master")
 MEMORY_CHOICES = ("auto", *MEMORY_SETTINGS)
 _MEANING = {
@@ -89,7 +50,44 @@ class OutOfMemoryPlan(TempaxError):
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Estimated peak bytes per device of one train step, by category (see the module docstring).
+    """Estimated peak bytes per device of one train step, by category.
+
+    Per device, in bytes (P_t = trainable parameters, P_f = frozen ones, N = tokens of one micro-batch on one
+    device, L layers, V vocabulary):
+
+        weights       the float32 master P_t * 4 + the frozen weights at their storage bytes (4, 2, or ~0.56 for
+                      NF4 QLoRA) + frozen arrays of other models (a distillation teacher), divided over the
+                      parameter-sharding axes (fsdp x tensor). With the master in host memory it is not on the
+                      device: it streams through in pieces, for the cast to the compute copy and for the update
+        compute copy  the weights the forward pass reads in bf16, P_t * 2: with the master on the host, the device
+                      copy (P_t * 4 under fp32); on an accelerator under bf16 also with the master on the device,
+                      where XLA casts each float32 weight whole before the layer loop and keeps the copy for the
+                      backward pass
+        gradients     P_t * 4 (P_t * 2 for gradients of a bf16 device copy), plus a float32 accumulator with more
+                      than one micro-batch
+        optimizer     on the device: Adam's 2 moments P_t * 8 (float32) or P_t * 4 (bf16_moments, plus the
+                      largest parameter's moments in float32 while its update computes them), SGD with momentum
+                      half of that; offloaded: the state of the largest piece while it streams through (its
+                      moments, and its master with the master on the host; `largest_piece`: one layer of a stacked
+                      weight, a block of rows of the embedding), twice on an accelerator: one piece's new state
+                      going back overlaps the next one's coming in
+        activations   what autodiff keeps for the backward pass, traced, not guessed: the residuals of the model's
+                      forward pass (`residual_bytes`: jax.vjp under `jax.eval_shape`, with this remat and
+                      precision, on this backend's ops; of the trained model as built, adapters and all, when the
+                      plan has its `residual_probe`, else of a plain decoder of its config, L layers), times the
+                      decoder trunks the loss runs (2 for PPO with a separate critic)
+        backward      the larger of the two peaks of the backward pass, which never coexist: the loss's,
+                      N_l V 8 + N D 16 (float32 logits and their gradient, V split over tensor, for the N_l
+                      positions whose logits the loss holds at once: all, a chunk, or none), and one layer's,
+                      N x WORKING_SET[remat] x that layer's residuals without remat (the layer recomputed, and the
+                      cotangents of its intermediates)
+        held          models kept beside the trained one and never trained (a reward model, a frozen reference
+                      copy), as given in bytes
+
+    On XLA:CPU bfloat16 residuals count as float32: its compiler keeps bfloat16 elementwise work in float32. The
+    total is meant to be XLA's own figure for the compiled step (arguments + outputs + temporaries - aliased,
+    `compiled.memory_analysis()`): tests/train/test_memory.py holds it within 15% of that on XLA:CPU, and
+    `bench/memory_plan.py` prints both for the Llama-3.2-1B shape.
 
     `host` is what the setting keeps in host memory instead (not counted in `total`)."""
 
@@ -189,7 +187,7 @@ def train_plan_inputs(
 
 
 def plan_memory(p: PlanInputs, capacity: int | None = None) -> MemoryPlan:
-    """The `MemoryPlan` for `p` (see the module docstring for the formulas)."""
+    """The `MemoryPlan` for `p` (`MemoryPlan` gives the formulas)."""
     if p.memory not in MEMORY_SETTINGS:
         raise ConfigError(f"train.memory={p.memory!r} is not a setting; use one of {', '.join(MEMORY_CHOICES)}")
     cfg = p.model

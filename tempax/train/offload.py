@@ -1,37 +1,11 @@
 """Optimizer state, and float32 master weights, in host memory: JAX memory kinds, streamed through the device for
 the update (`train.memory=offload_optimizer` / `offload_optimizer_and_master`, chosen by `tempax.train.memory`).
 
-Every array of the training state has a sharding, and every sharding a memory kind: "device" (the accelerator's
-own memory, the default) or "pinned_host" (the host's memory, which the accelerator reads and writes by DMA).
-Offloading puts some of the state's arrays in "pinned_host" (`host_state_shardings`) and moves them in the jitted
-step itself, with `jax.device_put` to a sharding of the other kind, which XLA compiles into transfers:
-
-    offload_optimizer              Adam's moments (SGD's momentum) live on the host. The forward and backward pass
-                                   never see them; the update brings them in one parameter at a time, updates
-                                   that parameter, and sends them back before the next one comes in.
-    offload_optimizer_and_master   the float32 master weights live on the host too. The step makes the weights
-                                   the forward pass reads from them on the device, cast to the compute dtype
-                                   (bfloat16 under train.precision=bf16), one parameter at a time; the gradients
-                                   come out in that dtype, and the update brings each master weight in with its
-                                   moments (ZeRO-Offload's split of the state, Ren et al. 2021, with the update
-                                   on the accelerator rather than the host's CPU).
-
-The update streams in pieces (`stream_pieces`): a parameter of at most `PIECE_ELEMENTS` elements comes in
-whole, a larger one in blocks of rows along its leading axis, one layer at a time for a weight stacked on the
-"layers" axis, in the fewest blocks that divide it within the bound for a matrix (the embedding). The blocks of
-one parameter go through a loop (`jax.lax.scan`) whose carry holds the whole state: iteration i brings block i of
-the state (and master) in, updates it and sends it back into the carry, so block i + 1 comes in only after block
-i has gone back; XLA reorders straight-line code (it drops the optimization barriers that chain one parameter
-after the next when it schedules the transfers) but does not hoist a transfer out of a loop's iteration. The
-device copy of a host-resident master is made the same way, block by block into a buffer of the compute dtype.
-So beside the weights the forward pass reads and their gradients, the device holds about two pieces' state at
-once (one going back while the next comes in: what `tempax.train.memory` plans). An optimizer applied
-to a part of the parameters with the matching part of its state is exact because the optimizer after clipping is
-elementwise (`tempax.train.optim.optimizer_parts`); clipping by the norm of all gradients comes first, on the
-device, where the gradients are.
-
-Where the host's memory is the device's (XLA:CPU) the moves compile to nothing, so the same program runs and
-gives the same numbers on a CPU; there it saves nothing, and `train.memory=auto` does not choose it.
+A step whose state does not fit the device can fit when that state waits in host memory and comes in a piece at
+a time for the update. `Placement` says what lives on the host, `host_state_shardings` puts it there and
+`StreamedUpdate` moves it through the device inside the jitted step. Where the host's memory is the device's
+(XLA:CPU) the moves compile to nothing, so the same program runs and gives the same numbers on a CPU; there it
+saves nothing, and `train.memory=auto` does not choose it.
 """
 
 from __future__ import annotations
@@ -47,6 +21,8 @@ from jax.sharding import NamedSharding
 
 from tempax.train.state import Params, TrainState, init_state
 
+# Every array of the training state has a sharding, and every sharding a memory kind: "device" (the accelerator's
+# own memory, the default) or "pinned_host" (the host's memory, which the accelerator reads and writes by DMA).
 HOST = "pinned_host"
 DEVICE = "device"
 
@@ -54,6 +30,16 @@ DEVICE = "device"
 @dataclass(frozen=True)
 class Placement:
     """Which parts of the training state live in host memory.
+
+    offload_optimizer              Adam's moments (SGD's momentum) live on the host. The forward and backward pass
+                                   never see them; the update brings them in one parameter at a time, updates
+                                   that parameter, and sends them back before the next one comes in.
+    offload_optimizer_and_master   the float32 master weights live on the host too. The step makes the weights
+                                   the forward pass reads from them on the device, cast to the compute dtype
+                                   (bfloat16 under train.precision=bf16), one parameter at a time; the gradients
+                                   come out in that dtype, and the update brings each master weight in with its
+                                   moments (ZeRO-Offload's split of the state, Ren et al. 2021, with the update
+                                   on the accelerator rather than the host's CPU).
 
     Attributes:
       optimizer_on_host: the optimizer's per-parameter state (moments) lives in host memory.
@@ -127,7 +113,20 @@ def merge_params(parts: list[Any], keys: frozenset[str]) -> Any:
 
 @dataclass(frozen=True)
 class StreamedUpdate:
-    """The optimizer update of a step whose state is partly in host memory (see the module docstring).
+    """The optimizer update of a step whose state is partly in host memory.
+
+    The host-resident arrays move in the jitted step itself, with `jax.device_put` to a sharding of the other
+    memory kind, which XLA compiles into transfers. The update streams one parameter at a time, a large one in
+    blocks of rows (`stream_pieces`) that go through a loop (`_update_in_pieces`): XLA reorders straight-line code
+    (it drops the optimization barriers that chain one parameter after the next when it schedules the transfers)
+    but does not hoist a transfer out of a loop's iteration. The device copy of a host-resident master is made the
+    same way, block by block into a buffer of the compute dtype (`device_params`). So beside the weights the
+    forward pass reads and their gradients, the device holds about two pieces' state at once (one going back
+    while the next comes in: what `tempax.train.memory` plans).
+
+    An optimizer applied to a part of the parameters with the matching part of its state is exact because the
+    optimizer after clipping is elementwise (`tempax.train.optim.optimizer_parts`); clipping by the norm of all
+    gradients comes first, on the device, where the gradients are.
 
     Attributes:
       placement: what lives on the host.

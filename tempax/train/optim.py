@@ -2,22 +2,9 @@
 optax optimizer it builds.
 
 The config lives here, beside what it builds, so the schedule and optimizer code can take it as a type without an
-import back from `tempax.train.config` (which imports it for `TrainConfig.optimizer`).
-
-Schedule (step s counts optimizer updates from 0, total S, warm-up W, peak eta, floor r * eta):
-
-    s < W:            eta * (s + 1) / W                      (linear warm-up; the first update is not at lr 0)
-    constant:         eta
-    linear:           eta * (1 - (1 - r) * p),               p = (s - W) / max(S - W, 1) clipped to [0, 1]
-    cosine:           eta * (r + (1 - r) * (1 + cos(pi p)) / 2)   (Loshchilov & Hutter 2017, SGDR, one cycle)
-
-Weight decay is decoupled (AdamW, Loshchilov & Hutter 2019) and by default skips vectors (norm weights, biases),
-where shrinking towards 0 only hurts.
-
-Optimizer state in bfloat16 (`train.memory=bf16_moments`, `make_optimizer(..., moment_dtype=jnp.bfloat16)`): Adam's
-two moments, or SGD's momentum, are stored in 2 bytes a parameter instead of 4 and computed in float32 at every
-update; stored values are rounded stochastically (`stochastic_round`, `scale_by_adam_low_precision`), because
-rounding to nearest makes a slow moving average stop moving (the docstring there says why and what is lost).
+import back from `tempax.train.config` (which imports it for `TrainConfig.optimizer`). `make_schedule` gives the
+schedule's formulas, `make_optimizer` the weight decay and the moments stored in bfloat16
+(`train.memory=bf16_moments`).
 """
 
 from __future__ import annotations
@@ -75,7 +62,7 @@ class OptimizerConfig:
 
     def build(self, total_steps: int, *, moment_dtype: Any = None) -> optax.GradientTransformation:
         """The optax transformation (clipping, then the optimizer with its schedule); `moment_dtype` bfloat16
-        stores the optimizer's moments in 2 bytes (see the module docstring)."""
+        stores the optimizer's moments in 2 bytes (see `make_optimizer`)."""
         return make_optimizer(self, total_steps, moment_dtype=moment_dtype)
 
 
@@ -87,7 +74,15 @@ def warmup_steps_of(cfg: OptimizerConfig, total_steps: int) -> int:
 
 
 def make_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
-    """The learning rate as a function of the update count (see the module docstring)."""
+    """The learning rate as a function of the update count.
+
+    Step s counts optimizer updates from 0, total S, warm-up W, peak eta, floor r * eta:
+
+        s < W:            eta * (s + 1) / W                      (linear warm-up; the first update is not at lr 0)
+        constant:         eta
+        linear:           eta * (1 - (1 - r) * p),               p = (s - W) / max(S - W, 1) clipped to [0, 1]
+        cosine:           eta * (r + (1 - r) * (1 + cos(pi p)) / 2)   (Loshchilov & Hutter 2017, SGDR, one cycle)
+    """
     peak, floor = cfg.learning_rate, cfg.min_lr_ratio
     warmup = warmup_steps_of(cfg, total_steps)
     decay_steps = max(total_steps - warmup, 1)
@@ -109,13 +104,20 @@ def make_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
 
 
 def decay_mask(params: dict) -> dict:
-    """True for the parameters weight decay applies to: matrices (ndim >= 2), not norm weights or biases."""
+    """True for the parameters weight decay applies to: matrices (ndim >= 2), not norm weights or biases, where
+    shrinking towards 0 only hurts (the default; `decay_all` decays every parameter)."""
     return jax.tree.map(lambda p: getattr(p, "ndim", 0) >= 2, params)
 
 
 def make_optimizer(cfg: OptimizerConfig, total_steps: int, *, moment_dtype: Any = None) -> optax.GradientTransformation:
-    """Gradient clipping (optional), then AdamW / Adam / SGD driven by `make_schedule`; `moment_dtype` bfloat16
-    keeps the moments in bfloat16 (`scale_by_adam_low_precision`, `trace_low_precision`)."""
+    """Gradient clipping (optional), then AdamW / Adam / SGD driven by `make_schedule`.
+
+    Weight decay is decoupled (AdamW, Loshchilov & Hutter 2019) and by default skips vectors (`decay_mask`).
+
+    `moment_dtype` bfloat16 (`train.memory=bf16_moments`) stores Adam's two moments, or SGD's momentum, in 2 bytes
+    a parameter instead of 4, computed in float32 at every update (`scale_by_adam_low_precision`,
+    `trace_low_precision`); stored values are rounded stochastically (`stochastic_round`), because rounding to
+    nearest makes a slow moving average stop moving (`scale_by_adam_low_precision` says why and what is lost)."""
     clip, update = optimizer_parts(cfg, total_steps, moment_dtype=moment_dtype)
     return update if clip is None else optax.chain(clip, update)
 
