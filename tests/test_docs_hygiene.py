@@ -331,6 +331,38 @@ def test_code_quotes_no_measured_figures():
                        "and the command, and point there):\n" + "\n".join(found))
 
 
+# A module docstring says what the module is and why in a few lines; the detail (formulas, papers, measured
+# reasons, caveats) lives beside the definitions it describes, in their docstrings or a comment at the place in
+# the code, or on a page under docs/measurements/.
+MODULE_DOCSTRING_LINES = 20
+
+
+def module_docstring_lines(source: str) -> int:
+    """Lines the module docstring of `source` spans, its quotes' lines included; 0 without one."""
+    tree = ast.parse(source)
+    if ast.get_docstring(tree, clean=False) is None:
+        return 0
+    return tree.body[0].end_lineno - tree.body[0].lineno + 1
+
+
+def test_module_docstring_lines_counts_from_quote_to_quote():
+    """A docstring of an opening line, a blank one, a line and the closing quotes spans 4 lines; a module that
+    opens with code has none (a later string is not its docstring)."""
+    assert module_docstring_lines('"""What.\n\nWhy.\n"""\n\nx = 1\n') == 4
+    assert module_docstring_lines('x = 1\n"""not a docstring"""\n') == 0
+
+
+def test_module_docstrings_say_what_and_why_in_a_few_lines():
+    long = []
+    for path in scanned_files():
+        if path.startswith("tempax/") and path.endswith(".py"):
+            lines = module_docstring_lines(open(os.path.join(ROOT, path), encoding="utf-8").read())
+            if lines >= MODULE_DOCSTRING_LINES:
+                long.append(f"{path}: {lines} lines")
+    assert not long, (f"module docstrings of {MODULE_DOCSTRING_LINES} lines or more (keep what the module is and why; "
+                      "move the detail to the definitions it describes or to docs/measurements/):\n" + "\n".join(long))
+
+
 def test_the_results_page_is_what_the_records_give():
     """docs/results.md is written by `python bench/results.py` from bench/records/, never by hand."""
     import subprocess
