@@ -2,7 +2,8 @@
 
 Llama 3 / SmolLM2, Qwen2/2.5, Qwen3, Gemma, Gemma 2 and Gemma 3 are the same decoder-only transformer with a
 handful of switches (qkv bias, q/k norm, norm offset, embedding scaling, soft-capping, sliding windows, extra
-post-norms, per-layer rope bases). Mixture-of-experts families (Qwen3-MoE, Mixtral, gpt-oss) add a `MoeConfig`:
+post-norms, per-layer rope bases). Mixture-of-experts families (Qwen2-MoE, Qwen3-MoE, Mixtral, gpt-oss) add a
+`MoeConfig`:
 the router, the routed and shared experts and the auxiliary loss. `ModelConfig.from_hf_config` reads a Hugging
 Face `config.json` (both the transformers-4 `rope_theta`/`rope_scaling` keys and the transformers-5
 `rope_parameters` form) and `to_hf_config` writes one that `transformers` loads.
@@ -22,8 +23,9 @@ from tempax.errors import CheckpointError, ConfigError
 LayerType = Literal["full", "sliding"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3", "mistral",
-                         "qwen3_moe", "mixtral", "gpt_oss", "smollm3", "olmo2", "olmo3", "phi3")
-MOE_MODEL_TYPES = ("qwen3_moe", "mixtral", "gpt_oss")
+                         "qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss", "smollm3", "olmo2", "olmo3", "phi3")
+MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss")
+_QWEN_MOE = ("qwen2_moe", "qwen3_moe")  # Qwen's MoE config.json keys: num_experts, moe_intermediate_size, ...
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ class MoeConfig:
     """A sparse mixture-of-experts feed-forward block (`tempax.models.moe.SparseMoeBlock`) in place of the MLP.
 
     The router scores each token against every expert, keeps the top k and weights their outputs; shared experts
-    (Qwen2-MoE, Qwen3.5-MoE, DeepSeek) see every token. Families: Qwen3-MoE (softmax, top-8 of 128, renormalised),
+    (Qwen2-MoE, Qwen3.5-MoE, DeepSeek) see every token. Families: Qwen2-MoE (softmax, top-4 of 60 or top-8 of 64, not
+    renormalised, plus a shared expert scaled by a sigmoid gate), Qwen3-MoE (softmax, top-8 of 128, renormalised),
     Mixtral (softmax, top-2 of 8, renormalised), gpt-oss (router bias, softmax over the top-4 logits, i.e.
     renormalised; expert biases; clamped SwiGLU).
 
@@ -404,6 +407,7 @@ _ARCH = {
     "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
@@ -503,8 +507,9 @@ def _layer_types(hf: dict[str, Any], model_type: str, num_layers: int) -> tuple[
 
 
 def _moe_from_hf(hf: dict[str, Any], model_type: str) -> MoeConfig | None:
-    """The `MoeConfig` of a Qwen3-MoE, Mixtral or gpt-oss `config.json` (transformers names the expert count
-    `num_experts` in Qwen's configs and `num_local_experts` in the others, and accepts either)."""
+    """The `MoeConfig` of a Qwen2-MoE, Qwen3-MoE, Mixtral or gpt-oss `config.json` (transformers names the expert
+    count `num_experts` in Qwen's configs and `num_local_experts` in the others, and accepts either). Qwen2-MoE adds
+    a shared expert of `shared_expert_intermediate_size` behind a sigmoid gate in every sparse block."""
     if model_type not in MOE_MODEL_TYPES:
         return None
     num_experts = int(hf["num_experts"] if "num_experts" in hf else hf["num_local_experts"])
@@ -514,13 +519,19 @@ def _moe_from_hf(hf: dict[str, Any], model_type: str) -> MoeConfig | None:
         router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.001)),
         train_aux_loss=bool(hf.get("output_router_logits", False)),
     )
-    if model_type == "qwen3_moe":
+    if model_type in _QWEN_MOE:
+        shared = int(hf["shared_expert_intermediate_size"]) if model_type == "qwen2_moe" else 0
+        if model_type == "qwen2_moe" and shared < 1:
+            raise CheckpointError(f"qwen2_moe shared_expert_intermediate_size={shared}: Qwen2-MoE's sparse block "
+                                  "always has a shared expert; give its width (a positive integer)")
         return MoeConfig(
             **common,
             expert_intermediate_size=int(hf["moe_intermediate_size"]),
             normalize_top_k=bool(hf.get("norm_topk_prob", False)),
             decoder_sparse_step=int(hf.get("decoder_sparse_step", 1)),
             mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+            shared_expert_intermediate_size=shared,
+            shared_expert_gate=model_type == "qwen2_moe",
         )
     if model_type == "mixtral":
         return MoeConfig(**common, expert_intermediate_size=int(hf["intermediate_size"]), normalize_top_k=True)
@@ -536,6 +547,25 @@ def _moe_from_hf(hf: dict[str, Any], model_type: str) -> MoeConfig | None:
     )
 
 
+def _qwen2_moe_check(hf: dict[str, Any], layer_types: tuple[str, ...]) -> None:
+    """CheckpointError for a Qwen2-MoE config.json with sliding-window attention: transformers' versions disagree on
+    which of its layers slide (and whether a mask or only flash attention applies the window), and its released
+    checkpoints (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B) set use_sliding_window false."""
+    if hf.get("use_sliding_window") or "sliding" in layer_types:
+        raise CheckpointError("qwen2_moe with use_sliding_window=true (or sliding layer_types) is not supported: "
+                              "tempax reads Qwen2-MoE with full attention in every layer, as its released "
+                              "checkpoints use it; set use_sliding_window to false")
+
+
+def _qwen2_moe_export_check(c: ModelConfig) -> None:
+    """CheckpointError when a qwen2_moe config has switches Qwen2-MoE's config.json cannot state."""
+    differ = [f"{k}={getattr(c, k)!r}" for k, v in (("o_bias", False), ("qk_norm", False), ("mlp_bias", False),
+                                                      ("layer_types", ())) if getattr(c, k) != v]
+    if differ:
+        raise CheckpointError(f"a qwen2_moe config.json cannot express {', '.join(differ)}; export it as another "
+                              "family or keep Qwen2-MoE's settings")
+
+
 def _from_hf(hf: dict[str, Any], model_type: str) -> ModelConfig:
     hidden = int(hf["hidden_size"])
     heads = int(hf["num_attention_heads"])
@@ -547,6 +577,8 @@ def _from_hf(hf: dict[str, Any], model_type: str) -> ModelConfig:
     if model_type in MOE_MODEL_TYPES and hf.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{model_type} with hidden_act={hf.get('hidden_act')!r} is not supported (silu)")
     layer_types = _layer_types(hf, model_type, num_layers)
+    if model_type == "qwen2_moe":
+        _qwen2_moe_check(hf, layer_types)
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
     if act in ("gelu_pytorch_tanh", "gelu_tanh", "gelu"):
         # Gemma checkpoints say "gelu" but were trained with the tanh approximation (as transformers does).
@@ -572,8 +604,10 @@ def _from_hf(hf: dict[str, Any], model_type: str) -> ModelConfig:
         embed_scale=gemma,
         activation=activation,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
-        qkv_bias=model_type == "qwen2" or attention_bias,
-        o_bias=attention_bias and model_type != "qwen2",
+        # Qwen2 always has q/k/v biases; Qwen2-MoE too unless its config (transformers 5's `qkv_bias`) says not.
+        qkv_bias=(model_type == "qwen2" or attention_bias
+                  or (model_type == "qwen2_moe" and bool(hf.get("qkv_bias", True)))),
+        o_bias=attention_bias and model_type not in ("qwen2", "qwen2_moe"),
         mlp_bias=bool(hf.get("mlp_bias", False)),
         qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
         post_norms=model_type in ("gemma2", "gemma3_text"),
@@ -624,18 +658,20 @@ def _rope_params(r: RopeConfig) -> dict[str, Any]:
 
 
 def _moe_to_hf(c: ModelConfig) -> dict[str, Any]:
-    """The mixture-of-experts keys of a Qwen3-MoE, Mixtral or gpt-oss `config.json` (inverse of `_moe_from_hf`)."""
+    """The mixture-of-experts keys of a Qwen2-MoE, Qwen3-MoE, Mixtral or gpt-oss `config.json` (inverse of
+    `_moe_from_hf`)."""
     moe = c.moe
     if moe is None:
         raise CheckpointError(f"a {c.family} config needs its moe settings (ModelConfig.moe is None)")
     expected = _moe_from_hf({"num_experts": moe.num_experts, "num_experts_per_tok": moe.experts_per_token,
                              "intermediate_size": moe.expert_intermediate_size,
                              "moe_intermediate_size": moe.expert_intermediate_size,
-                             "norm_topk_prob": moe.normalize_top_k}, c.family)
+                             "norm_topk_prob": moe.normalize_top_k,
+                             "shared_expert_intermediate_size": moe.shared_expert_intermediate_size}, c.family)
     fixed = ("router_activation", "routed_scaling", "router_bias", "expert_bias", "expert_activation",
              "shared_expert_intermediate_size", "shared_expert_gate")
     differ = [f for f in fixed if getattr(moe, f) != getattr(expected, f)]
-    if c.family != "qwen3_moe":
+    if c.family not in _QWEN_MOE:
         differ += [f for f in ("decoder_sparse_step", "mlp_only_layers") if getattr(moe, f) != getattr(expected, f)]
     if differ:
         raise CheckpointError(f"a {c.family} config.json cannot express moe settings {', '.join(differ)} different "
@@ -645,10 +681,12 @@ def _moe_to_hf(c: ModelConfig) -> dict[str, Any]:
         "router_aux_loss_coef": moe.router_aux_loss_coef,
         "output_router_logits": moe.train_aux_loss,
     }
-    if c.family == "qwen3_moe":
+    if c.family in _QWEN_MOE:
         hf.update(num_experts=moe.num_experts, moe_intermediate_size=moe.expert_intermediate_size,
                   norm_topk_prob=moe.normalize_top_k, decoder_sparse_step=moe.decoder_sparse_step,
                   mlp_only_layers=list(moe.mlp_only_layers))
+        if c.family == "qwen2_moe":
+            hf["shared_expert_intermediate_size"] = moe.shared_expert_intermediate_size
         return hf
     if not moe.normalize_top_k:
         raise CheckpointError(f"{c.family} always renormalises the top-k router weights (moe.normalize_top_k)")
@@ -692,6 +730,9 @@ def _to_hf(c: ModelConfig) -> dict[str, Any]:
         hf["mlp_bias"] = c.mlp_bias
     if c.family in ("qwen3_moe", "gpt_oss"):
         hf["attention_bias"] = c.qkv_bias
+    if c.family == "qwen2_moe":
+        _qwen2_moe_export_check(c)
+        hf["qkv_bias"] = c.qkv_bias
     if c.family in MOE_MODEL_TYPES:
         hf.update(_moe_to_hf(c))
     if c.layer_types and c.family == "gemma3":
@@ -704,7 +745,7 @@ def _to_hf(c: ModelConfig) -> dict[str, Any]:
         hf["sliding_window"] = c.sliding_window
         if c.family in ("qwen2", "qwen3", "mistral", "qwen3_moe"):
             hf["use_sliding_window"] = True
-    elif c.family in ("qwen2", "qwen3", "qwen3_moe"):
+    elif c.family in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe"):
         hf["use_sliding_window"] = False
     elif c.family == "mixtral":
         hf["sliding_window"] = None

@@ -90,6 +90,13 @@ PRESETS: dict[str, ModelConfig] = {
         tie_word_embeddings=True, max_position_embeddings=32768, rms_norm_eps=1e-6,
     ),
     # Mixture-of-experts families (= ModelConfig.from_hf_config of each Hub config.json's architecture keys).
+    "qwen1.5-moe-a2.7b": ModelConfig(
+        family="qwen2_moe", vocab_size=151936, hidden_size=2048, num_layers=24, num_heads=16, num_kv_heads=16,
+        head_dim=128, intermediate_size=5632, rope=RopeConfig(theta=1000000.0), qkv_bias=True,
+        tie_word_embeddings=False, max_position_embeddings=8192, rms_norm_eps=1e-6,
+        moe=MoeConfig(num_experts=60, experts_per_token=4, expert_intermediate_size=1408, normalize_top_k=False,
+                      shared_expert_intermediate_size=5632, shared_expert_gate=True),
+    ),  # 14.3B parameters, 2.7B active per token
     "qwen3-30b-a3b": ModelConfig(
         family="qwen3_moe", vocab_size=151936, hidden_size=2048, num_layers=48, num_heads=32, num_kv_heads=4,
         head_dim=128, intermediate_size=6144, rope=RopeConfig(theta=1000000.0), qk_norm=True,
@@ -140,12 +147,17 @@ PRESETS: dict[str, ModelConfig] = {
         rope=RopeConfig(theta=1e6, scaling="linear", factor=8.0), rope_local=RopeConfig(theta=1e4),
         rms_norm_eps=1e-6,
     ),
-    # Mixture-of-experts: 6 or 4 experts, top-2; every layer sparse. Mixtral slides everywhere; gpt-oss alternates
-    # sliding and full layers, with attention sinks, q/k/v/o biases, YaRN (its ramp falls inside the 8 frequencies of
-    # head_dim 16) and its biased router and experts.
+    # Mixture-of-experts: 6 or 4 experts, top-2; every layer sparse. Qwen2-MoE adds q/k/v biases and a shared expert
+    # behind a sigmoid gate, and keeps the top-2 weights unnormalised (its norm_topk_prob false). Mixtral slides
+    # everywhere; gpt-oss alternates sliding and full layers, with attention sinks, q/k/v/o biases, YaRN (its ramp
+    # falls inside the 8 frequencies of head_dim 16) and its biased router and experts.
     "tiny-qwen3-moe": _tiny("qwen3_moe", qk_norm=True, rms_norm_eps=1e-6, tie_word_embeddings=False,
                             moe=MoeConfig(num_experts=6, experts_per_token=2, expert_intermediate_size=32,
                                           normalize_top_k=True)),
+    "tiny-qwen2-moe": _tiny("qwen2_moe", qkv_bias=True, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                            moe=MoeConfig(num_experts=6, experts_per_token=2, expert_intermediate_size=32,
+                                          normalize_top_k=False, shared_expert_intermediate_size=48,
+                                          shared_expert_gate=True)),
     "tiny-mixtral": _tiny("mixtral", intermediate_size=32, tie_word_embeddings=False, sliding_window=4,
                           layer_types=("sliding",) * 3,
                           moe=MoeConfig(num_experts=4, experts_per_token=2, expert_intermediate_size=32)),
@@ -172,7 +184,8 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 TINY_FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "smollm3", "olmo2", "olmo3", "phi3")
-TINY_MOE_FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss")  # presets tiny-qwen3-moe, tiny-mixtral, tiny-gpt-oss
+# presets tiny-qwen2-moe, tiny-qwen3-moe, tiny-mixtral, tiny-gpt-oss
+TINY_MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss")
 
 
 def tiny_preset_name(family: str) -> str:

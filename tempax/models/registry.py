@@ -94,6 +94,9 @@ MODELS: dict[str, RegisteredModel] = {
     "gemma3-1b-it": RegisteredModel(
         description="Gemma 3 1B instruction-tuned (gated)", hub_repo="google/gemma-3-1b-it"),
     # Mixtures of experts (their chat templates come with the repos' tokenizer files, as for the dense models).
+    "qwen1.5-moe-a2.7b-chat": RegisteredModel(
+        description="Qwen1.5-MoE-A2.7B-Chat, mixture of experts with a shared expert: 14.3B parameters, 2.7B active "
+                    "per token", hub_repo="Qwen/Qwen1.5-MoE-A2.7B-Chat"),
     "qwen3-30b-a3b": RegisteredModel(
         description="Qwen3-30B-A3B, mixture of experts: 30.5B parameters, 3.35B active per token",
         hub_repo="Qwen/Qwen3-30B-A3B"),
