@@ -303,11 +303,13 @@ def build_table(records: Sequence[dict]) -> str:
 
 
 def figure_records(records: Sequence[dict], command: str) -> list[dict]:
-    """One `bench/results.py` figure record (topic "speed") per measured (workload, size) with both medians."""
+    """One `bench/results.py` figure record (topic "speed") per measured (workload, size): both medians, the ratio
+    and the load the run saw (a shared machine slows both sides, not necessarily alike)."""
     cpus = sorted({r["host_cpu"] for r in records if "host_cpu" in r})
     libraries = sorted({r["library"] for r in records if "library" in r and r.get("side") == "transformers"})
     what = {"train": "mixture-of-experts training step (Qwen3-MoE shape, {e} experts top-{k}), float32, {size}",
             "decode": "mixture-of-experts greedy decoding (Qwen3-MoE shape, {e} experts top-{k}), float32, {size}"}
+    loads = [r["load_average_before"][0] for r in records if "load_average_before" in r] or [0.0]
     out = []
     for c in cells(records):
         if c["ratio"] is None:
@@ -317,7 +319,8 @@ def figure_records(records: Sequence[dict], command: str) -> list[dict]:
         out.append({"kind": "figure", "topic": "speed",
                     "what": what[c["workload"]].format(e=s["experts"], k=s["top_k"], size=c["size"]),
                     "figure": f"{c['tempax']['median']:.1f} {unit} against PyTorch's "
-                              f"{c['transformers']['median']:.1f} ({c['ratio']:.2f}x)",
+                              f"{c['transformers']['median']:.1f} ({c['ratio']:.2f}x); load average "
+                              f"{min(loads):.2f} to {max(loads):.2f} before the measurements",
                     "command": command, "cpu": "; ".join(cpus), "versions": ", ".join(libraries)})
     return out
 
