@@ -5,7 +5,9 @@ as `mlp`, as transformers does); its docstring holds the formula, the papers and
 auxiliary loss keeps the experts evenly used in training. `hf_moe_tensor_to_path` maps each Hugging Face tensor of
 a layer's block to these parameters (a rename, with a transpose and an expert index or an even/odd or half split
 where the checkpoint fuses or splits differently); `moe_path_to_hf` and `moe_params_to_hf_tensors` go back,
-writing what transformers' `save_pretrained` writes.
+writing what transformers' `save_pretrained` writes. `peft_moe_names`, `expert_lora_to_peft` and
+`expert_lora_from_peft` say where and how PEFT keeps LoRA on the experts and the router
+(`tempax.models.lora.LoraExperts`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tempax import ops
 from tempax.errors import CheckpointError
 from tempax.models.config import MoeConfig
 from tempax.models.quant import QuantizedWeight, QuantKind, dequantize_blockwise, quantize_blockwise
+from tempax.ops.experts import ExpertAdapter
 
 # --------------------------------------------------------------------------------------------------------------
 # Routing
@@ -262,12 +265,16 @@ class RoutedExperts(nnx.Module):
         self.activation = moe.expert_activation
         self.swiglu_alpha, self.swiglu_limit = moe.swiglu_alpha, moe.swiglu_limit
 
-    def __call__(self, x_nd: jax.Array, expert_ids_nk: jax.Array, weights_nk: jax.Array) -> jax.Array:
+    def __call__(self, x_nd: jax.Array, expert_ids_nk: jax.Array, weights_nk: jax.Array, *,
+                 gate_up_adapter: ExpertAdapter | None = None, down_adapter: ExpertAdapter | None = None) -> jax.Array:
+        """The experts' weighted outputs [N, D]; the adapters (LoRA, `tempax.models.lora.LoraExperts`) join the
+        same grouped products."""
         value = lambda p: None if p is None else p[...]  # noqa: E731
         return ops.expert_products(
             x_nd, expert_ids_nk, weights_nk, self.gate_proj[...], self.up_proj[...], self.down_proj[...],
             activation=self.activation, gate_bias_ei=value(self.gate_proj_bias), up_bias_ei=value(self.up_proj_bias),
-            down_bias_ed=value(self.down_proj_bias), swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit)
+            down_bias_ed=value(self.down_proj_bias), swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
+            gate_up_adapter=gate_up_adapter, down_adapter=down_adapter)
 
 
 EXPERT_KERNELS = ("gate_proj", "up_proj", "down_proj")
@@ -292,35 +299,38 @@ def _dequantized_experts(quantized, spec: _QuantizedExpertsSpec, dtype: Any) -> 
     return out
 
 
-def _quantized_experts_forward(x, ids, weights, quantized, biases, spec: _QuantizedExpertsSpec):
+def _quantized_experts_forward(x, ids, weights, quantized, biases, adapters, spec: _QuantizedExpertsSpec):
     # Tied to x, as `tempax.models.quant.quantized_matmul` ties its kernel: a scheduler may not dequantize every
     # layer's experts up front.
     x, quantized = jax.lax.optimization_barrier((x, quantized))
     gate, up, down = _dequantized_experts(quantized, spec, x.dtype)
     return ops.expert_products(x, ids, weights, gate, up, down, activation=spec.activation, gate_bias_ei=biases[0],
                                up_bias_ei=biases[1], down_bias_ed=biases[2], swiglu_alpha=spec.swiglu_alpha,
-                               swiglu_limit=spec.swiglu_limit)
+                               swiglu_limit=spec.swiglu_limit, gate_up_adapter=adapters[0], down_adapter=adapters[1])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def quantized_expert_products(x, ids, weights, quantized, biases, spec: _QuantizedExpertsSpec) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def quantized_expert_products(x, ids, weights, quantized, biases, adapters, spec: _QuantizedExpertsSpec) -> jax.Array:
     """`ops.expert_products` over kernels dequantized from `quantized` ((codes, scale) of gate, up, down), with
-    gradients for the tokens x and the routing weights only: the codes, the scales and the experts' biases are
-    frozen (QLoRA's base). The backward pass dequantizes again and recomputes the products instead of keeping a
-    float copy of the experts from the forward to the backward pass (the memory QLoRA exists to save)."""
-    return _quantized_experts_forward(x, ids, weights, quantized, biases, spec)
+    gradients for the tokens x, the routing weights and the float LoRA `adapters` (gate_up, down: `ExpertAdapter`s
+    or None) only: the codes, the scales and the experts' biases are frozen (QLoRA's base). The backward pass
+    dequantizes again and recomputes the products instead of keeping a float copy of the experts from the forward
+    to the backward pass (the memory QLoRA exists to save)."""
+    return _quantized_experts_forward(x, ids, weights, quantized, biases, adapters, spec)
 
 
-def _quantized_experts_fwd(x, ids, weights, quantized, biases, spec):
-    return _quantized_experts_forward(x, ids, weights, quantized, biases, spec), (x, ids, weights, quantized, biases)
+def _quantized_experts_fwd(x, ids, weights, quantized, biases, adapters, spec):
+    return (_quantized_experts_forward(x, ids, weights, quantized, biases, adapters, spec),
+            (x, ids, weights, quantized, biases, adapters))
 
 
 def _quantized_experts_bwd(spec, residuals, g):
-    x, ids, weights, quantized, biases = residuals
+    x, ids, weights, quantized, biases, adapters = residuals
     g, quantized = jax.lax.optimization_barrier((g, quantized))
-    _, vjp = jax.vjp(lambda x, w: _quantized_experts_forward(x, ids, w, quantized, biases, spec), x, weights)
-    d_x, d_weights = vjp(g)
-    return d_x, None, d_weights, None, None
+    _, vjp = jax.vjp(lambda x, w, a: _quantized_experts_forward(x, ids, w, quantized, biases, a, spec),
+                     x, weights, adapters)
+    d_x, d_weights, d_adapters = vjp(g)
+    return d_x, None, d_weights, None, None, d_adapters
 
 
 quantized_expert_products.defvjp(_quantized_experts_fwd, _quantized_experts_bwd)
@@ -367,11 +377,13 @@ class QuantizedRoutedExperts(nnx.Module):
         flat = jax.vmap(one)(codes.reshape(-1, *codes.shape[-2:]), scale.reshape(-1, *scale.shape[-2:]))
         return flat.reshape(*lead, *flat.shape[-2:])
 
-    def __call__(self, x_nd: jax.Array, expert_ids_nk: jax.Array, weights_nk: jax.Array) -> jax.Array:
+    def __call__(self, x_nd: jax.Array, expert_ids_nk: jax.Array, weights_nk: jax.Array, *,
+                 gate_up_adapter: ExpertAdapter | None = None, down_adapter: ExpertAdapter | None = None) -> jax.Array:
         quantized = tuple((getattr(self, f"{n}_codes")[...], getattr(self, f"{n}_scale")[...]) for n in EXPERT_KERNELS)
         biases = tuple(None if b is None else b[...] for b in (self.gate_proj_bias, self.up_proj_bias,
                                                                 self.down_proj_bias))
-        return quantized_expert_products(x_nd, expert_ids_nk, weights_nk, quantized, biases, self.spec)
+        return quantized_expert_products(x_nd, expert_ids_nk, weights_nk, quantized, biases,
+                                         (gate_up_adapter, down_adapter), self.spec)
 
 
 def _linear(i: int, o: int, names: tuple[str | None, str | None], *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs,
@@ -697,16 +709,81 @@ def load_block_params(block: SparseMoeBlock, params: Mapping[tuple[str, ...], np
         var[...] = jnp.asarray(value, var.dtype)
 
 
+# --------------------------------------------------------------------------------------------------------------
+# PEFT's names and layout for LoRA on the experts and the router
+
+
+@dataclass(frozen=True)
+class PeftMoeNames:
+    """Where PEFT (with transformers 5's modules) puts LoRA on a layer's MoE block, layer-relative.
+
+    Attributes:
+      router: the router module ("mlp.gate"; gpt-oss "mlp.router"), adapted through its `weight` [E, D].
+      experts: the experts module ("mlp.experts") holding gate_up_proj and down_proj, adapted as
+        `target_parameters`.
+      gate_up: how gate_up_proj's output axis holds the gate and up kernels: "halves" (gate rows, then up rows:
+        Qwen, Mixtral) or "interleaved" (even gate, odd up: gpt-oss).
+    """
+
+    router: str
+    experts: str
+    gate_up: Literal["halves", "interleaved"]
+
+
+_PEFT_NAMES = {"qwen3_moe": PeftMoeNames("mlp.gate", "mlp.experts", "halves"),
+               "qwen2_moe": PeftMoeNames("mlp.gate", "mlp.experts", "halves"),
+               "mixtral": PeftMoeNames("mlp.gate", "mlp.experts", "halves"),  # transformers 5 renames block_sparse_moe
+               "gpt_oss": PeftMoeNames("mlp.router", "mlp.experts", "interleaved")}
+
+
+def peft_moe_names(family: str) -> PeftMoeNames:
+    """The `PeftMoeNames` of a family; a `CheckpointError` for one without them."""
+    _check_family(family)
+    return _PEFT_NAMES[family]
+
+
+def expert_lora_to_peft(a_eir: np.ndarray, b_ero: np.ndarray, gate_up: str | None = None) -> tuple[
+        np.ndarray, np.ndarray]:
+    """PEFT's (lora_A.weight [E * r, in], lora_B.weight [out, r * E]) of one layer's expert adapters a [E, in, r],
+    b [E, r, out] (tempax's layout; for gate_up_proj the gate's columns first).
+
+    PEFT's `ParamWrapper` keeps the E experts' adapters as one Linear pair: A's rows expert-major (row e * r + j is
+    A_e's row j), B's columns rank-major (column j * E + e is B_e's column j), so expert e's update is
+    B_e A_e in the torch [out, in] orientation, (A_e B_e)^T of tempax's. `gate_up` ("halves" / "interleaved")
+    orders gate_up_proj's output axis as the family's fused parameter does."""
+    num_experts, n_in, rank = a_eir.shape
+    if gate_up == "interleaved":
+        inner = b_ero.shape[-1] // 2
+        fused = np.empty_like(b_ero)
+        fused[..., 0::2], fused[..., 1::2] = b_ero[..., :inner], b_ero[..., inner:]
+        b_ero = fused
+    lora_a = np.transpose(a_eir, (0, 2, 1)).reshape(num_experts * rank, n_in)
+    lora_b = np.transpose(b_ero, (2, 1, 0)).reshape(b_ero.shape[-1], rank * num_experts)
+    return np.ascontiguousarray(lora_a), np.ascontiguousarray(lora_b)
+
+
+def expert_lora_from_peft(lora_a: np.ndarray, lora_b: np.ndarray, num_experts: int,
+                          gate_up: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of `expert_lora_to_peft`: (a [E, in, r], b [E, r, out]) from PEFT's lora_A / lora_B weights."""
+    rank = lora_a.shape[0] // num_experts
+    a_eir = np.transpose(lora_a.reshape(num_experts, rank, lora_a.shape[-1]), (0, 2, 1))
+    b_ero = np.transpose(lora_b.reshape(lora_b.shape[0], rank, num_experts), (2, 1, 0))
+    if gate_up == "interleaved":
+        b_ero = np.concatenate([b_ero[..., 0::2], b_ero[..., 1::2]], axis=-1)
+    return np.ascontiguousarray(a_eir), np.ascontiguousarray(b_ero)
+
+
 def hf_layer_tensors(tensors: Iterable[tuple[str, np.ndarray]], layer: int) -> dict[str, np.ndarray]:
     """The tensors of decoder layer `layer` with layer-relative names ("model.layers.{layer}." removed)."""
     prefix = f"model.layers.{layer}."
     return {name[len(prefix):]: t for name, t in tensors if name.startswith(prefix)}
 
 
-__all__ = ["EXPERT_KERNELS", "HF_MOE_FAMILIES", "HfMoeFamily", "MoeTensorSlot", "QuantizedRoutedExperts",
-           "RecordedRouting", "RoutedExperts", "RouterStatistics",
-           "SharedExpert", "SparseMoeBlock", "block_params", "fill_slot", "hf_layer_tensors", "hf_moe_tensor_to_path",
-           "hf_moe_tensors_to_params", "is_recording_router_statistics", "load_balancing_loss",
-           "load_balancing_loss_from_statistics", "load_block_params", "moe_param_shapes", "moe_params_to_hf_tensors",
-           "moe_path_to_hf", "not_recording_router_statistics", "quantized_expert_products", "record_router_statistics",
-           "recording_router_statistics", "route", "router_aux_loss", "router_statistics", "with_router_aux_loss"]
+__all__ = ["EXPERT_KERNELS", "HF_MOE_FAMILIES", "HfMoeFamily", "MoeTensorSlot", "PeftMoeNames",
+           "QuantizedRoutedExperts", "RecordedRouting", "RoutedExperts", "RouterStatistics", "SharedExpert",
+           "SparseMoeBlock", "block_params", "expert_lora_from_peft", "expert_lora_to_peft", "fill_slot",
+           "hf_layer_tensors", "hf_moe_tensor_to_path", "hf_moe_tensors_to_params", "is_recording_router_statistics",
+           "load_balancing_loss", "load_balancing_loss_from_statistics", "load_block_params", "moe_param_shapes",
+           "moe_params_to_hf_tensors", "moe_path_to_hf", "not_recording_router_statistics", "peft_moe_names",
+           "quantized_expert_products", "record_router_statistics", "recording_router_statistics", "route",
+           "router_aux_loss", "router_statistics", "with_router_aux_loss"]

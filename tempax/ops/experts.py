@@ -123,6 +123,30 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> ja
     return _ragged_product(lhs, rhs, group_sizes)
 
 
+class ExpertAdapter(NamedTuple):
+    """A low-rank (LoRA) update of a stacked expert kernel W [E, in, out]: expert e computes with
+    W_e + scale * A_e B_e, kept factored (`low_rank_update`).
+
+    Attributes:
+      a_eir: [E, in, r] the experts' A.
+      b_ero: [E, r, out] the experts' B.
+      scale: alpha / r (times 0 or 1 for a layer without the adapter), a float or a scalar array.
+    """
+
+    a_eir: jax.Array
+    b_ero: jax.Array
+    scale: jax.Array | float
+
+
+def low_rank_update(rows: jax.Array, adapter: ExpertAdapter, group_sizes: jax.Array,
+                    grouped_product: GroupedProduct = grouped_matmul) -> jax.Array:
+    """scale * (rows[r] A_{g(r)}) B_{g(r)} for rows sorted by expert: two grouped products through the rank r,
+    never the [E, in, out] product A B (LoRA, Hu et al. 2021, arXiv:2106.09685, per expert). [m, out] in rows'
+    dtype."""
+    h = grouped_product(rows, adapter.a_eir, group_sizes)
+    return grouped_product(h, adapter.b_ero, group_sizes) * jnp.asarray(adapter.scale, rows.dtype)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The experts' activation and the whole op
 
@@ -162,6 +186,8 @@ def expert_products(
     swiglu_alpha: float = 1.702,
     swiglu_limit: float = 7.0,
     grouped_product: GroupedProduct = grouped_matmul,
+    gate_up_adapter: ExpertAdapter | None = None,
+    down_adapter: ExpertAdapter | None = None,
 ) -> jax.Array:
     """y_t = sum_j w[t, j] * (act(x_t G_e + b^G_e, x_t U_e + b^U_e) D_e + b^D_e), e = ids[t, j].
 
@@ -190,6 +216,8 @@ def expert_products(
       gate_bias_ei, up_bias_ei: [E, inner], down_bias_ed: [E, hidden]: the experts' biases (gpt-oss), or None.
       grouped_product: the grouped product (`grouped_matmul`, ragged_dot; or a platform's kernel built with
         `with_mixed_precision_vjp`, e.g. `tempax.ops.tpu.experts.grouped_matmul`).
+      gate_up_adapter: LoRA on the gate and up kernels together ([G_e | U_e] += scale * A_e B_e, B's first `inner`
+        columns the gate's), or None; down_adapter: LoRA on the down kernels, or None (`ExpertAdapter`).
 
     Returns:
       [tokens, hidden] in x's dtype; the k experts' outputs are weighted and summed in float32.
@@ -203,13 +231,19 @@ def expert_products(
 
     gate = grouped_product(rows, gate_edi, groups.group_sizes) + bias(gate_bias_ei)
     up = grouped_product(rows, up_edi, groups.group_sizes) + bias(up_bias_ei)
+    if gate_up_adapter is not None:
+        delta = low_rank_update(rows, gate_up_adapter, groups.group_sizes, grouped_product)
+        gate, up = gate + delta[:, :gate.shape[1]], up + delta[:, gate.shape[1]:]
     hidden = expert_activation(gate, up, activation, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
-    out = grouped_product(hidden.astype(x_td.dtype), down_eid, groups.group_sizes) + bias(down_bias_ed)
+    hidden = hidden.astype(x_td.dtype)
+    out = grouped_product(hidden, down_eid, groups.group_sizes) + bias(down_bias_ed)
+    if down_adapter is not None:
+        out = out + low_rank_update(hidden, down_adapter, groups.group_sizes, grouped_product)
     out_tkd = unsort(out, groups.order).reshape(num_tokens, k, -1)
     y = jnp.sum(out_tkd.astype(jnp.float32) * weights_tk.astype(jnp.float32)[..., None], axis=1)
     return y.astype(x_td.dtype)
 
 
-__all__ = ["EXPERT_ACTIVATIONS", "ExpertActivation", "ExpertGroups", "GroupedProduct", "clamped_swiglu",
-           "expert_activation", "expert_products", "group_by_expert", "grouped_matmul", "unsort",
-           "with_mixed_precision_vjp"]
+__all__ = ["EXPERT_ACTIVATIONS", "ExpertActivation", "ExpertAdapter", "ExpertGroups", "GroupedProduct",
+           "clamped_swiglu", "expert_activation", "expert_products", "group_by_expert", "grouped_matmul",
+           "low_rank_update", "unsort", "with_mixed_precision_vjp"]

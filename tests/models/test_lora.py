@@ -1,4 +1,5 @@
-"""LoRA adapters: zero-B and adapters-off invariance, adapter-only training, KV cache, PEFT save/load, merge export."""
+"""LoRA adapters: zero-B and adapters-off invariance, adapter-only training, KV cache, PEFT save/load, merge export;
+a mixture of experts' expert and router adapters through PEFT's target_parameters, both directions."""
 
 import json
 import os
@@ -20,6 +21,7 @@ from tempax.models.lora import (
     apply_lora,
     disable_adapters,
     load_adapters,
+    lora_experts,
     lora_filter,
     lora_layers,
     merge_lora,
@@ -27,7 +29,7 @@ from tempax.models.lora import (
     save_adapters,
     target_paths,
 )
-from tests.kit.models import random_ids, tiny_tempax_model
+from tests.kit.models import TINY_MOE_FAMILIES, random_ids, tiny_tempax_model
 
 CFG = LoraConfig(rank=4, alpha=8.0)
 
@@ -368,18 +370,17 @@ def test_peft_loads_saved_adapters(tokens, tmp_path):
         np.testing.assert_allclose(_torch_logits(ref, tokens), np.asarray(_logits(lora, tokens)), atol=1e-4, rtol=0)
 
 
-def test_adapters_trained_with_peft_load_into_tempax(tokens, tmp_path):
-    """Adapters made by peft (random B) load with load_adapters and give peft's logits."""
-    torch = pytest.importorskip("torch")
-    import peft  # in the test extra, so this runs wherever the suite runs
+def _peft_trained(base, config, tmp_path):
+    """(base, peft model): `base` saved to tmp_path/base, peft's adapters of `config` on it with random B saved to
+    tmp_path/adapter."""
+    import torch
+    import peft
     import transformers
 
     from tempax.models.hf_io import save_hf_checkpoint
 
-    base = tiny_tempax_model("qwen2")
     save_hf_checkpoint(base, str(tmp_path / "base"))
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base")).eval()
-    config = peft.LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"])
     ref = peft.get_peft_model(ref, config).eval()
     torch.manual_seed(0)
     with torch.no_grad():
@@ -387,6 +388,16 @@ def test_adapters_trained_with_peft_load_into_tempax(tokens, tmp_path):
             if "lora_B" in name:
                 p.normal_(0, 0.2)
     ref.save_pretrained(str(tmp_path / "adapter"))
+    return base, ref
+
+
+def test_adapters_trained_with_peft_load_into_tempax(tokens, tmp_path):
+    """Adapters made by peft (random B) load with load_adapters and give peft's logits."""
+    pytest.importorskip("torch")
+    import peft  # in the test extra, so this runs wherever the suite runs
+
+    config = peft.LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"])
+    base, ref = _peft_trained(tiny_tempax_model("qwen2"), config, tmp_path)
     loaded = load_adapters(base, str(tmp_path / "adapter"))
     assert len(list(lora_layers(loaded))) == 3  # q, k and v, each stacked over the layers
     np.testing.assert_allclose(np.asarray(_logits(loaded, tokens)), _torch_logits(ref, tokens), atol=1e-4, rtol=0)
@@ -401,3 +412,97 @@ def test_adapters_of_a_fused_family_are_refused_in_peft_layout(tmp_path):
         save_adapters(lora, str(tmp_path))
     assert not os.listdir(tmp_path)
     assert peft_unsupported_reason(apply_lora(tiny_tempax_model("llama"), CFG, rngs=nnx.Rngs(1))) is None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A mixture of experts: adapters on the routed experts and the router (PEFT's target_parameters)
+
+
+def _randomize_expert_b(model, seed: int = 0, scale: float = 0.2):
+    """Non-zero B on every adapter, the experts' included."""
+    _randomize_b(model, seed, scale)
+    for j, (_, experts) in enumerate(lora_experts(model)):
+        for k, name in enumerate(experts.adapted_params()):
+            b = experts.factors(name)[1]
+            b.set_value(jax.random.normal(jax.random.fold_in(jax.random.key(seed + 100), 10 * j + k), b.shape) * scale)
+    return model
+
+
+MOE_TARGETS = (("q_proj", "experts", "router"),
+               (r"layers\.[01]\.mlp\.experts\.gate_up_proj", r"layers\.2\.mlp\.experts\.down_proj", "k_proj"))
+
+
+@pytest.mark.parametrize("family", TINY_MOE_FAMILIES)
+def test_peft_loads_saved_expert_and_router_adapters(family, tokens, tmp_path):
+    """LoRA on the attention, the routed experts and the router of each tiny mixture of experts (gpt-oss: its
+    router is mlp.router, its gate_up_proj interleaved), and on some layers' experts only: PeftModel.from_pretrained
+    of the saved folder gives the tempax logits within 1e-4 (float32), the adapters moving them by far more; the
+    folder loads back into tempax with the same logits."""
+    pytest.importorskip("torch")
+    import peft  # in the test extra, so this runs wherever the suite runs
+    import transformers
+
+    from tempax.models.hf_io import save_hf_checkpoint
+
+    base = tiny_tempax_model(family)
+    save_hf_checkpoint(base, str(tmp_path / "base"))
+    plain = _torch_logits(transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base")).eval(), tokens)
+    for i, targets in enumerate(MOE_TARGETS):
+        lora = _randomize_expert_b(apply_lora(base, LoraConfig(rank=2, alpha=6.0, target_modules=targets),
+                                              rngs=nnx.Rngs(1)))
+        folder = str(tmp_path / f"adapter{i}")
+        save_adapters(lora, folder, base_model_name_or_path=str(tmp_path / "base"))
+        with open(os.path.join(folder, ADAPTER_CONFIG)) as f:
+            config = json.load(f)
+        router = "mlp.router.weight" if family == "gpt_oss" else "mlp.gate.weight"
+        if i == 0:
+            assert config["target_modules"] == ["q_proj"]
+            assert sorted(config["target_parameters"]) == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj", router]
+        else:
+            assert config["target_parameters"] == ["model.layers.0.mlp.experts.gate_up_proj",
+                                                   "model.layers.1.mlp.experts.gate_up_proj",
+                                                   "model.layers.2.mlp.experts.down_proj"]
+        ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base")).eval()
+        ref = peft.PeftModel.from_pretrained(ref, folder).eval()
+        expected = np.asarray(_logits(lora, tokens))
+        got = _torch_logits(ref, tokens)
+        assert np.max(np.abs(got - plain)) > 0.05
+        np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+        loaded = load_adapters(base, folder)
+        np.testing.assert_array_equal(np.asarray(_logits(loaded, tokens)), expected)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_expert_adapters_trained_with_peft_load_into_tempax(family, tokens, tmp_path):
+    """Adapters peft makes with target_parameters on the experts' gate_up_proj and down_proj and on the router, and
+    target_modules on v_proj (random B), load with load_adapters and give peft's logits within 1e-4."""
+    pytest.importorskip("torch")
+    import peft  # in the test extra, so this runs wherever the suite runs
+
+    router = "mlp.router.weight" if family == "gpt_oss" else "mlp.gate.weight"
+    config = peft.LoraConfig(r=4, lora_alpha=16, target_modules=["v_proj"],
+                             target_parameters=["gate_up_proj", "down_proj", router])
+    base, ref = _peft_trained(tiny_tempax_model(family), config, tmp_path)
+    loaded = load_adapters(base, str(tmp_path / "adapter"))
+    assert {p[-1] for p, _ in lora_layers(loaded)} == {"v_proj", "gate"}
+    (_, experts), = lora_experts(loaded)
+    assert experts.adapted_params() == ["gate_up_proj", "down_proj"]
+    np.testing.assert_allclose(np.asarray(_logits(loaded, tokens)), _torch_logits(ref, tokens), atol=1e-4, rtol=0)
+    with pytest.raises(CheckpointError, match="target_parameters .*has none"):
+        load_adapters(tiny_tempax_model("llama"), str(tmp_path / "adapter"))
+
+
+@pytest.mark.parametrize("family", TINY_MOE_FAMILIES)
+def test_merged_expert_lora_export_loads_in_transformers(family, tokens, tmp_path):
+    """merge_lora of LoRA on attention, experts and router -> save_hf_checkpoint (what `tempax export` writes) ->
+    transformers gives the tempax LoRA model's logits (atol 1e-4)."""
+    pytest.importorskip("torch")
+    import transformers
+
+    from tempax.models.hf_io import save_hf_checkpoint
+
+    cfg = LoraConfig(rank=2, alpha=6.0, target_modules=MOE_TARGETS[0])
+    lora = _randomize_expert_b(apply_lora(tiny_tempax_model(family), cfg, rngs=nnx.Rngs(1)))
+    save_hf_checkpoint(merge_lora(lora), str(tmp_path))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
+    np.testing.assert_allclose(_torch_logits(ref, tokens), np.asarray(_logits(lora, tokens)), atol=1e-4, rtol=0)

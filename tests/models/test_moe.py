@@ -18,7 +18,7 @@ from numpy.testing import assert_allclose
 from tempax.errors import CheckpointError, ConfigError
 from tempax.models.config import ModelConfig, MoeConfig
 from tempax.models.decoder import Decoder
-from tempax.models.lora import LoraConfig, apply_lora, disable_adapters, lora_layers
+from tempax.models.lora import LoraConfig, apply_lora, disable_adapters, lora_experts, lora_layers
 from tempax.models.moe import (RouterStatistics, SparseMoeBlock, block_params, hf_layer_tensors,
                                hf_moe_tensor_to_path, hf_moe_tensors_to_params, load_balancing_loss,
                                load_block_params, moe_param_shapes, moe_params_to_hf_tensors, moe_path_to_hf,
@@ -446,14 +446,18 @@ def _causal_lm_loss(model, batch):
     return -jnp.sum(logp * mask) / jnp.sum(mask), {"num_tokens": jnp.sum(mask)}
 
 
-def test_the_training_step_runs_no_loop_over_experts():
+@pytest.mark.parametrize("adapted", [False, True], ids=["full", "lora-experts"])
+def test_the_training_step_runs_no_loop_over_experts(adapted):
     """The whole training step (`tempax.train.step.make_train_step`: forward, router auxiliary loss, gradient, SGD
     update) of tiny-qwen3-moe traced for 4 and for 64 experts holds the same products: the three layers are one
     scanned layer, whose experts are 3 grouped products forward and 6 more for their gradients (9
-    ragged_dot_general), whatever the number of experts. A loop over experts would multiply the grouped count by
-    E; a dense [tokens, experts, ...] product would change the dense count with E."""
+    ragged_dot_general), whatever the number of experts. With LoRA on the experts (gate_up_proj and down_proj,
+    training the adapters only) each adapter adds two grouped products through its rank (x A_e, then (x A_e) B_e),
+    each with two in its backward pass: 3 + 4 = 7 forward, 14 backward, 21 in all. A loop over experts would
+    multiply the grouped count by E; a dense [tokens, experts, ...] product would change the dense count with E."""
     import optax
 
+    from tempax.models.lora import lora_filter
     from tempax.train.state import ModelParts, init_state
     from tempax.train.step import make_train_step
 
@@ -461,7 +465,10 @@ def test_the_training_step_runs_no_loop_over_experts():
     for num_experts in (4, 64):
         cfg = tiny_config("qwen3_moe")
         cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, num_experts=num_experts, train_aux_loss=True))
-        parts, params = ModelParts.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+        model = Decoder(cfg, rngs=nnx.Rngs(0))
+        if adapted:
+            model = apply_lora(model, LoraConfig(rank=2, target_modules=("experts",)), rngs=nnx.Rngs(1))
+        parts, params = ModelParts.split(model, lora_filter if adapted else nnx.Param)
         optimizer = optax.sgd(0.1)
         step = make_train_step(_causal_lm_loss, parts, optimizer)
         batch = {"tokens": jnp.asarray(random_ids((2, 8))), "targets": jnp.asarray(random_ids((2, 8), seed=1)),
@@ -472,38 +479,152 @@ def test_the_training_step_runs_no_loop_over_experts():
         metrics = jax.eval_shape(step, state, parts.rest, batch)[1]
         assert {"moe_aux_loss", "moe_max_load"} <= set(metrics)
     assert counts[0] == counts[1]
-    assert counts[0]["ragged_dot_general"] == 9
+    assert counts[0]["ragged_dot_general"] == (21 if adapted else 9)
 
 
 # --------------------------------------------------------------------------------------------------------------
 # LoRA and QLoRA on a mixture of experts
 
 
-def test_lora_on_experts_or_the_router_is_refused_with_the_fix():
-    """The default targets name gate_proj / up_proj / down_proj, which are routed experts here: refused, naming the
-    attention projections; "gate" selects the router: refused; the attention projections are accepted."""
+def test_lora_targets_name_the_experts_and_the_router_as_peft_users_do():
+    """On tiny-qwen3-moe: the default targets adapt the attention and the experts (gate_proj with up_proj is the
+    fused gate_up_proj, down_proj the experts' down kernels); "experts" adapts both expert parameters, "gate" or
+    "router" the router (a LoraLinear), a path regex selects layers. Refused with the fix: gate_proj without
+    up_proj, adapter dropout on experts or router (PEFT's target_parameters LoRA has none), unknown names."""
     model = tiny_tempax_model("qwen3_moe")
-    with pytest.raises(ConfigError, match=r"'gate_proj' names the routed experts.*\[q_proj, k_proj, v_proj, o_proj\]"):
-        apply_lora(model, LoraConfig(rank=2), rngs=nnx.Rngs(0))
-    with pytest.raises(ConfigError, match=r"selects the router \(mlp.gate\)"):
-        apply_lora(model, LoraConfig(rank=2, target_modules=("q_proj", "gate")), rngs=nnx.Rngs(0))
-    adapted = apply_lora(model, LoraConfig(rank=2, target_modules=("q_proj", "k_proj", "v_proj", "o_proj")),
-                         rngs=nnx.Rngs(0))
-    assert len(list(lora_layers(adapted))) == 4
+    default = apply_lora(model, LoraConfig(rank=2), rngs=nnx.Rngs(0))
+    assert {p for p, _ in lora_layers(default)} == {("layers", "self_attn", n) for n in ("q_proj", "k_proj",
+                                                                                      "v_proj", "o_proj")}
+    (path, experts), = lora_experts(default)
+    assert path == ("layers", "mlp", "experts") and experts.adapted_params() == ["gate_up_proj", "down_proj"]
+    # [L, E, D, r] = [3, 6, 64, 2]; B [L, E, r, 2I] = [3, 6, 2, 64] zeros; down A [3, 6, 32, 2], B [3, 6, 2, 64]
+    assert experts.gate_up_a.shape == (3, 6, 64, 2) and experts.gate_up_b.shape == (3, 6, 2, 64)
+    assert experts.down_a.shape == (3, 6, 32, 2) and experts.down_b.shape == (3, 6, 2, 64)
+    assert not np.any(np.asarray(experts.gate_up_b[...]))
+    routed = apply_lora(model, LoraConfig(rank=2, target_modules=("router", "experts")), rngs=nnx.Rngs(0))
+    assert [p for p, _ in lora_layers(routed)] == [("layers", "mlp", "gate")]
+    assert lora_layers(routed).__next__()[1].lora_b.shape == (3, 2, 6)
+    some = apply_lora(model, LoraConfig(rank=2, target_modules=(r"layers\.[02]\.mlp\.experts\.down_proj",)),
+                      rngs=nnx.Rngs(0))
+    (_, experts), = lora_experts(some)
+    assert experts.adapted_params() == ["down_proj"] and experts.adapted_layers("down_proj") == [0, 2]
+    assert np.asarray(experts.down_mask[...]).tolist() == [1.0, 0.0, 1.0]
+    with pytest.raises(ConfigError, match=r"gate_proj names half of the routed experts.*gate_up_proj"):
+        apply_lora(model, LoraConfig(rank=2, target_modules=("q_proj", "gate_proj")), rngs=nnx.Rngs(0))
+    with pytest.raises(ConfigError, match=r"lora.dropout=0.1 .*Set lora.dropout=0"):
+        apply_lora(model, LoraConfig(rank=2, dropout=0.1, target_modules=("gate",)), rngs=nnx.Rngs(0))
+    with pytest.raises(ConfigError, match=r"'w9' matches no linear layer or expert parameter.*experts.*gate_up_proj.*router"):
+        apply_lora(model, LoraConfig(rank=2, target_modules=("w9",)), rngs=nnx.Rngs(0))
+
+
+def test_low_rank_update_by_hand():
+    """Two rows sorted by expert (row 0 to expert 0, row 1 to expert 1), in 2, rank 1, out 2, scale 0.5:
+    expert 0: A = [[1], [0]], B = [[3, 4]]: x = [1, 2] -> x A = 1 -> 0.5 * [3, 4] = [1.5, 2];
+    expert 1: A = [[1], [1]], B = [[1, -1]]: x = [2, -1] -> x A = 1 -> 0.5 * [1, -1] = [0.5, -0.5]."""
+    from tempax.ops.experts import ExpertAdapter, low_rank_update
+
+    adapter = ExpertAdapter(jnp.array([[[1.0], [0.0]], [[1.0], [1.0]]]), jnp.array([[[3.0, 4.0]], [[1.0, -1.0]]]),
+                            0.5)
+    out = low_rank_update(jnp.array([[1.0, 2.0], [2.0, -1.0]]), adapter, jnp.array([1, 1], jnp.int32))
+    assert_allclose(np.asarray(out), [[1.5, 2.0], [0.5, -0.5]], rtol=1e-6)
+
+
+def _expert_adapters(model, seed: int = 0, scale: float = 0.3):
+    """Non-zero B on every expert adapter (and router adapter), so they change the output."""
+    key = jax.random.key(seed)
+    for _, layer in lora_layers(model):
+        key, sub = jax.random.split(key)
+        layer.lora_b.set_value(jax.random.normal(sub, layer.lora_b.shape) * scale)
+    for _, experts in lora_experts(model):
+        for name in experts.adapted_params():
+            key, sub = jax.random.split(key)
+            b = experts.factors(name)[1]
+            b.set_value(jax.random.normal(sub, b.shape) * scale)
+    return model
+
+
+def test_expert_adapters_compute_base_plus_scaled_low_rank_update_per_expert():
+    """tiny-gpt-oss (expert biases, clamped SwiGLU, interleaved gate/up in its files) with LoRA on the experts and
+    the router, alpha / r = 3 / 2. B = 0: logits equal the base exactly. Non-zero B: the logits equal those of the
+    base model whose kernels are W_e + 1.5 * A_e B_e (the gate the first I columns of A_e B^gu_e, up the rest) and
+    whose router kernel is W_r + 1.5 * A B, built here from the factors, and the gradients of a loss with respect to
+    A and B equal those through that hand-built model (autodiff through W + 1.5 A B)."""
+    from tempax.models.lora import lora_filter
+
+    base = tiny_tempax_model("gpt_oss")
+    ids = jnp.asarray(random_ids((2, 7), seed=3))
+    lora = apply_lora(base, LoraConfig(rank=2, alpha=3.0, target_modules=("experts", "router")), rngs=nnx.Rngs(2))
+    np.testing.assert_array_equal(np.asarray(_forward(lora, ids)[0]), np.asarray(_forward(base, ids)[0]))
+    lora = _expert_adapters(lora)
+    (_, experts), = lora_experts(lora)
+    (_, router), = lora_layers(lora)
+
+    def hand_model(factors):
+        (ga, gb), (da, db), (ra, rb) = factors
+        inner = gb.shape[-1] // 2
+        model = nnx.clone(base)
+        up_down = {"gate_proj": ga @ gb[..., :inner], "up_proj": ga @ gb[..., inner:], "down_proj": da @ db}
+        for name, delta in up_down.items():
+            kernel = getattr(model.layers.mlp.experts, name)
+            kernel.set_value(kernel[...] + 1.5 * delta)
+        model.layers.mlp.gate.kernel.set_value(model.layers.mlp.gate.kernel[...] + 1.5 * (ra @ rb))
+        return model
+
+    def loss_of(logits):
+        return jnp.mean(jax.nn.log_softmax(logits)[..., 5])
+
+    factors = (tuple(f[...] for f in experts.factors("gate_up_proj")),
+               tuple(f[...] for f in experts.factors("down_proj")), (router.lora_a[...], router.lora_b[...]))
+    hand_loss, hand_grads = jax.value_and_grad(lambda f: loss_of(hand_model(f)(ids)[0]))(factors)
+    assert_allclose(np.asarray(_forward(lora, ids)[0]), np.asarray(_forward(hand_model(factors), ids)[0]),
+                    rtol=0, atol=1e-5)
+
+    graphdef, adapters, rest = nnx.split(lora, lora_filter, ...)
+    loss, grads = jax.jit(jax.value_and_grad(lambda a: loss_of(nnx.merge(graphdef, a, rest)(ids)[0])))(adapters)
+    assert_allclose(float(loss), float(hand_loss), rtol=1e-5)
+    got = {"gate_up_a": 0, "gate_up_b": 1, "down_a": 2, "down_b": 3}
+    want = [*hand_grads[0], *hand_grads[1]]
+    mlp = grads["layers"]["mlp"]
+    for name, k in got.items():
+        assert float(jnp.max(jnp.abs(want[k]))) > 0
+        assert_allclose(np.asarray(mlp["experts"][name][...]), np.asarray(want[k]), rtol=0, atol=1e-6)
+    assert_allclose(np.asarray(mlp["gate"]["lora_a"][...]), np.asarray(hand_grads[2][0]), rtol=0, atol=1e-6)
+    assert_allclose(np.asarray(mlp["gate"]["lora_b"][...]), np.asarray(hand_grads[2][1]), rtol=0, atol=1e-6)
+
+
+def test_merge_folds_expert_and_router_adapters_into_the_weights():
+    """merge_lora of tiny-qwen3-moe with LoRA on attention, experts and router: a plain Decoder, logits within
+    1e-5 of the adapted model's (float32); with QLoRA the experts stay NF4 codes under float adapters and the
+    merge dequantizes them first."""
+    from tempax.models.lora import merge_lora
+    from tempax.models.moe import QuantizedRoutedExperts, RoutedExperts
+
+    base = tiny_tempax_model("qwen3_moe")
+    ids = jnp.asarray(random_ids((2, 7), seed=5))
+    for quant in (None, "nf4"):
+        cfg = LoraConfig(rank=2, target_modules=("q_proj", "experts", "gate"), quantize_base=quant)
+        lora = _expert_adapters(apply_lora(base, cfg, rngs=nnx.Rngs(4)))
+        (_, experts), = lora_experts(lora)
+        assert isinstance(experts.base_layer, QuantizedRoutedExperts if quant else RoutedExperts)
+        assert experts.gate_up_a.dtype == jnp.float32
+        merged = merge_lora(lora)
+        assert isinstance(merged.layers.mlp.experts, RoutedExperts) and not list(lora_experts(merged))
+        assert_allclose(np.asarray(_forward(merged, ids)[0]), np.asarray(_forward(lora, ids)[0]), rtol=0, atol=1e-5)
 
 
 def test_qlora_stores_the_experts_in_4_bits_and_differentiates_through_them():
     """tiny-gpt-oss (expert biases, clamped SwiGLU) with QLoRA: the expert kernels become NF4 codes (one uint8 per
     two weights) and a float32 scale per 64, the router stays float; the quantized model computes what the float
-    model with the dequantized kernels computes, and the adapters' gradients through the quantized experts (their
-    own backward pass, which dequantizes again) equal those through the float experts."""
+    model with the dequantized kernels computes, and the adapters' gradients (attention's, and the experts' own,
+    which stay float32) through the quantized experts (their own backward pass, which dequantizes again) equal
+    those through the float experts."""
     from tempax.models.lora import lora_filter, merge_lora, quantize_base
     from tempax.models.moe import QuantizedRoutedExperts
 
     base = tiny_tempax_model("gpt_oss")
-    targets = LoraConfig(rank=2, target_modules=("q_proj", "v_proj"))
+    targets = LoraConfig(rank=2, target_modules=("q_proj", "v_proj", "experts"))
     quantized = apply_lora(base, dataclasses.replace(targets, quantize_base="nf4"), rngs=nnx.Rngs(3))
-    experts = quantized.layers.mlp.experts
+    experts = quantized.layers.mlp.experts.base_layer
     assert isinstance(experts, QuantizedRoutedExperts) and isinstance(quantized.layers.mlp.gate, nnx.Linear)
     # [L, E, D, I] = [3, 4, 64, 32]: codes [3, 4, 32, 32] uint8, scales [3, 4, 1, 32]
     assert experts.gate_proj_codes.shape == (3, 4, 32, 32) and experts.gate_proj_codes.dtype == jnp.uint8
@@ -524,7 +645,7 @@ def test_qlora_stores_the_experts_in_4_bits_and_differentiates_through_them():
     (loss_q, grads_q), (loss_f, grads_f) = value_and_grads(quantized), value_and_grads(dequantized)
     assert_allclose(float(loss_q), float(loss_f), rtol=1e-6)
     flat_q, flat_f = jax.tree.leaves(grads_q), jax.tree.leaves(grads_f)
-    assert len(flat_q) == 4 and any(float(jnp.max(jnp.abs(g))) > 0 for g in flat_q)
+    assert len(flat_q) == 8 and any(float(jnp.max(jnp.abs(g))) > 0 for g in flat_q)
     for gq, gf in zip(flat_q, flat_f):
         assert_allclose(np.asarray(gq), np.asarray(gf), rtol=0, atol=1e-6)
 
