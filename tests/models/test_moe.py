@@ -669,3 +669,36 @@ def test_a_prompt_run_into_a_cache_and_its_continuation_are_recorded_and_pooled(
     assert len(recorded) == 3 and [float(r.statistics.tokens) for r in recorded] == [9.0, 12.0, 3.0]
     pooled, one_pass = router_aux_loss(recorded)[1], router_aux_loss(whole)[1]
     assert_allclose(float(pooled["moe_aux_loss"]), float(one_pass["moe_aux_loss"]), rtol=1e-5)
+
+
+def test_an_expert_lora_step_on_8_devices_matches_one_device(tmp_path):
+    """One SFT step (SGD, lr 1, adapters only) of tiny-qwen3-moe with LoRA on q_proj, the experts and the router,
+    on 8 fake CPU devices (data 2 x fsdp 2 x tensor 2) and on one: the experts' adapters are split like their
+    kernels (6 experts over fsdp), and the loss and every updated adapter equal the one-device step's."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    from jax.sharding import PartitionSpec as P
+
+    from tempax.algorithms.sft.main import make_sft_loss
+    from tempax.models.lora import lora_filter
+    from tempax.train.config import MeshConfig, OptimizerConfig
+    from tempax.train.loop import Trainer
+    from tests.train.helpers import host, random_batch, tiny_train_config
+
+    cfg = tiny_config("qwen3_moe").replace(num_layers=2)
+    lora = LoraConfig(rank=2, target_modules=("q_proj", "experts", "router"))
+    batch = random_batch(8, 16, seed=2)
+    sgd = OptimizerConfig(name="sgd", learning_rate=1.0, schedule="constant", weight_decay=0.0, grad_clip_norm=None)
+    results = []
+    for mesh in (MeshConfig(num_devices=1), MeshConfig(num_devices=8, data=2, fsdp=2, tensor=2)):
+        model = _expert_adapters(apply_lora(Decoder(cfg, rngs=nnx.Rngs(0)), lora, rngs=nnx.Rngs(1)))
+        trainer = Trainer(model, make_sft_loss(), tiny_train_config(tmp_path, optimizer=sgd, mesh=mesh),
+                          trainable=lora_filter)
+        metrics = host(trainer.train_step(batch))
+        results.append((metrics, host(trainer.state.params), trainer.state.params))
+    (one_m, one_p, _), (eight_m, eight_p, placed) = results
+    assert placed["layers.mlp.experts.gate_up_a"].sharding.spec == P(None, "fsdp", None, None)
+    assert_allclose(eight_m["loss"], one_m["loss"], rtol=1e-5)
+    assert set(one_p) >= {"layers.mlp.experts.gate_up_b", "layers.mlp.experts.down_a", "layers.mlp.gate.lora_b"}
+    for key in one_p:
+        assert_allclose(eight_p[key], one_p[key], atol=1e-5, err_msg=key)
