@@ -513,7 +513,7 @@ def test_lora_targets_name_the_experts_and_the_router_as_peft_users_do():
         apply_lora(model, LoraConfig(rank=2, target_modules=("q_proj", "gate_proj")), rngs=nnx.Rngs(0))
     with pytest.raises(ConfigError, match=r"lora.dropout=0.1 .*Set lora.dropout=0"):
         apply_lora(model, LoraConfig(rank=2, dropout=0.1, target_modules=("gate",)), rngs=nnx.Rngs(0))
-    with pytest.raises(ConfigError, match=r"'w9' matches no linear layer or expert parameter.*experts.*gate_up_proj.*router"):
+    with pytest.raises(ConfigError, match=r"'w9' matches no linear layer or expert parameter.*gate_up_proj.*router"):
         apply_lora(model, LoraConfig(rank=2, target_modules=("w9",)), rngs=nnx.Rngs(0))
 
 
@@ -545,10 +545,11 @@ def _expert_adapters(model, seed: int = 0, scale: float = 0.3):
 
 def test_expert_adapters_compute_base_plus_scaled_low_rank_update_per_expert():
     """tiny-gpt-oss (expert biases, clamped SwiGLU, interleaved gate/up in its files) with LoRA on the experts and
-    the router, alpha / r = 3 / 2. B = 0: logits equal the base exactly. Non-zero B: the logits equal those of the
-    base model whose kernels are W_e + 1.5 * A_e B_e (the gate the first I columns of A_e B^gu_e, up the rest) and
-    whose router kernel is W_r + 1.5 * A B, built here from the factors, and the gradients of a loss with respect to
-    A and B equal those through that hand-built model (autodiff through W + 1.5 A B)."""
+    the router, alpha / r = 3 / 2. B = 0, or any B under `disable_adapters`: logits equal the base exactly.
+    Non-zero B: the logits equal those of the base model whose kernels are W_e + 1.5 * A_e B_e (the gate the first
+    I columns of A_e B^gu_e, up the rest) and whose router kernel is W_r + 1.5 * A B, built here from the factors,
+    and the gradients of a loss with respect to A and B equal those through that hand-built model (autodiff
+    through W + 1.5 A B)."""
     from tempax.models.lora import lora_filter
 
     base = tiny_tempax_model("gpt_oss")
@@ -556,6 +557,8 @@ def test_expert_adapters_compute_base_plus_scaled_low_rank_update_per_expert():
     lora = apply_lora(base, LoraConfig(rank=2, alpha=3.0, target_modules=("experts", "router")), rngs=nnx.Rngs(2))
     np.testing.assert_array_equal(np.asarray(_forward(lora, ids)[0]), np.asarray(_forward(base, ids)[0]))
     lora = _expert_adapters(lora)
+    with disable_adapters(lora):  # DPO's reference: the base exactly, whatever B
+        np.testing.assert_array_equal(np.asarray(lora(ids)[0]), np.asarray(base(ids)[0]))
     (_, experts), = lora_experts(lora)
     (_, router), = lora_layers(lora)
 
