@@ -25,7 +25,7 @@ from flax import nnx
 from tempax.errors import CheckpointError
 from tempax.models.decoder import Decoder
 from tempax.models.hf_io import load_hf_checkpoint, save_hf_checkpoint, save_safetensors
-from tempax.models.lora import LoraLinear, merge_lora
+from tempax.models.lora import LoraExperts, LoraLinear, merge_lora
 from tempax.models.quant import QuantizedLinear
 from tempax.models.tokenizer import load_tokenizer
 
@@ -106,7 +106,7 @@ def save_reward_model(
       extra: more fields for reward_model.json (e.g. `max_length`, the length it was trained at).
     """
     backbone = model.backbone
-    if any(isinstance(m, (LoraLinear, QuantizedLinear)) for _, m in nnx.iter_modules(backbone)):
+    if any(isinstance(m, (LoraLinear, LoraExperts, QuantizedLinear)) for _, m in nnx.iter_modules(backbone)):
         backbone = merge_lora(backbone)
     os.makedirs(folder, exist_ok=True)
     save_hf_checkpoint(backbone, folder, tokenizer=tokenizer)
