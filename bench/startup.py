@@ -5,7 +5,7 @@
 
 "before" is what `init_sharded` did: `jax.jit` of the whole `Decoder` constructor, lowered and compiled (the
 weights stay abstract, so an 8B shape needs no memory). "after" is `tempax.models.init.init_decoder`: the
-embedding, one layer and the head compiled once each (the layer program is reused for every layer). With
+embedding, the layers (one layer's initialiser under a scan) and the head compiled once each. With
 `--init` the weights are also created (`init_decoder` in full, timed to the last array), which needs the memory
 of the model: leave it off for 8B on a small machine (`--init-max-params 2e9` creates only shapes up to 2B).
 """
@@ -40,7 +40,7 @@ def measure(preset: str, layers: int, devices: int, run_init: bool) -> dict:
 
     t0 = time.perf_counter()
     programs = decoder_programs(cfg, 0, mesh)
-    for name in ("embedding", "layer", "head"):
+    for name in ("embedding", "layers", "head"):
         programs[name].lower(programs["rngs"]).compile()
     row["after_compile_s"] = round(time.perf_counter() - t0, 2)
 

@@ -60,6 +60,28 @@ def test_layer_program_is_traced_once_whatever_the_depth(monkeypatch):
     assert len(traces) == 1  # without a mesh there is no abstract pass for the output shardings: one trace
 
 
+
+def test_every_layer_is_drawn_by_one_call_whatever_the_depth(monkeypatch):
+    """Six layers: each of the three programs (embedding, layers, head) runs once; the layers' weights come out
+    stacked from that one call, equal bit for bit to the one-program jitted constructor's."""
+    calls = []
+    original = model_init.decoder_programs
+
+    def counting_programs(*args, **kwargs):
+        programs = original(*args, **kwargs)
+        counted = lambda name, run: lambda *a: calls.append(name) or run(*a)  # noqa: E731
+        return {name: counted(name, p) if callable(p) else p for name, p in programs.items()}
+
+    monkeypatch.setattr(model_init, "decoder_programs", counting_programs)
+    cfg = PRESETS["tiny-llama"].replace(num_layers=6)
+    got = _flat(init_decoder(cfg, 5))
+    assert sorted(calls) == ["embedding", "head", "layers"]
+    want = _flat(nnx.jit(lambda: Decoder(cfg, rngs=nnx.Rngs(5)))())
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=str(key))
+
+
 @needs_8
 def test_checkpoint_saved_on_8_fsdp_restores_onto_2x2_fsdp_tensor_with_equal_logits(tmp_path):
     """Two steps on 8 devices (fsdp=8), checkpoint; a new trainer on 4 devices (fsdp=2 x tensor=2) restores it:
