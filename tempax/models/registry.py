@@ -324,6 +324,40 @@ def load_model(
     return _load_resolved(resolved, dtype=dtype, param_dtype=param_dtype, seed=seed, progress=progress)[0]
 
 
+def _preset_config(name: str, overrides: Mapping[str, Any] | None, dtype: str | None,
+                   param_dtype: str | None) -> ModelConfig:
+    """The `ModelConfig` a `preset:<name>` source builds: the preset, its `overrides`, then the dtypes asked for."""
+    try:
+        cfg = get_preset(name).replace(**dict(overrides or {}))
+    except TypeError as e:
+        raise ConfigError(f"model.overrides: {e}") from None
+    return _with_dtypes(cfg, dtype, param_dtype)
+
+
+def abstract_preset(
+    source: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    param_dtype: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> "Decoder | None":
+    """The model `load(source, ...)` builds for a `preset:` source, as shapes only (`tempax.models.weights.
+    abstract_model`: no weight drawn, no memory), for a caller that fills every parameter itself (a full run's
+    checkpoint); None for any other source, whose weights are read rather than drawn, and for a model holding
+    state other than parameters, which a checkpoint of parameters would not fill."""
+    if not os.fspath(source).startswith(PRESET_PREFIX):
+        return None
+    _check_dtype(dtype, "dtype")
+    _check_dtype(param_dtype, "param_dtype")
+    from flax import nnx  # JAX loads when a model is built, not when a name resolves
+
+    from tempax.models.weights import abstract_model
+
+    model = abstract_model(_preset_config(resolve_source(source).location, overrides, dtype, param_dtype))
+    _, _, other = nnx.split(model, nnx.Param, ...)
+    return None if list(nnx.to_flat_state(other)) else model
+
+
 def _load_resolved(
     resolved: ResolvedSource, *, dtype: str | None, param_dtype: str | None, seed: int, progress: bool,
     overrides: Mapping[str, Any] | None = None, mesh: Any = None,
@@ -335,12 +369,7 @@ def _load_resolved(
     if resolved.kind == "preset":
         from tempax.models.init import init_decoder  # JAX loads when a model is built, not when a name resolves
 
-        cfg = get_preset(resolved.location)
-        try:
-            cfg = cfg.replace(**dict(overrides or {}))
-        except TypeError as e:
-            raise ConfigError(f"model.overrides: {e}") from None
-        cfg = _with_dtypes(cfg, dtype, param_dtype)
+        cfg = _preset_config(resolved.location, overrides, dtype, param_dtype)
         # As the CLI builds presets: the eager `Decoder(cfg, rngs=nnx.Rngs(seed))`'s random draws (equal within 1 ulp),
         # made by three compiled programs, which leave less resident than one eager op per weight
         # (`docs/measurements/memory.md`, "Decoding"); sharded over `mesh` when given.
@@ -471,6 +500,6 @@ def registry_table() -> str:
 
 
 __all__ = [
-    "MODELS", "ModelInfo", "RegisteredModel", "ResolvedSource", "fetch", "inspect_model", "is_run_dir", "known_names",
-    "load", "load_model", "load_tokenizer", "model_config", "resolve_source",
+    "MODELS", "ModelInfo", "RegisteredModel", "ResolvedSource", "abstract_preset", "fetch", "inspect_model",
+    "is_run_dir", "known_names", "load", "load_model", "load_tokenizer", "model_config", "resolve_source",
 ]

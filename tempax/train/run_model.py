@@ -240,25 +240,32 @@ def shape_source(run_dir: str, *, describe: Describe, _chain: tuple[str, ...] = 
 
 
 def _base(run_dir: str, spec: Mapping[str, Any], *, seed: int, dtype: str | None, param_dtype: str | None,
-          progress: bool, describe: Describe) -> tuple[Any, Any]:
-    """(model, tokenizer) the run started from: its model section, a run dir in turn when it names one."""
+          progress: bool, describe: Describe, shapes_only: bool = False) -> tuple[Any, Any]:
+    """(model, tokenizer) the run started from: its model section, a run dir in turn when it names one.
+
+    The tokenizer is the run's own `tokenizer/` folder when it wrote one (the model section's is then not loaded),
+    else the model section's `tokenizer`, else the source's. `shapes_only`: the caller restores every weight from
+    the checkpoint, so a `preset:` source (whose weights would be random draws) is built as shapes only
+    (`registry.abstract_preset`): its random initialisation would be thrown away."""
     source = str(spec.get("source") or "")
     if not source:
         raise CheckpointError(f"{os.path.join(run_dir, RUN_CONFIG_FILE)} names no model.source")
     path = os.path.expanduser(source)
-    if os.path.isdir(path) and is_run_dir(path):
+    shapes = (registry.abstract_preset(source, dtype=dtype, param_dtype=param_dtype,
+                                       overrides=spec.get("overrides") or None) if shapes_only else None)
+    if shapes is not None:
+        model, own = shapes, None
+    elif os.path.isdir(path) and is_run_dir(path):
         trained = load_run(path, describe=describe, dtype=dtype, param_dtype=param_dtype, progress=progress)
         model, own = trained.model, trained.tokenizer
     else:
         model, own = registry.load(source, dtype=dtype, param_dtype=param_dtype, seed=seed, progress=progress,
                                    overrides=spec.get("overrides") or None)
+    folder = os.path.join(run_dir, "tokenizer")
+    if os.path.isdir(folder):
+        return model, registry.load_tokenizer(folder)
     tokenizer = spec.get("tokenizer")
     return model, (registry.load_tokenizer(tokenizer) if tokenizer else own)
-
-
-def _run_tokenizer(run_dir: str, fallback: Any) -> Any:
-    folder = os.path.join(run_dir, "tokenizer")
-    return registry.load_tokenizer(folder) if os.path.isdir(folder) else fallback
 
 
 def merged(model: Any) -> Any:
@@ -284,8 +291,7 @@ def _from_adapters(run_dir: str, spec: Mapping[str, Any], kind: RunKind, *, merg
     model, tokenizer = _base(run_dir, spec, seed=0, dtype=dtype, param_dtype=param_dtype, progress=progress,
                              describe=describe)
     model = load_adapters(model, folder)
-    return TrainedModel(merged(model) if merge else model, _run_tokenizer(run_dir, tokenizer),
-                        {"trainable": "adapters"}, None)
+    return TrainedModel(merged(model) if merge else model, tokenizer, {"trainable": "adapters"}, None)
 
 
 def _from_checkpoint(run_dir: str, raw: Mapping[str, Any], spec: Mapping[str, Any], command: str, *,
@@ -296,7 +302,7 @@ def _from_checkpoint(run_dir: str, raw: Mapping[str, Any], spec: Mapping[str, An
     from flax import nnx
 
     from tempax.configlib import from_dict
-    from tempax.models.lora import LoraConfig, apply_lora, lora_filter
+    from tempax.models.lora import LoraConfig, lora_filter
     from tempax.train.checkpoint import Checkpointer, DamagedCheckpoint
     from tempax.train.state import ModelParts
 
@@ -314,14 +320,14 @@ def _from_checkpoint(run_dir: str, raw: Mapping[str, Any], spec: Mapping[str, An
             raise CheckpointError(f"{ckpt_dir} has no checkpoint of step {step}; its steps: "
                                   + ", ".join(map(str, sorted(steps))))
         seed = int((raw.get("train") or {}).get("seed", 0))
+        lora = from_dict(LoraConfig, raw["lora"]) if raw.get("lora") else None
+        # A full run's checkpoint holds every weight: its base is needed as shapes only.
         model, tokenizer = _base(run_dir, spec, seed=seed, dtype=dtype, param_dtype=param_dtype,
-                                 progress=progress, describe=describe)
-        trainable: Any = nnx.Param
-        lora = raw.get("lora")
-        if lora:
-            model = apply_lora(model, from_dict(LoraConfig, lora), rngs=nnx.Rngs(0))
-            trainable = lora_filter
-        parts, params = ModelParts.split(model, trainable)
+                                 progress=progress, describe=describe, shapes_only=lora is None)
+        if lora is None:
+            parts, params = ModelParts.split(model, nnx.Param)
+        else:  # the adapters' shapes, traced: nothing is drawn for adapters that the checkpoint replaces
+            params = jax.eval_shape(lambda: ModelParts.split(_adapted(model, lora), lora_filter)[1])
         abstract = {k: jax.ShapeDtypeStruct(v.shape, jnp.float32) for k, v in params.items()}
         damaged: list[str] = []
         for candidate in [step] if step is not None else steps:
@@ -345,9 +351,38 @@ def _from_checkpoint(run_dir: str, raw: Mapping[str, Any], spec: Mapping[str, An
                                   + f". Train it again with `{command}` in a new train.run_dir (the damaged steps stay where they are)")
     finally:
         checkpointer.close()
-    restored = {k: v.astype(params[k].dtype) for k, v in restored.items()}
-    model = parts.merge(restored)
-    return TrainedModel(merged(model) if merge else model, _run_tokenizer(run_dir, tokenizer), meta, candidate)
+    if lora is None:
+        model = parts.merge({k: v.astype(params[k].dtype) for k, v in restored.items()})
+        return TrainedModel(merged(model) if merge else model, tokenizer, meta, candidate)
+    return TrainedModel(_with_adapters(model, lora, restored, merge=merge), tokenizer, meta, candidate)
+
+
+def _adapted(base: Any, lora: Any) -> Any:
+    """`base` with adapters where `lora` puts them; their random draws are placeholders for the checkpoint's."""
+    from flax import nnx
+
+    from tempax.models.lora import apply_lora
+
+    return apply_lora(base, lora, rngs=nnx.Rngs(0))
+
+
+def _with_adapters(base: Any, lora: Any, adapters: Mapping[str, Any], *, merge: bool) -> Any:
+    """`base` with the `lora` adapters holding the checkpoint's `adapters` ({key: float32 array}), folded in when
+    `merge`, as one compiled program: the adapters' placeholder draws are dead code there, the merge is compiled
+    once instead of dispatched as an eager operation per weight and step, and `base` is donated (it belongs to the
+    caller's load alone), so the weights it keeps are not copied. The same weights, bit for bit, as applying,
+    restoring and merging eagerly (tests/train/test_run_model.py)."""
+    from flax import nnx
+
+    from tempax.models.lora import lora_filter
+    from tempax.train.state import ModelParts
+
+    def build(base: Any, adapters: Mapping[str, Any]) -> Any:
+        parts, params = ModelParts.split(_adapted(base, lora), lora_filter)
+        model = parts.merge({k: adapters[k].astype(params[k].dtype) for k in params})
+        return merged(model) if merge else model
+
+    return nnx.jit(build, donate_argnums=0)(base, dict(adapters))
 
 
 def _check_keys(meta: Mapping[str, Any], params: Mapping[str, Any], ckpt_dir: str, command: str) -> None:

@@ -208,3 +208,20 @@ def test_gguf_file_in_a_hub_repo(monkeypatch, tmp_path):
     assert loaded.config.num_params() == model.config.num_params()
     with pytest.raises(CheckpointError, match=r"fetching 'other.gguf' from the Hub repo 'someone/tiny-GGUF' failed"):
         load_model("someone/tiny-GGUF/other.gguf")
+
+
+def test_abstract_preset_is_the_loaded_preset_as_shapes_only(tmp_path):
+    """`abstract_preset` gives the model `load` builds for a preset (overrides and dtypes applied), every parameter a
+    shape of the same dtype and no array; any other source gives None (its weights are read, not drawn)."""
+    import jax
+
+    shapes = registry.abstract_preset("preset:tiny-llama", param_dtype="bfloat16", overrides={"num_layers": 3})
+    loaded, _ = registry.load("preset:tiny-llama", param_dtype="bfloat16", overrides={"num_layers": 3})
+    want = {k: (v.get_value().shape, v.get_value().dtype) for k, v in nnx.to_flat_state(nnx.state(loaded, nnx.Param))}
+    got = nnx.to_flat_state(nnx.state(shapes, nnx.Param))
+    assert all(isinstance(v.get_value(), jax.ShapeDtypeStruct) for _, v in got)
+    assert {k: (v.get_value().shape, v.get_value().dtype) for k, v in got} == want
+    assert shapes.config == loaded.config
+    assert registry.abstract_preset(str(tmp_path)) is None
+    with pytest.raises(ConfigError, match="param_dtype='float8'"):
+        registry.abstract_preset("preset:tiny-llama", param_dtype="float8")

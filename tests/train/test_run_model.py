@@ -6,6 +6,7 @@ tests/cli/test_generate.py."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import yaml
 
@@ -87,3 +88,112 @@ def test_a_step_of_a_run_whose_model_is_a_final_folder_is_refused(tmp_path):
         load_run(run, step=2, describe=told("kd", FOLDER))
     with pytest.raises(ConfigError, match="adapters/ folder it writes at its end"):
         load_run(run, step=2, describe=told("rl", ADAPTERS))
+
+
+# -- what loading a trained run computes -------------------------------------------------------------------------
+
+
+def _trained_run(tmp_path, name: str, lora: dict | None, *, seed: int = 3) -> tuple[str, dict]:
+    """A run dir of `preset:tiny-llama` (seed `seed`) trained one step, LoRA when `lora` is given, its checkpoint
+    saved; (run dir, the trainer's float32 trainable arrays)."""
+    import jax
+    from flax import nnx
+
+    from tempax.algorithms.sft.main import make_sft_loss
+    from tempax.configlib import from_dict
+    from tempax.models.init import init_decoder
+    from tempax.models.lora import LoraConfig, apply_lora, lora_filter
+    from tempax.models.presets import get_preset
+    from tempax.train.config import CheckpointConfig
+    from tempax.train.loop import Trainer
+    from tests.train.helpers import random_batch, tiny_train_config
+
+    folder = _run_dir(tmp_path, name, {"model": {"source": "preset:tiny-llama"}, "lora": lora,
+                                       "train": {"seed": seed}})
+    model = init_decoder(get_preset("tiny-llama"), seed)
+    if lora is not None:
+        model = apply_lora(model, from_dict(LoraConfig, lora), rngs=nnx.Rngs(seed + 1))
+    trainer = Trainer(model, make_sft_loss(), tiny_train_config(
+        folder, steps=1, checkpoint=CheckpointConfig(every=0, save_at_end=True, async_save=False)),
+        trainable=nnx.Param if lora is None else lora_filter)
+    trainer.fit([random_batch(8, 16, seed=1)])
+    params = {k: np.asarray(jax.device_get(v)) for k, v in trainer.params.items()}
+    trainer.close()
+    return folder, params
+
+
+def _flat(model) -> dict:
+    import jax
+    from flax import nnx
+
+    return {k: np.asarray(jax.device_get(v.get_value())) for k, v in nnx.to_flat_state(nnx.state(model))}
+
+
+def test_a_lora_run_loads_as_applying_restoring_and_merging_eagerly_would_in_one_program(tmp_path, monkeypatch):
+    """The merged model of a LoRA run equals, bit for bit, the base with adapters applied, the checkpoint's
+    adapters put in and `merge_lora` run eagerly (the reference below); the merge runs traced (one compiled
+    program, not an eager operation per weight), and unmerged the adapters are the trainer's."""
+    import jax
+    from flax import nnx
+
+    from tempax.models import lora as lora_module
+    from tempax.models.init import init_decoder
+    from tempax.models.lora import LoraConfig, apply_lora, lora_filter, merge_lora
+    from tempax.models.presets import get_preset
+    from tempax.train.state import ModelParts
+
+    run, trained = _trained_run(tmp_path, "lora", {"rank": 4, "alpha": 8.0})
+    parts, params = ModelParts.split(apply_lora(init_decoder(get_preset("tiny-llama"), 3), LoraConfig(rank=4, alpha=8.0),
+                                                rngs=nnx.Rngs(0)), lora_filter)
+    want = _flat(merge_lora(parts.merge({k: jax.numpy.asarray(v).astype(params[k].dtype) for k, v in trained.items()})))
+    traced = []
+    original = lora_module.merge_lora
+
+    def recording_merge(model):
+        traced.append(isinstance(model.embed_tokens.embedding.get_value(), jax.core.Tracer))
+        return original(model)
+
+    monkeypatch.setattr(lora_module, "merge_lora", recording_merge)
+    got = _flat(load_run(run, describe=told("sft")).model)
+    assert traced == [True]
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=str(key))
+    adapters = load_run(run, describe=told("sft"), merge=False).model
+    unmerged = {k: np.asarray(v) for k, v in ModelParts.split(adapters, lora_filter)[1].items()}
+    assert unmerged.keys() == trained.keys()
+    for key in trained:
+        np.testing.assert_array_equal(unmerged[key], trained[key], err_msg=key)
+
+
+def test_a_full_run_over_a_preset_restores_every_weight_without_drawing_the_base(tmp_path, monkeypatch):
+    """A full fine-tune's checkpoint holds every weight, so its random `preset:` base is never initialised (the
+    initialiser is not called); the loaded weights are the trainer's."""
+    from tempax.models import init as model_init
+
+    run, trained = _trained_run(tmp_path, "full", None)
+    calls = []
+    monkeypatch.setattr(model_init, "init_decoder", lambda *a, **k: calls.append(a))
+    got = _flat(load_run(run, describe=told("sft")).model)
+    assert calls == []
+    assert {".".join(map(str, k)) for k in got} == set(trained)
+    for key, value in got.items():
+        np.testing.assert_array_equal(value, trained[".".join(map(str, key))].astype(value.dtype), err_msg=str(key))
+
+
+def test_a_run_with_its_own_tokenizer_folder_loads_only_that_tokenizer(tmp_path, monkeypatch):
+    """The run's tokenizer/ folder is the tokenizer; the model section's `tokenizer` is not loaded beside it."""
+    from tempax.models import registry
+    from tests.kit.tokenizers import tiny_chat_tokenizer
+
+    run, _ = _trained_run(tmp_path, "tok", {"rank": 2, "alpha": 4.0})
+    tiny_chat_tokenizer().hf.save_pretrained(f"{run}/tokenizer")
+    config = yaml.safe_load(open(f"{run}/config.yaml"))
+    config["model"]["tokenizer"] = "smollm2-135m-instruct"
+    (tmp_path / "tok" / "config.yaml").write_text(yaml.safe_dump(config))
+    loaded = []
+    original = registry.load_tokenizer
+    monkeypatch.setattr(registry, "load_tokenizer", lambda source: loaded.append(source) or original(source))
+    trained = load_run(run, describe=told("sft"))
+    assert loaded == [f"{run}/tokenizer"]
+    assert trained.tokenizer.vocab_size == tiny_chat_tokenizer().vocab_size
