@@ -22,7 +22,7 @@ from tempax.models.config import ModelConfig
 from tempax.train import memory as mem
 
 FULL_FT_MIN_TOKENS = 20_000_000  # below this many training tokens, LoRA is recommended even when full FT fits
-QLORA_BYTES_PER_PARAM = 0.5625  # NF4 in blocks of 64 with a float32 scale per block
+QLORA_BYTES_PER_PARAM = mem.NF4_BYTES_PER_PARAM  # NF4 in blocks of 64 with a float32 scale per block
 ADAPTATIONS = ("full", "lora", "qlora")
 # The memory plan is an estimate within ~25% (tempax/train/memory.py): a setting is chosen only when its predicted
 # peak leaves this share of the capacity free.
@@ -167,13 +167,16 @@ def _choose(profile: DataProfile) -> tuple[Recommender, list[str], list[str]]:
     return fallback
 
 
-def lora_target_modules(model: ModelConfig) -> list[str]:
-    """The projections a recommended LoRA adapts: attention and MLP, or for a mixture of experts attention (and a
-    shared expert's projections) only, the routed experts and the router taking no adapters."""
-    attention = ["q_proj", "k_proj", "v_proj", "o_proj"]
-    if model.moe is not None and not model.moe.shared_expert_intermediate_size:
-        return attention
-    return [*attention, "gate_proj", "up_proj", "down_proj"]
+def lora_target_modules(model: ModelConfig, targets: tuple[str, ...] | None = None) -> list[str]:
+    """The `lora.target_modules` a recommended recipe writes: `targets` (of `tempax.train.memory.lora_choices`), or
+    for None LoRA's default targets (the attention and MLP projections; on a mixture of experts they adapt its
+    routed experts too)."""
+    if targets is not None:
+        return list(targets)
+    # Deferred: the model code loads when a recipe is recommended, not when an algorithm's hook imports this module.
+    from tempax.models.lora import DEFAULT_TARGETS
+
+    return list(DEFAULT_TARGETS)
 
 
 def model_size(model: ModelConfig) -> str:
@@ -186,23 +189,58 @@ def model_size(model: ModelConfig) -> str:
             f"{model.moe.experts_per_token} of {model.moe.num_experts} experts)")
 
 
-def _plan_inputs(method: Recommender, model: ModelConfig, adaptation: str, micro_rows: int, seq_len: int,
-                 precision: str, remat: str) -> mem.PlanInputs:
-    trainable = None if adaptation == "full" else mem.lora_param_estimate(model, rank=16)
-    return mem.PlanInputs(
-        model=model, micro_batch_size=micro_rows, seq_len=seq_len, trainable_params=trainable, precision=precision,
-        remat=remat, frozen_bytes_per_param=QLORA_BYTES_PER_PARAM if adaptation == "qlora" else None,
-        loss_chunk_len=method.loss_chunk_len,
-    )
+@dataclass(frozen=True)
+class _Option:
+    """One way to train the model: full fine-tuning, or LoRA / QLoRA on `targets` (None: LoRA's default targets;
+    `what`: what they adapt, in words)."""
+
+    adaptation: str
+    targets: tuple[str, ...] | None = None
+    what: str = ""
+
+    def adapters(self, model: ModelConfig) -> mem.AdapterParams | None:
+        return None if self.adaptation == "full" else mem.adapter_params(model, mem.LORA_RANK, self.targets)
 
 
-def _fit(method: Recommender, model: ModelConfig, adaptation: str, batch_rows: int, seq_len: int, precision: str,
+def _options(model: ModelConfig, adaptations: tuple[str, ...]) -> list[_Option]:
+    """The options to try, in order: for LoRA and then QLoRA each of `mem.lora_choices` (on a mixture of experts
+    the routed experts' adapters first, then the attention projections' alone)."""
+    out = []
+    for adaptation in adaptations:
+        choices = [(None, "")] if adaptation == "full" else mem.lora_choices(model)
+        out += [_Option(adaptation, targets, what) for targets, what in choices]
+    return out
+
+
+def _plan_inputs(method: Recommender, model: ModelConfig, option: _Option, micro_rows: int, micro_batches: int,
+                 seq_len: int, precision: str, remat: str) -> mem.PlanInputs:
+    # With more than one micro-batch the step keeps a float32 gradient accumulator beside the gradients.
+    p = mem.PlanInputs(model=model, micro_batch_size=micro_rows, num_micro_batches=micro_batches, seq_len=seq_len,
+                       precision=precision, remat=remat, loss_chunk_len=method.loss_chunk_len)
+    adapters = option.adapters(model)
+    if adapters is None:
+        return p
+    return mem.with_adapters(p, adapters.total, base_bytes_per_param=QLORA_BYTES_PER_PARAM
+                             if option.adaptation == "qlora" else None)
+
+
+def _least(method: Recommender, model: ModelConfig, option: _Option, batch: int, seq_len: int,
+           precision: str, capacity: int | None) -> tuple[mem.MemoryPlan, int]:
+    """(plan, peak bytes) of `option` at its smallest: one item a micro-batch, full remat."""
+    rows = method.rows_per_item
+    plan = mem.plan_memory(_plan_inputs(method, model, option, rows, batch, seq_len, precision, "full"), capacity)
+    return plan, plan.total + method.extra_bytes(model, option.adaptation, rows, seq_len)
+
+
+def _fit(method: Recommender, model: ModelConfig, option: _Option, batch_rows: int, seq_len: int, precision: str,
          capacity: int | None) -> tuple[mem.MemoryPlan, int, int, str] | None:
     """(plan, peak bytes, micro-batch in items, remat) with the largest micro-batch and least remat that fit."""
     rows_per_item = method.rows_per_item
+    adaptation = option.adaptation
     for remat in ("none", "dots", "full"):
         for micro in mem.micro_batch_candidates(batch_rows, 1):
-            p = _plan_inputs(method, model, adaptation, micro * rows_per_item, seq_len, precision, remat)
+            p = _plan_inputs(method, model, option, micro * rows_per_item, batch_rows // micro, seq_len, precision,
+                             remat)
             plan = mem.plan_memory(p, capacity)
             peak = plan.total + method.extra_bytes(model, adaptation, micro * rows_per_item, seq_len)
             if capacity is None or peak <= capacity * (1 - HEADROOM):
@@ -227,9 +265,11 @@ def recommend(
     2021; Biderman et al. 2024, "LoRA Learns Less and Forgets Less") and the memory plan (`tempax.train.memory`)
     says it fits; then LoRA if it fits, then QLoRA (4-bit NF4 base, Dettmers et al. 2023). For each the largest
     micro-batch and the lightest activation recomputation that fit are chosen. A mixture of experts holds all its
-    experts but computes with the k a token is routed to: its memory is that of its total parameters, and LoRA adapts
-    its attention projections (`lora_target_modules`: tempax has no LoRA on stacked experts), while QLoRA stores the
-    experts in 4 bits too.
+    experts but computes with the k a token is routed to: its memory is that of its total parameters. Its LoRA
+    adapts the attention projections and the routed experts (each expert its own A and B, `LoraExperts`: by far the
+    most adapter parameters, `tempax.train.memory.adapter_params`) when that fits, else the attention projections
+    alone; QLoRA, when the base does not fit at its own precision, stores the experts in 4 bits too and tries the
+    same two target sets.
     """
     method, reasons, alternatives = _choose(profile)
     command = method.command
@@ -244,33 +284,37 @@ def recommend(
         batch = 2 ** int(math.log2(max(per_epoch, 1)))
         warnings.append(f"little data: one epoch gives ~{int(per_epoch)} batch rows, so batch_size is {batch}")
     big_data = profile.total_tokens >= FULL_FT_MIN_TOKENS
-    order = ADAPTATIONS if big_data else ("lora", "qlora")
+    options = _options(model, ADAPTATIONS if big_data else ("lora", "qlora"))
+    full = _Option("full")
+    full_fit = _fit(method, model, full, batch, seq_len, precision, capacity)
     chosen = None
-    full_fit = _fit(method, model, "full", batch, seq_len, precision, capacity)
-    for adaptation in order:
-        fit = full_fit if adaptation == "full" else _fit(method, model, adaptation, batch, seq_len, precision,
-                                                         capacity)
+    for option in options:
+        fit = full_fit if option.adaptation == "full" else _fit(method, model, option, batch, seq_len, precision,
+                                                                capacity)
         if fit is not None:
-            chosen = (adaptation, fit)
+            chosen = (option, fit)
             break
     gib = lambda b: f"{b / mem.GiB:.2f} GiB"  # noqa: E731
     cap = gib(capacity) if capacity else "unknown memory"
     params = model_size(model)
     if chosen is None:
-        rows = method.rows_per_item
-        plan = mem.plan_memory(_plan_inputs(method, model, "qlora", rows, seq_len, precision, "full"), capacity)
-        peak = plan.total + method.extra_bytes(model, "qlora", rows, seq_len)
-        chosen = ("qlora", (plan, peak, 1, "full"))
+        option = options[-1]  # QLoRA on the fewest adapters
+        plan, peak = _least(method, model, option, batch, seq_len, precision, capacity)
+        chosen = (option, (plan, peak, 1, "full"))
         warnings.append(f"nothing fits in {cap}: even QLoRA with micro-batch 1 and full remat needs ~{gib(peak)}; "
                         "use a machine with more memory, several devices (train.mesh.fsdp) or a shorter seq_len")
-    adaptation, (plan, peak, micro, remat) = chosen
+    option, (plan, peak, micro, remat) = chosen
+    adaptation = option.adaptation
     if adaptation == "full":
         reasons.append(f"full fine-tuning: ~{profile.total_tokens / 1e6:.0f}M training tokens is enough data to use "
                        f"every weight, and the {params} fits ({gib(peak)} of {cap})")
     elif full_fit is None:
+        lora_least = min(_least(method, model, o, batch, seq_len, precision, capacity)[1] for o in options
+                         if o.adaptation == "lora")
         reasons.append(f"{'QLoRA' if adaptation == 'qlora' else 'LoRA'}: full fine-tuning of the "
                        f"{params} does not fit in {cap} (AdamW keeps ~16 bytes per parameter)"
-                       + ("; LoRA does not fit either, so the frozen base is stored in 4 bits" if adaptation == "qlora"
+                       + (f"; LoRA does not fit either (~{gib(lora_least)} at micro-batch 1 with full remat, over "
+                          f"{1 - HEADROOM:.0%} of it), so the frozen base is stored in 4 bits" if adaptation == "qlora"
                           else f"; LoRA fits ({gib(peak)})"))
     else:
         reasons.append(f"LoRA rather than full fine-tuning: full would fit ({gib(full_fit[1])} of {cap}) but "
@@ -279,20 +323,42 @@ def recommend(
     if micro < batch or remat != "none":
         reasons.append(f"memory: micro-batch {micro} of {batch}{method.unit} (gradient accumulation), remat {remat}, "
                        f"leaving {HEADROOM:.0%} of the memory free for the plan's error")
-    if model.moe is not None and adaptation != "full":
-        reasons.append("mixture of experts: the weights in memory are all the experts', though a token computes "
-                       "with the active ones; LoRA adapts the attention projections (" + ", ".join(
-                           lora_target_modules(model)) + "), the experts stay frozen"
-                       + (" and are stored in 4 bits" if adaptation == "qlora" else ""))
+    targets = lora_target_modules(model, option.targets)
+    adapters = option.adapters(model)
+    if model.moe is not None and adapters is not None:
+        reasons.append(_experts_reason(method, model, option, adapters, targets, batch, seq_len, precision, capacity))
 
     recipe, hparams = _recipe(method, profile, model_source, tokenizer_source, adaptation, batch, micro, remat,
-                              seq_len, precision, run_dir or f"runs/recommended_{command}",
-                              lora_target_modules(model))
-    name = method.method + {"full": " (full fine-tuning)", "lora": " with LoRA (rank 16)",
-                            "qlora": " with QLoRA (NF4 base, rank 16)"}[adaptation]
+                              seq_len, precision, run_dir or f"runs/recommended_{command}", targets)
+    if adapters is not None:
+        hparams.update(lora_target_modules=targets, adapter_params=adapters.total)
+    name = method.method + {"full": " (full fine-tuning)", "lora": f" with LoRA (rank {mem.LORA_RANK})",
+                            "qlora": f" with QLoRA (NF4 base, rank {mem.LORA_RANK})"}[adaptation]
+    if model.moe is not None and option.targets == mem.ATTENTION_TARGETS:
+        name += " on attention only"
     return Recommendation(command=command, method=name, adaptation=adaptation, reasons=reasons,
                           hyperparameters=hparams, peak_bytes=peak, capacity=capacity, plan=plan, recipe=recipe,
                           alternatives=alternatives, warnings=warnings)
+
+
+def _experts_reason(method: Recommender, model: ModelConfig, option: _Option, adapters: mem.AdapterParams,
+                    targets: list[str], batch: int, seq_len: int, precision: str, capacity: int | None) -> str:
+    """Why a mixture of experts gets adapters on its routed experts or on its attention alone, with the adapter
+    parameters of each."""
+    gib = lambda b: f"{b / mem.GiB:.2f} GiB"  # noqa: E731
+    line = (f"mixture of experts: the weights in memory are all the experts', though a token computes with the active "
+            f"ones; LoRA on {option.what} ({', '.join(targets)}: {adapters.describe()}")
+    if adapters.experts:
+        line += f"; each of the {model.moe.num_experts} experts of a layer has its own A and B)"
+    else:
+        wider = _Option(option.adaptation, None)
+        more = wider.adapters(model)
+        _, least = _least(method, model, wider, batch, seq_len, precision, capacity)
+        line += (f"), the experts frozen: {'QLoRA' if option.adaptation == 'qlora' else 'LoRA'} on the routed "
+                 f"experts too ({more.describe()}, each with a float32 master, gradient and two Adam moments) would "
+                 f"need ~{gib(least)} at micro-batch 1 with full remat, over {1 - HEADROOM:.0%} of "
+                 f"{gib(capacity) if capacity else 'the memory'}")
+    return line + ("; the frozen base, experts included, is stored in 4 bits" if option.adaptation == "qlora" else "")
 
 
 def _recipe(method: Recommender, profile: DataProfile, source: str, tokenizer: str | None, adaptation: str,

@@ -545,13 +545,7 @@ def suggest_fixes(p: PlanInputs, batch_size: int, capacity: int) -> list[str]:
                 out.append(f"train.memory={setting} with train.remat=full and train.micro_batch_size={m}")
                 break
     if p.trainable_params is None:
-        lora_params = lora_param_estimate(p.model, rank=16)
-        q = replace(p, trainable_params=lora_params, remat="full" if p.remat == "none" else p.remat, memory="device")
-        if plan_memory(q, capacity).fits:
-            out.append("LoRA (add a `lora:` section, e.g. lora.rank=16) with train.remat=full")
-        q = replace(q, frozen_bytes_per_param=0.5625)
-        if plan_memory(q, capacity).fits:
-            out.append("QLoRA (lora.quantize_base=nf4)")
+        out.extend(adapter_fixes(p, capacity))
     if p.precision == "fp32":
         q = replace(p, precision="bf16")
         if plan_memory(q, capacity).fits:
@@ -559,15 +553,107 @@ def suggest_fixes(p: PlanInputs, batch_size: int, capacity: int) -> list[str]:
     return out
 
 
-def lora_param_estimate(cfg: ModelConfig, rank: int) -> int:
-    """Trainable parameters of rank-`rank` LoRA on every attention and MLP projection: r (in + out) per matrix. A
-    mixture of experts adapts its attention (and a shared expert's projections) only: its routed experts and
-    router take no adapters (`tempax.models.lora.target_paths`)."""
-    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    i = cfg.intermediate_size if cfg.moe is None else cfg.moe.shared_expert_intermediate_size
-    mlp = 2 * (d + i) + (i + d) if i else 0
-    per_layer = rank * ((d + n * h) * 2 + (d + k * h) * 2 + mlp)
-    return per_layer * cfg.num_layers
+NF4_BYTES_PER_PARAM = 0.5625  # QLoRA's base: 4-bit codes plus a float32 scale per block of 64 (4 / 8 + 4 / 64)
+ATTENTION_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+LORA_RANK = 16  # the rank the plan's fixes and `tempax recommend` propose
+
+
+@dataclass(frozen=True)
+class AdapterParams:
+    """Trainable parameters of LoRA on a decoder, by where the adapters sit (what the plan counts as P_t)."""
+
+    projections: int  # `LoraLinear`s on attention, a dense MLP or a shared expert
+    experts: int  # `LoraExperts`: each routed expert's own A and B
+    router: int  # a mixture of experts' router (a `LoraLinear`)
+
+    @property
+    def total(self) -> int:
+        return self.projections + self.experts + self.router
+
+    def describe(self) -> str:
+        """The count in words, e.g. 642.6M adapter parameters: 13.4M on projections, 629.1M on the routed
+        experts."""
+        parts = [f"{n / 1e6:.1f}M on {where}" for n, where in (
+            (self.projections, "projections"), (self.experts, "the routed experts"), (self.router, "the router"))
+            if n]
+        return f"{self.total / 1e6:.1f}M adapter parameters" + (f": {', '.join(parts)}" if len(parts) > 1 else "")
+
+
+@functools.lru_cache(maxsize=64)
+def adapter_params(cfg: ModelConfig, rank: int, target_modules: tuple[str, ...] | None = None) -> AdapterParams:
+    """The adapters rank-`rank` LoRA on `target_modules` (None: `tempax.models.lora.DEFAULT_TARGETS`) gives a
+    decoder of `cfg`, counted from the layers LoRA itself selects (`tempax.models.lora.target_paths`, on a model of
+    shapes only) and their shapes, L layers, E routed experts, hidden D, expert inner I:
+
+        a linear layer [in, out] (attention, a dense or shared-expert MLP, the router [D, E])   L r (in + out)
+        the routed experts' gate_up_proj (gate and up fused: one A [D, r], B [r, 2I] per expert)  L E r (D + 2I)
+        the routed experts' down_proj (A [I, r], B [r, D] per expert)                              L E r (I + D)
+
+    A layer adapted on some layers of the stack only (a regex over layer paths) still holds, trains and keeps
+    optimizer state for A and B of every layer (zeros where its mask is 0), so it counts L layers. On a mixture of
+    experts LoRA's default targets (gate_proj, up_proj, down_proj among them) adapt the routed experts too."""
+    # Deferred: the model code and JAX load only when a plan is made (`tempax validate` imports this module).
+    from tempax.models.lora import DEFAULT_TARGETS, LoraConfig, target_paths
+    from tempax.models.weights import abstract_model
+
+    lora = LoraConfig(rank=rank, target_modules=DEFAULT_TARGETS if target_modules is None else tuple(target_modules))
+    model = _outside_any_mesh(abstract_model, cfg)
+    counts = {"projections": 0, "experts": 0, "router": 0}
+    # One stacked module per selected per-layer path ("layers", i, ...): the layer index dropped.
+    for path in sorted({("layers", *p[2:]) for p in target_paths(model, lora)}, key=str):
+        node = model
+        for key in path[:-1]:
+            node = getattr(node, key)
+        if path[-2] == "experts":
+            layers, experts, d, i = node.gate_proj.shape  # [L, E, D, I]
+            counts["experts"] += layers * experts * rank * (d + 2 * i if path[-1] == "gate_up_proj" else i + d)
+        else:
+            layers, n_in, n_out = getattr(node, path[-1]).kernel.shape  # [L, in, out]
+            counts["router" if path[-2:] == ("mlp", "gate") else "projections"] += layers * rank * (n_in + n_out)
+    return AdapterParams(**counts)
+
+
+def with_adapters(p: PlanInputs, adapters: int, *, base_bytes_per_param: float | None = None) -> PlanInputs:
+    """`p` for LoRA: `adapters` trainable parameters beside the whole frozen base of `p.model` at
+    `base_bytes_per_param` (None: its param_dtype; `NF4_BYTES_PER_PARAM` for QLoRA). The plan counts
+    num_params - P_t frozen parameters, so the bytes per parameter are scaled to keep the base whole:
+    num_params x bytes / (num_params - P_t)."""
+    total = p.model.num_params()
+    per_param = base_bytes_per_param
+    if per_param is None:
+        per_param = 2 if p.model.param_dtype == "bfloat16" else 4
+    return replace(p, trainable_params=adapters,
+                   frozen_bytes_per_param=per_param * total / max(total - adapters, 1))
+
+
+def lora_choices(cfg: ModelConfig) -> list[tuple[tuple[str, ...] | None, str]]:
+    """(target_modules, what they adapt) of the LoRA the plan's fixes and `tempax recommend` propose, most adapted
+    first: LoRA's default targets, and on a mixture of experts (whose default targets adapt its routed experts, by
+    far the most adapter parameters) the attention projections alone."""
+    if cfg.moe is None:
+        return [(None, "the attention and MLP projections")]
+    return [(None, "the attention projections and the routed experts"), (ATTENTION_TARGETS, "the attention "
+             "projections only")]
+
+
+def adapter_fixes(p: PlanInputs, capacity: int) -> list[str]:
+    """The LoRA and QLoRA settings under which a full fine-tune `p` would fit `capacity`, with full remat (or
+    `p`'s): for each, the first of `lora_choices` that fits, with its adapter parameters."""
+    out = []
+    q = replace(p, remat="full" if p.remat == "none" else p.remat, memory="device")
+    for quantized in (False, True):
+        for targets, what in lora_choices(p.model):
+            count = adapter_params(p.model, LORA_RANK, targets)
+            plan = plan_memory(with_adapters(q, count.total, base_bytes_per_param=NF4_BYTES_PER_PARAM if quantized
+                                             else None), capacity)
+            if not plan.fits:
+                continue
+            setting = "" if targets is None else f", lora.target_modules=[{', '.join(targets)}]"
+            name = ("QLoRA (lora.quantize_base=nf4" if quantized else "LoRA (add a `lora:` section, e.g. "
+                    f"lora.rank={LORA_RANK}") + setting
+            out.append(f"{name}; on {what}, {count.describe()}) with train.remat={q.remat}")
+            break
+    return out
 
 
 def not_fitting_message(plan: MemoryPlan, fixes: list[str], capacity: int, *, what: str) -> str:

@@ -132,22 +132,70 @@ def test_a_registered_algorithms_hook_is_asked_like_the_packaged_ones(tmp_path):
         registry.unregister(toy.command)
 
 
-def test_a_mixture_of_experts_gets_attention_lora_or_qlora_by_memory(tmp_path):
-    """Qwen3-30B-A3B (30.5B parameters, 3.35B active per token) with lots of data. Full fine-tuning needs ~16 bytes
-    a parameter of all its experts (30.5B x 16 = 455 GiB before activations), so it fits in 600 GiB only; in 160
-    GiB LoRA fits (the float32 base, 30.5B x 4 = 113.7 GiB), its adapters on the attention projections alone (no
-    LoRA on stacked experts); in 40 GiB only QLoRA (30.5B x 0.5625 = 16 GiB, the experts in 4 bits too); the
-    reasons name the total and active parameters."""
+def test_a_mixture_of_experts_gets_lora_on_its_experts_on_attention_or_qlora_by_memory(tmp_path):
+    """Qwen3-30B-A3B (P = 30,532,122,624 float32 parameters, 3.35B active per token) with lots of data, LoRA rank 16.
+
+    Adapters, by hand (48 layers; attention q/o [2048, 4096], k/v [2048, 512]; 128 experts, gate_up [2048, 2 x 768],
+    down [768, 2048]):
+      attention  48 x 16 x ((2048 + 4096) x 2 + (2048 + 512) x 2) = 13,369,344
+      experts    48 x 128 x 16 x ((2048 + 1536) + (768 + 2048))    = 629,145,600  (total 642,514,944)
+    Weights on the device, the base whole beside the float32 adapters:
+      LoRA on attention and experts   (P + 642,514,944) x 4        = 116.13 GiB
+      LoRA on attention only          (P + 13,369,344) x 4         = 113.79 GiB
+      QLoRA on attention and experts  P x 0.5625 + 642,514,944 x 4 = 18.39 GiB
+      QLoRA on attention only         P x 0.5625 + 13,369,344 x 4  = 16.04 GiB
+    Full fine-tuning (~16 bytes a parameter: 455 GiB before activations) fits 600 GiB; 150 GiB takes LoRA on the
+    experts too; 140 GiB only attention LoRA (the experts' 629M adapters add 629M x 16 bytes = 9.4 GiB of master,
+    gradient and moments, past 85% of 140 GiB); 40 GiB QLoRA with expert adapters, 20 GiB QLoRA on attention."""
     moe = get_preset("qwen3-30b-a3b")
+    total = moe.num_params()
+    assert total == 30_532_122_624
     p = _profile(tmp_path, "messages", rows=100_000, tokens_per_row=400)
-    assert recommend(p, moe, model_source="Qwen/Qwen3-30B-A3B", capacity=600 * GiB).adaptation == "full"
-    lora = recommend(p, moe, model_source="Qwen/Qwen3-30B-A3B", capacity=160 * GiB)
-    assert lora.adaptation == "lora" and lora.fits
-    assert lora.recipe["lora"]["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
-    assert 113.5 * GiB < lora.plan.weights < 114 * GiB
-    qlora = recommend(p, moe, model_source="Qwen/Qwen3-30B-A3B", capacity=40 * GiB)
-    assert qlora.adaptation == "qlora" and qlora.fits and qlora.recipe["lora"]["quantize_base"] == "nf4"
-    assert 15.9 * GiB < qlora.plan.weights < 16.1 * GiB
-    assert any("30532M-parameter mixture of experts (3353M active per token, 8 of 128 experts)" in r
-               for r in qlora.reasons)
-    assert any("LoRA adapts the attention projections" in r and "4 bits" in r for r in qlora.reasons)
+
+    def rec(capacity_gib):
+        return recommend(p, moe, model_source="Qwen/Qwen3-30B-A3B", capacity=capacity_gib * GiB)
+
+    assert rec(600).adaptation == "full"
+    default = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    attention = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    cases = {150: ("lora", default, 642_514_944, (total + 642_514_944) * 4),
+             140: ("lora", attention, 13_369_344, (total + 13_369_344) * 4),
+             40: ("qlora", default, 642_514_944, total * 0.5625 + 642_514_944 * 4),
+             20: ("qlora", attention, 13_369_344, total * 0.5625 + 13_369_344 * 4)}
+    for capacity, (adaptation, targets, adapters, weights) in cases.items():
+        r = rec(capacity)
+        assert r.fits and r.adaptation == adaptation, capacity
+        assert r.recipe["lora"]["target_modules"] == targets
+        assert r.hyperparameters["adapter_params"] == adapters
+        assert r.plan.weights == pytest.approx(weights, abs=16)
+        accumulating = r.hyperparameters["micro_batch_size"] < 16  # a float32 accumulator beside the gradients
+        assert r.plan.gradients == adapters * 4 * (2 if accumulating else 1)
+        assert r.plan.optimizer == adapters * 8
+        assert r.recipe["lora"].get("quantize_base") == ("nf4" if adaptation == "qlora" else None)
+        assert r.method.endswith("on attention only") == (targets == attention)
+    why = " ".join(rec(150).reasons)
+    assert "642.5M adapter parameters: 13.4M on projections, 629.1M on the routed experts" in why
+    assert "each of the 128 experts of a layer has its own A and B" in why
+    why = " ".join(rec(140).reasons)
+    assert "LoRA on the attention projections only (q_proj, k_proj, v_proj, o_proj: 13.4M adapter parameters)" in why
+    assert "LoRA on the routed experts too (642.5M adapter parameters" in why and "over 85% of 140.00 GiB" in why
+    why = rec(20).reasons
+    assert any("30532M-parameter mixture of experts (3353M active per token, 8 of 128 experts)" in r for r in why)
+    assert any("LoRA does not fit either" in r for r in why)
+    assert any("experts included, is stored in 4 bits" in r for r in why)
+
+
+def test_a_tiny_mixture_of_experts_recipe_adapts_its_experts_and_validates(tmp_path):
+    """tiny-qwen3-moe (3 layers, hidden 64, 6 experts of inner 32; attention q/o [64, 64], k/v [64, 32]) in plenty of
+    memory: LoRA on LoRA's default targets, which adapt the routed experts, rank 16:
+      attention 3 x 16 x ((64 + 64) x 2 + (64 + 32) x 2) = 21,504
+      experts   3 x 6 x 16 x ((64 + 64) + (32 + 64))      = 64,512
+    and the recipe it writes is accepted by `tempax validate`."""
+    tiny = get_preset("tiny-qwen3-moe")
+    p = _profile(tmp_path, "messages", rows=200, tokens_per_row=40)
+    r = recommend(p, tiny, model_source="preset:tiny-qwen3-moe", capacity=8 * GiB, run_dir=str(tmp_path / "run"))
+    assert r.adaptation == "lora" and r.hyperparameters["adapter_params"] == 21_504 + 64_512
+    path = write_recipe(r, str(tmp_path / "rec.yaml"))
+    command, cfg, _ = check_recipe(path)
+    assert command == "sft" and cfg.lora.dropout == 0.0
+    assert cfg.lora.target_modules == ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -252,3 +252,79 @@ def test_auto_offloads_only_what_host_memory_can_hold():
     capacity = int(offloaded.total / (1 - mem.HEADROOM)) + 1
     assert mem.choose_memory(p, capacity, host_capacity=None).setting == "offload_optimizer"
     assert mem.choose_memory(p, capacity, host_capacity=offloaded.host // 2).setting == "device"
+
+
+TINY_MOE_ADAPTERS = {
+    # target_modules -> (projections, experts, router) at rank 4 on tiny-qwen3-moe: 3 layers, hidden 64, attention
+    # q/o [64, 64] and k/v [64, 32], 6 experts with gate_up [64, 2 x 32] and down [32, 64], router [64, 6].
+    ("q_proj", "k_proj", "v_proj", "o_proj"): (3 * 4 * ((64 + 64) * 2 + (64 + 32) * 2), 0, 0),  # 5,376
+    ("experts",): (0, 3 * 6 * 4 * ((64 + 64) + (32 + 64)), 0),  # 16,128
+    ("down_proj",): (0, 3 * 6 * 4 * (32 + 64), 0),  # 6,912: on a mixture of experts down_proj is the experts'
+    ("gate",): (0, 0, 3 * 4 * (64 + 6)),  # 840
+    # a regex over layer paths: layer 0's q_proj, but A and B are stacked for all 3 layers
+    (r"layers\.0\.self_attn\.q_proj", "router"): (3 * 4 * (64 + 64), 0, 3 * 4 * (64 + 6)),
+    None: (5376, 16128, 0),  # LoRA's default targets: attention, and gate/up/down_proj select the experts
+}
+
+
+@pytest.mark.parametrize("targets", list(TINY_MOE_ADAPTERS), ids=str)
+def test_adapter_count_is_that_of_the_adapters_a_tiny_moe_model_gets(targets):
+    """The plan's adapter parameters (P_t of a LoRA run) for tiny-qwen3-moe at rank 4 are the hand counts of
+    TINY_MOE_ADAPTERS (A [in, r] + B [r, out] per layer; per expert on the routed experts, gate and up fused into
+    one A [64, 4], B [4, 64]) and the sizes of the `nnx.LoRAParam`s `apply_lora` gives the real model."""
+    import jax
+    from flax import nnx
+
+    from tempax.models.decoder import Decoder
+    from tempax.models.lora import LoraConfig, apply_lora
+
+    cfg = PRESETS["tiny-qwen3-moe"]
+    counted = mem.adapter_params(cfg, 4, targets)
+    assert (counted.projections, counted.experts, counted.router) == TINY_MOE_ADAPTERS[targets]
+    lora = LoraConfig(rank=4) if targets is None else LoraConfig(rank=4, target_modules=targets)
+    model = apply_lora(Decoder(cfg, rngs=nnx.Rngs(0)), lora, rngs=nnx.Rngs(1))
+    assert counted.total == sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.LoRAParam)))
+
+
+def test_lora_fixes_of_a_mixture_of_experts_full_fine_tune_by_memory():
+    """A full fine-tune of Qwen3-30B-A3B (P = 30,532,122,624 float32 parameters) at micro-batch 1 x 1024 tokens,
+    remat full. Rank-16 adapters: attention 48 x 16 x ((2048 + 4096) x 2 + (2048 + 512) x 2) = 13,369,344; routed
+    experts 48 x 128 x 16 x ((2048 + 2 x 768) + (768 + 2048)) = 629,145,600. Each option's weights are the whole
+    base plus the float32 adapters, gradients 4 and AdamW's moments 8 bytes an adapter parameter:
+      LoRA on attention and experts   (P + 642,514,944) x 4        = 124,698,550,272 bytes, total ~124.9 GiB
+      LoRA on attention only          (P + 13,369,344) x 4         = 122,181,967,872 bytes, total ~115.5 GiB
+      QLoRA on attention and experts  P x 0.5625 + 642,514,944 x 4                          total ~27.2 GiB
+      QLoRA on attention only         P x 0.5625 + 13,369,344 x 4                           total ~17.8 GiB
+    So 135 GiB (95%: 128.25) names LoRA on the experts, 125 GiB attention-only LoRA, 30 GiB QLoRA with expert
+    adapters, 20 GiB QLoRA on attention only, 17 GiB nothing."""
+    moe = PRESETS["qwen3-30b-a3b"]
+    total = moe.num_params()
+    assert total == 30_532_122_624
+    p = mem.PlanInputs(model=moe, micro_batch_size=1, seq_len=1024, remat="full")
+    attention = mem.adapter_params(moe, 16, mem.ATTENTION_TARGETS)
+    default = mem.adapter_params(moe, 16)
+    assert (attention.projections, attention.experts, attention.router) == (13_369_344, 0, 0)
+    assert (default.projections, default.experts, default.router) == (13_369_344, 629_145_600, 0)
+    for adapters, base, weights in ((default.total, None, (total + 642_514_944) * 4),
+                                    (attention.total, None, (total + 13_369_344) * 4),
+                                    (default.total, 0.5625, total * 0.5625 + 642_514_944 * 4),
+                                    (attention.total, 0.5625, total * 0.5625 + 13_369_344 * 4)):
+        plan = mem.plan_memory(mem.with_adapters(p, adapters, base_bytes_per_param=base))
+        assert plan.weights == pytest.approx(weights, abs=16)
+        assert plan.gradients == adapters * 4 and plan.optimizer == adapters * 8
+
+    def fixes(capacity_gib):
+        return [f for f in mem.suggest_fixes(p, 8, capacity_gib * mem.GiB) if "LoRA" in f]
+
+    assert fixes(135)[0].startswith("LoRA (add a `lora:` section, e.g. lora.rank=16; on the attention projections "
+                                    "and the routed experts, 642.5M adapter parameters: 13.4M on projections, "
+                                    "629.1M on the routed experts)")
+    assert fixes(125)[0].startswith("LoRA (add a `lora:` section, e.g. lora.rank=16, lora.target_modules=[q_proj, "
+                                    "k_proj, v_proj, o_proj]; on the attention projections only, 13.4M adapter "
+                                    "parameters)")
+    assert fixes(30) == ["QLoRA (lora.quantize_base=nf4; on the attention projections and the routed experts, "
+                         "642.5M adapter parameters: 13.4M on projections, 629.1M on the routed experts) with "
+                         "train.remat=full"]
+    assert fixes(20) == ["QLoRA (lora.quantize_base=nf4, lora.target_modules=[q_proj, k_proj, v_proj, o_proj]; on "
+                         "the attention projections only, 13.4M adapter parameters) with train.remat=full"]
+    assert fixes(17) == []
