@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from tempax.ops.experts import (clamped_swiglu, expert_activation, expert_products, group_by_expert, grouped_matmul,
-                                unsort)
+from tempax.ops.experts import (ExpertAdapter, clamped_swiglu, expert_activation, expert_products, group_by_expert,
+                                grouped_matmul, low_rank_update, unsort)
 
 
 def _array(shape: tuple[int, ...], scale: float = 1.0, phase: float = 0.0, dtype=jnp.float32) -> jax.Array:
@@ -119,6 +119,80 @@ def test_matches_the_dense_reference_values_and_gradients(activation, biases, sc
         assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5 * max(scale_, 1.0))
     # Expert 3 received no token: its kernels' gradients are exactly zero.
     assert float(jnp.max(jnp.abs(grads[2][0][3]))) == 0.0
+
+
+def test_low_rank_update_values_and_gradients_by_hand():
+    """Rows [1, 2], [0, 1] go to expert 0 (A_0 = [1, 1]^T, B_0 = [1, -1]), row [3, -1] to expert 1 (A_1 = [2, 0]^T,
+    B_1 = [0.5, 2]); rank 1, scale 2. h = x A: 3, 1, 6; out = 2 h B: [6, -6], [2, -2], [6, 24].
+    L = sum(out * c), c = [[1, 0], [0, 1], [1, 1]]:
+      dL/dB_e = 2 sum_r h_r c_r: B_0 2 (3 [1, 0] + 1 [0, 1]) = [6, 2]; B_1 2 (6 [1, 1]) = [12, 12]
+      dL/dh_r = 2 c_r . B_e: 2 (1 - 0) = 2, 2 (0 - 1) = -2, 2 (0.5 + 2) = 5
+      dL/dA_e = sum_r x_r^T dh_r: A_0 2 [1, 2] - 2 [0, 1] = [2, 2]; A_1 5 [3, -1] = [15, -5]
+      dL/dx_r = dh_r A_e^T: [2, 2], [-2, -2], 5 [2, 0] = [10, 0]."""
+    rows = jnp.array([[1.0, 2.0], [0.0, 1.0], [3.0, -1.0]])
+    a = jnp.array([[[1.0], [1.0]], [[2.0], [0.0]]])  # [E, in, r]
+    b = jnp.array([[[1.0, -1.0]], [[0.5, 2.0]]])  # [E, r, out]
+    sizes = jnp.array([2, 1], jnp.int32)
+    out = low_rank_update(rows, ExpertAdapter(a, b, 2.0), sizes)
+    assert out.tolist() == [[6.0, -6.0], [2.0, -2.0], [6.0, 24.0]]
+    c = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    loss = lambda rows, a, b: jnp.sum(low_rank_update(rows, ExpertAdapter(a, b, 2.0), sizes) * c)  # noqa: E731
+    d_rows, d_a, d_b = jax.grad(loss, argnums=(0, 1, 2))(rows, a, b)
+    assert d_b.tolist() == [[[6.0, 2.0]], [[12.0, 12.0]]]
+    assert d_a.tolist() == [[[2.0], [2.0]], [[15.0], [-5.0]]]
+    assert d_rows.tolist() == [[2.0, 2.0], [-2.0, -2.0], [10.0, 0.0]]
+
+
+R = 3  # the adapters' rank
+
+
+S = 0.75  # the adapters' scale, alpha / r
+
+
+def _factors() -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
+    """(A, B) of LoRA on the fused gate and up kernels (A [E, D, R], B [E, R, 2I], the gate's columns first) and on
+    the down kernels (A [E, I, R], B [E, R, D]), B non-zero so that the updates show."""
+    return ((_array((E, D, R), 0.3, 4.0), _array((E, R, 2 * I), 0.3, 4.5)),
+            (_array((E, I, R), 0.3, 5.0), _array((E, R, D), 0.3, 5.5)))
+
+
+@pytest.mark.parametrize("activation,biases,scale", CASES)
+def test_adapted_experts_match_the_dense_reference_with_the_updates_folded_in(activation, biases, scale):
+    """expert_products with LoRA on the gate_up and down kernels equals the dense reference run on the folded kernels
+    [G_e | U_e] + s A_e B_e and D_e + s A_e B_e (s = alpha / r = 0.75), values and the gradients of sum(sin(y)) with
+    respect to x, the routing weights, the kernels and both adapters' A and B; expert 3 received no token, so its
+    adapters' gradients are exactly zero. A scale of 0 (a layer without the adapter) gives the base op's y."""
+    x, weights, kernels, bias = inputs(biases, scale)
+    gate_up, down = _factors()
+
+    def ours(x, weights, kernels, gate_up, down, s=S):
+        gb, ub, db = bias
+        return expert_products(x, IDS, weights, *kernels, activation=activation, gate_bias_ei=gb, up_bias_ei=ub,
+                               down_bias_ed=db, gate_up_adapter=ExpertAdapter(*gate_up, s),
+                               down_adapter=ExpertAdapter(*down, s))
+
+    def reference(x, weights, kernels, gate_up, down):
+        gate, up, down_kernel = kernels
+        fused = S * jnp.einsum("edr,ero->edo", *gate_up)
+        folded = (gate + fused[..., :I], up + fused[..., I:], down_kernel + S * jnp.einsum("eir,erd->eid", *down))
+        return _dense(x, weights, *folded, *bias, activation)
+
+    args = (x, weights, kernels, gate_up, down)
+    y, y_ref = jax.jit(ours)(*args), jax.jit(reference)(*args)
+    base = _dense(x, weights, *kernels, *bias, activation)
+    assert float(jnp.max(jnp.abs(y_ref - base))) > 0.1  # the adapters change the output
+    assert_allclose(np.asarray(y), np.asarray(y_ref), rtol=1e-5, atol=1e-5)
+    loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a)))  # noqa: E731
+    grads = jax.jit(jax.grad(loss(ours), argnums=(0, 1, 2, 3, 4)))(*args)
+    grads_ref = jax.jit(jax.grad(loss(reference), argnums=(0, 1, 2, 3, 4)))(*args)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
+        size = float(jnp.max(jnp.abs(want)))
+        assert size > 0.0
+        assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5 * max(size, 1.0))
+    for a_grad, b_grad in (grads[3], grads[4]):
+        assert float(jnp.max(jnp.abs(a_grad[3]))) == 0.0 and float(jnp.max(jnp.abs(b_grad[3]))) == 0.0
+    off = jax.jit(ours)(x, weights, kernels, gate_up, down, jnp.float32(0.0))
+    assert_allclose(np.asarray(off), np.asarray(base), rtol=1e-5, atol=1e-5)
 
 
 def test_bf16_rows_against_float32_kernels_keep_a_float32_kernel_gradient():
