@@ -546,6 +546,8 @@ def suggest_fixes(p: PlanInputs, batch_size: int, capacity: int) -> list[str]:
                 break
     if p.trainable_params is None:
         out.extend(adapter_fixes(p, capacity))
+    else:
+        out.extend(lora_run_fixes(p, capacity))
     if p.precision == "fp32":
         q = replace(p, precision="bf16")
         if plan_memory(q, capacity).fits:
@@ -654,6 +656,37 @@ def adapter_fixes(p: PlanInputs, capacity: int) -> list[str]:
             out.append(f"{name}; on {what}, {count.describe()}) with train.remat={q.remat}")
             break
     return out
+
+
+def lora_run_fixes(p: PlanInputs, capacity: int) -> list[str]:
+    """For a LoRA run `p` that does not fit `capacity`: the first of its adapters over a 4-bit base (QLoRA, when
+    the base is not quantized yet) and, on a mixture of experts, rank-`LORA_RANK` adapters on the attention
+    projections only (whose adapters are a small part of the routed experts'), over the run's base and then a
+    4-bit one, that fits, with full remat (or `p`'s)."""
+    total = p.model.num_params()
+    # The run's base bytes per parameter of the whole model (`with_adapters` scaled them by num_params / (num_params
+    # - P_t)); None: its param_dtype.
+    own_base = (None if p.frozen_bytes_per_param is None
+                else p.frozen_bytes_per_param * (total - p.trainable_params) / total)
+    quantized = own_base is not None and own_base <= NF4_BYTES_PER_PARAM
+    q = replace(p, remat="full" if p.remat == "none" else p.remat, memory="device")
+    options: list[tuple[int, float | None, str]] = []
+    if not quantized:
+        options.append((p.trainable_params, NF4_BYTES_PER_PARAM, "lora.quantize_base=nf4 (QLoRA: the frozen base "
+                                                                 "in 4 bits, the same adapters)"))
+    if p.model.moe is not None:
+        attention = adapter_params(p.model, LORA_RANK, ATTENTION_TARGETS)
+        if attention.total < p.trainable_params:
+            targets = f"lora.target_modules=[{', '.join(ATTENTION_TARGETS)}]"
+            what = f"on the attention projections only, {attention.describe()} at rank {LORA_RANK}"
+            options.append((attention.total, own_base, f"{targets} ({what})"))
+            if not quantized:
+                options.append((attention.total, NF4_BYTES_PER_PARAM, f"lora.quantize_base=nf4 with {targets} "
+                                                                      f"(QLoRA {what})"))
+    for adapters, base, setting in options:
+        if plan_memory(with_adapters(q, adapters, base_bytes_per_param=base), capacity).fits:
+            return [f"{setting} with train.remat={q.remat}"]
+    return []
 
 
 def not_fitting_message(plan: MemoryPlan, fixes: list[str], capacity: int, *, what: str) -> str:

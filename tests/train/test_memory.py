@@ -328,3 +328,26 @@ def test_lora_fixes_of_a_mixture_of_experts_full_fine_tune_by_memory():
     assert fixes(20) == ["QLoRA (lora.quantize_base=nf4, lora.target_modules=[q_proj, k_proj, v_proj, o_proj]; on "
                          "the attention projections only, 13.4M adapter parameters) with train.remat=full"]
     assert fixes(17) == []
+
+
+def test_a_lora_run_on_a_mixture_of_experts_that_does_not_fit_is_told_qlora_or_attention_only():
+    """The Qwen3-30B-A3B LoRA runs of the test above (micro-batch 1 x 1024, remat full): with float32 LoRA on
+    attention and experts (~124.9 GiB) 30 GiB names QLoRA with the same adapters (~27.2 GiB) and 20 GiB QLoRA on
+    attention only (~17.8 GiB); a QLoRA run on attention and experts at 24 GiB (95%: 22.8) is told attention only
+    (its own 4-bit base, ~17.8 GiB); at 17 GiB nothing adapter-wise fits."""
+    moe = PRESETS["qwen3-30b-a3b"]
+    p = mem.PlanInputs(model=moe, micro_batch_size=1, seq_len=1024, remat="full")
+    default = mem.adapter_params(moe, 16)
+    lora_run = mem.with_adapters(p, default.total)
+    qlora_run = mem.with_adapters(p, default.total, base_bytes_per_param=mem.NF4_BYTES_PER_PARAM)
+
+    def fixes(run, capacity_gib):
+        return [f for f in mem.suggest_fixes(run, 8, capacity_gib * mem.GiB) if "lora." in f]
+
+    attention = "lora.target_modules=[q_proj, k_proj, v_proj, o_proj]"
+    what = "on the attention projections only, 13.4M adapter parameters at rank 16"
+    assert fixes(lora_run, 30) == ["lora.quantize_base=nf4 (QLoRA: the frozen base in 4 bits, the same adapters) "
+                                   "with train.remat=full"]
+    assert fixes(lora_run, 20) == [f"lora.quantize_base=nf4 with {attention} (QLoRA {what}) with train.remat=full"]
+    assert fixes(qlora_run, 24) == [f"{attention} ({what}) with train.remat=full"]
+    assert fixes(qlora_run, 17) == fixes(lora_run, 17) == []
