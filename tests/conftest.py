@@ -14,21 +14,6 @@ atexit.register(shutil.rmtree, os.environ["TEMPAX_CACHE"], ignore_errors=True)
 
 import pytest  # noqa: E402
 
-# One persistent XLA compilation cache for the whole session, shared by the xdist workers: many tests build the
-# same tiny models' programs (a kill-and-resume test compiles its step twice, every DPO test the same loss), and
-# from the second time on each is a cache hit. The controller makes the folder; the workers inherit its name
-# through an environment variable of the test kit's own, so `tempax` commands that tests start in subprocesses keep
-# their own caches. TEMPAX_TEST_COMPILE_CACHE=0 turns it off.
-if os.environ.get("TEMPAX_TEST_COMPILE_CACHE", "1") != "0":
-    if not os.environ.get("TEMPAX_TEST_XLA_CACHE"):
-        os.environ["TEMPAX_TEST_XLA_CACHE"] = tempfile.mkdtemp(prefix="tempax-test-xla-")
-        atexit.register(shutil.rmtree, os.environ["TEMPAX_TEST_XLA_CACHE"], ignore_errors=True)
-    import jax  # noqa: E402
-
-    jax.config.update("jax_compilation_cache_dir", os.environ["TEMPAX_TEST_XLA_CACHE"])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
 
 def pytest_collection_modifyitems(config, items):
     # Tests that compare with transformers need torch; mark them so `-m "not needs_torch"` works anywhere.

@@ -5,21 +5,12 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import pytest
 
 from tempax.generate import SamplingConfig, engine, generate
 from tempax.generate.program_store import PROGRAMS_DIR_ENV, ProgramStore, program_key
-from tests.kit.compile_cache import no_persistent_compile_cache
 
 PROMPTS = [[5, 17, 42, 9], [3, 8]]
 SAMPLED = SamplingConfig(n=2, temperature=0.9, top_k=20, max_new_tokens=10, seed=3, logprobs=True)
-
-
-@pytest.fixture(autouse=True)
-def _without_jax_cache():
-    """The store is off where JAX's persistent cache is on (`default_store`); the test session turns that on."""
-    with no_persistent_compile_cache():
-        yield
 
 
 def _fresh_process(monkeypatch, folder) -> None:
