@@ -37,6 +37,7 @@ def runs(tmp_path_factory, request):
 
 
 @pytest.mark.parametrize("name", rc.NAMES)
+@pytest.mark.heavy
 def test_run_equals_the_stored_curve(runs, name):
     new = runs[name]
     if WRITE:

@@ -22,6 +22,7 @@ def test_device_tables():
     assert gpu_train_check.peak_for("cpu") is None
 
 
+@pytest.mark.heavy
 def test_tiny_run_of_train_and_decode(capsys):
     """Full and LoRA SFT with "cudnn" attention (run as "xla" on a CPU) and one remat choice, then decoding at
     batch 1: every record has its figures, none an error; the HBM fraction is bytes per step x steps per second

@@ -6,10 +6,13 @@ from __future__ import annotations
 import glob
 import os
 
+import pytest
+
 from tempax.cli.main import main
 from tests.cli.test_train_cmds import workspace  # noqa: F401  (the fixture: a tiny LoRA recipe)
 
 
+@pytest.mark.heavy
 def test_export_names_the_damaged_file_and_the_intact_steps(workspace, tmp_path, capfd):  # noqa: F811
     root, recipe, _ = workspace
     run = tmp_path / "run"

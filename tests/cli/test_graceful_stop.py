@@ -43,6 +43,7 @@ def _interrupt(recipe, run, sig, cache):
     return proc.returncode, out, err
 
 
+@pytest.mark.heavy
 def test_sigterm_mid_run_saves_the_current_step_and_resume_matches(workspace, tmp_path):  # noqa: F811
     root, recipe, _ = workspace
     run = str(tmp_path / "run")

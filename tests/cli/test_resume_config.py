@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from tempax.cli.main import main
 from tempax.configlib import read_yaml
 from tests.cli.test_train_cmds import workspace  # noqa: F401  (the fixture: a tiny LoRA recipe)
 
 
+@pytest.mark.heavy
 def test_changed_learning_rate_on_resume_is_refused_then_recorded(workspace, tmp_path, capfd):  # noqa: F811
     root, recipe, _ = workspace
     run = tmp_path / "run"

@@ -70,6 +70,7 @@ def _ask_until_refused(url: str) -> None:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.heavy
 def test_serve_stops_on_a_signal_even_when_started_with_sigint_ignored(tmp_path, signum):
     """A server a script starts in the background inherits SIGINT ignored (POSIX shells do that to `cmd &`), and
     Python then installs no KeyboardInterrupt: Ctrl-C / kill -INT used to leave it running. Started that way, it

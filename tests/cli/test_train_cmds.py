@@ -190,6 +190,7 @@ def test_eval_and_model_info_take_a_run_dir(trained, capsys):
     assert f"{trained} is a training run" in err
 
 
+@pytest.mark.heavy
 def test_a_run_dir_is_the_model_source_of_a_second_run(workspace, trained, exported, tmp_path):
     """A recipe's model.source=RUN_DIR starts from the run's trained weights, adapters merged (the model its export
     holds), and a run started so is a model source in turn (the chain is followed to its start)."""

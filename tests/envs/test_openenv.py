@@ -134,6 +134,7 @@ def test_bad_openenv_names_are_refused_with_the_fix(spec, message, tok, monkeypa
         spec.build(tok)
 
 
+@pytest.mark.heavy
 def test_the_openenv_recipe_trains_two_grpo_steps(model, tok, tmp_path, monkeypatch):  # noqa: F811
     """recipes/grpo_openenv_reverse.yaml with the tiny model: 2 GRPO steps over episodes of the OpenEnv
     environment; the only reward is the environment's rubric (reward/openenv_mean)."""

@@ -337,6 +337,7 @@ def long_model():
     return tiny_tempax_model("llama", vocab_size=400, num_layers=2, max_position_embeddings=1024)
 
 
+@pytest.mark.heavy
 def test_the_verifiers_recipe_trains_two_grpo_steps(long_model, tok, tmp_path, monkeypatch):
     """recipes/grpo_verifiers_shop.yaml with the tiny model: 2 GRPO steps over episodes of the example taskset;
     the rewards are the task's own (reward/correct_mean, reward/brief_mean), the episodes' tool counters logged."""

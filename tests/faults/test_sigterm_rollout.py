@@ -35,6 +35,7 @@ def _run(model, tok, prompts, run_dir, *, steps, reward):  # noqa: F811
         trainer.close()
 
 
+@pytest.mark.heavy
 def test_sigterm_while_a_rollout_is_scored(model, tok, prompts, tmp_path, survived):  # noqa: F811
     """num_iterations = 2: rollout 1 feeds steps 1-2, rollout 2 steps 3-4. SIGTERM comes while rollout 2 is scored
     (the reward's second call): step 3 runs, is checkpointed, and the run stops; resumed, step 4 equals."""

@@ -118,6 +118,7 @@ def test_nothing_compiles_after_warm_up_across_varied_requests(engine):
     assert engine.compiles == before and compiles == []
 
 
+@pytest.mark.heavy
 def test_warm_up_on_threads_compiles_what_one_thread_compiles(engine, model, tokenizer):
     """The fixture's engine warmed up on min(CPU count, 4) threads (2 on the CI machine); one thread compiles the
     same programs, and each engine compiled each of its programs once (its count equals its programs, the

@@ -73,6 +73,7 @@ def test_config_validation():
         LoraConfig(dropout=1.0)
 
 
+@pytest.mark.heavy
 def test_adapter_dropout_under_remat_draws_new_masks_each_call_and_matches_no_remat():
     """The decoder's scan carries the adapters' dropout stream through every layer, remat or not: two calls in
     train mode draw different masks (different outputs), and remat=full computes the same loss and gradients as

@@ -674,6 +674,7 @@ def test_a_prompt_run_into_a_cache_and_its_continuation_are_recorded_and_pooled(
     assert_allclose(float(pooled["moe_aux_loss"]), float(one_pass["moe_aux_loss"]), rtol=1e-5)
 
 
+@pytest.mark.heavy
 def test_an_expert_lora_step_on_8_devices_matches_one_device(tmp_path):
     """One SFT step (SGD, lr 1, adapters only) of tiny-qwen3-moe with LoRA on q_proj, the experts and the router,
     on 8 fake CPU devices (data 2 x fsdp 2 x tensor 2) and on one: the experts' adapters are split like their

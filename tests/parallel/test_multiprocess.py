@@ -85,6 +85,7 @@ def _losses(run_dir) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(str(run_dir)) if "loss" in r}
 
 
+@pytest.mark.heavy
 def test_sft_fsdp_over_two_processes_equals_one_process_and_resumes_after_a_kill(files, tmp_path):
     """Full fine-tuning with FSDP over 4 devices split 2 + 2 across processes, a checkpoint every step. The run is
     SIGKILLed (launcher and both processes) once checkpoint 2 is committed, and relaunched: it restores the

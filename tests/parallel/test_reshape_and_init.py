@@ -83,6 +83,7 @@ def test_every_layer_is_drawn_by_one_call_whatever_the_depth(monkeypatch):
 
 
 @needs_8
+@pytest.mark.heavy
 def test_checkpoint_saved_on_8_fsdp_restores_onto_2x2_fsdp_tensor_with_equal_logits(tmp_path):
     """Two steps on 8 devices (fsdp=8), checkpoint; a new trainer on 4 devices (fsdp=2 x tensor=2) restores it:
     parameters are resharded to the new mesh and the model's logits equal the saved model's (atol 1e-5)."""

@@ -232,6 +232,7 @@ def test_expert_kernels_take_the_fsdp_axis_where_the_expert_count_divides_it():
     assert logical_to_spec(("layers", "embed", None), mesh=MESH_222, shape=(2, 16, 6)) == P(None, "fsdp", None)
 
 
+@pytest.mark.heavy
 def test_a_mixture_of_experts_step_on_8_devices_matches_one_device(tmp_path):
     """One SFT step (SGD, lr 1) of tiny-qwen3-moe (6 experts) on 8 fake CPU devices, data 2 x fsdp 2 x tensor 2:
     the experts are split over fsdp and their inner dimension over tensor, and the loss, the router's auxiliary

@@ -103,6 +103,7 @@ def jax_leaves(tree):
     return jax.tree.leaves(tree)
 
 
+@pytest.mark.heavy
 def test_a_killed_worker_is_replaced_and_the_run_finishes(policy, tok, prompts, tmp_path):
     """A hook kills the only worker after step 2; its request in flight fails with the actor's death, a new
     worker starts with the newest weights and gets the request again, and the run trains its 4 steps."""
@@ -121,6 +122,7 @@ def test_a_killed_worker_is_replaced_and_the_run_finishes(policy, tok, prompts, 
     assert all(np.isfinite(result.losses))
 
 
+@pytest.mark.heavy
 def test_staleness_0_with_one_worker_equals_the_synchronous_run_also_killed_and_resumed(
         policy, tok, prompts, tmp_path, synchronous):
     """max_staleness 0, one worker: rollout i is requested after update i with its weights, the same prompts and
@@ -146,6 +148,7 @@ def test_staleness_0_with_one_worker_equals_the_synchronous_run_also_killed_and_
     assert all("lora" in k for k in synchronous.state.params) and adapter_bytes < model_bytes / 10
 
 
+@pytest.mark.heavy
 def test_staleness_1_weights_stale_tokens_and_resume_keeps_arrived_rollouts(policy, tok, prompts, tmp_path):
     """max_staleness 1, 4 steps, stopped after step 2 and resumed. Rollouts 0 and 1 are both sampled by version 0,
     rollout i >= 1 by version i - 1, so steps 2.. train on rollouts one version old, with truncated importance

@@ -177,6 +177,7 @@ class UnevenEnvironment(ScriptedEnvironment):
         return StepResult(messages=({"role": "tool", "name": "echo", "content": "x " * (1 + len(reply) % 5)},))
 
 
+@pytest.mark.heavy
 def test_the_slot_engine_plays_the_same_episodes_as_the_batch(model, tok):
     """Rows that end their turns at different lengths, episodes of one to three turns, fewer slots than rows (groups
     wait for free slots) and a chunk that does not divide the replies: the slot engine gives every episode token

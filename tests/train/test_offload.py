@@ -129,6 +129,7 @@ def test_the_update_brings_in_one_parameter_after_another(tmp_path):
     assert "pinned_host" not in resident
 
 
+@pytest.mark.heavy
 def test_offloaded_state_checkpoints_and_resumes(tmp_path):
     """A run with its state in host memory saves a checkpoint and resumes from it into host memory; the resumed
     run ends where a device-resident run resumed from the same step ends."""

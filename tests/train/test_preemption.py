@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tempax.train import preemption
 from tempax.train.preemption import GracefulStop, RunStopped
 
 
@@ -25,7 +26,11 @@ def test_first_signal_sets_the_request_and_handlers_are_restored():
                     "(send SIGTERM again to stop at once, without saving)"]
 
 
-def test_second_ctrl_c_raises_at_once():
+def test_second_ctrl_c_raises_at_once(monkeypatch):
+    # The main thread waits in Python here, so the handler raises as soon as it is scheduled; on a loaded machine
+    # that can take longer than the watcher's one second, after which it would end this test process (the
+    # behaviour for a thread stuck in native code, tested in a subprocess below), so the watcher waits longer.
+    monkeypatch.setattr(preemption, "STUCK_AFTER_S", 30.0)
     before = signal.getsignal(signal.SIGINT)  # Python's handler, or SIG_IGN in a job started in the background
     with pytest.raises(KeyboardInterrupt):
         with GracefulStop(say=lambda _: None) as stop:

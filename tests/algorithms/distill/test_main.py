@@ -86,6 +86,7 @@ def _config(tmp_path, teacher_dir, data_path, name="run", **changes) -> DistillC
     return from_dict(DistillConfig, raw)
 
 
+@pytest.mark.heavy
 def test_kd_lowers_the_divergence_and_beats_ce_alone_on_agreement(tmp_path, teacher_dir, data_path):
     """The same 2-layer random-init student, data, seed and 30 steps, trained with the KD loss (alpha = 1) and with
     the label cross-entropy alone (alpha = 0). On the held-out rows, KD takes KL(teacher || student) to under a
@@ -103,6 +104,7 @@ def test_kd_lowers_the_divergence_and_beats_ce_alone_on_agreement(tmp_path, teac
     assert kd.state.params and all(k.startswith("student.") for k in kd.state.params)
 
 
+@pytest.mark.heavy
 def test_pruned_copy_student_and_saved_student_folder(tmp_path, teacher_dir, data_path):
     """student.source=teacher keeping layers [0, 3]: training starts from those teacher layers (2 of 4), and the
     trained student is written as a folder `tempax.load` reads, with the student's layer count."""
@@ -280,6 +282,7 @@ def test_validate_checks_the_teacher_and_student_sources(monkeypatch):
         check_recipe("recipes/distill_smollm2.yaml", ["student.source=nope-7b"])
 
 
+@pytest.mark.heavy
 def test_micro_batches_give_the_full_batch_step():
     """One step on 4 ragged rows as one pass vs 2 micro-batches of 2: the token-weighted accumulation (loss_weight
     = supervised tokens) gives the same loss, KD metrics, gradient norm and updated student weights."""

@@ -59,6 +59,7 @@ def two_tiny_steps(recipe, model, tok, run_dir, *overrides):
     return run
 
 
+@pytest.mark.heavy
 def test_the_user_environment_recipe_runs_two_steps(model, tok, tmp_path, monkeypatch):
     """recipes/grpo_guess_number_env.yaml with the tiny model: 2 GRPO steps over episodes of the example
     environment; every reward comes from it (rewards.functions is empty), each per-turn part logged."""
@@ -86,6 +87,7 @@ def run(model, tok, prompts, run_dir, *, steps, every_n=0, settings=SETTINGS):
     return result, source
 
 
+@pytest.mark.heavy
 def test_resume_between_two_passes_over_an_episode_rollout_is_exact(model, tok, prompts, tmp_path):
     """num_iterations = 2 over episode rollouts: steps (1, 2) train on rollout 1, (3, 4) on rollout 2. A run
     killed after step 3 (its checkpoint holds rollout 2's episodes, tokens and masks, with 1 pass left) and
@@ -105,6 +107,7 @@ def test_resume_between_two_passes_over_an_episode_rollout_is_exact(model, tok, 
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo", "reinforce_pp"])
+@pytest.mark.heavy
 def test_every_estimator_scores_episodes_by_their_rewards(model, tok, prompts, estimator):
     """Advantages come from each episode's reward (final reply + the environment's per-turn parts), whatever the
     estimator: within a group, a higher reward never gets a lower advantage."""
@@ -138,6 +141,7 @@ def test_rft_keeps_episodes_with_the_loss_on_the_policy_tokens_only(model, tok, 
     assert (source.env_factory, source.max_turns, source.episode_tokens) == (factory, GUESS.max_turns, 48)
 
 
+@pytest.mark.heavy
 def test_the_recipe_on_the_slot_engine_samples_what_the_batch_samples(model, tok, tmp_path, monkeypatch):
     """`grpo.rollout_engine=slots` with the recipe's group of 4 in 4 slots (one group at a time): the first step's episodes come from the same
     weights and random streams as on the batch engine, so its rollout metrics are equal; training goes on."""

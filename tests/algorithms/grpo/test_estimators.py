@@ -62,6 +62,7 @@ def runs(model, tok, prompts, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp"])
+@pytest.mark.heavy
 def test_every_estimator_learns_the_synthetic_reward(runs, name):
     """Mean 'e' share of the last three steps exceeds the first three's by more than 0.1."""
     e = [m["reward/e_mean"] for _, m in runs[name].history]

@@ -298,6 +298,7 @@ def test_loss_weight_makes_prompt_micro_batches_reproduce_the_full_batch(model):
         assert combined == pytest.approx(float(full[k][0]), rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.heavy
 def test_one_group_per_pass_with_remat_gives_the_unsplit_update(model, tmp_path):
     """The memory-saving settings of bench/grpo_step.py (train.micro_batch_size=1: one prompt group per
     forward/backward pass, each prompt still run once for its group; train.remat=full through the cached prompt

@@ -71,6 +71,7 @@ def build(tok, prompts, tmp_path, *, steps, lr=1e-2, settings=SETTINGS, lora=Fal
     return trainer, source
 
 
+@pytest.mark.heavy
 def test_ppo_raises_a_checkable_reward_with_bounded_kl(tok, prompts, tmp_path):
     """Full-weight PPO on the tiny model, reward = share of 'e' characters in the completion (about 0.06 at the
     start; measured 0.056 -> 0.31 over 10 rollouts at lr 1e-2).
