@@ -45,7 +45,7 @@ if ROOT not in sys.path:
 
 from bench.compare import (_names, append_run, first_error_line, repeatable_command, side_summary,  # noqa: E402
                            speed_ratio)
-from bench.peers import run_measurement  # noqa: E402
+from bench.peers import run_measurement, timed_torch_steps  # noqa: E402
 
 # The shapes: a model (hidden, layers, heads / kv heads of head_dim, experts top-k of width, vocab), the training
 # batch (batch x seq, warm-up + measured steps) and the decoding batch (batch prompts of `prompt` ids, `new` tokens,
@@ -183,15 +183,7 @@ def transformers_train(size: str) -> dict:
                                   betas=(OPTIMIZER["b1"], OPTIMIZER["b2"]), eps=OPTIMIZER["eps"],
                                   weight_decay=OPTIMIZER["weight_decay"])
     tokens = random_ids(size, (warmup + measured, s["train_batch"], s["seq"]), salt=0)
-    times, losses = [], []
-    for ids in (torch.tensor(t, dtype=torch.long) for t in tokens):
-        start = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
-        losses.append(loss.item())
+    times, losses = timed_torch_steps(model, optimizer, [torch.tensor(t, dtype=torch.long) for t in tokens])
     step = statistics.median(times[warmup:])
     return {"tokens_per_s": round(s["train_batch"] * s["seq"] / step, 1), "step_time_s": round(step, 4),
             "step_times_s": [round(t, 4) for t in times[warmup:]], "first_loss": round(losses[0], 4),

@@ -35,6 +35,7 @@ Prints one JSON object per measurement; each names the CPU (settings_in_effect()
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -155,9 +156,24 @@ def measure_decode(size: str, dtype: str = "float32") -> dict:
             **common_fields(torch)}
 
 
+
+def timed_torch_steps(model, optimizer, batches, autocast=contextlib.nullcontext) -> tuple[list[float], list[float]]:
+    """(seconds, loss) of each causal-LM training step of a transformers `model` over `batches` of token ids:
+    forward under `autocast`, backward, `optimizer` step, gradients cleared."""
+    times, losses = [], []
+    for ids in batches:
+        t = time.perf_counter()
+        with autocast():
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t)
+        losses.append(loss.item())
+    return times, losses
+
 def measure_sft(workload: str, size: str, dtype: str = "float32") -> dict:
     """sft_full or sft_lora; `dtype` "bf16" runs forward and loss under CPU autocast (float32 master weights)."""
-    import contextlib
 
     import numpy as np
     import torch
@@ -183,16 +199,7 @@ def measure_sft(workload: str, size: str, dtype: str = "float32") -> dict:
     tokens[:, :, 0] = 1
     batches = [torch.tensor(tokens[i]) for i in range(total)]
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if dtype == "bf16" else contextlib.nullcontext
-    times, losses = [], []
-    for ids in batches:
-        t = time.perf_counter()
-        with autocast():
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t)
-        losses.append(loss.item())
+    times, losses = timed_torch_steps(model, optimizer, batches, autocast)
     assert all(p.dtype == torch.float32 for p in model.parameters()), "master weights must stay float32"
     step = statistics.median(times[steps["warmup"]:])
     tps = batch * seq / step
