@@ -166,7 +166,10 @@ class GracefulStop:
     def _stop_at_once(self, signum: int) -> None:
         self._stop_now = signum
         # A real signal to the main thread: a blocking system call there returns, and the handler runs and raises.
-        signal.pthread_kill(threading.main_thread().ident, signum)
+        # Not when the handler has raised already (it saw the second signal first): the nudge would land after the
+        # handlers are restored and interrupt whatever the program does next.
+        if not self._raised.is_set():
+            signal.pthread_kill(threading.main_thread().ident, signum)
         if self._raised.wait(STUCK_AFTER_S):
             return
         name = signal.Signals(signum).name
