@@ -28,6 +28,9 @@ class KVCache:
       length: int32 scalar, the number of slots written so far (the next write index; shared by all rows,
         which is why prompts are left-padded).
       next_position: [B] int32, the rotary position the next token of each row takes.
+      conv, state: a hybrid model's linear-attention layers (Qwen3.5; None otherwise), a fixed size per row
+        whatever the length: each layer's last conv_kernel - 1 convolution inputs [L_lin, B, K-1, C] and its
+        delta-rule state [L_lin, B, Hv, dk, dv] float32. k and v then hold the softmax-attention layers only.
     """
 
     k: jax.Array
@@ -35,17 +38,26 @@ class KVCache:
     segment_ids: jax.Array
     length: jax.Array
     next_position: jax.Array
+    conv: jax.Array | None = None
+    state: jax.Array | None = None
 
     @classmethod
     def init(cls, cfg: ModelConfig, batch_size: int, max_len: int, dtype: jnp.dtype | None = None) -> "KVCache":
         dtype = dtype or jnp.dtype(cfg.dtype)
-        shape = (cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
+        shape = (len(cfg.attention_layers), batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
+        conv = state = None
+        if cfg.linear_attention_layers:
+            la, n = cfg.linear_attention, len(cfg.linear_attention_layers)
+            conv = jnp.zeros((n, batch_size, la.conv_kernel - 1, la.conv_channels), dtype)
+            state = jnp.zeros((n, batch_size, la.num_value_heads, la.key_head_dim, la.value_head_dim), jnp.float32)
         return cls(
             k=jnp.zeros(shape, dtype),
             v=jnp.zeros(shape, dtype),
             segment_ids=jnp.zeros((batch_size, max_len), jnp.int32),
             length=jnp.zeros((), jnp.int32),
             next_position=jnp.zeros((batch_size,), jnp.int32),
+            conv=conv,
+            state=state,
         )
 
     @property
@@ -62,12 +74,25 @@ class KVCache:
         return KVCache(
             k=rep(self.k, 1), v=rep(self.v, 1),
             segment_ids=rep(self.segment_ids), length=self.length, next_position=rep(self.next_position),
+            conv=None if self.conv is None else rep(self.conv, 1),
+            state=None if self.state is None else rep(self.state, 1),
         )
 
     def nbytes(self) -> int:
-        return sum(x.size * x.dtype.itemsize for x in (self.k, self.v))
+        return sum(x.size * x.dtype.itemsize for x in (self.k, self.v, self.conv, self.state) if x is not None)
 
 
 def kv_bytes_per_position(config: ModelConfig) -> int:
-    """Bytes one cache position takes for one row: keys and values of every layer."""
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * jnp.dtype(config.dtype).itemsize
+    """Bytes one cache position takes for one row: keys and values of every softmax-attention layer."""
+    return (2 * len(config.attention_layers) * config.num_kv_heads * config.head_dim
+            * jnp.dtype(config.dtype).itemsize)
+
+
+def linear_state_bytes(config: ModelConfig) -> int:
+    """Bytes of one row's fixed-size linear-attention state (`KVCache.conv`, `KVCache.state`); 0 without one."""
+    la = config.linear_attention
+    if not config.linear_attention_layers:
+        return 0
+    per_layer = ((la.conv_kernel - 1) * la.conv_channels * jnp.dtype(config.dtype).itemsize
+                 + la.num_value_heads * la.key_head_dim * la.value_head_dim * 4)
+    return len(config.linear_attention_layers) * per_layer

@@ -23,7 +23,11 @@ from tempax.errors import CheckpointError, ConfigError
 LayerType = Literal["full", "sliding"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3", "mistral",
-                         "qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss", "smollm3", "olmo2", "olmo3", "phi3")
+                         "qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss", "smollm3", "olmo2", "olmo3", "phi3",
+                         "qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
+# Qwen3.5's config.json: the text model's own, or the multimodal model's with the text model's in text_config
+QWEN3_5_MODEL_TYPES = {"qwen3_5_text": "qwen3_5", "qwen3_5": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe",
+                       "qwen3_5_moe": "qwen3_5_moe"}
 MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss")
 _QWEN_MOE = ("qwen2_moe", "qwen3_moe")  # Qwen's MoE config.json keys: num_experts, moe_intermediate_size, ...
 
@@ -155,6 +159,46 @@ class MoeConfig:
 
 
 @dataclass(frozen=True)
+class LinearAttentionConfig:
+    """Gated DeltaNet, the token mixer of Qwen3.5's "linear_attention" layers (`tempax.models.decoder.GatedDeltaNet`):
+    a recurrent state of fixed size per value head instead of a growing key/value cache.
+
+    Attributes:
+      num_key_heads, key_head_dim: query/key heads and their width (each serves num_value_heads / num_key_heads
+        value heads).
+      num_value_heads, value_head_dim: value heads and their width.
+      conv_kernel: the causal depthwise convolution's kernel over the q/k/v channels.
+    """
+
+    num_key_heads: int = 2
+    num_value_heads: int = 4
+    key_head_dim: int = 16
+    value_head_dim: int = 16
+    conv_kernel: int = 4
+
+    def __post_init__(self) -> None:
+        if min(self.num_key_heads, self.num_value_heads, self.key_head_dim, self.value_head_dim) < 1:
+            raise ConfigError("linear_attention: heads and head widths must be positive")
+        if self.num_value_heads % self.num_key_heads:
+            raise ConfigError(f"linear_attention.num_value_heads ({self.num_value_heads}) must be a multiple of "
+                              f"num_key_heads ({self.num_key_heads})")
+        if self.conv_kernel < 1:
+            raise ConfigError(f"linear_attention.conv_kernel ({self.conv_kernel}) must be at least 1")
+
+    @property
+    def conv_channels(self) -> int:
+        """Channels of the convolution: queries, keys and values side by side."""
+        return 2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
+
+    def params(self, hidden_size: int) -> int:
+        """Parameters of one layer's token mixer."""
+        value_dim = self.num_value_heads * self.value_head_dim
+        return (hidden_size * (self.conv_channels + value_dim + 2 * self.num_value_heads)  # in_proj_qkv, z, b, a
+                + self.conv_channels * self.conv_kernel + 2 * self.num_value_heads + self.value_head_dim
+                + value_dim * hidden_size)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Shape and family switches of the decoder.
 
@@ -199,6 +243,11 @@ class ModelConfig:
         num_heads * head_dim and num_kv_heads * head_dim: OLMo 2/3) instead of each head's head_dim.
       partial_rotary_factor: the share of each head's features that rotary embedding rotates (the first
         `rotary_dim` = int(head_dim * factor); the rest pass through unrotated: Phi-3 / Phi-4-mini).
+      linear_attention: the Gated DeltaNet of the layers `linear_attention_layers` names (Qwen3.5); None = none.
+      linear_attention_layers: layers whose token mixer is `linear_attention` instead of softmax attention (their
+        pattern repeats: the decoder scans a block of one period, `layer_block`).
+      attn_output_gate: the attention output is multiplied by sigmoid of a per-head gate that q_proj also
+        produces (its output is twice as wide, [query | gate] per head: Qwen3.5).
     """
 
     family: str = "llama"
@@ -240,9 +289,13 @@ class ModelConfig:
     pre_norms: bool = True
     qk_norm_across_heads: bool = False
     partial_rotary_factor: float = 1.0
+    linear_attention: LinearAttentionConfig | None = None
+    linear_attention_layers: tuple[int, ...] = ()
+    attn_output_gate: bool = False
 
     def __post_init__(self) -> None:
         self._check_dense_switches()
+        self._check_linear_attention()
         if self.attention_impl not in ("tempax", "xla", "cudnn"):
             raise ConfigError(f"attention_impl {self.attention_impl!r} is not 'tempax', 'xla' or 'cudnn'")
         if self.attention_impl != "tempax" and self.attn_logit_softcap is not None:
@@ -312,6 +365,36 @@ class ModelConfig:
         """Features of each head that rotary embedding rotates (all of them unless `partial_rotary_factor` < 1)."""
         return int(self.head_dim * self.partial_rotary_factor)
 
+    def _check_linear_attention(self) -> None:
+        object.__setattr__(self, "linear_attention_layers",
+                           tuple(sorted(int(i) for i in self.linear_attention_layers)))
+        if self.linear_attention_layers and self.linear_attention is None:
+            raise ConfigError("linear_attention_layers are set but linear_attention is not: give the Gated DeltaNet's "
+                              "heads (linear_attention.num_key_heads, ...)")
+        outside = [i for i in self.linear_attention_layers if not 0 <= i < self.num_layers]
+        if outside:
+            raise ConfigError(f"linear_attention_layers {outside} are not layers of a {self.num_layers}-layer model")
+        if len(self.linear_attention_layers) == self.num_layers:
+            raise ConfigError("every layer is a linear-attention layer; tempax's hybrid decoder needs at least one "
+                              "softmax-attention layer (Qwen3.5 has one in every four)")
+
+    def is_linear_attention_layer(self, i: int) -> bool:
+        return i in self.linear_attention_layers
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers with softmax attention (and a key/value cache): all but `linear_attention_layers`."""
+        return tuple(i for i in range(self.num_layers) if i not in self.linear_attention_layers)
+
+    def layer_block(self) -> tuple[bool, ...]:
+        """The shortest block of layers whose repetition gives the stack, each entry whether that layer is a
+        linear-attention one (the whole stack when the pattern does not repeat). (False,) for a plain decoder."""
+        linear = [self.is_linear_attention_layer(i) for i in range(self.num_layers)]
+        for period in range(1, self.num_layers + 1):
+            if self.num_layers % period == 0 and all(linear[i] == linear[i % period] for i in range(self.num_layers)):
+                return tuple(linear[:period])
+        return tuple(linear)  # not reached: the whole stack is a period
+
     def _check_dense_switches(self) -> None:
         """ConfigError naming the field when NoPE layers, norm placement or partial rotary are inconsistent."""
         outside = [i for i in self.nope_layers if not 0 <= i < self.num_layers]
@@ -353,7 +436,11 @@ class ModelConfig:
             mlp += 2 * self.intermediate_size + d
         sparse = self.moe.block_params(d)[1 if active else 0] if self.moe is not None else 0
         norms = (2 * self.pre_norms + 2 * self.post_norms) * d  # pre: before attention and MLP; post: after
-        layers = sum(attn + norms + (sparse if self.is_moe_layer(i) else mlp) for i in range(self.num_layers))
+        if self.attn_output_gate:
+            attn += d * n * h
+        mixer = lambda i: (self.linear_attention.params(d) if self.is_linear_attention_layer(i)  # noqa: E731
+                           else attn)
+        layers = sum(mixer(i) + norms + (sparse if self.is_moe_layer(i) else mlp) for i in range(self.num_layers))
         embed = self.vocab_size * d
         head = 0 if self.tie_word_embeddings else self.vocab_size * d
         return layers + embed + head + d
@@ -371,6 +458,8 @@ class ModelConfig:
                 f"(architectures={hf.get('architectures')}). tempax supports: {', '.join(SUPPORTED_MODEL_TYPES)}."
             )
         try:
+            if model_type in QWEN3_5_MODEL_TYPES:
+                return _qwen3_5_from_hf(hf, model_type)
             if model_type in DENSE_FAMILY_TYPES:
                 hf = _dense_family_hf(hf, model_type)
                 return _dense_family_from_hf(_from_hf(hf, model_type), hf)
@@ -392,6 +481,11 @@ class ModelConfig:
 
     def to_hf_config(self) -> dict[str, Any]:
         """A `config.json` dictionary that `transformers` loads into the matching *ForCausalLM class."""
+        if self.family in ("qwen3_5", "qwen3_5_moe"):
+            return _qwen3_5_to_hf(self)
+        if self.linear_attention_layers or self.attn_output_gate:
+            raise CheckpointError(f"a {self.family} config.json cannot express linear_attention_layers or "
+                                  "attn_output_gate (Qwen3.5's); export the model with family qwen3_5")
         if self.family in DENSE_FAMILY_TYPES:
             return _dense_family_to_hf(self, _to_hf(self))
         _dense_switches_unset(self)
@@ -415,6 +509,8 @@ _ARCH = {
     "olmo2": "Olmo2ForCausalLM",
     "olmo3": "Olmo3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "qwen3_5": "Qwen3_5ForCausalLM",
+    "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
 }
 
 
@@ -913,3 +1009,127 @@ def memory_for_weights(cfg: ModelConfig) -> dict[str, int]:
         "int8": n,
         "nf4": math.ceil(n / 2 + n / 64 * 4),
     }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Qwen3.5 (dense and MoE): three Gated DeltaNet layers to one gated softmax-attention layer
+
+def _qwen3_5_from_hf(hf: dict[str, Any], model_type: str) -> ModelConfig:
+    """The config of a Qwen3.5 or Qwen3.5-MoE text model: its own config.json (`qwen3_5_text`,
+    `qwen3_5_moe_text`) or the multimodal one's `text_config` (the vision tower is not read)."""
+    if "text_config" in hf:
+        hf = {"tie_word_embeddings": hf.get("tie_word_embeddings", False), **hf["text_config"]}
+    family = QWEN3_5_MODEL_TYPES[model_type]
+    num_layers = int(hf["num_hidden_layers"])
+    names = hf.get("layer_types") or ["linear_attention" if (i + 1) % int(hf.get("full_attention_interval", 4))
+                                      else "full_attention" for i in range(num_layers)]
+    unknown = sorted(set(names) - {"linear_attention", "full_attention"})
+    if unknown or len(names) != num_layers:
+        raise CheckpointError(f"{model_type} layer_types {unknown or names} are not linear_attention / "
+                              f"full_attention for each of the {num_layers} layers")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{model_type} hidden_act={hf.get('hidden_act')!r}: Qwen3.5's MLP is SwiGLU (silu)")
+    params = dict(hf.get("rope_parameters") or {})
+    partial = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25)))
+    rope = _rope_from_params({k: v for k, v in params.items() if k not in ("mrope_section", "mrope_interleaved",
+                                                                          "partial_rotary_factor")},
+                             float(hf.get("rope_theta", 10000000.0)))
+    head_dim = int(hf.get("head_dim") or 256)
+    attention_bias = bool(hf.get("attention_bias", False))
+    moe = None
+    if family == "qwen3_5_moe":  # every layer sparse: routed experts renormalised, a gated shared expert
+        moe = MoeConfig(
+            num_experts=int(hf["num_experts"]), experts_per_token=int(hf["num_experts_per_tok"]),
+            expert_intermediate_size=int(hf["moe_intermediate_size"]), normalize_top_k=True,
+            shared_expert_intermediate_size=int(hf["shared_expert_intermediate_size"]), shared_expert_gate=True,
+            router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.001)),
+            train_aux_loss=bool(hf.get("output_router_logits", False)))
+    return ModelConfig(
+        family=family,
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=int(hf["hidden_size"]),
+        num_layers=num_layers,
+        num_heads=int(hf["num_attention_heads"]),
+        num_kv_heads=int(hf["num_key_value_heads"]),
+        head_dim=head_dim,
+        intermediate_size=int(hf.get("intermediate_size") or hf.get("moe_intermediate_size")),
+        rope=rope,
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        norm_offset=True,  # (1 + w), weights stored around 0
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=attention_bias,
+        o_bias=attention_bias,
+        qk_norm=True,
+        max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_id=hf.get("eos_token_id"),
+        pad_token_id=hf.get("pad_token_id"),
+        moe=moe,
+        partial_rotary_factor=partial,
+        linear_attention=LinearAttentionConfig(
+            num_key_heads=int(hf.get("linear_num_key_heads", 16)),
+            num_value_heads=int(hf.get("linear_num_value_heads", 32)),
+            key_head_dim=int(hf.get("linear_key_head_dim", 128)),
+            value_head_dim=int(hf.get("linear_value_head_dim", 128)),
+            conv_kernel=int(hf.get("linear_conv_kernel_dim", 4))),
+        linear_attention_layers=tuple(i for i, name in enumerate(names) if name == "linear_attention"),
+        attn_output_gate=True,
+    )
+
+
+def _qwen3_5_to_hf(c: ModelConfig) -> dict[str, Any]:
+    """The text model's config.json (`Qwen3_5ForCausalLM` / `Qwen3_5MoeForCausalLM`, as transformers'
+    `save_pretrained` writes it), after checking the config holds only what Qwen3.5 can state."""
+    expected = dict(norm_offset=True, qk_norm=True, attn_output_gate=True, embed_scale=False, activation="silu",
+                    post_norms=False, pre_norms=True, attn_logit_softcap=None, final_logit_softcap=None,
+                    query_pre_attn_scalar=None, layer_types=(), nope_layers=(), attention_sinks=False,
+                    qk_norm_across_heads=False, mlp_bias=False, rope_local=None)
+    differ = [f"{k}={getattr(c, k)!r}" for k, v in expected.items() if getattr(c, k) != v]
+    if c.qkv_bias != c.o_bias:
+        differ.append(f"qkv_bias={c.qkv_bias} with o_bias={c.o_bias}")
+    if (c.moe is not None) != (c.family == "qwen3_5_moe") or c.linear_attention is None:
+        differ.append(f"moe={c.moe is not None} linear_attention={c.linear_attention is not None}")
+    if differ:
+        raise CheckpointError(f"a {c.family} config.json cannot express {', '.join(differ)}")
+    la = c.linear_attention
+    hf: dict[str, Any] = {
+        "architectures": [_ARCH[c.family]],
+        "model_type": f"{c.family}_text",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "attention_bias": c.qkv_bias,
+        "rope_parameters": {**_rope_params(c.rope), "partial_rotary_factor": c.partial_rotary_factor},
+        "layer_types": ["linear_attention" if c.is_linear_attention_layer(i) else "full_attention"
+                        for i in range(c.num_layers)],
+        "linear_conv_kernel_dim": la.conv_kernel,
+        "linear_key_head_dim": la.key_head_dim,
+        "linear_value_head_dim": la.value_head_dim,
+        "linear_num_key_heads": la.num_key_heads,
+        "linear_num_value_heads": la.num_value_heads,
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": c.eos_token_id,
+        "pad_token_id": c.pad_token_id,
+        "dtype": c.param_dtype,
+    }
+    hf["intermediate_size"] = c.intermediate_size  # a Qwen3.5-MoE config keeps it too (every layer is sparse)
+    if c.moe is not None:
+        m = c.moe
+        if not (m.normalize_top_k and m.shared_expert_gate and m.shared_expert_intermediate_size
+                and m.router_activation == "softmax" and m.decoder_sparse_step == 1 and not m.mlp_only_layers
+                and not m.router_bias and not m.expert_bias and m.expert_activation == "silu"
+                and m.routed_scaling == 1.0):
+            raise CheckpointError(f"a qwen3_5_moe config.json cannot express moe={m}: Qwen3.5-MoE routes with a "
+                                  "renormalised softmax top-k in every layer and has one gated shared expert")
+        hf.update(num_experts=m.num_experts, num_experts_per_tok=m.experts_per_token,
+                  moe_intermediate_size=m.expert_intermediate_size,
+                  shared_expert_intermediate_size=m.shared_expert_intermediate_size,
+                  router_aux_loss_coef=m.router_aux_loss_coef, output_router_logits=m.train_aux_loss)
+    return hf

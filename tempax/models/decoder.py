@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from tempax import ops
+from tempax.ops import linear_attention as delta
 from tempax.errors import ConfigError
 from tempax.models.cache import KVCache
 from tempax.models.config import ModelConfig, RopeConfig
@@ -180,7 +181,9 @@ class Attention(nnx.Module):
                 kernel_init=_init(names), bias_init=nnx.with_partitioning(nnx.initializers.zeros, names[1:]),
             )
 
-        self.q_proj = linear(d, n * h, ("embed", "q_heads"), cfg.qkv_bias)
+        # Qwen3.5: q_proj also makes a per-head output gate, [query | gate] for each head
+        self.output_gate = cfg.attn_output_gate
+        self.q_proj = linear(d, n * h * (2 if cfg.attn_output_gate else 1), ("embed", "q_heads"), cfg.qkv_bias)
         self.k_proj = linear(d, k * h, ("embed", "kv_heads"), cfg.qkv_bias)
         self.v_proj = linear(d, k * h, ("embed", "kv_heads"), cfg.qkv_bias)
         self.o_proj = linear(n * h, d, ("q_heads", "embed"), cfg.o_bias)
@@ -226,6 +229,10 @@ class Attention(nnx.Module):
         b, t, _ = x.shape
         n, k, h = self.num_heads, self.num_kv_heads, self.head_dim
         q, key, val = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        gate = None
+        if self.output_gate:
+            q, gate = jnp.split(q.reshape(b, t, n, 2 * h), 2, axis=-1)
+            q, gate = q.reshape(b, t, n * h), gate.reshape(b, t, n * h)
         if self.q_norm is not None and self.qk_norm_across_heads:  # before the split into heads (OLMo 2/3)
             q, key = self.q_norm(q), self.k_norm(key)
         q, key, val = q.reshape(b, t, n, h), key.reshape(b, t, k, h), val.reshape(b, t, k, h)
@@ -253,7 +260,97 @@ class Attention(nnx.Module):
             implementation=self.attention_impl, sinks=None if self.sinks is None else self.sinks[...],
         )
         out = out.reshape(b, t, n * h)
+        if gate is not None:
+            out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
         return self.o_proj(out), new_kv
+
+
+class DepthwiseConv(nnx.Module):
+    """The weight [C, K] of a channel-wise causal convolution (`tempax.ops.linear_attention.causal_depthwise_conv`;
+    transformers' `Conv1d(groups=C)` weight [C, 1, K] without its middle axis)."""
+
+    def __init__(self, channels: int, kernel: int, *, param_dtype: Any, rngs: nnx.Rngs):
+        bound = kernel ** -0.5  # Conv1d's default init (fan_in = K for a depthwise kernel)
+        init = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)  # noqa: E731
+        self.weight = nnx.Param(nnx.with_partitioning(init, ("q_heads", None))(
+            rngs.params(), (channels, kernel), param_dtype))
+
+
+class GatedDeltaNet(nnx.Module):
+    """Qwen3.5's linear-attention token mixer: q/k/v from one projection through a causal depthwise convolution
+    and silu, then the gated delta rule (`tempax.ops.linear_attention`) with a per-head decay
+    g = -exp(A_log) softplus(a + dt_bias) and write strength b = sigmoid(b_proj), its output RMS-normed per
+    value head and gated by silu(z), and projected back.
+
+    Its cache is a fixed-size state per row, (the last conv_kernel - 1 convolution inputs [B, K-1, C], the delta
+    rule's state [B, Hv, dk, dv] float32), not keys and values per position."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        la = cfg.linear_attention
+        pd, dt = as_dtype(cfg.param_dtype), as_dtype(cfg.dtype)
+        d, value_dim = cfg.hidden_size, la.num_value_heads * la.value_head_dim
+
+        def linear(i: int, o: int, names: tuple[Any, Any]) -> nnx.Linear:
+            return nnx.Linear(i, o, use_bias=False, dtype=dt, param_dtype=pd, rngs=rngs,
+                              dot_general=ops.projection_dot, kernel_init=_init(names))
+
+        self.in_proj_qkv = linear(d, la.conv_channels, ("embed", "q_heads"))
+        self.in_proj_z = linear(d, value_dim, ("embed", "q_heads"))
+        self.in_proj_b = linear(d, la.num_value_heads, ("embed", None))
+        self.in_proj_a = linear(d, la.num_value_heads, ("embed", None))
+        self.out_proj = linear(value_dim, d, ("q_heads", "embed"))
+        # [C, K]: transformers' Conv1d weight [C, 1, K] without its middle axis
+        self.conv1d = DepthwiseConv(la.conv_channels, la.conv_kernel, param_dtype=pd, rngs=rngs)
+        self.dt_bias = nnx.Param(nnx.with_partitioning(nnx.initializers.ones, (None,))(
+            rngs.params(), (la.num_value_heads,), pd))
+        # A in [0.01, 16), stored as log A, as transformers initialises it
+        log_a = lambda key, shape, dtype: jnp.log(  # noqa: E731
+            jax.random.uniform(key, shape, jnp.float32, 0.01, 16.0)).astype(dtype)
+        self.A_log = nnx.Param(nnx.with_partitioning(log_a, (None,))(rngs.params(), (la.num_value_heads,), pd))
+        # the per-value-head RMSNorm's weight (no offset); its gating by silu(z) is in __call__
+        self.norm = RMSNorm(la.value_head_dim, eps=cfg.rms_norm_eps, offset=False, param_dtype=pd, rngs=rngs)
+        self.config = la
+
+    def __call__(self, x: jax.Array, same_segment: jax.Array, reset: jax.Array,
+                 state: tuple[jax.Array, jax.Array] | None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """x [B, T, D] -> (output [B, T, D], (conv history, delta-rule state) after the last token).
+
+        same_segment [B, T, K]: whether x_{t-j} is in x_t's sequence (`tempax.ops.linear_attention`); reset
+        [B, T]: the state is emptied before token t; state: the cache's (history, state) or None (zeros)."""
+        la = self.config
+        b, t, _ = x.shape
+        kd, vd = la.num_key_heads * la.key_head_dim, la.num_value_heads * la.value_head_dim
+        history, recurrent = (None, None) if state is None else state
+        mixed = self.in_proj_qkv(x)
+        inputs = mixed if history is None else jnp.concatenate([history.astype(mixed.dtype), mixed], axis=1)
+        new_history = inputs[:, -(la.conv_kernel - 1):] if la.conv_kernel > 1 else inputs[:, :0]
+        # inputs of an earlier sequence than the row's last token are not part of its history
+        new_history = jnp.where(_history_kept(same_segment, new_history.shape[1])[..., None], new_history, 0)
+        conv = delta.causal_depthwise_conv(mixed, self.conv1d.weight[...], same_segment, history)
+        conv = jax.nn.silu(conv.astype(jnp.float32)).astype(mixed.dtype)
+        q, k, v = jnp.split(conv, [kd, 2 * kd], axis=-1)
+        q = q.reshape(b, t, la.num_key_heads, la.key_head_dim)
+        k = k.reshape(b, t, la.num_key_heads, la.key_head_dim)
+        v = v.reshape(b, t, la.num_value_heads, la.value_head_dim)
+        beta = jax.nn.sigmoid(self.in_proj_b(x).astype(jnp.float32))
+        a = self.in_proj_a(x).astype(jnp.float32)
+        log_decay = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
+            a + self.dt_bias[...].astype(jnp.float32))
+        rule = delta.gated_delta_rule_recurrent if t == 1 else delta.gated_delta_rule_chunked
+        out, recurrent = rule(q, k, v, log_decay, beta, reset, recurrent)
+        # RMSNorm over each value head (weight without offset), cast, then gated by silu(z) in float32
+        z = self.in_proj_z(x).reshape(b, t, la.num_value_heads, la.value_head_dim)
+        normed = out * jax.lax.rsqrt(jnp.mean(out * out, axis=-1, keepdims=True) + self.norm.eps)
+        normed = self.norm.weight[...] * normed.astype(x.dtype)
+        out = (normed.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
+        return self.out_proj(out.reshape(b, t, vd)), (new_history, recurrent)
+
+
+def _history_kept(same_segment: jax.Array, n: int) -> jax.Array:
+    """[B, n]: which of the last n convolution inputs (oldest first) belong to the row's last token's sequence,
+    from its `same_segment` [B, T, K] row: lags n-1 .. 0 of the last token (n = K - 1, the next token's lags
+    n .. 1)."""
+    return same_segment[:, -1, :n][:, ::-1]
 
 
 class MLP(nnx.Module):
@@ -289,11 +386,13 @@ class DecoderLayer(nnx.Module):
     (`tempax.models.moe.SparseMoeBlock`) in every layer: one scanned layer means one kind of block, so a config
     whose MoE settings make some layers dense is refused (`ModelConfig.mixed_feed_forward_error`)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, linear: bool = False):
         kw = dict(eps=cfg.rms_norm_eps, offset=cfg.norm_offset, param_dtype=as_dtype(cfg.param_dtype), rngs=rngs)
         # OLMo 2/3 (pre_norms=False) norm only the attention and MLP outputs: no input or pre-MLP norm.
         self.input_layernorm = RMSNorm(cfg.hidden_size, **kw) if cfg.pre_norms else None
-        self.self_attn = Attention(cfg, rngs=rngs)
+        # `linear`: a Qwen3.5 linear-attention layer, Gated DeltaNet in place of softmax attention
+        self.self_attn = None if linear else Attention(cfg, rngs=rngs)
+        self.linear_attn = GatedDeltaNet(cfg, rngs=rngs) if linear else None
         # Llama names its pre-MLP norm post_attention_layernorm; Gemma 2/3 use that name for the norm applied
         # to the attention output and add pre/post feed-forward norms.
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, **kw)
@@ -317,12 +416,17 @@ class DecoderLayer(nnx.Module):
             return self.mlp(x)
         return self.mlp(x), None
 
-    def __call__(self, x, positions, q_index, q_segments, kv, fresh_cache: bool, inv_freq, sliding, rope_scale=None):
-        """(x, the attention's cache output (see `Attention.__call__`), router logits [B, T, E] float32 of a sparse
-        block or None)."""
+    def __call__(self, x, positions, q_index, q_segments, kv, fresh_cache: bool, inv_freq, sliding, rope_scale=None,
+                 linear_masks=None):
+        """(x, the token mixer's cache output (see `Attention.__call__`, `GatedDeltaNet.__call__`), router logits
+        [B, T, E] float32 of a sparse block or None). A linear-attention layer reads `linear_masks` (same_segment,
+        reset) and its state from `kv`, and ignores the attention arguments."""
         normed = x if self.input_layernorm is None else self.input_layernorm(x)
-        attn, new_kv = self.self_attn(normed, positions, q_index, q_segments, kv, fresh_cache, inv_freq, sliding,
-                                      rope_scale)
+        if self.linear_attn is not None:
+            attn, new_kv = self.linear_attn(normed, *linear_masks, kv)
+        else:
+            attn, new_kv = self.self_attn(normed, positions, q_index, q_segments, kv, fresh_cache, inv_freq, sliding,
+                                          rope_scale)
         if self.post_feedforward_layernorm is not None:  # norms on the outputs (Gemma 2/3 around, OLMo 2/3 only)
             x = x + self.post_attention_layernorm(attn)
             normed = x if self.pre_feedforward_layernorm is None else self.pre_feedforward_layernorm(x)
@@ -490,7 +594,12 @@ class Decoder(nnx.Module):
         self.config = cfg
         with nnx.use_eager_sharding(False):
             self.embed_tokens = make_embedding(cfg, rngs)
-            self.layers = stack_layers([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+            # A hybrid stack (Qwen3.5) keeps its softmax-attention and its linear-attention layers as two stacks
+            # (`layers`, `linear_layers`), each in layer order; `_run_hybrid_layers` interleaves them.
+            self.layers = stack_layers([DecoderLayer(cfg, rngs=rngs) for _ in cfg.attention_layers])
+            self.linear_layers = nnx.data(stack_layers([DecoderLayer(cfg, rngs=rngs, linear=True)
+                                                         for _ in cfg.linear_attention_layers])
+                                          if cfg.linear_attention_layers else None)
             self.norm, self.lm_head = make_head(cfg, rngs)
 
     # ----------------------------------------------------------------------------------------------------------
@@ -519,14 +628,17 @@ class Decoder(nnx.Module):
         k_segments = None
         if cache is not None:
             k_segments = jax.lax.dynamic_update_slice(cache.segment_ids, segment_ids.astype(jnp.int32), (0, offset))
-        x, new_k, new_v = self._run_layers(x, positions, q_index, segment_ids, cache, k_segments, offset, fresh_cache)
+        run = self._run_hybrid_layers if self.linear_layers is not None else self._run_layers
+        x, new_k, new_v, linear_states = run(x, positions, q_index, segment_ids, cache, k_segments, offset,
+                                             fresh_cache)
         x = self.norm(x)
         new_cache = None
         if cache is not None:
             last_pos = jnp.max(jnp.where(segment_ids != 0, positions, -1), axis=1)
+            conv, state = linear_states if linear_states is not None else (None, None)
             new_cache = KVCache(
                 k=new_k, v=new_v, segment_ids=k_segments, length=offset + t,
-                next_position=jnp.maximum(cache.next_position, last_pos + 1),
+                next_position=jnp.maximum(cache.next_position, last_pos + 1), conv=conv, state=state,
             )
         return x, new_cache
 
@@ -589,7 +701,7 @@ class Decoder(nnx.Module):
 
             (x, shared), stats = jax.lax.scan(body, (x, shared), per_layer)
             finish(shared, stats)
-            return x, None, None
+            return x, None, None, None
 
         decode_step = x.shape[1] == 1 and not fresh_cache
 
@@ -606,7 +718,117 @@ class Decoder(nnx.Module):
         (x, shared), ((slots_k, slots_v), stats) = jax.lax.scan(scanned, (x, shared), (per_layer, kv_xs))
         finish(shared, stats)
         at = (0, 0, 0, offset, 0)
-        return x, jax.lax.dynamic_update_slice(cache.k, slots_k, at), jax.lax.dynamic_update_slice(cache.v, slots_v, at)
+        return (x, jax.lax.dynamic_update_slice(cache.k, slots_k, at),
+                jax.lax.dynamic_update_slice(cache.v, slots_v, at), None)
+
+    def _linear_masks(self, segment_ids: jax.Array, cache: KVCache | None, offset: jax.Array
+                      ) -> tuple[jax.Array, jax.Array]:
+        """(same_segment [B, T, K], reset [B, T]) of the linear-attention layers: which of the K convolution taps of
+        each token read its own sequence, and where a sequence starts (its state is emptied). Positions before
+        the call are the cache's (their segments), or none without a cache."""
+        k = self.config.linear_attention.conv_kernel
+        b, t = segment_ids.shape
+        before = k - 1 if k > 1 else 1  # at least one, for the reset of the first token
+        if cache is None:
+            earlier = jnp.full((b, before), -1, jnp.int32)
+        else:
+            index = offset - before + jnp.arange(before)
+            earlier = jnp.where(index >= 0, jnp.take(cache.segment_ids, jnp.maximum(index, 0), axis=1), -1)
+        seq = jnp.concatenate([earlier, segment_ids.astype(jnp.int32)], axis=1)  # [B, before + T]
+        taps = jnp.stack([seq[:, before - j:before - j + t] for j in range(k)], axis=-1)  # lag j of token t
+        same_segment = taps == segment_ids[:, :, None]
+        reset = seq[:, before - 1:before - 1 + t] != segment_ids
+        return same_segment, reset
+
+    def _run_hybrid_layers(self, x, positions, q_index, segment_ids, cache, k_segments, offset, fresh_cache):
+        """`_run_layers` for a stack that interleaves softmax-attention and linear-attention layers (Qwen3.5): a
+        scan over repetitions of one block of layers (`ModelConfig.layer_block`, e.g. three linear and one
+        attention layer), the block's layers written out in its body, each taking its weights from its kind's
+        stack. A program holds one block's code whatever the depth. Returns (x, cache keys, cache values,
+        (convolution histories, delta-rule states) of the linear layers, or None without a cache)."""
+        cfg = self.config
+        block = cfg.layer_block()
+        groups = cfg.num_layers // len(block)
+        n_linear = sum(block)
+        n_attention = len(block) - n_linear
+        graph_a, weights_a, shared_a = nnx.split(self.layers, _stacked_filter, ...)
+        graph_l, weights_l, shared_l = nnx.split(self.linear_layers, _stacked_filter, ...)
+        write_back = _draws_randomness(self.layers) or _draws_randomness(self.linear_layers)
+        inv_freq, sliding = layer_constants(cfg, positions)
+        attention = np.asarray(cfg.attention_layers)
+        pick = lambda a: None if a is None else a[attention]  # noqa: E731
+
+        def grouped(n: int) -> Any:
+            return lambda a: a.reshape(groups, n, *a.shape[1:])
+
+        attention_xs = jax.tree.map(grouped(n_attention), (weights_a, pick(inv_freq), pick(sliding),
+                                                           pick(rope_scales(cfg))))
+        linear_xs = jax.tree.map(grouped(n_linear), weights_l)
+        masks = self._linear_masks(segment_ids, cache, offset)
+        moe = cfg.moe if is_recording_router_statistics() else None
+        real = segment_ids != 0
+
+        def run(graphdef):
+            def layer(shared, weights, x, kv, *constants):
+                module = nnx.merge(graphdef, weights, shared, copy=True)
+                if module.linear_attn is not None:
+                    x, new_kv, router_logits = module(x, None, None, None, kv, fresh_cache, None, None,
+                                                      linear_masks=masks)
+                else:
+                    x, new_kv, router_logits = module(x, positions, q_index, segment_ids, kv, fresh_cache,
+                                                      *constants)
+                stats = None
+                if moe is not None:
+                    stats = router_statistics(router_logits, experts_per_token=moe.experts_per_token, mask=real)
+                return x, new_kv, nnx.state(module, nnx.Not(_stacked_filter)), stats
+
+            if cfg.remat != "none":
+                layer = jax.checkpoint(layer, policy=_remat_policy(cfg.remat), prevent_cse=False)
+            return layer
+
+        attention_layer, linear_layer = run(graph_a), run(graph_l)
+        kv_xs = None if cache is None else jax.tree.map(grouped(n_attention), (cache.k, cache.v))
+        state_xs = None if cache is None else jax.tree.map(grouped(n_linear), (cache.conv, cache.state))
+
+        def body(carry, xs):
+            x, shared_a, shared_l = carry
+            (w_a, inv_g, sliding_g, scale_g), w_l, kv_g, state_g = xs
+            slots, states, stats = [], [], []
+            a = i = 0
+            for is_linear in block:
+                if is_linear:
+                    kv = None if state_g is None else (state_g[0][i], state_g[1][i])
+                    x, new_state, shared_l, st = linear_layer(shared_l, jax.tree.map(lambda v: v[i], w_l), x, kv)
+                    states.append(new_state)
+                    i += 1
+                else:
+                    kv = None if kv_g is None else (kv_g[0][a], kv_g[1][a], k_segments, offset)
+                    x, new_kv, shared_a, st = attention_layer(
+                        shared_a, jax.tree.map(lambda v: v[a], w_a), x, kv, inv_g[a],
+                        None if sliding_g is None else sliding_g[a], None if scale_g is None else scale_g[a])
+                    slots.append(new_kv)
+                    a += 1
+                stats.append(st)
+            stacked = lambda items: (None if items[0] is None  # noqa: E731
+                                     else jax.tree.map(lambda *z: jnp.stack(z), *items))
+            block_stats = None if moe is None else jax.tree.map(lambda *z: sum(z), *stats)
+            return (x, shared_a, shared_l), (stacked(slots) if cache is not None else None,
+                                             stacked(states) if cache is not None else None, block_stats)
+
+        (x, shared_a, shared_l), (slots, states, stats) = jax.lax.scan(
+            body, (x, shared_a, shared_l), (attention_xs, linear_xs, kv_xs, state_xs))
+        if write_back:
+            nnx.update(self.layers, shared_a)
+            nnx.update(self.linear_layers, shared_l)
+        if moe is not None:
+            record_router_statistics(moe, jax.tree.map(lambda a: jnp.sum(a, axis=0), stats))
+        if cache is None:
+            return x, None, None, None
+        flat = lambda a: a.reshape(-1, *a.shape[2:])  # noqa: E731 ([G, n, ...] -> [G * n, ...], layer order)
+        slots_k, slots_v = flat(slots[0]), flat(slots[1])
+        at = (0, 0, 0, offset, 0)
+        return (x, jax.lax.dynamic_update_slice(cache.k, slots_k, at),
+                jax.lax.dynamic_update_slice(cache.v, slots_v, at), (flat(states[0]), flat(states[1])))
 
     def logits(self, hidden: jax.Array, decode_layout: bool = False) -> jax.Array:
         """LM head (tied or untied) and final soft-capping; float32 logits. `decode_layout`: see `Decoder`."""

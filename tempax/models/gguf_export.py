@@ -95,6 +95,9 @@ def gguf_refusal(cfg: ModelConfig) -> str | None:
     than llama.cpp's rule (it ignores `attention.scale` for them).
     """
     family = cfg.family
+    if cfg.linear_attention_layers:
+        return ("linear-attention (Gated DeltaNet) layers: llama.cpp's qwen35 stores them in its own layout (value "
+                "heads reordered, the decay as -exp(A_log)), which this exporter does not write")
     if gguf_architecture(cfg) not in GGUF_ARCHITECTURES:
         return f"family {family!r} has no llama.cpp architecture here (supported: {', '.join(GGUF_ARCHITECTURES)})"
     gemma = family.startswith("gemma")

@@ -48,13 +48,15 @@ def _replicated(tree: Any, mesh: Mesh) -> Any:
     return jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), tree)
 
 
-def _layers_program(cfg: ModelConfig, mesh: Mesh | None, rules: Rules | None, abstract_layers: Any) -> Any:
+def _layers_program(cfg: ModelConfig, mesh: Mesh | None, rules: Rules | None, abstract_layers: Any,
+                    linear: bool = False) -> Any:
     """jit of `rngs_state -> ({path: weight stacked over the layers}, rngs_state after)`: one `DecoderLayer`'s
     initialiser under `jax.lax.scan`, the stream's state carried from layer to layer. The scan writes each layer's
     weights into the stack as it draws them, so the program is one layer's code whatever the depth and the stack
     is never copied; `abstract_layers` (the decoder's stacked layers, shapes only) gives each weight's dtype and,
-    with `mesh`, its shard."""
-    layer = _initialiser(lambda r: DecoderLayer(cfg, rngs=r))
+    with `mesh`, its shard. `linear`: the stack of a hybrid model's linear-attention layers."""
+    layer = _initialiser(lambda r: DecoderLayer(cfg, rngs=r, linear=linear))
+    count = len(cfg.linear_attention_layers if linear else cfg.attention_layers)
     flat = {tuple(path): var for path, var in nnx.to_flat_state(nnx.state(abstract_layers))}
 
     def run(rngs_state: Any) -> tuple[dict, Any]:
@@ -62,7 +64,7 @@ def _layers_program(cfg: ModelConfig, mesh: Mesh | None, rules: Rules | None, ab
             state, carry = layer(carry)
             return carry, {tuple(p): v.get_value().astype(flat[tuple(p)].dtype) for p, v in nnx.to_flat_state(state)}
 
-        rngs_after, stacked = jax.lax.scan(one, rngs_state, None, length=cfg.num_layers)
+        rngs_after, stacked = jax.lax.scan(one, rngs_state, None, length=count)
         return stacked, rngs_after
 
     if mesh is None:
@@ -81,12 +83,16 @@ class _Head(nnx.Module):
 def decoder_programs(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rules: Rules | None = None) -> dict:
     """The three jitted initialisers (`embedding`, `layers`, `head`) and the stream's first state (`rngs`)."""
     rngs_state = nnx.state(nnx.Rngs(seed))
-    return {
+    abstract = abstract_model(cfg)
+    programs = {
         "rngs": rngs_state,
         "embedding": _program(lambda r: make_embedding(cfg, r), mesh, rules, rngs_state),
-        "layers": _layers_program(cfg, mesh, rules, abstract_model(cfg).layers),
+        "layers": _layers_program(cfg, mesh, rules, abstract.layers),
         "head": _program(lambda r: _Head(cfg, r), mesh, rules, rngs_state),
     }
+    if abstract.linear_layers is not None:
+        programs["linear_layers"] = _layers_program(cfg, mesh, rules, abstract.linear_layers, linear=True)
+    return programs
 
 
 def init_decoder(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rules: Rules | None = None) -> Decoder:
@@ -117,6 +123,9 @@ def init_decoder(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rules: R
     collect(("embed_tokens",), embedding)
     stacked, rngs = programs["layers"](rngs)
     values.update({("layers", *path): value for path, value in stacked.items()})
+    if "linear_layers" in programs:  # a hybrid model's second stack, built after the first as Decoder does
+        stacked, rngs = programs["linear_layers"](rngs)
+        values.update({("linear_layers", *path): value for path, value in stacked.items()})
     head, _ = programs["head"](rngs)
     collect((), head)
     flat = [(path, var.replace(values.pop(tuple(path)))) for path, var in nnx.to_flat_state(abstract)]

@@ -478,8 +478,8 @@ class SparseMoeBlock(nnx.Module):
 # --------------------------------------------------------------------------------------------------------------
 # Hugging Face tensor names
 
-HfMoeFamily = Literal["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss"]
-HF_MOE_FAMILIES: tuple[str, ...] = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss")
+HfMoeFamily = Literal["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "qwen3_5_moe"]
+HF_MOE_FAMILIES: tuple[str, ...] = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "qwen3_5_moe")
 Part = Literal["all", "first_half", "second_half", "even", "odd"]
 
 
@@ -553,6 +553,9 @@ _RULES: dict[str, tuple[_Rule, ...]] = {
         _Rule("mlp.experts.down_proj_bias", ((("experts", "down_proj_bias"), "all"),), False, True),
     ),
 }
+
+
+_RULES["qwen3_5_moe"] = _RULES["qwen2_moe"]  # Qwen3.5-MoE's files name its experts as Qwen2-MoE's do
 
 
 def _pattern(rule: _Rule) -> re.Pattern[str]:
@@ -733,7 +736,8 @@ class PeftMoeNames:
 _PEFT_NAMES = {"qwen3_moe": PeftMoeNames("mlp.gate", "mlp.experts", "halves"),
                "qwen2_moe": PeftMoeNames("mlp.gate", "mlp.experts", "halves"),
                "mixtral": PeftMoeNames("mlp.gate", "mlp.experts", "halves"),  # transformers 5 renames block_sparse_moe
-               "gpt_oss": PeftMoeNames("mlp.router", "mlp.experts", "interleaved")}
+               "gpt_oss": PeftMoeNames("mlp.router", "mlp.experts", "interleaved"),
+               "qwen3_5_moe": PeftMoeNames("mlp.gate", "mlp.experts", "halves")}
 
 
 def peft_moe_names(family: str) -> PeftMoeNames:

@@ -8,7 +8,7 @@ model that exercises every switch of its family, for fast tests.
 from __future__ import annotations
 
 from tempax.errors import ConfigError
-from tempax.models.config import ModelConfig, MoeConfig, RopeConfig
+from tempax.models.config import LinearAttentionConfig, ModelConfig, MoeConfig, RopeConfig
 
 _LLAMA3_ROPE = RopeConfig(theta=500000.0, scaling="llama3", factor=32.0, low_freq_factor=1.0,
                           high_freq_factor=4.0, original_max_position_embeddings=8192)
@@ -181,11 +181,24 @@ PRESETS: dict[str, ModelConfig] = {
                         layer_types=("sliding", "sliding", "sliding", "full"), rope=RopeConfig(theta=5e5),
                         rope_local=RopeConfig(theta=5e5)),
     "tiny-phi3": _tiny("phi3", tie_word_embeddings=False, partial_rotary_factor=0.75),
+    # Qwen3.5: Gated DeltaNet in three layers of four, gated softmax attention (q/k norms, rotary on a quarter of
+    # each head) in the fourth; 8 value heads over 4 key heads, as the released models pair them. The MoE variant
+    # routes top-2 of 6 renormalised, with a gated shared expert.
+    "tiny-qwen3-5": _tiny("qwen3_5", num_layers=8, **(_QWEN3_5 := dict(
+        norm_offset=True, qk_norm=True, attn_output_gate=True, partial_rotary_factor=0.25, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, rope=RopeConfig(theta=1e7),
+        linear_attention=LinearAttentionConfig(num_key_heads=4, num_value_heads=8, key_head_dim=8, value_head_dim=8),
+        linear_attention_layers=(0, 1, 2, 4, 5, 6)))),
+    "tiny-qwen3-5-moe": _tiny("qwen3_5_moe", num_layers=8, **_QWEN3_5,
+                              moe=MoeConfig(num_experts=6, experts_per_token=2, expert_intermediate_size=32,
+                                            normalize_top_k=True, shared_expert_intermediate_size=48,
+                                            shared_expert_gate=True)),
 }
 
-TINY_FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "smollm3", "olmo2", "olmo3", "phi3")
-# presets tiny-qwen2-moe, tiny-qwen3-moe, tiny-mixtral, tiny-gpt-oss
-TINY_MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss")
+TINY_FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "smollm3", "olmo2", "olmo3", "phi3",
+                 "qwen3_5")
+# presets tiny-qwen2-moe, tiny-qwen3-moe, tiny-mixtral, tiny-gpt-oss, tiny-qwen3-5-moe
+TINY_MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss", "qwen3_5_moe")
 
 
 def tiny_preset_name(family: str) -> str:

@@ -28,6 +28,14 @@ from tempax.models.moe import (MoeTensorSlot, fill_slot, hf_moe_tensor_to_path, 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
+def text_model_name(name: str) -> str:
+    """A multimodal checkpoint's text-model tensor under the causal LM's name (Qwen3.5's published checkpoints:
+    `model.language_model.layers.0...` -> `model.layers.0...`); other names unchanged (the vision tower's and the
+    multi-token-prediction head's are then not weights of the model, and are skipped)."""
+    prefix = "model.language_model."
+    return "model." + name[len(prefix):] if name.startswith(prefix) else name
+
+
 def hf_to_path(name: str) -> tuple[tuple[Any, ...], bool] | None:
     """(parameter path in the nnx model, transpose?) for a Hugging Face tensor name; None if not a weight we use."""
     if name == "model.embed_tokens.weight":
@@ -41,7 +49,7 @@ def hf_to_path(name: str) -> tuple[tuple[Any, ...], bool] | None:
         return None
     i, rest = int(m.group(1)), m.group(2)
     parts = rest.split(".")
-    if parts[-1] == "weight" and parts[-2].endswith("_proj"):
+    if parts[-1] == "weight" and (parts[-2].endswith("_proj") or parts[-2].startswith("in_proj_")):
         return ("layers", i, *parts[:-1], "kernel"), True
     if parts[-1] == "bias" and parts[-2].endswith("_proj"):
         return ("layers", i, *parts[:-1], "bias"), False
@@ -49,6 +57,8 @@ def hf_to_path(name: str) -> tuple[tuple[Any, ...], bool] | None:
         return ("layers", i, *parts), False
     if parts == ["self_attn", "sinks"]:  # gpt-oss's attention sinks [num_heads]
         return ("layers", i, *parts), False
+    if parts in (["linear_attn", "dt_bias"], ["linear_attn", "A_log"], ["linear_attn", "conv1d", "weight"]):
+        return ("layers", i, *parts), False  # Qwen3.5's Gated DeltaNet (the conv weight loses its middle axis)
     return None
 
 
@@ -100,15 +110,26 @@ def abstract_model(cfg: ModelConfig) -> Decoder:
 
     One layer is traced and its shapes stacked `num_layers` deep (`abstract_stack`), inside a decoder shell traced
     with one layer: tracing grows with the depth nowhere, so `tempax generate` starts as fast for a deep model as
-    for a shallow one.
+    for a shallow one. A hybrid model (Qwen3.5) gets its linear-attention stack the same way.
     """
-    shell = cfg.replace(num_layers=1, layer_types=cfg.layer_types[:1], nope_layers=())
+    shell = cfg.replace(num_layers=1, layer_types=cfg.layer_types[:1], nope_layers=(), linear_attention_layers=())
     model = nnx.eval_shape(lambda: Decoder(shell, rngs=nnx.Rngs(0)))
     with nnx.use_eager_sharding(False):  # as `Decoder.__init__` builds its layers
         layer = nnx.eval_shape(lambda: DecoderLayer(cfg, rngs=nnx.Rngs(0)))
+        model.layers = abstract_stack(layer, len(cfg.attention_layers))
+        if cfg.linear_attention_layers:
+            linear = nnx.eval_shape(lambda: DecoderLayer(cfg, rngs=nnx.Rngs(0), linear=True))
+            model.linear_layers = nnx.data(abstract_stack(linear, len(cfg.linear_attention_layers)))
     model.config = cfg
-    model.layers = abstract_stack(layer, cfg.num_layers)
     return model
+
+
+def _stack_layers(stack: str, cfg: ModelConfig | None) -> tuple[int, ...] | None:
+    """The model's layer indices of a layer stack's entries: the attention layers of "layers" and the
+    linear-attention ones of "linear_layers" in a hybrid model; None where entry j is layer j."""
+    if cfg is None or not cfg.linear_attention_layers:
+        return None
+    return cfg.linear_attention_layers if stack == "linear_layers" else cfg.attention_layers
 
 
 def param_table(model: Decoder) -> dict[tuple[Any, ...], nnx.Variable]:
@@ -120,20 +141,27 @@ def param_table(model: Decoder) -> dict[tuple[Any, ...], nnx.Variable]:
     return table
 
 
-def per_layer_paths(table: dict[tuple[Any, ...], nnx.Variable]) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...], int | None]]:
-    """(per-layer path, path in the model, layer index or None) for every weight: a stacked weight once per layer
-    as ("layers", i, ...), the form Hugging Face names and tempax's checkpoints before the layer stack take."""
+def per_layer_paths(table: dict[tuple[Any, ...], nnx.Variable], cfg: ModelConfig | None = None,
+                    ) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...], int | None]]:
+    """(per-layer path, path in the model, index in its stack or None) for every weight: a stacked weight once per
+    layer as ("layers", i, ...) with i the model's layer index, the form Hugging Face names and tempax's checkpoints
+    before the layer stack take. A hybrid model's stacks (`cfg`) map their entries to the layers they hold."""
     for path, var in table.items():
-        if path and path[0] == "layers" and is_stacked(var):
+        if path and path[0] in ("layers", "linear_layers") and is_stacked(var):
+            layers = _stack_layers(path[0], cfg)
             for i in range(var.shape[0]):
-                yield ("layers", i, *path[1:]), path, i
+                yield ("layers", i if layers is None else layers[i], *path[1:]), path, i
         else:
             yield path, path, None
 
 
-def stacked_path(path: tuple[Any, ...]) -> tuple[tuple[Any, ...], int | None]:
-    """(path in the model, layer index) of a per-layer path ("layers", i, ...); other paths unchanged, None."""
+def stacked_path(path: tuple[Any, ...], cfg: ModelConfig | None = None) -> tuple[tuple[Any, ...], int | None]:
+    """(path in the model, index in its stack) of a per-layer path ("layers", i, ...); other paths unchanged,
+    None. In a hybrid model (`cfg`) layer i is in "layers" or "linear_layers"."""
     if len(path) > 1 and path[0] == "layers" and isinstance(path[1], int):
+        if cfg is not None and cfg.linear_attention_layers and 0 <= path[1] < cfg.num_layers:
+            stack = "linear_layers" if cfg.is_linear_attention_layer(path[1]) else "layers"
+            return (stack, *path[2:]), _stack_layers(stack, cfg).index(path[1])
         return ("layers", *path[2:]), path[1]
     return tuple(path), None
 
@@ -160,6 +188,7 @@ def fill_params(
     moe_pending: dict[tuple[Any, ...], dict[int, set[int | None]]] = {}
     filled: set[tuple[Any, ...]] = set()
     for name, load in tensors:
+        name = text_model_name(name)
         moe = hf_moe_slots(name, cfg)
         if moe is not None:
             nbytes = _fill_moe_tensor(table, buffers, moe_pending, filled, name, load, *moe, cfg=cfg, source=source,
@@ -171,7 +200,7 @@ def fill_params(
         if mapped is None:
             continue
         layer_path, transpose = mapped
-        path, index = stacked_path(layer_path)
+        path, index = stacked_path(layer_path, cfg)
         var = table.get(path)
         if var is None or (index is not None and index >= var.shape[0]):
             if path == ("lm_head", "kernel") and cfg.tie_word_embeddings:
@@ -184,6 +213,8 @@ def fill_params(
         array = load()
         if transpose:
             array = array.T
+        if path[-2:] == ("conv1d", "weight") and array.ndim == 3:  # Conv1d's [C, 1, K] -> [C, K]
+            array = array[:, 0, :]
         want = tuple(var.shape) if index is None else tuple(var.shape[1:])
         if tuple(array.shape) != want:
             raise CheckpointError(
@@ -204,7 +235,7 @@ def fill_params(
         filled.add(layer_path)
         if progress is not None:
             progress(array.nbytes)
-    missing = [p for p, _, _ in per_layer_paths(table) if p not in filled]
+    missing = [p for p, _, _ in per_layer_paths(table, cfg) if p not in filled]
     if missing:
         names = [_hf_name_for_message(p, cfg) for p in missing[:5]]
         raise CheckpointError(
@@ -224,9 +255,9 @@ def _fill_moe_tensor(table: dict[tuple[Any, ...], nnx.Variable], buffers: dict[t
     every layer (and every expert) of it is in. Returns the tensor's size in bytes."""
     array = load()
     for slot in slots:
-        path = (*_MOE_BLOCK, *slot.path)
+        path, index = stacked_path((_MOE_BLOCK[0], layer, *_MOE_BLOCK[1:], *slot.path), cfg)
         var = table.get(path)
-        if var is None or layer >= var.shape[0]:
+        if var is None or index >= var.shape[0]:
             raise CheckpointError(
                 f"{source}: tensor {name!r} has no place in a {cfg.family} model with this config "
                 f"({cfg.num_layers} layers, moe={cfg.moe}); the checkpoint and its config disagree.")
@@ -234,14 +265,14 @@ def _fill_moe_tensor(table: dict[tuple[Any, ...], nnx.Variable], buffers: dict[t
             buffers[path] = np.zeros(tuple(var.shape), np_dtype)
             units = list(range(var.shape[1])) if slot.path[0] == "experts" else [None]  # [L, E, ...]: per expert
             pending[path] = {i: set(units) for i in range(var.shape[0])}
-        fill_slot(buffers[path][layer], slot, array, name=f"{source}: tensor {name!r}")
-        waiting = pending[path].get(layer, set())
+        fill_slot(buffers[path][index], slot, array, name=f"{source}: tensor {name!r}")
+        waiting = pending[path].get(index, set())
         if slot.expert is None:
             waiting.clear()
         else:
             waiting.discard(slot.expert)
         if not waiting:
-            pending[path].pop(layer, None)
+            pending[path].pop(index, None)
             filled.add(("layers", layer, *path[1:]))
         if not pending[path]:
             var.set_value(jnp.asarray(buffers.pop(path)))
@@ -253,15 +284,18 @@ def iter_hf_tensors(model: Decoder) -> Iterator[tuple[str, np.ndarray]]:
     experts' block as transformers' `save_pretrained` writes its family's tensors, one layer at a time."""
     table = param_table(model)
     cfg = model.config
-    moe_paths = [p for p in table if cfg.moe is not None and p[:2] == _MOE_BLOCK]
-    for layer_path, path, index in per_layer_paths(table):
+    moe_paths = [p for p in table if cfg.moe is not None and p[0] in ("layers", "linear_layers") and p[1] == "mlp"]
+    for layer_path, path, index in per_layer_paths(table, cfg):
         if path in moe_paths:
             continue
         name, transpose = path_to_hf(layer_path)
         value = table[path][...]
         array = np.asarray(jax.device_get(value if index is None else value[index]))
+        if path[-2:] == ("conv1d", "weight"):  # back to Conv1d's [C, 1, K]
+            array = array[:, None, :]
         yield name, (array.T if transpose else array)
     for i in range(cfg.num_layers if moe_paths else 0):
-        block = {tuple(p[2:]): np.asarray(jax.device_get(table[p][...][i])) for p in moe_paths}
+        stack, index = stacked_path(("layers", i), cfg)
+        block = {tuple(p[2:]): np.asarray(jax.device_get(table[p][...][index])) for p in moe_paths if p[0] == stack[0]}
         for name, array in moe_params_to_hf_tensors(block, cfg.family).items():  # type: ignore[arg-type]
             yield f"model.layers.{i}.{name}", array

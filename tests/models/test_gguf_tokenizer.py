@@ -15,6 +15,9 @@ import pytest
 from tempax.models.gguf_tokenizer import byte_alphabet, merges_from_scores
 from tempax.models.tokenizer import load_tokenizer, wrap
 from tests.kit.models import TINY_FAMILIES
+
+# the tiny families llama.cpp runs (Qwen3.5's linear-attention layers are refused: test_gguf_export.py)
+GGUF_FAMILIES = tuple(f for f in TINY_FAMILIES if f != "qwen3_5")
 from tests.kit.tokenizers import smollm2_gguf_path, tiny_chat_tokenizer, tiny_sentencepiece_metadata
 from tests.models.test_gguf import perturbed_model, write_gguf
 
@@ -138,7 +141,7 @@ _PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2"}  # each family
 
 
 @pytest.mark.needs_torch
-@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("family", GGUF_FAMILIES)
 def test_byte_level_gguf_tokenizer_matches_transformers(tmp_path, monkeypatch, family):
     monkeypatch.setenv("TEMPAX_CACHE", str(tmp_path / "cache"))
     tok = tiny_chat_tokenizer()

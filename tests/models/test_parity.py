@@ -41,10 +41,12 @@ def pair(request):
 # soft-caps. Norms, biases, activations and experts act on each token alone, the same in every layout, so the default
 # suite runs these checks on one family per position-dependent feature: llama (Llama 3 rope), gemma2 (soft-caps and
 # a window), gemma3 (sliding and full layers with a local rope), mixtral (experts, every layer sliding), gpt_oss
-# (sinks, YaRN, experts), smollm3 (layers without rope), olmo3 (sliding, norms after attention) and phi3 (partial
-# rotary); the others (qwen2, qwen3, gemma, qwen3_moe, olmo2: a plain rope over full attention, which smollm3 and
-# olmo3's full layers run too) under -m slow.
-_POSITION_REPRESENTATIVES = ("llama", "gemma2", "gemma3", "mixtral", "gpt_oss", "smollm3", "olmo3", "phi3")
+# (sinks, YaRN, experts), smollm3 (layers without rope), olmo3 (sliding, norms after attention), phi3 (partial
+# rotary) and qwen3_5 (linear-attention layers: a state carried along the sequence, reset between packed
+# documents and kept in the cache); the others (qwen2, qwen3, gemma, qwen3_moe, olmo2, qwen3_5_moe: a plain rope
+# over full attention, which smollm3 and olmo3's full layers run too, or qwen3_5's layers with experts) under -m slow.
+_POSITION_REPRESENTATIVES = ("llama", "gemma2", "gemma3", "mixtral", "gpt_oss", "smollm3", "olmo3", "phi3",
+                            "qwen3_5")
 by_position_feature = pytest.mark.parametrize("pair", [
     pytest.param(family, marks=() if family in _POSITION_REPRESENTATIVES else pytest.mark.slow)
     for family in TINY_FAMILIES + TINY_MOE_FAMILIES

@@ -12,7 +12,7 @@ from tempax.algorithms.sft.main import make_sft_loss
 from tempax.models import init as model_init
 from tempax.models.decoder import Decoder
 from tempax.models.init import init_decoder
-from tempax.models.presets import PRESETS, TINY_FAMILIES
+from tempax.models.presets import PRESETS, TINY_FAMILIES, tiny_preset_name
 from tempax.parallel import make_mesh, use_mesh
 from tempax.parallel.process import host_array, process_rows
 from tempax.parallel.rules import batch_sharding
@@ -33,7 +33,7 @@ def _flat(model):
 def test_layerwise_init_equals_the_one_program_constructor(family):
     """Every weight of `init_decoder` on a 2 x 2 (fsdp x tensor) mesh equals, bit for bit, the one-program jitted
     constructor (`init_sharded`): the same random draws in the same order; and each lands in its shard."""
-    cfg = PRESETS[f"tiny-{family}"]
+    cfg = PRESETS[tiny_preset_name(family)]
     mesh = make_mesh(fsdp=2, tensor=2, devices=jax.devices()[:4])
     new = init_decoder(cfg, 7, mesh)
     old = _flat(init_sharded(lambda: Decoder(cfg, rngs=nnx.Rngs(7)), mesh))

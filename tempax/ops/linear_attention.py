@@ -1,0 +1,137 @@
+"""Gated DeltaNet's pieces as functions of arrays: the causal depthwise convolution before it, and the gated
+delta rule itself, chunked (prefill, training) and one token at a time (decoding).
+
+Both respect packed sequences: a token whose `reset` flag is set starts from an empty state and sees no earlier
+input through the convolution, so rows packed with several documents, or left-padded, give each document what it
+would get alone.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """x / sqrt(sum(x^2) + eps) over the last axis, in float32 (the form of the FLA kernels that Qwen3.5 uses)."""
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def causal_depthwise_conv(x_btc: jax.Array, weight_ck: jax.Array, same_segment_btk: jax.Array,
+                          history_bkc: jax.Array | None = None) -> jax.Array:
+    """y_t = sum_j w[:, K-1-j] * x_{t-j} over j = 0..K-1, a channel-wise causal convolution of kernel K.
+
+    x_btc: [B, T, C]; weight_ck: [C, K] (a `Conv1d(groups=C)` weight without its middle axis); history_bkc:
+    the K-1 inputs before x (a decoding cache's state) or None (zeros). same_segment_btk[b, t, j]: whether
+    x_{t-j} belongs to x_t's sequence; the other terms are left out. Returns [B, T, C] in x's dtype (no
+    activation)."""
+    b, t, c = x_btc.shape
+    k = weight_ck.shape[1]
+    if history_bkc is None:
+        history_bkc = jnp.zeros((b, k - 1, c), x_btc.dtype)
+    padded = jnp.concatenate([history_bkc.astype(x_btc.dtype), x_btc], axis=1)  # [B, K-1+T, C]
+    out = jnp.zeros((b, t, c), jnp.float32)
+    for j in range(k):  # K is 4: four shifted products, no gather
+        shifted = jax.lax.dynamic_slice_in_dim(padded, k - 1 - j, t, axis=1).astype(jnp.float32)
+        term = shifted * weight_ck[:, k - 1 - j].astype(jnp.float32)
+        out = out + jnp.where(same_segment_btk[:, :, j, None], term, 0.0)
+    return out.astype(x_btc.dtype)
+
+
+def _heads_to_value_heads(x: jax.Array, num_value_heads: int) -> jax.Array:
+    """[B, T, Hk, d] -> [B, T, Hv, d]: each key head serves Hv / Hk consecutive value heads."""
+    return jnp.repeat(x, num_value_heads // x.shape[2], axis=2)
+
+
+def gated_delta_rule_recurrent(q: jax.Array, k: jax.Array, v: jax.Array, log_decay: jax.Array, beta: jax.Array,
+                               reset: jax.Array, state: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """The gated delta rule token by token (Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with
+    Delta Rule", 2024, eq. 10), with q and k L2-normalised and q scaled by dk^-1/2:
+
+        S_t = a_t S_{t-1} (I - b_t k_t k_t^T) + b_t k_t v_t^T,   a_t = exp(g_t) (0 when `reset`_t),
+        o_t = S_t^T q_t.
+
+    q, k: [B, T, Hk, dk]; v: [B, T, Hv, dv]; log_decay g, beta b: [B, T, Hv]; reset: [B, T] bool; state:
+    [B, Hv, dk, dv] float32 before the first token (None: zeros). Returns (o [B, T, Hv, dv] float32, the state
+    after the last token)."""
+    hv = v.shape[2]
+    q = l2_normalize(_heads_to_value_heads(q, hv)) * (q.shape[-1] ** -0.5)
+    k = l2_normalize(_heads_to_value_heads(k, hv))
+    v, log_decay, beta = v.astype(jnp.float32), log_decay.astype(jnp.float32), beta.astype(jnp.float32)
+    if state is None:
+        state = jnp.zeros((v.shape[0], hv, k.shape[-1], v.shape[-1]), jnp.float32)
+
+    def step(s, xs):
+        q_t, k_t, v_t, g_t, b_t, r_t = xs
+        s = s * jnp.where(r_t[:, None], 0.0, jnp.exp(g_t))[:, :, None, None]
+        remembered = jnp.einsum("bhkv,bhk->bhv", s, k_t)
+        s = s + jnp.einsum("bhk,bhv->bhkv", k_t, (v_t - remembered) * b_t[:, :, None])
+        return s, jnp.einsum("bhkv,bhk->bhv", s, q_t)
+
+    time_major = [jnp.moveaxis(a, 1, 0) for a in (q, k, v, log_decay, beta, reset)]
+    state, out = jax.lax.scan(step, state, time_major)
+    return jnp.moveaxis(out, 0, 1), state
+
+
+def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, log_decay: jax.Array, beta: jax.Array,
+                             reset: jax.Array, state: jax.Array | None = None,
+                             chunk_size: int = 64) -> tuple[jax.Array, jax.Array]:
+    """`gated_delta_rule_recurrent`'s outputs and final state, computed a chunk of C tokens at a time (the chunked
+    form of Gated DeltaNet, Yang et al. 2024, sec. 3.3, after DeltaNet's WY/UT representation, Yang et al.,
+    "Parallelizing Linear Transformers with the Delta Rule over Sequence Length", 2024).
+
+    Within a chunk, with c_i the cumulative log decay and D_ij = exp(c_i - c_j) for j <= i (0 across a reset):
+    T = (I + strictly_lower(diag(b) K K^T * D))^-1, U = T diag(b) V, W = T diag(b) (K * exp(c)); then per chunk
+    V' = U - W S, O = (Q * exp(c)) S + (Q K^T * D) V', S <- exp(c_last) S + (K * exp(c_last - c))^T V'. The
+    terms reading S before the chunk are dropped after a reset in it. Matmuls of C x C blocks instead of T
+    sequential outer products; the scan runs T / C steps."""
+    bsz, t, _, dk = k.shape
+    hv, dv = v.shape[2], v.shape[3]
+    q = l2_normalize(_heads_to_value_heads(q, hv)) * (dk ** -0.5)
+    k = l2_normalize(_heads_to_value_heads(k, hv))
+    v, log_decay, beta = v.astype(jnp.float32), log_decay.astype(jnp.float32), beta.astype(jnp.float32)
+    if state is None:
+        state = jnp.zeros((bsz, hv, dk, dv), jnp.float32)
+    pad = (-t) % chunk_size
+    if pad:  # trailing tokens that change nothing: no input (b = 0, k = v = 0) and no decay (g = 0)
+        widths = lambda a: [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)  # noqa: E731
+        q, k, v, log_decay, beta = (jnp.pad(a, widths(a)) for a in (q, k, v, log_decay, beta))
+        reset = jnp.pad(reset, [(0, 0), (0, pad)])
+    n = (t + pad) // chunk_size
+
+    def chunks(a: jax.Array) -> jax.Array:  # [B, T, H, ...] -> [N, B, H, C, ...]
+        a = a.reshape(bsz, n, chunk_size, *a.shape[2:])
+        return jnp.moveaxis(jnp.moveaxis(a, 1, 0), 2, 3) if a.ndim == 5 else jnp.moveaxis(a, 1, 0).swapaxes(2, 3)
+
+    q, k, v, g, b = chunks(q), chunks(k), chunks(v), chunks(log_decay), chunks(beta)
+    epoch = jnp.cumsum(reset.reshape(bsz, n, chunk_size).astype(jnp.int32), axis=-1)  # resets so far in the chunk
+    epoch = jnp.moveaxis(epoch, 1, 0)[:, :, None, :]  # [N, B, 1, C]
+    cum = jnp.cumsum(g, axis=-1)  # [N, B, H, C]
+    lower = jnp.tril(jnp.ones((chunk_size, chunk_size), bool))
+    alive = lower & (epoch[..., :, None] == epoch[..., None, :])  # j <= i, no reset in (j, i]
+    decay = jnp.where(alive, jnp.exp(jnp.where(alive, cum[..., :, None] - cum[..., None, :], 0.0)), 0.0)
+    reads_before = epoch == 0  # [N, B, 1, C]: the state before the chunk reaches position i
+    k_beta, v_beta = k * b[..., None], v * b[..., None]
+    strictly = jnp.einsum("...ik,...jk->...ij", k_beta, k) * decay * (1.0 - jnp.eye(chunk_size))
+    system = jnp.eye(chunk_size) + strictly
+    solve = lambda rhs: jax.scipy.linalg.solve_triangular(system, rhs, lower=True, unit_diagonal=True)  # noqa: E731
+    new_values = solve(v_beta)
+    reads = jnp.where(reads_before, jnp.exp(cum), 0.0)[..., None]  # [N, B, H, C, 1]
+    k_reads = solve(k_beta * reads)
+    attn = jnp.einsum("...ik,...jk->...ij", q, k) * decay
+    q_reads = q * reads
+    last = cum[..., -1:]
+    to_end = jnp.where(alive[..., -1, :], jnp.exp(last - cum), 0.0)[..., None]  # position i's weight at the end
+    chunk_decay = jnp.where(reads_before[..., -1], jnp.exp(last[..., 0]), 0.0)[..., None, None]
+
+    def step(s, xs):
+        u, w, qr, a, kk, cd = xs
+        v_new = u - jnp.einsum("bhck,bhkv->bhcv", w, s)
+        out = jnp.einsum("bhck,bhkv->bhcv", qr, s) + jnp.einsum("bhij,bhjv->bhiv", a, v_new)
+        s = s * cd + jnp.einsum("bhck,bhcv->bhkv", kk, v_new)
+        return s, out
+
+    state, out = jax.lax.scan(step, state, (new_values, k_reads, q_reads, attn, k * to_end, chunk_decay))
+    out = jnp.moveaxis(out, 0, 1).swapaxes(2, 3).reshape(bsz, n * chunk_size, hv, dv)  # [B, T', Hv, dv]
+    return out[:, :t], state

@@ -1,0 +1,146 @@
+"""Qwen3.5 (dense and MoE): Gated DeltaNet layers among gated softmax-attention ones, read from transformers'
+files, trained and decoded exactly as transformers computes them. Logits, packing, caches, greedy generation and
+export are checked with every family (tests/models/test_parity.py, tests/generate/test_parity.py,
+tests/models/test_roundtrip.py); this file checks what only Qwen3.5 has."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from tempax.errors import CheckpointError, ConfigError
+from tempax.models.config import LinearAttentionConfig, ModelConfig
+from tempax.models.decoder import Decoder
+from tempax.models.hf_io import load_hf_checkpoint
+from tests.kit.models import hf_reference_pair, random_ids, tiny_config
+
+
+def _hf_text_config(**kw):
+    base = dict(model_type="qwen3_5_text", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=8,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=4,
+                linear_num_value_heads=8, linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+                rms_norm_eps=1e-6, tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                 "mrope_section": [11, 11, 10], "mrope_interleaved": True})
+    base.update(kw)
+    return base
+
+
+def test_the_published_multimodal_config_gives_the_text_model():
+    """Qwen3.5's checkpoints are the multimodal model's: the text model's keys sit in text_config, and its layer
+    pattern comes from full_attention_interval when layer_types is absent (three linear layers, then one full)."""
+    text = _hf_text_config()
+    text.pop("model_type")
+    cfg = ModelConfig.from_hf_config({"model_type": "qwen3_5", "text_config": {**text, "full_attention_interval": 4},
+                                      "vision_config": {"depth": 2}})
+    assert cfg.family == "qwen3_5"
+    assert cfg.linear_attention_layers == (0, 1, 2, 4, 5, 6) and cfg.attention_layers == (3, 7)
+    assert cfg.layer_block() == (True, True, True, False)
+    assert cfg.partial_rotary_factor == 0.25 and cfg.rotary_dim == 4 and cfg.attn_output_gate and cfg.norm_offset
+    assert cfg.linear_attention == LinearAttentionConfig(num_key_heads=4, num_value_heads=8, key_head_dim=8,
+                                                         value_head_dim=8, conv_kernel=4)
+    assert cfg == tiny_config("qwen3_5").replace(max_position_embeddings=32768)
+
+
+def test_a_multimodal_checkpoint_loads_its_language_model_and_skips_the_rest(tmp_path):
+    """The published files name the text model's tensors model.language_model.* beside the vision tower's and the
+    multi-token-prediction head's: the text model loads, with the logits of the text-only file."""
+    from safetensors.numpy import load_file, save_file
+
+    ref, model = hf_reference_pair("qwen3_5")
+    ref.save_pretrained(tmp_path / "text")
+    tensors = load_file(str(tmp_path / "text" / "model.safetensors"))
+    renamed = {(k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k): v
+               for k, v in tensors.items()}
+    renamed["model.visual.blocks.0.attn.qkv.weight"] = np.zeros((3, 3), np.float32)
+    renamed["mtp.fc.weight"] = np.zeros((4, 4), np.float32)
+    (tmp_path / "mm").mkdir()
+    save_file(renamed, str(tmp_path / "mm" / "model.safetensors"))
+    text = json.loads((tmp_path / "text" / "config.json").read_text())
+    text.pop("architectures")
+    (tmp_path / "mm" / "config.json").write_text(json.dumps(
+        {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": text}))
+    loaded = load_hf_checkpoint(str(tmp_path / "mm"), progress=False)
+    ids = jnp.asarray(random_ids((1, 9)))
+    np.testing.assert_array_equal(np.asarray(loaded(ids)[0]), np.asarray(model(ids)[0]))
+
+
+def test_bad_layer_patterns_are_refused_with_the_setting_named():
+    with pytest.raises(CheckpointError, match="layer_types .*'sliding_attention'"):
+        ModelConfig.from_hf_config(_hf_text_config(layer_types=["linear_attention"] * 7 + ["sliding_attention"]))
+    with pytest.raises(ConfigError, match="every layer is a linear-attention layer"):
+        tiny_config("qwen3_5").replace(linear_attention_layers=tuple(range(8)))
+    with pytest.raises(ConfigError, match="linear_attention_layers are set but linear_attention is not"):
+        tiny_config("llama").replace(linear_attention_layers=(0,))
+    with pytest.raises(CheckpointError, match="llama config.json cannot express linear_attention_layers"):
+        tiny_config("qwen3_5").replace(family="llama").to_hf_config()
+
+
+@pytest.mark.needs_torch
+def test_loss_and_gradients_equal_transformers_on_a_packed_free_batch():
+    """The mean next-token cross-entropy of a [2, 70] batch (the linear layers' chunks of 64 and the remainder)
+    and its gradient with respect to every linear-attention and attention weight equal transformers' backward
+    (float32, relative to each gradient's largest entry, <= 1e-4)."""
+    import torch
+
+    ref, model = hf_reference_pair("qwen3_5")
+    ids = random_ids((2, 70), seed=3)
+
+    def loss_fn(model):
+        logits, _ = model(jnp.asarray(ids[:, :-1]))
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, jnp.asarray(ids[:, 1:])[..., None], axis=-1))
+
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    ref.zero_grad()
+    out = ref(torch.tensor(ids[:, :-1], dtype=torch.long))
+    ref_loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, 128), torch.tensor(ids[:, 1:], dtype=torch.long).reshape(-1))
+    ref_loss.backward()
+    assert abs(float(loss) - ref_loss.item()) < 1e-5
+    layer, linear_layer = model.config.attention_layers[0], model.config.linear_attention_layers[1]
+    stack_index = model.config.linear_attention_layers.index(linear_layer)
+    checks = {
+        f"model.layers.{linear_layer}.linear_attn.in_proj_qkv.weight":
+            grads.linear_layers.linear_attn.in_proj_qkv.kernel[...][stack_index].T,
+        f"model.layers.{linear_layer}.linear_attn.A_log": grads.linear_layers.linear_attn.A_log[...][stack_index],
+        f"model.layers.{linear_layer}.linear_attn.dt_bias": grads.linear_layers.linear_attn.dt_bias[...][stack_index],
+        f"model.layers.{linear_layer}.linear_attn.conv1d.weight":
+            grads.linear_layers.linear_attn.conv1d.weight[...][stack_index][:, None, :],
+        f"model.layers.{linear_layer}.linear_attn.norm.weight": grads.linear_layers.linear_attn.norm.weight[...][stack_index],
+        f"model.layers.{layer}.self_attn.q_proj.weight": grads.layers.self_attn.q_proj.kernel[...][0].T,
+    }
+    named = dict(ref.named_parameters())
+    for name, got in checks.items():
+        want = named[name].grad.numpy()
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(np.asarray(got) / scale, want / scale, atol=1e-4, err_msg=name)
+
+
+def test_the_program_holds_one_block_of_layers_whatever_the_depth():
+    """The stack runs as a scan over repetitions of its block (three linear layers and one attention layer): the
+    program of a forward pass of 16 layers has the size of 8 layers' (within a few lines) and the same triangular
+    solves (the linear layers') and maxima (softmaxes)."""
+    def counts(num_layers):
+        cfg = tiny_config("qwen3_5").replace(num_layers=num_layers, linear_attention_layers=tuple(
+            i for i in range(num_layers) if (i + 1) % 4))
+        model = Decoder(cfg, rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(model)
+        text = str(jax.make_jaxpr(lambda s: nnx.merge(graphdef, s)(jnp.zeros((1, 8), jnp.int32))[0])(state))
+        return text.count("triangular_solve"), text.count("reduce_max"), len(text.splitlines())
+
+    eight, sixteen = counts(8), counts(16)
+    assert eight[:2] == sixteen[:2] and eight[0] > 0
+    assert abs(sixteen[2] - eight[2]) <= 4  # the same program but for the layer-index constants' widths
+
+
+def test_a_hybrid_stack_of_one_repeating_block_is_found_and_an_irregular_one_is_one_block():
+    cfg = tiny_config("qwen3_5")
+    assert cfg.layer_block() == (True, True, True, False)
+    irregular = cfg.replace(linear_attention_layers=(0, 1, 2, 4, 5))
+    assert irregular.layer_block() == (True, True, True, False, True, True, False, False)
+    model = Decoder(irregular, rngs=nnx.Rngs(0))
+    logits, _ = model(jnp.asarray(random_ids((1, 5))))
+    assert logits.shape == (1, 5, 128) and np.isfinite(np.asarray(logits)).all()
