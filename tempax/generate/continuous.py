@@ -132,10 +132,12 @@ def _uniforms(knobs: SlotKnobs, steps: jax.Array) -> jax.Array:
 
 def _stack_rows(cache: KVCache) -> KVCache:
     """A batch-B cache as B batch-1 caches stacked on a leading slot axis."""
-    slot_major = lambda x: jnp.moveaxis(x, 1, 0)[:, :, None]  # noqa: E731 - [L, B, ...] -> [B, L, 1, ...]
+    # [L, B, ...] -> [B, L, 1, ...]
+    slot_major = lambda x: None if x is None else jnp.moveaxis(x, 1, 0)[:, :, None]  # noqa: E731
     return KVCache(k=slot_major(cache.k), v=slot_major(cache.v),
                    segment_ids=cache.segment_ids[:, None], length=jnp.broadcast_to(cache.length, cache.batch_size),
-                   next_position=cache.next_position[:, None])
+                   next_position=cache.next_position[:, None], conv=slot_major(cache.conv),
+                   state=slot_major(cache.state))
 
 
 def _init(config: Any, slots: int, cache_len: int, pad_id: jax.Array) -> SlotState:
@@ -166,6 +168,7 @@ def _decode(graphdef: Any, params: Any, state: SlotState, steps: jax.Array, knob
     def body(carry: tuple[jax.Array, SlotState]) -> tuple[jax.Array, SlotState]:
         i, s = carry
         logits, cache = jax.vmap(one_slot)(s.last_token, s.cache)
+        cache = cache.keeping_linear_state(s.cache, s.done, axis=0)  # slot-major: [B, L, 1, ...]
         tok, lp, raw = sample_rows(logits, _uniforms(knobs, s.step), knobs)
         active = ~s.done
         tok = jnp.where(active, tok, knobs.pad_id)
@@ -229,10 +232,13 @@ def _insert(state: SlotState, row: KVCache, first: jax.Array, lp: jax.Array, raw
 
     def put(i: jax.Array, cache: KVCache) -> KVCache:
         b = order[i]
-        into = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[None].astype(buf.dtype), (b,) + (0,) * x.ndim)
+        into = lambda buf, x: (None if buf is None  # noqa: E731
+                               else jax.lax.dynamic_update_slice(buf, x[None].astype(buf.dtype), (b,) + (0,) * x.ndim))
+        # a linear-attention state is the prompt's whatever its slots: it moves as it is
         return KVCache(k=into(cache.k, k), v=into(cache.v, v),
                        segment_ids=into(cache.segment_ids, segments), length=cache.length.at[b].set(prompt_len),
-                       next_position=cache.next_position.at[b].set(row.next_position))
+                       next_position=cache.next_position.at[b].set(row.next_position),
+                       conv=into(cache.conv, row.conv), state=into(cache.state, row.state))
 
     cache = jax.lax.fori_loop(0, jnp.sum(targets), put, state.cache)
     fresh = lambda buf, x, empty: jnp.where(targets[:, None], jnp.full_like(buf, empty).at[:, 0].set(x), buf)
@@ -256,21 +262,24 @@ def _extend(graphdef: Any, params: Any, state: SlotState, slot: jax.Array, token
     """
     model = _merge(graphdef, params)
     cache = state.cache
-    take = lambda x: jax.lax.dynamic_index_in_dim(x, slot, axis=0, keepdims=False)
+    take = lambda x: None if x is None else jax.lax.dynamic_index_in_dim(x, slot, axis=0, keepdims=False)
     segments = take(cache.segment_ids)
     row = KVCache(k=take(cache.k), v=take(cache.v),
                   segment_ids=jnp.where(jnp.arange(segments.shape[-1])[None] < keep, segments, 0),
-                  length=keep, next_position=jnp.full((1,), keep, jnp.int32))
+                  length=keep, next_position=jnp.full((1,), keep, jnp.int32), conv=take(cache.conv),
+                  state=take(cache.state))
     width = tokens.shape[1]
     new_segments = (jnp.arange(width)[None] < count).astype(jnp.int32)
     hidden, row = model.hidden_states(tokens, segment_ids=new_segments, cache=row)
     last = jax.lax.dynamic_slice_in_dim(hidden, count - 1, 1, axis=1)
     logits = model.logits(last)[:, -1].astype(jnp.float32)
     first, lp, raw = _first(logits, knobs)
-    put = lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x.astype(buf.dtype), slot, axis=0)
+    put = lambda buf, x: None if buf is None else jax.lax.dynamic_update_index_in_dim(buf, x.astype(buf.dtype), slot,
+                                                                                       axis=0)
     cache = KVCache(k=put(cache.k, row.k), v=put(cache.v, row.v),
                     segment_ids=put(cache.segment_ids, row.segment_ids), length=cache.length.at[slot].set(keep + count),
-                    next_position=put(cache.next_position, row.next_position))
+                    next_position=put(cache.next_position, row.next_position), conv=put(cache.conv, row.conv),
+                    state=put(cache.state, row.state))
     width_out = state.tokens.shape[1]
     fresh = lambda buf, x, empty: put(buf, jnp.full((width_out,), empty, buf.dtype).at[0].set(x[slot].astype(buf.dtype)))
     done = _is_stop(first[slot][None], knobs.stop_ids)[0] | (knobs.limit[slot] <= 1)

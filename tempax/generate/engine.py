@@ -227,6 +227,7 @@ def _decode(
 
     def body(s: DecodeState) -> DecodeState:
         logits, cache = _call_model(model, s.last_token[:, None], ones, s.cache, layout)
+        cache = cache.keeping_linear_state(s.cache, s.done)
         tok, lp, raw = _sample(logits, s.keys, s.step, knobs, spec)
         active = ~s.done
         tok = jnp.where(active, tok, knobs.pad_id)

@@ -6,6 +6,7 @@ be jitted and the buffers donated.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import jax
@@ -77,6 +78,21 @@ class KVCache:
             conv=None if self.conv is None else rep(self.conv, 1),
             state=None if self.state is None else rep(self.state, 1),
         )
+
+    def keeping_linear_state(self, before: "KVCache", rows: jax.Array, axis: int = 1) -> "KVCache":
+        """This cache with `before`'s linear-attention state in the rows where `rows` [B] is true (the rows' axis
+        of `conv` and `state` is `axis`); itself when the model has none. A decode loop feeds finished rows too
+        (padding, or their stop token): their keys and values are masked out by position later, but a state has
+        no positions, so it must not take them in."""
+        if self.conv is None:
+            return self
+
+        def keep(old: jax.Array, new: jax.Array) -> jax.Array:
+            shape = [1] * new.ndim
+            shape[axis] = rows.shape[0]
+            return jnp.where(rows.reshape(shape), old, new)
+
+        return dataclasses.replace(self, conv=keep(before.conv, self.conv), state=keep(before.state, self.state))
 
     def nbytes(self) -> int:
         return sum(x.size * x.dtype.itemsize for x in (self.k, self.v, self.conv, self.state) if x is not None)

@@ -311,46 +311,47 @@ class GatedDeltaNet(nnx.Module):
         self.norm = RMSNorm(la.value_head_dim, eps=cfg.rms_norm_eps, offset=False, param_dtype=pd, rngs=rngs)
         self.config = la
 
-    def __call__(self, x: jax.Array, same_segment: jax.Array, reset: jax.Array,
+    def __call__(self, x: jax.Array, masks: tuple[jax.Array, jax.Array, jax.Array, jax.Array],
                  state: tuple[jax.Array, jax.Array] | None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        """x [B, T, D] -> (output [B, T, D], (conv history, delta-rule state) after the last token).
+        """x [B, T, D] -> (output [B, T, D], (conv history, delta-rule state) after the row's last real token).
 
-        same_segment [B, T, K]: whether x_{t-j} is in x_t's sequence (`tempax.ops.linear_attention`); reset
-        [B, T]: the state is emptied before token t; state: the cache's (history, state) or None (zeros)."""
+        masks: `Decoder._linear_masks` (taps, reset, real, kept); state: the cache's (history, state) or None
+        (zeros). Padding changes neither."""
         la = self.config
         b, t, _ = x.shape
+        taps, reset, real, kept = masks
         kd, vd = la.num_key_heads * la.key_head_dim, la.num_value_heads * la.value_head_dim
         history, recurrent = (None, None) if state is None else state
         mixed = self.in_proj_qkv(x)
-        inputs = mixed if history is None else jnp.concatenate([history.astype(mixed.dtype), mixed], axis=1)
-        new_history = inputs[:, -(la.conv_kernel - 1):] if la.conv_kernel > 1 else inputs[:, :0]
-        # inputs of an earlier sequence than the row's last token are not part of its history
-        new_history = jnp.where(_history_kept(same_segment, new_history.shape[1])[..., None], new_history, 0)
-        conv = delta.causal_depthwise_conv(mixed, self.conv1d.weight[...], same_segment, history)
+        conv = delta.causal_depthwise_conv(mixed, self.conv1d.weight[...], taps, history)
+        before = (jnp.zeros((b, la.conv_kernel - 1, mixed.shape[-1]), mixed.dtype) if history is None
+                  else history.astype(mixed.dtype))
+        inputs = jnp.concatenate([before, mixed], axis=1)  # what the taps and `kept` index
+        new_history = jnp.where((kept >= 0)[..., None],
+                                jnp.take_along_axis(inputs, jnp.maximum(kept, 0)[..., None], axis=1), 0)
         conv = jax.nn.silu(conv.astype(jnp.float32)).astype(mixed.dtype)
         q, k, v = jnp.split(conv, [kd, 2 * kd], axis=-1)
-        q = q.reshape(b, t, la.num_key_heads, la.key_head_dim)
-        k = k.reshape(b, t, la.num_key_heads, la.key_head_dim)
-        v = v.reshape(b, t, la.num_value_heads, la.value_head_dim)
+        # rows on the batch axes and heads on the tensor axis, as attention's: the delta rule's scans then run on
+        # each device's rows and heads alone, with no collective inside them
+        heads = lambda a: shard(a, ("batch", "seq", "act_heads", None))  # noqa: E731
+        q = heads(q.reshape(b, t, la.num_key_heads, la.key_head_dim))
+        k = heads(k.reshape(b, t, la.num_key_heads, la.key_head_dim))
+        v = heads(v.reshape(b, t, la.num_value_heads, la.value_head_dim))
         beta = jax.nn.sigmoid(self.in_proj_b(x).astype(jnp.float32))
         a = self.in_proj_a(x).astype(jnp.float32)
         log_decay = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
             a + self.dt_bias[...].astype(jnp.float32))
+        # padding neither decays nor writes the state
+        beta, log_decay = jnp.where(real[..., None], beta, 0.0), jnp.where(real[..., None], log_decay, 0.0)
         rule = delta.gated_delta_rule_recurrent if t == 1 else delta.gated_delta_rule_chunked
         out, recurrent = rule(q, k, v, log_decay, beta, reset, recurrent)
+        out = heads(out)
         # RMSNorm over each value head (weight without offset), cast, then gated by silu(z) in float32
         z = self.in_proj_z(x).reshape(b, t, la.num_value_heads, la.value_head_dim)
         normed = out * jax.lax.rsqrt(jnp.mean(out * out, axis=-1, keepdims=True) + self.norm.eps)
         normed = self.norm.weight[...] * normed.astype(x.dtype)
         out = (normed.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
         return self.out_proj(out.reshape(b, t, vd)), (new_history, recurrent)
-
-
-def _history_kept(same_segment: jax.Array, n: int) -> jax.Array:
-    """[B, n]: which of the last n convolution inputs (oldest first) belong to the row's last token's sequence,
-    from its `same_segment` [B, T, K] row: lags n-1 .. 0 of the last token (n = K - 1, the next token's lags
-    n .. 1)."""
-    return same_segment[:, -1, :n][:, ::-1]
 
 
 class MLP(nnx.Module):
@@ -423,7 +424,7 @@ class DecoderLayer(nnx.Module):
         reset) and its state from `kv`, and ignores the attention arguments."""
         normed = x if self.input_layernorm is None else self.input_layernorm(x)
         if self.linear_attn is not None:
-            attn, new_kv = self.linear_attn(normed, *linear_masks, kv)
+            attn, new_kv = self.linear_attn(normed, linear_masks, kv)
         else:
             attn, new_kv = self.self_attn(normed, positions, q_index, q_segments, kv, fresh_cache, inv_freq, sliding,
                                           rope_scale)
@@ -722,23 +723,36 @@ class Decoder(nnx.Module):
                 jax.lax.dynamic_update_slice(cache.v, slots_v, at), None)
 
     def _linear_masks(self, segment_ids: jax.Array, cache: KVCache | None, offset: jax.Array
-                      ) -> tuple[jax.Array, jax.Array]:
-        """(same_segment [B, T, K], reset [B, T]) of the linear-attention layers: which of the K convolution taps of
-        each token read its own sequence, and where a sequence starts (its state is emptied). Positions before
-        the call are the cache's (their segments), or none without a cache."""
+                      ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """What the linear-attention layers need of the segments: (taps [B, T, K], where convolution tap j of token
+        t reads (`tempax.ops.linear_attention.conv_taps`); reset [B, T], a sequence starts at t (its state is
+        emptied); real [B, T], t is not padding; kept [B, K-1], the convolution inputs the cache keeps).
+
+        Padding (segment 0) passes the state through untouched, so a sequence continues across it: a finished
+        row fed padding while others decode, or a turn's right-padded tokens, leave the state of the row's last
+        real token. The cache's history holds the inputs of its last real sequence (`GatedDeltaNet`), whose
+        segment is the last non-zero one before the call."""
         k = self.config.linear_attention.conv_kernel
         b, t = segment_ids.shape
-        before = k - 1 if k > 1 else 1  # at least one, for the reset of the first token
-        if cache is None:
-            earlier = jnp.full((b, before), -1, jnp.int32)
-        else:
-            index = offset - before + jnp.arange(before)
-            earlier = jnp.where(index >= 0, jnp.take(cache.segment_ids, jnp.maximum(index, 0), axis=1), -1)
-        seq = jnp.concatenate([earlier, segment_ids.astype(jnp.int32)], axis=1)  # [B, before + T]
-        taps = jnp.stack([seq[:, before - j:before - j + t] for j in range(k)], axis=-1)  # lag j of token t
-        same_segment = taps == segment_ids[:, :, None]
-        reset = seq[:, before - 1:before - 1 + t] != segment_ids
-        return same_segment, reset
+        segment_ids = segment_ids.astype(jnp.int32)
+        before = -jnp.ones((b,), jnp.int32)
+        if cache is not None:
+            slots = jnp.arange(cache.max_len)
+            written = (slots < offset) & (cache.segment_ids != 0)
+            last = jnp.max(jnp.where(written, slots, -1), axis=1)
+            before = jnp.where(last >= 0, jnp.take_along_axis(cache.segment_ids, jnp.maximum(last, 0)[:, None],
+                                                              axis=1)[:, 0], -1)
+        real = segment_ids != 0
+        # each token's previous real segment: the cache's, then the latest non-padding one in the call
+        index = jnp.where(real, jnp.arange(t), -1)
+        latest = jax.lax.cummax(index, axis=1)
+        previous = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), latest[:, :-1]], axis=1)
+        previous_segment = jnp.where(previous >= 0, jnp.take_along_axis(segment_ids, jnp.maximum(previous, 0), axis=1),
+                                     before[:, None])
+        reset = real & (previous_segment != segment_ids)
+        taps, kept = delta.conv_taps(
+            jnp.concatenate([jnp.broadcast_to(before[:, None], (b, k - 1)), segment_ids], axis=1), k - 1)
+        return taps, reset, real, kept
 
     def _run_hybrid_layers(self, x, positions, q_index, segment_ids, cache, k_segments, offset, fresh_cache):
         """`_run_layers` for a stack that interleaves softmax-attention and linear-attention layers (Qwen3.5): a
@@ -761,9 +775,20 @@ class Decoder(nnx.Module):
         def grouped(n: int) -> Any:
             return lambda a: a.reshape(groups, n, *a.shape[1:])
 
-        attention_xs = jax.tree.map(grouped(n_attention), (weights_a, pick(inv_freq), pick(sliding),
-                                                           pick(rope_scales(cfg))))
-        linear_xs = jax.tree.map(grouped(n_linear), weights_l)
+        def grouped_weights(weights: Any, n: int) -> Any:
+            # [L, ...] -> [G, n, ...], each weight kept split as it is: unconstrained, the partitioner may gather
+            # every layer's weights before the scan instead of one layer's in it (and XLA:CPU's collectives then
+            # deadlock on 8 devices)
+            def one(var: nnx.Variable) -> nnx.Variable:
+                names = var.get_metadata().get("out_sharding")
+                value = grouped(n)(var.get_value())
+                return var.replace(shard(value, (None, *names)) if names else value)
+
+            return jax.tree.map(one, weights, is_leaf=lambda v: isinstance(v, nnx.Variable))
+
+        attention_xs = (grouped_weights(weights_a, n_attention),
+                        *jax.tree.map(grouped(n_attention), (pick(inv_freq), pick(sliding), pick(rope_scales(cfg)))))
+        linear_xs = grouped_weights(weights_l, n_linear)
         masks = self._linear_masks(segment_ids, cache, offset)
         moe = cfg.moe if is_recording_router_statistics() else None
         real = segment_ids != 0

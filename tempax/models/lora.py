@@ -26,7 +26,7 @@ from tempax.models.fused import fused_projections
 from tempax.models.moe import (EXPERT_KERNELS, QuantizedRoutedExperts, RoutedExperts, expert_lora_from_peft,
                                expert_lora_to_peft, not_recording_router_statistics, peft_moe_names)
 from tempax.models.quant import QUANT_KINDS, QuantizedLinear
-from tempax.models.weights import abstract_model
+from tempax.models.weights import abstract_model, stacked_path
 from tempax.ops import matmul
 from tempax.ops.experts import ExpertAdapter
 from tempax.parallel.process import host_array, is_writer
@@ -339,12 +339,30 @@ def _dotted(path: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in path)
 
 
+_STACKS = ("layers", "linear_layers")  # the decoder's layer stacks (a hybrid model's linear-attention layers)
+
+
+def _stack_members(model: Decoder, stack: str) -> tuple[int, ...]:
+    """The model's layer indices held by a layer stack, entry by entry."""
+    cfg = model.config
+    if not cfg.linear_attention_layers:
+        return tuple(range(cfg.num_layers))
+    return cfg.linear_attention_layers if stack == "linear_layers" else cfg.attention_layers
+
+
+def _per_layer(model: Decoder, stacked: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Each stacked path (its first entry a stack) once per layer of its stack as ("layers", i, ...), layer-major,
+    the stacked paths' order within a layer."""
+    out = [(i, k, ("layers", i, *p[1:])) for k, p in enumerate(stacked) for i in _stack_members(model, p[0])]
+    return [path for _, _, path in sorted(out, key=lambda e: (e[0], e[1]))]
+
+
 def _projections(model: Decoder) -> list[tuple[tuple[Any, ...], nnx.Module]]:
     """(path, layer) of every linear layer inside the decoder layers, in graph order (the LM head is excluded)."""
     out = []
     for path, module in nnx.iter_modules(model):
         # A LoraLinear's own base_layer is part of it, not a separate projection.
-        if path and path[0] == "layers" and "base_layer" not in path and isinstance(
+        if path and path[0] in _STACKS and "base_layer" not in path and isinstance(
             module, (nnx.Linear, QuantizedLinear, LoraLinear)
         ):
             out.append((tuple(path), module))
@@ -359,19 +377,25 @@ def _matches(pattern: str, path: tuple[Any, ...]) -> bool:
 def _linear_paths(model: Decoder) -> list[tuple[Any, ...]]:
     """Every linear projection once per layer, ("layers", i, "self_attn", "q_proj"), layer-major: the paths users
     and Hugging Face name (the model holds one stacked projection for all i). A mixture of experts' router is one."""
-    modules = [p for p, _ in _projections(model)]
-    return [("layers", i, *p[1:]) for i in range(model.config.num_layers) for p in modules]
+    return _per_layer(model, [p for p, _ in _projections(model)])
 
 
 _EXPERTS_PATH = ("layers", "mlp", "experts")
 
 
+def _experts_paths(model: Decoder) -> list[tuple[Any, ...]]:
+    """The stacked paths of the model's routed experts: one per layer stack."""
+    if model.config.moe is None:
+        return []
+    return [(stack, *_EXPERTS_PATH[1:]) for stack in _STACKS
+            if stack == "layers" or getattr(model, stack, None) is not None]
+
+
 def _layer_paths(model: Decoder) -> list[tuple[Any, ...]]:
     """Every adaptable weight once per layer, layer-major: the linear projections and, for a mixture of experts,
     its expert parameters ("layers", i, "mlp", "experts", "gate_up_proj")."""
-    experts = [(*_EXPERTS_PATH, name) for name in EXPERT_PARAMS] if model.config.moe is not None else []
-    modules = [p for p, _ in _projections(model)] + experts
-    return [("layers", i, *p[1:]) for i in range(model.config.num_layers) for p in modules]
+    experts = [(*path, name) for path in _experts_paths(model) for name in EXPERT_PARAMS]
+    return _per_layer(model, [p for p, _ in _projections(model)] + experts)
 
 
 def _is_router(path: tuple[Any, ...]) -> bool:
@@ -431,9 +455,9 @@ def target_paths(model: Decoder, cfg: LoraConfig) -> list[tuple[Any, ...]]:
     return selected
 
 
-def _module_path(layer_path: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The stacked projection's path in the model for a per-layer path (the layer index dropped)."""
-    return ("layers", *layer_path[2:])
+def _module_path(model: Decoder, layer_path: tuple[Any, ...]) -> tuple[tuple[Any, ...], int]:
+    """(the stacked projection's path in the model, the layer's index in its stack) for a per-layer path."""
+    return stacked_path(layer_path, model.config)
 
 
 def _parent(model: nnx.Module, path: tuple[Any, ...]) -> nnx.Module:
@@ -482,20 +506,21 @@ def apply_lora(model: Decoder, cfg: LoraConfig, *, rngs: nnx.Rngs) -> Decoder:
         raise ConfigError("the model already has adapters or a quantized base; apply_lora takes a plain model")
     selected = target_paths(model, cfg)
     targets = [p for p in selected if not _is_expert_param(p)]
-    num_layers = model.config.num_layers
     masks: dict[tuple[Any, ...], np.ndarray] = {}
     for path in targets:
-        masks.setdefault(_module_path(path), np.zeros(num_layers, bool))[path[1]] = True
+        stacked, index = _module_path(model, path)
+        masks.setdefault(stacked, np.zeros(len(_stack_members(model, stacked[0])), bool))[index] = True
+    original = model
     model = nnx.clone(model) if cfg.quantize_base is None else quantize_base(model, cfg.quantize_base, cfg.block_size)
     layers = dict(_projections(model))
     # A is drawn layer by layer, in the order of the per-layer paths, as adapters on separate layers would be;
     # layers without an adapter keep zeros (their mask is 0).
     # PEFT's default: kaiming_uniform(a=sqrt(5)) on A, i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
     init_a = nnx.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
-    draws = {path: [None] * num_layers for path in masks}
+    draws = {path: [None] * len(mask) for path, mask in masks.items()}
     for path in targets:
-        n_in = _in_features(layers[_module_path(path)])
-        draws[_module_path(path)][path[1]] = init_a(rngs.params(), (n_in, cfg.rank), jnp.float32)
+        stacked, index = _module_path(original, path)
+        draws[stacked][index] = init_a(rngs.params(), (_in_features(layers[stacked]), cfg.rank), jnp.float32)
     for path, mask in masks.items():
         n_in = _in_features(layers[path])
         a = jnp.stack([d if d is not None else jnp.zeros((n_in, cfg.rank), jnp.float32) for d in draws[path]])
@@ -509,27 +534,36 @@ def apply_lora(model: Decoder, cfg: LoraConfig, *, rngs: nnx.Rngs) -> Decoder:
 
 
 def _apply_expert_lora(model: Decoder, targets: list[tuple[Any, ...]], cfg: LoraConfig, rngs: nnx.Rngs) -> None:
-    """Wraps the model's routed experts in a `LoraExperts` adapting the per-layer expert parameters `targets`."""
-    num_layers = model.config.num_layers
-    parent = _parent(model, _EXPERTS_PATH)
-    experts = parent.experts
-    num_experts, d, i = _expert_dims(experts)
-    n_in = {"gate_up_proj": d, "down_proj": i}
-    on = {name: np.zeros(num_layers, bool) for name in EXPERT_PARAMS}
-    for path in targets:
-        on[path[-1]][path[1]] = True
+    """Wraps the model's routed experts (each layer stack's) in a `LoraExperts` adapting the per-layer expert
+    parameters `targets`."""
     # PEFT's ParamWrapper draws each expert's A as lora.Linear does (U(-1/sqrt(in), 1/sqrt(in))); the experts are
     # a batch axis, not part of the fan-in. Layer by layer, in the order of the per-layer paths.
     init_a = nnx.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform", batch_axis=(0,))
-    draws: dict[str, list[jax.Array]] = {name: [] for name in EXPERT_PARAMS}
-    for layer in range(num_layers):
-        for name in EXPERT_PARAMS:
-            shape = (num_experts, n_in[name], cfg.rank)
-            draws[name].append(init_a(rngs.params(), shape, jnp.float32) if on[name][layer]
-                               else jnp.zeros(shape, jnp.float32))
-    lora_a = {name: jnp.stack(draws[name]) for name in EXPERT_PARAMS if on[name].any()}
-    masks = {name: None if on[name].all() else on[name] for name in lora_a}
-    parent.experts = LoraExperts(experts, rank=cfg.rank, alpha=cfg.alpha, lora_a=lora_a, layer_masks=masks)
+    stacks = [p[0] for p in _experts_paths(model)]
+    on = {stack: {name: np.zeros(len(_stack_members(model, stack)), bool) for name in EXPERT_PARAMS}
+          for stack in stacks}
+    for path in targets:
+        stacked, index = _module_path(model, path)
+        on[stacked[0]][path[-1]][index] = True
+    draws: dict[str, dict[str, list[jax.Array | None]]] = {
+        stack: {name: [None] * len(_stack_members(model, stack)) for name in EXPERT_PARAMS} for stack in stacks}
+    for path in targets:  # layer-major over the model, whichever stack holds the layer
+        stacked, index = _module_path(model, path)
+        num_experts, d, i = _expert_dims(_parent(model, stacked))  # the stack's routed experts
+        n_in = {"gate_up_proj": d, "down_proj": i}[path[-1]]
+        draws[stacked[0]][path[-1]][index] = init_a(rngs.params(), (num_experts, n_in, cfg.rank), jnp.float32)
+    for stack in stacks:
+        if not any(on[stack][name].any() for name in EXPERT_PARAMS):
+            continue
+        parent = _parent(model, (stack, *_EXPERTS_PATH[1:]))
+        experts = parent.experts
+        num_experts, d, i = _expert_dims(experts)
+        n_in = {"gate_up_proj": d, "down_proj": i}
+        lora_a = {name: jnp.stack([a if a is not None else jnp.zeros((num_experts, n_in[name], cfg.rank), jnp.float32)
+                                   for a in draws[stack][name]])
+                  for name in EXPERT_PARAMS if on[stack][name].any()}
+        masks = {name: None if on[stack][name].all() else on[stack][name] for name in lora_a}
+        parent.experts = LoraExperts(experts, rank=cfg.rank, alpha=cfg.alpha, lora_a=lora_a, layer_masks=masks)
 
 
 def _in_features(layer: nnx.Module) -> int:
@@ -685,8 +719,9 @@ def _peft_module_name(model: Decoder, path: tuple[Any, ...]) -> str:
     return "model." + _dotted(path)
 
 
-def _peft_expert_keys(model: Decoder, experts: LoraExperts) -> Iterator[tuple[int, str, str]]:
-    """(layer, expert parameter, PEFT tensor name prefix) of every adapted expert parameter of every layer.
+def _peft_expert_keys(model: Decoder, stack: str, experts: LoraExperts) -> Iterator[tuple[int, int, str, str]]:
+    """(index in the layer stack `stack`, the model's layer index, expert parameter, PEFT tensor name prefix) of
+    every adapted expert parameter of every layer of that stack.
 
     PEFT wraps the experts module once per targeted parameter, in the order the module defines them
     (gate_up_proj, then down_proj), each wrapper around the previous one, so the last is outermost and the first
@@ -695,20 +730,22 @@ def _peft_expert_keys(model: Decoder, experts: LoraExperts) -> Iterator[tuple[in
     .weight"."""
     module = peft_moe_names(model.config.family).experts
     on = {name: set(experts.adapted_layers(name)) for name in EXPERT_PARAMS}
-    for i in range(model.config.num_layers):
-        here = [name for name in EXPERT_PARAMS if i in on[name]]
+    for index, i in enumerate(_stack_members(model, stack)):
+        here = [name for name in EXPERT_PARAMS if index in on[name]]
         for depth, name in enumerate(reversed(here)):
-            yield i, name, _PEFT_PREFIX + f"model.layers.{i}.{module}" + ".base_layer" * depth
+            yield index, i, name, _PEFT_PREFIX + f"model.layers.{i}.{module}" + ".base_layer" * depth
 
 
 def _adapter_slices(model: Decoder) -> Iterator[tuple[tuple[Any, ...], LoraLinear, int]]:
-    """(per-layer path, stacked LoraLinear, layer index) of every adapted projection of every layer, layer-major
-    (the order of PEFT's tensors)."""
-    adapted = [(path, layer, set(layer.adapted_layers())) for path, layer in lora_layers(model)]
-    for i in range(model.config.num_layers):
-        for path, layer, on in adapted:
-            if i in on:
-                yield ("layers", i, *path[1:]), layer, i
+    """(per-layer path, stacked LoraLinear, index in its stack) of every adapted projection of every layer,
+    layer-major (the order of PEFT's tensors)."""
+    slices = []
+    for k, (path, layer) in enumerate(lora_layers(model)):
+        members = _stack_members(model, path[0])
+        slices += [(members[index], k, ("layers", members[index], *path[1:]), layer, index)
+                   for index in layer.adapted_layers()]
+    for _, _, layer_path, layer, index in sorted(slices, key=lambda e: (e[0], e[1])):
+        yield layer_path, layer, index
 
 
 def peft_unsupported_reason(model: Decoder) -> str | None:
@@ -759,15 +796,15 @@ def save_adapters(model: Decoder, folder: str, *, base_model_name_or_path: str |
         a, b = hosted[id(layer)]
         tensors[name + ".lora_A.weight"] = np.ascontiguousarray(a[i].astype(np.float32).T)
         tensors[name + ".lora_B.weight"] = np.ascontiguousarray(b[i].astype(np.float32).T)
-    for module in experts:
+    for stack_path, module in lora_experts(model):
         gate_up = peft_moe_names(model.config.family).gate_up
         factors = {name: tuple(host_array(f[...]).astype(np.float32) for f in module.factors(name))
                    for name in module.adapted_params()}
-        for i, name, key in _peft_expert_keys(model, module):
+        for index, i, name, key in _peft_expert_keys(model, stack_path[0], module):
             params.append(("layers", i, *_EXPERTS_PATH[1:], name))
             a, b = factors[name]
             tensors[key + ".lora_A.weight"], tensors[key + ".lora_B.weight"] = expert_lora_to_peft(
-                a[i], b[i], gate_up if name == "gate_up_proj" else None)
+                a[index], b[index], gate_up if name == "gate_up_proj" else None)
     if not is_writer():
         return folder
     os.makedirs(folder, exist_ok=True)
@@ -911,8 +948,8 @@ def load_adapters(
     for _, layer in lora_layers(model):
         for attr, value in stacks[id(layer)].items():
             getattr(layer, attr).set_value(jnp.asarray(value))
-    for _, module in lora_experts(model):
-        _load_expert_adapters(model, module, tensors, used, weights_path)
+    for stack_path, module in lora_experts(model):
+        _load_expert_adapters(model, stack_path[0], module, tensors, used, weights_path)
     extra = sorted(k for k in tensors if k not in used)
     if extra:
         raise CheckpointError(
@@ -922,14 +959,14 @@ def load_adapters(
     return model
 
 
-def _load_expert_adapters(model: Decoder, module: LoraExperts, tensors: dict[str, np.ndarray], used: set[str],
-                          weights_path: str) -> None:
+def _load_expert_adapters(model: Decoder, stack: str, module: LoraExperts, tensors: dict[str, np.ndarray],
+                          used: set[str], weights_path: str) -> None:
     """Fills a `LoraExperts`' factors from PEFT's tensors (`_peft_expert_keys` names them), adding the names read
     to `used`."""
     gate_up = peft_moe_names(model.config.family).gate_up
     stacks = {name: [np.zeros(f.shape, np.float32) for f in module.factors(name)] for name in module.adapted_params()}
     num_experts = _expert_dims(module.base_layer)[0]
-    for i, name, key in _peft_expert_keys(model, module):
+    for index, _, name, key in _peft_expert_keys(model, stack, module):
         missing = [k for k in (key + ".lora_A.weight", key + ".lora_B.weight") if k not in tensors]
         if missing:
             raise CheckpointError(f"{weights_path}: tensor {missing[0]!r} is missing; the adapters do not fit this "
@@ -942,7 +979,7 @@ def _load_expert_adapters(model: Decoder, module: LoraExperts, tensors: dict[str
                 f"{weights_path}: {key!r} has lora_A {tuple(lora_a.shape)} and lora_B {tuple(lora_b.shape)} but "
                 f"this model's {num_experts} experts need {want[0]} and {want[1]} for {name}; rank or base model "
                 "differ")
-        a_stack[i], b_stack[i] = expert_lora_from_peft(lora_a, lora_b, num_experts,
+        a_stack[index], b_stack[index] = expert_lora_from_peft(lora_a, lora_b, num_experts,
                                                        gate_up if name == "gate_up_proj" else None)
         used.update((key + ".lora_A.weight", key + ".lora_B.weight"))
     for name, values in stacks.items():

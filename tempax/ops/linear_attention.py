@@ -18,25 +18,58 @@ def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
-def causal_depthwise_conv(x_btc: jax.Array, weight_ck: jax.Array, same_segment_btk: jax.Array,
+def causal_depthwise_conv(x_btc: jax.Array, weight_ck: jax.Array, taps_btk: jax.Array,
                           history_bkc: jax.Array | None = None) -> jax.Array:
-    """y_t = sum_j w[:, K-1-j] * x_{t-j} over j = 0..K-1, a channel-wise causal convolution of kernel K.
+    """y_t = sum_j w[:, K-1-j] * x_(t, j) over j = 0..K-1, a channel-wise causal convolution of kernel K, where
+    x_(t, j) is the input `taps_btk`[b, t, j] points at: an index into the K-1 history inputs followed by x (the
+    j-th input before x_t in its own sequence, padding skipped), or -1 for none (the term is left out).
 
     x_btc: [B, T, C]; weight_ck: [C, K] (a `Conv1d(groups=C)` weight without its middle axis); history_bkc:
-    the K-1 inputs before x (a decoding cache's state) or None (zeros). same_segment_btk[b, t, j]: whether
-    x_{t-j} belongs to x_t's sequence; the other terms are left out. Returns [B, T, C] in x's dtype (no
-    activation)."""
+    the K-1 inputs before x (a decoding cache's) or None (zeros). Returns [B, T, C] in x's dtype (no
+    activation). Without padding or documents, taps[b, t, j] = K-1 + t - j: the plain causal convolution."""
     b, t, c = x_btc.shape
     k = weight_ck.shape[1]
     if history_bkc is None:
         history_bkc = jnp.zeros((b, k - 1, c), x_btc.dtype)
-    padded = jnp.concatenate([history_bkc.astype(x_btc.dtype), x_btc], axis=1)  # [B, K-1+T, C]
+    inputs = jnp.concatenate([history_bkc.astype(x_btc.dtype), x_btc], axis=1).astype(jnp.float32)
     out = jnp.zeros((b, t, c), jnp.float32)
-    for j in range(k):  # K is 4: four shifted products, no gather
-        shifted = jax.lax.dynamic_slice_in_dim(padded, k - 1 - j, t, axis=1).astype(jnp.float32)
-        term = shifted * weight_ck[:, k - 1 - j].astype(jnp.float32)
-        out = out + jnp.where(same_segment_btk[:, :, j, None], term, 0.0)
+    for j in range(k):  # K is 4: four gathers of rows
+        tap = taps_btk[:, :, j]
+        term = jnp.take_along_axis(inputs, jnp.maximum(tap, 0)[:, :, None], axis=1)
+        out = out + jnp.where((tap >= 0)[:, :, None], term * weight_ck[:, k - 1 - j].astype(jnp.float32), 0.0)
     return out.astype(x_btc.dtype)
+
+
+def conv_taps(segments: jax.Array, history: int) -> tuple[jax.Array, jax.Array]:
+    """Where each token's convolution inputs are: (taps [B, T, history + 1], the index of its j-th previous input
+    of the same sequence in the `history` inputs followed by the call's T, padding (segment 0) skipped, or -1;
+    last [B, history], the indices of the inputs a cache keeps after the call, oldest first: those of the row's
+    last real token and the history - 1 before it, or -1).
+
+    segments: [B, history + T], the history's segment (its sequence's, or -1 for none) then the call's."""
+    b, n = segments.shape
+    index = jnp.arange(n)
+    real = segments != 0
+    rank = jnp.cumsum(real, axis=1) - 1  # a real input's place among the row's real inputs
+    rows = jnp.arange(b)[:, None]
+    of_rank = jnp.full((b, n), -1, jnp.int32).at[rows, jnp.where(real, rank, n)].set(
+        jnp.broadcast_to(index, (b, n)), mode="drop")
+
+    def lag(j: int, places: jax.Array, own: jax.Array) -> jax.Array:
+        before = places - j
+        source = jnp.where(before >= 0, jnp.take_along_axis(of_rank, jnp.maximum(before, 0), axis=1), -1)
+        source_segment = jnp.take_along_axis(segments, jnp.maximum(source, 0), axis=1)
+        return jnp.where((source >= 0) & (source_segment == own), source, -1)
+
+    call = slice(history, n)
+    taps = jnp.stack([lag(j, rank[:, call], segments[:, call]) for j in range(history + 1)], axis=-1)
+    taps = jnp.where(real[:, call, None], taps, -1)  # padding reads nothing (its output is never used)
+    last_place = jnp.max(jnp.where(real, rank, -1), axis=1, keepdims=True)  # [B, 1]
+    last_index = jnp.where(last_place >= 0, jnp.take_along_axis(of_rank, jnp.maximum(last_place, 0), axis=1), 0)
+    last_segment = jnp.take_along_axis(segments, last_index, axis=1)
+    kept = jnp.concatenate([lag(j, last_place, last_segment) for j in range(history - 1, -1, -1)], axis=1) \
+        if history else jnp.zeros((b, 0), jnp.int32)
+    return taps, kept
 
 
 def _heads_to_value_heads(x: jax.Array, num_value_heads: int) -> jax.Array:

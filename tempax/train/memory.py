@@ -596,13 +596,14 @@ def adapter_params(cfg: ModelConfig, rank: int, target_modules: tuple[str, ...] 
     experts LoRA's default targets (gate_proj, up_proj, down_proj among them) adapt the routed experts too."""
     # Deferred: the model code and JAX load only when a plan is made (`tempax validate` imports this module).
     from tempax.models.lora import DEFAULT_TARGETS, LoraConfig, target_paths
-    from tempax.models.weights import abstract_model
+    from tempax.models.weights import abstract_model, stacked_path
 
     lora = LoraConfig(rank=rank, target_modules=DEFAULT_TARGETS if target_modules is None else tuple(target_modules))
     model = _outside_any_mesh(abstract_model, cfg)
     counts = {"projections": 0, "experts": 0, "router": 0}
-    # One stacked module per selected per-layer path ("layers", i, ...): the layer index dropped.
-    for path in sorted({("layers", *p[2:]) for p in target_paths(model, lora)}, key=str):
+    # One stacked module per selected per-layer path ("layers", i, ...): the layer index dropped (a hybrid model's
+    # linear-attention layers are their own stack, "linear_layers").
+    for path in sorted({stacked_path(p, cfg)[0] for p in target_paths(model, lora)}, key=str):
         node = model
         for key in path[:-1]:
             node = getattr(node, key)

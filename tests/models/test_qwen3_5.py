@@ -144,3 +144,127 @@ def test_a_hybrid_stack_of_one_repeating_block_is_found_and_an_irregular_one_is_
     model = Decoder(irregular, rngs=nnx.Rngs(0))
     logits, _ = model(jnp.asarray(random_ids((1, 5))))
     assert logits.shape == (1, 5, 128) and np.isfinite(np.asarray(logits)).all()
+
+
+QWEN3_5_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+                      "out_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.mark.needs_torch
+def test_lora_on_both_kinds_of_layers_loads_in_peft_and_merges(tmp_path):
+    """LoRA on every projection of both layer kinds (the linear layers' in_proj_* / out_proj, the attention layers'
+    q/k/v/o, every MLP) and on the linear layers 1 and 5 only: PeftModel.from_pretrained of the saved adapters gives
+    the tempax logits within 1e-4 (the adapters moving them by far more), the folder loads back exactly, and the
+    merged export loads in transformers with the same logits."""
+    import peft
+    import torch
+    import transformers
+
+    from tempax.models.hf_io import save_hf_checkpoint
+    from tempax.models.lora import LoraConfig, apply_lora, load_adapters, lora_layers, merge_lora, save_adapters
+
+    base = Decoder(tiny_config("qwen3_5"), rngs=nnx.Rngs(0))
+    save_hf_checkpoint(base, str(tmp_path / "base"))
+    ids = random_ids((2, 11), seed=5)
+
+    def torch_logits(model):
+        with torch.no_grad():
+            return model(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+
+    plain = torch_logits(transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base")).eval())
+    for i, targets in enumerate((QWEN3_5_ALL_LINEAR, (r"layers\.[15]\.linear_attn\.in_proj_qkv", "o_proj"))):
+        lora = apply_lora(base, LoraConfig(rank=2, alpha=4.0, target_modules=targets), rngs=nnx.Rngs(1))
+        for k, (_, layer) in enumerate(lora_layers(lora)):
+            layer.lora_b.set_value(jax.random.normal(jax.random.key(k), layer.lora_b.shape) * 0.2)
+        expected = np.asarray(lora(jnp.asarray(ids))[0])
+        folder = str(tmp_path / f"adapter{i}")
+        save_adapters(lora, folder, base_model_name_or_path=str(tmp_path / "base"))
+        ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base")).eval()
+        got = torch_logits(peft.PeftModel.from_pretrained(ref, folder).eval())
+        assert np.max(np.abs(got - plain)) > 0.05
+        np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+        np.testing.assert_array_equal(np.asarray(load_adapters(base, folder)(jnp.asarray(ids))[0]), expected)
+    save_hf_checkpoint(merge_lora(lora), str(tmp_path / "merged"))
+    merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()
+    np.testing.assert_allclose(torch_logits(merged), expected, atol=1e-4, rtol=0)
+
+
+def test_a_training_step_on_8_devices_matches_one_device(tmp_path):
+    """One SFT step (SGD, lr 1) of a 4-layer Qwen3.5 on 8 fake CPU devices (data 2 x fsdp 2 x tensor 2), the linear
+    layers' projections and convolution split over the tensor axis like attention heads, equals the one-device
+    step: the loss and every updated weight; and LoRA on both layer kinds trains its adapters."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    from tempax.algorithms.sft.main import make_sft_loss
+    from tempax.models.lora import LoraConfig, apply_lora, lora_filter
+    from tempax.train.config import MeshConfig, OptimizerConfig
+    from tempax.train.loop import Trainer
+    from tests.train.helpers import host, random_batch, tiny_train_config
+
+    cfg = tiny_config("qwen3_5").replace(num_layers=4, linear_attention_layers=(0, 1, 2))
+    batch = random_batch(8, 16, seed=2)
+    sgd = OptimizerConfig(name="sgd", learning_rate=1.0, schedule="constant", weight_decay=0.0, grad_clip_norm=None)
+    results = []
+    for mesh in (MeshConfig(num_devices=1), MeshConfig(num_devices=8, data=2, fsdp=2, tensor=2)):
+        trainer = Trainer(Decoder(cfg, rngs=nnx.Rngs(0)), make_sft_loss(),
+                          tiny_train_config(tmp_path, optimizer=sgd, mesh=mesh))
+        results.append((host(trainer.train_step(batch)), host(trainer.state.params)))
+    (one_m, one_p), (eight_m, eight_p) = results
+    np.testing.assert_allclose(eight_m["loss"], one_m["loss"], rtol=1e-5)
+    assert "linear_layers.linear_attn.A_log" in one_p and "linear_layers.linear_attn.conv1d.weight" in one_p
+    for key in one_p:
+        np.testing.assert_allclose(eight_p[key], one_p[key], atol=2e-5, err_msg=key)
+    model = apply_lora(Decoder(cfg, rngs=nnx.Rngs(0)), LoraConfig(rank=2, target_modules=("in_proj_qkv", "q_proj")),
+                       rngs=nnx.Rngs(1))
+    trainer = Trainer(model, make_sft_loss(), tiny_train_config(tmp_path, optimizer=sgd), trainable=lora_filter)
+    before = host(trainer.state.params)
+    trainer.train_step(batch)
+    after = host(trainer.state.params)
+    assert set(after) == {"linear_layers.linear_attn.in_proj_qkv.lora_a", "linear_layers.linear_attn.in_proj_qkv.lora_b",
+                          "layers.self_attn.q_proj.lora_a", "layers.self_attn.q_proj.lora_b"}
+    assert not np.allclose(after["linear_layers.linear_attn.in_proj_qkv.lora_b"],
+                           before["linear_layers.linear_attn.in_proj_qkv.lora_b"])
+
+
+def test_a_second_turn_and_a_request_joining_a_running_decode_continue_the_linear_state_exactly():
+    """The linear layers' state is a row's whole past, so padding must leave it alone: rows that stopped early and
+    were fed padding since, and a second turn's right-padded tokens, continue from their last real token. Turn 2
+    of each row equals a fresh request on its whole conversation (static engine), and a greedy request joining the
+    slot engine mid-way gives the tokens it gives alone."""
+    from numpy.testing import assert_array_equal
+
+    from tempax.generate import SamplingConfig, generate
+    from tempax.generate.continuous import SlotEngine
+    from tempax.generate.engine import DecodeRun
+
+    model = Decoder(tiny_config("qwen3_5"), rngs=nnx.Rngs(3))
+    prompts = [[t + 3 for t in random_ids((n,), vocab=120, seed=n).tolist()] for n in (5, 9, 3)]
+    greedy = SamplingConfig(max_new_tokens=6, temperature=0.0, ignore_eos=True)
+    probe = DecodeRun(model, prompts, greedy, stop_ids=(), pad_id=0)
+    probe.advance()
+    stop = int(probe.tokens()[0][0, 2])  # row 0 stops at its third token, the others where it appears
+    run = DecodeRun(model, prompts, greedy, stop_ids=(stop,), pad_id=0, reserve=32)
+    run.advance()
+    first, first_lengths = run.tokens()
+    new = [[11, 12, 13], [14], None]
+    run.continue_with(new)
+    run.advance()
+    second = run.output()
+    for r in (0, 1):
+        fresh = DecodeRun(model, [prompts[r] + first[r, : first_lengths[r]].tolist() + new[r]], greedy,
+                          stop_ids=(stop,), pad_id=0)
+        fresh.advance()
+        want = fresh.output()
+        n = int(want.lengths[0])
+        assert second.lengths[r] == n
+        assert_array_equal(second.tokens[r, :n], want.tokens[0, :n])
+
+    engine = SlotEngine(model, slots=3, context=60, stop_ids=(), pad_id=0, min_cache=32)
+    request = (prompts[1], SamplingConfig(temperature=0.0, max_new_tokens=12, ignore_eos=True))
+    engine.join(prompts[0], [SamplingConfig(temperature=0.0, max_new_tokens=20, ignore_eos=True)], ["first"])
+    engine.advance(5)
+    slot = engine.join(request[0], [request[1]], ["joined"])[0]
+    engine.advance(30)
+    tokens, lengths, done = engine.snapshot()
+    alone = generate(model, None, [request[0]], request[1])
+    assert done[slot] and tokens[slot, : lengths[slot]].tolist() == alone.token_ids[0, : alone.lengths[0]].tolist()

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tempax.ops.linear_attention import (causal_depthwise_conv, gated_delta_rule_chunked,
+from tempax.ops.linear_attention import (causal_depthwise_conv, conv_taps, gated_delta_rule_chunked,
                                          gated_delta_rule_recurrent)
 
 
@@ -77,21 +77,33 @@ def test_both_forms_equal_transformers_reference_and_a_reset_equals_starting_ane
     np.testing.assert_allclose(np.asarray(final)[0], alone_state.numpy()[0], atol=1e-5)
 
 
-def test_causal_conv_by_hand_and_across_documents():
+def test_causal_conv_by_hand_across_documents_padding_and_a_history():
     """Kernel [w0, w1, w2] = [1, 10, 100] over x = 1, 2, 3, 4 (one channel): y_t = 100 x_t + 10 x_{t-1} + x_{t-2}
-    = 100, 210, 321, 432; with a new document at t = 2 its first tokens see nothing before it: 300, 430; with a
-    history [5, 6] (a cache) the first outputs read it: 100 + 60 + 5 = 165, 200 + 10 + 6 = 216."""
+    = 100, 210, 321, 432; with a new document at t = 2 its first tokens see nothing before it: 300, 430; padding at
+    t = 1 is skipped: y_2 = 300 + 10 x_0 = 310, y_3 = 400 + 10 x_2 + x_0 = 431; with a history [5, 6] of the same
+    document (a cache) the first outputs read it: 100 + 60 + 5 = 165, 200 + 10 + 6 = 216."""
     x = np.asarray([1.0, 2.0, 3.0, 4.0], np.float32).reshape(1, 4, 1)
     w = np.asarray([[1.0, 10.0, 100.0]], np.float32)
 
-    def same(segments, history_segment=-1):
-        seq = [history_segment] * 2 + segments
-        return np.asarray([[[seq[t + 2 - j] == seq[t + 2] for j in range(3)] for t in range(4)]])
+    def conv(segments, history_segment=-1, history=None):
+        taps, _ = conv_taps(np.asarray([[history_segment] * 2 + segments], np.int32), 2)
+        return np.asarray(causal_depthwise_conv(x, w, taps, history)).ravel()
 
-    np.testing.assert_allclose(np.asarray(causal_depthwise_conv(x, w, same([1, 1, 1, 1]))).ravel(),
-                               [100, 210, 321, 432])
-    np.testing.assert_allclose(np.asarray(causal_depthwise_conv(x, w, same([1, 1, 2, 2]))).ravel(),
-                               [100, 210, 300, 430])
+    np.testing.assert_allclose(conv([1, 1, 1, 1]), [100, 210, 321, 432])
+    np.testing.assert_allclose(conv([1, 1, 2, 2]), [100, 210, 300, 430])
+    np.testing.assert_allclose(conv([1, 0, 1, 1])[[0, 2, 3]], [100, 310, 431])
     history = np.asarray([5.0, 6.0], np.float32).reshape(1, 2, 1)
-    np.testing.assert_allclose(np.asarray(causal_depthwise_conv(x, w, same([1, 1, 1, 1], 1), history)).ravel(),
-                               [165, 216, 321, 432])
+    np.testing.assert_allclose(conv([1, 1, 1, 1], 1, history), [165, 216, 321, 432])
+
+
+def test_conv_taps_keep_the_last_real_inputs_for_the_cache():
+    """History of 2, then tokens of segment 1 with padding between and after: the kept inputs are the last real
+    token's and the one real input before it (padding skipped), oldest first; with no real token in the call the
+    history is kept as it is."""
+    segments = np.asarray([[1, 1, 1, 0, 1, 0, 0]], np.int32)  # history (indices 0, 1), then the call's 5
+    taps, kept = conv_taps(segments, 2)
+    assert kept.tolist() == [[2, 4]]
+    assert taps[0, 2].tolist() == [4, 2, 1]  # the token at index 4: itself, then 2 (index 3 is padding), then 1
+    assert taps[0, 1].tolist() == [-1, -1, -1]  # padding reads nothing
+    _, kept = conv_taps(np.asarray([[1, 1, 0, 0]], np.int32), 2)
+    assert kept.tolist() == [[0, 1]]
