@@ -25,7 +25,7 @@ from tempax.errors import GenerationError
 from tempax.generate.config import SamplingConfig
 from tempax.generate.program_store import decode_key, default_store, program_key, single_device
 from tempax.generate.sampling import SamplerSpec, row_keys, row_uniforms, sample_from_logits
-from tempax.models.cache import KVCache, kv_bytes_per_position
+from tempax.models.cache import KVCache, kv_bytes_per_position, linear_state_bytes
 from tempax.models.decoder import Decoder
 from tempax.parallel.process import host_array
 from tempax.parallel.rules import shard
@@ -295,10 +295,11 @@ def model_context(model: Any, config: SamplingConfig) -> int:
 
 
 def check_cache_fits(config: Any, rows: int, positions: int, available: int | None) -> None:
-    """Refuses a decode whose KV cache alone (`rows` x `positions` x `kv_bytes_per_position`) is larger than the
-    `available` bytes (None: unknown, no check). On a CPU the kernel would otherwise kill the process part-way
-    through allocating it, losing the run with no word of why; the error names the sizes and what to lower."""
-    need = rows * positions * kv_bytes_per_position(config)
+    """Refuses a decode whose KV cache alone (`rows` x (`positions` x `kv_bytes_per_position` + a hybrid model's
+    `linear_state_bytes`)) is larger than the `available` bytes (None: unknown, no check). On a CPU the kernel
+    would otherwise kill the process part-way through allocating it, losing the run with no word of why; the error
+    names the sizes and what to lower."""
+    need = rows * (positions * kv_bytes_per_position(config) + linear_state_bytes(config))
     if available is not None and need > available:
         raise GenerationError(
             f"decoding {rows} rows of {positions} positions needs {need / 2**30:.1f} GiB of KV cache, more than the "

@@ -15,7 +15,7 @@ from typing import Any
 
 from tempax.errors import GenerationError
 from tempax.generate.continuous import slot_bucket
-from tempax.models.cache import kv_bytes_per_position
+from tempax.models.cache import kv_bytes_per_position, linear_state_bytes
 from tempax.serve.batcher import Batcher
 from tempax.serve.protocol import APIError, Limits
 from tempax.serve.server import OpenAIServer, check_address
@@ -55,7 +55,8 @@ def start_server(
     context = int(model.config.max_position_embeddings)
     if max_batch < 1 or chunk < 1 or default_max_tokens < 1:
         raise GenerationError("--max-batch, --chunk and --default-max-tokens must be positive integers")
-    budget = int(kv_cache_gib * 2**30) // (max_batch * kv_bytes_per_position(model.config))
+    budget = (int(kv_cache_gib * 2**30) // max_batch - linear_state_bytes(model.config)) \
+        // kv_bytes_per_position(model.config)
     if max_model_len is not None:
         if not 2 <= max_model_len <= context:
             raise GenerationError(f"--max-model-len {max_model_len} must lie in [2, {context}] (the model's context)")

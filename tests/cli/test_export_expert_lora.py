@@ -27,6 +27,7 @@ def trained(workspace, tmp_path_factory):  # noqa: F811
     return run_dir
 
 
+@pytest.mark.heavy
 def test_export_merges_expert_and_router_adapters(trained, tmp_path):
     """The run trained the experts' and the router's adapters (B moved off zero); the merged export gives the run's
     LoRA logits in tempax (atol 1e-4), and the adapters-only export names them in PEFT's layout: target_modules
@@ -53,6 +54,7 @@ def test_export_merges_expert_and_router_adapters(trained, tmp_path):
                                                    "mlp.gate.weight"]
 
 
+@pytest.mark.heavy
 def test_transformers_loads_the_merged_export(trained, tmp_path):
     """transformers' AutoModelForCausalLM of the merged export gives the run's LoRA logits within 1e-4."""
     torch = pytest.importorskip("torch")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tempax.cli.main import main
 from tests.export.test_exporter import SOURCE, _tree
 
@@ -46,6 +48,7 @@ def test_a_folder_that_is_not_empty_is_refused_even_with_overwrite_unless_an_exp
     assert _tree(mine) == {"notes.txt": b"keep me"}
 
 
+@pytest.mark.heavy
 def test_overwrite_replaces_a_file_and_an_earlier_export_whole(tmp_path, capfd):
     """With --overwrite the new OUT takes the old one's place whole: no file of the earlier export is left over
     (a shard the new one does not write), and an empty folder or a new path need no flag."""

@@ -28,6 +28,7 @@ def test_cli_recommend_on_raw_text(tmp_path, capsys, monkeypatch):
         assert "# Run:  tempax pretrain --config rec.yaml" in f.read()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("kind", ["messages", "text"])
 def test_written_recipe_runs(tmp_path, monkeypatch, kind):
     """The recipe `recommend` writes for a tiny checkpoint runs with the command it names (2 steps)."""

@@ -131,6 +131,7 @@ def test_plot_writes_a_png(trained, capsys):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.heavy
 def test_export_merges_adapters_into_a_hf_checkpoint(trained, tmp_path):
     """The exported plain model gives the trained LoRA model's logits; the adapters-only export is PEFT-shaped."""
     from tempax.models.hf_io import load_hf_checkpoint
@@ -164,6 +165,7 @@ def _generated(capsys, *argv: str) -> list[dict]:
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
+@pytest.mark.heavy
 def test_generate_and_serve_take_the_run_dir_as_its_export(trained, exported, capsys):
     """`tempax generate RUN_DIR` samples from the run's newest checkpoint with the adapters merged: greedy tokens
     equal those of the same run exported to a Hugging Face folder; `serve` loads a run dir the same way."""

@@ -150,6 +150,7 @@ QWEN3_5_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in
                       "out_proj", "gate_proj", "up_proj", "down_proj")
 
 
+@pytest.mark.heavy
 @pytest.mark.needs_torch
 def test_lora_on_both_kinds_of_layers_loads_in_peft_and_merges(tmp_path):
     """LoRA on every projection of both layer kinds (the linear layers' in_proj_* / out_proj, the attention layers'
@@ -189,6 +190,7 @@ def test_lora_on_both_kinds_of_layers_loads_in_peft_and_merges(tmp_path):
     np.testing.assert_allclose(torch_logits(merged), expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.heavy
 def test_a_training_step_on_8_devices_matches_one_device(tmp_path):
     """One SFT step (SGD, lr 1) of a 4-layer Qwen3.5 on 8 fake CPU devices (data 2 x fsdp 2 x tensor 2), the linear
     layers' projections and convolution split over the tensor axis like attention heads, equals the one-device
@@ -226,6 +228,7 @@ def test_a_training_step_on_8_devices_matches_one_device(tmp_path):
                            before["linear_layers.linear_attn.in_proj_qkv.lora_b"])
 
 
+@pytest.mark.heavy
 def test_a_second_turn_and_a_request_joining_a_running_decode_continue_the_linear_state_exactly():
     """The linear layers' state is a row's whole past, so padding must leave it alone: rows that stopped early and
     were fed padding since, and a second turn's right-padded tokens, continue from their last real token. Turn 2

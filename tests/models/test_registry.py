@@ -109,6 +109,7 @@ def test_unknown_name_lists_known_names_and_close_matches():
         load_model("smollm2-135m")
 
 
+@pytest.mark.heavy
 def test_preset_is_random_init_with_dtypes_and_seed():
     a = load_model("preset:tiny-qwen2", param_dtype="bfloat16", dtype="bfloat16", seed=1)
     assert a.config == PRESETS["tiny-qwen2"].replace(param_dtype="bfloat16", dtype="bfloat16")

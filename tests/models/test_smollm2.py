@@ -70,6 +70,7 @@ def test_chat_tokenizer(loaded, prompt_ids):
     assert tok.decode(tok.encode("Paris is lovely.", add_special_tokens=False)) == "Paris is lovely."
 
 
+@pytest.mark.heavy
 def test_next_token_logits_match_transformers(loaded, prompt_ids, tempax_logits, monkeypatch):
     torch = pytest.importorskip("torch")
     import gguf

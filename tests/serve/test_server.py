@@ -53,6 +53,7 @@ def test_models_lists_the_served_model(served):
     assert [m.id for m in client.models.list().data] == ["tiny"]
 
 
+@pytest.mark.heavy
 def test_requests_join_the_running_decode_and_each_equals_its_request_alone(served):
     """A long request starts decoding; four sent while it decodes (greedy and sampled, different max_tokens and
     seeds) join it rather than wait for it, and each answer is what that request gives alone."""

@@ -50,6 +50,7 @@ def test_a_part_of_an_optimizer_state_and_back():
         assert_allclose(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("memory", ["offload_optimizer", "offload_optimizer_and_master"])
 def test_offloaded_state_lives_in_host_memory_and_trains_as_on_the_device(tmp_path, memory):
     """The moments (and with the master the weights) are pinned_host arrays between steps; three steps give the
@@ -80,6 +81,7 @@ def test_a_parameter_streams_in_blocks_of_rows_of_bounded_size():
     assert stream_pieces((16, 2048, 8192), (None, "fsdp", None)) == 16
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("memory", ["offload_optimizer", "offload_optimizer_and_master"])
 def test_a_stacked_model_streamed_in_pieces_trains_as_on_the_device(tmp_path, monkeypatch, memory):
     """With a bound of 2048 elements a piece, the 4 layers' stacked kernels ([4, 64, 96]) stream one layer at a

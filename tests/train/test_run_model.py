@@ -129,6 +129,7 @@ def _flat(model) -> dict:
     return {k: np.asarray(jax.device_get(v.get_value())) for k, v in nnx.to_flat_state(nnx.state(model))}
 
 
+@pytest.mark.heavy
 def test_a_lora_run_loads_as_applying_restoring_and_merging_eagerly_would_in_one_program(tmp_path, monkeypatch):
     """The merged model of a LoRA run equals, bit for bit, the base with adapters applied, the checkpoint's
     adapters put in and `merge_lora` run eagerly (the reference below); the merge runs traced (one compiled
@@ -181,6 +182,7 @@ def test_a_full_run_over_a_preset_restores_every_weight_without_drawing_the_base
         np.testing.assert_array_equal(value, trained[".".join(map(str, key))].astype(value.dtype), err_msg=str(key))
 
 
+@pytest.mark.heavy
 def test_a_run_with_its_own_tokenizer_folder_loads_only_that_tokenizer(tmp_path, monkeypatch):
     """The run's tokenizer/ folder is the tokenizer; the model section's `tokenizer` is not loaded beside it."""
     from tempax.models import registry

@@ -64,6 +64,7 @@ def test_pending_rollout_survives_json_exactly():
         assert back[k].dtype == v.dtype and back[k].tobytes() == v.tobytes()
 
 
+@pytest.mark.heavy
 def test_killed_resumed_and_stopped_runs_reproduce_the_uninterrupted_run(model, tok, prompts, tmp_path):
     """num_iterations = 2: steps (1, 2) train on rollout 1, (3, 4) on rollout 2, 5 on rollout 3.
 

@@ -120,6 +120,7 @@ def test_ppo_raises_a_checkable_reward_with_bounded_kl(tok, prompts, tmp_path):
     assert last["approx_kl"] > 0  # the last mini-batch of a rollout sees a policy three updates on
 
 
+@pytest.mark.heavy
 def test_loss_gives_gradients_to_policy_and_value_head(tok, prompts, tmp_path):
     """One mini-batch through `make_ppo_loss`: finite loss, non-zero gradients for the LoRA adapters and for the
     value head, ratio 1 on the first pass, and loss_weight = the valid-token count."""

@@ -113,6 +113,7 @@ def test_adapters_off_reference_is_the_base_so_rewards_start_at_zero(tok):
     np.testing.assert_allclose(loss, loss_b, atol=1e-6)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("rows", ["unpaired", "pairs"])
 def test_kto_learns_a_synthetic_preference_from_unpaired_rows(files, tmp_path, rows):
     """Held-out pairs: implicit rewards start at 0 (policy = reference; full weights, reference precomputed) and
