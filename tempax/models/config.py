@@ -794,20 +794,20 @@ def _moe_to_hf(c: ModelConfig) -> dict[str, Any]:
     return hf
 
 
+def _shape_keys(c: ModelConfig, arch: str, model_type: str) -> dict[str, Any]:
+    """The keys every exported config.json starts with: the class, the model type and the shapes."""
+    return {"architectures": [arch], "model_type": model_type, "vocab_size": c.vocab_size,
+            "hidden_size": c.hidden_size, "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
+            "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim}
+
+
 def _to_hf(c: ModelConfig) -> dict[str, Any]:
     model_type = {"gemma3": "gemma3_text"}.get(c.family, c.family)
     arch = _ARCH.get(c.family)
     if arch is None:
         raise CheckpointError(f"cannot export family {c.family!r} to a Hugging Face config")
     hf: dict[str, Any] = {
-        "architectures": [arch],
-        "model_type": model_type,
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim,
+        **_shape_keys(c, arch, model_type),
         "intermediate_size": c.intermediate_size,
         "rms_norm_eps": c.rms_norm_eps,
         "max_position_embeddings": c.max_position_embeddings,
@@ -1093,14 +1093,7 @@ def _qwen3_5_to_hf(c: ModelConfig) -> dict[str, Any]:
         raise CheckpointError(f"a {c.family} config.json cannot express {', '.join(differ)}")
     la = c.linear_attention
     hf: dict[str, Any] = {
-        "architectures": [_ARCH[c.family]],
-        "model_type": f"{c.family}_text",
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim,
+        **_shape_keys(c, _ARCH[c.family], f"{c.family}_text"),
         "hidden_act": "silu",
         "max_position_embeddings": c.max_position_embeddings,
         "rms_norm_eps": c.rms_norm_eps,
