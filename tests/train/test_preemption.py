@@ -61,11 +61,20 @@ def test_second_ctrl_c_raises_at_once():
 
 # A training step as the main thread sees it: a long call into native code that returns to Python only when done
 # (hashlib releases the interpreter's lock during it, as XLA does while a step runs).
+# "stepping" is printed by a second thread once the main thread's frame is on the call's line and a second has
+# passed, so the signals land inside the call: sent while the main thread is still in Python (after its own print),
+# the handler would raise there instead, which is the other test's case.
 _IN_NATIVE_CODE = """
-import hashlib, signal, sys
+import hashlib, signal, sys, threading, time
 from tempax.train.preemption import GracefulStop
-with GracefulStop(say=lambda text: print(text, flush=True)):
+def announce(main=threading.main_thread().ident):
+    while sys._current_frames()[main].f_lineno != CALL_LINE:
+        time.sleep(0.01)
+    time.sleep(1.0)
     print("stepping", flush=True)
+CALL_LINE = 12  # the pbkdf2 line below (the text's first line is empty); the test checks it
+with GracefulStop(say=lambda text: print(text, flush=True)):
+    threading.Thread(target=announce, daemon=True).start()
     hashlib.pbkdf2_hmac("sha256", b"step", b"salt", 50_000_000)
     print("the step finished", flush=True)
 print("stopped after the step", flush=True)
@@ -77,6 +86,7 @@ def test_second_signal_during_a_step_in_native_code_stops_at_once(sig):
     """Two signals while the main thread is inside one native call: the first is acknowledged at once (not after
     the step), the second ends the process without waiting for the step, with 128 + the signal. Before the
     watcher, both reached Python as one signal after the call returned, and the process went on."""
+    assert "pbkdf2_hmac" in _IN_NATIVE_CODE.splitlines()[12 - 1]
     proc = subprocess.Popen([sys.executable, "-c", _IN_NATIVE_CODE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert proc.stdout.readline() == "stepping\n"
