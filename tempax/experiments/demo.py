@@ -48,6 +48,17 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 _DEMO_LORA = LoraConfig(rank=16, alpha=32.0)
 
 
+# The held-out problems are generated in calls of at most this many rows. One call for the CPU demo's 48 (a single
+# compile); GSM8K's whole test set in one call needed 60.8 GB of device temporaries on a 16 GiB TPU chip (the
+# cache and attention grow with the rows), 128 rows about 6 GB there.
+EVAL_BATCH_CAP = 128
+
+
+def eval_batch_size(problems: int) -> int:
+    """Rows per generation call when the demo scores `problems` held-out problems: all of them, up to the cap."""
+    return max(1, min(problems, EVAL_BATCH_CAP))
+
+
 def demo_sft_config() -> SFTConfig:
     """Stage 2: 6 LoRA SFT steps of 4 packed 256-token rows at lr 1e-3 (cosine, 1 warm-up step, down to 10%)."""
     return SFTConfig(
@@ -230,7 +241,7 @@ class DemoConfig:
             g, model=self.model, train=train(g.train, "grpo"),
             task=dataclasses.replace(g.task, seed=self.seed),
             # The demo evaluates the base and the SFT model itself (in stage order); grpo.main evaluates the end.
-            eval=dataclasses.replace(g.eval, batch_size=g.eval.num_problems, before=False),
+            eval=dataclasses.replace(g.eval, batch_size=eval_batch_size(g.eval.num_problems), before=False),
         )
         sft = None
         if self.sft is not None:
@@ -489,7 +500,8 @@ def _scarce_sft(demo: _DemoRun, model: Any, scarce_cfg: SFTConfig, hook: Any,
     cfg, say, rows = demo.cfg, demo.say, demo.validation_rows
     best = None
     if rows:
-        val_options = dataclasses.replace(demo.options, greedy=True, group_size=0, ks=(1,), batch_size=len(rows))
+        val_options = dataclasses.replace(demo.options, greedy=True, group_size=0, ks=(1,),
+                                          batch_size=eval_batch_size(len(rows)))
         best = BestOnValidation(
             every=cfg.validation_every, patience=cfg.validation_patience, budget=hook, say=say,
             score=lambda m: evaluate(m, demo.tokenizer, rows, val_options, label="validation").answer_accuracy)

@@ -55,6 +55,17 @@ def test_grpo_difficulty_changes_only_the_grpo_stage_training_problems():
         load_config(DemoConfig, None, ["grpo.task.name=gsm8k", "grpo_difficulty.max_steps=1"])
 
 
+def test_held_out_problems_are_generated_in_calls_of_at_most_the_cap():
+    """One call for the CPU demo's 48 problems; GSM8K's whole test set (1,319) in calls of 128 rows: in one call it
+    needed 60.8 GB of device temporaries on a 16 GiB TPU chip."""
+    from tempax.configlib import load_config
+
+    _, grpo, _ = load_config(DemoConfig, None, []).stages("/tmp/x")
+    assert grpo.eval.batch_size == grpo.eval.num_problems == 48
+    _, grpo, _ = load_config(DemoConfig, None, ["grpo.eval.num_problems=1319"]).stages("/tmp/x")
+    assert grpo.eval.batch_size == 128
+
+
 def tiny_demo_config(tmp_path, *, grpo_steps: int, train_problems: int, compare: bool = False) -> DemoConfig:
     """The demo on a random-init tiny model: 2 SFT steps, `grpo_steps` GRPO steps of 2 samples x 4 tokens,
     4 held-out problems."""
