@@ -7,9 +7,11 @@ per-CPU XLA flags from it.
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
 import os
 import platform
+from collections.abc import Mapping
 
 # The flags that change which kernels XLA:CPU and PyTorch pick; the rest of /proc/cpuinfo's list is noise here.
 RELEVANT_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
@@ -68,3 +70,33 @@ def cpu_line() -> str:
     info = cpu_info()
     flags = " ".join(f for f in info["flags"] if f.startswith(("avx512f", "avx512_bf16", "amx"))) or "no AVX-512"
     return f"{info['model']} ({info['vendor']}), {info['cores']} cores, {flags}"
+
+
+# Google's PCI vendor id, under which TPU chips are listed (what JAX's own TPU start-up looks for); the device files
+# of NVIDIA's driver (bare metal, containers, WSL2) and AMD's kernel driver for GPUs.
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+_GPU_DEVICE_FILES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+
+
+def accelerator_attached(env: Mapping[str, str] | None = None, sys_root: str = "/") -> str | None:
+    """"tpu" or "gpu" when JAX will find one, None when it will run on the CPU; decided before JAX starts (no import
+    of JAX), for settings that only suit XLA:CPU. `JAX_PLATFORMS` in `env` (default os.environ) decides when set
+    ("cpu" alone: None); otherwise a TPU chip on the PCI bus, or a GPU driver's device file. `sys_root` lets tests
+    point at a made-up filesystem."""
+    env = os.environ if env is None else env
+    platforms = [p.strip().lower() for p in env.get("JAX_PLATFORMS", "").split(",") if p.strip()]
+    if platforms:
+        chosen = [p for p in platforms if p != "cpu"]
+        if not chosen:
+            return None
+        return "tpu" if chosen[0] == "tpu" else "gpu"
+    for vendor in glob.glob(os.path.join(sys_root, "sys/bus/pci/devices/*/vendor")):
+        try:
+            with open(vendor) as f:
+                if f.read().strip() == _GOOGLE_PCI_VENDOR:
+                    return "tpu"
+        except OSError:
+            continue
+    if any(os.path.exists(os.path.join(sys_root, path.lstrip("/"))) for path in _GPU_DEVICE_FILES):
+        return "gpu"
+    return None
