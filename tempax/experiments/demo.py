@@ -49,8 +49,8 @@ _DEMO_LORA = LoraConfig(rank=16, alpha=32.0)
 
 
 # The held-out problems are generated in calls of at most this many rows. One call for the CPU demo's 48 (a single
-# compile); GSM8K's whole test set in one call needed 60.8 GB of device temporaries on a 16 GiB TPU chip (the
-# cache and attention grow with the rows), 128 rows about 6 GB there.
+# compile); GSM8K's whole test set in one call ran a 16 GiB TPU chip out of memory (the cache and attention grow
+# with the rows; docs/results.md, TPU v5e).
 EVAL_BATCH_CAP = 128
 
 

@@ -27,7 +27,7 @@ HUGETLB_TUNABLE = "glibc.malloc.hugetlb=1"
 # (`mmap_max=0`), never trim the heap's top (`trim_threshold`): from the second step on the step's memory is
 # already mapped. The process keeps its high-water mark, which for a training job is its peak anyway. Not by default
 # where an accelerator runs the step: its temporaries are on the device, and one arena serialises the TPU
-# compiler's many threads (the 1B LoRA step compiled in 63 s with it on a v5e host, 19 s without).
+# compiler's many threads (the 1B LoRA step compiled three times slower with it on a v5e host: docs/results.md).
 KEEP_HEAP_TUNABLES = (
     "glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=1099511627776",
 )
