@@ -107,6 +107,61 @@ def gated_delta_rule_recurrent(q: jax.Array, k: jax.Array, v: jax.Array, log_dec
     return jnp.moveaxis(out, 0, 1), state
 
 
+# The triangular inverse's products and its use: float32 products on every backend (a TPU's default precision rounds
+# float32 operands to bfloat16, and the inverse's rounds of products would compound it).
+_EXACT = jax.lax.Precision.HIGHEST
+
+
+def _diagonal_blocks(x: jax.Array, size: int) -> jax.Array:
+    """[..., n, n] -> [..., n / size, size, size]: the blocks on x's diagonal."""
+    *batch, n, _ = x.shape
+    m = n // size
+    x = jnp.swapaxes(x.reshape(*batch, m, size, m, size), -3, -2).reshape(*batch, m * m, size, size)
+    return x[..., :: m + 1, :, :]
+
+
+@jax.custom_jvp
+def unit_lower_inverse(strict: jax.Array) -> jax.Array:
+    """(I + L)^-1 for L the strictly lower triangle of `strict` [..., C, C] (what is on and above its diagonal is
+    ignored): the inverses of the 1 x 1 diagonal blocks (1) merged pairwise into those of 2 x 2, 4 x 4, ... blocks,
+    [[A, 0], [M, B]]^-1 = [[A^-1, 0], [-B^-1 M A^-1, B^-1]]: log2 C rounds of batched products, the blocked form
+    of forward substitution (no power series of L, whose terms grow and cancel in float32). The chunked delta
+    rule's `T`.
+
+    Not `jax.scipy.linalg.solve_triangular`: on CPU that is jaxlib's LAPACK kernel, which splits a batch of
+    matrices over XLA:CPU's intra-op thread pool and blocks its own pool thread until the parts are done (jaxlib
+    0.10's `ParallelBatchMap`). When as many such solves as the pool has threads run at once, as the independent
+    solves of a training step's forward and backward passes can, every pool thread waits for work queued behind
+    it and the step never ends (a 2-core host: the first step of `tempax sft` on tiny-qwen3-5 hung at 0% CPU)."""
+    c = strict.shape[-1]
+    size = 1 << max(c - 1, 0).bit_length()  # C rounded up to a power of two; the padding is an identity block
+    lower = jnp.tril(strict, -1)
+    if size != c:
+        lower = jnp.pad(lower, [(0, 0)] * (lower.ndim - 2) + [(0, size - c)] * 2)
+    batch = lower.shape[:-2]
+    inverse = jnp.ones((*batch, size, 1, 1), lower.dtype)  # [..., blocks, s, s]: the diagonal blocks' inverses
+    s = 1
+    while s < size:
+        pairs = inverse.reshape(*batch, size // (2 * s), 2, s, s)
+        first, second = pairs[..., 0, :, :], pairs[..., 1, :, :]
+        below = _diagonal_blocks(lower, 2 * s)[..., s:, :s]  # M of each diagonal block twice the size
+        merged = -jnp.matmul(jnp.matmul(second, below, precision=_EXACT), first, precision=_EXACT)
+        top = jnp.concatenate([first, jnp.zeros_like(first)], axis=-1)
+        inverse = jnp.concatenate([top, jnp.concatenate([merged, second], axis=-1)], axis=-2)
+        s *= 2
+    return inverse.reshape(*batch, size, size)[..., :c, :c]
+
+
+@unit_lower_inverse.defjvp
+def _unit_lower_inverse_jvp(primals, tangents):
+    """d(I + L)^-1 = -T dL T, T = (I + L)^-1: two products, linear in dL, so the backward pass is two products too
+    (-T^T g T^T, kept to the strict lower triangle) and keeps T alone from the forward pass."""
+    (strict,), (strict_dot,) = primals, tangents
+    inverse = unit_lower_inverse(strict)
+    dot = jnp.tril(strict_dot, -1).astype(inverse.dtype)
+    return inverse, -jnp.matmul(jnp.matmul(inverse, dot, precision=_EXACT), inverse, precision=_EXACT)
+
+
 def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, log_decay: jax.Array, beta: jax.Array,
                              reset: jax.Array, state: jax.Array | None = None,
                              chunk_size: int = 64) -> tuple[jax.Array, jax.Array]:
@@ -147,11 +202,11 @@ def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, log_decay
     reads_before = epoch == 0  # [N, B, 1, C]: the state before the chunk reaches position i
     k_beta, v_beta = k * b[..., None], v * b[..., None]
     strictly = jnp.einsum("...ik,...jk->...ij", k_beta, k) * decay * (1.0 - jnp.eye(chunk_size))
-    system = jnp.eye(chunk_size) + strictly
-    solve = lambda rhs: jax.scipy.linalg.solve_triangular(system, rhs, lower=True, unit_diagonal=True)  # noqa: E731
-    new_values = solve(v_beta)
+    inverse = unit_lower_inverse(strictly)  # T
+    apply = lambda rhs: jnp.matmul(inverse, rhs, precision=_EXACT)  # noqa: E731
+    new_values = apply(v_beta)
     reads = jnp.where(reads_before, jnp.exp(cum), 0.0)[..., None]  # [N, B, H, C, 1]
-    k_reads = solve(k_beta * reads)
+    k_reads = apply(k_beta * reads)
     attn = jnp.einsum("...ik,...jk->...ij", q, k) * decay
     q_reads = q * reads
     last = cum[..., -1:]

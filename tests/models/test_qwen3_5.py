@@ -122,14 +122,14 @@ def test_loss_and_gradients_equal_transformers_on_a_packed_free_batch():
 def test_the_program_holds_one_block_of_layers_whatever_the_depth():
     """The stack runs as a scan over repetitions of its block (three linear layers and one attention layer): the
     program of a forward pass of 16 layers has the size of 8 layers' (within a few lines) and the same triangular
-    solves (the linear layers') and maxima (softmaxes)."""
+    inverses (the linear layers', `unit_lower_inverse`) and maxima (softmaxes)."""
     def counts(num_layers):
         cfg = tiny_config("qwen3_5").replace(num_layers=num_layers, linear_attention_layers=tuple(
             i for i in range(num_layers) if (i + 1) % 4))
         model = Decoder(cfg, rngs=nnx.Rngs(0))
         graphdef, state = nnx.split(model)
         text = str(jax.make_jaxpr(lambda s: nnx.merge(graphdef, s)(jnp.zeros((1, 8), jnp.int32))[0])(state))
-        return text.count("triangular_solve"), text.count("reduce_max"), len(text.splitlines())
+        return text.count("name=unit_lower_inverse"), text.count("reduce_max"), len(text.splitlines())
 
     eight, sixteen = counts(8), counts(16)
     assert eight[:2] == sixteen[:2] and eight[0] > 0

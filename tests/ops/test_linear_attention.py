@@ -1,10 +1,12 @@
 """The gated delta rule and the causal depthwise convolution, by hand and against transformers' reference code."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from tempax.ops.linear_attention import (causal_depthwise_conv, conv_taps, gated_delta_rule_chunked,
-                                         gated_delta_rule_recurrent)
+                                         gated_delta_rule_recurrent, unit_lower_inverse)
 
 
 def _one_head(values, betas, decays, reset):
@@ -75,6 +77,45 @@ def test_both_forms_equal_transformers_reference_and_a_reset_equals_starting_ane
                                                       output_final_state=True, use_qk_l2norm_in_kernel=True)
     np.testing.assert_allclose(np.asarray(out)[0, 10:], alone.numpy()[0], atol=1e-5)
     np.testing.assert_allclose(np.asarray(final)[0], alone_state.numpy()[0], atol=1e-5)
+
+
+def test_the_chunked_rule_and_its_gradient_call_no_lapack_kernel():
+    """A training step of Qwen3.5 on a 2-core host hung for ever in its first step: jaxlib's LAPACK triangular solve
+    splits its batch over XLA:CPU's intra-op pool and blocks a pool thread until the parts are done, so two solves
+    running at once (the forward pass has two, the backward pass more) left no thread to do the parts. The chunked
+    rule, forward and backward, must hold no LAPACK call."""
+    q, k, v, g, beta, state = _random()
+    reset = np.zeros((2, 37), bool)
+
+    def loss(q, k, v, g, beta, state):
+        out, final = gated_delta_rule_chunked(q, k, v, g, beta, reset, state, chunk_size=16)
+        return jnp.sum(out * out) + jnp.sum(final)
+
+    text = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(6)))).lower(q, k, v, g, beta, state).as_text()
+    assert "custom_call" not in text and "lapack" not in text
+
+
+@pytest.mark.parametrize("size", [1, 5, 16, 64])
+def test_unit_lower_inverse_is_the_inverse_and_differentiates_as_one(size):
+    """(I + L)^-1 of the strict lower triangle of a random matrix (what is on or above the diagonal ignored; 5 is
+    not a power of two) equals numpy's float64 inverse, and so does that of a strictly lower all-ones L (repeated
+    keys, b = 1, no decay: the inverse is I minus the first subdiagonal, while the powers of L reach C(63, 31) ~ 1e18,
+    so a power series would lose it in float32). Its gradient, along a random direction, equals a float64 central
+    difference, and is zero on and above the diagonal."""
+    rng = np.random.default_rng(size)
+    m = rng.normal(size=(3, size, size)).astype(np.float32)
+    want = np.linalg.inv(np.eye(size) + np.tril(m.astype(np.float64), -1))
+    np.testing.assert_allclose(np.asarray(unit_lower_inverse(m)), want, atol=2e-6 * np.abs(want).max())
+    ones = np.tril(np.ones((size, size), np.float32), -1)
+    np.testing.assert_allclose(np.asarray(unit_lower_inverse(ones)), np.eye(size) - np.eye(size, k=-1), atol=1e-6)
+
+    m, rhs = m * 0.3, rng.normal(size=(3, size, 4)).astype(np.float32)
+    grad = np.asarray(jax.grad(lambda m: jnp.sum(jnp.sin(unit_lower_inverse(m) @ rhs)))(m))
+    assert not np.triu(grad).any()
+    direction, eps = rng.normal(size=m.shape), 1e-6
+    f64 = lambda m: np.sum(np.sin(np.linalg.inv(np.eye(size) + np.tril(m, -1)) @ rhs))  # noqa: E731
+    difference = (f64(m + eps * direction) - f64(m - eps * direction)) / (2 * eps)
+    np.testing.assert_allclose(np.sum(grad * direction), difference, rtol=1e-5, atol=1e-6)
 
 
 def test_causal_conv_by_hand_across_documents_padding_and_a_history():
