@@ -30,6 +30,7 @@ import time
 from typing import Mapping, Sequence
 
 from tests.documented_commands import ROOT
+from tests.kit.xla import TEST_XLA_FLAGS
 
 TRACEBACK = "Traceback (most recent call last)"
 DONE_LINE = r"done: step {steps}, loss [-+0-9.einaf]+; run dir {run} \(curves: tempax plot {run}\)"
@@ -83,7 +84,7 @@ def user_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a user's shell: the test process's own XLA device count (tests/conftest.py) removed, so
     the command starts XLA as `tempax` does for a user; TEMPAX_CACHE is the tier's shared cache (conftest)."""
     env = dict(os.environ)
-    if env.get("XLA_FLAGS") == "--xla_force_host_platform_device_count=8":
+    if env.get("XLA_FLAGS") == TEST_XLA_FLAGS:
         del env["XLA_FLAGS"]
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
