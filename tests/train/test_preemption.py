@@ -41,7 +41,10 @@ try:
         os.kill(os.getpid(), signal.SIGINT)
         assert stop.signal_name == "SIGINT"
         os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(60)  # a blocking call: the watcher's nudge ends it, and the handler raises
+        # Waiting in Python, a short blocking call at a time: a nudge that lands between the interpreter's last
+        # check for signals and the start of one long sleep would only be seen when the sleep ends.
+        for _ in range(600):
+            time.sleep(0.1)
         print("not reached: the second Ctrl-C interrupts", flush=True)
 except KeyboardInterrupt:
     print("KeyboardInterrupt", flush=True)
