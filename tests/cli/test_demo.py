@@ -61,12 +61,16 @@ def test_budget_flag_maps_to_the_config():
 
 def test_on_an_accelerator_the_demo_scores_more_problems_and_trains_longer_unless_told_otherwise():
     from tempax.cli.demo import ACCELERATOR_SIZES, demo_sizes
+    from tempax.configlib import load_config
 
     assert demo_sizes("auto", "cpu") == () and demo_sizes("cpu", "tpu") == ()
     assert demo_sizes("auto", "tpu") == demo_sizes("auto", "gpu") == ACCELERATOR_SIZES
     assert demo_sizes("accelerator", "cpu") == ACCELERATOR_SIZES
     big = config_from_args(build_parser().parse_args(["demo", "--size", "accelerator"]))
     assert (big.sft.train.steps, big.grpo.train.steps, big.eval_problems) == (30, 60, 300)
+    # --compare's arms end when GRPO's time is spent, not at the CPU's step bound
+    assert big.scarce_sft.train.steps == big.baseline.train.steps == big.rft.train.steps == 100000
+    assert load_config(DemoConfig, None, [*ACCELERATOR_SIZES, "rft=null"]).rft is None
     # flags and KEY=VALUE overrides come after the sizes, so they win
     mine = config_from_args(build_parser().parse_args(["demo", "--size", "accelerator", "--steps", "5",
                                                        "--sft-steps", "0", "grpo.eval.num_problems=20"]))
