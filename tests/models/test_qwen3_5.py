@@ -199,28 +199,22 @@ def test_a_training_step_on_8_devices_matches_one_device(tmp_path):
         pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
     from tempax.algorithms.sft.main import make_sft_loss
     from tempax.models.lora import LoraConfig, apply_lora, lora_filter
-    from tempax.train.config import MeshConfig, OptimizerConfig
+    from tempax.train.config import OptimizerConfig
     from tempax.train.loop import Trainer
-    from tests.train.helpers import host, random_batch, tiny_train_config
+    from tests.train.helpers import host, one_and_eight_device_sgd_steps, random_batch, tiny_train_config
 
     cfg = tiny_config("qwen3_5").replace(num_layers=4, linear_attention_layers=(0, 1, 2))
-    batch = random_batch(8, 16, seed=2)
-    sgd = OptimizerConfig(name="sgd", learning_rate=1.0, schedule="constant", weight_decay=0.0, grad_clip_norm=None)
-    results = []
-    for mesh in (MeshConfig(num_devices=1), MeshConfig(num_devices=8, data=2, fsdp=2, tensor=2)):
-        trainer = Trainer(Decoder(cfg, rngs=nnx.Rngs(0)), make_sft_loss(),
-                          tiny_train_config(tmp_path, optimizer=sgd, mesh=mesh))
-        results.append((host(trainer.train_step(batch)), host(trainer.state.params)))
-    (one_m, one_p), (eight_m, eight_p) = results
+    (one_m, one_p, _), (eight_m, eight_p, _) = one_and_eight_device_sgd_steps(cfg, tmp_path)
     np.testing.assert_allclose(eight_m["loss"], one_m["loss"], rtol=1e-5)
     assert "linear_layers.linear_attn.A_log" in one_p and "linear_layers.linear_attn.conv1d.weight" in one_p
     for key in one_p:
         np.testing.assert_allclose(eight_p[key], one_p[key], atol=2e-5, err_msg=key)
     model = apply_lora(Decoder(cfg, rngs=nnx.Rngs(0)), LoraConfig(rank=2, target_modules=("in_proj_qkv", "q_proj")),
                        rngs=nnx.Rngs(1))
+    sgd = OptimizerConfig(name="sgd", learning_rate=1.0, schedule="constant", weight_decay=0.0, grad_clip_norm=None)
     trainer = Trainer(model, make_sft_loss(), tiny_train_config(tmp_path, optimizer=sgd), trainable=lora_filter)
     before = host(trainer.state.params)
-    trainer.train_step(batch)
+    trainer.train_step(random_batch(8, 16, seed=2))
     after = host(trainer.state.params)
     assert set(after) == {"linear_layers.linear_attn.in_proj_qkv.lora_a", "linear_layers.linear_attn.in_proj_qkv.lora_b",
                           "layers.self_attn.q_proj.lora_a", "layers.self_attn.q_proj.lora_b"}

@@ -239,26 +239,14 @@ def test_a_mixture_of_experts_step_on_8_devices_matches_one_device(tmp_path):
     loss and every updated weight equal the one-device step's."""
     if len(jax.devices()) < 8:
         pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-    from flax import nnx
     from numpy.testing import assert_allclose
 
-    from tempax.algorithms.sft.main import make_sft_loss
-    from tempax.models.decoder import Decoder
     from tempax.models.presets import PRESETS
-    from tempax.train.config import MeshConfig, OptimizerConfig
-    from tempax.train.loop import Trainer
-    from tests.train.helpers import host, random_batch, tiny_train_config
+    from tests.train.helpers import one_and_eight_device_sgd_steps
 
     cfg = PRESETS["tiny-qwen3-moe"].replace(num_layers=2)
-    batch = random_batch(8, 16, seed=2)
-    sgd = OptimizerConfig(name="sgd", learning_rate=1.0, schedule="constant", weight_decay=0.0, grad_clip_norm=None)
-    results = []
-    for mesh in (MeshConfig(num_devices=1), MeshConfig(num_devices=8, data=2, fsdp=2, tensor=2)):
-        trainer = Trainer(Decoder(cfg, rngs=nnx.Rngs(0)), make_sft_loss(),
-                          tiny_train_config(tmp_path, optimizer=sgd, mesh=mesh))
-        metrics = host(trainer.train_step(batch))
-        results.append((metrics, host(trainer.state.params), trainer.state.params["layers.mlp.experts.gate_proj"]))
-    (one_m, one_p, _), (eight_m, eight_p, experts) = results
+    (one_m, one_p, _), (eight_m, eight_p, eight_state) = one_and_eight_device_sgd_steps(cfg, tmp_path)
+    experts = eight_state.params["layers.mlp.experts.gate_proj"]
     assert experts.sharding.spec == P(None, "fsdp", None, "tensor")
     for key in ("loss", "moe_aux_loss", "moe_max_load"):
         assert_allclose(eight_m[key], one_m[key], rtol=1e-5, err_msg=key)

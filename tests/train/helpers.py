@@ -82,3 +82,20 @@ def tiny_train_config(tmp_path=None, **kw) -> TrainConfig:
 
 def host(tree):
     return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), tree)
+
+
+def one_and_eight_device_sgd_steps(cfg, tmp_path, *, seed: int = 2) -> list[tuple[dict, dict, object]]:
+    """One SFT step (SGD, lr 1) of `Decoder(cfg)` on a random 8 x 16 batch, first on one device, then on 8 fake CPU
+    devices (data 2 x fsdp 2 x tensor 2): for each, (metrics, updated params on the host, the trainer's state)."""
+    from tempax.algorithms.sft.main import make_sft_loss
+    from tempax.models.decoder import Decoder
+    from tempax.train.loop import Trainer
+
+    batch = random_batch(8, 16, seed=seed)
+    sgd = OptimizerConfig(name="sgd", learning_rate=1.0, schedule="constant", weight_decay=0.0, grad_clip_norm=None)
+    results = []
+    for mesh in (MeshConfig(num_devices=1), MeshConfig(num_devices=8, data=2, fsdp=2, tensor=2)):
+        trainer = Trainer(Decoder(cfg, rngs=nnx.Rngs(0)), make_sft_loss(),
+                          tiny_train_config(tmp_path, optimizer=sgd, mesh=mesh))
+        results.append((host(trainer.train_step(batch)), host(trainer.state.params), trainer.state))
+    return results
