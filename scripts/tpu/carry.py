@@ -7,6 +7,8 @@ back together there (standard library only: this runs on the TPU machine before 
     python scripts/tpu/carry.py requirements pyproject.toml first|second
     python scripts/tpu/carry.py stamp-key pyproject.toml scripts/tpu/wheels.txt INDEX_URL
     python scripts/tpu/carry.py check pyproject.toml
+    python scripts/tpu/carry.py list-stamp-key scripts/tpu/tunix.txt INDEX_URL
+    python scripts/tpu/carry.py check-list scripts/tpu/tunix.txt
 
 A file too large for one call (a model's GGUF) is split into parts, each sent in a call of its own while the
 machine stays warm (a warm machine keeps the ignored files earlier calls left), and assembled once every part is
@@ -295,6 +297,52 @@ def check(pyproject: str) -> list[str]:
     return problems
 
 
+# Of a list's pins, those that must be found at exactly their version (anything else is reported, not refused:
+# the machine's own site-packages, ahead on the path, may hold another copy of a small dependency).
+STRICT_PINS = {"google-tunix", "qwix", "flax", "safetensors"}
+
+
+def read_list(list_file: str) -> list[tuple[str, str | None]]:
+    """(canonical name, pinned version or None) of each line of a wheels list such as scripts/tpu/tunix.txt
+    ("name==version", or "name" alone for one the index provides); comments and blank lines skipped."""
+    entries = []
+    with open(list_file) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            name, _, version = line.partition("==")
+            entries.append((requirement_name(name), version.strip() or None))
+    return entries
+
+
+def list_stamp_key(list_file: str, index_url: str) -> str:
+    """What an install of a wheels list is of: the Python version, the list's text and the index."""
+    with open(list_file) as f:
+        text = json.dumps([sys.version, f.read(), index_url])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_list(list_file: str, strict: set[str] = STRICT_PINS) -> tuple[list[str], list[str]]:
+    """(problems, notes) of a wheels list as this interpreter's path finds it (the first copy on the path wins,
+    as at import): a distribution not found, or a `strict` one at another version, is a problem; another
+    version of the rest is a note. Prints each one's version and folder."""
+    from importlib import metadata
+
+    problems, notes = [], []
+    for name, pinned in read_list(list_file):
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            problems.append(f"{name}: not installed")
+            continue
+        print(f"  {name} {dist.version}  {dist.locate_file('')}")
+        if pinned is not None and dist.version != pinned:
+            line = f"{name} {dist.version} is found first, not the listed {pinned}"
+            (problems if name in strict else notes).append(line)
+    return problems, notes
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -320,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("index_url")
     p = sub.add_parser("check", help="versions of the installed dependencies, and what does not satisfy them")
     p.add_argument("pyproject")
+    p = sub.add_parser("list-stamp-key", help="the key of an install of a wheels list (same key: installed)")
+    p.add_argument("list_file")
+    p.add_argument("index_url")
+    p = sub.add_parser("check-list", help="versions of a wheels list's distributions as Python finds them")
+    p.add_argument("list_file")
     args = ap.parse_args(argv)
     try:
         if args.what == "split":
@@ -338,6 +391,15 @@ def main(argv: list[str] | None = None) -> int:
             problems = check(args.pyproject)
             for line in problems:
                 print(f"carry.py check: {line}", file=sys.stderr)
+            return 1 if problems else 0
+        elif args.what == "list-stamp-key":
+            print(list_stamp_key(args.list_file, args.index_url))
+        elif args.what == "check-list":
+            problems, notes = check_list(args.list_file)
+            for line in notes:
+                print(f"carry.py check-list: note: {line}")
+            for line in problems:
+                print(f"carry.py check-list: {line}", file=sys.stderr)
             return 1 if problems else 0
     except CarryError as e:
         print(f"carry.py {args.what}: {e}", file=sys.stderr)

