@@ -23,7 +23,7 @@ chip's busy time against the traced wall time: what is left is idle, where the c
 
     python bench/profile_step.py grpo small             # two whole GRPO steps (rollouts and update), after warm-up
     python bench/profile_step.py decode llama3.2-1b --batch 64   # a preset's shape, bf16, random weights
-    python bench/profile_step.py decode small --json OUT/decode.json --keep OUT/trace   # the tables as JSON, the trace kept
+    python bench/profile_step.py decode small --json OUT/decode.json --keep OUT/trace   # tables as JSON, trace kept
 """
 
 from __future__ import annotations

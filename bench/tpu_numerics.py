@@ -14,6 +14,13 @@ the same weights on the default device and prints one JSON line per family:
     reference's.
 Exits non-zero when a float32 difference passes 1e-3 or greedy tokens differ. `--record FILE` appends one table
 record (topic "tpu") for bench/results.py.
+
+Where the reference's process has PyTorch and transformers (a development environment, not the TPU machine), it
+also exports each perturbed model to Hugging Face files and runs transformers on them in bfloat16 on the CPU, and
+each line adds transformers' own bf16 difference and top-1 agreement against the same float32 reference: the
+baseline a bf16 figure is judged by (a family whose layers amplify bf16 rounding falls short in both libraries).
+
+    python bench/tpu_numerics.py --families qwen3_5,qwen3_5_moe,qwen3    # on a CPU with the test extra
 """
 
 from __future__ import annotations
@@ -76,6 +83,25 @@ def _inputs(vocab: int):
     return ids, prompts
 
 
+def _transformers_bf16_logits(model, ids):
+    """transformers' logits of `model`'s weights (exported to Hugging Face files) in bfloat16 on the CPU, or None
+    where PyTorch or transformers is not installed."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return None
+    import numpy as np
+
+    from tempax.models.hf_io import save_hf_checkpoint
+
+    with tempfile.TemporaryDirectory() as out:
+        save_hf_checkpoint(model, out)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16).eval()
+        with torch.no_grad():
+            return hf(torch.tensor(np.asarray(ids), dtype=torch.long)).logits.float().numpy()
+
+
 def reference(families: list[str], folder: str) -> None:
     """The child: float32 on CPU, weights and outputs saved to folder/<family>.npz."""
     import jax
@@ -93,7 +119,11 @@ def reference(families: list[str], folder: str) -> None:
         ids, prompts = _inputs(tiny_config(family).vocab_size)
         with jax.default_matmul_precision("highest"):
             logits, greedy = _logits_and_greedy(model, ids, prompts)
-        np.savez(os.path.join(folder, f"{family}.npz"), logits=logits, greedy=greedy,
+        extra = {}
+        transformers_logits = _transformers_bf16_logits(model, ids)
+        if transformers_logits is not None:
+            extra["transformers_bf16"] = transformers_logits
+        np.savez(os.path.join(folder, f"{family}.npz"), logits=logits, greedy=greedy, **extra,
                  **{f"w{i}": a for i, a in enumerate(arrays)})
         print(f"reference {family}", flush=True)
 
@@ -113,7 +143,7 @@ def check(family: str, folder: str) -> dict:
     with jax.default_matmul_precision("highest"):
         f32 = _with_leaves(tiny_tempax_model(family), arrays)
         f32_logits, greedy = _logits_and_greedy(f32, ids, prompts)
-    return {
+    row = {
         "family": family,
         "device": getattr(jax.devices()[0], "device_kind", str(jax.devices()[0])),
         "logit_abs_max": round(float(np.abs(ref).max()), 3),
@@ -122,6 +152,41 @@ def check(family: str, folder: str) -> dict:
         "f32_highest_vs_f32_reference": float(np.abs(f32_logits - ref).max()),
         "greedy_tokens_equal": bool((greedy == ref_greedy).all()),
     }
+    if "transformers_bf16" in saved.files:
+        theirs = saved["transformers_bf16"]
+        row["transformers_bf16_vs_f32_reference"] = round(float(np.abs(theirs - ref).max()), 4)
+        row["transformers_bf16_top1_agreement"] = float((theirs.argmax(-1) == ref.argmax(-1)).mean())
+    return row
+
+
+def numerics_record(rows: list[dict], jax_version: str) -> dict:
+    """The table record (topic tpu) of the lines `check` gave; transformers' columns where the lines have them."""
+    device = rows[0]["device"] if rows else "?"
+    theirs = bool(rows) and all("transformers_bf16_top1_agreement" in r for r in rows)
+    where = "on the chip" if "TPU" in device.upper() else "on a CPU" if device == "cpu" else f"on {device}"
+    columns = ["family", "bf16 top-1 agreement", "bf16 max |diff| (logits up to)", "float32 highest max |diff|",
+               "12 greedy tokens equal"]
+    if theirs:
+        columns += ["transformers bf16 top-1 agreement", "transformers bf16 max |diff|"]
+    table = []
+    for r in rows:
+        row = [r["family"], f"{r['bf16_top1_agreement']:.1%}",
+               f"{r['bf16_vs_f32_reference']:.3g} ({r['logit_abs_max']:.3g})",
+               f"{r['f32_highest_vs_f32_reference']:.2g}", "yes" if r["greedy_tokens_equal"] else "NO"]
+        if theirs:
+            row += [f"{r['transformers_bf16_top1_agreement']:.1%}", f"{r['transformers_bf16_vs_f32_reference']:.3g}"]
+        table.append(row)
+    title = (f"Numerics {where}: each tiny family's random perturbed weights, logits of 4 x 64 tokens against "
+             "tempax float32 on XLA:CPU (itself within 1e-5 of transformers)")
+    if theirs:
+        title += "; transformers in bfloat16 on the CPU beside it, the same weights"
+    if where != "on the chip" and device == "cpu":
+        from tempax.runtime.host import cpu_line
+
+        device = cpu_line()
+    return {"kind": "table", "topic": "tpu", "title": title, "columns": columns, "rows": table, "cpu": device,
+            "jax": jax_version, "command": "bash scripts/tpu/run.sh python bench/tpu_numerics.py" if where ==
+            "on the chip" else "python bench/tpu_numerics.py --record FILE"}
 
 
 def main() -> int:
@@ -152,19 +217,8 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.record:
-        record = {"kind": "table", "topic": "tpu",
-                  "title": "Numerics on the chip: each tiny family's random perturbed weights, logits of 4 x 64 "
-                           "tokens against tempax float32 on XLA:CPU (itself within 1e-5 of transformers)",
-                  "columns": ["family", "bf16 top-1 agreement", "bf16 max |diff| (logits up to)",
-                              "float32 highest max |diff|", "12 greedy tokens equal"],
-                  "rows": [[r["family"], f"{r['bf16_top1_agreement']:.1%}",
-                            f"{r['bf16_vs_f32_reference']:.3g} ({r['logit_abs_max']:.3g})",
-                            f"{r['f32_highest_vs_f32_reference']:.2g}", "yes" if r["greedy_tokens_equal"] else "NO"]
-                           for r in rows],
-                  "cpu": rows[0]["device"] if rows else "?", "jax": jax.__version__,
-                  "command": "bash scripts/tpu/run.sh python bench/tpu_numerics.py"}
         with open(args.record, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(numerics_record(rows, jax.__version__)) + "\n")
     return 0 if ok else 1
 
 

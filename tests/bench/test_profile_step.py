@@ -61,7 +61,8 @@ def test_a_tpu_event_named_by_its_hlo_text_is_classified_by_opcode_and_fusion_ki
     assert profile_step.op_source({}, product) == "%fusion.963 = bf16[8,1024,8192]"
     loop = "%fusion.1 = f32[8]{0} fusion(f32[8]{0} %p), kind=kLoop, calls=%c"
     assert profile_step.op_category(loop, {}) == "elementwise (loop fusions)"
-    kernel = '%splash.16 = (f32[8,512,128]{2,1,0}) custom-call(s8[1,2,2]{2,1,0} %a), custom_call_target="tpu_custom_call"'
+    kernel = ('%splash.16 = (f32[8,512,128]{2,1,0}) custom-call(s8[1,2,2]{2,1,0} %a), '
+              'custom_call_target="tpu_custom_call"')
     assert profile_step.op_category(kernel, {}) == "Pallas kernels (custom-call)"
     assert profile_step.op_source({}, kernel) == "%splash.16 = (f32[8,512,128])"
     pair = "%fusion.5 = (f32[64]{0:T(128)S(1)}, f32[64,9]{1,0:T(8,128)}) fusion(bf16[9,2]{1,0} %a), kind=kOutput"
