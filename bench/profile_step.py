@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import glob
 import json
 import os
+import pstats
 import re
 import shutil
 import sys
@@ -285,21 +287,38 @@ def profile_grpo(size: str, trace_dir: str, traced_steps: int = 2) -> tuple[int,
     trainer, source, _, steps = grpo_step.build(size, steps={"warmup": 2, "measured": traced_steps})
     first = steps["warmup"]
     window: dict[str, float] = {}
+    host = cProfile.Profile()
 
     class TraceWindow(Hook):
         def __call__(self, info):
             if info.step == first:
                 jax.profiler.start_trace(trace_dir)
                 window["start"] = time.perf_counter()
+                host.enable()
             elif info.step == first + traced_steps:
                 jax.block_until_ready(info.trainer.params)
+                host.disable()
                 window["elapsed"] = time.perf_counter() - window["start"]
                 jax.profiler.stop_trace()
 
     trainer.fit(source, hooks=[*grpo_hooks(source, CollapseGuardConfig(enabled=False)), TraceWindow()])
     trainer.close()
     print(f"grpo_step {size}: {window['elapsed'] / traced_steps:.3f} s a step (wall, traced, {traced_steps} steps)")
+    HOST["functions"] = host_functions(pstats.Stats(host), traced_steps)
     return traced_steps, window["elapsed"]
+
+
+HOST: dict[str, list] = {}  # the host's busiest functions over a traced window, where the workload profiles them
+
+
+def host_functions(stats: "pstats.Stats", steps: int, top: int = 20) -> list[list]:
+    """[function, own ms per step, cumulative ms per step] of the host's Python during the traced steps, by own
+    time: what the host did while the chip idled (waits on the chip show as the function that blocked)."""
+    rows = []
+    for (path, line, name), (_, _, own, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
+        where = re.sub(r".*/(site-packages|tempax|bench)/", r"\1/", path)
+        rows.append([f"{where}:{line}({name})", round(own * 1e3 / steps, 3), round(cumulative * 1e3 / steps, 3)])
+    return sorted(rows, key=lambda row: -row[1])[:top]
 
 
 TRACED: dict[str, float] = {}  # the traced step's wall seconds, set by `trace_step`'s wrapper
@@ -392,9 +411,15 @@ def main() -> int:
     else:
         table = summarize_device(*device, steps=steps, wall_s=elapsed, top=args.top)
         table.update(workload=args.workload, size=args.size, overrides=args.overrides, batch=args.batch)
+        if HOST.get("functions"):
+            table["host_functions"] = HOST["functions"]
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(table, f, indent=1)
+    if HOST.get("functions"):
+        print("\nthe host's Python in the traced steps, by own time (ms per step: own, cumulative):")
+        for function, own, cumulative in HOST["functions"][: args.top]:
+            print(f"  {own:10.3f} {cumulative:10.3f}  {function[:110]}")
     if args.keep:
         shutil.copytree(trace_dir, args.keep, dirs_exist_ok=True)
     print(f"\ntrace and HLO: {work}")

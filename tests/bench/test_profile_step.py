@@ -69,3 +69,22 @@ def test_a_tpu_event_named_by_its_hlo_text_is_classified_by_opcode_and_fusion_ki
     assert profile_step.op_source({}, pair) == "%fusion.5 = (f32[64], f32[64,9])"
     update = "%dynamic_update_slice.55 = f32[30,8]{1,0} dynamic-update-slice(f32[30,8]{1,0} %a, f32[30,1]{1,0} %b)"
     assert profile_step.op_category(update, {}) == "dynamic-update-slice"
+
+
+def test_host_functions_are_per_step_and_sorted_by_own_time():
+    import cProfile
+    import pstats
+
+    def busy():
+        return sum(i * i for i in range(20000))
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(4):
+        busy()
+    profile.disable()
+    rows = profile_step.host_functions(pstats.Stats(profile), steps=2, top=5)
+    assert len(rows) <= 5 and all(len(row) == 3 for row in rows)
+    assert [row[1] for row in rows] == sorted((row[1] for row in rows), reverse=True)
+    assert any("busy" in row[0] or "genexpr" in row[0] for row in rows)
+    assert all(row[2] >= row[1] for row in rows)
