@@ -45,7 +45,8 @@ class KVCache:
     @classmethod
     def init(cls, cfg: ModelConfig, batch_size: int, max_len: int, dtype: jnp.dtype | None = None) -> "KVCache":
         dtype = dtype or jnp.dtype(cfg.dtype)
-        shape = (len(cfg.attention_layers), batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
+        heads, width = cfg.cache_shape  # Gemma 4: the larger of its two attention shapes
+        shape = (len(cfg.attention_layers), batch_size, heads, max_len, width)
         conv = state = None
         if cfg.linear_attention_layers:
             la, n = cfg.linear_attention, len(cfg.linear_attention_layers)
@@ -100,8 +101,8 @@ class KVCache:
 
 def kv_bytes_per_position(config: ModelConfig) -> int:
     """Bytes one cache position takes for one row: keys and values of every softmax-attention layer."""
-    return (2 * len(config.attention_layers) * config.num_kv_heads * config.head_dim
-            * jnp.dtype(config.dtype).itemsize)
+    heads, width = config.cache_shape
+    return 2 * len(config.attention_layers) * heads * width * jnp.dtype(config.dtype).itemsize
 
 
 def linear_state_bytes(config: ModelConfig) -> int:

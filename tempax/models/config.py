@@ -2,7 +2,8 @@
 
 Llama 3 / SmolLM2, Qwen2/2.5, Qwen3, Gemma, Gemma 2 and Gemma 3 are the same decoder-only transformer with a
 handful of switches (qkv bias, q/k norm, norm offset, embedding scaling, soft-capping, sliding windows, extra
-post-norms, per-layer rope bases). Mixture-of-experts families (Qwen2-MoE, Qwen3-MoE, Mixtral, gpt-oss) add a
+post-norms, per-layer rope bases); Gemma 4 adds value norms, per-layer inputs, shared keys and values and full layers
+of their own attention shape. Mixture-of-experts families (Qwen2-MoE, Qwen3-MoE, Mixtral, gpt-oss) add a
 `MoeConfig`:
 the router, the routed and shared experts and the auxiliary loss. `ModelConfig.from_hf_config` reads a Hugging
 Face `config.json` (both the transformers-4 `rope_theta`/`rope_scaling` keys and the transformers-5
@@ -24,7 +25,11 @@ LayerType = Literal["full", "sliding"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3", "mistral",
                          "qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss", "smollm3", "olmo2", "olmo3", "phi3",
-                         "qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
+                         "qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "gemma4_text", "gemma4")
+# Gemma 4's config.json: the text model's own, or the multimodal model's with the text model's in text_config
+GEMMA4_MODEL_TYPES = ("gemma4_text", "gemma4")
+# the decoder's layer stacks (`ModelConfig.layer_stacks`), in the order a `Decoder` builds them
+LAYER_STACKS = ("layers", "linear_layers", "full_layers", "shared_layers", "shared_full_layers")
 # Qwen3.5's config.json: the text model's own, or the multimodal model's with the text model's in text_config
 QWEN3_5_MODEL_TYPES = {"qwen3_5_text": "qwen3_5", "qwen3_5": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe",
                        "qwen3_5_moe": "qwen3_5_moe"}
@@ -50,10 +55,14 @@ class RopeConfig:
       attention_factor: "yarn"'s and "longrope"'s scale of cos and sin; None = the method's default (yarn:
         0.1 * ln(factor) + 1; longrope: sqrt(1 + ln(factor) / ln(original_max_position_embeddings))).
       short_factor, long_factor: "longrope"'s divisors of the inverse frequencies, one per rotated pair.
+      rotated_fraction: "proportional" (Gemma 4's full-attention layers): the share of each head's frequency pairs
+        that rotate, the lowest-index (fastest) ones with theta^(-2i/head_dim) (divided by `factor`); the others get
+        inverse frequency 0 and pass through, so the rotation still spans the whole head (unlike
+        `ModelConfig.partial_rotary_factor`, which rotates the first features of each head among themselves).
     """
 
     theta: float = 10000.0
-    scaling: Literal["linear", "llama3", "yarn", "longrope"] | None = None
+    scaling: Literal["linear", "llama3", "yarn", "longrope", "proportional"] | None = None
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -64,6 +73,7 @@ class RopeConfig:
     attention_factor: float | None = None
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
+    rotated_fraction: float = 1.0
 
 
 RouterActivation = Literal["softmax", "sigmoid"]
@@ -248,6 +258,28 @@ class ModelConfig:
         pattern repeats: the decoder scans a block of one period, `layer_block`).
       attn_output_gate: the attention output is multiplied by sigmoid of a per-head gate that q_proj also
         produces (its output is twice as wide, [query | gate] per head: Qwen3.5).
+      v_norm: values are RMS-normalised over each head's features, without a weight (Gemma 4).
+      attention_k_eq_v: the full-attention layers have no value projection: their values are the key projection's
+        output (before the key norm and rotary embedding), RMS-normalised as `v_norm` says (Gemma 4's larger
+        models). Their `v_proj` weights exist in tempax's stack (it holds one layer shape) but are neither read nor
+        loaded nor exported.
+      kv_shared_layers: the last this many layers compute no keys and values of their own: each attends to those of
+        the last earlier layer of its kind (full or sliding) that does (Gemma 4's `num_kv_shared_layers`). Their
+        `k_proj`, `v_proj` and `k_norm` weights are, as above, kept in the stack but not read, loaded or exported.
+      per_layer_input_size: width P of Gemma 4's per-layer inputs ("PLE", `hidden_size_per_layer_input`); 0 = none.
+        A second embedding table [per_layer_input_vocab_size, L * P] (scaled by sqrt(P)) and a projection of the
+        scaled token embedding [D, L * P] (times D^-0.5, RMS-normalised per layer) are added and scaled by 2^-0.5;
+        layer i takes its slice p_i [B, T, P] and adds norm(proj(act(gate(x)) * p_i)) to its output.
+      per_layer_input_vocab_size: rows of the per-layer embedding table; 0 = vocab_size.
+      layer_scalar: each layer's output is multiplied by a stored per-layer scalar (Gemma 4's `layer_scalar`, a
+        buffer in transformers: tempax keeps it as a weight of shape [1] but passes no gradient to it).
+      global_head_dim, global_kv_heads: the full-attention layers' head width and key/value heads when they differ
+        from head_dim and num_kv_heads (Gemma 4's `global_head_dim`, `num_global_key_value_heads`); 0 = the same.
+        The full layers are then a layer stack of their own (`full_attention_config`), scanned a block of the layer
+        pattern at a time beside the sliding layers' stack, and every layer's KV cache entry is as large as the
+        larger shape (the smaller ones read and write a corner of it).
+      wide_shared_mlp: the KV-shared layers' MLP is twice as wide (2 * intermediate_size: Gemma 4's
+        `use_double_wide_mlp`); those layers are then stacks of their own ("shared_layers", "shared_full_layers").
     """
 
     family: str = "llama"
@@ -292,10 +324,20 @@ class ModelConfig:
     linear_attention: LinearAttentionConfig | None = None
     linear_attention_layers: tuple[int, ...] = ()
     attn_output_gate: bool = False
+    v_norm: bool = False
+    attention_k_eq_v: bool = False
+    kv_shared_layers: int = 0
+    per_layer_input_size: int = 0
+    per_layer_input_vocab_size: int = 0
+    layer_scalar: bool = False
+    global_head_dim: int = 0
+    global_kv_heads: int = 0
+    wide_shared_mlp: bool = False
 
     def __post_init__(self) -> None:
         self._check_dense_switches()
         self._check_linear_attention()
+        self._check_gemma4_switches()
         if self.attention_impl not in ("tempax", "xla", "cudnn"):
             raise ConfigError(f"attention_impl {self.attention_impl!r} is not 'tempax', 'xla' or 'cudnn'")
         if self.attention_impl != "tempax" and self.attn_logit_softcap is not None:
@@ -378,6 +420,102 @@ class ModelConfig:
             raise ConfigError("every layer is a linear-attention layer; tempax's hybrid decoder needs at least one "
                               "softmax-attention layer (Qwen3.5 has one in every four)")
 
+    def _check_gemma4_switches(self) -> None:
+        """ConfigError naming the field when the KV-sharing or per-layer-input switches are inconsistent."""
+        if not 0 <= self.kv_shared_layers < self.num_layers:
+            raise ConfigError(f"kv_shared_layers ({self.kv_shared_layers}) must be at least 0 and less than "
+                              f"num_layers ({self.num_layers}): some earlier layer must compute the shared keys")
+        if self.kv_shared_layers:
+            first = self.num_layers - self.kv_shared_layers
+            producing = {self.layer_type(i) for i in range(first)}
+            consuming = {self.layer_type(i) for i in range(first, self.num_layers)}
+            if not consuming <= producing:
+                raise ConfigError(f"kv_shared_layers={self.kv_shared_layers}: layers of kind "
+                                  f"{sorted(consuming - producing)} reuse keys and values that no earlier layer of "
+                                  "their kind computes")
+        if self.global_head_dim < 0 or self.global_kv_heads < 0:
+            raise ConfigError("global_head_dim and global_kv_heads must not be negative (0 = head_dim, num_kv_heads)")
+        if self.global_kv_heads and self.num_heads % self.global_kv_heads:
+            raise CheckpointError(f"num_heads ({self.num_heads}) must be a multiple of global_kv_heads "
+                                  f"({self.global_kv_heads})")
+        if self.wide_shared_mlp and not self.kv_shared_layers:
+            raise ConfigError("wide_shared_mlp widens the KV-shared layers' MLP; set kv_shared_layers too")
+        if self.per_layer_input_size < 0 or self.per_layer_input_vocab_size < 0:
+            raise ConfigError("per_layer_input_size and per_layer_input_vocab_size must not be negative")
+        uses = [name for name, on in (("v_norm", self.v_norm), ("attention_k_eq_v", self.attention_k_eq_v),
+                                      ("kv_shared_layers", self.kv_shared_layers),
+                                      ("per_layer_input_size", self.per_layer_input_size),
+                                      ("layer_scalar", self.layer_scalar)) if on]
+        if uses and self.linear_attention_layers:
+            raise ConfigError(f"{', '.join(uses)} (Gemma 4's) cannot be combined with linear_attention_layers")
+
+    @property
+    def full_attention_differs(self) -> bool:
+        """Whether the full-attention layers have another attention shape than the sliding ones (and hence a layer
+        stack of their own)."""
+        return (bool(self.layer_types) and "sliding" in self.layer_types and "full" in self.layer_types
+                and (self.global_head_dim not in (0, self.head_dim)
+                     or self.global_kv_heads not in (0, self.num_kv_heads)))
+
+    def full_attention_config(self) -> "ModelConfig":
+        """This config with the full-attention layers' attention shape (what their `DecoderLayer`s are built
+        from); itself when they have no shape of their own."""
+        if not self.full_attention_differs:
+            return self
+        return self.replace(head_dim=self.global_head_dim or self.head_dim,
+                            num_kv_heads=self.global_kv_heads or self.num_kv_heads, global_head_dim=0,
+                            global_kv_heads=0)
+
+    @property
+    def cache_shape(self) -> tuple[int, int]:
+        """(KV heads, head width) of every layer's KV cache entry: the larger of the two attention shapes."""
+        full = self.full_attention_config()
+        return max(self.num_kv_heads, full.num_kv_heads), max(self.head_dim, full.head_dim)
+
+    def stack_name(self, i: int) -> str:
+        """The layer stack that holds layer i (`layer_stacks`)."""
+        if self.is_linear_attention_layer(i):
+            return "linear_layers"
+        full = self.full_attention_differs and self.layer_type(i) == "full"
+        wide = self.wide_shared_mlp and self.kv_reused(i)
+        return ("shared_" if wide else "") + ("full_layers" if full else "layers")
+
+    def layer_stacks(self) -> dict[str, tuple[int, ...]]:
+        """The decoder's layer stacks and the model layers each holds, in order (each stack is one layer shape,
+        its weights stacked): "layers" (the softmax-attention layers, or of Gemma 4's the sliding ones when the full
+        ones have a shape of their own, and not the KV-shared ones when their MLP is wider), "linear_layers"
+        (Qwen3.5's), "full_layers" (full layers of their own shape), "shared_layers" and "shared_full_layers"
+        (KV-shared layers of a `wide_shared_mlp`)."""
+        members: dict[str, list[int]] = {name: [] for name in LAYER_STACKS}
+        for i in range(self.num_layers):
+            members[self.stack_name(i)].append(i)
+        return {name: tuple(found) for name, found in members.items() if found or name == "layers"}
+
+    def stack_config(self, name: str) -> "ModelConfig":
+        """The config the `DecoderLayer`s of stack `name` are built from: the full layers' attention shape, the
+        KV-shared layers' wider MLP."""
+        cfg = self.full_attention_config() if name.endswith("full_layers") else self
+        if name.startswith("shared_"):
+            cfg = cfg.replace(intermediate_size=2 * self.intermediate_size)
+        return cfg
+
+    def kind_block(self) -> tuple[str, ...]:
+        """The shortest block of layer kinds ("full", "sliding") whose repetition gives the stack (the whole stack
+        when the pattern does not repeat)."""
+        kinds = [self.layer_type(i) for i in range(self.num_layers)]
+        for period in range(1, self.num_layers + 1):
+            if self.num_layers % period == 0 and all(kinds[i] == kinds[i % period] for i in range(self.num_layers)):
+                return tuple(kinds[:period])
+        return tuple(kinds)
+
+    def kv_reused(self, i: int) -> bool:
+        """Whether layer i attends to an earlier layer's keys and values (`kv_shared_layers`)."""
+        return i >= self.num_layers - self.kv_shared_layers if self.kv_shared_layers else False
+
+    def values_from_keys(self, i: int) -> bool:
+        """Whether layer i's values are its key projection's output (`attention_k_eq_v`, full layers only)."""
+        return self.attention_k_eq_v and self.layer_type(i) == "full"
+
     def is_linear_attention_layer(self, i: int) -> bool:
         return i in self.linear_attention_layers
 
@@ -421,26 +559,41 @@ class ModelConfig:
     def num_params(self, *, active: bool = False) -> int:
         """Parameter count; a tied embedding/LM-head matrix is counted once. `active`: a mixture of experts counts
         only the k routed experts a token passes through (the "active parameters" of an MoE model card)."""
-        d, h, n, k = self.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads
-        attn = d * n * h + 2 * d * k * h + n * h * d
-        if self.qkv_bias:
-            attn += n * h + 2 * k * h
-        if self.o_bias:
-            attn += d
-        if self.qk_norm:
-            attn += (n + k) * h if self.qk_norm_across_heads else 2 * h
-        if self.attention_sinks:
-            attn += n
+        d, n = self.hidden_size, self.num_heads
+
+        def attention(h: int, k: int) -> int:
+            attn = d * n * h + 2 * d * k * h + n * h * d
+            if self.qkv_bias:
+                attn += n * h + 2 * k * h
+            if self.o_bias:
+                attn += d
+            if self.qk_norm:
+                attn += (n + k) * h if self.qk_norm_across_heads else 2 * h
+            if self.attention_sinks:
+                attn += n
+            if self.attn_output_gate:
+                attn += d * n * h
+            return attn
+
+        full = self.full_attention_config()
+        attn, full_attn = attention(self.head_dim, self.num_kv_heads), attention(full.head_dim, full.num_kv_heads)
         mlp = 3 * d * self.intermediate_size
         if self.mlp_bias:
             mlp += 2 * self.intermediate_size + d
         sparse = self.moe.block_params(d)[1 if active else 0] if self.moe is not None else 0
         norms = (2 * self.pre_norms + 2 * self.post_norms) * d  # pre: before attention and MLP; post: after
-        if self.attn_output_gate:
-            attn += d * n * h
         mixer = lambda i: (self.linear_attention.params(d) if self.is_linear_attention_layer(i)  # noqa: E731
-                           else attn)
-        layers = sum(mixer(i) + norms + (sparse if self.is_moe_layer(i) else mlp) for i in range(self.num_layers))
+                           else full_attn if self.layer_type(i) == "full" else attn)
+        width = lambda i: 2 if self.wide_shared_mlp and self.kv_reused(i) else 1  # noqa: E731
+        layers = sum(mixer(i) + norms + (sparse if self.is_moe_layer(i) else width(i) * mlp)
+                     for i in range(self.num_layers))
+        if self.per_layer_input_size:  # per layer: gate, projection, norm; once: table, projection, norm
+            p = self.per_layer_input_size
+            layers += self.num_layers * (2 * d * p + d)
+            layers += (self.per_layer_input_vocab_size or self.vocab_size) * self.num_layers * p
+            layers += d * self.num_layers * p + p
+        if self.layer_scalar:
+            layers += self.num_layers
         embed = self.vocab_size * d
         head = 0 if self.tie_word_embeddings else self.vocab_size * d
         return layers + embed + head + d
@@ -460,6 +613,8 @@ class ModelConfig:
         try:
             if model_type in QWEN3_5_MODEL_TYPES:
                 return _qwen3_5_from_hf(hf, model_type)
+            if model_type in GEMMA4_MODEL_TYPES:
+                return _gemma4_from_hf(hf, model_type, source)
             if model_type in DENSE_FAMILY_TYPES:
                 hf = _dense_family_hf(hf, model_type)
                 return _dense_family_from_hf(_from_hf(hf, model_type), hf)
@@ -483,6 +638,16 @@ class ModelConfig:
         """A `config.json` dictionary that `transformers` loads into the matching *ForCausalLM class."""
         if self.family in ("qwen3_5", "qwen3_5_moe"):
             return _qwen3_5_to_hf(self)
+        if self.family == "gemma4":
+            return _gemma4_to_hf(self)
+        gemma4 = [f"{k}={getattr(self, k)!r}" for k in ("v_norm", "attention_k_eq_v", "kv_shared_layers",
+                                                        "per_layer_input_size", "layer_scalar", "global_head_dim",
+                                                        "global_kv_heads", "wide_shared_mlp") if getattr(self, k)]
+        proportional = any(r is not None and r.scaling == "proportional" for r in (self.rope, self.rope_local))
+        if gemma4 or proportional:
+            what = ", ".join(gemma4) or "proportional rope"
+            raise CheckpointError(f"a {self.family} config.json cannot express {what} (Gemma 4's); export the model "
+                                  "with family gemma4")
         if self.linear_attention_layers or self.attn_output_gate:
             raise CheckpointError(f"a {self.family} config.json cannot express linear_attention_layers or "
                                   "attn_output_gate (Qwen3.5's); export the model with family qwen3_5")
@@ -511,6 +676,7 @@ _ARCH = {
     "phi3": "Phi3ForCausalLM",
     "qwen3_5": "Qwen3_5ForCausalLM",
     "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
+    "gemma4": "Gemma4ForCausalLM",
 }
 
 
@@ -547,6 +713,9 @@ def _rope_from_params(p: dict[str, Any] | None, default_theta: float) -> RopeCon
             truncate=bool(p.get("truncate", True)),
             attention_factor=None if attention_factor is None else float(attention_factor),
         )
+    if kind == "proportional":
+        return RopeConfig(theta=theta, scaling="proportional", factor=float(p.get("factor", 1.0)),
+                          rotated_fraction=float(p.get("partial_rotary_factor", 1.0)))
     if kind == "longrope":
         attention_factor = p.get("attention_factor")
         return RopeConfig(
@@ -728,7 +897,7 @@ def _from_hf(hf: dict[str, Any], model_type: str) -> ModelConfig:
 
 def _rope_params(r: RopeConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"rope_theta": r.theta, "rope_type": r.scaling or "default"}
-    if r.scaling:
+    if r.scaling and (r.scaling != "proportional" or r.factor != 1.0):  # transformers warns of a proportional 1
         out["factor"] = r.factor
     if r.scaling == "llama3":
         out.update(
@@ -745,6 +914,8 @@ def _rope_params(r: RopeConfig) -> dict[str, Any]:
         )
         if r.attention_factor is not None:
             out["attention_factor"] = r.attention_factor
+    if r.scaling == "proportional":
+        out["partial_rotary_factor"] = r.rotated_fraction
     if r.scaling == "longrope":
         out.update(original_max_position_embeddings=r.original_max_position_embeddings,
                    short_factor=list(r.short_factor), long_factor=list(r.long_factor))
@@ -1126,3 +1297,181 @@ def _qwen3_5_to_hf(c: ModelConfig) -> dict[str, Any]:
                   shared_expert_intermediate_size=m.shared_expert_intermediate_size,
                   router_aux_loss_coef=m.router_aux_loss_coef, output_router_logits=m.train_aux_loss)
     return hf
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Gemma 4 (text): Gemma 3's sandwich norms and sliding/full layers, plus value norms, a proportional rope on the
+# full layers, per-layer inputs, layer scalars and keys and values shared by the last layers
+
+def _gemma4_from_hf(hf: dict[str, Any], model_type: str, source: str) -> ModelConfig:
+    """The config of a Gemma 4 text model: its own config.json (`gemma4_text`) or the multimodal one's
+    `text_config` (the vision and audio towers are not read). Missing keys take transformers' defaults; a switch
+    tempax cannot run exactly is refused with a CheckpointError naming it."""
+    if model_type == "gemma4":
+        if not isinstance(hf.get("text_config"), dict):
+            raise CheckpointError(f"{source}: a gemma4 config.json needs its text model's settings in text_config")
+        hf = {"tie_word_embeddings": hf.get("tie_word_embeddings", True), **hf["text_config"]}
+    where = f"{source} ({model_type})"
+    num_layers = int(hf["num_hidden_layers"])
+    names = list(hf.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention"
+                                           for i in range(num_layers)])
+    unknown = sorted(set(names) - {"sliding_attention", "full_attention"})
+    if unknown or len(names) != num_layers:
+        raise CheckpointError(f"{where}: layer_types {unknown or names} are not sliding_attention / full_attention "
+                              f"for each of the {num_layers} layers")
+    names[-1] = "full_attention"  # transformers makes the last layer a full one whatever the config says
+    kinds = tuple("sliding" if t == "sliding_attention" else "full" for t in names)
+    refused = []
+    if hf.get("enable_moe_block"):
+        refused.append("enable_moe_block=true (Gemma 4's sparse block runs beside the dense MLP, with a router that "
+                       "norms and scales its input and scales each expert's weight; tempax's SparseMoeBlock has none "
+                       "of these)")
+    if hf.get("use_bidirectional_attention") == "all":
+        refused.append("use_bidirectional_attention='all' (tempax's decoder is causal)")
+    head_dim = int(hf.get("head_dim") or 256)
+    num_kv_heads = int(hf.get("num_key_value_heads") or 4)
+    per_layer = hf.get("per_layer_config")
+    if per_layer is None:  # as transformers fills it: the full layers take global_head_dim (and KV heads)
+        override: dict[str, Any] = {"head_dim": hf.get("global_head_dim", 512)}
+        if hf.get("attention_k_eq_v", False) and hf.get("num_global_key_value_heads") is not None:
+            override["num_key_value_heads"] = hf["num_global_key_value_heads"]
+        per_layer = {i: override for i, kind in enumerate(kinds) if kind == "full"}
+    # keys: layer indices (as transformers writes them) or layer kinds. The full layers may take a shape of their
+    # own (a layer stack of their own), the same in every full layer; the sliding layers keep the base shape.
+    base = {"head_dim": head_dim, "num_key_value_heads": num_kv_heads}
+
+    # transformers writes the indices zero-padded ("04")
+    by_index = {int(key): over for key, over in per_layer.items() if str(key).isdigit()}
+
+    def shape_of(i: int) -> dict[str, Any]:
+        name = "full_attention" if kinds[i] == "full" else "sliding_attention"
+        over = by_index.get(i, per_layer.get(name, {})) or {}
+        return {**base, **over}
+
+    shapes = {kind: {json.dumps(shape_of(i), sort_keys=True) for i in range(num_layers) if kinds[i] == kind}
+              for kind in ("full", "sliding")}
+    full_shape = json.loads(next(iter(shapes["full"])))
+    odd = [f"{kind} layers {sorted(found)}" for kind, found in shapes.items()
+           if len(found) > 1 or (kind == "sliding" and found and json.loads(next(iter(found))) != base)]
+    if set(full_shape) != set(base):
+        odd.append(f"full layers {full_shape}")
+    if odd:
+        refused.append(f"per-layer settings other than one head_dim and num_key_value_heads for all full layers: "
+                       f"{'; '.join(odd)} (per_layer_config; tempax's layer stacks hold one shape for each kind of "
+                       "layer, the sliding layers the base one)")
+    shared = int(hf.get("num_kv_shared_layers") or 0)
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh", "silu"):
+        refused.append(f"hidden_activation={act!r} (gelu_pytorch_tanh or silu)")
+    params = hf.get("rope_parameters") or {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}}
+    ropes = {}
+    for kind in ("full_attention", "sliding_attention"):
+        p = params.get(kind) or {}
+        if p.get("rope_type", "default") not in ("default", "proportional", "linear"):
+            refused.append(f"rope_parameters.{kind}.rope_type={p.get('rope_type')!r} (default, linear or "
+                           "proportional)")
+            continue
+        ropes[kind] = _rope_from_params(p, 10000.0)
+    if refused:
+        raise CheckpointError(f"{where}: Gemma 4 with {'; '.join(refused)} is not supported")
+    attention_bias = bool(hf.get("attention_bias", False))
+    softcap = hf.get("final_logit_softcapping")
+    sliding = "sliding" in kinds
+    global_head_dim, global_kv_heads = int(full_shape["head_dim"]), int(full_shape["num_key_value_heads"])
+    if not sliding:  # every layer a full one: the full layers' shape is the model's
+        head_dim, num_kv_heads = global_head_dim, global_kv_heads
+    vocab_size = int(hf.get("vocab_size", 262144))
+    per_layer_vocab = int(hf.get("vocab_size_per_layer_input", 262144) or 0)
+    return ModelConfig(
+        family="gemma4",
+        vocab_size=vocab_size,
+        hidden_size=int(hf["hidden_size"]),
+        num_layers=num_layers,
+        num_heads=int(hf["num_attention_heads"]),
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=int(hf["intermediate_size"]),
+        rope=ropes["full_attention"],
+        rope_local=ropes["sliding_attention"] if sliding else None,
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        norm_offset=False,  # Gemma 4's norms multiply by the weight itself, not (1 + w)
+        embed_scale=True,
+        activation="silu" if act == "silu" else "gelu_tanh",
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        qkv_bias=attention_bias,
+        o_bias=attention_bias,
+        qk_norm=True,
+        post_norms=True,
+        final_logit_softcap=None if softcap is None else float(softcap),
+        query_pre_attn_scalar=1.0,  # attention scores are not scaled (the q/k norms set their size)
+        sliding_window=int(hf.get("sliding_window") or 512) if sliding else None,
+        layer_types=kinds if sliding else (),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 131072)),
+        bos_token_id=hf.get("bos_token_id", 2),
+        eos_token_id=hf.get("eos_token_id", 1),
+        pad_token_id=hf.get("pad_token_id", 0),
+        v_norm=True,
+        attention_k_eq_v=bool(hf.get("attention_k_eq_v", False)),
+        kv_shared_layers=shared,
+        per_layer_input_size=int(hf.get("hidden_size_per_layer_input", 256) or 0),
+        # 0: the same as vocab_size (the released models' case), so a config reads back as it was written
+        per_layer_input_vocab_size=0 if per_layer_vocab == vocab_size else per_layer_vocab,
+        layer_scalar=True,
+        global_head_dim=0 if global_head_dim == head_dim else global_head_dim,
+        global_kv_heads=0 if global_kv_heads == num_kv_heads else global_kv_heads,
+        wide_shared_mlp=bool(hf.get("use_double_wide_mlp", False)) and shared > 0,
+    )
+
+
+def _gemma4_to_hf(c: ModelConfig) -> dict[str, Any]:
+    """The text model's config.json (`Gemma4ForCausalLM`), after checking the config holds only what Gemma 4 can
+    state."""
+    expected = dict(norm_offset=False, embed_scale=True, qk_norm=True, post_norms=True, pre_norms=True, v_norm=True,
+                    layer_scalar=True, attn_logit_softcap=None, mlp_bias=False, moe=None, attention_sinks=False,
+                    nope_layers=(), qk_norm_across_heads=False, partial_rotary_factor=1.0, linear_attention_layers=(),
+                    attn_output_gate=False)
+    differ = [f"{k}={getattr(c, k)!r}" for k, v in expected.items() if getattr(c, k) != v]
+    if c.attn_scale != 1.0:
+        differ.append(f"query_pre_attn_scalar={c.query_pre_attn_scalar!r} (Gemma 4 does not scale its scores)")
+    if c.qkv_bias != c.o_bias:
+        differ.append(f"qkv_bias={c.qkv_bias} with o_bias={c.o_bias} (attention_bias sets both)")
+    if c.layer_types and c.layer_types[-1] != "full":
+        differ.append("a sliding last layer (transformers makes Gemma 4's last layer a full one)")
+    for name, rope in (("rope", c.rope), ("rope_local", c.rope_local)):
+        if rope is not None and rope.scaling not in (None, "linear", "proportional"):
+            differ.append(f"{name}.scaling={rope.scaling!r}")
+    if differ:
+        raise CheckpointError(f"a gemma4 config.json cannot express {', '.join(differ)}")
+    kinds = [c.layer_type(i) for i in range(c.num_layers)]
+    full = c.full_attention_config()
+    return {
+        **_shape_keys(c, _ARCH["gemma4"], "gemma4_text"),
+        # the full layers' shape, stated per layer (transformers applies num_global_key_value_heads only with
+        # attention_k_eq_v); global_head_dim too, which transformers reads when per_layer_config is absent
+        "global_head_dim": full.head_dim,
+        "per_layer_config": {str(i): {"head_dim": full.head_dim, "num_key_value_heads": full.num_kv_heads}
+                             for i, kind in enumerate(kinds) if kind == "full"},
+        "intermediate_size": c.intermediate_size,
+        "hidden_activation": "silu" if c.activation == "silu" else "gelu_pytorch_tanh",
+        "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "attention_bias": c.qkv_bias,
+        "rope_parameters": {"full_attention": _rope_params(c.rope),
+                            "sliding_attention": _rope_params(c.rope_local or c.rope)},
+        "layer_types": ["sliding_attention" if k == "sliding" else "full_attention" for k in kinds],
+        "sliding_window": c.sliding_window or 512,
+        "final_logit_softcapping": c.final_logit_softcap,
+        "hidden_size_per_layer_input": c.per_layer_input_size,
+        "vocab_size_per_layer_input": c.per_layer_input_vocab_size or c.vocab_size,
+        "attention_k_eq_v": c.attention_k_eq_v,
+        "num_kv_shared_layers": c.kv_shared_layers,
+        "use_double_wide_mlp": c.wide_shared_mlp,
+        "enable_moe_block": False,
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": c.eos_token_id,
+        "pad_token_id": c.pad_token_id,
+        "dtype": c.param_dtype,
+    }

@@ -71,6 +71,9 @@ def rope_inverse_frequencies(rope: RopeConfig, head_dim: int, *, long: bool = Fa
         factors = jnp.asarray(rope.long_factor if long else rope.short_factor, jnp.float32)
         return 1.0 / (factors * rope.theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     inv = 1.0 / (rope.theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if rope.scaling == "proportional":  # Gemma 4: the first pairs rotate, the others (frequency 0) pass through
+        rotated = int(rope.rotated_fraction * head_dim // 2)
+        return jnp.where(jnp.arange(head_dim // 2) < rotated, inv, 0.0) / rope.factor
     if rope.scaling == "yarn":
         return yarn_inverse_frequencies(rope, head_dim)
     if rope.scaling == "linear":
@@ -169,7 +172,9 @@ class Attention(nnx.Module):
     rotary inverse frequencies (`inv_freq`, Gemma 3's local and global bases), YaRN's factor on cos and sin
     (`rope_scale`, or None), and, when a model mixes full and sliding layers, whether this layer slides
     (`sliding`, a traced bool). With `ModelConfig.attention_sinks` (gpt-oss) each query head has a learned sink
-    logit [N] in the softmax's denominator (`tempax.ops.plain.attention_probs`)."""
+    logit [N] in the softmax's denominator (`tempax.ops.plain.attention_probs`). Gemma 4's per-layer switches come
+    the same way (`LayerSwitches`): whether the values are the key projection's output (`k_eq_v`) and whether the
+    layer attends to the keys and values of an earlier layer (`shared`) instead of its own."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         pd, dt = as_dtype(cfg.param_dtype), as_dtype(cfg.dtype)
@@ -196,6 +201,7 @@ class Attention(nnx.Module):
             self.q_norm = None
             self.k_norm = None
         self.qk_norm_across_heads = cfg.qk_norm_across_heads
+        self.v_norm_eps = cfg.rms_norm_eps if cfg.v_norm else None  # Gemma 4: values RMS-normed, no weight
         # transformers initialises gpt-oss's sinks like its weights (normal, std 0.02)
         self.sinks = nnx.Param(_init(("q_heads",))(rngs.params(), (n,), pd)) if cfg.attention_sinks else None
         self.num_heads, self.num_kv_heads, self.head_dim = n, k, h
@@ -217,7 +223,9 @@ class Attention(nnx.Module):
         inv_freq: jax.Array,
         sliding: jax.Array | None,
         rope_scale: jax.Array | None = None,
-    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        k_eq_v: jax.Array | None = None,
+        shared: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None, tuple[jax.Array, jax.Array]]:
         """Attends x [B,T,D] to itself, or to this layer's cache `kv` = (k, v, k_segments, write_at) when decoding.
 
         Returns the output and, with a cache, this call's keys and values as the cache stores them [B, K, T, H]:
@@ -225,10 +233,17 @@ class Attention(nnx.Module):
         here are only read. `fresh_cache` (static): the cache held nothing before this call (a prefill), so the
         queries attend to the keys written now only, not to the whole buffer with its empty slots masked: a
         prefill into a cache that reserves room for later turns would otherwise form [T, max_len] scores instead
-        of [T, T]."""
+        of [T, T].
+
+        `k_eq_v` (a traced bool, or None): the values are the key projection's output. `shared` = (keys, values
+        [B, T, K, H], reuse): where `reuse` (traced) holds, these keys and values (an earlier layer's, after its
+        norms and rotary embedding) replace this layer's own, in the attention and in what it writes to the cache.
+        Also returns the keys and values attended to, [B, T, K, H], for a later layer to share."""
         b, t, _ = x.shape
         n, k, h = self.num_heads, self.num_kv_heads, self.head_dim
         q, key, val = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if k_eq_v is not None:
+            val = jnp.where(k_eq_v, key, val)
         gate = None
         if self.output_gate:
             q, gate = jnp.split(q.reshape(b, t, n, 2 * h), 2, axis=-1)
@@ -239,6 +254,14 @@ class Attention(nnx.Module):
         if self.q_norm is not None and not self.qk_norm_across_heads:
             q, key = self.q_norm(q), self.k_norm(key)
         q, key = apply_rope(q, positions, inv_freq, rope_scale), apply_rope(key, positions, inv_freq, rope_scale)
+        if self.v_norm_eps is not None:
+            v32 = val.astype(jnp.float32)
+            val = (v32 * jax.lax.rsqrt(jnp.mean(v32 * v32, axis=-1, keepdims=True) + self.v_norm_eps)).astype(val.dtype)
+        if shared is not None:
+            shared_key, shared_val, reuse = shared
+            key = jnp.where(reuse, shared_key.astype(key.dtype), key)
+            val = jnp.where(reuse, shared_val.astype(val.dtype), val)
+        attended = (key, val)
         new_kv = None
         if kv is None:
             keys, vals, k_segments, k_index = key, val, q_segments, q_index
@@ -262,7 +285,7 @@ class Attention(nnx.Module):
         out = out.reshape(b, t, n * h)
         if gate is not None:
             out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
-        return self.o_proj(out), new_kv
+        return self.o_proj(out), new_kv, attended
 
 
 class DepthwiseConv(nnx.Module):
@@ -411,6 +434,20 @@ class DecoderLayer(nnx.Module):
                                       param_dtype=as_dtype(cfg.param_dtype), rngs=rngs)
         else:
             self.mlp = MLP(cfg, rngs=rngs)
+        pd, dt = as_dtype(cfg.param_dtype), as_dtype(cfg.dtype)
+        if cfg.per_layer_input_size:  # Gemma 4: this layer's per-layer input gates a residual branch of its own
+            p = cfg.per_layer_input_size
+            linear_kw = dict(use_bias=False, dtype=dt, param_dtype=pd, rngs=rngs, dot_general=ops.projection_dot)
+            self.per_layer_input_gate = nnx.Linear(cfg.hidden_size, p, kernel_init=_init(("embed", None)),
+                                                   **linear_kw)
+            self.per_layer_projection = nnx.Linear(p, cfg.hidden_size, kernel_init=_init((None, "embed")),
+                                                   **linear_kw)
+            self.post_per_layer_input_norm = RMSNorm(cfg.hidden_size, **kw)
+        else:
+            self.per_layer_input_gate = self.per_layer_projection = self.post_per_layer_input_norm = None
+        self.activation = cfg.activation
+        self.layer_scalar = (nnx.Param(nnx.with_partitioning(nnx.initializers.ones, (None,))(rngs.params(), (1,), pd))
+                             if cfg.layer_scalar else None)
 
     def _feed_forward(self, x: jax.Array) -> tuple[jax.Array, jax.Array | None]:
         if isinstance(self.mlp, SparseMoeBlock):
@@ -418,16 +455,19 @@ class DecoderLayer(nnx.Module):
         return self.mlp(x), None
 
     def __call__(self, x, positions, q_index, q_segments, kv, fresh_cache: bool, inv_freq, sliding, rope_scale=None,
-                 linear_masks=None):
+                 linear_masks=None, k_eq_v=None, shared=None, per_layer_input=None):
         """(x, the token mixer's cache output (see `Attention.__call__`, `GatedDeltaNet.__call__`), router logits
-        [B, T, E] float32 of a sparse block or None). A linear-attention layer reads `linear_masks` (same_segment,
-        reset) and its state from `kv`, and ignores the attention arguments."""
+        [B, T, E] float32 of a sparse block or None, the keys and values attended to (None in a linear-attention
+        layer)). A linear-attention layer reads `linear_masks` (same_segment, reset) and its state from `kv`, and
+        ignores the attention arguments. `k_eq_v`, `shared`: see `Attention.__call__`; `per_layer_input` [B, T, P]:
+        this layer's slice of Gemma 4's per-layer inputs."""
         normed = x if self.input_layernorm is None else self.input_layernorm(x)
+        attended = None
         if self.linear_attn is not None:
             attn, new_kv = self.linear_attn(normed, linear_masks, kv)
         else:
-            attn, new_kv = self.self_attn(normed, positions, q_index, q_segments, kv, fresh_cache, inv_freq, sliding,
-                                          rope_scale)
+            attn, new_kv, attended = self.self_attn(normed, positions, q_index, q_segments, kv, fresh_cache, inv_freq,
+                                                    sliding, rope_scale, k_eq_v, shared)
         if self.post_feedforward_layernorm is not None:  # norms on the outputs (Gemma 2/3 around, OLMo 2/3 only)
             x = x + self.post_attention_layernorm(attn)
             normed = x if self.pre_feedforward_layernorm is None else self.pre_feedforward_layernorm(x)
@@ -437,7 +477,12 @@ class DecoderLayer(nnx.Module):
             x = x + attn
             y, router_logits = self._feed_forward(self.post_attention_layernorm(x))
             x = x + y
-        return shard(x, ("batch", "seq", "act_embed")), new_kv, router_logits
+        if self.per_layer_input_gate is not None:
+            hidden = ops.gated(self.per_layer_input_gate(x), per_layer_input.astype(x.dtype), self.activation)
+            x = x + self.post_per_layer_input_norm(self.per_layer_projection(hidden))
+        if self.layer_scalar is not None:  # a constant in transformers (a buffer): no gradient reaches it
+            x = x * jax.lax.stop_gradient(self.layer_scalar[...]).astype(x.dtype)
+        return shard(x, ("batch", "seq", "act_embed")), new_kv, router_logits, attended
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -527,6 +572,72 @@ def rope_scales(cfg: ModelConfig) -> jax.Array | None:
     return jnp.asarray(factors, jnp.float32)
 
 
+def layer_switches(cfg: ModelConfig) -> tuple[jax.Array | None, jax.Array | None]:
+    """Gemma 4's per-layer switches, as arrays scanned with the layers: whether each layer's values are its key
+    projection's output [L] (`ModelConfig.values_from_keys`) and whether it attends to an earlier layer's keys and
+    values [L] (`ModelConfig.kv_reused`); None where the model has no such layer."""
+    n = cfg.num_layers
+    k_eq_v = jnp.asarray([cfg.values_from_keys(i) for i in range(n)]) if cfg.attention_k_eq_v else None
+    reuse = jnp.asarray([cfg.kv_reused(i) for i in range(n)]) if cfg.kv_shared_layers else None
+    return k_eq_v, reuse
+
+
+class PerLayerInputs(nnx.Module):
+    """Gemma 4's per-layer inputs ("PLE"): for each token, one vector [P] per layer, the sum of a second token
+    embedding (a table [V', L * P], scaled by sqrt(P)) and a projection of the scaled token embedding (times
+    D^-0.5, RMS-normed per layer), times 2^-0.5. Each layer adds a residual term gated by its slice
+    (`DecoderLayer.__call__`). Names are transformers' (`embed_tokens_per_layer`, `per_layer_model_projection`,
+    `per_layer_projection_norm`)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        pd, dt = as_dtype(cfg.param_dtype), as_dtype(cfg.dtype)
+        width = cfg.num_layers * cfg.per_layer_input_size
+        self.embed_tokens_per_layer = nnx.Embed(cfg.per_layer_input_vocab_size or cfg.vocab_size, width, dtype=dt,
+                                                param_dtype=pd, rngs=rngs, embedding_init=_init(("vocab", None)))
+        self.per_layer_model_projection = nnx.Linear(cfg.hidden_size, width, use_bias=False, dtype=dt,
+                                                     param_dtype=pd, rngs=rngs, dot_general=ops.projection_dot,
+                                                     kernel_init=_init(("embed", None)))
+        self.per_layer_projection_norm = RMSNorm(cfg.per_layer_input_size, eps=cfg.rms_norm_eps, offset=False,
+                                                 param_dtype=pd, rngs=rngs)
+        self.num_layers, self.size, self.hidden_size = cfg.num_layers, cfg.per_layer_input_size, cfg.hidden_size
+
+    def __call__(self, tokens: jax.Array, embedded: jax.Array) -> jax.Array:
+        """tokens [B, T], embedded [B, T, D] (the scaled token embedding) -> per-layer inputs [L, B, T, P], layer
+        first, as the layer scan takes them."""
+        b, t = tokens.shape
+        table = self.embed_tokens_per_layer(tokens)
+        table = table * jnp.asarray(math.sqrt(self.size), table.dtype)
+        projected = self.per_layer_model_projection(embedded) * (self.hidden_size ** -0.5)
+        projected = self.per_layer_projection_norm(projected.reshape(b, t, self.num_layers, self.size))
+        combined = (projected + table.reshape(b, t, self.num_layers, self.size)) * (2.0 ** -0.5)
+        return jnp.moveaxis(combined, 2, 0)
+
+
+def _period(kinds: list[str]) -> tuple[str, ...]:
+    """The shortest block of `kinds` whose repetition gives them all (all of them when none repeats)."""
+    for period in range(1, len(kinds) + 1):
+        if len(kinds) % period == 0 and all(kinds[i] == kinds[i % period] for i in range(len(kinds))):
+            return tuple(kinds[:period])
+    return tuple(kinds)
+
+
+def _picked(values: jax.Array | None, layers: tuple[int, ...]) -> jax.Array | None:
+    """`values` [L, ...] at `layers`, or None."""
+    return None if values is None else values[np.asarray(layers)]
+
+
+def _grouped_weights(weights: Any, groups: int, per_group: int) -> Any:
+    """A stack's weights [L_stack, ...] as [groups, per_group, ...], each kept split as it is: unconstrained, the
+    partitioner may gather every layer's weights before the scan instead of one layer's in it."""
+    def one(var: nnx.Variable) -> nnx.Variable:
+        names = var.get_metadata().get("out_sharding")
+        value = var.get_value()
+        value = value.reshape(groups, per_group, *value.shape[1:])
+        return var.replace(shard(value, (None, *names)) if names else value)
+
+    return jax.tree.map(one, weights, is_leaf=lambda v: isinstance(v, nnx.Variable))
+
+
 def make_embedding(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Embed:
     """The token embedding [vocab, embed] (the first weights a `Decoder` draws)."""
     return nnx.Embed(
@@ -597,11 +708,19 @@ class Decoder(nnx.Module):
             self.embed_tokens = make_embedding(cfg, rngs)
             # A hybrid stack (Qwen3.5) keeps its softmax-attention and its linear-attention layers as two stacks
             # (`layers`, `linear_layers`), each in layer order; `_run_hybrid_layers` interleaves them.
-            self.layers = stack_layers([DecoderLayer(cfg, rngs=rngs) for _ in cfg.attention_layers])
+            stacks = cfg.layer_stacks()
+            self.layers = stack_layers([DecoderLayer(cfg, rngs=rngs) for _ in stacks["layers"]])
             self.linear_layers = nnx.data(stack_layers([DecoderLayer(cfg, rngs=rngs, linear=True)
                                                          for _ in cfg.linear_attention_layers])
                                           if cfg.linear_attention_layers else None)
+            # Gemma 4's layers of another shape than `layers`' (full layers of their own attention shape, KV-shared
+            # layers of a wider MLP): stacks of their own, interleaved with `layers` by `_run_kind_blocks`
+            for name in ("full_layers", "shared_layers", "shared_full_layers"):
+                setattr(self, name, nnx.data(stack_layers([DecoderLayer(cfg.stack_config(name), rngs=rngs)
+                                                           for _ in stacks[name]]) if name in stacks else None))
             self.norm, self.lm_head = make_head(cfg, rngs)
+            # Gemma 4's per-layer input embedding and projection, drawn after the head
+            self.per_layer_inputs = nnx.data(PerLayerInputs(cfg, rngs=rngs) if cfg.per_layer_input_size else None)
 
     # ----------------------------------------------------------------------------------------------------------
     def hidden_states(
@@ -626,12 +745,20 @@ class Decoder(nnx.Module):
         if self.config.embed_scale:
             x = x * jnp.asarray(math.sqrt(self.config.hidden_size), x.dtype)
         x = shard(x, ("batch", "seq", "act_embed"))
+        per_layer = None if self.per_layer_inputs is None else self.per_layer_inputs(tokens, x)
         k_segments = None
         if cache is not None:
             k_segments = jax.lax.dynamic_update_slice(cache.segment_ids, segment_ids.astype(jnp.int32), (0, offset))
-        run = self._run_hybrid_layers if self.linear_layers is not None else self._run_layers
-        x, new_k, new_v, linear_states = run(x, positions, q_index, segment_ids, cache, k_segments, offset,
-                                             fresh_cache)
+        if self.linear_layers is not None:
+            x, new_k, new_v, linear_states = self._run_hybrid_layers(x, positions, q_index, segment_ids, cache,
+                                                                     k_segments, offset, fresh_cache)
+        elif len(self.config.layer_stacks()) > 1:
+            x, new_k, new_v = self._run_kind_blocks(x, positions, q_index, segment_ids, cache, k_segments, offset,
+                                                    fresh_cache, per_layer)
+            linear_states = None
+        else:
+            x, new_k, new_v, linear_states = self._run_layers(x, positions, q_index, segment_ids, cache, k_segments,
+                                                              offset, fresh_cache, per_layer)
         x = self.norm(x)
         new_cache = None
         if cache is not None:
@@ -643,8 +770,14 @@ class Decoder(nnx.Module):
             )
         return x, new_cache
 
-    def _run_layers(self, x, positions, q_index, segment_ids, cache, k_segments, offset, fresh_cache):
+    def _run_layers(self, x, positions, q_index, segment_ids, cache, k_segments, offset, fresh_cache,
+                    per_layer_inputs=None):
         """x through every layer, a scan over the stacked weights; returns (x, cache keys, cache values).
+
+        Gemma 4's switches ride along: the per-layer inputs [L, B, T, P] and `layer_switches` are scanned with the
+        weights, and with `ModelConfig.kv_shared_layers` the scan carries the last keys and values [B, T, K, H] each
+        kind of layer (sliding, full) attended to, which a KV-shared layer attends to in place of its own (and
+        writes into its cache slots, so decoding reads them from there as from any layer's).
 
         A cache is scanned with the layers ([L, B, K, S, H]: each step reads its layer's buffers) and only read
         there; the scan returns each layer's new slots [L, B, K, T, H], written into the stack once after it, in
@@ -669,20 +802,38 @@ class Decoder(nnx.Module):
         # model whose state belongs to an outer trace (a closure of jit or grad) runs without mutating it.
         write_back = _draws_randomness(self.layers)
         inv_freq, sliding = layer_constants(cfg, positions)
-        per_layer = (weights, inv_freq, sliding, rope_scales(cfg), jnp.arange(cfg.num_layers, dtype=jnp.int32))
+        k_eq_v, reuse = layer_switches(cfg)
+        per_layer = (weights, inv_freq, sliding, rope_scales(cfg), jnp.arange(cfg.num_layers, dtype=jnp.int32),
+                     (k_eq_v, reuse, per_layer_inputs))
         moe = cfg.moe if is_recording_router_statistics() else None
+        kinds = layer_kinds(cfg)
+        b, t, _ = x.shape
+        # the keys and values each kind of layer last attended to ([sliding, full]), for the KV-shared layers
+        empty = jnp.zeros((b, t, cfg.num_kv_heads, cfg.head_dim), x.dtype)
+        last_kv = ((empty, empty), (empty, empty)) if reuse is not None else None
 
-        def layer(shared, weights, x, kv, inv_freq, sliding, rope_scale):
+        def layer(shared, weights, x, kv, inv_freq, sliding, rope_scale, switches, last_kv):
             # copy: the layer's Variables belong to this trace (remat's, or the scan's), so an adapter's dropout
             # may advance its random stream in them; the advanced stream leaves as `shared`.
             module = nnx.merge(graphdef, weights, shared, copy=True)
-            x, new_kv, router_logits = module(x, positions, q_index, segment_ids, kv, fresh_cache, inv_freq, sliding,
-                                              rope_scale)
+            k_eq_v, reuse, per_layer_input = switches
+            slides = None
+            shared_kv = None
+            if last_kv is not None:
+                slides = sliding if sliding is not None else jnp.asarray(kinds[0] == "sliding")
+                mine = jax.tree.map(lambda s, f: jnp.where(slides, s, f), *last_kv)
+                shared_kv = (*mine, reuse)
+            x, new_kv, router_logits, attended = module(
+                x, positions, q_index, segment_ids, kv, fresh_cache, inv_freq, sliding, rope_scale,
+                k_eq_v=k_eq_v, shared=shared_kv, per_layer_input=per_layer_input)
+            if last_kv is not None:  # a layer with keys of its own makes them its kind's latest
+                keep = lambda on, old: jax.tree.map(lambda a, o: jnp.where(on & ~reuse, a, o), attended, old)  # noqa
+                last_kv = (keep(slides, last_kv[0]), keep(~slides, last_kv[1]))
             stats = None
             if moe is not None:
                 stats = router_statistics(router_logits, experts_per_token=moe.experts_per_token,
                                           mask=segment_ids != 0)
-            return x, new_kv, nnx.state(module, nnx.Not(_stacked_filter)), stats
+            return x, new_kv, nnx.state(module, nnx.Not(_stacked_filter)), stats, last_kv
 
         if cfg.remat != "none":
             layer = jax.checkpoint(layer, policy=_remat_policy(cfg.remat), prevent_cse=False)
@@ -695,28 +846,29 @@ class Decoder(nnx.Module):
 
         if cache is None:
             def body(carry, xs):
-                x, shared = carry
-                weights, inv_freq, sliding, rope_scale, _ = xs
-                x, _, shared, stats = layer(shared, weights, x, None, inv_freq, sliding, rope_scale)
-                return (x, shared), stats
+                x, shared, last_kv = carry
+                weights, inv_freq, sliding, rope_scale, _, switches = xs
+                x, _, shared, stats, last_kv = layer(shared, weights, x, None, inv_freq, sliding, rope_scale, switches,
+                                                     last_kv)
+                return (x, shared, last_kv), stats
 
-            (x, shared), stats = jax.lax.scan(body, (x, shared), per_layer)
+            (x, shared, _), stats = jax.lax.scan(body, (x, shared, last_kv), per_layer)
             finish(shared, stats)
             return x, None, None, None
 
         decode_step = x.shape[1] == 1 and not fresh_cache
 
         def scanned(carry, xs):
-            x, shared = carry
-            (weights, inv_freq, sliding, rope_scale, i), layer_kv = xs
+            x, shared, last_kv = carry
+            (weights, inv_freq, sliding, rope_scale, i, switches), layer_kv = xs
             if decode_step:
                 layer_kv = tuple(jax.lax.dynamic_index_in_dim(c, i, keepdims=False) for c in (cache.k, cache.v))
-            x, slots, shared, stats = layer(shared, weights, x, (*layer_kv, k_segments, offset), inv_freq, sliding,
-                                            rope_scale)
-            return (x, shared), (slots, stats)
+            x, slots, shared, stats, last_kv = layer(shared, weights, x, (*layer_kv, k_segments, offset), inv_freq,
+                                                     sliding, rope_scale, switches, last_kv)
+            return (x, shared, last_kv), (slots, stats)
 
         kv_xs = None if decode_step else (cache.k, cache.v)
-        (x, shared), ((slots_k, slots_v), stats) = jax.lax.scan(scanned, (x, shared), (per_layer, kv_xs))
+        (x, shared, _), ((slots_k, slots_v), stats) = jax.lax.scan(scanned, (x, shared, last_kv), (per_layer, kv_xs))
         finish(shared, stats)
         at = (0, 0, 0, offset, 0)
         return (x, jax.lax.dynamic_update_slice(cache.k, slots_k, at),
@@ -797,11 +949,11 @@ class Decoder(nnx.Module):
             def layer(shared, weights, x, kv, *constants):
                 module = nnx.merge(graphdef, weights, shared, copy=True)
                 if module.linear_attn is not None:
-                    x, new_kv, router_logits = module(x, None, None, None, kv, fresh_cache, None, None,
-                                                      linear_masks=masks)
+                    x, new_kv, router_logits, _ = module(x, None, None, None, kv, fresh_cache, None, None,
+                                                         linear_masks=masks)
                 else:
-                    x, new_kv, router_logits = module(x, positions, q_index, segment_ids, kv, fresh_cache,
-                                                      *constants)
+                    x, new_kv, router_logits, _ = module(x, positions, q_index, segment_ids, kv, fresh_cache,
+                                                         *constants)
                 stats = None
                 if moe is not None:
                     stats = router_statistics(router_logits, experts_per_token=moe.experts_per_token, mask=real)
@@ -854,6 +1006,129 @@ class Decoder(nnx.Module):
         at = (0, 0, 0, offset, 0)
         return (x, jax.lax.dynamic_update_slice(cache.k, slots_k, at),
                 jax.lax.dynamic_update_slice(cache.v, slots_v, at), (flat(states[0]), flat(states[1])))
+
+    def _run_kind_blocks(self, x, positions, q_index, segment_ids, cache, k_segments, offset, fresh_cache,
+                         per_layer_inputs):
+        """`_run_layers` for a Gemma 4 stack whose layers are of more than one shape (`ModelConfig.layer_stacks`:
+        full layers of their own attention shape, `global_head_dim`; KV-shared layers of a wider MLP): a scan over
+        repetitions of one block of the layer pattern (`ModelConfig.kind_block`, e.g. five sliding layers and a
+        full one), the block's layers written out in its body, each taking its weights from its stack. With wider
+        KV-shared layers the layers before them and they are two such scans (segments), each over its own stacks.
+        Every layer's cache entry is of `ModelConfig.cache_shape`; a layer reads and writes the corner [K, H] of its
+        own shape. The keys and values a KV-shared layer reuses are carried per kind of layer, each in its kind's
+        shape. Returns (x, cache keys, cache values)."""
+        cfg = self.config
+        n = cfg.num_layers
+        stacks = cfg.layer_stacks()
+        names = [cfg.stack_name(i) for i in range(n)]
+        configs = {name: cfg.stack_config(name) for name in stacks}
+        modules = {name: getattr(self, name) for name in stacks}
+        split = {name: nnx.split(module, _stacked_filter, ...) for name, module in modules.items()}
+        write_back = any(_draws_randomness(module) for module in modules.values())
+        moe = cfg.moe if is_recording_router_statistics() else None
+        full_cfg = cfg.full_attention_config()
+        shapes = {"sliding": (cfg.num_kv_heads, cfg.head_dim), "full": (full_cfg.num_kv_heads, full_cfg.head_dim)}
+        kinds = [cfg.layer_type(i) for i in range(n)]
+        k_eq_v, reuse = layer_switches(cfg)
+        b, t, _ = x.shape
+        last_kv = None
+        if reuse is not None:  # the keys and values each kind of layer last attended to, in its own shape
+            last_kv = {kind: (jnp.zeros((b, t, *shapes[kind]), x.dtype),) * 2 for kind in ("sliding", "full")}
+        real = segment_ids != 0
+        cache_heads, cache_width = cfg.cache_shape
+        constants = {}
+        for name, stack_cfg in configs.items():  # rotary tables of each stack's head width, at its layers
+            inv_freq, _ = layer_constants(stack_cfg, positions)
+            constants[name] = (inv_freq[np.asarray(stacks[name])], _picked(rope_scales(stack_cfg), stacks[name]))
+
+        def run(graphdef: Any) -> Any:
+            def layer(shared, weights, x, kv, inv_freq, slides, rope_scale, switches, shared_kv):
+                module = nnx.merge(graphdef, weights, shared, copy=True)
+                k_eq_v, reuse, per_layer_input = switches
+                x, new_kv, router_logits, attended = module(
+                    x, positions, q_index, segment_ids, kv, fresh_cache, inv_freq, slides, rope_scale,
+                    k_eq_v=k_eq_v, shared=shared_kv, per_layer_input=per_layer_input)
+                stats = None
+                if moe is not None:
+                    stats = router_statistics(router_logits, experts_per_token=moe.experts_per_token, mask=real)
+                return x, new_kv, nnx.state(module, nnx.Not(_stacked_filter)), stats, attended
+
+            if cfg.remat != "none":
+                layer = jax.checkpoint(layer, policy=_remat_policy(cfg.remat), prevent_cse=False)
+            return layer
+
+        def corner(buffer: jax.Array, kind: str) -> jax.Array:  # [B, Kc, S, Hc] -> [B, K, S, H] of the kind
+            heads, width = shapes[kind]
+            return buffer[:, :heads, :, :width]
+
+        def padded(slot: jax.Array) -> jax.Array:  # [B, K, T, H] -> [B, Kc, T, Hc]
+            return jnp.pad(slot, ((0, 0), (0, cache_heads - slot.shape[1]), (0, 0), (0, cache_width - slot.shape[3])))
+
+        # segments: the layers before the KV-shared ones and those, when those are stacks of their own
+        first_shared = n - cfg.kv_shared_layers
+        cuts = [0, first_shared, n] if cfg.wide_shared_mlp else [0, n]
+        shared_states = {name: split[name][2] for name in stacks}
+        all_slots, all_stats = [], []
+        for start, end in zip(cuts[:-1], cuts[1:]):
+            block = _period(kinds[start:end])
+            groups = (end - start) // len(block)
+            block_stacks = [names[start + j] for j in range(len(block))]
+            used = list(dict.fromkeys(block_stacks))
+            count = {name: block_stacks.count(name) for name in used}
+            grouped = lambda m: (lambda a: None if a is None else a.reshape(groups, m, *a.shape[1:]))  # noqa: E731
+            stack_xs = {name: (_grouped_weights(split[name][1], groups, count[name]),
+                               *jax.tree.map(grouped(count[name]), constants[name])) for name in used}
+            window = lambda a: None if a is None else a[start:end]  # noqa: E731 ([L, ...]: this segment's layers)
+            switch_xs = jax.tree.map(grouped(len(block)), (window(k_eq_v), window(reuse), window(per_layer_inputs)))
+            kv_xs = None if cache is None else jax.tree.map(grouped(len(block)), (window(cache.k), window(cache.v)))
+            layer_fns = {name: run(split[name][0]) for name in used}
+
+            def body(carry, xs, block=block, block_stacks=block_stacks, layer_fns=layer_fns):
+                x, shared, last_kv = carry
+                shared = dict(shared)
+                last_kv = None if last_kv is None else dict(last_kv)
+                per_stack, (k_eq_v_g, reuse_g, inputs_g), kv_g = xs
+                slots, stats = [], []
+                seen = dict.fromkeys(per_stack, 0)
+                for j, (kind, name) in enumerate(zip(block, block_stacks)):
+                    w, inv_g, scale_g = per_stack[name]
+                    a = seen[name]
+                    seen[name] += 1
+                    kv = (None if kv_g is None
+                          else (corner(kv_g[0][j], kind), corner(kv_g[1][j], kind), k_segments, offset))
+                    switches = tuple(None if z is None else z[j] for z in (k_eq_v_g, reuse_g, inputs_g))
+                    shared_kv = None if last_kv is None else (*last_kv[kind], reuse_g[j])
+                    x, new_kv, shared[name], st, attended = layer_fns[name](
+                        shared[name], jax.tree.map(lambda v: v[a], w), x, kv, inv_g[a], jnp.asarray(kind == "sliding"),
+                        None if scale_g is None else scale_g[a], switches, shared_kv)
+                    if last_kv is not None:  # a layer with keys of its own makes them its kind's latest
+                        last_kv[kind] = jax.tree.map(lambda new, old: jnp.where(reuse_g[j], old, new), attended,
+                                                     last_kv[kind])
+                    if new_kv is not None:
+                        slots.append(tuple(padded(z) for z in new_kv))
+                    stats.append(st)
+                stacked = None if not slots else jax.tree.map(lambda *z: jnp.stack(z), *slots)
+                block_stats = None if moe is None else jax.tree.map(lambda *z: sum(z), *stats)
+                return (x, shared, last_kv), (stacked, block_stats)
+
+            (x, segment_shared, last_kv), (slots, stats) = jax.lax.scan(
+                body, (x, {name: shared_states[name] for name in used}, last_kv), (stack_xs, switch_xs, kv_xs))
+            shared_states.update(segment_shared)
+            all_slots.append(slots)
+            all_stats.append(stats)
+        if write_back:
+            for name, module in modules.items():
+                nnx.update(module, shared_states[name])
+        if moe is not None:
+            record_router_statistics(moe, jax.tree.map(lambda *a: sum(jnp.sum(z, axis=0) for z in a), *all_stats))
+        if cache is None:
+            return x, None, None
+        flat = lambda a: a.reshape(-1, *a.shape[2:])  # noqa: E731 ([G, n, ...] -> [L, ...], layer order)
+        slots_k = jnp.concatenate([flat(z[0]) for z in all_slots])
+        slots_v = jnp.concatenate([flat(z[1]) for z in all_slots])
+        at = (0, 0, 0, offset, 0)
+        return (x, jax.lax.dynamic_update_slice(cache.k, slots_k, at),
+                jax.lax.dynamic_update_slice(cache.v, slots_v, at))
 
     def logits(self, hidden: jax.Array, decode_layout: bool = False) -> jax.Array:
         """LM head (tied or untied) and final soft-capping; float32 logits. `decode_layout`: see `Decoder`."""

@@ -17,7 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tempax.models.config import ModelConfig
-from tempax.models.decoder import Decoder, DecoderLayer, make_embedding, make_head
+from tempax.models.decoder import Decoder, DecoderLayer, PerLayerInputs, make_embedding, make_head
 from tempax.models.weights import abstract_model
 from tempax.parallel.rules import Rules, param_shardings
 
@@ -49,14 +49,16 @@ def _replicated(tree: Any, mesh: Mesh) -> Any:
 
 
 def _layers_program(cfg: ModelConfig, mesh: Mesh | None, rules: Rules | None, abstract_layers: Any,
-                    linear: bool = False) -> Any:
+                    linear: bool = False, count: int | None = None) -> Any:
     """jit of `rngs_state -> ({path: weight stacked over the layers}, rngs_state after)`: one `DecoderLayer`'s
     initialiser under `jax.lax.scan`, the stream's state carried from layer to layer. The scan writes each layer's
     weights into the stack as it draws them, so the program is one layer's code whatever the depth and the stack
     is never copied; `abstract_layers` (the decoder's stacked layers, shapes only) gives each weight's dtype and,
-    with `mesh`, its shard. `linear`: the stack of a hybrid model's linear-attention layers."""
+    with `mesh`, its shard. `linear`: the stack of a hybrid model's linear-attention layers; `count`: the stack's
+    layers (default: the linear-attention layers, or the softmax-attention layers of `cfg.layer_stacks()`)."""
     layer = _initialiser(lambda r: DecoderLayer(cfg, rngs=r, linear=linear))
-    count = len(cfg.linear_attention_layers if linear else cfg.attention_layers)
+    if count is None:
+        count = len(cfg.linear_attention_layers if linear else cfg.layer_stacks()["layers"])
     flat = {tuple(path): var for path, var in nnx.to_flat_state(nnx.state(abstract_layers))}
 
     def run(rngs_state: Any) -> tuple[dict, Any]:
@@ -78,6 +80,8 @@ def _layers_program(cfg: ModelConfig, mesh: Mesh | None, rules: Rules | None, ab
 class _Head(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         self.norm, self.lm_head = make_head(cfg, rngs)
+        # Gemma 4's per-layer inputs, drawn after the head as `Decoder.__init__` draws them
+        self.per_layer_inputs = nnx.data(PerLayerInputs(cfg, rngs=rngs) if cfg.per_layer_input_size else None)
 
 
 def decoder_programs(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rules: Rules | None = None) -> dict:
@@ -92,6 +96,11 @@ def decoder_programs(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rule
     }
     if abstract.linear_layers is not None:
         programs["linear_layers"] = _layers_program(cfg, mesh, rules, abstract.linear_layers, linear=True)
+    stacks = cfg.layer_stacks()
+    for name in ("full_layers", "shared_layers", "shared_full_layers"):  # Gemma 4's stacks of other shapes
+        if name in stacks:
+            programs[name] = _layers_program(cfg.stack_config(name), mesh, rules, getattr(abstract, name),
+                                             count=len(stacks[name]))
     return programs
 
 
@@ -123,9 +132,10 @@ def init_decoder(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rules: R
     collect(("embed_tokens",), embedding)
     stacked, rngs = programs["layers"](rngs)
     values.update({("layers", *path): value for path, value in stacked.items()})
-    if "linear_layers" in programs:  # a hybrid model's second stack, built after the first as Decoder does
-        stacked, rngs = programs["linear_layers"](rngs)
-        values.update({("linear_layers", *path): value for path, value in stacked.items()})
+    for second in ("linear_layers", "full_layers", "shared_layers", "shared_full_layers"):  # in Decoder's order
+        if second in programs:
+            stacked, rngs = programs[second](rngs)
+            values.update({(second, *path): value for path, value in stacked.items()})
     head, _ = programs["head"](rngs)
     collect((), head)
     flat = [(path, var.replace(values.pop(tuple(path)))) for path, var in nnx.to_flat_state(abstract)]

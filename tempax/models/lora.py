@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 
 from tempax.errors import CheckpointError, ConfigError
+from tempax.models.config import LAYER_STACKS
 from tempax.models.decoder import Decoder, as_dtype
 from tempax.models.fused import fused_projections
 from tempax.models.moe import (EXPERT_KERNELS, QuantizedRoutedExperts, RoutedExperts, expert_lora_from_peft,
@@ -339,15 +340,12 @@ def _dotted(path: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in path)
 
 
-_STACKS = ("layers", "linear_layers")  # the decoder's layer stacks (a hybrid model's linear-attention layers)
+_STACKS = LAYER_STACKS  # the decoder's layer stacks (`ModelConfig.layer_stacks`)
 
 
 def _stack_members(model: Decoder, stack: str) -> tuple[int, ...]:
     """The model's layer indices held by a layer stack, entry by entry."""
-    cfg = model.config
-    if not cfg.linear_attention_layers:
-        return tuple(range(cfg.num_layers))
-    return cfg.linear_attention_layers if stack == "linear_layers" else cfg.attention_layers
+    return model.config.layer_stacks()[stack]
 
 
 def _per_layer(model: Decoder, stacked: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

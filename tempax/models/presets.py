@@ -193,10 +193,22 @@ PRESETS: dict[str, ModelConfig] = {
                               moe=MoeConfig(num_experts=6, experts_per_token=2, expert_intermediate_size=32,
                                             normalize_top_k=True, shared_expert_intermediate_size=48,
                                             shared_expert_gate=True)),
+    # Gemma 4: sliding and full layers (the full ones of head width 32 with one key/value head, a proportional rope
+    # rotating a quarter of each head's frequency pairs and values equal to keys), value norms, per-layer inputs of
+    # width 8, layer scalars, and the last two layers (one of each kind, their MLP twice as wide) attending to the
+    # keys and values of the last earlier layer of their kind.
+    "tiny-gemma4": _tiny(
+        "gemma4", num_layers=6, embed_scale=True, activation="gelu_tanh", post_norms=True, qk_norm=True, v_norm=True,
+        query_pre_attn_scalar=1.0, sliding_window=4, layer_types=("sliding", "sliding", "full") * 2,
+        rope=RopeConfig(theta=1e6, scaling="proportional", rotated_fraction=0.25), rope_local=RopeConfig(theta=1e4),
+        final_logit_softcap=30.0, rms_norm_eps=1e-6, attention_k_eq_v=True, kv_shared_layers=2,
+        per_layer_input_size=8, layer_scalar=True, bos_token_id=2, eos_token_id=1, pad_token_id=0,
+        global_head_dim=32, global_kv_heads=1, wide_shared_mlp=True,
+    ),
 }
 
 TINY_FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "smollm3", "olmo2", "olmo3", "phi3",
-                 "qwen3_5")
+                 "qwen3_5", "gemma4")
 # presets tiny-qwen2-moe, tiny-qwen3-moe, tiny-mixtral, tiny-gpt-oss, tiny-qwen3-5-moe
 TINY_MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss", "qwen3_5_moe")
 

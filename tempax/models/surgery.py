@@ -62,6 +62,11 @@ def keep_layers(model: Decoder, layers: Sequence[int]) -> Decoder:
     """
     cfg = model.config
     layers = layer_selection(list(layers), cfg.num_layers)
+    if cfg.per_layer_input_size or cfg.kv_shared_layers:
+        raise ConfigError(
+            f"keep_layers cannot cut this {cfg.family} model: its per-layer inputs (per_layer_input_size="
+            f"{cfg.per_layer_input_size}, tables over every layer) or its KV-shared layers (kv_shared_layers="
+            f"{cfg.kv_shared_layers}, counted from the last layer) would no longer match the layers kept")
     new_cfg = cfg.replace(
         num_layers=len(layers),
         layer_types=tuple(cfg.layer_type(i) for i in layers) if cfg.layer_types else (),

@@ -20,12 +20,13 @@ import numpy as np
 from flax import nnx
 
 from tempax.errors import CheckpointError
-from tempax.models.config import ModelConfig
-from tempax.models.decoder import Decoder, DecoderLayer, abstract_stack, as_dtype, is_stacked
+from tempax.models.config import LAYER_STACKS, ModelConfig
+from tempax.models.decoder import Decoder, DecoderLayer, PerLayerInputs, abstract_stack, as_dtype, is_stacked
 from tempax.models.moe import (MoeTensorSlot, fill_slot, hf_moe_tensor_to_path, moe_params_to_hf_tensors,
                                moe_path_to_hf)
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
 
 
 def text_model_name(name: str) -> str:
@@ -44,6 +45,8 @@ def hf_to_path(name: str) -> tuple[tuple[Any, ...], bool] | None:
         return ("norm", "weight"), False
     if name == "lm_head.weight":
         return ("lm_head", "kernel"), True
+    if name in _PER_LAYER_INPUTS:
+        return _PER_LAYER_INPUTS[name]
     m = _LAYER.match(name)
     if not m:
         return None
@@ -57,9 +60,38 @@ def hf_to_path(name: str) -> tuple[tuple[Any, ...], bool] | None:
         return ("layers", i, *parts), False
     if parts == ["self_attn", "sinks"]:  # gpt-oss's attention sinks [num_heads]
         return ("layers", i, *parts), False
+    if parts in (["per_layer_input_gate", "weight"], ["per_layer_projection", "weight"]):  # Gemma 4's
+        return ("layers", i, parts[0], "kernel"), True
+    if parts == ["layer_scalar"]:  # Gemma 4's per-layer output scale [1]
+        return ("layers", i, "layer_scalar"), False
     if parts in (["linear_attn", "dt_bias"], ["linear_attn", "A_log"], ["linear_attn", "conv1d", "weight"]):
         return ("layers", i, *parts), False  # Qwen3.5's Gated DeltaNet (the conv weight loses its middle axis)
     return None
+
+
+# Gemma 4's per-layer inputs (`tempax.models.decoder.PerLayerInputs`): (path, transpose) of each tensor
+_PER_LAYER_INPUTS: dict[str, tuple[tuple[Any, ...], bool]] = {
+    "model.embed_tokens_per_layer.weight": (("per_layer_inputs", "embed_tokens_per_layer", "embedding"), False),
+    "model.per_layer_model_projection.weight": (("per_layer_inputs", "per_layer_model_projection", "kernel"), True),
+    "model.per_layer_projection_norm.weight": (("per_layer_inputs", "per_layer_projection_norm", "weight"), False),
+}
+
+
+def absent_from_checkpoint(cfg: ModelConfig) -> frozenset[tuple[Any, ...]]:
+    """Per-layer paths of weights tempax's layer stack holds but the family's checkpoints do not: a Gemma 4
+    KV-shared layer's key/value projections and key norm, a value projection of a layer whose values are its keys
+    (`attention_k_eq_v`). The model never reads them: loading fills them with zeros, export leaves them out."""
+    absent = set()
+    for i in range(cfg.num_layers):
+        names = []
+        if cfg.kv_reused(i):
+            names += ["k_proj", "v_proj", "k_norm"]
+        elif cfg.values_from_keys(i):
+            names.append("v_proj")
+        for name in names:
+            leaves = ["weight"] if name.endswith("norm") else ["kernel", "bias"] if cfg.qkv_bias else ["kernel"]
+            absent.update(("layers", i, "self_attn", name, leaf) for leaf in leaves)
+    return frozenset(absent)
 
 
 _MOE_BLOCK = ("layers", "mlp")  # where a decoder layer's SparseMoeBlock sits in the model
@@ -85,8 +117,13 @@ def path_to_hf(path: tuple[Any, ...]) -> tuple[str, bool]:
         return "model.norm.weight", False
     if path == ("lm_head", "kernel"):
         return "lm_head.weight", True
+    for name, (mapped, transpose) in _PER_LAYER_INPUTS.items():
+        if path == mapped:
+            return name, transpose
     if path[0] == "layers":
         *mods, leaf = path[2:]
+        if not mods:  # a tensor of the layer itself (Gemma 4's layer_scalar)
+            return f"model.layers.{path[1]}.{leaf}", False
         name = f"model.layers.{path[1]}." + ".".join(str(m) for m in mods)
         if leaf == "kernel":
             return name + ".weight", True
@@ -112,11 +149,20 @@ def abstract_model(cfg: ModelConfig) -> Decoder:
     with one layer: tracing grows with the depth nowhere, so `tempax generate` starts as fast for a deep model as
     for a shallow one. A hybrid model (Qwen3.5) gets its linear-attention stack the same way.
     """
-    shell = cfg.replace(num_layers=1, layer_types=cfg.layer_types[:1], nope_layers=(), linear_attention_layers=())
+    shell = cfg.replace(num_layers=1, layer_types=cfg.layer_types[:1], nope_layers=(), linear_attention_layers=(),
+                        kv_shared_layers=0, per_layer_input_size=0, global_head_dim=0, global_kv_heads=0,
+                        wide_shared_mlp=False)
     model = nnx.eval_shape(lambda: Decoder(shell, rngs=nnx.Rngs(0)))
     with nnx.use_eager_sharding(False):  # as `Decoder.__init__` builds its layers
+        if cfg.per_layer_input_size:  # Gemma 4's per-layer inputs: tables as wide as all layers' inputs
+            model.per_layer_inputs = nnx.data(nnx.eval_shape(lambda: PerLayerInputs(cfg, rngs=nnx.Rngs(0))))
+        stacks = cfg.layer_stacks()
         layer = nnx.eval_shape(lambda: DecoderLayer(cfg, rngs=nnx.Rngs(0)))
-        model.layers = abstract_stack(layer, len(cfg.attention_layers))
+        model.layers = abstract_stack(layer, len(stacks["layers"]))
+        for name in ("full_layers", "shared_layers", "shared_full_layers"):  # Gemma 4's stacks of other shapes
+            if name in stacks:
+                other = nnx.eval_shape(lambda: DecoderLayer(cfg.stack_config(name), rngs=nnx.Rngs(0)))
+                setattr(model, name, nnx.data(abstract_stack(other, len(stacks[name]))))
         if cfg.linear_attention_layers:
             linear = nnx.eval_shape(lambda: DecoderLayer(cfg, rngs=nnx.Rngs(0), linear=True))
             model.linear_layers = nnx.data(abstract_stack(linear, len(cfg.linear_attention_layers)))
@@ -125,11 +171,13 @@ def abstract_model(cfg: ModelConfig) -> Decoder:
 
 
 def _stack_layers(stack: str, cfg: ModelConfig | None) -> tuple[int, ...] | None:
-    """The model's layer indices of a layer stack's entries: the attention layers of "layers" and the
-    linear-attention ones of "linear_layers" in a hybrid model; None where entry j is layer j."""
-    if cfg is None or not cfg.linear_attention_layers:
+    """The model's layer indices of a layer stack's entries (`ModelConfig.layer_stacks`: the attention layers of
+    "layers" and the linear-attention ones of "linear_layers" in a hybrid model, the sliding and the full layers
+    of a Gemma 4 model whose full layers have a shape of their own); None where entry j is layer j."""
+    if cfg is None:
         return None
-    return cfg.linear_attention_layers if stack == "linear_layers" else cfg.attention_layers
+    stacks = cfg.layer_stacks()
+    return None if len(stacks) == 1 else stacks[stack]
 
 
 def param_table(model: Decoder) -> dict[tuple[Any, ...], nnx.Variable]:
@@ -147,7 +195,7 @@ def per_layer_paths(table: dict[tuple[Any, ...], nnx.Variable], cfg: ModelConfig
     layer as ("layers", i, ...) with i the model's layer index, the form Hugging Face names and tempax's checkpoints
     before the layer stack take. A hybrid model's stacks (`cfg`) map their entries to the layers they hold."""
     for path, var in table.items():
-        if path and path[0] in ("layers", "linear_layers") and is_stacked(var):
+        if path and path[0] in LAYER_STACKS and is_stacked(var):
             layers = _stack_layers(path[0], cfg)
             for i in range(var.shape[0]):
                 yield ("layers", i if layers is None else layers[i], *path[1:]), path, i
@@ -159,9 +207,10 @@ def stacked_path(path: tuple[Any, ...], cfg: ModelConfig | None = None) -> tuple
     """(path in the model, index in its stack) of a per-layer path ("layers", i, ...); other paths unchanged,
     None. In a hybrid model (`cfg`) layer i is in "layers" or "linear_layers"."""
     if len(path) > 1 and path[0] == "layers" and isinstance(path[1], int):
-        if cfg is not None and cfg.linear_attention_layers and 0 <= path[1] < cfg.num_layers:
-            stack = "linear_layers" if cfg.is_linear_attention_layer(path[1]) else "layers"
-            return (stack, *path[2:]), _stack_layers(stack, cfg).index(path[1])
+        stacks = {} if cfg is None or not 0 <= path[1] < cfg.num_layers else cfg.layer_stacks()
+        if len(stacks) > 1:
+            stack = next(name for name, members in stacks.items() if path[1] in members)
+            return (stack, *path[2:]), stacks[stack].index(path[1])
         return ("layers", *path[2:]), path[1]
     return tuple(path), None
 
@@ -187,6 +236,17 @@ def fill_params(
     pending: dict[tuple[Any, ...], set[int]] = {}
     moe_pending: dict[tuple[Any, ...], dict[int, set[int | None]]] = {}
     filled: set[tuple[Any, ...]] = set()
+    absent = absent_from_checkpoint(cfg)
+    for layer_path in absent:  # weights the checkpoint has no tensor for: zeros, never read
+        path, index = stacked_path(layer_path, cfg)
+        var = table.get(path)
+        if var is None:  # an adapter-wrapped or otherwise renamed stack: left to the missing-weights check
+            continue
+        if path not in buffers:
+            buffers[path] = np.zeros(tuple(var.shape), np_dtype)
+            pending[path] = set(range(var.shape[0]))
+        pending[path].discard(index)
+        filled.add(layer_path)
     for name, load in tensors:
         name = text_model_name(name)
         moe = hf_moe_slots(name, cfg)
@@ -200,6 +260,8 @@ def fill_params(
         if mapped is None:
             continue
         layer_path, transpose = mapped
+        if layer_path in absent:  # a checkpoint that still holds such a tensor: the model does not read it
+            continue
         path, index = stacked_path(layer_path, cfg)
         var = table.get(path)
         if var is None or (index is not None and index >= var.shape[0]):
@@ -235,6 +297,8 @@ def fill_params(
         filled.add(layer_path)
         if progress is not None:
             progress(array.nbytes)
+    for path in [p for p, waiting in pending.items() if not waiting and p in buffers]:  # only absent entries
+        table[path].set_value(jnp.asarray(buffers.pop(path)))
     missing = [p for p, _, _ in per_layer_paths(table, cfg) if p not in filled]
     if missing:
         names = [_hf_name_for_message(p, cfg) for p in missing[:5]]
@@ -285,8 +349,9 @@ def iter_hf_tensors(model: Decoder) -> Iterator[tuple[str, np.ndarray]]:
     table = param_table(model)
     cfg = model.config
     moe_paths = [p for p in table if cfg.moe is not None and p[0] in ("layers", "linear_layers") and p[1] == "mlp"]
+    absent = absent_from_checkpoint(cfg)
     for layer_path, path, index in per_layer_paths(table, cfg):
-        if path in moe_paths:
+        if path in moe_paths or layer_path in absent:
             continue
         name, transpose = path_to_hf(layer_path)
         value = table[path][...]

@@ -286,7 +286,9 @@ def _residuals(cfg: ModelConfig, seq_len: int, remat: str, precision: str, backe
 
     # A hybrid stack (Qwen3.5) is traced a block of its unlike layers at a time: one block and two, the
     # difference over the block's length is its mean layer's.
-    block = len(cfg.layer_block()) if cfg.linear_attention_layers else 1
+    # Gemma 4's full layers of their own shape likewise, a block of its layer pattern at a time.
+    block = (len(cfg.layer_block()) if cfg.linear_attention_layers
+             else len(cfg.kind_block()) if cfg.full_attention_differs else 1)
     one, two = _outside_any_mesh(trace, block), _outside_any_mesh(trace, 2 * block)
     per_layer = max(two - one, 0) / block
     return Residuals(per_layer=per_layer / seq_len, other=max(one - per_layer * block, 0) / seq_len)
@@ -310,7 +312,8 @@ def _trace_residuals(cfg: ModelConfig, layers: int, seq_len: int, remat: str, pr
 
     shallow = cfg.replace(num_layers=layers, layer_types=cfg.layer_types[:layers],
                           nope_layers=tuple(i for i in cfg.nope_layers if i < layers),
-                          linear_attention_layers=tuple(i for i in cfg.linear_attention_layers if i < layers))
+                          linear_attention_layers=tuple(i for i in cfg.linear_attention_layers if i < layers),
+                          kv_shared_layers=0, wide_shared_mlp=False)
     model = nnx.eval_shape(lambda: Decoder(shallow, rngs=nnx.Rngs(0)))
     return residual_bytes(model, nnx.Param, seq_len=seq_len, remat=remat, precision=precision, backend=backend)
 

@@ -27,9 +27,9 @@ def _hf_greedy(ref, prompt: list[int], max_new_tokens: int) -> list[int]:
 # tests/models/test_parity.py checks against transformers for every family (decoding through the cache, and the
 # engine's fresh-cache prefill). The default suite runs the engine on one family per kind of cache and layer: global
 # attention (llama, with its Llama 3 rope), sliding and full layers with a local rope (gemma3), mixture-of-experts
-# with sinks and sliding layers (gpt_oss), and linear-attention layers whose cache is a state per row (qwen3_5);
-# every other family under -m slow.
-_ENGINE_REPRESENTATIVES = ("llama", "gemma3", "gpt_oss", "qwen3_5")
+# with sinks and sliding layers (gpt_oss), linear-attention layers whose cache is a state per row (qwen3_5), and
+# layers whose cache slots hold an earlier layer's keys and values (gemma4); every other family under -m slow.
+_ENGINE_REPRESENTATIVES = ("llama", "gemma3", "gpt_oss", "qwen3_5", "gemma4")
 
 
 @pytest.mark.parametrize("family", [

@@ -11,7 +11,8 @@ import numpy as np
 from tempax.models.config import ModelConfig
 from tempax.models.presets import PRESETS, TINY_FAMILIES, TINY_MOE_FAMILIES, tiny_preset_name
 
-__all__ = ["TINY_FAMILIES", "TINY_MOE_FAMILIES", "tiny_config", "hf_reference_pair", "tiny_tempax_model"]
+__all__ = ["TINY_FAMILIES", "TINY_MOE_FAMILIES", "as_multimodal_checkpoint", "tiny_config", "hf_reference_pair",
+           "tiny_tempax_model"]
 
 
 def tiny_config(family: str) -> ModelConfig:
@@ -61,3 +62,25 @@ def tiny_tempax_model(family: str = "llama", seed: int = 0, **changes):
 
 def random_ids(shape, vocab: int = 128, seed: int = 0) -> np.ndarray:
     return np.random.RandomState(seed).randint(0, vocab, shape).astype(np.int32)
+
+
+def as_multimodal_checkpoint(text_folder, folder, model_type: str, architecture: str,
+                             tower_tensors: dict[str, np.ndarray]) -> None:
+    """Writes to `folder` the text-only checkpoint in `text_folder` as a multimodal one publishes its language
+    model: tensors under `model.language_model.*`, `tower_tensors` (a vision tower's, a multi-token head's) beside
+    them, and the text config as `text_config` of a `model_type` config naming `architecture`."""
+    import json
+    from pathlib import Path
+
+    from safetensors.numpy import load_file, save_file
+
+    text_folder, folder = Path(text_folder), Path(folder)
+    tensors = load_file(str(text_folder / "model.safetensors"))
+    renamed = {(k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k): v
+               for k, v in tensors.items()}
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({**renamed, **tower_tensors}, str(folder / "model.safetensors"))
+    text = json.loads((text_folder / "config.json").read_text())
+    text.pop("architectures", None)
+    (folder / "config.json").write_text(json.dumps(
+        {"model_type": model_type, "architectures": [architecture], "text_config": text}))

@@ -17,7 +17,7 @@ from tempax.models.tokenizer import load_tokenizer, wrap
 from tests.kit.models import TINY_FAMILIES
 
 # the tiny families llama.cpp runs (Qwen3.5's linear-attention layers are refused: test_gguf_export.py)
-GGUF_FAMILIES = tuple(f for f in TINY_FAMILIES if f != "qwen3_5")
+GGUF_FAMILIES = tuple(f for f in TINY_FAMILIES if f not in ("qwen3_5", "gemma4"))
 from tests.kit.tokenizers import smollm2_gguf_path, tiny_chat_tokenizer, tiny_sentencepiece_metadata
 from tests.models.test_gguf import perturbed_model, write_gguf
 

@@ -3,7 +3,6 @@ files, trained and decoded exactly as transformers computes them. Logits, packin
 export are checked with every family (tests/models/test_parity.py, tests/generate/test_parity.py,
 tests/models/test_roundtrip.py); this file checks what only Qwen3.5 has."""
 
-import json
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +14,7 @@ from tempax.errors import CheckpointError, ConfigError
 from tempax.models.config import LinearAttentionConfig, ModelConfig
 from tempax.models.decoder import Decoder
 from tempax.models.hf_io import load_hf_checkpoint
-from tests.kit.models import hf_reference_pair, random_ids, tiny_config
+from tests.kit.models import as_multimodal_checkpoint, hf_reference_pair, random_ids, tiny_config
 
 
 def _hf_text_config(**kw):
@@ -48,21 +47,11 @@ def test_the_published_multimodal_config_gives_the_text_model():
 def test_a_multimodal_checkpoint_loads_its_language_model_and_skips_the_rest(tmp_path):
     """The published files name the text model's tensors model.language_model.* beside the vision tower's and the
     multi-token-prediction head's: the text model loads, with the logits of the text-only file."""
-    from safetensors.numpy import load_file, save_file
-
     ref, model = hf_reference_pair("qwen3_5")
     ref.save_pretrained(tmp_path / "text")
-    tensors = load_file(str(tmp_path / "text" / "model.safetensors"))
-    renamed = {(k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k): v
-               for k, v in tensors.items()}
-    renamed["model.visual.blocks.0.attn.qkv.weight"] = np.zeros((3, 3), np.float32)
-    renamed["mtp.fc.weight"] = np.zeros((4, 4), np.float32)
-    (tmp_path / "mm").mkdir()
-    save_file(renamed, str(tmp_path / "mm" / "model.safetensors"))
-    text = json.loads((tmp_path / "text" / "config.json").read_text())
-    text.pop("architectures")
-    (tmp_path / "mm" / "config.json").write_text(json.dumps(
-        {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": text}))
+    as_multimodal_checkpoint(tmp_path / "text", tmp_path / "mm", "qwen3_5", "Qwen3_5ForConditionalGeneration",
+                             {"model.visual.blocks.0.attn.qkv.weight": np.zeros((3, 3), np.float32),
+                              "mtp.fc.weight": np.zeros((4, 4), np.float32)})
     loaded = load_hf_checkpoint(str(tmp_path / "mm"), progress=False)
     ids = jnp.asarray(random_ids((1, 9)))
     np.testing.assert_array_equal(np.asarray(loaded(ids)[0]), np.asarray(model(ids)[0]))
