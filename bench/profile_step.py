@@ -173,12 +173,12 @@ def op_category(name: str, stats: dict[str, Any]) -> str:
 def op_source(stats: dict[str, Any], name: str = "") -> str:
     """The JAX source operation behind an HLO operation, numbers folded (`.../dot_general`), from its stats; else
     the instruction's name and output shape from an event named by its HLO text."""
-    for key in ("tf_op", "long_name"):
-        text = str(stats.get(key) or "")
-        found = re.search(r'op_name="([^"]+)"', text) if key == "long_name" else None
-        op = found.group(1) if found else (text if key == "tf_op" else "")
-        if op:
-            return re.sub(r"[0-9]+", "N", op)
+    op = str(stats.get("tf_op") or "")
+    if not op:
+        found = re.search(r'op_name="([^"]+)"', str(stats.get("long_name") or ""))
+        op = found.group(1) if found else ""
+    if op:
+        return re.sub(r"[0-9]+", "N", op)
     head = re.match(r"(%[\w.\-]+ = (?:\([^)]*\)|\S+))", re.sub(r"\{[^}]*\}", "", name))
     return head.group(1) if head else "?"
 
