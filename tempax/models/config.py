@@ -3,8 +3,8 @@
 Llama 3 / SmolLM2, Qwen2/2.5, Qwen3, Gemma, Gemma 2 and Gemma 3 are the same decoder-only transformer with a
 handful of switches (qkv bias, q/k norm, norm offset, embedding scaling, soft-capping, sliding windows, extra
 post-norms, per-layer rope bases); Gemma 4 adds value norms, per-layer inputs, shared keys and values and full layers
-of their own attention shape. Mixture-of-experts families (Qwen2-MoE, Qwen3-MoE, Mixtral, gpt-oss) add a
-`MoeConfig`:
+of their own attention shape. Mixture-of-experts families (Qwen2-MoE, Qwen3-MoE, Mixtral, gpt-oss, Qwen3.5-MoE, and
+Gemma 4's sparse block beside its MLP) add a `MoeConfig`:
 the router, the routed and shared experts and the auxiliary loss. `ModelConfig.from_hf_config` reads a Hugging
 Face `config.json` (both the transformers-4 `rope_theta`/`rope_scaling` keys and the transformers-5
 `rope_parameters` form) and `to_hf_config` writes one that `transformers` loads.
@@ -82,13 +82,16 @@ ExpertActivation = Literal["silu", "gelu_tanh", "clamped_swiglu"]
 
 @dataclass(frozen=True)
 class MoeConfig:
-    """A sparse mixture-of-experts feed-forward block (`tempax.models.moe.SparseMoeBlock`) in place of the MLP.
+    """A sparse mixture-of-experts feed-forward block (`tempax.models.moe.SparseMoeBlock`) in place of the MLP, or
+    beside it (Gemma 4).
 
     The router scores each token against every expert, keeps the top k and weights their outputs; shared experts
     (Qwen2-MoE, Qwen3.5-MoE, DeepSeek) see every token. Families: Qwen2-MoE (softmax, top-4 of 60 or top-8 of 64, not
     renormalised, plus a shared expert scaled by a sigmoid gate), Qwen3-MoE (softmax, top-8 of 128, renormalised),
     Mixtral (softmax, top-2 of 8, renormalised), gpt-oss (router bias, softmax over the top-4 logits, i.e.
-    renormalised; expert biases; clamped SwiGLU).
+    renormalised; expert biases; clamped SwiGLU), Gemma 4 (26B-A4B: softmax, top-8 of 128, renormalised and scaled
+    per expert; a router input norm with a learned scale; GeGLU experts beside the dense MLP, each side with norms
+    of its own).
 
     Attributes:
       num_experts: routed experts E.
@@ -112,6 +115,15 @@ class MoeConfig:
         does when `output_router_logits` is set); otherwise it is only reported.
       decoder_sparse_step: every this many layers is sparse (layer i when (i + 1) % step == 0; Qwen MoE).
       mlp_only_layers: layers that keep a dense MLP of `ModelConfig.intermediate_size` (Qwen MoE).
+      router_input_norm: the router reads rms_norm(x) * s * hidden_size^-0.5, x RMS-normalised without a weight and
+        multiplied by a learned scale s [D] (Gemma 4's `router.scale`), instead of x.
+      per_expert_scale: each kept weight is multiplied by a learned scale of its expert, [E] (Gemma 4's
+        `router.per_expert_scale`), after the renormalisation.
+      beside_dense_mlp: the sparse block runs beside the layer's dense gated MLP (`ModelConfig.intermediate_size`,
+        `ModelConfig.activation`) instead of in its place (Gemma 4's `enable_moe_block`): with h the residual stream
+        after attention, the layer adds post_norm(norm_1(mlp(pre_norm(h))) + norm_2(experts(pre_norm_2(h)))), the
+        router reading h itself. The block holds the dense MLP and the three norms of its own
+        (`tempax.models.moe.SparseMoeBlock`); the layer needs `ModelConfig.post_norms`.
 
     Not represented: Mixtral's `router_jitter_noise` (multiplicative input noise while training; tempax routes
     without it), DeepSeek's group-limited routing and score-correction bias.
@@ -134,6 +146,9 @@ class MoeConfig:
     train_aux_loss: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    router_input_norm: bool = False
+    per_expert_scale: bool = False
+    beside_dense_mlp: bool = False
 
     def __post_init__(self) -> None:
         if self.num_experts < 1 or self.expert_intermediate_size < 1:
@@ -157,13 +172,17 @@ class MoeConfig:
         """Whether layer i runs the sparse block (else the dense MLP), as transformers' Qwen MoE decides."""
         return i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
 
-    def block_params(self, hidden_size: int) -> tuple[int, int]:
-        """(total, active per token) parameters of one sparse block: the router, the routed experts (k of E
-        active) and the shared expert with its gate."""
+    def block_params(self, hidden_size: int, dense_intermediate_size: int = 0) -> tuple[int, int]:
+        """(total, active per token) parameters of one sparse block: the router (with its input scale and per-expert
+        scales), the routed experts (k of E active), the shared expert with its gate and, `beside_dense_mlp`, the
+        dense gated MLP of width `dense_intermediate_size` and the block's three norms."""
         d, m = hidden_size, self.expert_intermediate_size
         expert = 3 * d * m + ((2 * m + d) if self.expert_bias else 0)
-        router = d * self.num_experts + (self.num_experts if self.router_bias else 0)
+        router = (d * self.num_experts + (self.num_experts if self.router_bias else 0)
+                  + (d if self.router_input_norm else 0) + (self.num_experts if self.per_expert_scale else 0))
         shared = 3 * d * self.shared_expert_intermediate_size + (d if self.shared_expert_gate else 0)
+        if self.beside_dense_mlp:
+            shared += 3 * d * dense_intermediate_size + 3 * d
         return (router + self.num_experts * expert + shared,
                 router + self.experts_per_token * expert + shared)
 
@@ -241,7 +260,8 @@ class ModelConfig:
         version, float32 scores, soft-capping, XLA:CPU's bf16 kernels), or `jax.nn.dot_product_attention` as
         "xla" or "cudnn" (cuDNN's fused flash attention on NVIDIA GPUs; no soft-capping). Decoding always uses
         "tempax"'s (its cache layout).
-      moe: the sparse mixture-of-experts block of the layers `MoeConfig.is_sparse_layer` picks; None = dense.
+      moe: the sparse mixture-of-experts block of the layers `MoeConfig.is_sparse_layer` picks, in place of the
+        dense MLP or beside it (`MoeConfig.beside_dense_mlp`, Gemma 4); None = dense.
       attention_sinks: each attention head has a learned sink logit that joins the softmax's denominator
         (gpt-oss).
       nope_layers: layers without rotary position embedding ("NoPE", SmolLM3: every fourth layer); their rotary
@@ -365,6 +385,10 @@ class ModelConfig:
             if outside:
                 raise CheckpointError(f"moe.mlp_only_layers {outside} are not layers of a {self.num_layers}-layer "
                                       "model")
+            if self.moe.beside_dense_mlp and (not self.post_norms or not self.pre_norms or self.mlp_bias):
+                raise ConfigError("moe.beside_dense_mlp (Gemma 4's sparse block beside the MLP) needs post_norms=True "
+                                  "and pre_norms=True (the dense MLP reads the pre-MLP norm's output, the sum of the "
+                                  "two sides is normed before the residual add) and mlp_bias=False")
 
     # ----------------------------------------------------------------------------------------------------------
     def replace(self, **changes: Any) -> "ModelConfig":
@@ -580,12 +604,14 @@ class ModelConfig:
         mlp = 3 * d * self.intermediate_size
         if self.mlp_bias:
             mlp += 2 * self.intermediate_size + d
-        sparse = self.moe.block_params(d)[1 if active else 0] if self.moe is not None else 0
         norms = (2 * self.pre_norms + 2 * self.post_norms) * d  # pre: before attention and MLP; post: after
         mixer = lambda i: (self.linear_attention.params(d) if self.is_linear_attention_layer(i)  # noqa: E731
                            else full_attn if self.layer_type(i) == "full" else attn)
         width = lambda i: 2 if self.wide_shared_mlp and self.kv_reused(i) else 1  # noqa: E731
-        layers = sum(mixer(i) + norms + (sparse if self.is_moe_layer(i) else width(i) * mlp)
+        # a sparse block beside the dense MLP (Gemma 4) holds that MLP: its width is the layer's
+        sparse = lambda i: self.moe.block_params(  # noqa: E731
+            d, width(i) * self.intermediate_size)[1 if active else 0] if self.moe is not None else 0
+        layers = sum(mixer(i) + norms + (sparse(i) if self.is_moe_layer(i) else width(i) * mlp)
                      for i in range(self.num_layers))
         if self.per_layer_input_size:  # per layer: gate, projection, norm; once: table, projection, norm
             p = self.per_layer_input_size
@@ -1323,9 +1349,9 @@ def _gemma4_from_hf(hf: dict[str, Any], model_type: str, source: str) -> ModelCo
     kinds = tuple("sliding" if t == "sliding_attention" else "full" for t in names)
     refused = []
     if hf.get("enable_moe_block"):
-        refused.append("enable_moe_block=true (Gemma 4's sparse block runs beside the dense MLP, with a router that "
-                       "norms and scales its input and scales each expert's weight; tempax's SparseMoeBlock has none "
-                       "of these)")
+        missing = [k for k in ("num_experts", "top_k_experts", "moe_intermediate_size") if hf.get(k) is None]
+        if missing:
+            refused.append(f"enable_moe_block=true without {', '.join(missing)}")
     if hf.get("use_bidirectional_attention") == "all":
         refused.append("use_bidirectional_attention='all' (tempax's decoder is causal)")
     head_dim = int(hf.get("head_dim") or 256)
@@ -1384,6 +1410,7 @@ def _gemma4_from_hf(hf: dict[str, Any], model_type: str, source: str) -> ModelCo
         head_dim, num_kv_heads = global_head_dim, global_kv_heads
     vocab_size = int(hf.get("vocab_size", 262144))
     per_layer_vocab = int(hf.get("vocab_size_per_layer_input", 262144) or 0)
+    activation = "silu" if act == "silu" else "gelu_tanh"
     return ModelConfig(
         family="gemma4",
         vocab_size=vocab_size,
@@ -1398,7 +1425,7 @@ def _gemma4_from_hf(hf: dict[str, Any], model_type: str, source: str) -> ModelCo
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         norm_offset=False,  # Gemma 4's norms multiply by the weight itself, not (1 + w)
         embed_scale=True,
-        activation="silu" if act == "silu" else "gelu_tanh",
+        activation=activation,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
         qkv_bias=attention_bias,
         o_bias=attention_bias,
@@ -1422,6 +1449,29 @@ def _gemma4_from_hf(hf: dict[str, Any], model_type: str, source: str) -> ModelCo
         global_head_dim=0 if global_head_dim == head_dim else global_head_dim,
         global_kv_heads=0 if global_kv_heads == num_kv_heads else global_kv_heads,
         wide_shared_mlp=bool(hf.get("use_double_wide_mlp", False)) and shared > 0,
+        moe=_gemma4_moe(hf, activation),
+    )
+
+
+def _gemma4_moe(hf: dict[str, Any], activation: str) -> MoeConfig | None:
+    """The `MoeConfig` of a Gemma 4 config with `enable_moe_block` (None without), as transformers' Gemma4TextRouter
+    and Gemma4TextExperts compute it in every layer: a softmax over all experts of the normed and scaled input's
+    scores, the top k renormalised and scaled per expert, experts of `hidden_activation` beside the dense MLP.
+    transformers trains Gemma 4 without a load-balancing loss; `router_aux_loss_coef` and `output_router_logits`
+    are read where a config (tempax's export) states them."""
+    if not hf.get("enable_moe_block"):
+        return None
+    return MoeConfig(
+        num_experts=int(hf["num_experts"]),
+        experts_per_token=int(hf["top_k_experts"]),
+        expert_intermediate_size=int(hf["moe_intermediate_size"]),
+        normalize_top_k=True,
+        expert_activation=activation,  # type: ignore[arg-type]
+        router_input_norm=True,
+        per_expert_scale=True,
+        beside_dense_mlp=True,
+        router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.001)),
+        train_aux_loss=bool(hf.get("output_router_logits", False)),
     )
 
 
@@ -1429,7 +1479,7 @@ def _gemma4_to_hf(c: ModelConfig) -> dict[str, Any]:
     """The text model's config.json (`Gemma4ForCausalLM`), after checking the config holds only what Gemma 4 can
     state."""
     expected = dict(norm_offset=False, embed_scale=True, qk_norm=True, post_norms=True, pre_norms=True, v_norm=True,
-                    layer_scalar=True, attn_logit_softcap=None, mlp_bias=False, moe=None, attention_sinks=False,
+                    layer_scalar=True, attn_logit_softcap=None, mlp_bias=False, attention_sinks=False,
                     nope_layers=(), qk_norm_across_heads=False, partial_rotary_factor=1.0, linear_attention_layers=(),
                     attn_output_gate=False)
     differ = [f"{k}={getattr(c, k)!r}" for k, v in expected.items() if getattr(c, k) != v]
@@ -1442,6 +1492,16 @@ def _gemma4_to_hf(c: ModelConfig) -> dict[str, Any]:
     for name, rope in (("rope", c.rope), ("rope_local", c.rope_local)):
         if rope is not None and rope.scaling not in (None, "linear", "proportional"):
             differ.append(f"{name}.scaling={rope.scaling!r}")
+    moe: dict[str, Any] = {"enable_moe_block": c.moe is not None}
+    if c.moe is not None:
+        m = c.moe
+        moe.update(num_experts=m.num_experts, top_k_experts=m.experts_per_token,
+                   moe_intermediate_size=m.expert_intermediate_size, router_aux_loss_coef=m.router_aux_loss_coef,
+                   output_router_logits=m.train_aux_loss)
+        if m != _gemma4_moe(moe, c.activation):
+            differ.append(f"moe={m} (Gemma 4's sparse block: a renormalised softmax top-k scaled per expert, a "
+                          "normed and scaled router input, experts of the MLP's activation beside the dense MLP in "
+                          "every layer, no shared expert or biases)")
     if differ:
         raise CheckpointError(f"a gemma4 config.json cannot express {', '.join(differ)}")
     kinds = [c.layer_type(i) for i in range(c.num_layers)]
@@ -1469,7 +1529,7 @@ def _gemma4_to_hf(c: ModelConfig) -> dict[str, Any]:
         "attention_k_eq_v": c.attention_k_eq_v,
         "num_kv_shared_layers": c.kv_shared_layers,
         "use_double_wide_mlp": c.wide_shared_mlp,
-        "enable_moe_block": False,
+        **moe,
         "bos_token_id": c.bos_token_id,
         "eos_token_id": c.eos_token_id,
         "pad_token_id": c.pad_token_id,

@@ -31,6 +31,7 @@ from tempax.models.cache import KVCache
 from tempax.models.config import ModelConfig, RopeConfig
 from tempax.models.moe import (SparseMoeBlock, is_recording_router_statistics, record_router_statistics,
                                router_statistics)
+from tempax.models.norm import RMSNorm
 from tempax.parallel.rules import shard
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -44,24 +45,6 @@ def as_dtype(name: str | Any) -> Any:
 
 def _init(names: tuple[str, ...], scale: float = 0.02) -> Any:
     return nnx.with_partitioning(nnx.initializers.normal(scale), names)
-
-
-class RMSNorm(nnx.Module):
-    """y = x / sqrt(mean(x^2) + eps) * w, or * (1 + w) for Gemma (`offset`); computed in float32."""
-
-    def __init__(self, dim: int, *, eps: float, offset: bool, param_dtype: Any, rngs: nnx.Rngs):
-        init = nnx.initializers.zeros if offset else nnx.initializers.ones
-        self.weight = nnx.Param(nnx.with_partitioning(init, ("norm",))(rngs.params(), (dim,), param_dtype))
-        self.eps = eps
-        self.offset = offset
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        w = self.weight[...].astype(jnp.float32)
-        if self.offset:
-            w = 1.0 + w
-        return (y * w).astype(x.dtype)
 
 
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int, *, long: bool = False) -> jax.Array:
@@ -407,8 +390,9 @@ class DecoderLayer(nnx.Module):
     (a leading axis of size `num_layers`, logical name "layers") and scans over it (`Decoder.hidden_states`).
 
     Its feed-forward block (`mlp`) is the gated `MLP`, or with `ModelConfig.moe` the sparse mixture of experts
-    (`tempax.models.moe.SparseMoeBlock`) in every layer: one scanned layer means one kind of block, so a config
-    whose MoE settings make some layers dense is refused (`ModelConfig.mixed_feed_forward_error`)."""
+    (`tempax.models.moe.SparseMoeBlock`, holding the dense MLP too where it runs beside it: Gemma 4) in every
+    layer: one scanned layer means one kind of block, so a config whose MoE settings make some layers dense is
+    refused (`ModelConfig.mixed_feed_forward_error`)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, linear: bool = False):
         kw = dict(eps=cfg.rms_norm_eps, offset=cfg.norm_offset, param_dtype=as_dtype(cfg.param_dtype), rngs=rngs)
@@ -430,8 +414,11 @@ class DecoderLayer(nnx.Module):
             reason = cfg.mixed_feed_forward_error()
             if reason is not None:
                 raise ConfigError(reason)
+            # beside the dense MLP (Gemma 4) the block holds that MLP, of this stack's width, and norms of its own
             self.mlp = SparseMoeBlock(cfg.moe, cfg.hidden_size, dtype=as_dtype(cfg.dtype),
-                                      param_dtype=as_dtype(cfg.param_dtype), rngs=rngs)
+                                      param_dtype=as_dtype(cfg.param_dtype), rngs=rngs,
+                                      dense_intermediate_size=cfg.intermediate_size, dense_activation=cfg.activation,
+                                      norm_eps=cfg.rms_norm_eps, norm_offset=cfg.norm_offset)
         else:
             self.mlp = MLP(cfg, rngs=rngs)
         pd, dt = as_dtype(cfg.param_dtype), as_dtype(cfg.dtype)
@@ -449,9 +436,11 @@ class DecoderLayer(nnx.Module):
         self.layer_scalar = (nnx.Param(nnx.with_partitioning(nnx.initializers.ones, (None,))(rngs.params(), (1,), pd))
                              if cfg.layer_scalar else None)
 
-    def _feed_forward(self, x: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+    def _feed_forward(self, x: jax.Array, residual: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+        """(the feed-forward block's output for its input x, router logits or None); `residual`, the stream x was
+        normed from, is what a sparse block beside the dense MLP routes (Gemma 4)."""
         if isinstance(self.mlp, SparseMoeBlock):
-            return self.mlp(x)
+            return self.mlp(x, residual=residual)
         return self.mlp(x), None
 
     def __call__(self, x, positions, q_index, q_segments, kv, fresh_cache: bool, inv_freq, sliding, rope_scale=None,
@@ -471,11 +460,11 @@ class DecoderLayer(nnx.Module):
         if self.post_feedforward_layernorm is not None:  # norms on the outputs (Gemma 2/3 around, OLMo 2/3 only)
             x = x + self.post_attention_layernorm(attn)
             normed = x if self.pre_feedforward_layernorm is None else self.pre_feedforward_layernorm(x)
-            y, router_logits = self._feed_forward(normed)
+            y, router_logits = self._feed_forward(normed, x)
             x = x + self.post_feedforward_layernorm(y)
         else:
             x = x + attn
-            y, router_logits = self._feed_forward(self.post_attention_layernorm(x))
+            y, router_logits = self._feed_forward(self.post_attention_layernorm(x), x)
             x = x + y
         if self.per_layer_input_gate is not None:
             hidden = ops.gated(self.per_layer_input_gate(x), per_layer_input.astype(x.dtype), self.activation)

@@ -100,7 +100,8 @@ def gguf_refusal(cfg: ModelConfig) -> str | None:
                 "heads reordered, the decay as -exp(A_log)), which this exporter does not write")
     if family == "gemma4" or cfg.per_layer_input_size or cfg.kv_shared_layers or cfg.v_norm:
         return ("Gemma 4's switches (value norms, per-layer inputs, shared keys and values, layer scalars, a "
-                "proportional rope): this exporter writes no llama.cpp gemma4 tensors or metadata")
+                "proportional rope, the sparse block beside the MLP): this exporter writes no llama.cpp gemma4 "
+                "tensors or metadata")
     if gguf_architecture(cfg) not in GGUF_ARCHITECTURES:
         return f"family {family!r} has no llama.cpp architecture here (supported: {', '.join(GGUF_ARCHITECTURES)})"
     gemma = family.startswith("gemma")

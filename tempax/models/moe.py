@@ -1,8 +1,8 @@
 """The sparse mixture-of-experts feed-forward block, its router's load-balancing loss, and its checkpoint names.
 
 A `SparseMoeBlock` replaces a decoder layer's MLP where `ModelConfig.is_moe_layer(i)` says so (the layer holds it
-as `mlp`, as transformers does); its docstring holds the formula, the papers and the parameters. The router's
-auxiliary loss keeps the experts evenly used in training. `hf_moe_tensor_to_path` maps each Hugging Face tensor of
+as `mlp`, as transformers does), or joins it (Gemma 4: the block then holds the dense MLP too); its docstring holds
+the formula, the papers and the parameters. The router's auxiliary loss keeps the experts evenly used in training. `hf_moe_tensor_to_path` maps each Hugging Face tensor of
 a layer's block to these parameters (a rename, with a transpose and an expert index or an even/odd or half split
 where the checkpoint fuses or splits differently); `moe_path_to_hf` and `moe_params_to_hf_tensors` go back,
 writing what transformers' `save_pretrained` writes. `peft_moe_names`, `expert_lora_to_peft` and
@@ -26,8 +26,9 @@ import numpy as np
 from flax import nnx
 
 from tempax import ops
-from tempax.errors import CheckpointError
+from tempax.errors import CheckpointError, ConfigError
 from tempax.models.config import MoeConfig
+from tempax.models.norm import RMSNorm, rms_normalized
 from tempax.models.quant import QuantizedWeight, QuantKind, dequantize_blockwise, quantize_blockwise
 from tempax.ops.experts import ExpertAdapter
 
@@ -42,11 +43,12 @@ def route(
     activation: Literal["softmax", "sigmoid"] = "softmax",
     normalize: bool = True,
     scaling: float = 1.0,
+    expert_scale: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """(weights [..., k] float32, expert ids [..., k] int32) from router logits [..., E].
 
     s = softmax(z) (or sigmoid(z)); the k largest scores s_{ids}; w = s_{ids} / sum_j s_{ids_j} when `normalize`;
-    then w * `scaling`.
+    then w * `scaling`, and w_j * expert_scale[ids_j] with a per-expert scale [E] (Gemma 4's).
     """
     z = router_logits.astype(jnp.float32)
     scores = jax.nn.softmax(z, axis=-1) if activation == "softmax" else jax.nn.sigmoid(z)
@@ -55,6 +57,8 @@ def route(
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     if scaling != 1.0:
         weights = weights * scaling
+    if expert_scale is not None:
+        weights = weights * jnp.take(expert_scale.astype(jnp.float32), ids, axis=0)
     return weights, ids.astype(jnp.int32)
 
 
@@ -416,6 +420,14 @@ class SparseMoeBlock(nnx.Module):
         y = sum_j w_j * expert_{ids_j}(x)                  `tempax.ops.experts.expert_products` (sorted, grouped)
             + [sigmoid(x w_g)] * shared_expert(x)          optional shared expert and its gate
 
+    Gemma 4 (`MoeConfig.beside_dense_mlp`, `router_input_norm`, `per_expert_scale`) runs the block beside the dense
+    MLP, which the block then holds; it is called with the pre-MLP norm's output x and the residual stream h it
+    was computed from:
+
+        z = (rms(h) * s_r * D^-0.5) W_r                    rms: RMS-normalised without a weight; s_r [D] learned
+        ids, w = top_k(softmax(z), k);  w /= sum(w);  w_j *= c[ids_j]     c [E], the per-expert scales
+        y = n_1(mlp(x)) + n_2(sum_j w_j * expert_{ids_j}(n_pre(h)))       n_1, n_2, n_pre: RMSNorms of the block
+
     Shazeer et al. 2017 (arXiv:1701.06538) for top-k gating, Fedus et al. 2021 (Switch Transformer, arXiv:2101.03961)
     for the load-balancing loss. gpt-oss routes with a softmax over its top-k logits, which is the renormalised top-k
     of the softmax (the same weights), so it is `normalize_top_k` here.
@@ -432,15 +444,29 @@ class SparseMoeBlock(nnx.Module):
         experts.down_proj [E, I, D]                                 ("expert", "mlp", "embed")
         experts.{gate,up}_proj_bias [E, I], experts.down_proj_bias [E, D]    gpt-oss
         shared_expert.{gate,up,down}_proj.kernel, shared_expert_gate.kernel [D, 1]    Qwen2-MoE / Qwen3.5-MoE
+        router_scale [D] ("norm"), per_expert_scale [E]                           Gemma 4 (router.scale, ...)
+        {gate,up,down}_proj.kernel, the dense MLP [D, M] / [M, D]                Gemma 4 (the layer's mlp.*)
+        dense_output_norm, experts_input_norm, experts_output_norm .weight [D]    Gemma 4 (post_feedforward_layernorm_1,
+                                                                                  pre_ and post_feedforward_layernorm_2)
 
-    Call: `y, router_logits = block(x)` for x [..., D] in the compute dtype; y [..., D] in x's dtype, router
-    logits [..., E] float32 (what `load_balancing_loss` / `router_statistics` read).
+    Call: `y, router_logits = block(x)` for x [..., D] in the compute dtype (Gemma 4: `block(x, residual=h)`); y
+    [..., D] in x's dtype, router logits [..., E] float32 (what `load_balancing_loss` / `router_statistics` read).
     """
 
-    def __init__(self, moe: MoeConfig, hidden_size: int, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs):
+    def __init__(self, moe: MoeConfig, hidden_size: int, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs,
+                 dense_intermediate_size: int = 0, dense_activation: str = "silu", norm_eps: float = 1e-6,
+                 norm_offset: bool = False):
+        """`dense_intermediate_size`, `dense_activation`: the dense MLP a `beside_dense_mlp` block holds;
+        `norm_eps`, `norm_offset`: its norms' and its router input norm's (`tempax.models.norm.RMSNorm`)."""
+        if moe.beside_dense_mlp and dense_intermediate_size < 1:
+            raise ConfigError("a sparse block beside the dense MLP needs the MLP's width (dense_intermediate_size)")
         with nnx.use_eager_sharding(False):  # as `Decoder.__init__` builds its layers: names now, placement later
             self._build(moe, hidden_size, dtype, param_dtype, rngs)
+            self._build_gemma4(moe, hidden_size, dtype, param_dtype, rngs, dense_intermediate_size, norm_eps,
+                               norm_offset)
         self.moe = moe
+        self.dense_activation = dense_activation
+        self.norm_eps = norm_eps
 
     def _build(self, moe: MoeConfig, hidden_size: int, dtype: Any, param_dtype: Any, rngs: nnx.Rngs) -> None:
         # The router runs in float32 (the class docstring); its kernel stays in the parameter dtype.
@@ -458,14 +484,56 @@ class SparseMoeBlock(nnx.Module):
         else:
             self.shared_expert_gate = None
 
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def _build_gemma4(self, moe: MoeConfig, hidden_size: int, dtype: Any, param_dtype: Any, rngs: nnx.Rngs,
+                      dense: int, eps: float, offset: bool) -> None:
+        """The router's input scale and per-expert scales, and beside the dense MLP that MLP and the three norms
+        (None where the config has none): Gemma 4's."""
+        ones = lambda names, n: nnx.Param(  # noqa: E731
+            nnx.with_partitioning(nnx.initializers.ones, names)(rngs.params(), (n,), param_dtype))
+        self.router_scale = ones(("norm",), hidden_size) if moe.router_input_norm else None
+        self.per_expert_scale = ones((None,), moe.num_experts) if moe.per_expert_scale else None
+        if not moe.beside_dense_mlp:
+            self.gate_proj = self.up_proj = self.down_proj = None
+            self.dense_output_norm = self.experts_input_norm = self.experts_output_norm = None
+            return
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.gate_proj = _linear(hidden_size, dense, ("embed", "mlp"), **kw)
+        self.up_proj = _linear(hidden_size, dense, ("embed", "mlp"), **kw)
+        self.down_proj = _linear(dense, hidden_size, ("mlp", "embed"), **kw)
+        norm = dict(eps=eps, offset=offset, param_dtype=param_dtype, rngs=rngs)
+        self.dense_output_norm = RMSNorm(hidden_size, **norm)
+        self.experts_input_norm = RMSNorm(hidden_size, **norm)
+        self.experts_output_norm = RMSNorm(hidden_size, **norm)
+
+    def _router_input(self, h_nd: jax.Array) -> jax.Array:
+        """What the router reads: the tokens, or Gemma 4's rms(h) * s_r * D^-0.5 (float32)."""
+        if self.router_scale is None:
+            return h_nd
+        scale = self.router_scale[...].astype(jnp.float32) * h_nd.shape[-1] ** -0.5
+        return rms_normalized(h_nd, self.norm_eps) * scale
+
+    def __call__(self, x: jax.Array, residual: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """`residual`: the residual stream h the (normed) input x was computed from, which a block beside the dense
+        MLP routes and sends to its experts (Gemma 4); ignored otherwise."""
         moe = self.moe
         lead, d = x.shape[:-1], x.shape[-1]
         x_nd = x.reshape(-1, d)
-        router_logits = self.gate(x_nd)  # [N, E] float32
+        if moe.beside_dense_mlp:
+            if residual is None:
+                raise ValueError("a sparse block beside the dense MLP reads the residual stream: pass residual=h")
+            h_nd = residual.reshape(-1, d)
+        else:
+            h_nd = x_nd
+        router_logits = self.gate(self._router_input(h_nd))  # [N, E] float32
         weights, ids = route(router_logits, experts_per_token=moe.experts_per_token,
                              activation=moe.router_activation, normalize=moe.normalize_top_k,
-                             scaling=moe.routed_scaling)
+                             scaling=moe.routed_scaling,
+                             expert_scale=None if self.per_expert_scale is None else self.per_expert_scale[...])
+        if moe.beside_dense_mlp:
+            routed = self.experts(self.experts_input_norm(h_nd), ids, weights)
+            dense = self.down_proj(ops.gated(self.gate_proj(x_nd), self.up_proj(x_nd), self.dense_activation))
+            y = self.dense_output_norm(dense) + self.experts_output_norm(routed).astype(dense.dtype)
+            return y.reshape(*lead, d), router_logits.reshape(*lead, moe.num_experts)
         y = self.experts(x_nd, ids, weights)
         if self.shared_expert is not None:
             shared = self.shared_expert(x_nd)
@@ -478,8 +546,8 @@ class SparseMoeBlock(nnx.Module):
 # --------------------------------------------------------------------------------------------------------------
 # Hugging Face tensor names
 
-HfMoeFamily = Literal["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "qwen3_5_moe"]
-HF_MOE_FAMILIES: tuple[str, ...] = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "qwen3_5_moe")
+HfMoeFamily = Literal["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "qwen3_5_moe", "gemma4"]
+HF_MOE_FAMILIES: tuple[str, ...] = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "qwen3_5_moe", "gemma4")
 Part = Literal["all", "first_half", "second_half", "even", "odd"]
 
 
@@ -556,6 +624,20 @@ _RULES: dict[str, tuple[_Rule, ...]] = {
 
 
 _RULES["qwen3_5_moe"] = _RULES["qwen2_moe"]  # Qwen3.5-MoE's files name its experts as Qwen2-MoE's do
+# Gemma 4: the router and the experts sit in the decoder layer itself, beside the dense MLP (`mlp.*`, which the
+# block holds) and the norms of the two sides; the experts fused as transformers 5 keeps Qwen's in memory
+_RULES["gemma4"] = (
+    _Rule("router.proj.weight", ((("gate", "kernel"), "all"),), True, True),
+    _Rule("router.scale", ((("router_scale",), "all"),), False, True),
+    _Rule("router.per_expert_scale", ((("per_expert_scale",), "all"),), False, True),
+    _Rule("experts.gate_up_proj", ((("experts", "gate_proj"), "first_half"), (("experts", "up_proj"), "second_half")),
+          True, True),
+    _Rule("experts.down_proj", ((("experts", "down_proj"), "all"),), True, True),
+    *(_Rule(f"mlp.{p}.weight", (((p, "kernel"), "all"),), True, True) for p in ("gate_proj", "up_proj", "down_proj")),
+    *(_Rule(f"{hf}.weight", (((ours, "weight"), "all"),), False, True) for hf, ours in (
+        ("post_feedforward_layernorm_1", "dense_output_norm"), ("pre_feedforward_layernorm_2", "experts_input_norm"),
+        ("post_feedforward_layernorm_2", "experts_output_norm"))),
+)
 
 
 def _pattern(rule: _Rule) -> re.Pattern[str]:
@@ -721,9 +803,10 @@ class PeftMoeNames:
     """Where PEFT (with transformers 5's modules) puts LoRA on a layer's MoE block, layer-relative.
 
     Attributes:
-      router: the router module ("mlp.gate"; gpt-oss "mlp.router"), adapted through its `weight` [E, D].
-      experts: the experts module ("mlp.experts") holding gate_up_proj and down_proj, adapted as
-        `target_parameters`.
+      router: the router module ("mlp.gate"; gpt-oss "mlp.router"; Gemma 4 "router.proj"), adapted through its
+        `weight` [E, D].
+      experts: the experts module ("mlp.experts"; Gemma 4 "experts") holding gate_up_proj and down_proj, adapted
+        as `target_parameters`.
       gate_up: how gate_up_proj's output axis holds the gate and up kernels: "halves" (gate rows, then up rows:
         Qwen, Mixtral) or "interleaved" (even gate, odd up: gpt-oss).
     """
@@ -737,7 +820,8 @@ _PEFT_NAMES = {"qwen3_moe": PeftMoeNames("mlp.gate", "mlp.experts", "halves"),
                "qwen2_moe": PeftMoeNames("mlp.gate", "mlp.experts", "halves"),
                "mixtral": PeftMoeNames("mlp.gate", "mlp.experts", "halves"),  # transformers 5 renames block_sparse_moe
                "gpt_oss": PeftMoeNames("mlp.router", "mlp.experts", "interleaved"),
-               "qwen3_5_moe": PeftMoeNames("mlp.gate", "mlp.experts", "halves")}
+               "qwen3_5_moe": PeftMoeNames("mlp.gate", "mlp.experts", "halves"),
+               "gemma4": PeftMoeNames("router.proj", "experts", "halves")}
 
 
 def peft_moe_names(family: str) -> PeftMoeNames:

@@ -348,7 +348,7 @@ def iter_hf_tensors(model: Decoder) -> Iterator[tuple[str, np.ndarray]]:
     experts' block as transformers' `save_pretrained` writes its family's tensors, one layer at a time."""
     table = param_table(model)
     cfg = model.config
-    moe_paths = [p for p in table if cfg.moe is not None and p[0] in ("layers", "linear_layers") and p[1] == "mlp"]
+    moe_paths = [p for p in table if cfg.moe is not None and p[0] in LAYER_STACKS and p[1] == "mlp"]
     absent = absent_from_checkpoint(cfg)
     for layer_path, path, index in per_layer_paths(table, cfg):
         if path in moe_paths or layer_path in absent:

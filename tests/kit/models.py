@@ -12,7 +12,7 @@ from tempax.models.config import ModelConfig
 from tempax.models.presets import PRESETS, TINY_FAMILIES, TINY_MOE_FAMILIES, tiny_preset_name
 
 __all__ = ["TINY_FAMILIES", "TINY_MOE_FAMILIES", "as_multimodal_checkpoint", "tiny_config", "hf_reference_pair",
-           "tiny_tempax_model"]
+           "product_counts", "tiny_tempax_model"]
 
 
 def tiny_config(family: str) -> ModelConfig:
@@ -84,3 +84,21 @@ def as_multimodal_checkpoint(text_folder, folder, model_type: str, architecture:
     text.pop("architectures", None)
     (folder / "config.json").write_text(json.dumps(
         {"model_type": model_type, "architectures": [architecture], "text_config": text}))
+
+
+def product_counts(closed_jaxpr) -> dict[str, int]:
+    """How many dense (dot_general) and grouped (ragged_dot_general) products a program holds, its nested programs
+    (scans, custom gradients) included: a loop over experts would multiply them by the number of experts."""
+    import jax.extend
+
+    counts = {"dot_general": 0, "ragged_dot_general": 0}
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in counts:
+                counts[eqn.primitive.name] += 1
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(closed_jaxpr.jaxpr)
+    return counts

@@ -2,7 +2,8 @@
 values equal to keys, per-layer inputs, layer scalars and layers that attend to an earlier layer's keys and values.
 Logits, padding, packing, caches, greedy generation and export are checked with every family on `tiny-gemma4`
 (tests/models/test_parity.py, tests/generate/test_parity.py, tests/models/test_roundtrip.py); this file checks what
-only Gemma 4 has, and that the switches tempax cannot run exactly are refused with the setting named."""
+only Gemma 4 has, and that the switches tempax cannot run exactly are refused with the setting named. Its
+mixture-of-experts block: tests/models/test_gemma4_moe.py."""
 
 
 import jax
@@ -183,14 +184,15 @@ def test_a_multimodal_checkpoint_loads_its_language_model_and_skips_the_towers(t
     ({"per_layer_config": {"0": {"head_dim": 32}}}, "per-layer settings .*sliding layers"),
     ({"per_layer_config": {"2": {"head_dim": 32}, "5": {"head_dim": 64}}}, "per-layer settings .*full layers"),
     ({"per_layer_config": {"2": {"intermediate_size": 32}}}, "per-layer settings .*intermediate_size"),
-    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 16},
-     "enable_moe_block=true"),
+    ({"enable_moe_block": True, "top_k_experts": 2, "moe_intermediate_size": 16},
+     "enable_moe_block=true without num_experts"),
     ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention='all'"),
     ({"hidden_activation": "relu"}, "hidden_activation='relu'"),
 ])
 def test_switches_tempax_cannot_run_exactly_are_refused_by_name(changes, named):
-    """Per-layer shapes other than one for the sliding layers and one for the full layers, the sparse block beside
-    the MLP and bidirectional attention have no place in tempax's layer stacks."""
+    """Per-layer shapes other than one for the sliding layers and one for the full layers and bidirectional
+    attention have no place in tempax's layer stacks; the sparse block beside the MLP (tests/models/test_gemma4_moe.py)
+    needs its expert count."""
     with pytest.raises(CheckpointError, match=named):
         ModelConfig.from_hf_config(_text_config(**changes))
 

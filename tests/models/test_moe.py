@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -25,7 +24,7 @@ from tempax.models.moe import (RouterStatistics, SparseMoeBlock, block_params, h
                                record_router_statistics, recording_router_statistics, route, router_aux_loss,
                                router_statistics, with_router_aux_loss)
 from tempax.models.presets import TINY_MOE_FAMILIES
-from tests.kit.models import hf_reference_pair, random_ids, tiny_config, tiny_tempax_model
+from tests.kit.models import hf_reference_pair, product_counts, random_ids, tiny_config, tiny_tempax_model
 
 TOL = 1e-5
 HIDDEN = 16
@@ -305,20 +304,6 @@ def test_bad_names_and_shapes_are_refused_with_the_fix():
 # The program: grouped products, no loop over experts
 
 
-def _product_counts(closed_jaxpr) -> dict[str, int]:
-    counts = {"dot_general": 0, "ragged_dot_general": 0}
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name in counts:
-                counts[eqn.primitive.name] += 1
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(closed_jaxpr.jaxpr)
-    return counts
-
-
 def test_block_program_has_no_loop_over_experts():
     """The block with a gated shared expert, forward and training gradient (output + 0.01 * load-balancing loss),
     traced for 4 and for 64 experts: the same products in both. Forward: 3 grouped products (gate, up, down) and 6
@@ -336,8 +321,8 @@ def test_block_program_has_no_loop_over_experts():
             y, logits = nnx.merge(graphdef, state)(x)
             return jnp.sum(y) + 0.01 * load_balancing_loss(logits[None], experts_per_token=2)[0]
 
-        forward = _product_counts(jax.make_jaxpr(loss)(state, x))
-        backward = _product_counts(jax.make_jaxpr(jax.grad(loss))(state, x))
+        forward = product_counts(jax.make_jaxpr(loss)(state, x))
+        backward = product_counts(jax.make_jaxpr(jax.grad(loss))(state, x))
         counts.append((forward, backward))
     assert counts[0] == counts[1]
     forward, backward = counts[0]
@@ -475,7 +460,7 @@ def test_the_training_step_runs_no_loop_over_experts(adapted):
                  "segment_ids": jnp.ones((2, 8), jnp.int32)}
         state = init_state(params, optimizer, 0)
         jaxpr = jax.make_jaxpr(step)(state, parts.rest, batch)
-        counts.append(_product_counts(jaxpr))
+        counts.append(product_counts(jaxpr))
         metrics = jax.eval_shape(step, state, parts.rest, batch)[1]
         assert {"moe_aux_loss", "moe_max_load"} <= set(metrics)
     assert counts[0] == counts[1]
