@@ -132,6 +132,7 @@ def test_a_registered_algorithms_hook_is_asked_like_the_packaged_ones(tmp_path):
         registry.unregister(toy.command)
 
 
+@pytest.mark.heavy
 def test_a_mixture_of_experts_gets_lora_on_its_experts_on_attention_or_qlora_by_memory(tmp_path):
     """Qwen3-30B-A3B (P = 30,532,122,624 float32 parameters, 3.35B active per token) with lots of data, LoRA rank 16.
 

@@ -161,6 +161,7 @@ def _trl_history(out: str) -> list[dict]:
     return [r for r in json.loads(open(os.path.join(out, "log_history.json")).read()) if "loss" in r]
 
 
+@pytest.mark.heavy
 @pytest.mark.needs_torch
 def test_trl_kto_side_trains_on_tempaxs_rows_from_tempaxs_adapters_and_reads_back(tiny_files):
     """TRL gets 2 steps x 2 examples in tempax's order; each KL completion is the completion of that row's
@@ -191,6 +192,7 @@ def test_trl_kto_side_trains_on_tempaxs_rows_from_tempaxs_adapters_and_reads_bac
     assert len(outcomes) == 6 and all(isinstance(x, bool) for x in outcomes)
 
 
+@pytest.mark.heavy
 @pytest.mark.needs_torch
 def test_trl_grpo_side_samples_tempaxs_prompts_in_order_and_scores_them_with_the_demos_rewards(tiny_files):
     """TRL's GRPOTrainer gets the 2 prompts tempax's sampler draws over 2 steps of 1 prompt, in that order, as
@@ -239,6 +241,7 @@ def test_trl_grpo_side_samples_tempaxs_prompts_in_order_and_scores_them_with_the
     assert len(outcomes) == 6 and all(isinstance(x, bool) for x in outcomes)
 
 
+@pytest.mark.heavy
 @pytest.mark.needs_torch
 def test_trl_sft_side_trains_on_tempaxs_packed_rows_and_its_first_loss_is_tempaxs(tiny_files):
     """The SFT row splits the 20 dialogues once (6 held out), and TRL gets tempax's first 2 batches of 2 packed

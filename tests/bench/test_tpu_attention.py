@@ -20,6 +20,7 @@ def test_without_a_tpu_it_says_so(capsys):
     assert "need a TPU" in record["skipped"] and record["jax"] == jax.__version__
 
 
+@pytest.mark.heavy
 def test_tiny_run_reports_every_implementation(capsys):
     """Training: plain, xla, splash and splash_heads_first, forward and forward_backward; decode: plain and paged.
     None fails, each has a time, and every record names the device and the JAX version."""

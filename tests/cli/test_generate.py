@@ -26,6 +26,7 @@ def _json_rows(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.heavy
 def test_generate_prints_json_completions(checkpoint, capsys):
     """2 prompts x n=2 samples: four JSON rows whose text, ids and log-probs equal the library call's."""
     argv = ["generate", checkpoint, "--prompt", "The quick brown", "--prompt", "Hello", "--n", "2",
@@ -128,6 +129,7 @@ def test_generate_without_prompt(checkpoint, capsys):
     assert "no prompt given" in capsys.readouterr().err
 
 
+@pytest.mark.heavy
 def test_chat_streams_replies_with_the_template(checkpoint, capsys, monkeypatch):
     """Two turns and a reset: each reply is what `generate` gives for the templated history (the seed moves on
     by one per turn)."""
@@ -238,6 +240,7 @@ def test_ctrl_c_while_streaming_ends_the_partial_line_before_interrupted(checkpo
     assert captured.err.endswith("\ninterrupted\n") or captured.err == "interrupted\n"
 
 
+@pytest.mark.heavy
 @pytest.mark.real_model
 def test_off_a_terminal_the_loading_bar_is_one_plain_line(tmp_path):
     """`tempax generate` of the SmolLM2 GGUF (538 MB, not from the weight cache) with stderr to a file: one line

@@ -87,6 +87,7 @@ def test_command_parses_and_builds(command, monkeypatch, capsys):
     assert info.value.code == 0
 
 
+@pytest.mark.heavy
 def test_cheap_commands_run(trained, tmp_path, monkeypatch, capsys):  # noqa: F811
     monkeypatch.chdir(ROOT)
     run_dir, out = str(trained), str(tmp_path / "exported")

@@ -85,6 +85,7 @@ def test_sft_command_trains_and_writes_the_run_dir(trained):
     assert config.startswith("command: sft\n") and "tiny-llama" in config
 
 
+@pytest.mark.heavy
 def test_a_run_saved_before_config_yaml_named_its_command_loads_the_same(trained, tmp_path):
     """A run dir written the old way (config.yaml without its `command:` line) is recognised from its config's
     shape and gives the same model, step and tokenizer as the run dir as written now."""
@@ -244,6 +245,7 @@ def test_export_writes_every_file_with_the_same_permissions(trained, tmp_path):
     assert set(modes.values()) == {"0o644"}, modes
 
 
+@pytest.mark.heavy
 def test_pretrain_command_on_text_fields(workspace, tmp_path):
     _, recipe, text = workspace  # an SFT recipe (command: sft) whose settings fit continued pre-training too
     run = tmp_path / "pt"
@@ -381,6 +383,7 @@ def test_reward_model_print_config_shows_the_overrides(capsys):
     assert "margin: 0.5" in capsys.readouterr().out
 
 
+@pytest.mark.heavy
 def test_a_registered_toy_algorithm_is_listed_validated_and_trains_two_steps(toy, tmp_path, capsys):  # noqa: F811
     from tempax.cli.main import main as cli
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tempax.cli.main import main
 from tests.algorithms.test_validate import _grpo_recipe
 
@@ -104,6 +106,7 @@ def test_a_recipe_without_data_is_refused_naming_the_key(tmp_path, capsys):
         "(data.path=...)")
 
 
+@pytest.mark.heavy
 def test_memory_gib_prints_the_plan_for_that_device_and_how_it_fits(tmp_path, capsys):
     """A full fine-tune of the Llama-3.2-1B shape at 8 x 1024 tokens (bf16, remat full), sized with a TPU's ops
     without loading a weight. On a 24 GiB device float32 moments on the device do not fit, so train.memory=auto

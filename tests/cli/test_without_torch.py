@@ -153,6 +153,7 @@ def test_the_blocker_hides_torch(no_torch_env):
     assert done.returncode == 1 and "ModuleNotFoundError: No module named 'torch'" in done.stderr, done.stderr
 
 
+@pytest.mark.heavy
 def test_model_info_and_generate_without_torch(no_torch_env):
     """`tempax model-info` and a 4-token greedy `tempax generate` of the real model, torch hidden, cache empty."""
     info = _run(no_torch_env, "-m", "tempax.cli.main", "model-info", "smollm2-135m-instruct")

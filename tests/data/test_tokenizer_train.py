@@ -81,6 +81,7 @@ def extended(tmp_path_factory):
     return model, extend_model(base, ["<calc>", "</calc>", "<calc>"], str(tmp / "ext")), tmp
 
 
+@pytest.mark.heavy
 def test_extend_model_end_to_end(extended):
     """The two new tokens get ids 300 and 301 (a repeated token is added once); the saved folder reloads with
     those ids; the new embedding and LM-head rows are the mean rows and the old rows and old logits are
@@ -106,6 +107,7 @@ def test_extend_model_end_to_end(extended):
         extend_model(ext.folder, ["<calc>"], str(tmp / "again"))
 
 
+@pytest.mark.heavy
 def test_continued_pretraining_with_new_tokens(extended, tmp_path):
     """`tempax pretrain` on the extended checkpoint: text using the new tokens trains (the loss falls over 8
     full fine-tuning steps of the 2-layer model)."""

@@ -108,6 +108,7 @@ def verifiers_scores(task: vf.Task, reply: str) -> dict[str, float]:
     return {name: reward.value for name, reward in trace.rewards.items()}
 
 
+@pytest.mark.heavy
 def test_a_tiny_models_episodes_get_the_rewards_verifiers_gives_their_replies(model, tok):  # noqa: F811
     """Episodes the tiny model samples on both tasks of the letter taskset (G = 3 each, 4-token replies): each
     episode's reward parts are verifiers' weighted scores of its reply, has_letter x 1.0 and len(reply) x 0.5, as

@@ -32,6 +32,7 @@ def test_out_may_never_be_the_source_or_hold_it(tmp_path):
         check_destination(str(hf), str(tmp_path), gguf=False, overwrite=True)
 
 
+@pytest.mark.heavy
 def test_a_failed_export_leaves_the_old_out_as_it_was(tmp_path, monkeypatch):
     """The weights are written, then the card fails: OUT keeps the earlier export, byte for byte."""
     import tempax.export.model_card as model_card

@@ -71,6 +71,7 @@ def _resume(run_dir, reference):
     return result, said
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("fault", ["kill_step", "kill_save", "kill_metrics"])
 def test_kill_9_then_resume_matches(tmp_path, reference, cache, fault, survived):
     run = tmp_path / "run"
@@ -131,6 +132,7 @@ def test_full_disk_with_retry_keeps_training(tmp_path, reference, cache, survive
     survived("full disk", "retry at the next interval")
 
 
+@pytest.mark.heavy
 def test_second_process_on_the_run_dir_is_refused_at_once(tmp_path, reference, cache, survived):
     """A run holds its run dir; `tempax sft` on it exits 2 in one line naming the holder's PID and host, before
     loading anything; the first run goes on undisturbed. A run dir that is a file is one line too."""

@@ -23,6 +23,7 @@ def test_cache_buckets_are_powers_of_two_and_the_steps_half_way_between():
     assert cache_bucket(20, minimum=32) == 32
 
 
+@pytest.mark.heavy
 def test_a_row_of_90_positions_decodes_in_a_96_position_cache_and_gives_its_tokens_alone(model, tokenizer):
     eng = SlotEngine(model, slots=2, context=200, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id, min_cache=32)
     assert eng.cache_buckets == [32, 48, 64, 96, 128, 192, 256]
@@ -69,6 +70,7 @@ def _alone(model, tokenizer, request) -> list[int]:
     return result.token_ids[0, : result.lengths[0]].tolist()
 
 
+@pytest.mark.heavy
 def test_a_greedy_request_joining_mid_way_gives_its_tokens_alone(engine, model, tokenizer):
     """Alone, then joining a decode two chunks in beside a sampled row (and before another joins): the same
     tokens, which are also what `generate` gives it; the sampled rows equal theirs alone too."""

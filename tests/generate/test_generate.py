@@ -81,6 +81,7 @@ def test_mixed_length_batch_equals_each_prompt_alone(model, config):
         assert_allclose(batch.logprobs[i], alone.logprobs[0], atol=1e-5)
 
 
+@pytest.mark.heavy
 def test_rows_with_their_own_knobs_equal_each_request_alone(model):
     """One DecodeRun over three separate requests (greedy for 12 tokens; tau 0.8 + top-p 0.9 for 7; tau 1 + top-p
     0.95 + min-p 0.05 for 12, another seed): each row's tokens, length and log-probs are what its request gives

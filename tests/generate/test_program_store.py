@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 
 from tempax.generate import SamplingConfig, engine, generate
 from tempax.generate.program_store import PROGRAMS_DIR_ENV, ProgramStore, program_key
@@ -53,6 +54,7 @@ def test_stop_strings_and_chunked_decoding_run_on_stored_programs(model, tokeniz
     _same(stored, plain)
 
 
+@pytest.mark.heavy
 def test_a_second_chat_loads_every_turns_programs_and_says_the_same(model, tokenizer, tmp_path, monkeypatch):
     """`tempax chat` runs on the store: each turn re-renders the whole conversation, so a later turn can fall in a
     longer prompt bucket; the first session stores each bucket's pair, a second one traces nothing."""

@@ -7,12 +7,25 @@ import os
 import tempfile
 
 import numpy as np
+import pytest
 
 from tempax.models.config import ModelConfig
 from tempax.models.presets import PRESETS, TINY_FAMILIES, TINY_MOE_FAMILIES, tiny_preset_name
 
-__all__ = ["TINY_FAMILIES", "TINY_MOE_FAMILIES", "as_multimodal_checkpoint", "tiny_config", "hf_reference_pair",
-           "product_counts", "tiny_tempax_model"]
+__all__ = ["HEAVY_FAMILIES", "TINY_FAMILIES", "TINY_MOE_FAMILIES", "as_multimodal_checkpoint", "family_cases",
+           "tiny_config", "hf_reference_pair", "product_counts", "tiny_tempax_model"]
+
+# The families whose tiny models make a family-by-family test several times slower than the rest: Qwen3.5's hybrid
+# stacks (linear-attention blocks beside attention, each its own programs) and Gemma 4's (per-layer inputs, layers
+# that share earlier keys, a full layer of its own head shape). In tests parametrized over every family their cases
+# run in the heavy tier (`.ci/run`, right after the default suite); each family's own test file keeps its logits,
+# cache and gradient checks against transformers in the default suite.
+HEAVY_FAMILIES = ("gemma4", "qwen3_5", "qwen3_5_moe")
+
+
+def family_cases(families) -> list:
+    """`pytest.param`s of `families` for a parametrize or fixture list, the `HEAVY_FAMILIES` marked heavy."""
+    return [pytest.param(f, marks=pytest.mark.heavy if f in HEAVY_FAMILIES else (), id=f) for f in families]
 
 
 def tiny_config(family: str) -> ModelConfig:

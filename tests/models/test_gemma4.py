@@ -137,6 +137,7 @@ def test_logits_match_transformers_with_layer_scalars_and_shared_layers(tmp_path
         np.testing.assert_array_equal(ours[name], value, err_msg=name)
 
 
+@pytest.mark.heavy
 def test_shared_layers_ignore_their_own_key_projections_and_per_layer_inputs_matter():
     cfg = tiny_config("gemma4")
     model = Decoder(cfg, rngs=nnx.Rngs(0))
@@ -157,6 +158,7 @@ def test_shared_layers_ignore_their_own_key_projections_and_per_layer_inputs_mat
     assert np.abs(np.asarray(model(ids)[0]) - before).max() > 1e-3
 
 
+@pytest.mark.heavy
 def test_no_gradient_reaches_the_layer_scalars():
     """transformers keeps layer_scalar as a buffer: tempax holds it as a weight but trains it not."""
     model = Decoder(tiny_config("gemma4"), rngs=nnx.Rngs(0))
@@ -215,6 +217,7 @@ def test_a_gemma4_model_is_refused_where_its_switches_have_no_place(tmp_path):
         keep_layers(model, [0, 1, 2])
 
 
+@pytest.mark.heavy
 def test_init_decoder_equals_the_constructor():
     """The three-program initialiser draws the per-layer inputs after the head, as the one-program jitted
     constructor does: every weight equal bit for bit."""

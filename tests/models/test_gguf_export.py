@@ -294,6 +294,7 @@ def test_transformers_loads_the_export(tmp_path, family, quant):
 
 
 # ------------------------------------------------------------------------------------------------------------
+@pytest.mark.heavy
 @pytest.mark.real_model
 def test_smollm2_export_round_trip(tmp_path):
     """SmolLM2 (its shipped Q4_1 file, dequantised) exported to q8_0: same tokenizer metadata as the source file,

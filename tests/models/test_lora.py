@@ -29,7 +29,7 @@ from tempax.models.lora import (
     save_adapters,
     target_paths,
 )
-from tests.kit.models import TINY_MOE_FAMILIES, random_ids, tiny_tempax_model
+from tests.kit.models import TINY_MOE_FAMILIES, family_cases, random_ids, tiny_tempax_model
 
 CFG = LoraConfig(rank=4, alpha=8.0)
 
@@ -433,7 +433,7 @@ MOE_TARGETS = (("q_proj", "experts", "router"),
                (r"layers\.[01]\.mlp\.experts\.gate_up_proj", r"layers\.2\.mlp\.experts\.down_proj", "k_proj"))
 
 
-@pytest.mark.parametrize("family", TINY_MOE_FAMILIES)
+@pytest.mark.parametrize("family", family_cases(TINY_MOE_FAMILIES))
 def test_peft_loads_saved_expert_and_router_adapters(family, tokens, tmp_path):
     """LoRA on the attention, the routed experts and the router of each tiny mixture of experts (gpt-oss: its
     router is mlp.router, its gate_up_proj interleaved), and on some layers' experts only: PeftModel.from_pretrained

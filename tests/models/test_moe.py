@@ -24,7 +24,7 @@ from tempax.models.moe import (RouterStatistics, SparseMoeBlock, block_params, h
                                record_router_statistics, recording_router_statistics, route, router_aux_loss,
                                router_statistics, with_router_aux_loss)
 from tempax.models.presets import TINY_MOE_FAMILIES
-from tests.kit.models import hf_reference_pair, product_counts, random_ids, tiny_config, tiny_tempax_model
+from tests.kit.models import family_cases, hf_reference_pair, product_counts, random_ids, tiny_config, tiny_tempax_model
 
 TOL = 1e-5
 HIDDEN = 16
@@ -356,7 +356,7 @@ def _recorded_aux_loss(model, ids, segment_ids):
 
 
 @pytest.mark.needs_torch
-@pytest.mark.parametrize("family", TINY_MOE_FAMILIES)
+@pytest.mark.parametrize("family", family_cases(TINY_MOE_FAMILIES))
 def test_decoder_records_the_load_balancing_loss_transformers_reports(family):
     """A batch whose first row is left-padded by 3 through each family's tiny model inside
     `recording_router_statistics`: the loss of the recorded statistics (the three layers pooled, padding left out)
@@ -528,6 +528,7 @@ def _expert_adapters(model, seed: int = 0, scale: float = 0.3):
     return model
 
 
+@pytest.mark.heavy
 def test_expert_adapters_compute_base_plus_scaled_low_rank_update_per_expert():
     """tiny-gpt-oss (expert biases, clamped SwiGLU, interleaved gate/up in its files) with LoRA on the experts and
     the router, alpha / r = 3 / 2. B = 0, or any B under `disable_adapters`: logits equal the base exactly.
@@ -580,6 +581,7 @@ def test_expert_adapters_compute_base_plus_scaled_low_rank_update_per_expert():
     assert_allclose(np.asarray(mlp["gate"]["lora_b"][...]), np.asarray(hand_grads[2][1]), rtol=0, atol=1e-6)
 
 
+@pytest.mark.heavy
 def test_merge_folds_expert_and_router_adapters_into_the_weights():
     """merge_lora of tiny-qwen3-moe with LoRA on attention, experts and router: a plain Decoder, logits within
     1e-5 of the adapted model's (float32); with QLoRA the experts stay NF4 codes under float adapters and the
@@ -600,6 +602,7 @@ def test_merge_folds_expert_and_router_adapters_into_the_weights():
         assert_allclose(np.asarray(_forward(merged, ids)[0]), np.asarray(_forward(lora, ids)[0]), rtol=0, atol=1e-5)
 
 
+@pytest.mark.heavy
 def test_qlora_stores_the_experts_in_4_bits_and_differentiates_through_them():
     """tiny-gpt-oss (expert biases, clamped SwiGLU) with QLoRA: the expert kernels become NF4 codes (one uint8 per
     two weights) and a float32 scale per 64, the router stays float; the quantized model computes what the float
@@ -638,6 +641,7 @@ def test_qlora_stores_the_experts_in_4_bits_and_differentiates_through_them():
         assert_allclose(np.asarray(gq), np.asarray(gf), rtol=0, atol=1e-6)
 
 
+@pytest.mark.heavy
 def test_a_prompt_run_into_a_cache_and_its_continuation_are_recorded_and_pooled():
     """GRPO's training pass runs the prompts into a KV cache and the completions against it: a left-padded prefill
     of 5 positions (2 of them padding), then 4 tokens, then 1 (a decode step) are three recorded calls, whose

@@ -8,7 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tempax.models.cache import KVCache  # noqa: E402
-from tests.kit.models import TINY_FAMILIES, TINY_MOE_FAMILIES, hf_reference_pair, random_ids  # noqa: E402
+from tests.kit.models import (HEAVY_FAMILIES, TINY_FAMILIES, TINY_MOE_FAMILIES, family_cases,  # noqa: E402
+                              hf_reference_pair, random_ids)
 
 from flax import nnx  # noqa: E402
 
@@ -30,7 +31,7 @@ def _seg(ids):
     return jnp.ones(ids.shape, jnp.int32)
 
 
-@pytest.fixture(scope="module", params=TINY_FAMILIES + TINY_MOE_FAMILIES)
+@pytest.fixture(scope="module", params=family_cases(TINY_FAMILIES + TINY_MOE_FAMILIES))
 def pair(request):
     return request.param, *hf_reference_pair(request.param)
 
@@ -50,7 +51,8 @@ def pair(request):
 _POSITION_REPRESENTATIVES = ("llama", "gemma2", "gemma3", "mixtral", "gpt_oss", "smollm3", "olmo3", "phi3",
                             "qwen3_5", "gemma4")
 by_position_feature = pytest.mark.parametrize("pair", [
-    pytest.param(family, marks=() if family in _POSITION_REPRESENTATIVES else pytest.mark.slow)
+    pytest.param(family, marks=(pytest.mark.heavy if family in HEAVY_FAMILIES else ()) if family in _POSITION_REPRESENTATIVES
+                 else pytest.mark.slow)
     for family in TINY_FAMILIES + TINY_MOE_FAMILIES
 ], indirect=True)
 
@@ -209,6 +211,7 @@ def test_what_the_published_checkpoints_add_to_the_tiny_presets(tmp_path, name):
         np.testing.assert_allclose(np.asarray(out), _ref_logits(ref, ids), atol=TOL, rtol=0)
 
 
+@pytest.mark.heavy
 def test_longrope_switches_factors_when_decoding_passes_the_original_context(tmp_path):
     """transformers picks LongRoPE's factors per forward pass from its largest position: a prefill of 20 tokens and
     decode steps to 40 switch to the long factors at the step whose position is 32 (keys cached before stay as they

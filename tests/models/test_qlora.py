@@ -120,6 +120,7 @@ def test_quantized_matmul_gradient_matches_autodiff():
 
 
 # --------------------------------------------------------------------------------------------------------------
+@pytest.mark.heavy
 def test_weight_memory_is_about_a_quarter_of_bfloat16():
     """Every projection kernel is quantized. Per weight: 4 bits of code + 32 bits of scale per 64 weights =
     4.5 bits; bfloat16 is 16 bits: 4.5 / 16 = 0.28125. (Input sizes 64 and 128 need no padding.)
@@ -148,6 +149,7 @@ def test_qlora_structure_and_frozen_float_parts(base):
     assert not [p for p, v in nnx.iter_graph(model) if isinstance(v, nnx.Param) and p[-1] == "kernel" and "layers" in p]
 
 
+@pytest.mark.heavy
 def test_qlora_zero_b_and_disabled_adapters_equal_the_dequantized_base(base, tokens):
     """B = 0, and adapters switched off with B != 0, both give the quantized base; merging that base
     (dequantized float kernels) gives the same logits within float32 rounding. Switched-off adapters are another
@@ -163,6 +165,7 @@ def test_qlora_zero_b_and_disabled_adapters_equal_the_dequantized_base(base, tok
         np.testing.assert_allclose(np.asarray(_logits(model, tokens)), zero_b, atol=1e-6, rtol=0)
 
 
+@pytest.mark.heavy
 def test_qlora_gradient_step_changes_adapters_only(base, tokens):
     model = apply_lora(base, QCFG, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adamw(1e-2), wrt=lora_filter)

@@ -44,6 +44,7 @@ def test_the_published_multimodal_config_gives_the_text_model():
     assert cfg == tiny_config("qwen3_5").replace(max_position_embeddings=32768)
 
 
+@pytest.mark.heavy
 def test_a_multimodal_checkpoint_loads_its_language_model_and_skips_the_rest(tmp_path):
     """The published files name the text model's tensors model.language_model.* beside the vision tower's and the
     multi-token-prediction head's: the text model loads, with the logits of the text-only file."""
@@ -68,6 +69,7 @@ def test_bad_layer_patterns_are_refused_with_the_setting_named():
         tiny_config("qwen3_5").replace(family="llama").to_hf_config()
 
 
+@pytest.mark.heavy
 @pytest.mark.needs_torch
 def test_loss_and_gradients_equal_transformers_on_a_packed_free_batch():
     """The mean next-token cross-entropy of a [2, 70] batch (the linear layers' chunks of 64 and the remainder)
@@ -125,6 +127,7 @@ def test_the_program_holds_one_block_of_layers_whatever_the_depth():
     assert abs(sixteen[2] - eight[2]) <= 4  # the same program but for the layer-index constants' widths
 
 
+@pytest.mark.heavy
 def test_a_hybrid_stack_of_one_repeating_block_is_found_and_an_irregular_one_is_one_block():
     cfg = tiny_config("qwen3_5")
     assert cfg.layer_block() == (True, True, True, False)

@@ -33,6 +33,7 @@ def _cached_objective(model, prompt, completion):
     return jnp.mean(model.logits(hidden_p[:, -1:]) ** 2) + jnp.mean(model.logits(hidden_c) ** 2)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("remat", ["full", "dots"])
 def test_remat_with_a_cache_gives_the_same_loss_and_gradients(remat):
     prompt = jnp.asarray(random_ids((2, PROMPT), seed=1))

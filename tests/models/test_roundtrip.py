@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 from tempax.models.hf_io import load_hf_checkpoint, save_hf_checkpoint  # noqa: E402
 from tempax.models.weights import iter_hf_tensors  # noqa: E402
-from tests.kit.models import TINY_FAMILIES, TINY_MOE_FAMILIES, hf_reference_pair, random_ids  # noqa: E402
+from tests.kit.models import TINY_FAMILIES, TINY_MOE_FAMILIES, family_cases, hf_reference_pair, random_ids  # noqa: E402
 from tests.models.test_gguf import perturbed_model  # noqa: E402
 
 TOL = 1e-4
@@ -39,7 +39,7 @@ def _weights(model) -> dict[str, np.ndarray]:
     return dict(iter_hf_tensors(model))
 
 
-@pytest.mark.parametrize("family", TINY_FAMILIES + TINY_MOE_FAMILIES)
+@pytest.mark.parametrize("family", family_cases(TINY_FAMILIES + TINY_MOE_FAMILIES))
 def test_tempax_save_loads_in_transformers(tmp_path, family):
     """save_hf_checkpoint -> AutoModelForCausalLM.from_pretrained gives the tempax logits; loading back is exact.
     Mixture-of-experts layers are written as transformers' save_pretrained writes them (per-expert tensors for

@@ -148,6 +148,7 @@ def test_fused_head_forms_agree(dtype, vocab_major):
     assert plain[1][1].dtype == jnp.float32
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("family", ["qwen2", "gemma2"])
 def test_whole_model_agrees_across_variants(family):
     """The tiny Qwen2 (tied head) and Gemma 2 (soft-caps, a sliding and a full layer), float32, two layers each:

@@ -28,6 +28,7 @@ def test_same_result_as_tempax_attention_with_packing_padding_and_windows(window
     np.testing.assert_allclose(np.asarray(theirs), np.asarray(ours), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.heavy
 def test_a_model_trains_the_same_with_either_attention():
     """The tiny Llama with attention_impl='xla': the logits within 1e-5 of 'tempax', the gradient of their sum
     within 1e-4."""

@@ -19,6 +19,7 @@ from tempax.parallel.rules import batch_sharding
 from tempax.train.config import CheckpointConfig, MeshConfig
 from tempax.train.loop import Trainer
 from tempax.train.state import init_sharded
+from tests.kit.models import family_cases
 from tests.train.helpers import random_batch, tiny_train_config
 
 needs_8 = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 host devices (tests/conftest.py sets them)")
@@ -29,7 +30,7 @@ def _flat(model):
 
 
 @needs_8
-@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("family", family_cases(TINY_FAMILIES))
 def test_layerwise_init_equals_the_one_program_constructor(family):
     """Every weight of `init_decoder` on a 2 x 2 (fsdp x tensor) mesh equals, bit for bit, the one-program jitted
     constructor (`init_sharded`): the same random draws in the same order; and each lands in its shard."""

@@ -177,6 +177,7 @@ def test_staleness_1_weights_stale_tokens_and_resume_keeps_arrived_rollouts(poli
     assert all(np.isfinite(first.losses + second.losses))
 
 
+@pytest.mark.heavy
 def test_a_silent_worker_times_out_and_a_weight_version_that_does_not_fit_fails_clearly(policy):
     """A worker busier than ray.timeout_s raises WorkerTimeout instead of hanging; weights with a wrong shape are
     refused by the worker and its next request raises a TempaxError naming the mismatch."""

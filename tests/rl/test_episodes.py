@@ -200,6 +200,7 @@ def test_the_slot_engine_plays_the_same_episodes_as_the_batch(model, tok):
         assert (slot.prefilled_tokens, slot.reprefill_tokens) == (batch.prefilled_tokens, batch.reprefill_tokens)
 
 
+@pytest.mark.heavy
 def test_a_slot_rollout_trains_on_what_its_cache_held(model, tok, prompts):
     """The training forward gives each policy token of a slot-engine episode the log-prob it was sampled with:
     a continued row's cache (kept positions, new tokens, positions) was right."""

@@ -213,6 +213,7 @@ def test_a_connection_closed_under_a_request_is_one_line_not_a_traceback(capsys)
                    "descriptor)\n")
 
 
+@pytest.mark.heavy
 def test_closing_answers_a_request_in_flight_with_a_503_and_ends_every_connection():
     """`close()` while a request decodes and a keep-alive connection idles between requests: the request gets
     OpenAI's error shape with status 503 (code server_stopping) rather than a dropped connection, the idle

@@ -155,6 +155,7 @@ def test_offloaded_state_checkpoints_and_resumes(tmp_path):
         assert_allclose(got[key], want[key], atol=1e-6, err_msg=key)
 
 
+@pytest.mark.heavy
 def test_bf16_moments_store_bfloat16_and_train_like_float32(tmp_path):
     """The moments are bfloat16 on the device; three steps of AdamW (lr 1e-2) keep the loss within 1% of the
     float32-moment run's."""

@@ -245,6 +245,7 @@ def test_logit_chunk_rows_is_the_largest_divisor_up_to_the_target():
     assert [logit_chunk_rows(n, 4) for n in (6, 9, 12, 3)] == [3, 3, 4, 3]
 
 
+@pytest.mark.heavy
 def test_chunked_logprobs_equal_all_rows_at_once(model, monkeypatch):
     """Log-probs and entropy, and the gradient of a loss using both, are the same whether the [rows, T, V]
     logits are made one row at a time (recomputed in the backward) or all 4 rows at once."""

@@ -112,6 +112,7 @@ def test_killed_resumed_and_stopped_runs_reproduce_the_uninterrupted_run(model, 
             assert np.asarray(second.state.params[key]).tobytes() == np.asarray(value).tobytes(), key
 
 
+@pytest.mark.heavy
 def test_the_collapse_guard_adjusts_the_temperature_mid_run_and_resume_stays_exact(model, tok, prompts, tmp_path):
     """A guard that always fires (min_entropy 100 nats), action raise_temperature, window 2, cooldown 10: it fires
     at step 2, the temperature goes 1 -> 1.3 for rollout 2 (steps 3, 4), whose first pass still has ratio 1 (the

@@ -154,6 +154,7 @@ def test_stacked_batch_scores_each_side_as_if_alone(tok):
     assert logps[3] == 0.0 and n[7] == 0.0
 
 
+@pytest.mark.heavy
 def test_reply_log_probs_from_the_fused_head_equal_those_from_the_full_logits(tok):
     """`sequence_logps` applies a `Decoder`'s head at the reply tokens only; anything else is scored from its
     full logits. The same model both ways: equal summed log-probs (value and gradient) and reply lengths."""
@@ -270,6 +271,7 @@ def _param_bytes(model) -> int:
     return sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
+@pytest.mark.heavy
 def test_lora_reference_holds_no_second_copy_of_the_weights(files, tmp_path):
     """Count bytes. adapters_off: the trainer's frozen rest *is* the base (its bytes equal the base's parameter
     bytes), the loss function holds no arrays, and no reference model exists. frozen_copy: the reference copy

@@ -79,6 +79,7 @@ def _config(tmp_path, tokenizer_dir, data_path, packing=False, **train):
     return from_dict(SFTConfig, raw)
 
 
+@pytest.mark.heavy
 def test_short_sft_run_memorises_a_small_set(tmp_path, tokenizer_dir):
     """Four dialogues, 40 full fine-tuning steps of a 2-layer model: the assistant-token loss goes to ~0."""
     data = _write_rows(tmp_path / "train.jsonl", [{"messages": m} for m in DIALOGUES])

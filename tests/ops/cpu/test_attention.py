@@ -76,6 +76,7 @@ def test_all_products_compile_to_bf16_dots():
     assert any(d != ("bf16", "bf16") for d in _dot_operand_types(jax.grad(cache_layout_loss, (0, 1, 2)), q, k, v))
 
 
+@pytest.mark.heavy
 def test_whole_gemma2_gradients_at_bf16_track_float32():
     """The tiny Gemma 2 (logit soft-cap 50, sliding window 4 on layers 0 and 2, GQA 4/2) on the packed and padded
     rows above: the loss at bf16 compute (attention through the custom VJP,

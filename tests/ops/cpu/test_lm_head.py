@@ -45,6 +45,7 @@ def test_decode_layout_gives_the_modules_logits(family, tied):
     assert_allclose(_decode_logits(model, True), _decode_logits(model, False), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.heavy
 def test_lora_adapters_apply_with_the_decode_layout():
     model = tiny_tempax_model("llama", seed=4, tie_word_embeddings=True)
     model = apply_lora(model, LoraConfig(rank=4, alpha=8), rngs=nnx.Rngs(5))
@@ -60,6 +61,7 @@ def test_lora_adapters_apply_with_the_decode_layout():
     assert np.abs(with_adapters - without).max() > 1e-3  # the adapters did change the output
 
 
+@pytest.mark.heavy
 def test_quantized_base_gives_the_modules_logits_with_the_decode_layout():
     model = apply_lora(
         tiny_tempax_model("llama", seed=6, tie_word_embeddings=True),

@@ -180,6 +180,7 @@ def test_unsupported_arguments_are_named():
 
 
 
+@pytest.mark.heavy
 def test_window_switched_per_layer_under_scan():
     """A scanned stack whose layers alternate sliding and full attention passes `window_on` traced: the layer with
     the flag on is the kernel with the window, the other the kernel without it, values and gradients (the flag
