@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 import numpy as np
 from flax import nnx
 
@@ -665,6 +666,10 @@ def _saves_activation_casts(prim: Any, *avals: Any, **params: Any) -> bool:
     return jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *avals, **params)
 
 
+# The name of a layer's weights sliced from a group of its stack inside the remat boundary (`_run_kind_blocks`).
+_LAYER_WEIGHTS = "layer_weights"
+
+
 def _remat_policy(name: str) -> Any:
     if name == "dots":
         return _saves_activation_casts
@@ -1030,8 +1035,15 @@ class Decoder(nnx.Module):
             inv_freq, _ = layer_constants(stack_cfg, positions)
             constants[name] = (inv_freq[np.asarray(stacks[name])], _picked(rope_scales(stack_cfg), stacks[name]))
 
-        def run(graphdef: Any) -> Any:
-            def layer(shared, weights, x, kv, inv_freq, slides, rope_scale, switches, shared_kv):
+        def run(graphdef: Any, index: int) -> Any:
+            """The layer at `index` of its stack's group, its weights sliced from the group's inside the remat
+            boundary: sliced outside it, each slice is a value of the scan's body that the backward pass needs,
+            which JAX keeps as a residual of its own, i.e. a second copy of the stack's weights; inside, the
+            residual is the group's weights, the scan's own input, which JAX passes on without copying. Without
+            remat the slices alone are recomputed (`_LAYER_WEIGHTS`) and every other value is kept, as the plain
+            scan keeps them."""
+            def layer(shared, group_weights, x, kv, inv_freq, slides, rope_scale, switches, shared_kv):
+                weights = jax.tree.map(lambda v: checkpoint_name(v[index], _LAYER_WEIGHTS), group_weights)
                 module = nnx.merge(graphdef, weights, shared, copy=True)
                 k_eq_v, reuse, per_layer_input = switches
                 x, new_kv, router_logits, attended = module(
@@ -1042,9 +1054,9 @@ class Decoder(nnx.Module):
                     stats = router_statistics(router_logits, experts_per_token=moe.experts_per_token, mask=real)
                 return x, new_kv, nnx.state(module, nnx.Not(_stacked_filter)), stats, attended
 
-            if cfg.remat != "none":
-                layer = jax.checkpoint(layer, policy=_remat_policy(cfg.remat), prevent_cse=False)
-            return layer
+            policy = (_remat_policy(cfg.remat) if cfg.remat != "none"
+                      else jax.checkpoint_policies.save_anything_except_these_names(_LAYER_WEIGHTS))
+            return jax.checkpoint(layer, policy=policy, prevent_cse=False)
 
         def corner(buffer: jax.Array, kind: str) -> jax.Array:  # [B, Kc, S, Hc] -> [B, K, S, H] of the kind
             heads, width = shapes[kind]
@@ -1070,7 +1082,7 @@ class Decoder(nnx.Module):
             window = lambda a: None if a is None else a[start:end]  # noqa: E731 ([L, ...]: this segment's layers)
             switch_xs = jax.tree.map(grouped(len(block)), (window(k_eq_v), window(reuse), window(per_layer_inputs)))
             kv_xs = None if cache is None else jax.tree.map(grouped(len(block)), (window(cache.k), window(cache.v)))
-            layer_fns = {name: run(split[name][0]) for name in used}
+            layer_fns = {(name, a): run(split[name][0], a) for name in used for a in range(count[name])}
 
             def body(carry, xs, block=block, block_stacks=block_stacks, layer_fns=layer_fns):
                 x, shared, last_kv = carry
@@ -1087,8 +1099,8 @@ class Decoder(nnx.Module):
                           else (corner(kv_g[0][j], kind), corner(kv_g[1][j], kind), k_segments, offset))
                     switches = tuple(None if z is None else z[j] for z in (k_eq_v_g, reuse_g, inputs_g))
                     shared_kv = None if last_kv is None else (*last_kv[kind], reuse_g[j])
-                    x, new_kv, shared[name], st, attended = layer_fns[name](
-                        shared[name], jax.tree.map(lambda v: v[a], w), x, kv, inv_g[a], jnp.asarray(kind == "sliding"),
+                    x, new_kv, shared[name], st, attended = layer_fns[name, a](
+                        shared[name], w, x, kv, inv_g[a], jnp.asarray(kind == "sliding"),
                         None if scale_g is None else scale_g[a], switches, shared_kv)
                     if last_kv is not None:  # a layer with keys of its own makes them its kind's latest
                         last_kv[kind] = jax.tree.map(lambda new, old: jnp.where(reuse_g[j], old, new), attended,

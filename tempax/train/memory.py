@@ -322,8 +322,8 @@ def residual_bytes(model: Any, trainable: Any, *, seq_len: int, remat: str, prec
     """Bytes autodiff keeps for the backward pass of `model.hidden_states` over one row of `seq_len` tokens, with
     gradients for the `trainable` filter's parameters, `remat` and `precision` applied (`training_view`): the
     residuals of `jax.vjp` under `jax.eval_shape`, so nothing is computed or allocated (a model of shapes only
-    does). Residuals that are the model's own variables (a weight the backward pass multiplies with) are not
-    counted; with `backend` "cpu" bfloat16 residuals count 4 bytes (XLA:CPU keeps them in float32)."""
+    does). Residuals that are the model's own variables (a weight the backward pass multiplies with), also as a
+    scan over blocks of a layer pattern reads a stack ([groups, per_group, ...]), are not counted; with `backend` "cpu" bfloat16 residuals count 4 bytes (XLA:CPU keeps them in float32)."""
     import jax
     import jax.numpy as jnp
 
@@ -366,11 +366,16 @@ def kept_bytes(fn: Callable[[Any, Any], Any], parts: Any, params: Any, rest: Any
     total = 0
     for leaf in jax.tree.leaves(vjp):
         key = (tuple(leaf.shape), jnp.dtype(leaf.dtype))
-        if weights[key] > 0:
-            weights[key] -= 1
-            continue
-        itemsize = 4 if backend == "cpu" and key[1] == jnp.bfloat16 else key[1].itemsize
-        total += math.prod(leaf.shape) * itemsize
+        # a stack's weights as the scan over blocks of a layer pattern reads them: [groups, per_group, ...]
+        # (`Decoder._run_kind_blocks`), the same buffer
+        grouped = None if leaf.ndim < 2 else ((leaf.shape[0] * leaf.shape[1], *leaf.shape[2:]), key[1])
+        for seen in (key, grouped):
+            if seen is not None and weights[seen] > 0:
+                weights[seen] -= 1
+                break
+        else:
+            itemsize = 4 if backend == "cpu" and key[1] == jnp.bfloat16 else key[1].itemsize
+            total += math.prod(leaf.shape) * itemsize
     return total
 
 

@@ -351,3 +351,57 @@ def test_a_lora_run_on_a_mixture_of_experts_that_does_not_fit_is_told_qlora_or_a
     assert fixes(lora_run, 20) == [f"lora.quantize_base=nf4 with {attention} (QLoRA {what}) with train.remat=full"]
     assert fixes(qlora_run, 24) == [f"{attention} ({what}) with train.remat=full"]
     assert fixes(qlora_run, 17) == fixes(lora_run, 17) == []
+
+
+# The architecture keys of Gemma 4 26B-A4B's text config: 30 layers in blocks of five sliding and one full, the
+# full layers with heads of their own (512 wide, 2 key/value heads whose keys are their values), a dense GeGLU MLP
+# and a sparse block of 128 experts (top 8) beside it in every layer.
+GEMMA4_26B_A4B = {
+    "model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "hidden_size": 2816,
+    "intermediate_size": 2112, "num_hidden_layers": 30, "num_attention_heads": 16, "num_key_value_heads": 8,
+    "num_global_key_value_heads": 2, "head_dim": 256, "global_head_dim": 512, "attention_k_eq_v": True,
+    "enable_moe_block": True, "num_experts": 128, "top_k_experts": 8, "moe_intermediate_size": 704,
+    "sliding_window": 1024, "vocab_size": 262144, "tie_word_embeddings": True, "final_logit_softcapping": 30.0,
+    "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "hidden_size_per_layer_input": 0,
+    "num_kv_shared_layers": 0, "max_position_embeddings": 262144,
+    "layer_types": ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(30)],
+    "rope_parameters": {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1e6, "rope_type": "proportional"},
+                        "sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}},
+}
+
+
+@pytest.mark.heavy
+def test_gemma4_26b_a4b_counts_its_parameters_keeps_no_weight_copies_and_plans_qlora_by_memory():
+    """Per layer: norms 7 x 2816 = 19,712 and the layer scalar 1; dense MLP 3 x 2816 x 2112 = 17,842,176; router
+    2816 x 128 + 2816 + 128 = 363,392; one expert 3 x 2816 x 704 = 5,947,392. Sliding attention (25 layers):
+    2816 x (4096 + 2048 + 2048) + 4096 x 2816 + 2 x 256 = 34,603,520; full (5 layers): 2816 x (8192 + 1024 + 1024)
+    + 8192 x 2816 + 2 x 512 = 51,905,536 (tempax holds a value projection in the layers whose keys are their
+    values; the checkpoint has none: 5 x 2,883,584 = 14,417,920 fewer there). Embedding 262,144 x 2816 (tied) and
+    the final norm 2816. Total 25 x 34,603,520 + 5 x 51,905,536 + 30 x (17,842,176 + 363,392 + 128 x 5,947,392 +
+    19,713) + 738,200,320 = 25,247,559,710 (the checkpoint's 25,233,141,790: the model card's "25.2B"); active,
+    8 experts: 3,836,948,510 (3,822,530,590: "3.8B").
+    Under remat full the backward pass keeps each layer's float32 input [T, D], 2816 x 4 bytes a token, and none of
+    the layers' weights (the scan over the blocks reads them as the stacks' own buffers).
+    Rank-16 adapters: attention 25 x 16 x (6912 + 4864 x 2 + 6912) + 5 x 16 x (11,008 + 3840 x 2 + 11,008) =
+    11,796,480; the dense MLP 30 x 16 x 3 x 4928 = 7,096,320; the experts 30 x 128 x 16 x ((2816 + 1408) + (704 +
+    2816)) = 475,791,360. At micro-batch 1 x 1024 the plan names QLoRA on attention and experts for 40 GiB and
+    QLoRA on attention only for 24 GiB; at 20 GiB nothing adapter-wise fits."""
+    cfg = ModelConfig.from_hf_config(GEMMA4_26B_A4B)
+    assert cfg.num_params() == 25_247_559_710 and cfg.num_params(active=True) == 3_836_948_510
+    kept = mem.decoder_residuals(cfg, 1024, "full", "fp32")
+    assert kept.per_layer == pytest.approx(2816 * 4, rel=1e-3)  # and under a byte of the router's small values
+    attention = mem.adapter_params(cfg, 16, mem.ATTENTION_TARGETS)
+    default = mem.adapter_params(cfg, 16)
+    assert (attention.projections, attention.experts, default.projections, default.experts) == (
+        11_796_480, 0, 11_796_480 + 7_096_320, 475_791_360)
+    p = mem.PlanInputs(model=cfg, micro_batch_size=1, seq_len=1024, remat="full")
+
+    def fixes(capacity_gib):
+        return [f for f in mem.suggest_fixes(p, 8, capacity_gib * mem.GiB) if "LoRA" in f]
+
+    assert fixes(40) == ["QLoRA (lora.quantize_base=nf4; on the attention projections and the routed experts, "
+                         "494.7M adapter parameters: 18.9M on projections, 475.8M on the routed experts) with "
+                         "train.remat=full"]
+    assert fixes(24) == ["QLoRA (lora.quantize_base=nf4, lora.target_modules=[q_proj, k_proj, v_proj, o_proj]; on "
+                         "the attention projections only, 11.8M adapter parameters) with train.remat=full"]
+    assert fixes(20) == []
