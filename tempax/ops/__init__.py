@@ -288,8 +288,8 @@ def fused_causal_lm_loss(
         hidden's dtype or a float32 master of bf16 hidden states (gradient returned in float32).
       targets_bt, loss_mask_bt: [batch, time] next-token targets and 0/1 mask.
       normalize: "tokens" (mean over supervised tokens) or "sequences" (mean of per-row means).
-      chunk_len: at most this many sequence positions per chunk (`fused_head.chunk_size`); None: the whole
-        sequence.
+      chunk_len: at most this many sequence positions of each row per chunk (`fused_head.compacted_chunks`);
+        None: the whole sequence.
       softcap: final-logit soft-cap (Gemma 2), or None.
 
     Returns:
@@ -319,7 +319,8 @@ def fused_token_logprobs(
       head: the LM head, [vocab, hidden] when `vocab_major` (a tied embedding table), else [hidden, vocab]; in
         hidden's dtype or a float32 master of bf16 hidden states (gradient returned in the master's dtype).
       targets_bt, mask_bt: [batch, time] next-token targets and the 0/1 mask of the positions wanted.
-      chunk_len: at most this many masked positions per chunk (`fused_head.chunk_size`); None: all at once.
+      chunk_len: at most this many masked positions of each row per chunk (`fused_head.compacted_chunks`);
+        None: all at once.
       softcap: final-logit soft-cap (Gemma 2), or None.
 
     Returns:

@@ -138,14 +138,21 @@ def compacted_chunks(mask_bt: jax.Array, chunk_len: int | None) -> tuple[jax.Arr
     """(order, chunk, active) for both fused forms: the compaction of `mask_bt` into its groups
     (`compact_positions`), the chunk length over the N compacted positions (`chunk_size`), and which chunks run.
 
+    `chunk_len` counts positions of a row: a chunk of a group holds `chunk_len` times the group's rows, as many
+    positions as `chunk_len` positions of every row would. A group is the whole batch on one device, so counting
+    the chunk over the group's flattened positions instead would shrink the head's products by the batch size
+    (64-row products at the default, too few rows for the matrix units of a CPU or a TPU), and the memory plan
+    (`tempax.train.memory`) sizes a chunk per row.
+
     A loss mask often covers a small part of a batch (assistant turns, a preference pair's two replies), and the
     head's three products and the [C, V] softmax cost the same at every position. So the masked positions of each
     group of rows are gathered to the front (in order: a stable sort of the mask), every chunk that holds none is
     skipped (`jax.lax.cond` inside the scan), and the results are put back in place. The values are unchanged: a
     position outside the mask contributes nothing to the loss, and its reported NLL / log-prob is 0."""
-    order, counts = compact_positions(mask_bt, compaction_groups(mask_bt.shape[0]))
+    groups = compaction_groups(mask_bt.shape[0])
+    order, counts = compact_positions(mask_bt, groups)
     length = order.shape[1]
-    chunk = chunk_size(length, chunk_len)
+    chunk = chunk_size(length, chunk_len and chunk_len * (mask_bt.shape[0] // groups))
     return order, chunk, active_chunks(counts, length, chunk)
 
 

@@ -15,8 +15,8 @@ from tempax.algorithms.sft.main import make_sft_loss
 from tempax.models.decoder import Decoder
 from tempax.models.logprobs import token_logprobs
 from tempax.ops import fused_causal_lm_loss, fused_token_logprobs
-from tempax.ops.fused_head import (active_chunks, chunk_size, compact_positions, compaction_groups, put_positions,
-                                   take_positions)
+from tempax.ops.fused_head import (active_chunks, chunk_size, compact_positions, compacted_chunks, compaction_groups,
+                                   put_positions, take_positions)
 from tempax.models.presets import PRESETS
 from tests.train.helpers import random_batch
 
@@ -55,6 +55,17 @@ def test_chunk_size_is_the_largest_divisor_not_above_the_request():
     assert chunk_size(255, 64) == 51  # 255 = 3 x 5 x 17
     assert chunk_size(97, 64) == 97  # a prime length: one whole chunk rather than 97 single positions
     assert chunk_size(16, None) == chunk_size(16, 16) == chunk_size(16, 99) == 16
+
+
+def test_a_chunk_holds_chunk_len_positions_of_every_row():
+    """On one device the whole batch is one group of compacted positions, and `chunk_len` counts positions of a
+    row: 4 rows x 16 positions at chunk_len 4 give chunks of 16 compacted positions (4 chunks), not of 4 (16
+    chunks of 4-row products). With 5 masked positions only the first chunk runs."""
+    mask = jnp.zeros((4, 16), jnp.int32).at[0, :3].set(1).at[3, 7:9].set(1)
+    order, chunk, active = compacted_chunks(mask, 4)
+    assert order.shape == (1, 64) and chunk == 16
+    assert active.tolist() == [True, False, False, False]
+    assert compacted_chunks(mask, None)[1] == 64
 
 
 @pytest.mark.parametrize("vocab_major", [False, True], ids=["untied", "tied"])
@@ -210,17 +221,18 @@ def test_fused_token_logprobs_of_a_zero_head_are_minus_log_vocab():
 
 def test_chunks_without_masked_positions_are_never_computed():
     """NaN hidden states at every unmasked position: a chunk computed from them would put NaN into the loss's or
-    the log-probs' gradient (0 x NaN). With 4 masked positions and chunks of 4 only the first compacted chunk
-    runs, so values and gradients stay finite and equal those of the masked positions alone."""
+    the log-probs' gradient (0 x NaN). With 4 masked positions in 2 rows and chunks of 2 positions a row (4
+    compacted positions) only the first compacted chunk runs, so values and gradients stay finite and equal those
+    of the masked positions alone."""
     h, w, targets, _, ct = _logprob_case(b=2, t=8)
     mask = jnp.zeros((2, 8), jnp.int32).at[0, 1].set(1).at[0, 6].set(1).at[1, 0].set(1).at[1, 5].set(1)
     poisoned = jnp.where(mask[..., None] > 0, h, jnp.nan)
 
     def logps(h, w):
-        return jnp.sum(fused_token_logprobs(h, w, targets, mask, vocab_major=True, chunk_len=4) * ct)
+        return jnp.sum(fused_token_logprobs(h, w, targets, mask, vocab_major=True, chunk_len=2) * ct)
 
     def loss(h, w):
-        return fused_causal_lm_loss(h, w, targets, mask, vocab_major=True, chunk_len=4)[0]
+        return fused_causal_lm_loss(h, w, targets, mask, vocab_major=True, chunk_len=2)[0]
 
     for f in (logps, loss):
         value, grads = jax.jit(jax.value_and_grad(f, (0, 1)))(poisoned, w)

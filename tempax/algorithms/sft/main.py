@@ -53,8 +53,9 @@ class SFTLossConfig:
         True,
     )
     chunk_len: int | None = help_field(
-        "With fused: sequence positions per chunk of logits (the largest divisor of the sequence length not above "
-        "it is used); null: whole sequences. Chunks keep the [B, T, V] temporaries small, which was faster on CPU.",
+        "With fused: sequence positions of each row per chunk of logits (a chunk holds this many positions of every "
+        "row of the batch; the largest divisor of the length not above it is used); null: whole sequences. Chunks "
+        "keep the [B, T, V] temporaries small.",
         64,
     )
 
