@@ -18,6 +18,7 @@ import jax
 
 from tempax.ops import experts, fused_head, plain
 from tempax.ops.cpu import attention as cpu_attention
+from tempax.ops.cpu import experts as cpu_experts
 from tempax.ops.cpu import lm_head as cpu_lm_head
 from tempax.ops.cpu import matmul as cpu_matmul
 from tempax.ops.plain import BF16, attention_mask, keep_kernel_dtype, softcap
@@ -153,6 +154,13 @@ def _experts_tpu(*args, **kwargs):
     return experts.expert_products(*args, **kwargs)
 
 
+def _experts_cpu(*args, **kwargs):
+    """Row tiles visited group by group (`tempax.ops.cpu.experts`): XLA:CPU's `ragged_dot` multiplies every row
+    by every expert's kernel."""
+    kwargs.setdefault("grouped_product", cpu_experts.grouped_matmul)
+    return experts.expert_products(*args, **kwargs)
+
+
 # The table, one row per op and one column per backend:
 #
 #   op               cpu                                    tpu                                gpu          plain
@@ -162,8 +170,8 @@ def _experts_tpu(*args, **kwargs):
 #                                                           that `tpu.attention` supports)     (no softcap)
 #   tied_lm_head     the table on the left in decode steps  plain                              plain        h @ E^T
 #   lm_loss_forms    one exp pass for bf16; XLA:CPU layout  plain                              plain        head's layout
-#   expert_products  ragged_dot                             megablox grouped matmul (shapes    ragged_dot   ragged_dot
-#                                                           `tpu.experts` supports)
+#   expert_products  row tiles visited group by group       megablox grouped matmul (shapes    ragged_dot   ragged_dot
+#                    (cpu.experts)                          `tpu.experts` supports)
 #
 # An implementation that cannot take some arguments (a kernel's shape limits) computes them with the plain op, so
 # every column computes the same function to float rounding (tests/ops/test_ops.py, tests/ops/tpu/); a kernel's TPU
@@ -177,7 +185,7 @@ IMPLEMENTATIONS: dict[str, dict[Backend, Callable[..., Any]]] = {
                      "plain": _tied_head_plain},
     "lm_loss_forms": {"cpu": lambda: cpu_lm_head.CPU_FORMS, "tpu": lambda: fused_head.PLAIN_FORMS,
                       "gpu": lambda: fused_head.PLAIN_FORMS, "plain": lambda: fused_head.PLAIN_FORMS},
-    "expert_products": {"cpu": experts.expert_products, "tpu": _experts_tpu, "gpu": experts.expert_products,
+    "expert_products": {"cpu": _experts_cpu, "tpu": _experts_tpu, "gpu": experts.expert_products,
                         "plain": experts.expert_products},
 }
 
