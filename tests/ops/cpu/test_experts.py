@@ -14,12 +14,7 @@ from numpy.testing import assert_allclose
 from tempax import ops
 from tempax.ops import experts
 from tempax.ops.cpu.experts import grouped_matmul, row_tile, tile_visits
-
-
-def _array(shape: tuple[int, ...], scale: float = 1.0, phase: float = 0.0, dtype=jnp.float32) -> jax.Array:
-    """A deterministic, non-uniform array: scale * sin(linspace + phase)."""
-    n = int(np.prod(shape))
-    return jnp.asarray(scale * np.sin(np.linspace(0.0, 7.0, n) + phase).reshape(shape), dtype)
+from tests.kit.grouped import check_bf16_rows_against_a_float32_kernel, check_equal_to_ragged_dot, sinusoid
 
 
 def test_row_tile_by_hand():
@@ -45,26 +40,17 @@ SHAPES = [(37, 24, 40, (0, 20, 0, 17)), (300, 32, 24, (100, 150, 50, 0)), (130, 
 
 @pytest.mark.parametrize("m,k,n,sizes", SHAPES)
 def test_product_and_gradients_equal_ragged_dot(m, k, n, sizes):
-    lhs, rhs = _array((m, k), 1.0, 0.2), _array((len(sizes), k, n), 0.5, 0.9)
-    group_sizes = jnp.array(sizes, jnp.int32)
-    cotangent = _array((m, n), 1.0, 1.7)
-    results = []
-    for product in (experts.grouped_matmul, grouped_matmul):
-        out, vjp = jax.vjp(lambda a, b, product=product: product(a, b, group_sizes), lhs, rhs)
-        results.append((out, *vjp(cotangent)))
-    for got, want in zip(results[1], results[0]):
-        scale = float(jnp.max(jnp.abs(want)))
-        assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5 * max(scale, 1.0))
+    check_equal_to_ragged_dot(grouped_matmul, m, k, n, sizes)
 
 
 def test_a_group_without_rows_is_never_read():
     """NaN in the kernel of an expert that received no row: ragged_dot's masked products on XLA:CPU would carry
     it into the output (0 x NaN); the tiled product never visits that kernel, so the output and both gradients
     stay finite (the empty group's kernel gradient is 0)."""
-    lhs, rhs = _array((20, 8), 1.0, 0.1), _array((3, 8, 6), 0.5, 0.3).at[1].set(jnp.nan)
+    lhs, rhs = sinusoid((20, 8), 1.0, 0.1), sinusoid((3, 8, 6), 0.5, 0.3).at[1].set(jnp.nan)
     group_sizes = jnp.array([12, 0, 8], jnp.int32)
     out, vjp = jax.vjp(lambda a, b: grouped_matmul(a, b, group_sizes), lhs, rhs)
-    d_lhs, d_rhs = vjp(_array((20, 6), 1.0, 0.5))
+    d_lhs, d_rhs = vjp(sinusoid((20, 6), 1.0, 0.5))
     assert bool(jnp.all(jnp.isfinite(out))) and bool(jnp.all(jnp.isfinite(d_lhs)))
     assert bool(jnp.all(d_rhs[1] == 0)) and bool(jnp.all(jnp.isfinite(d_rhs)))
 
@@ -72,18 +58,8 @@ def test_a_group_without_rows_is_never_read():
 def test_bf16_rows_against_a_float32_kernel():
     """bf16 rows, float32 master kernel: the product in bf16 and d rhs in float32, both within bf16 rounding of
     ragged_dot's (the two sum the same bf16 products in different orders)."""
-    lhs, rhs = _array((140, 32), 1.0, 0.4, jnp.bfloat16), _array((3, 32, 16), 0.5, 1.1)
-    group_sizes = jnp.array([10, 125, 5], jnp.int32)
-    cotangent = _array((140, 16), 1.0, 2.0, jnp.bfloat16)
-    results = []
-    for product in (experts.grouped_matmul, grouped_matmul):
-        out, vjp = jax.vjp(lambda a, b, product=product: product(a, b, group_sizes), lhs, rhs)
-        results.append((out, *vjp(cotangent)))
-    (out, d_lhs, d_rhs), reference = results[1], results[0]
-    assert (out.dtype, d_lhs.dtype, d_rhs.dtype) == (jnp.bfloat16, jnp.bfloat16, jnp.float32)
-    for got, want in zip((out, d_lhs, d_rhs), reference):
-        want = np.asarray(want, np.float32)
-        assert_allclose(np.asarray(got, np.float32), want, rtol=0, atol=2**-7 * float(np.max(np.abs(want))))
+    check_bf16_rows_against_a_float32_kernel(grouped_matmul, experts.grouped_matmul, rows=140,
+                                             group_sizes=(10, 125, 5))
 
 
 def test_the_op_tables_cpu_column_equals_the_plain_op():
@@ -91,9 +67,9 @@ def test_the_op_tables_cpu_column_equals_the_plain_op():
     `tempax.ops.expert_products` on the CPU column and the plain one: y and the gradients of sum(sin(y)) for x, the
     routing weights, kernels and biases."""
     ids = jnp.array([[0, 1], [2, 0], [1, 2], [2, 0], [0, 1], [2, 0], [0, 2]], jnp.int32)
-    x, weights = _array((7, 6), 1.5), jax.nn.softmax(_array((7, 2), 2.0, 0.3), axis=-1)
-    kernels = (_array((4, 6, 5), 4.0, 0.5), _array((4, 6, 5), 4.0, 1.0), _array((4, 5, 6), 0.8, 1.5))
-    biases = (_array((4, 5), 0.5, 2.0), _array((4, 5), 0.5, 2.5), _array((4, 6), 0.5, 3.0))
+    x, weights = sinusoid((7, 6), 1.5), jax.nn.softmax(sinusoid((7, 2), 2.0, 0.3), axis=-1)
+    kernels = (sinusoid((4, 6, 5), 4.0, 0.5), sinusoid((4, 6, 5), 4.0, 1.0), sinusoid((4, 5, 6), 0.8, 1.5))
+    biases = (sinusoid((4, 5), 0.5, 2.0), sinusoid((4, 5), 0.5, 2.5), sinusoid((4, 6), 0.5, 3.0))
 
     def run(backend):
         def objective(x, weights, kernels, biases):
@@ -120,7 +96,7 @@ def test_the_work_does_not_grow_with_the_number_of_experts():
 
     counts = []
     for groups in (4, 64):
-        lhs, rhs = _array((40, 8), 1.0), _array((groups, 8, 6), 0.5)
+        lhs, rhs = sinusoid((40, 8), 1.0), sinusoid((groups, 8, 6), 0.5)
         sizes = jnp.zeros((groups,), jnp.int32).at[0].set(30).at[groups - 1].set(10)
         loss = lambda a, b, sizes=sizes: jnp.sum(jnp.sin(grouped_matmul(a, b, sizes)))  # noqa: E731
         counts.append((product_counts(jax.make_jaxpr(loss)(lhs, rhs)),

@@ -12,12 +12,7 @@ from numpy.testing import assert_allclose
 
 from tempax.ops import experts
 from tempax.ops.tpu.experts import grouped_matmul_interpret, tiling, unsupported_reason
-
-
-def _array(shape: tuple[int, ...], scale: float = 1.0, phase: float = 0.0, dtype=jnp.float32) -> jax.Array:
-    """A deterministic, non-uniform array: scale * sin(linspace + phase)."""
-    n = int(np.prod(shape))
-    return jnp.asarray(scale * np.sin(np.linspace(0.0, 7.0, n) + phase).reshape(shape), dtype)
+from tests.kit.grouped import check_bf16_rows_against_a_float32_kernel, check_equal_to_ragged_dot, sinusoid
 
 
 def test_tiling_by_hand():
@@ -40,42 +35,23 @@ SHAPES = [(37, 24, 40, (0, 20, 0, 17)), (600, 32, 24, (100, 450, 50))]
 
 @pytest.mark.parametrize("m,k,n,sizes", SHAPES)
 def test_product_and_gradients_equal_ragged_dot(m, k, n, sizes):
-    lhs, rhs = _array((m, k), 1.0, 0.2), _array((len(sizes), k, n), 0.5, 0.9)
-    group_sizes = jnp.array(sizes, jnp.int32)
-    cotangent = _array((m, n), 1.0, 1.7)
-    results = []
-    for product in (experts.grouped_matmul, grouped_matmul_interpret):
-        out, vjp = jax.vjp(lambda a, b, product=product: product(a, b, group_sizes), lhs, rhs)
-        results.append((out, *vjp(cotangent)))
-    for got, want in zip(results[1], results[0]):
-        scale = float(jnp.max(jnp.abs(want)))
-        assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5 * max(scale, 1.0))
+    check_equal_to_ragged_dot(grouped_matmul_interpret, m, k, n, sizes)
 
 
 def test_bf16_rows_against_a_float32_kernel():
     """bf16 rows, float32 master kernel: the product in bf16 and d rhs in float32, both within bf16 rounding of
     ragged_dot's (the two sum the same bf16 products in different orders)."""
-    lhs, rhs = _array((40, 32), 1.0, 0.4, jnp.bfloat16), _array((3, 32, 16), 0.5, 1.1)
-    group_sizes = jnp.array([10, 25, 5], jnp.int32)
-    cotangent = _array((40, 16), 1.0, 2.0, jnp.bfloat16)
-    results = []
-    for product in (experts.grouped_matmul, grouped_matmul_interpret):
-        out, vjp = jax.vjp(lambda a, b, product=product: product(a, b, group_sizes), lhs, rhs)
-        results.append((out, *vjp(cotangent)))
-    (out, d_lhs, d_rhs), reference = results[1], results[0]
-    assert (out.dtype, d_lhs.dtype, d_rhs.dtype) == (jnp.bfloat16, jnp.bfloat16, jnp.float32)
-    for got, want in zip((out, d_lhs, d_rhs), reference):
-        want = np.asarray(want, np.float32)
-        assert_allclose(np.asarray(got, np.float32), want, rtol=0, atol=2**-7 * float(np.max(np.abs(want))))
+    check_bf16_rows_against_a_float32_kernel(grouped_matmul_interpret, experts.grouped_matmul, rows=40,
+                                             group_sizes=(10, 25, 5))
 
 
 def test_expert_products_on_megablox_equal_the_plain_op():
     """gpt-oss's experts (biases, clamped SwiGLU with some gates past the clamp), 7 tokens, top-2 of 4 with one
     expert receiving no token: y and the gradients of sum(sin(y)) for x, the routing weights, kernels and biases."""
     ids = jnp.array([[0, 1], [2, 0], [1, 2], [2, 0], [0, 1], [2, 0], [0, 2]], jnp.int32)
-    x, weights = _array((7, 6), 1.5), jax.nn.softmax(_array((7, 2), 2.0, 0.3), axis=-1)
-    kernels = (_array((4, 6, 5), 4.0, 0.5), _array((4, 6, 5), 4.0, 1.0), _array((4, 5, 6), 0.8, 1.5))
-    biases = (_array((4, 5), 0.5, 2.0), _array((4, 5), 0.5, 2.5), _array((4, 6), 0.5, 3.0))
+    x, weights = sinusoid((7, 6), 1.5), jax.nn.softmax(sinusoid((7, 2), 2.0, 0.3), axis=-1)
+    kernels = (sinusoid((4, 6, 5), 4.0, 0.5), sinusoid((4, 6, 5), 4.0, 1.0), sinusoid((4, 5, 6), 0.8, 1.5))
+    biases = (sinusoid((4, 5), 0.5, 2.0), sinusoid((4, 5), 0.5, 2.5), sinusoid((4, 6), 0.5, 3.0))
 
     def run(product):
         def f(x, weights, kernels, biases):
