@@ -49,3 +49,13 @@ def check_equal_to_ragged_dot(product: Callable, m: int, k: int, n: int, group_s
     for got, want in zip(product_and_gradients(product, lhs, rhs, sizes, cotangent), want_all):
         scale = float(jnp.max(jnp.abs(want)))
         assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5 * max(scale, 1.0))
+
+
+def gpt_oss_experts_case() -> tuple[jax.Array, jax.Array, jax.Array, tuple, tuple]:
+    """(ids, x, weights, kernels, biases): gpt-oss's experts (biases, clamped SwiGLU with some gates past the clamp),
+    7 tokens routed top-2 of 4 experts with one expert receiving no token."""
+    ids = jnp.array([[0, 1], [2, 0], [1, 2], [2, 0], [0, 1], [2, 0], [0, 2]], jnp.int32)
+    x, weights = sinusoid((7, 6), 1.5), jax.nn.softmax(sinusoid((7, 2), 2.0, 0.3), axis=-1)
+    kernels = (sinusoid((4, 6, 5), 4.0, 0.5), sinusoid((4, 6, 5), 4.0, 1.0), sinusoid((4, 5, 6), 0.8, 1.5))
+    biases = (sinusoid((4, 5), 0.5, 2.0), sinusoid((4, 5), 0.5, 2.5), sinusoid((4, 6), 0.5, 3.0))
+    return ids, x, weights, kernels, biases

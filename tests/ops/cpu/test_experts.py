@@ -14,7 +14,8 @@ from numpy.testing import assert_allclose
 from tempax import ops
 from tempax.ops import experts
 from tempax.ops.cpu.experts import grouped_matmul, row_tile, tile_visits
-from tests.kit.grouped import check_bf16_rows_against_a_float32_kernel, check_equal_to_ragged_dot, sinusoid
+from tests.kit.grouped import (check_bf16_rows_against_a_float32_kernel, check_equal_to_ragged_dot,
+                              gpt_oss_experts_case, sinusoid)
 
 
 def test_row_tile_by_hand():
@@ -66,10 +67,7 @@ def test_the_op_tables_cpu_column_equals_the_plain_op():
     """gpt-oss's experts (biases, clamped SwiGLU), 7 tokens, top-2 of 4 with one expert receiving no token, through
     `tempax.ops.expert_products` on the CPU column and the plain one: y and the gradients of sum(sin(y)) for x, the
     routing weights, kernels and biases."""
-    ids = jnp.array([[0, 1], [2, 0], [1, 2], [2, 0], [0, 1], [2, 0], [0, 2]], jnp.int32)
-    x, weights = sinusoid((7, 6), 1.5), jax.nn.softmax(sinusoid((7, 2), 2.0, 0.3), axis=-1)
-    kernels = (sinusoid((4, 6, 5), 4.0, 0.5), sinusoid((4, 6, 5), 4.0, 1.0), sinusoid((4, 5, 6), 0.8, 1.5))
-    biases = (sinusoid((4, 5), 0.5, 2.0), sinusoid((4, 5), 0.5, 2.5), sinusoid((4, 6), 0.5, 3.0))
+    ids, x, weights, kernels, biases = gpt_oss_experts_case()
 
     def run(backend):
         def objective(x, weights, kernels, biases):
