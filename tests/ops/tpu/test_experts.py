@@ -13,7 +13,7 @@ from numpy.testing import assert_allclose
 from tempax.ops import experts
 from tempax.ops.tpu.experts import grouped_matmul_interpret, tiling, unsupported_reason
 from tests.kit.grouped import (check_bf16_rows_against_a_float32_kernel, check_equal_to_ragged_dot,
-                              gpt_oss_experts_case, sinusoid)
+                              gpt_oss_experts_case)
 
 
 def test_tiling_by_hand():
